@@ -1,0 +1,165 @@
+"""Typed (structured) Hydra configs.
+
+One dataclass per config group, registered in Hydra's ConfigStore under ``schema/<group>``; every option file in
+``conf/<group>/`` extends its schema in its defaults list, so a misspelt key or a wrongly typed value is rejected
+by Hydra before any work starts.  Values that need more than a type check (a method name, a budget string) are
+validated by :func:`validate_config` with messages that list the valid choices.
+"""
+
+# OmegaConf 2.3 structured configs need typing.Optional/List/Dict rather than PEP 604/585 forms.
+# ruff: noqa: UP006, UP007, UP045
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class ModelConfig:
+    """A model: where its weights come from and how prompts are built for it."""
+
+    #: Short name, used in results paths (``results/runs/<name>/...``).
+    name: str = MISSING
+    #: Hub id (``meta-llama/Llama-3.1-8B-Instruct``), a local folder, or ``builtin:<name>`` for models built in code.
+    path: str = MISSING
+    #: torch dtype name: bfloat16 | float16 | float32.
+    dtype: str = "bfloat16"
+    #: Maximum prompt length in tokens; longer prompts are truncated in the middle (LongBench rule).
+    max_input_length: int = 4096
+    #: Whether the chat template is applied (datasets may still opt out, e.g. LongBench trec).
+    chat_template: bool = True
+    #: Extra stop tokens (besides the tokenizer's eos), as strings, e.g. ["<|eot_id|>"].
+    stop_tokens: List[str] = field(default_factory=list)
+    #: Hub revision (commit or tag) to pin weights; null = default branch.
+    revision: Optional[str] = None
+    #: Device: "auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:1", ...
+    device: str = "auto"
+    #: Paper(s) that use this model, for the README and tables.
+    papers: List[str] = field(default_factory=list)
+
+
+@dataclass
+class MethodConfig:
+    """An eviction method: the registry name of its family plus its knobs (see kvbench/methods/)."""
+
+    #: Preset name, used in results paths.
+    name: str = MISSING
+    #: Registry key of the method family, e.g. "full", "streamingllm", "snapkv".
+    family: str = MISSING
+    #: Observation window: the last ``window`` prompt queries score the keys (SnapKV-style methods).
+    window: int = 32
+    #: Pooling over the score sequence: kernel size (1 = none) and type (max | avg).
+    kernel_size: int = 7
+    pooling: str = "max"
+    #: Whether the observation window's tokens count toward the budget (papers: true).
+    window_in_budget: bool = True
+    #: GQA storage granularity: "kv_head" (one cache per KV head) or "query_head" (repeat KV per query head,
+    #: as the original SnapKV/PyramidKV code did; inflates memory by the group size).
+    gqa_granularity: str = "kv_head"
+    #: How query-head scores are combined per KV head when gqa_granularity=kv_head: mean | max | sum.
+    gqa_agg: str = "mean"
+    #: Attention-sink tokens always kept (StreamingLLM).
+    sink_tokens: int = 4
+    #: Whether eviction also happens during decoding (H2O/TOVA/StreamingLLM), keeping the cache at its budget.
+    decode_eviction: bool = False
+    #: Family-specific hyper-parameters (validated by the family, which lists the valid keys).
+    params: Dict[str, Any] = field(default_factory=dict)
+    #: Paper a preset reproduces, for the README and tables.
+    paper: Optional[str] = None
+
+
+@dataclass
+class BudgetConfig:
+    """A KV budget.  ``spec`` forms: ``full``; ``<n>L`` (total n x num_layers, split by the method's layer
+    allocator); ``<n>/layer`` (every layer keeps exactly n); ``<r>x`` with 0<r<=1 (keep ratio r of the context,
+    total r x context x num_layers, split by the allocator)."""
+
+    name: str = MISSING
+    spec: str = MISSING
+
+
+@dataclass
+class TaskConfig:
+    """A benchmark task; ``kind`` selects the builder in kvbench/tasks/ (see kvbench.tasks.base)."""
+
+    #: Task name, used in results paths.
+    name: str = MISSING
+    #: Registered builder (``@register_task(kind)``).
+    kind: str = MISSING
+    #: Subset of dataset names (null = all of the task's datasets, in the task's order).
+    datasets: Optional[List[str]] = None
+    #: Local folder with the benchmark's data files (offline clusters); null = task default / hub.
+    data_dir: Optional[str] = None
+    #: "aware": the question is inside the compressed prompt; "agnostic": context compressed, question fed after.
+    question_mode: str = "aware"
+    #: Cap on samples per dataset (first N, null = all).
+    num_samples: Optional[int] = None
+    #: Seed for synthetic generators.
+    seed: int = 42
+    #: Target context length in tokens for synthetic tasks (RULER, needle tests); null = task default.
+    length: Optional[int] = None
+    #: Several target lengths, for tasks that sweep lengths inside one run.
+    lengths: Optional[List[int]] = None
+    #: Needle depths in percent, for needle tasks.
+    depths: Optional[List[float]] = None
+    #: Language variant ("en", "zh"), for tasks that have several.
+    language: Optional[str] = None
+    #: Builder-specific extras (validated by the builder).
+    options: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class WandbConfig:
+    """Weights & Biases logging; off unless ``mode`` is online/offline (default from $WANDB_MODE, else disabled)."""
+
+    mode: str = "disabled"
+    project: str = "kvbench"
+    entity: Optional[str] = None
+    group: Optional[str] = None
+    tags: List[str] = field(default_factory=list)
+
+
+@dataclass
+class RunConfig:
+    """Runner settings that do not change results (except ``tag``, which names a variant)."""
+
+    #: Root of all run folders.
+    output_root: str = "results/runs"
+    #: Optional name of a variant; results go to ``<budget>~<tag>`` so variants never overwrite each other.
+    tag: Optional[str] = None
+    #: Experiment name (W&B group, sweeps).
+    experiment: str = "default"
+    #: Show per-dataset progress bars.
+    progress: bool = True
+    #: Print the score table at the end.
+    print_table: bool = True
+    #: Torch intra-op threads (null = torch default).
+    threads: Optional[int] = None
+
+
+@dataclass
+class KVBenchConfig:
+    """The root config composed by run.py."""
+
+    model: ModelConfig = MISSING
+    method: MethodConfig = MISSING
+    budget: BudgetConfig = MISSING
+    task: TaskConfig = MISSING
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    seed: int = 0
+
+
+def register_configs() -> None:
+    """Register the schemas with Hydra's ConfigStore (idempotent)."""
+    store = ConfigStore.instance()
+    store.store(name="kvbench_schema", node=KVBenchConfig)
+    store.store(group="schema/model", name="model", node=ModelConfig, package="model")
+    store.store(group="schema/method", name="method", node=MethodConfig, package="method")
+    store.store(group="schema/budget", name="budget", node=BudgetConfig, package="budget")
+    store.store(group="schema/task", name="task", node=TaskConfig, package="task")
+    store.store(group="schema/wandb", name="wandb", node=WandbConfig, package="wandb")

@@ -1,0 +1,128 @@
+"""Results layout and crash-safe writers.
+
+Layout (one *run* = one model x task x method x budget)::
+
+    results/runs/<model>/<task>/<method>/<budget>[~<tag>]/
+        config.yaml               resolved config (the whole Hydra config, resolved)
+        run_meta.json             provenance: git commit, versions, device, config_hash, start/end times
+        <dataset>/predictions.jsonl   one JSON object per sample, appended as soon as it exists
+        <dataset>/metrics.json        written atomically once the dataset is complete
+
+``predictions.jsonl`` rows (keys always present)::
+
+    {"id": str, "prediction": str (post-processed, scored), "raw_prediction": str, "answers": [str],
+     "all_classes": [str] | null, "length": int | null, "extra": {...},
+     "input_tokens": int, "context_tokens": int, "question_tokens": int, "truncated": bool,
+     "new_tokens": int, "cache": {"requested_per_layer": [int], "achieved_per_layer": [int],
+                                  "achieved_per_head": [[int]], "evicted": bool, "cache_bytes": int},
+     "prefill_s": float, "decode_s": float}
+
+``metrics.json``::
+
+    {"model": str, "task": str, "dataset": str, "method": str, "budget": str, "tag": str | null,
+     "metric": str, "score": float, "scores": {name: float}, "n_samples": int,
+     "config_hash": str, "question_mode": "aware" | "agnostic", "dataset_settings": {...},
+     "scorer": {...backend settings...}, "cache": {"mean_requested_per_layer": [float],
+     "mean_achieved_per_layer": [float], "mean_kept_fraction": float, "mean_cache_bytes": float},
+     "settings": {...method/budget knobs that matter...}}
+
+Aggregation (scripts/aggregate.py) discovers runs by finding ``metrics.json`` files; nothing else is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+PREDICTIONS_FILE = "predictions.jsonl"
+METRICS_FILE = "metrics.json"
+CONFIG_FILE = "config.yaml"
+RUN_META_FILE = "run_meta.json"
+
+
+def run_dir(output_root: str | Path, model: str, task: str, method: str, budget: str, tag: str | None) -> Path:
+    """Deterministic results folder of one run, keyed by the group choices (and an optional user tag)."""
+    leaf = budget if not tag else f"{budget}~{tag}"
+    return Path(output_root) / model / task / method / leaf
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that readers see either the old file or the complete new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_json(path: Path, payload: Any) -> None:
+    """Atomically write ``payload`` as pretty JSON."""
+    atomic_write_text(path, json.dumps(payload, indent=2, ensure_ascii=False, sort_keys=False) + "\n")
+
+
+def read_json(path: Path) -> Any:
+    """Read a JSON file."""
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+class PredictionLog:
+    """Append-only ``predictions.jsonl`` that survives being killed at any instant.
+
+    Each row is written with a single ``write`` of one complete line, then flushed and fsynced.  A process
+    killed mid-write can leave at most one partial last line; :meth:`load` drops it (and truncates the file
+    back to the last complete line) so that a resumed run appends cleanly without duplicates.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def load(self) -> list[dict[str, Any]]:
+        """Rows already written, in order; repairs a torn last line left by a kill."""
+        if not self.path.exists():
+            return []
+        raw = self.path.read_bytes()
+        complete_end = raw.rfind(b"\n") + 1
+        if complete_end < len(raw):
+            with open(self.path, "r+b") as handle:
+                handle.truncate(complete_end)
+        rows: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        for line_no, line in enumerate(raw[:complete_end].decode("utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{self.path}:{line_no}: corrupt prediction row ({err})") from err
+            if row["id"] in seen:
+                raise ValueError(f"{self.path}:{line_no}: duplicate sample id {row['id']!r}")
+            seen.add(row["id"])
+            rows.append(row)
+        return rows
+
+    def append(self, row: dict[str, Any]) -> None:
+        """Append one row durably."""
+        line = json.dumps(row, ensure_ascii=False) + "\n"
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(line)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+def iter_metrics(root: str | Path) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """Yield ``(path, metrics)`` for every ``metrics.json`` under ``root`` (sorted, for stable output)."""
+    for path in sorted(Path(root).rglob(METRICS_FILE)):
+        yield path, read_json(path)

@@ -1,0 +1,158 @@
+"""The task interface: what a benchmark hands to the runner.
+
+A *task* (``task=longbench``, ``task=tiny_niah``, ...) is a list of *datasets*; a dataset is a list of
+:class:`Sample` plus the rules to prompt, post-process and score them.  Everything here is plain Python:
+the runner owns tokenisation, truncation, chat templates, prefill/eviction and generation.
+
+Prompt split
+------------
+Every sample is given as two strings, ``context`` then ``question``; the full prompt is their concatenation.
+In question-aware mode (``task.question_mode=aware``) the whole prompt is prefilled and compressed; in
+question-agnostic mode (``task.question_mode=agnostic``) only ``context`` is prefilled and compressed, then
+``question`` is fed on top of the compressed cache.  A dataset with no separable question puts everything in
+``context`` and leaves ``question`` empty.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One evaluation example.
+
+    Attributes
+    ----------
+    id:
+        Unique and stable within its dataset (used to resume runs and to join predictions).
+    context:
+        Prompt text before the question (compressed in question-agnostic mode).
+    question:
+        Prompt text after the context ("" when the dataset has no separable question).
+    answers:
+        Reference answers; scorers take the max over them where the benchmark does.
+    all_classes:
+        Label set for classification datasets (LongBench trec/lsht/...), else ``None``.
+    length:
+        Benchmark-provided length (LongBench's word count, used for LongBench-E buckets), else ``None``.
+    extra:
+        Anything else a scorer or a report needs (needle depth, target length, ...). JSON-serialisable.
+    """
+
+    id: str
+    context: str
+    question: str
+    answers: list[str]
+    all_classes: list[str] | None = None
+    length: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def prompt(self) -> str:
+        """The full prompt, as used in question-aware mode."""
+        return self.context + self.question
+
+
+class TaskDataset(ABC):
+    """One dataset of a task: samples, generation limits, post-processing and scoring.
+
+    Subclasses set the class attributes or override them per instance.
+    """
+
+    #: Dataset name, used as the results sub-folder (``results/runs/.../<name>/``).
+    name: str
+    #: Greedy generation stops after this many new tokens.
+    max_new_tokens: int
+    #: Whether the model's chat template may wrap this dataset's prompt (LongBench skips it for some datasets).
+    chat_template: bool = True
+    #: Extra stop strings: generation stops as soon as the decoded output contains one (e.g. "\n" for samsum).
+    stop_strings: tuple[str, ...] = ()
+    #: Name of the headline metric, recorded in metrics.json (e.g. "qa_f1_score", "string_match_all").
+    metric_name: str = "score"
+
+    @abstractmethod
+    def samples(self) -> Sequence[Sample]:
+        """All samples of this dataset, in a fixed order (deterministic for a given config/seed)."""
+
+    def postprocess(self, prediction: str) -> str:
+        """Turn the raw decoded generation into the string that is scored (default: unchanged)."""
+        return prediction
+
+    @abstractmethod
+    def score(self, predictions: Sequence[str], samples: Sequence[Sample]) -> dict[str, float]:
+        """Score post-processed predictions against their samples.
+
+        Returns a dict with at least ``"score"`` (the headline number, on the benchmark's own scale, e.g. 0-100
+        for LongBench) and optionally more named numbers (LongBench-E buckets, per-depth scores, ...).
+        """
+
+    def describe(self) -> dict[str, Any]:
+        """Settings recorded into metrics.json next to the score."""
+        return {
+            "max_new_tokens": self.max_new_tokens,
+            "chat_template": self.chat_template,
+            "stop_strings": list(self.stop_strings),
+            "metric": self.metric_name,
+        }
+
+
+#: Builds the datasets of a task from its (resolved) task config and the model's tokenizer
+#: (some synthetic generators size samples with the model's own tokenizer, as RULER does).
+TaskBuilder = Callable[[Any, Any], list[TaskDataset]]
+
+_TASK_BUILDERS: dict[str, TaskBuilder] = {}
+
+
+def register_task(kind: str) -> Callable[[TaskBuilder], TaskBuilder]:
+    """Register a task builder under ``kind`` (the ``task.kind`` value in ``conf/task/*.yaml``)."""
+
+    def decorator(builder: TaskBuilder) -> TaskBuilder:
+        if kind in _TASK_BUILDERS:
+            raise ValueError(f"task kind {kind!r} is registered twice")
+        _TASK_BUILDERS[kind] = builder
+        return builder
+
+    return decorator
+
+
+def task_kinds() -> list[str]:
+    """Names of all registered task kinds (imports the built-in task modules first)."""
+    _import_builtin_tasks()
+    return sorted(_TASK_BUILDERS)
+
+
+def build_task(task_cfg: Any, tokenizer: Any) -> list[TaskDataset]:
+    """Build the datasets of ``task_cfg`` (its ``kind`` selects the builder), filtered by ``task_cfg.datasets``."""
+    _import_builtin_tasks()
+    kind = task_cfg.kind
+    if kind not in _TASK_BUILDERS:
+        raise ValueError(f"unknown task kind {kind!r}; valid kinds: {', '.join(sorted(_TASK_BUILDERS))}")
+    return _TASK_BUILDERS[kind](task_cfg, tokenizer)
+
+
+def select_datasets(available: Sequence[str], requested: Sequence[str] | None, task_name: str) -> list[str]:
+    """Validate a ``task.datasets`` override against the task's dataset names (``None`` = all, in order)."""
+    if requested is None:
+        return list(available)
+    unknown = [name for name in requested if name not in available]
+    if unknown:
+        raise ValueError(
+            f"unknown dataset(s) {unknown} for task {task_name!r}; valid datasets: {', '.join(available)}"
+        )
+    return list(requested)
+
+
+def _import_builtin_tasks() -> None:
+    """Import every module under kvbench.tasks so their ``@register_task`` decorators run."""
+    import importlib
+    import pkgutil
+
+    import kvbench.tasks as package
+
+    for module in pkgutil.iter_modules(package.__path__):
+        if module.name != "base":
+            importlib.import_module(f"kvbench.tasks.{module.name}")
