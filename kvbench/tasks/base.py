@@ -156,3 +156,28 @@ def _import_builtin_tasks() -> None:
     for module in pkgutil.iter_modules(package.__path__):
         if module.name != "base":
             importlib.import_module(f"kvbench.tasks.{module.name}")
+
+
+#: Downloads a benchmark's inputs into a local folder for offline compute nodes:
+#: ``preparer(target_dir: Path, **options) -> None``.  Used by scripts/prepare_data.py.
+DataPreparer = Callable[..., None]
+
+_DATA_PREPARERS: dict[str, DataPreparer] = {}
+
+
+def register_data_preparer(name: str) -> Callable[[DataPreparer], DataPreparer]:
+    """Register a function that fetches benchmark ``name``'s data for offline use (scripts/prepare_data.py)."""
+
+    def decorator(preparer: DataPreparer) -> DataPreparer:
+        if name in _DATA_PREPARERS:
+            raise ValueError(f"data preparer {name!r} is registered twice")
+        _DATA_PREPARERS[name] = preparer
+        return preparer
+
+    return decorator
+
+
+def data_preparers() -> dict[str, DataPreparer]:
+    """All registered data preparers by benchmark name (imports the built-in task modules first)."""
+    _import_builtin_tasks()
+    return dict(_DATA_PREPARERS)
