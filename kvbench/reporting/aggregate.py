@@ -1,0 +1,161 @@
+"""Collect every finished dataset of every run into one tidy table.
+
+Runs are discovered only from the contents of their ``metrics.json`` files (see :mod:`kvbench.results`): the path
+is recorded for reference but never parsed, and no list of methods, models or budgets is assumed.  One row per
+``metrics.json``::
+
+    model, task, dataset, method, budget, tag, question_mode, metric, score, n_samples, config_hash,
+    mean_kept_fraction, mean_cache_bytes, settings, dataset_settings, scores, path
+
+``settings``, ``dataset_settings`` and ``scores`` are canonical JSON strings (sorted keys) so that the frame can be
+written to CSV and compared; :func:`expand_settings` turns ``settings`` into ``setting.<key>`` columns.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kvbench.results import iter_metrics
+
+#: Columns of the tidy runs table, in order.
+RUN_COLUMNS: tuple[str, ...] = (
+    "model",
+    "task",
+    "dataset",
+    "method",
+    "budget",
+    "tag",
+    "question_mode",
+    "metric",
+    "score",
+    "n_samples",
+    "config_hash",
+    "mean_kept_fraction",
+    "mean_cache_bytes",
+    "settings",
+    "dataset_settings",
+    "scores",
+    "path",
+)
+
+#: What identifies one score: two metrics.json files with the same key are the same cell.
+RUN_KEY: tuple[str, ...] = ("model", "task", "method", "budget", "tag", "question_mode", "dataset")
+
+_REQUIRED = ("model", "task", "dataset", "method", "budget", "score")
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value if value is not None else {}, sort_keys=True, ensure_ascii=False)
+
+
+def _float(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def metrics_to_row(metrics: dict[str, Any], path: str | Path = "") -> dict[str, Any]:
+    """One tidy row from one ``metrics.json`` payload; raises ``ValueError`` if a required key is missing."""
+    missing = [k for k in _REQUIRED if k not in metrics]
+    if missing:
+        raise ValueError(f"{path}: metrics.json lacks {missing}")
+    cache = metrics.get("cache") or {}
+    return {
+        "model": str(metrics["model"]),
+        "task": str(metrics["task"]),
+        "dataset": str(metrics["dataset"]),
+        "method": str(metrics["method"]),
+        "budget": str(metrics["budget"]),
+        "tag": metrics.get("tag") or None,
+        "question_mode": metrics.get("question_mode") or "aware",
+        "metric": metrics.get("metric"),
+        "score": _float(metrics["score"]),
+        "n_samples": metrics.get("n_samples"),
+        "config_hash": metrics.get("config_hash"),
+        "mean_kept_fraction": _float(cache.get("mean_kept_fraction")),
+        "mean_cache_bytes": _float(cache.get("mean_cache_bytes")),
+        "settings": _json(metrics.get("settings")),
+        "dataset_settings": _json(metrics.get("dataset_settings")),
+        "scores": _json(metrics.get("scores")),
+        "path": str(path),
+    }
+
+
+def load_runs(root: str | Path, strict: bool = False) -> pd.DataFrame:
+    """Every ``metrics.json`` under ``root`` as a tidy frame (empty, with the right columns, if there is none).
+
+    A file that cannot be read or lacks a required key is skipped with a warning (``strict=True``: raised), so a
+    single broken run never hides the others.  Duplicated keys (:data:`RUN_KEY`) cannot come from the standard
+    layout; if they appear (copied folders) the first path in sorted order wins and a warning names the others.
+    """
+    rows = []
+    root = Path(root)
+    if root.exists():
+        iterator = iter_metrics(root)
+        while True:
+            try:
+                path, metrics = next(iterator)
+            except StopIteration:
+                break
+            except (OSError, ValueError) as err:  # unreadable / corrupt JSON
+                if strict:
+                    raise
+                warnings.warn(f"skipping unreadable metrics file: {err}", stacklevel=2)
+                continue
+            try:
+                rows.append(metrics_to_row(metrics, path))
+            except ValueError as err:
+                if strict:
+                    raise
+                warnings.warn(str(err), stacklevel=2)
+    df = pd.DataFrame(rows, columns=list(RUN_COLUMNS))
+    if df.empty:
+        return df
+    key = list(RUN_KEY)
+    dup = df.duplicated(key, keep="first")
+    if dup.any():
+        warnings.warn(
+            "duplicate runs (same model/task/method/budget/tag/question_mode/dataset); keeping the first: "
+            + ", ".join(df.loc[dup, "path"]),
+            stacklevel=2,
+        )
+        df = df[~dup]
+    df["tag"] = df["tag"].astype(object).where(df["tag"].notna(), None)
+    return df.sort_values(key, na_position="first", key=lambda s: s.astype(str)).reset_index(drop=True)
+
+
+def expand_settings(df: pd.DataFrame, column: str = "settings", prefix: str = "setting.") -> pd.DataFrame:
+    """Add one ``<prefix><key>`` column per key of the JSON ``column`` (nested dicts flattened with dots)."""
+
+    def flat(obj: Any, pre: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in (obj or {}).items():
+            if isinstance(v, dict):
+                out.update(flat(v, f"{pre}{k}."))
+            else:
+                out[f"{pre}{k}"] = json.dumps(v) if isinstance(v, list) else v
+        return out
+
+    expanded = pd.DataFrame([flat(json.loads(s)) for s in df[column]], index=df.index)
+    expanded.columns = [f"{prefix}{c}" for c in expanded.columns]
+    return pd.concat([df, expanded], axis=1)
+
+
+def run_summary(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per run (model/task/method/budget/tag/question_mode) with one column per dataset and their mean."""
+    if df.empty:
+        return pd.DataFrame()
+    keys = ["model", "task", "method", "budget", "tag", "question_mode"]
+    filled = df.assign(tag=df["tag"].fillna(""))
+    wide = filled.pivot_table(index=keys, columns="dataset", values="score", aggfunc="first")
+    wide.columns.name = None
+    wide["mean"] = wide.mean(axis=1, skipna=True)
+    wide["n_datasets"] = wide.drop(columns="mean").notna().sum(axis=1)
+    return wide.reset_index()
