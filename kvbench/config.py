@@ -6,9 +6,6 @@ by Hydra before any work starts.  Values that need more than a type check (a met
 validated by :func:`validate_config` with messages that list the valid choices.
 """
 
-# OmegaConf 2.3 structured configs need typing.Optional/List/Dict rather than PEP 604/585 forms.
-# ruff: noqa: UP006, UP007, UP045
-
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -63,7 +60,7 @@ class MethodConfig:
     #: How query-head scores are combined per KV head when gqa_granularity=kv_head: mean | max | sum.
     gqa_agg: str = "mean"
     #: Attention-sink tokens always kept (StreamingLLM).
-    sink_tokens: int = 4
+    sink_tokens: int = 0
     #: Whether eviction also happens during decoding (H2O/TOVA/StreamingLLM), keeping the cache at its budget.
     decode_eviction: bool = False
     #: Family-specific hyper-parameters (validated by the family, which lists the valid keys).

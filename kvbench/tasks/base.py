@@ -140,9 +140,7 @@ def select_datasets(available: Sequence[str], requested: Sequence[str] | None, t
         return list(available)
     unknown = [name for name in requested if name not in available]
     if unknown:
-        raise ValueError(
-            f"unknown dataset(s) {unknown} for task {task_name!r}; valid datasets: {', '.join(available)}"
-        )
+        raise ValueError(f"unknown dataset(s) {unknown} for task {task_name!r}; valid datasets: {', '.join(available)}")
     return list(requested)
 
 

@@ -1,0 +1,91 @@
+"""KV budgets: parsing and the numbers a method needs for one sample.
+
+Accepted ``budget.spec`` strings:
+
+* ``full`` -- no eviction.
+* ``<n>L`` (e.g. ``128L``) -- a *total* of ``n x num_layers`` tokens (per stored head), which the method's layer
+  allocator may distribute unevenly (CAKE/PyramidKV convention); uniform allocators give ``n`` per layer.
+* ``<n>/layer`` (e.g. ``128/layer``) -- every layer keeps exactly ``n`` tokens per head; layer allocators are
+  bypassed (the "KV size n" of SnapKV-style tables).
+* ``<r>x`` with ``0 < r <= 1`` (e.g. ``0.2x``) -- keep a ratio ``r`` of the context: a total of
+  ``round(r x context_len) x num_layers``, distributed by the layer allocator.
+
+All budgets count tokens per stored head and, by default, include the observation window
+(``method.window_in_budget``).  When a layer's budget is at least the context length nothing is evicted there.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+BudgetKind = Literal["full", "total_per_layer", "fixed_per_layer", "ratio"]
+
+ACCEPTED_FORMS = "'full', '<n>L' (e.g. 128L), '<n>/layer' (e.g. 128/layer), '<r>x' with 0<r<=1 (e.g. 0.2x)"
+
+_TOTAL = re.compile(r"^(\d+)L$")
+_FIXED = re.compile(r"^(\d+)/layer$")
+_RATIO = re.compile(r"^(\d*\.?\d+)x$")
+
+
+class BudgetError(ValueError):
+    """A budget string that does not parse."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A parsed budget (see module docstring)."""
+
+    spec: str
+    kind: BudgetKind
+    #: Tokens per layer (``<n>L``, ``<n>/layer``) or the kept ratio (``<r>x``); 0 for ``full``.
+    value: float
+
+    @property
+    def is_full(self) -> bool:
+        return self.kind == "full"
+
+    @property
+    def fixed_per_layer(self) -> bool:
+        """Whether every layer must keep the same number (layer allocators bypassed)."""
+        return self.kind == "fixed_per_layer"
+
+    def total(self, context_length: int, num_layers: int) -> int:
+        """Total tokens per stored head over all layers for a context of ``context_length`` tokens."""
+        if self.kind == "full":
+            return context_length * num_layers
+        if self.kind == "ratio":
+            return max(1, round(self.value * context_length)) * num_layers
+        return int(self.value) * num_layers
+
+    def mean_per_layer(self, context_length: int) -> int:
+        """Average tokens per layer (per head)."""
+        if self.kind == "full":
+            return context_length
+        if self.kind == "ratio":
+            return max(1, round(self.value * context_length))
+        return int(self.value)
+
+
+def parse_budget(spec: str) -> Budget:
+    """Parse a budget string; raises :class:`BudgetError` naming the bad string and the accepted forms."""
+    text = str(spec).strip()
+    if text == "full":
+        return Budget(text, "full", 0)
+    if match := _TOTAL.match(text):
+        return _positive(Budget(text, "total_per_layer", int(match.group(1))))
+    if match := _FIXED.match(text):
+        return _positive(Budget(text, "fixed_per_layer", int(match.group(1))))
+    if match := _RATIO.match(text):
+        ratio = float(match.group(1))
+        if not 0 < ratio <= 1:
+            raise BudgetError(f"budget {spec!r}: ratio must be in (0, 1]; accepted forms: {ACCEPTED_FORMS}")
+        return Budget(text, "ratio", ratio)
+    raise BudgetError(f"invalid budget {spec!r}; accepted forms: {ACCEPTED_FORMS}")
+
+
+def _positive(budget: Budget) -> Budget:
+    if budget.value <= 0:
+        raise BudgetError(f"budget {budget.spec!r} must be positive; accepted forms: {ACCEPTED_FORMS}")
+    return budget

@@ -1,0 +1,269 @@
+"""kvbench's KV cache: per-layer, per-head variable-length storage that really frees evicted tokens.
+
+A :class:`KVBenchCache` is a transformers :class:`~transformers.cache_utils.Cache` whose layers are
+:class:`HeadwiseLayer`.  Each layer holds, for batch size 1, one key and one value sequence per *stored head*:
+
+* while every head has the same length the layer is **dense**: ``keys``/``values`` are ``[1, H, S, D]`` tensors,
+  exactly like transformers' ``DynamicLayer`` (so attention can take the stock SDPA path);
+* after a per-head eviction leaves heads with different lengths the layer is **ragged**: ``head_keys[h]`` /
+  ``head_values[h]`` are ``[1, 1, S_h, D]`` tensors, one per head (:class:`RaggedKV` is what ``update`` returns).
+
+Only kept tokens are stored (no masks, no "fake" keys): :meth:`HeadwiseLayer.kv_bytes` is exactly
+``sum_h S_h * D * 2 * itemsize``.  Each head also records the true positions of its kept tokens (int32), which
+decode-time policies use (StreamingLLM's sinks) and which runs report.
+
+Positions: :meth:`HeadwiseLayer.get_seq_length` returns the number of tokens *seen* (not stored), so anything in
+transformers that derives positions from the cache length stays correct after eviction; kvbench's generation loop
+passes explicit ``position_ids`` anyway.
+
+Stored heads: ``num_stored_heads`` equals the model's ``num_key_value_heads``, or ``num_attention_heads`` when the
+cache is built with ``expand_gqa=True`` (the per-query-head layout of the original SnapKV/PyramidKV code; keys and
+values are then repeated per query head as they enter the cache).
+
+Storage is behind this class so a GPU backend (paged, varlen kernels) can replace it without touching methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+
+@dataclass
+class RaggedKV:
+    """Per-head key (or value) sequences of one layer, as returned by :meth:`HeadwiseLayer.update` when ragged.
+
+    Attributes
+    ----------
+    heads:
+        One tensor per stored head, each ``[1, 1, S_h, D]``.
+    """
+
+    heads: list[torch.Tensor]
+
+    @property
+    def num_heads(self) -> int:
+        return len(self.heads)
+
+    @property
+    def lengths(self) -> list[int]:
+        return [int(head.shape[2]) for head in self.heads]
+
+
+class HeadwiseLayer(CacheLayerMixin):
+    """One layer's KV storage with per-head lengths, for batch size 1 (see module docstring)."""
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, expand_factor: int = 1) -> None:
+        super().__init__()
+        #: Repeat factor applied to incoming KV heads (num_attention_heads // num_key_value_heads, or 1).
+        self.expand_factor = expand_factor
+        #: Ragged storage (``None`` while dense): per head ``[1, 1, S_h, D]``.
+        self.head_keys: list[torch.Tensor] | None = None
+        self.head_values: list[torch.Tensor] | None = None
+        #: Original positions of the stored tokens, per head: ``[S_h]`` int32.
+        self.positions: list[torch.Tensor] = []
+        #: Tokens this layer has seen (prompt + generated), whatever was evicted.
+        self.seen_tokens = 0
+
+    # ------------------------------------------------------------------ transformers' CacheLayerMixin contract
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Record dtype/device from the first states (shape ``[1, H_kv, q, D]``)."""
+        if key_states.shape[0] != 1:
+            raise ValueError(
+                f"kvbench caches hold one sequence (batch size 1), got batch size {key_states.shape[0]}; "
+                "run samples one at a time"
+            )
+        self.dtype, self.device = key_states.dtype, key_states.device
+        num_heads = key_states.shape[1] * self.expand_factor
+        empty_k = key_states.new_empty((1, num_heads, 0, key_states.shape[-1]))
+        empty_v = value_states.new_empty((1, num_heads, 0, value_states.shape[-1]))
+        self.keys, self.values = empty_k, empty_v
+        self.positions = [torch.empty(0, dtype=torch.int32, device=self.device) for _ in range(num_heads)]
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor | RaggedKV, torch.Tensor | RaggedKV]:
+        """Append ``q`` new tokens to every head and return the layer's full keys and values.
+
+        Parameters
+        ----------
+        key_states, value_states:
+            ``[1, H_kv, q, D]`` states of the new tokens (post-RoPE keys).
+
+        Returns
+        -------
+        Dense ``[1, H, S, D]`` tensors, or :class:`RaggedKV` per-head sequences when heads differ in length.
+        """
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        if key_states.shape[0] != 1:
+            raise ValueError(f"kvbench caches hold batch size 1, got {key_states.shape[0]}")
+        if self.expand_factor > 1:
+            key_states = key_states.repeat_interleave(self.expand_factor, dim=1)
+            value_states = value_states.repeat_interleave(self.expand_factor, dim=1)
+        new_tokens = key_states.shape[2]
+        new_positions = torch.arange(
+            self.seen_tokens, self.seen_tokens + new_tokens, dtype=torch.int32, device=key_states.device
+        )
+        self.positions = [torch.cat([pos, new_positions]) for pos in self.positions]
+        self.seen_tokens += new_tokens
+        if self.head_keys is None:
+            self.keys = torch.cat([self.keys, key_states], dim=-2)
+            self.values = torch.cat([self.values, value_states], dim=-2)
+            return self.keys, self.values
+        assert self.head_values is not None
+        for head in range(len(self.head_keys)):
+            self.head_keys[head] = torch.cat([self.head_keys[head], key_states[:, head : head + 1]], dim=-2)
+            self.head_values[head] = torch.cat([self.head_values[head], value_states[:, head : head + 1]], dim=-2)
+        return RaggedKV(self.head_keys), RaggedKV(self.head_values)
+
+    def get_seq_length(self) -> int:
+        """Tokens seen so far (the logical sequence length), not the number stored."""
+        return self.seen_tokens
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """(kv_length, kv_offset) in logical positions; kvbench's attention builds its own per-head masks."""
+        return self.seen_tokens + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.keys = self.values = None
+        self.head_keys = self.head_values = None
+        self.positions = []
+        self.seen_tokens = 0
+        self.is_initialized = False
+
+    def crop(self, max_length: int) -> None:
+        raise NotImplementedError("kvbench caches evict through HeadwiseLayer.keep(); crop() is not supported")
+
+    # ------------------------------------------------------------------ kvbench API
+    @property
+    def is_ragged(self) -> bool:
+        """Whether heads currently differ in length (per-head storage)."""
+        return self.head_keys is not None
+
+    @property
+    def num_heads(self) -> int:
+        """Number of stored heads."""
+        return len(self.positions)
+
+    def head_lengths(self) -> list[int]:
+        """Stored tokens per head."""
+        return [int(pos.shape[0]) for pos in self.positions]
+
+    def stored_tokens(self) -> int:
+        """Stored tokens summed over heads."""
+        return sum(self.head_lengths())
+
+    def head_kv(self, head: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of one head: two ``[S_h, D]`` views."""
+        if self.head_keys is not None and self.head_values is not None:
+            return self.head_keys[head][0, 0], self.head_values[head][0, 0]
+        assert self.keys is not None and self.values is not None
+        return self.keys[0, head], self.values[0, head]
+
+    def dense_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values as ``[H, S, D]`` (only while all heads have the same length)."""
+        if self.head_keys is not None:
+            raise ValueError("layer is ragged (heads differ in length); use head_kv(h)")
+        assert self.keys is not None and self.values is not None
+        return self.keys[0], self.values[0]
+
+    def kv_bytes(self) -> int:
+        """Bytes held by keys and values (positions metadata excluded)."""
+        if not self.is_initialized:
+            return 0
+        if self.head_keys is not None and self.head_values is not None:
+            tensors = [*self.head_keys, *self.head_values]
+        else:
+            assert self.keys is not None and self.values is not None
+            tensors = [self.keys, self.values]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def keep(self, indices: Sequence[torch.Tensor] | torch.Tensor) -> None:
+        """Keep only the given stored slots of each head and free the rest.
+
+        Parameters
+        ----------
+        indices:
+            Per head, a 1-D integer tensor of slot indices into that head's current storage (``0 <= i < S_h``),
+            unique; they are sorted here so tokens stay in position order.  A ``[H, k]`` tensor is accepted
+            when every head keeps the same number.
+        """
+        if isinstance(indices, torch.Tensor):
+            if indices.dim() != 2:
+                raise ValueError(f"indices must be [H, k] or a list of 1-D tensors, got shape {tuple(indices.shape)}")
+            per_head = list(indices.unbind(0))
+        else:
+            per_head = list(indices)
+        if len(per_head) != self.num_heads:
+            raise ValueError(f"got indices for {len(per_head)} heads, layer stores {self.num_heads}")
+        lengths = self.head_lengths()
+        sorted_idx = []
+        for head, idx in enumerate(per_head):
+            idx = torch.sort(idx.to(device=self.device, dtype=torch.long)).values
+            if idx.numel() and (idx[0] < 0 or idx[-1] >= lengths[head]):
+                raise IndexError(f"head {head}: slot index out of range [0, {lengths[head]})")
+            if idx.numel() > 1 and bool((idx[1:] == idx[:-1]).any()):
+                raise ValueError(f"head {head}: duplicate slot indices")
+            sorted_idx.append(idx)
+        new_keys, new_values = [], []
+        for head, idx in enumerate(sorted_idx):
+            head_k, head_v = self.head_kv(head)
+            # index_select copies, so the old (full-length) storage is freed once dropped below.
+            new_keys.append(head_k.index_select(0, idx)[None, None])
+            new_values.append(head_v.index_select(0, idx)[None, None])
+            self.positions[head] = self.positions[head].index_select(0, idx)
+        if len({k.shape[2] for k in new_keys}) == 1:
+            self.keys = torch.cat(new_keys, dim=1)
+            self.values = torch.cat(new_values, dim=1)
+            self.head_keys = self.head_values = None
+        else:
+            self.head_keys, self.head_values = new_keys, new_values
+            self.keys = self.values = None
+
+
+class KVBenchCache(Cache):
+    """A transformers Cache of :class:`HeadwiseLayer` (batch size 1).
+
+    Parameters
+    ----------
+    num_layers:
+        Number of decoder layers of the model.
+    expand_factor:
+        Repeat factor for incoming KV heads: 1 stores one sequence per KV head; ``num_attention_heads //
+        num_key_value_heads`` stores one per query head (``gqa_granularity=query_head``).
+    """
+
+    def __init__(self, num_layers: int, expand_factor: int = 1) -> None:
+        super().__init__(layers=[HeadwiseLayer(expand_factor) for _ in range(num_layers)])
+        self.expand_factor = expand_factor
+
+    @property
+    def headwise_layers(self) -> list[HeadwiseLayer]:
+        """The layers, typed."""
+        return self.layers  # type: ignore[return-value]
+
+    def head_lengths(self) -> list[list[int]]:
+        """Stored tokens per layer and head: ``[L][H]``."""
+        return [layer.head_lengths() for layer in self.headwise_layers]
+
+    def layer_lengths(self) -> list[int]:
+        """Stored tokens per layer, summed over heads and divided by the number of stored heads (mean per head)."""
+        return [
+            round(layer.stored_tokens() / layer.num_heads) if layer.num_heads else 0 for layer in self.headwise_layers
+        ]
+
+    def kv_bytes(self) -> int:
+        """Bytes held by keys and values over all layers."""
+        return sum(layer.kv_bytes() for layer in self.headwise_layers)

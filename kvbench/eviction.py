@@ -1,0 +1,221 @@
+"""The eviction session: applies an :class:`~kvbench.methods.base.EvictionMethod` to a :class:`KVBenchCache`.
+
+One session per sample.  The generation loop tells it the phase (compressing prefill, plain append, decode) and
+passes it to the model's forward as ``kvbench_session``; kvbench's attention function calls
+:meth:`EvictionSession.after_attention` once per layer with the layer's queries.
+
+Selection rule (per layer, per stored head): tokens are ranked by the method's scores; *protected* tokens (the
+observation window when ``keep_window``, the first ``sink_tokens`` positions) rank first, ties broken towards more
+recent tokens; the head keeps the top ``k_h`` where ``k_h`` comes from the head allocator.  With
+``window_in_budget=False`` the window is kept on top of the budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from kvbench.budget import Budget
+from kvbench.cache import HeadwiseLayer, KVBenchCache
+from kvbench.methods.base import EvictionMethod, WindowObservation, aggregate_groups
+
+Phase = Literal["idle", "compress", "append", "decode"]
+
+
+@dataclass
+class CacheRecord:
+    """Requested versus achieved cache sizes of one sample (tokens per stored head)."""
+
+    context_tokens: int = 0
+    requested_per_layer: list[int] = field(default_factory=list)
+    requested_per_head: list[list[int]] = field(default_factory=list)
+    achieved_per_layer: list[int] = field(default_factory=list)
+    achieved_per_head: list[list[int]] = field(default_factory=list)
+    evicted: bool = False
+    cache_bytes: int = 0
+    final_per_layer: list[int] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def rank_tokens(scores: torch.Tensor, positions: torch.Tensor, protected: torch.Tensor) -> torch.Tensor:
+    """Order of one head's stored slots from most to least worth keeping.
+
+    Parameters
+    ----------
+    scores:
+        ``[S]`` importance (higher = keep); ``-inf`` never wins over a finite score.
+    positions:
+        ``[S]`` true token positions (ties are broken towards larger positions, i.e. more recent tokens).
+    protected:
+        ``[S]`` bool, tokens that rank before every unprotected one.
+
+    Returns
+    -------
+    ``[S]`` slot indices.
+    """
+    by_recency = torch.argsort(positions, descending=True, stable=True)
+    ranked_scores = torch.where(protected[by_recency], torch.inf, scores[by_recency].float())
+    by_score = torch.argsort(ranked_scores, descending=True, stable=True)
+    return by_recency[by_score]
+
+
+class EvictionSession:
+    """Drives one sample's eviction (see module docstring).
+
+    Parameters
+    ----------
+    method:
+        The method to apply.
+    budget:
+        The parsed budget.
+    cache:
+        The sample's cache (built with the method's GQA granularity).
+    """
+
+    def __init__(self, method: EvictionMethod, budget: Budget, cache: KVBenchCache) -> None:
+        self.method = method
+        self.budget = budget
+        self.cache = cache
+        self.num_layers = len(cache.layers)
+        self.phase: Phase = "idle"
+        self.record = CacheRecord()
+        self.context_length = 0
+        self._scores: dict[int, list[torch.Tensor]] = {}
+        self._head_caps: dict[int, list[int]] = {}
+        self._requested: dict[int, tuple[int, list[int]]] = {}
+        self._allocator_started = False
+
+    # ------------------------------------------------------------------ phases
+    @property
+    def compresses(self) -> bool:
+        """Whether prefill compression applies (a scorer and a non-full budget)."""
+        return self.method.scorer is not None and not self.budget.is_full
+
+    def begin_prefill(self, context_length: int) -> None:
+        """The next forward is the (compressed) context prefill of ``context_length`` tokens."""
+        self.phase = "compress"
+        self.context_length = context_length
+        self.record.context_tokens = context_length
+
+    def begin_append(self) -> None:
+        """The next forward appends tokens (a question) without compressing."""
+        self._finish_prefill()
+        self.phase = "append"
+
+    def begin_decode(self) -> None:
+        """Following forwards are decoding steps."""
+        self._finish_prefill()
+        self.phase = "decode"
+
+    def finish(self) -> CacheRecord:
+        """End of the sample: fill the final sizes and return the record."""
+        self._finish_prefill()
+        self.record.final_per_layer = self.cache.layer_lengths()
+        return self.record
+
+    # ------------------------------------------------------------------ attention callback
+    def after_attention(self, module: torch.nn.Module, query: torch.Tensor, scaling: float) -> None:
+        """Called by kvbench's attention for every layer with ``query`` ``[1, H_q, q, D]``."""
+        layer_idx = int(module.layer_idx)
+        layer = self.cache.headwise_layers[layer_idx]
+        if self.phase == "compress":
+            self._compress_prefill(layer_idx, layer, query[0], scaling)
+        elif self.phase == "decode" and self.method.decode_policy is not None and not self.budget.is_full:
+            self.method.decode_policy.step(layer_idx, layer, query[0], scaling)
+
+    # ------------------------------------------------------------------ prefill compression
+    def _compress_prefill(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
+        context = layer.seen_tokens
+        num_heads = layer.num_heads
+        if not self.compresses:
+            self._requested[layer_idx] = (context, [context] * num_heads)
+            return
+        keys, values = layer.dense_kv()
+        window = min(self.method.window, context, query.shape[1])
+        observation = WindowObservation(
+            layer_idx=layer_idx,
+            num_layers=self.num_layers,
+            queries=query[:, -window:],
+            keys=keys,
+            values=values,
+            scaling=scaling,
+        )
+        if self.budget.fixed_per_layer:
+            budgets = {layer_idx: int(self.budget.value)}
+        else:
+            if not self._allocator_started:
+                total = self.budget.total(context, self.num_layers)
+                self.method.layer_allocator.start(total, self.num_layers, context)
+                self._allocator_started = True
+            budgets = self.method.layer_allocator.on_layer(observation)
+        assert self.method.scorer is not None
+        scores = aggregate_groups(self.method.scorer.score(observation).float(), num_heads, self.method.gqa_agg)
+        if scores.shape != (num_heads, context):
+            raise ValueError(
+                f"scorer {type(self.method.scorer).__name__} returned shape {tuple(scores.shape)}, "
+                f"expected ({num_heads}, {context}) or ({query.shape[0]}, {context})"
+            )
+        self._scores[layer_idx] = list(scores.unbind(0))
+        for target_layer, layer_budget in sorted(budgets.items()):
+            self._shrink_layer(target_layer, int(layer_budget), window)
+
+    def _shrink_layer(self, layer_idx: int, layer_budget: int, window: int) -> None:
+        """Evict ``layer_idx`` down to ``layer_budget`` tokens per head (plus the window if it is off-budget)."""
+        layer = self.cache.headwise_layers[layer_idx]
+        method = self.method
+        lengths = layer.head_lengths()
+        keep_total = layer_budget if method.window_in_budget else layer_budget + window
+        scores = self._scores[layer_idx]
+        protected = []
+        for head in range(layer.num_heads):
+            positions = layer.positions[head]
+            mask = positions < method.sink_tokens
+            if method.keep_window:
+                mask = mask | (positions >= self.context_length - window)
+            protected.append(mask)
+        padded = _pad_scores(scores, protected)
+        counts = method.head_allocator.allocate(padded, keep_total)
+        counts = [min(int(count), length) for count, length in zip(counts, lengths, strict=True)]
+        self._requested[layer_idx] = (keep_total, counts)
+        if all(count >= length for count, length in zip(counts, lengths, strict=True)):
+            return
+        keep: list[torch.Tensor] = []
+        for head in range(layer.num_heads):
+            order = rank_tokens(scores[head], layer.positions[head], protected[head])
+            keep.append(order[: counts[head]])
+        kept_sorted = [torch.sort(idx).values for idx in keep]
+        layer.keep(kept_sorted)
+        self._scores[layer_idx] = [s.index_select(0, idx) for s, idx in zip(scores, kept_sorted, strict=True)]
+        self.record.evicted = True
+
+    def _finish_prefill(self) -> None:
+        """Close the prefill record once (requested/achieved per layer and head, bytes)."""
+        if self.phase != "compress":
+            return
+        self.phase = "idle"
+        record = self.record
+        for layer_idx, layer in enumerate(self.cache.headwise_layers):
+            requested_total, requested_heads = self._requested.get(
+                layer_idx, (layer.seen_tokens, [layer.seen_tokens] * layer.num_heads)
+            )
+            record.requested_per_layer.append(min(requested_total, layer.seen_tokens))
+            record.requested_per_head.append(requested_heads)
+            record.achieved_per_head.append(layer.head_lengths())
+            self._head_caps[layer_idx] = requested_heads
+            if self.method.decode_policy is not None and not self.budget.is_full:
+                self.method.decode_policy.start_layer(layer_idx, layer, requested_heads, self._scores.get(layer_idx))
+        record.achieved_per_layer = self.cache.layer_lengths()
+        record.cache_bytes = self.cache.kv_bytes()
+
+
+def _pad_scores(scores: list[torch.Tensor], protected: list[torch.Tensor]) -> torch.Tensor:
+    """Stack per-head scores into ``[H, S_max]``: protected tokens +inf, padding -inf."""
+    width = max(int(s.shape[0]) for s in scores)
+    padded = torch.full((len(scores), width), float("-inf"), dtype=torch.float32, device=scores[0].device)
+    for head, (score, mask) in enumerate(zip(scores, protected, strict=True)):
+        padded[head, : score.shape[0]] = torch.where(mask, torch.inf, score.float())
+    return padded

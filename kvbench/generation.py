@@ -1,0 +1,132 @@
+"""Prefill with eviction, then greedy decoding, for one sample (batch size 1).
+
+Explicit ``position_ids`` everywhere: after eviction the cache holds fewer tokens than were seen, so positions
+come from the count of tokens fed, never from the cache length.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from kvbench.budget import Budget
+from kvbench.cache import KVBenchCache
+from kvbench.eviction import CacheRecord, EvictionSession
+from kvbench.methods.base import EvictionMethod
+
+QUESTION_MODES = ("aware", "agnostic")
+
+
+@dataclass
+class GenerationOutput:
+    """Result of one greedy generation."""
+
+    token_ids: list[int]
+    text: str
+    record: CacheRecord
+    prefill_s: float
+    decode_s: float
+    stop_reason: str
+
+
+def build_cache(model: PreTrainedModel, method: EvictionMethod) -> KVBenchCache:
+    """An empty cache with the method's GQA granularity."""
+    config = model.config
+    expand = 1
+    if method.gqa_granularity == "query_head":
+        expand = int(config.num_attention_heads) // int(config.num_key_value_heads)
+    return KVBenchCache(int(config.num_hidden_layers), expand_factor=expand)
+
+
+def _forward(
+    model: PreTrainedModel, ids: list[int], start: int, cache: KVBenchCache, session: EvictionSession, device
+) -> torch.Tensor:
+    """Feed ``ids`` at positions ``start..``; returns the last position's logits ``[vocab]``."""
+    input_ids = torch.tensor([ids], dtype=torch.long, device=device)
+    position_ids = torch.arange(start, start + len(ids), dtype=torch.long, device=device)[None]
+    output = model(
+        input_ids=input_ids,
+        position_ids=position_ids,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+        kvbench_session=session,
+    )
+    return output.logits[0, -1]
+
+
+@torch.inference_mode()
+def generate(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    context_ids: list[int],
+    question_ids: list[int],
+    *,
+    method: EvictionMethod,
+    budget: Budget,
+    question_mode: str,
+    max_new_tokens: int,
+    stop_token_ids: set[int],
+    stop_strings: tuple[str, ...] = (),
+) -> GenerationOutput:
+    """Greedy generation with ``method`` applied at ``budget``.
+
+    ``aware``: the whole prompt (context + question) is prefilled and compressed.  ``agnostic``: only the context
+    is prefilled and compressed, then the question is fed on top of the compressed cache.
+    """
+    if question_mode not in QUESTION_MODES:
+        raise ValueError(f"question_mode={question_mode!r}; valid: {', '.join(QUESTION_MODES)}")
+    device = next(model.parameters()).device
+    cache = build_cache(model, method)
+    session = EvictionSession(method, budget, cache)
+    if question_mode == "aware" or not question_ids:
+        compressed, appended = context_ids + question_ids, []
+    else:
+        compressed, appended = context_ids, question_ids
+    if not compressed:
+        raise ValueError("empty prompt")
+
+    start = time.perf_counter()
+    session.begin_prefill(len(compressed))
+    logits = _forward(model, compressed, 0, cache, session, device)
+    position = len(compressed)
+    if appended:
+        session.begin_append()
+        logits = _forward(model, appended, position, cache, session, device)
+        position += len(appended)
+    session.begin_decode()
+    _sync(device)
+    prefill_s = time.perf_counter() - start
+
+    start = time.perf_counter()
+    generated: list[int] = []
+    stop_reason = "max_new_tokens"
+    for step in range(max_new_tokens):
+        next_id = int(torch.argmax(logits))
+        if next_id in stop_token_ids:
+            stop_reason = "stop_token"
+            break
+        generated.append(next_id)
+        if stop_strings and any(s in tokenizer.decode(generated, skip_special_tokens=True) for s in stop_strings):
+            stop_reason = "stop_string"
+            break
+        if step + 1 == max_new_tokens:
+            break
+        logits = _forward(model, [next_id], position, cache, session, device)
+        position += 1
+    _sync(device)
+    decode_s = time.perf_counter() - start
+    record = session.finish()
+    text = tokenizer.decode(generated, skip_special_tokens=True)
+    if stop_reason == "stop_string":
+        # Like an eos, the stop string ends the output and is not part of it.
+        text = text[: min(text.find(s) for s in stop_strings if s in text)]
+    return GenerationOutput(generated, text, record, prefill_s, decode_s, stop_reason)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,351 @@
+"""The method interface: an eviction method is four small pieces that work on plain tensors.
+
+* :class:`TokenScorer` -- the *indicator*: importance of every context token for one layer, from the observation
+  window's queries against the keys (``[H, S]``, higher = keep).
+* :class:`LayerBudgetAllocator` -- how the total budget is split over layers (uniform, pyramid, preference...).
+  It is called layer by layer during prefill and may revise earlier layers' budgets (cascading, CAKE-style).
+* :class:`HeadBudgetAllocator` -- how a layer's budget is split over its stored heads (uniform, Ada-KV top-B...).
+* :class:`DecodePolicy` -- what happens to the cache while generating (nothing, StreamingLLM window, H2O, TOVA).
+
+:class:`EvictionMethod` bundles them with the method knobs from ``conf/method/<name>.yaml``; a family registers
+a builder with :func:`register_method` (one file per family under ``kvbench/methods/``).  None of the pieces needs
+a model: tests drive them with hand-built tensors.
+
+Shapes use ``H_q`` query heads, ``H`` stored heads (KV heads, or query heads with ``gqa_granularity=query_head``),
+``W`` window queries, ``S`` context tokens, ``D`` head dim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, TypeVar
+
+import torch
+import torch.nn.functional as F
+
+from kvbench.cache import HeadwiseLayer
+
+GQA_GRANULARITIES = ("kv_head", "query_head")
+GQA_AGGREGATIONS = ("mean", "max", "sum")
+POOLING_TYPES = ("max", "avg")
+
+
+# ---------------------------------------------------------------------------------------------------- observation
+@dataclass
+class WindowObservation:
+    """Everything a scorer or allocator may look at for one layer at the end of a compressed prefill.
+
+    Attributes
+    ----------
+    layer_idx, num_layers:
+        Which layer, out of how many.
+    queries:
+        ``[H_q, W, D]`` post-RoPE queries of the last ``W`` prompt tokens (the observation window).
+    keys, values:
+        ``[H, S, D]`` the layer's stored keys (post-RoPE) and values; the window's own keys are ``keys[:, S-W:]``.
+    scaling:
+        Softmax scale of the model's attention (usually ``D ** -0.5``).
+    """
+
+    layer_idx: int
+    num_layers: int
+    queries: torch.Tensor
+    keys: torch.Tensor
+    values: torch.Tensor
+    scaling: float
+
+    @property
+    def window(self) -> int:
+        return int(self.queries.shape[1])
+
+    @property
+    def context_length(self) -> int:
+        return int(self.keys.shape[1])
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per stored head."""
+        return int(self.queries.shape[0] // self.keys.shape[0])
+
+    @cached_property
+    def window_attention(self) -> torch.Tensor:
+        """``[H_q, W, S]`` float32 softmax attention of the window queries over all keys (causal in the window).
+
+        Cost is ``W x S`` per head: never a full ``S x S`` matrix.
+        """
+        return window_attention(self.queries, self.keys, self.scaling)
+
+
+def window_attention(queries: torch.Tensor, keys: torch.Tensor, scaling: float) -> torch.Tensor:
+    """Softmax attention of window queries over keys.
+
+    Parameters
+    ----------
+    queries:
+        ``[H_q, W, D]``; query ``i`` sits at position ``S - W + i``.
+    keys:
+        ``[H, S, D]`` with ``H`` dividing ``H_q`` (GQA groups are consecutive query heads).
+    scaling:
+        Logit scale.
+
+    Returns
+    -------
+    ``[H_q, W, S]`` float32 attention probabilities.
+    """
+    num_q_heads, window, head_dim = queries.shape
+    num_heads, context, _ = keys.shape
+    groups = num_q_heads // num_heads
+    grouped = queries.float().reshape(num_heads, groups * window, head_dim)
+    logits = torch.bmm(grouped, keys.float().transpose(1, 2)).reshape(num_q_heads, window, context) * scaling
+    positions = torch.arange(context, device=keys.device)
+    query_positions = torch.arange(context - window, context, device=keys.device)
+    future = positions[None, :] > query_positions[:, None]  # [W, S]
+    logits = logits.masked_fill(future[None], float("-inf"))
+    return torch.softmax(logits, dim=-1)
+
+
+def aggregate_groups(scores: torch.Tensor, num_heads: int, how: str) -> torch.Tensor:
+    """Reduce per-query-head scores ``[H_q, S]`` to per-stored-head ``[H, S]`` (identity when ``H_q == H``)."""
+    if scores.shape[0] == num_heads:
+        return scores
+    grouped = scores.reshape(num_heads, scores.shape[0] // num_heads, scores.shape[1])
+    if how == "mean":
+        return grouped.mean(dim=1)
+    if how == "max":
+        return grouped.amax(dim=1)
+    if how == "sum":
+        return grouped.sum(dim=1)
+    raise ValueError(f"unknown gqa_agg {how!r}; valid: {', '.join(GQA_AGGREGATIONS)}")
+
+
+def pool_scores(scores: torch.Tensor, kernel_size: int, pooling: str) -> torch.Tensor:
+    """Smooth ``[H, S]`` scores along the sequence with a same-length 1-D pooling (SnapKV clustering)."""
+    if kernel_size <= 1:
+        return scores
+    if kernel_size % 2 == 0:
+        raise ValueError(f"pooling kernel_size must be odd, got {kernel_size}")
+    padding = kernel_size // 2
+    if pooling == "max":
+        return F.max_pool1d(scores[:, None], kernel_size, stride=1, padding=padding)[:, 0]
+    if pooling == "avg":
+        return F.avg_pool1d(scores[:, None], kernel_size, stride=1, padding=padding, count_include_pad=False)[:, 0]
+    raise ValueError(f"unknown pooling {pooling!r}; valid: {', '.join(POOLING_TYPES)}")
+
+
+# ---------------------------------------------------------------------------------------------------- pieces
+class TokenScorer(ABC):
+    """Importance of each context token at one layer."""
+
+    @abstractmethod
+    def score(self, observation: WindowObservation) -> torch.Tensor:
+        """Return ``[H_q, S]`` (aggregated per GQA group by the framework) or ``[H, S]`` scores, higher = keep.
+
+        Scores of the window tokens are ignored when the method keeps the window.
+        """
+
+
+class LayerBudgetAllocator(ABC):
+    """Splits the total budget over layers.  Called once per sample (:meth:`start`), then layer by layer."""
+
+    def start(self, total: int, num_layers: int, context_length: int) -> None:
+        """Begin a sample: ``total`` tokens per stored head summed over ``num_layers`` layers."""
+        self.total, self.num_layers, self.context_length = total, num_layers, context_length
+
+    @abstractmethod
+    def on_layer(self, observation: WindowObservation) -> dict[int, int]:
+        """Budgets (tokens per head) to enforce now, for layer ``observation.layer_idx`` and possibly earlier
+        layers whose budget changed (a cascading allocator may shrink them; they are re-compressed by score)."""
+
+
+class StaticLayerAllocator(LayerBudgetAllocator):
+    """An allocator whose per-layer budgets depend only on (total, num_layers, context_length)."""
+
+    @abstractmethod
+    def plan(self, total: int, num_layers: int, context_length: int) -> list[int]:
+        """Budget per layer; sums to ``total`` (up to the context-length cap applied by the caller)."""
+
+    def start(self, total: int, num_layers: int, context_length: int) -> None:
+        super().start(total, num_layers, context_length)
+        self.budgets = self.plan(total, num_layers, context_length)
+
+    def on_layer(self, observation: WindowObservation) -> dict[int, int]:
+        return {observation.layer_idx: self.budgets[observation.layer_idx]}
+
+
+class UniformLayerAllocator(StaticLayerAllocator):
+    """Every layer gets ``total // num_layers`` (the remainder goes to the first layers)."""
+
+    def plan(self, total: int, num_layers: int, context_length: int) -> list[int]:
+        base, extra = divmod(total, num_layers)
+        return [base + (1 if layer < extra else 0) for layer in range(num_layers)]
+
+
+class HeadBudgetAllocator(ABC):
+    """Splits one layer's budget over its stored heads."""
+
+    @abstractmethod
+    def allocate(self, scores: torch.Tensor, budget_per_head: int) -> list[int]:
+        """Per-head counts for ``[H, S]`` scores; they sum to ``budget_per_head * H`` and each is ``<= S``."""
+
+
+class UniformHeadAllocator(HeadBudgetAllocator):
+    """Every head keeps the same number."""
+
+    def allocate(self, scores: torch.Tensor, budget_per_head: int) -> list[int]:
+        return [min(budget_per_head, scores.shape[1])] * scores.shape[0]
+
+
+class DecodePolicy(ABC):
+    """Eviction while generating.  Called after each decoding step's attention at every layer."""
+
+    def start_layer(  # noqa: B027
+        self, layer_idx: int, layer: HeadwiseLayer, head_budgets: list[int], scores: list[torch.Tensor] | None = None
+    ) -> None:
+        """The layer's prefill is done.
+
+        ``head_budgets`` are the per-head caps to keep during decoding; ``scores`` (per head ``[S_h]``, aligned
+        with the stored tokens) are the prefill indicator's scores of the kept tokens, when there are any.
+        """
+
+    @abstractmethod
+    def step(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
+        """One decoding step at ``layer`` (the new token is already stored); ``query`` is ``[H_q, 1, D]``.
+
+        May call ``layer.keep(...)`` to evict.
+        """
+
+
+# ---------------------------------------------------------------------------------------------------- method
+@dataclass
+class EvictionMethod:
+    """A complete eviction method: the pieces plus the knobs that govern how they are combined.
+
+    ``scorer=None`` means no prefill eviction (``full``, or decode-only policies).
+    """
+
+    name: str
+    family: str
+    scorer: TokenScorer | None
+    layer_allocator: LayerBudgetAllocator = field(default_factory=UniformLayerAllocator)
+    head_allocator: HeadBudgetAllocator = field(default_factory=UniformHeadAllocator)
+    decode_policy: DecodePolicy | None = None
+    window: int = 32
+    window_in_budget: bool = True
+    keep_window: bool = True
+    sink_tokens: int = 0
+    gqa_granularity: str = "kv_head"
+    gqa_agg: str = "mean"
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def evicts(self) -> bool:
+        """Whether the method removes anything at all."""
+        return self.scorer is not None or self.decode_policy is not None
+
+
+MethodBuilder = Callable[[Any], EvictionMethod]
+_METHOD_FAMILIES: dict[str, MethodBuilder] = {}
+
+
+def register_method(family: str) -> Callable[[MethodBuilder], MethodBuilder]:
+    """Register a builder ``builder(method_cfg) -> EvictionMethod`` for ``method.family == family``."""
+
+    def decorator(builder: MethodBuilder) -> MethodBuilder:
+        if family in _METHOD_FAMILIES:
+            raise ValueError(f"method family {family!r} is registered twice")
+        _METHOD_FAMILIES[family] = builder
+        return builder
+
+    return decorator
+
+
+def method_families() -> list[str]:
+    """All registered family names."""
+    _import_builtin_methods()
+    return sorted(_METHOD_FAMILIES)
+
+
+def build_method(method_cfg: Any) -> EvictionMethod:
+    """Build the method described by ``method_cfg`` (a :class:`kvbench.config.MethodConfig`)."""
+    _import_builtin_methods()
+    family = method_cfg.family
+    if family not in _METHOD_FAMILIES:
+        raise ValueError(f"unknown method family {family!r}; valid families: {', '.join(sorted(_METHOD_FAMILIES))}")
+    if method_cfg.gqa_granularity not in GQA_GRANULARITIES:
+        raise ValueError(
+            f"method.gqa_granularity={method_cfg.gqa_granularity!r}; valid: {', '.join(GQA_GRANULARITIES)}"
+        )
+    if method_cfg.gqa_agg not in GQA_AGGREGATIONS:
+        raise ValueError(f"method.gqa_agg={method_cfg.gqa_agg!r}; valid: {', '.join(GQA_AGGREGATIONS)}")
+    if method_cfg.pooling not in POOLING_TYPES:
+        raise ValueError(f"method.pooling={method_cfg.pooling!r}; valid: {', '.join(POOLING_TYPES)}")
+    if method_cfg.window < 1:
+        raise ValueError(f"method.window must be >= 1, got {method_cfg.window}")
+    return _METHOD_FAMILIES[family](method_cfg)
+
+
+ParamsT = TypeVar("ParamsT")
+
+
+def parse_params(params_cls: type[ParamsT], params: Any, family: str) -> ParamsT:
+    """Build a family's hyper-parameter dataclass from ``method.params``, rejecting unknown keys by name."""
+    given = dict(params or {})
+    valid = {f.name for f in dataclasses.fields(params_cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(given) - valid)
+    if unknown:
+        raise ValueError(
+            f"unknown method.params {unknown} for family {family!r}; valid keys: {', '.join(sorted(valid)) or 'none'}"
+        )
+    return params_cls(**given)
+
+
+def common_knobs(method_cfg: Any) -> dict[str, Any]:
+    """The MethodConfig knobs shared by every family, as EvictionMethod keyword arguments."""
+    return {
+        "name": method_cfg.name,
+        "family": method_cfg.family,
+        "window": int(method_cfg.window),
+        "window_in_budget": bool(method_cfg.window_in_budget),
+        "sink_tokens": int(method_cfg.sink_tokens),
+        "gqa_granularity": str(method_cfg.gqa_granularity),
+        "gqa_agg": str(method_cfg.gqa_agg),
+    }
+
+
+def _import_builtin_methods() -> None:
+    import importlib
+    import pkgutil
+
+    import kvbench.methods as package
+
+    for module in pkgutil.iter_modules(package.__path__):
+        if module.name != "base":
+            importlib.import_module(f"kvbench.methods.{module.name}")
+
+
+def decode_attention(layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> list[torch.Tensor]:
+    """Attention of the newest query over each stored head, averaged over the head's GQA group.
+
+    Parameters
+    ----------
+    layer:
+        The layer, with the new token already stored.
+    query:
+        ``[H_q, 1, D]`` the new token's queries.
+
+    Returns
+    -------
+    Per stored head, ``[S_h]`` float32 probabilities.
+    """
+    groups = query.shape[0] // layer.num_heads
+    probs = []
+    for head in range(layer.num_heads):
+        keys, _ = layer.head_kv(head)
+        head_q = query[head * groups : (head + 1) * groups, 0].float()  # [g, D]
+        logits = head_q @ keys.float().T * scaling  # [g, S_h]
+        probs.append(torch.softmax(logits, dim=-1).mean(dim=0))
+    return probs

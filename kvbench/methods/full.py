@@ -1,0 +1,20 @@
+"""``full``: no eviction (the reference every method is compared with)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvbench.methods.base import EvictionMethod, common_knobs, parse_params, register_method
+
+
+@dataclass
+class FullParams:
+    """``full`` has no hyper-parameters."""
+
+
+@register_method("full")
+def build_full(method_cfg: Any) -> EvictionMethod:
+    """The full cache: nothing is scored or evicted."""
+    parse_params(FullParams, method_cfg.params, "full")
+    return EvictionMethod(scorer=None, **common_knobs(method_cfg))

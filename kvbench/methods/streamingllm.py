@@ -1,0 +1,74 @@
+"""StreamingLLM (Xiao et al., 2023): attention sinks plus a recent window, in prefill and in decoding.
+
+Every head keeps the first ``sink_tokens`` positions (4 in the paper) and the most recent ``budget - sinks``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kvbench.cache import HeadwiseLayer
+from kvbench.methods.base import (
+    DecodePolicy,
+    EvictionMethod,
+    TokenScorer,
+    WindowObservation,
+    common_knobs,
+    parse_params,
+    register_method,
+)
+
+
+class RecencyScorer(TokenScorer):
+    """Score = position: the most recent tokens win (sinks are protected by the session)."""
+
+    def score(self, observation: WindowObservation) -> torch.Tensor:
+        """``[H, S]`` scores equal to the token position."""
+        heads, context = observation.keys.shape[0], observation.context_length
+        return torch.arange(context, dtype=torch.float32, device=observation.keys.device).expand(heads, context)
+
+
+class SinkWindowDecode(DecodePolicy):
+    """While decoding, keep each head at its cap: the sinks plus the most recent tokens."""
+
+    def __init__(self, sink_tokens: int) -> None:
+        self.sink_tokens = sink_tokens
+        self.caps: dict[int, list[int]] = {}
+
+    def start_layer(
+        self, layer_idx: int, layer: HeadwiseLayer, head_budgets: list[int], scores: list[torch.Tensor] | None = None
+    ) -> None:
+        self.caps[layer_idx] = list(head_budgets)
+
+    def step(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
+        caps = self.caps[layer_idx]
+        lengths = layer.head_lengths()
+        if all(length <= cap for length, cap in zip(lengths, caps, strict=True)):
+            return
+        keep = []
+        for head, (length, cap) in enumerate(zip(lengths, caps, strict=True)):
+            positions = layer.positions[head]
+            if length <= cap:
+                keep.append(torch.arange(length, device=positions.device))
+                continue
+            sinks = torch.nonzero(positions < self.sink_tokens).flatten()[:cap]
+            recent = torch.arange(length - (cap - sinks.numel()), length, device=positions.device)
+            keep.append(torch.unique(torch.cat([sinks, recent])))
+        layer.keep(keep)
+
+
+@dataclass
+class StreamingParams:
+    """StreamingLLM has no hyper-parameters besides ``method.sink_tokens`` and the budget."""
+
+
+@register_method("streamingllm")
+def build_streamingllm(method_cfg: Any) -> EvictionMethod:
+    """Sinks + recent window; evicts in decoding too when ``method.decode_eviction``."""
+    parse_params(StreamingParams, method_cfg.params, "streamingllm")
+    knobs = common_knobs(method_cfg)
+    policy = SinkWindowDecode(knobs["sink_tokens"]) if method_cfg.decode_eviction else None
+    return EvictionMethod(scorer=RecencyScorer(), decode_policy=policy, **knobs)

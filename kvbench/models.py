@@ -1,0 +1,191 @@
+"""Model and tokenizer loading: hub ids, local folders, and tiny models built in code (``builtin:<name>``).
+
+Every model is loaded with ``attn_implementation="kvbench"`` (kvbench's registered attention function), the same
+way for a 70B checkpoint and for the tiny test models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GemmaConfig,
+    LlamaConfig,
+    MistralConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+)
+
+from kvbench.attention import ATTENTION_NAME
+from kvbench.errors import KVBenchError
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for kvbench: eval mode, kvbench attention, on its device."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    device: torch.device
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.model.config.num_hidden_layers)
+
+
+# ---------------------------------------------------------------------------------------------------- builtins
+def byte_level_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer (256 byte tokens + <s>, </s>, <unk>) that encodes any text; built offline."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for symbol in sorted(alphabet):
+        vocab[symbol] = len(vocab)
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    from tokenizers.processors import TemplateProcessing
+
+    backend.post_processor = TemplateProcessing(single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
+def _tiny_kwargs(vocab_size: int) -> dict[str, Any]:
+    return {
+        "vocab_size": vocab_size,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 16384,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 2,
+        "tie_word_embeddings": False,
+    }
+
+
+def builtin_config(name: str, vocab_size: int = 259) -> PretrainedConfig:
+    """Config of a tiny random model built in code (GQA: 4 query heads, 2 KV heads, 4 layers)."""
+    kwargs = _tiny_kwargs(vocab_size)
+    if name == "tiny-random-llama":
+        return LlamaConfig(**kwargs)
+    if name == "tiny-random-mistral":
+        return MistralConfig(**kwargs, sliding_window=None)
+    if name == "tiny-random-qwen2":
+        return Qwen2Config(**kwargs, use_sliding_window=False)
+    if name == "tiny-random-gemma":
+        return GemmaConfig(**kwargs, head_dim=16)
+    raise KVBenchError(f"unknown builtin model {name!r}; valid: {', '.join('builtin:' + n for n in BUILTIN_MODELS)}")
+
+
+BUILTIN_MODELS = ("tiny-random-llama", "tiny-random-mistral", "tiny-random-qwen2", "tiny-random-gemma")
+
+
+def build_builtin(name: str, seed: int = 0) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A tiny random-weight model (seeded) and the byte-level tokenizer."""
+    tokenizer = byte_level_tokenizer()
+    config = builtin_config(name, vocab_size=len(tokenizer))
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    torch.random.set_rng_state(generator_state)
+    return model, tokenizer
+
+
+# ---------------------------------------------------------------------------------------------------- loading
+def resolve_device(spec: str) -> torch.device:
+    """``auto`` -> cuda when available, else cpu; anything else is passed to torch.device."""
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(spec)
+    except RuntimeError as err:
+        raise KVBenchError(f"invalid model.device {spec!r}; use auto, cpu, cuda or cuda:N") from err
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise KVBenchError(f"model.device={spec!r} but CUDA is not available on this machine; use model.device=cpu")
+    return device
+
+
+def resolve_local_path(path: str) -> Path | None:
+    """A local folder for ``path`` (absolute, relative to the working dir, or to the repo root), else None."""
+    for candidate in (Path(path), REPO_ROOT / path):
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+def validate_model_config(model_cfg: Any) -> None:
+    """Cheap checks done before any work: dtype name and builtin name."""
+    if model_cfg.dtype not in DTYPES:
+        raise KVBenchError(f"invalid model.dtype {model_cfg.dtype!r}; valid: {', '.join(DTYPES)}")
+    if str(model_cfg.path).startswith("builtin:"):
+        name = str(model_cfg.path).removeprefix("builtin:")
+        if name not in BUILTIN_MODELS:
+            raise KVBenchError(
+                f"unknown builtin model {name!r}; valid: {', '.join('builtin:' + n for n in BUILTIN_MODELS)}"
+            )
+
+
+def load_model(model_cfg: Any, seed: int = 0) -> LoadedModel:
+    """Load the model of ``model_cfg`` (a :class:`kvbench.config.ModelConfig`) with kvbench attention.
+
+    Raises :class:`KVBenchError` naming the model and how to provide its weights when they cannot be found.
+    """
+    validate_model_config(model_cfg)
+    dtype = DTYPES[model_cfg.dtype]
+    device = resolve_device(model_cfg.device)
+    path = str(model_cfg.path)
+    if path.startswith("builtin:"):
+        model, tokenizer = build_builtin(path.removeprefix("builtin:"), seed=seed)
+        model = model.to(dtype=dtype)
+    else:
+        local = resolve_local_path(path)
+        source = str(local) if local is not None else path
+        revision = None if local is not None else model_cfg.revision
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
+            model = AutoModelForCausalLM.from_pretrained(source, revision=revision, dtype=dtype)
+        except (OSError, ValueError) as err:
+            raise KVBenchError(
+                f"cannot load model {model_cfg.name!r} from {path!r}: {err.__class__.__name__}: "
+                f"{str(err).splitlines()[0] if str(err) else ''}\n"
+                f"Provide the weights either by downloading them where there is network "
+                f"(`huggingface-cli download {path}` and share HF_HOME with this machine, or run "
+                f"`python scripts/prepare_data.py` for data), or by pointing model.path at a local folder "
+                f"in Hugging Face format (model.path=/path/to/{Path(path).name})."
+            ) from err
+    model.set_attn_implementation(ATTENTION_NAME)
+    model = model.to(device).eval()
+    return LoadedModel(model=model, tokenizer=tokenizer, device=device)
+
+
+def stop_token_ids(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel, stop_tokens: list[str]) -> set[int]:
+    """Token ids that end generation: the tokenizer's and generation config's eos, plus ``stop_tokens``."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    generation_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(generation_eos, int):
+        ids.add(generation_eos)
+    elif isinstance(generation_eos, list):
+        ids.update(int(i) for i in generation_eos)
+    for token in stop_tokens:
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        if token_id is None or token_id == tokenizer.unk_token_id:
+            raise KVBenchError(f"stop token {token!r} is not in the tokenizer's vocabulary")
+        ids.add(int(token_id))
+    return ids
