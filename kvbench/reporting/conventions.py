@@ -55,8 +55,9 @@ LONGBENCH21_CATEGORIES: dict[str, tuple[str, ...]] = {
 }
 LONGBENCH21: tuple[str, ...] = tuple(d for ds in LONGBENCH21_CATEGORIES.values() for d in ds)
 
-#: NeedleBench subtasks (dataset names used by our needlebench task: ``<subtask>_<lang>``) and v1 weights.
-NEEDLEBENCH_SUBTASKS: dict[str, float] = {"s_rt": 0.4, "m_rt": 0.3, "m_rs": 0.3}
+#: NeedleBench subtasks (S-RT, M-RT, M-RS; our needlebench task names its datasets ``<subtask>_<lang>``) and the
+#: v1 weights of the overall score.
+NEEDLEBENCH_SUBTASKS: dict[str, float] = {"single_retrieval": 0.4, "multi_retrieval": 0.3, "multi_reasoning": 0.3}
 NEEDLEBENCH_DATASETS: tuple[str, ...] = tuple(f"{s}_{lang}" for s in NEEDLEBENCH_SUBTASKS for lang in ("zh", "en"))
 
 

@@ -18,14 +18,16 @@ is a cell that is garbled or unrecoverable in the source; ``note`` says why.  Pr
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from kvbench.reporting.conventions import (
     LONGBENCH16,
+    NEEDLEBENCH_SUBTASKS,
     Convention,
     MissingData,
     longbench21_average_from_categories,
@@ -74,15 +76,23 @@ class TableSpec:
         Run tags to use, in order of preference (``None`` = untagged runs).  Presets set the first one.
     tolerance:
         Largest accepted |printed - recomputed| for the aggregate columns (the paper's rounding).
+    full_tags:
+        Tags of the full-cache row's runs (default: ``tags``); full-cache runs are shared by the tables of one
+        setup (``conf/experiment/<tag>_full.yaml``) and match any question mode (nothing is compressed).
     """
 
     id: str
     paper: str
     title: str
     kind: str = "scores"
-    convention: Convention = Convention("mean")
+    convention: Convention = field(default_factory=lambda: Convention("mean"))
     tags: tuple[str | None, ...] = (None,)
     tolerance: float = 0.0051
+    full_tags: tuple[str | None, ...] = ()
+
+    def tags_for(self, method: str) -> tuple[str | None, ...]:
+        """Run tags to try, in order, for a row of ``method``."""
+        return (self.full_tags or self.tags) if method == "full" else self.tags
 
 
 def _t(id_: str, paper: str, title: str, **kw: object) -> TableSpec:
@@ -94,47 +104,118 @@ _LB16 = Convention("mean", datasets=LONGBENCH16)
 TABLES: dict[str, TableSpec] = {
     t.id: t
     for t in [
-        _t("adakv_early_t1", "Ada-KV (early, arXiv 2407.11550 v1/v2)", "Table 1: Mistral-7B-Instruct-v0.2, LongBench 16",
-           tags=("adakv_early", None)),
+        _t(
+            "adakv_early_t1",
+            "Ada-KV (early, arXiv 2407.11550 v1/v2)",
+            "Table 1: Mistral-7B-Instruct-v0.2, LongBench 16",
+            tags=("adakv_early", None),
+        ),
         _t("adakv_early_t2", "Ada-KV (early)", "Table 2: LWM-Text-Chat-1M, LongBench 16", tags=("adakv_early", None)),
-        _t("adakv_early_niah", "Ada-KV (early)", "Needle-in-a-Haystack averages (Sec. 4.3, B=128h)",
-           convention=Convention("run_mean"), tags=("adakv_early", None)),
-        _t("adakv_late_t2", "Ada-KV (late, v4)", "Table 2: Llama-3.1-8B-Instruct, LongBench, question-aware",
-           tags=("adakv_late", None)),
-        _t("adakv_late_t3", "Ada-KV (late, v4)", "Table 3: Mistral-7B-Instruct-v0.2, LongBench, question-aware",
-           tags=("adakv_late", None)),
-        _t("adakv_late_t4", "Ada-KV (late, v4)", "Table 4: Llama-3.1-8B-Instruct, LongBench, question-agnostic",
-           tags=("adakv_late_agnostic", "agnostic", None)),
-        _t("adakv_late_t5", "Ada-KV (late, v4)", "Table 5: Mistral-7B-Instruct-v0.2, LongBench, question-agnostic",
-           tags=("adakv_late_agnostic", "agnostic", None)),
-        _t("adakv_late_ruler_text", "Ada-KV (late, v4)", "RULER-16K numbers stated in the text (Llama-3.1, agnostic)",
-           convention=Convention("run_mean", min_datasets=13), tags=("adakv_late_agnostic", "agnostic", None)),
-        _t("ahakv_t1", "AhaKV", "Table 1: LongBench (21 datasets) by category", convention=Convention("longbench21"),
-           tags=("ahakv", None), tolerance=0.011),
+        _t(
+            "adakv_early_niah",
+            "Ada-KV (early)",
+            "Needle-in-a-Haystack averages (Sec. 4.3, B=128h)",
+            convention=Convention("run_mean"),
+            tags=("adakv_early", None),
+        ),
+        _t(
+            "adakv_late_t2",
+            "Ada-KV (late, v4)",
+            "Table 2: Llama-3.1-8B-Instruct, LongBench, question-aware",
+            tags=("adakv_late", None),
+        ),
+        _t(
+            "adakv_late_t3",
+            "Ada-KV (late, v4)",
+            "Table 3: Mistral-7B-Instruct-v0.2, LongBench, question-aware",
+            tags=("adakv_late", None),
+        ),
+        _t(
+            "adakv_late_t4",
+            "Ada-KV (late, v4)",
+            "Table 4: Llama-3.1-8B-Instruct, LongBench, question-agnostic",
+            tags=("adakv_late_agnostic", "agnostic", None),
+            full_tags=("adakv_late", "adakv_late_agnostic", None),
+        ),
+        _t(
+            "adakv_late_t5",
+            "Ada-KV (late, v4)",
+            "Table 5: Mistral-7B-Instruct-v0.2, LongBench, question-agnostic",
+            tags=("adakv_late_agnostic", "agnostic", None),
+            full_tags=("adakv_late", "adakv_late_agnostic", None),
+        ),
+        _t(
+            "adakv_late_ruler_text",
+            "Ada-KV (late, v4)",
+            "RULER-16K numbers stated in the text (Llama-3.1, agnostic)",
+            convention=Convention("run_mean", min_datasets=13),
+            tags=("adakv_late_agnostic", "agnostic", None),
+        ),
+        _t(
+            "ahakv_t1",
+            "AhaKV",
+            "Table 1: LongBench (21 datasets) by category",
+            convention=Convention("longbench21"),
+            tags=("ahakv", None),
+            tolerance=0.011,
+        ),
         _t("ahakv_t2", "AhaKV", "Table 2: ablation on LongBench subsets, LLaMA2-7B-Chat", tags=("ahakv", None)),
-        _t("ahakv_t3", "AhaKV", "Table 3: LongBench on Qwen models of different scales",
-           convention=Convention("longbench21"), tags=("ahakv", None), tolerance=0.011),
+        _t(
+            "ahakv_t3",
+            "AhaKV",
+            "Table 3: LongBench on Qwen models of different scales",
+            convention=Convention("longbench21"),
+            tags=("ahakv", None),
+            tolerance=0.011,
+        ),
         _t("cake_t1", "CAKE", "Table 1: LongBench 16, three models, 128L and 1024L", tags=("cake", None)),
-        _t("cake_t2", "CAKE", "Table 2: allocation strategies (Llama2-7B-Chat, 128L, LongBench avg)",
-           convention=_LB16, tags=("cake", None)),
-        _t("cake_t3", "CAKE", "Table 3: eviction indicators (Llama2-7B-Chat, 128L, LongBench avg)",
-           convention=_LB16, tags=("cake", None)),
+        _t(
+            "cake_t2",
+            "CAKE",
+            "Table 2: allocation strategies (Llama2-7B-Chat, 128L, LongBench avg)",
+            convention=_LB16,
+            tags=("cake", None),
+        ),
+        _t(
+            "cake_t3",
+            "CAKE",
+            "Table 3: eviction indicators (Llama2-7B-Chat, 128L, LongBench avg)",
+            convention=_LB16,
+            tags=("cake", None),
+        ),
         _t("cake_t4", "CAKE", "Table 4: LongBench task types", kind="info", convention=Convention("none")),
         _t("cake_t5", "CAKE", "Table 5: Llama2-7B-Chat, LongBench 16, 64L-2048L", tags=("cake", None)),
         _t("cake_t6", "CAKE", "Table 6: Llama3.1-8B-Instruct, LongBench 16, 64L-2048L", tags=("cake", None)),
         _t("cake_t7", "CAKE", "Table 7: Mistral-7B-Instruct-v0.3, LongBench 16, 64L-2048L", tags=("cake", None)),
         _t("cake_t8", "CAKE", "Table 8: Qwen2.5-7B-Instruct and Gemma-7B-Instruct, LongBench 16", tags=("cake", None)),
         _t("cake_t9", "CAKE", "Table 9: 13B-70B models, LongBench 16", tags=("cake", None)),
-        _t("cake_t10", "CAKE", "Table 10: NeedleBench 32K, Mistral-7B-Instruct-v0.3",
-           convention=Convention("needlebench"), tags=("cake_nb32k",), tolerance=0.011),
-        _t("cake_t11", "CAKE", "Table 11: NeedleBench 8K, Mistral-7B-Instruct-v0.3",
-           convention=Convention("needlebench"), tags=("cake_nb8k",), tolerance=0.011),
-        _t("cake_t12", "CAKE", "Table 12: NeedleBench 32K, Llama3.1-8B-Instruct",
-           convention=Convention("needlebench"), tags=("cake_nb32k",), tolerance=0.011),
+        _t(
+            "cake_t10",
+            "CAKE",
+            "Table 10: NeedleBench 32K, Mistral-7B-Instruct-v0.3",
+            convention=Convention("needlebench"),
+            tags=("cake_nb32k",),
+            tolerance=0.011,
+        ),
+        _t(
+            "cake_t11",
+            "CAKE",
+            "Table 11: NeedleBench 8K, Mistral-7B-Instruct-v0.3",
+            convention=Convention("needlebench"),
+            tags=("cake_nb8k",),
+            tolerance=0.011,
+        ),
+        _t(
+            "cake_t12",
+            "CAKE",
+            "Table 12: NeedleBench 32K, Llama3.1-8B-Instruct",
+            convention=Convention("needlebench"),
+            tags=("cake_nb32k",),
+            tolerance=0.011,
+        ),
         _t("cake_t13", "CAKE", "Table 13: prefill and decoding latency", kind="measure", convention=Convention("none")),
         _t("cake_t14", "CAKE", "Table 14: ablation (Llama2-7B-Chat, 128L)", convention=_LB16, tags=("cake", None)),
-        _t("xkv_t3", "XKV", "Table III: LongBench 14 datasets at compression ratios 1.6% and 1.2%",
-           tags=("xkv", None)),
+        _t("xkv_t3", "XKV", "Table III: LongBench 14 datasets at compression ratios 1.6% and 1.2%", tags=("xkv", None)),
         _t("xkv_t4", "XKV", "Table IV: efficiency on NarrativeQA", kind="measure", convention=Convention("none")),
     ]
 }
@@ -215,12 +296,10 @@ def check_printed_aggregates(ref: pd.DataFrame, spec: TableSpec) -> pd.DataFrame
                 if not any(pd.isna(v) for v in cats.values()):
                     recomputed.append(longbench21_average_from_categories(cats))
             elif spec.convention.name in ("mean", "needlebench") and scores:
-                try:
+                with contextlib.suppress(MissingData, KeyError):
                     recomputed.append(spec.convention.aggregate(column, scores, table_datasets))
-                except (MissingData, KeyError):
-                    pass
                 if spec.convention.name == "needlebench" and column == "overall":
-                    subs = {c: printed[c] for c in ("s_rt", "m_rt", "m_rs")}
+                    subs = {c: printed[c] for c in NEEDLEBENCH_SUBTASKS}
                     recomputed.append(needlebench_overall_from_subtasks(subs))
             for rec in recomputed:
                 diff = float(value) - rec

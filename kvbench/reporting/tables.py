@@ -66,12 +66,16 @@ def _select_runs(runs: pd.DataFrame, spec: TableSpec, first: pd.Series) -> RowRu
         & (runs["method"] == first["method"])
         & (runs["budget"] == first["budget"])
     ]
-    if first["question_mode"]:
+    is_full = first["method"] == "full"
+    if first["question_mode"] and not is_full:
         sel = sel[sel["question_mode"] == first["question_mode"]]
-    for tag in spec.tags:
+    for tag in spec.tags_for(first["method"]):
         hit = sel[sel["tag"].isna()] if tag is None else sel[sel["tag"] == tag]
+        if is_full and first["question_mode"] and (hit["question_mode"] == first["question_mode"]).any():
+            hit = hit[hit["question_mode"] == first["question_mode"]]  # prefer the table's mode when both exist
         if not hit.empty:
-            return RowRuns(tag, dict(zip(hit["dataset"], hit["score"].astype(float))))
+            hit = hit.drop_duplicates("dataset")
+            return RowRuns(tag, dict(zip(hit["dataset"], hit["score"].astype(float), strict=True)))
     return None
 
 
@@ -161,7 +165,7 @@ def missing_runs(comparisons: pd.DataFrame) -> pd.DataFrame:
         datasets = [m.split(": ", 1)[1] for m in reasons if m.startswith("dataset not run")]
         other = [m for m in reasons if not m.startswith("dataset not run")]
         what = "; ".join(other + ([f"datasets not run: {', '.join(datasets)}"] if datasets else []))
-        rows.append(dict(zip(keys, key), what=what))
+        rows.append(dict(zip(keys, key, strict=True), what=what))
     return pd.DataFrame(rows).drop(columns="row").drop_duplicates().reset_index(drop=True)
 
 
@@ -209,6 +213,9 @@ def layout(cmp: pd.DataFrame, fmt: str = "md") -> tuple[list[str], list[list[str
             line = [*label_vals] if src == "ours" else [""] * len(labels)
             line.append(src)
             for c in cols:
+                if c not in cells.index:  # the paper prints nothing in this row and column
+                    line.append("")
+                    continue
                 cell = cells.loc[c]
                 if src == "Δ":
                     line.append(_fmt_diff(cell["diff"]))
@@ -237,10 +244,15 @@ def render_markdown(spec: TableSpec, cmp: pd.DataFrame, missing: pd.DataFrame | 
     notes = cmp[(cmp["note"] != "") & cmp["note"].notna()]
     if not notes.empty:
         lines += ["", "Paper cells with notes (missing = garbled or unrecoverable in the source, never guessed):", ""]
-        for n in notes.itertuples():
-            lines.append(f"- {n.model_label} {n.budget_label} {n.method_label} / {n.column_label}: {n.note}")
+        for note, ng in notes.groupby("note", sort=False):
+            where = [f"{n.model_label} {n.budget_label} {n.method_label} / {n.column_label}" for n in ng.itertuples()]
+            lines.append(f"- {note} ({len(where)} cell{'s' if len(where) > 1 else ''}: {'; '.join(where)})")
     if missing is not None and not missing.empty:
-        lines += ["", "Missing runs (shown as –):", ""]
+        lines += [
+            "",
+            f"Missing runs (shown as –; `python run.py -m +experiment={spec.id}` runs this table's grid):",
+            "",
+        ]
         for m in missing.itertuples():
             lines.append(f"- {m.model} / {m.task} / {m.method} / {m.budget} ({m.question_mode or 'any'}): {m.what}")
     if spec.kind != "scores":
@@ -320,8 +332,10 @@ def write_tables(
     missing = pd.concat(all_missing, ignore_index=True) if all_missing else pd.DataFrame()
     missing.to_csv(out / "missing_runs.csv", index=False)
     md = ["# Missing runs", "", "Every paper cell we cannot fill, grouped by run.", ""]
-    md += [f"- {m.table}: {m.model} / {m.task} / {m.method} / {m.budget} ({m.question_mode or 'any'}): {m.what}"
-           for m in missing.itertuples()]
+    md += [
+        f"- {m.table}: {m.model} / {m.task} / {m.method} / {m.budget} ({m.question_mode or 'any'}): {m.what}"
+        for m in missing.itertuples()
+    ]
     (out / "missing_runs.md").write_text("\n".join(md) + "\n", encoding="utf-8")
     index += ["", f"{len(missing)} missing runs in total: see [missing_runs.md](missing_runs.md)."]
     (out / "index.md").write_text("\n".join(index) + "\n", encoding="utf-8")

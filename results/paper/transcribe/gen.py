@@ -42,9 +42,13 @@ LB = {
     "2Wiki": "2wikimqa", "TriQA": "triviaqa", "Multi-EN": "multifieldqa_en", "lcc": "lcc", "Samsum": "samsum",
 }
 NB = {
-    "S-RT ZH": ("s_rt_zh", "dataset"), "S-RT EN": ("s_rt_en", "dataset"), "S-RT Overall": ("s_rt", "aggregate"),
-    "M-RT ZH": ("m_rt_zh", "dataset"), "M-RT EN": ("m_rt_en", "dataset"), "M-RT Overall": ("m_rt", "aggregate"),
-    "M-RS ZH": ("m_rs_zh", "dataset"), "M-RS EN": ("m_rs_en", "dataset"), "M-RS Overall": ("m_rs", "aggregate"),
+    # dataset names of kvbench.tasks.needlebench: <group>_<lang>
+    "S-RT ZH": ("single_retrieval_zh", "dataset"), "S-RT EN": ("single_retrieval_en", "dataset"),
+    "S-RT Overall": ("single_retrieval", "aggregate"),
+    "M-RT ZH": ("multi_retrieval_zh", "dataset"), "M-RT EN": ("multi_retrieval_en", "dataset"),
+    "M-RT Overall": ("multi_retrieval", "aggregate"),
+    "M-RS ZH": ("multi_reasoning_zh", "dataset"), "M-RS EN": ("multi_reasoning_en", "dataset"),
+    "M-RS Overall": ("multi_reasoning", "aggregate"),
     "Overall": ("overall", "aggregate"),
 }
 AHA_CATS = {"Code Complete": "code", "Few Shot": "few_shot", "Single-doc QA": "single_doc_qa",
