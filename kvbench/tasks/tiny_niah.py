@@ -1,0 +1,409 @@
+"""``task=tiny_niah``: offline RULER-like needle-in-a-haystack tasks for the tiny retrieval model.
+
+Three variants, each at any target length (default grid 1K/2K/4K tokens), modelled on RULER's NIAH
+(``/work/shared/specs/benchmarks.md`` section 2) but written for the word-level vocabulary of
+``models/tiny-niah`` (:mod:`kvbench.tiny_model`):
+
+``niah_single``
+    One needle ``one of the special magic numbers for <key> is : <value> .`` inside a filler haystack
+    (random plain-English sentences, like RULER's ``noise`` haystack); the question names its key.
+``niah_multikey``
+    The haystack is made of distractor needles only (RULER ``niah_multikey_2``): hundreds of distinct keys, each
+    with its own value; the question names one of them.  In question-agnostic mode nothing in the context tells
+    which needle will be asked.
+``niah_multivalue``
+    One key with four values in four needles at different depths (RULER ``niah_multivalue``); the answer must
+    contain all four values.
+
+Prompt = ``context`` (header + haystack, ending in a newline) + ``question`` (question + answer prefix), e.g.
+``... what is the special magic number for bakodi ? the special magic number for bakodi is`` -> `` 123 .``.
+Scoring is RULER's ``string_match_all``: per sample the fraction of reference values found in the prediction,
+averaged, times 100.
+
+The same module holds the training-data generator of ``scripts/train_tiny.py`` (:func:`training_example`) and a
+plain full-cache greedy decoder (:func:`greedy_generate`) used by the training log and the tests.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvbench.tasks.base import Sample, TaskDataset, register_task, select_datasets
+from kvbench.tiny_model import FILLER_WORDS, KEY_WORDS, VALUE_WORDS
+
+#: Task variants, in dataset order.
+VARIANTS: tuple[str, ...] = ("niah_single", "niah_multikey", "niah_multivalue")
+#: Default target lengths (tokens, prompt + tokens to generate) when the config gives none.
+DEFAULT_LENGTHS: tuple[int, ...] = (1024, 2048, 4096)
+#: Default number of samples per dataset when ``task.num_samples`` is null.
+DEFAULT_NUM_SAMPLES = 50
+#: Values per key in niah_multivalue.
+NUM_MULTI_VALUES = 4
+#: Option keys accepted in ``task.options`` (none today; unknown keys are rejected).
+VALID_OPTIONS: frozenset[str] = frozenset()
+
+HEADER_SINGULAR = (
+    "a special magic number is hidden within the following text . make sure to memorize it . "
+    "i will quiz you about the number afterwards ."
+)
+HEADER_PLURAL = (
+    "some special magic numbers are hidden within the following text . make sure to memorize them . "
+    "i will quiz you about the numbers afterwards ."
+)
+NEEDLE = "one of the special magic numbers for {key} is : {value} ."
+QUESTION_SINGULAR = "what is the special magic number for {key} ? the special magic number for {key} is"
+QUESTION_PLURAL = "what are all the special magic numbers for {key} ? the special magic numbers for {key} are"
+
+#: Tokens to generate per variant (RULER counts them in the target length).
+MAX_NEW_TOKENS: dict[str, int] = {"niah_single": 4, "niah_multikey": 4, "niah_multivalue": 8}
+
+
+def dataset_name(variant: str, length: int) -> str:
+    """``niah_single_2k`` for multiples of 1024 tokens, else ``niah_single_1500``."""
+    return f"{variant}_{length // 1024}k" if length % 1024 == 0 else f"{variant}_{length}"
+
+
+def filler_sentence(rng: random.Random) -> list[str]:
+    """One random haystack sentence: 4-10 filler words and a full stop."""
+    return [*rng.choices(FILLER_WORDS, k=rng.randint(4, 10)), "."]
+
+
+def needle_words(key: str, value: str) -> list[str]:
+    """The words of one needle."""
+    return NEEDLE.format(key=key, value=value).split()
+
+
+@dataclass(frozen=True)
+class NiahInstance:
+    """One generated prompt before sizing: context words, question words, answers and metadata."""
+
+    context: list[str]
+    question: list[str]
+    answers: list[str]
+    key: str
+    depths: list[float]
+
+
+def _insert_at_depths(units: list[list[str]], needles: list[list[str]], depths: Sequence[float]) -> list[list[str]]:
+    """Insert each needle before unit ``int(len(units) * depth / 100)`` (deepest first, so indices stay valid)."""
+    units = list(units)
+    for depth, needle in sorted(zip(depths, needles, strict=True), key=lambda pair: -pair[0]):
+        units.insert(int(len(units) * depth / 100.0), needle)
+    return units
+
+
+def build_instance(variant: str, num_units: int, depth: float, seed: str) -> NiahInstance:
+    """Generate one prompt of ``variant`` with ``num_units`` haystack units (sentences or distractor needles).
+
+    Deterministic in ``(variant, num_units, depth, seed)``; keys, values and the haystack are drawn from
+    ``random.Random(seed)`` before the haystack length is used, so growing ``num_units`` only appends units.
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown tiny_niah variant {variant!r}; valid: {', '.join(VARIANTS)}")
+    rng = random.Random(seed)
+    keys = list(KEY_WORDS)
+    rng.shuffle(keys)
+    key = keys[0]
+    if variant == "niah_multivalue":
+        values = rng.sample(VALUE_WORDS, NUM_MULTI_VALUES)
+        depths = [float(depth)] + [float(rng.randint(0, 100)) for _ in range(NUM_MULTI_VALUES - 1)]
+    else:
+        values = [rng.choice(VALUE_WORDS)]
+        depths = [float(depth)]
+    unit_rng = random.Random(f"{seed}-haystack")
+    if variant == "niah_multikey":
+        distractors = keys[1:]
+        if len(distractors) < num_units:
+            raise ValueError(f"niah_multikey needs {num_units} distinct keys, the vocabulary has {len(KEY_WORDS)}")
+        units = [needle_words(k, unit_rng.choice(VALUE_WORDS)) for k in distractors[:num_units]]
+    else:
+        units = [filler_sentence(unit_rng) for _ in range(num_units)]
+    units = _insert_at_depths(units, [needle_words(key, v) for v in values], depths)
+    header = HEADER_PLURAL if variant == "niah_multivalue" else HEADER_SINGULAR
+    question = QUESTION_PLURAL if variant == "niah_multivalue" else QUESTION_SINGULAR
+    context = header.split() + [word for unit in units for word in unit]
+    return NiahInstance(context, question.format(key=key).split(), values, key, depths)
+
+
+def _count_tokens(tokenizer: Any, text: str) -> int:
+    """Prompt tokens as RULER counts them (no special tokens)."""
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _texts(instance: NiahInstance) -> tuple[str, str]:
+    """Context (ends with a newline) and question strings of an instance."""
+    return " ".join(instance.context) + "\n", " ".join(instance.question)
+
+
+def sized_instance(variant: str, length: int, depth: float, seed: str, tokenizer: Any) -> tuple[NiahInstance, int]:
+    """The largest instance whose prompt plus ``MAX_NEW_TOKENS[variant]`` fits ``length`` tokens (binary search).
+
+    Returns the instance and its prompt token count.
+    """
+    budget = length - MAX_NEW_TOKENS[variant]
+
+    def tokens(num_units: int) -> int:
+        context, question = _texts(build_instance(variant, num_units, depth, seed))
+        return _count_tokens(tokenizer, context + question)
+
+    if tokens(0) > budget:
+        raise ValueError(f"target length {length} is too short for a {variant} prompt ({tokens(0)} tokens)")
+    probe = 20
+    per_unit = max(1.0, (tokens(probe) - tokens(0)) / probe)
+    low, high = 0, max(probe, int(budget / per_unit * 2) + 2)
+    while tokens(high) <= budget:  # widen if the estimate was short
+        low, high = high, high * 2
+    while high - low > 1:  # invariant: tokens(low) fits, tokens(high) does not
+        middle = (low + high) // 2
+        if tokens(middle) <= budget:
+            low = middle
+        else:
+            high = middle
+    instance = build_instance(variant, low, depth, seed)
+    return instance, tokens(low)
+
+
+def postprocess_ruler(prediction: str) -> str:
+    """RULER's post-processing: strip, control characters to newlines, strip."""
+    return re.sub(r"[\x00-\x1f]", "\n", prediction.strip()).strip()
+
+
+def string_match_all(prediction: str, references: Sequence[str]) -> float:
+    """RULER ``string_match_all`` for one sample: fraction of references contained in the prediction (lower-cased)."""
+    if not references:
+        raise ValueError("a sample needs at least one reference answer")
+    lowered = prediction.lower()
+    return sum(reference.lower() in lowered for reference in references) / len(references)
+
+
+class TinyNiahDataset(TaskDataset):
+    """One variant of tiny NIAH at one target length."""
+
+    chat_template = False
+    stop_strings = (".",)
+    metric_name = "string_match_all"
+
+    def __init__(
+        self, variant: str, length: int, num_samples: int, seed: int, tokenizer: Any, depths: Sequence[float] | None
+    ) -> None:
+        self.variant = variant
+        self.length = length
+        self.name = dataset_name(variant, length)
+        self.max_new_tokens = MAX_NEW_TOKENS[variant]
+        self.num_samples = num_samples
+        self.seed = seed
+        self.depths = list(depths) if depths else None
+        self._tokenizer = tokenizer
+        self._samples: list[Sample] | None = None
+
+    def sample_depth(self, index: int) -> float:
+        """Needle depth of sample ``index``: cycles through ``task.depths``, else spreads 0..100 evenly."""
+        if self.depths:
+            return float(self.depths[index % len(self.depths)])
+        if self.num_samples <= 1:
+            return 50.0
+        return round(100.0 * index / (self.num_samples - 1), 2)
+
+    def samples(self) -> list[Sample]:
+        """Generate (once) and return the samples."""
+        if self._samples is None:
+            samples = []
+            for index in range(self.num_samples):
+                depth = self.sample_depth(index)
+                seed = f"tiny_niah-{self.seed}-{self.variant}-{self.length}-{index}"
+                instance, num_tokens = sized_instance(self.variant, self.length, depth, seed, self._tokenizer)
+                context, question = _texts(instance)
+                samples.append(
+                    Sample(
+                        id=f"{self.name}-{index}",
+                        context=context,
+                        question=question,
+                        answers=list(instance.answers),
+                        length=num_tokens,
+                        extra={
+                            "variant": self.variant,
+                            "target_length": self.length,
+                            "prompt_tokens": num_tokens,
+                            "depth": depth,
+                            "needle_depths": instance.depths,
+                            "key": instance.key,
+                        },
+                    )
+                )
+            self._samples = samples
+        return self._samples
+
+    def postprocess(self, prediction: str) -> str:
+        """RULER post-processing (strip, control characters to newlines)."""
+        return postprocess_ruler(prediction)
+
+    def score(self, predictions: Sequence[str], samples: Sequence[Sample]) -> dict[str, float]:
+        """``string_match_all`` x 100 (rounded to 2 decimals), plus the number of empty predictions."""
+        if len(predictions) != len(samples):
+            raise ValueError(f"{len(predictions)} predictions for {len(samples)} samples")
+        if not samples:
+            return {"score": 0.0, "nulls": 0.0}
+        matches = [string_match_all(p, s.answers) for p, s in zip(predictions, samples, strict=True)]
+        return {
+            "score": round(100.0 * sum(matches) / len(matches), 2),
+            "nulls": float(sum(not p.strip() for p in predictions)),
+        }
+
+    def describe(self) -> dict[str, Any]:
+        """Settings recorded in metrics.json."""
+        return {**super().describe(), "variant": self.variant, "target_length": self.length, "seed": self.seed}
+
+
+def _lengths(task_cfg: Any) -> list[int]:
+    """Target lengths from ``task.lengths``, else ``task.length``, else :data:`DEFAULT_LENGTHS`."""
+    lengths = getattr(task_cfg, "lengths", None)
+    if lengths:
+        return [int(n) for n in lengths]
+    length = getattr(task_cfg, "length", None)
+    return [int(length)] if length else list(DEFAULT_LENGTHS)
+
+
+@register_task("tiny_niah")
+def build_tiny_niah(task_cfg: Any, tokenizer: Any) -> list[TaskDataset]:
+    """Datasets ``<variant>_<len>`` for every variant x target length, filtered by ``task.datasets``."""
+    options = dict(getattr(task_cfg, "options", None) or {})
+    unknown = sorted(set(options) - VALID_OPTIONS)
+    if unknown:
+        valid = ", ".join(sorted(VALID_OPTIONS)) or "none"
+        raise ValueError(f"unknown task.options {unknown} for tiny_niah; valid options: {valid}")
+    num_samples = getattr(task_cfg, "num_samples", None)
+    num_samples = DEFAULT_NUM_SAMPLES if num_samples is None else int(num_samples)
+    by_name: dict[str, tuple[str, int]] = {}
+    for length in _lengths(task_cfg):
+        for variant in VARIANTS:
+            by_name[dataset_name(variant, length)] = (variant, length)
+    chosen = select_datasets(list(by_name), getattr(task_cfg, "datasets", None), getattr(task_cfg, "name", "tiny_niah"))
+    seed = int(getattr(task_cfg, "seed", 42))
+    depths = getattr(task_cfg, "depths", None)
+    return [TinyNiahDataset(*by_name[name], num_samples, seed, tokenizer, depths) for name in chosen]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Training data (scripts/train_tiny.py)
+# --------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TrainingExample:
+    """One training sequence: token ids plus supervised positions.
+
+    ``targets[i]`` is the set of token ids accepted at ``positions[i]`` (the logits at that position predict the
+    next token); a set has several ids while the values of a multi-value key may still come in any order.
+    """
+
+    input_ids: list[int]
+    positions: list[int]
+    targets: list[list[int]]
+
+
+def training_example(rng: random.Random, length: int, token_id: Callable[[str], int]) -> TrainingExample:
+    """A random training sequence of exactly ``length`` tokens in the prompt format of the eval tasks.
+
+    The haystack mixes filler sentences and needles at a random density (from a few needles to needles only),
+    holds 0-2 multi-value keys (four needles each, spread over the sequence), and has questions (with their
+    answers, which are supervised) both interleaved in the haystack, about earlier needles at any distance, and at
+    the end.  Multi-value answers are supervised as sets: after each value, every value not yet given is accepted.
+    """
+    words: list[str] = (HEADER_PLURAL if rng.random() < 0.5 else HEADER_SINGULAR).split()
+    supervised: list[tuple[int, list[str]]] = []  # (position in words, accepted next words)
+    density = rng.choice((0.02, 0.05, 0.15, 0.4, 1.0))
+    query_rate = rng.choice((0.0, 0.05, 0.15))
+    num_final = max(1, length // 512) + rng.randint(0, 2)
+    body_end = max(len(words) + 20, length - 26 * num_final - 8)
+    free_keys = list(KEY_WORDS)
+    rng.shuffle(free_keys)
+    answers: dict[str, list[str]] = {}  # complete keys -> values
+    pending: list[tuple[int, str, str]] = []  # (word offset, key, value) of multi-value needles not placed yet
+    partial: dict[str, list[str]] = {}
+    for _ in range(rng.choice((0, 1, 1, 2))):
+        key = free_keys.pop()
+        values = rng.sample(VALUE_WORDS, NUM_MULTI_VALUES)
+        partial[key] = []
+        for value in values:
+            pending.append((rng.randint(len(words), body_end), key, value))
+    pending.sort()
+
+    def ask(key: str) -> None:
+        values = answers[key]
+        template = QUESTION_PLURAL if len(values) > 1 else QUESTION_SINGULAR
+        words.extend(template.format(key=key).split())
+        order = list(values)
+        rng.shuffle(order)
+        for index, value in enumerate(order):
+            supervised.append((len(words) - 1, order[index:]))
+            words.append(value)
+        supervised.append((len(words) - 1, ["."]))
+        words.append(".")
+
+    while len(words) < body_end:
+        if pending and pending[0][0] <= len(words):
+            _, key, value = pending.pop(0)
+            words.extend(needle_words(key, value))
+            partial[key].append(value)
+            if len(partial[key]) == NUM_MULTI_VALUES:
+                answers[key] = partial.pop(key)
+        elif answers and rng.random() < query_rate:
+            ask(rng.choice(list(answers)))
+        elif rng.random() < density and free_keys:
+            key, value = free_keys.pop(), rng.choice(VALUE_WORDS)
+            words.extend(needle_words(key, value))
+            answers[key] = [value]
+        else:
+            words.extend(filler_sentence(rng))
+    if not answers:  # sparse and short: make sure there is something to ask about
+        key, value = free_keys.pop(), rng.choice(VALUE_WORDS)
+        words.extend(needle_words(key, value))
+        answers[key] = [value]
+    while len(words) < length:
+        ask(rng.choice(list(answers)))
+    words = words[:length]
+    positions, targets = [], []
+    for position, accepted in supervised:
+        if position < length - 1:
+            positions.append(position)
+            targets.append([token_id(w) for w in accepted])
+    return TrainingExample([token_id(w) for w in words], positions, targets)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Full-cache greedy decoding (training log, tests)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def greedy_generate(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int, stop: str = ".") -> str:
+    """Greedy decoding with a plain transformers forward and a full KV cache; stops after ``stop`` or eos."""
+    import torch
+
+    input_ids = torch.tensor([tokenizer(prompt, add_special_tokens=False)["input_ids"]])
+    generated: list[int] = []
+    past = None
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            out = model(input_ids=input_ids, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            next_id = int(out.logits[0, -1].argmax())
+            if next_id == tokenizer.eos_token_id:
+                break
+            generated.append(next_id)
+            if stop and stop in tokenizer.decode(generated):
+                break
+            input_ids = torch.tensor([[next_id]])
+    return tokenizer.decode(generated)
+
+
+def evaluate_dataset(model: Any, tokenizer: Any, dataset: TinyNiahDataset) -> dict[str, float]:
+    """Full-cache greedy score of one dataset (question-aware prompt = context + question)."""
+    predictions = [
+        dataset.postprocess(greedy_generate(model, tokenizer, s.prompt, dataset.max_new_tokens))
+        for s in dataset.samples()
+    ]
+    return dataset.score(predictions, dataset.samples())

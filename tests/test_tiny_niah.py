@@ -1,0 +1,278 @@
+"""tiny_niah: generator sizing and needle placement, determinism, scoring, the shipped tiny model, its accuracy,
+and the reproducibility of scripts/train_tiny.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kvbench.tasks.base import build_task
+from kvbench.tasks.tiny_niah import (
+    HEADER_SINGULAR,
+    MAX_NEW_TOKENS,
+    NUM_MULTI_VALUES,
+    VARIANTS,
+    TinyNiahDataset,
+    build_instance,
+    evaluate_dataset,
+    greedy_generate,
+    string_match_all,
+    training_example,
+)
+from kvbench.tiny_model import DEFAULT_MODEL_DIR, KEY_WORDS, VALUE_WORDS, build_tokenizer, vocabulary
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL_DIR = DEFAULT_MODEL_DIR
+HAS_MODEL = (MODEL_DIR / "model.safetensors").exists()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """The shipped tokenizer when present (what users load), else the one built in code."""
+    if HAS_MODEL:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(MODEL_DIR)
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model():
+    if not HAS_MODEL:
+        pytest.skip("models/tiny-niah is not trained yet")
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(MODEL_DIR)
+    loaded.eval()
+    return loaded
+
+
+def task_cfg(**overrides):
+    """A task config with TaskConfig's defaults."""
+    base = dict(
+        name="tiny_niah",
+        kind="tiny_niah",
+        datasets=None,
+        data_dir=None,
+        question_mode="aware",
+        num_samples=2,
+        seed=42,
+        length=None,
+        lengths=None,
+        depths=None,
+        language=None,
+        options={},
+    )
+    base.update(overrides)
+    return SimpleNamespace(**base)
+
+
+# ----------------------------------------------------------------------------------------------- tokenizer
+
+
+def test_tokenizer_is_word_level_and_round_trips(tokenizer):
+    text = "one of the special magic numbers for " + KEY_WORDS[7] + " is : 512 ."
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) == len(text.split())
+    assert tokenizer.unk_token_id not in ids
+    assert tokenizer.decode(ids) == text
+    # no BOS/EOS inserted on encode, so context and question can be encoded separately
+    assert tokenizer(text)["input_ids"] == ids
+    assert tokenizer.eos_token == "</s>"
+    assert len(tokenizer) == len(vocabulary())
+
+
+def test_shipped_tokenizer_matches_code(tokenizer):
+    built = build_tokenizer()
+    sample = TinyNiahDataset("niah_multivalue", 1024, 1, 3, built, None).samples()[0]
+    assert tokenizer(sample.prompt)["input_ids"] == built(sample.prompt)["input_ids"]
+
+
+# ----------------------------------------------------------------------------------------------- generator
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("length", [1024, 2048, 4096])
+def test_samples_fit_target_length(tokenizer, variant, length):
+    dataset = TinyNiahDataset(variant, length, 2, 42, tokenizer, None)
+    for sample in dataset.samples():
+        ids = tokenizer(sample.prompt, add_special_tokens=False)["input_ids"]
+        assert tokenizer.unk_token_id not in ids
+        assert len(ids) == sample.extra["prompt_tokens"] == sample.length
+        # RULER rule: prompt + tokens to generate fit the target, and the haystack fills it (one unit of slack)
+        assert length - 16 <= len(ids) + MAX_NEW_TOKENS[variant] <= length
+        # the context/question split is at a token boundary
+        context_ids = tokenizer(sample.context, add_special_tokens=False)["input_ids"]
+        question_ids = tokenizer(sample.question, add_special_tokens=False)["input_ids"]
+        assert context_ids + question_ids == ids
+
+
+@pytest.mark.parametrize("variant", ["niah_single", "niah_multikey"])
+@pytest.mark.parametrize("depth", [0.0, 25.0, 50.0, 90.0, 100.0])
+def test_needle_at_requested_depth(tokenizer, variant, depth):
+    dataset = TinyNiahDataset(variant, 2048, 1, 7, tokenizer, [depth])
+    sample = dataset.samples()[0]
+    words = sample.context.split()
+    needle = f"for {sample.extra['key']} is : {sample.answers[0]}".split()
+    starts = [i for i in range(len(words)) if words[i : i + len(needle)] == needle]
+    assert len(starts) == 1
+    header = len(HEADER_SINGULAR.split())
+    fraction = (starts[0] - header) / (len(words) - header)
+    assert abs(fraction - depth / 100) < 0.03
+    assert sample.extra["depth"] == depth
+    assert sample.question.split()[-4:] == ["number", "for", sample.extra["key"], "is"]
+
+
+def test_multivalue_has_four_needles_of_one_key(tokenizer):
+    sample = TinyNiahDataset("niah_multivalue", 2048, 1, 5, tokenizer, None).samples()[0]
+    key = sample.extra["key"]
+    assert len(set(sample.answers)) == NUM_MULTI_VALUES
+    for value in sample.answers:
+        assert f"numbers for {key} is : {value} ." in sample.context
+    assert sample.context.count(f" {key} ") == NUM_MULTI_VALUES
+    assert len(sample.extra["needle_depths"]) == NUM_MULTI_VALUES
+
+
+def test_multikey_context_gives_no_hint_of_the_asked_key(tokenizer):
+    sample = TinyNiahDataset("niah_multikey", 1024, 1, 5, tokenizer, [40.0]).samples()[0]
+    lines = sample.context.split(" . ")
+    needles = [line for line in lines if "magic numbers for" in line]
+    # every haystack unit is a needle of the same shape; the asked one appears exactly once like all others
+    assert len(needles) > 50
+    keys = [line.split(" for ")[1].split()[0] for line in needles]
+    assert len(keys) == len(set(keys))
+    assert sample.extra["key"] in keys
+
+
+def test_generation_is_deterministic_and_seeded(tokenizer):
+    def prompts(seed):
+        datasets = build_task(task_cfg(seed=seed, lengths=[1024]), tokenizer)
+        return [(s.prompt, s.answers) for d in datasets for s in d.samples()]
+
+    assert prompts(42) == prompts(42)
+    assert prompts(42) != prompts(43)
+    assert build_instance("niah_single", 30, 50.0, "x") == build_instance("niah_single", 30, 50.0, "x")
+
+
+def test_builder_names_selection_and_errors(tokenizer):
+    names = [d.name for d in build_task(task_cfg(lengths=[1024, 4096], num_samples=1), tokenizer)]
+    assert names == [f"{v}_{k}" for k in ("1k", "4k") for v in VARIANTS]
+    chosen = build_task(task_cfg(length=2048, datasets=["niah_multivalue_2k"]), tokenizer)
+    assert [d.name for d in chosen] == ["niah_multivalue_2k"]
+    assert chosen[0].chat_template is False and chosen[0].max_new_tokens == MAX_NEW_TOKENS["niah_multivalue"]
+    with pytest.raises(ValueError, match="valid datasets"):
+        build_task(task_cfg(length=2048, datasets=["niah_single_4k"]), tokenizer)
+    with pytest.raises(ValueError, match=r"unknown task\.options"):
+        build_task(task_cfg(options={"haystack": "essay"}), tokenizer)
+
+
+def test_task_yaml_defaults_compose(tokenizer):
+    from omegaconf import OmegaConf
+
+    from kvbench.config import TaskConfig
+
+    raw = OmegaConf.load(REPO / "conf" / "task" / "tiny_niah.yaml")
+    raw.pop("defaults")
+    cfg = OmegaConf.merge(OmegaConf.structured(TaskConfig), raw)
+    datasets = build_task(cfg, tokenizer)
+    assert {d.name for d in datasets} == {f"{v}_2k" for v in VARIANTS}
+    assert all(len(d.samples()) == cfg.num_samples for d in datasets)
+
+
+# ----------------------------------------------------------------------------------------------- scoring
+
+
+def test_scorer_golden_cases(tokenizer):
+    assert string_match_all("123 .", ["123"]) == 1.0
+    assert string_match_all("124 .", ["123"]) == 0.0
+    assert string_match_all("101 202 999 .", ["202", "101", "303", "999"]) == 0.75
+    dataset = TinyNiahDataset("niah_multivalue", 1024, 3, 1, tokenizer, None)
+    samples = dataset.samples()
+    all_values = " ".join(samples[0].answers)
+    two_values = " ".join(samples[1].answers[:2])
+    predictions = [dataset.postprocess(f"  {all_values} .\n"), dataset.postprocess(two_values), ""]
+    result = dataset.score(predictions, samples)
+    assert result["score"] == round(100 * (1 + 0.5 + 0) / 3, 2)
+    assert result["nulls"] == 1.0
+    assert dataset.postprocess(" 123\t456 \x01") == "123\n456"
+
+
+# ----------------------------------------------------------------------------------------------- training data
+
+
+def test_training_example_supervision_matches_tokens():
+    vocab = {w: i for i, w in enumerate(vocabulary())}
+    for seed, length in [(0, 256), (1, 1024), (2, 4096)]:
+        example = training_example(random.Random(seed), length, vocab.__getitem__)
+        assert len(example.input_ids) == length
+        assert example.positions, "every training sequence supervises answers"
+        values = {vocab[v] for v in VALUE_WORDS} | {vocab["."]}
+        for position, accepted in zip(example.positions, example.targets, strict=True):
+            assert example.input_ids[position + 1] in accepted  # teacher-forced token is an accepted answer
+            assert set(accepted) <= values
+        again = training_example(random.Random(seed), length, vocab.__getitem__)
+        assert again == example
+
+
+def _load_train_script():
+    spec = importlib.util.spec_from_file_location("train_tiny", REPO / "scripts" / "train_tiny.py")
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_training_is_reproducible(tmp_path):
+    """Same seed -> bit-identical weights (a few steps of a miniature configuration)."""
+    from safetensors.torch import load_file
+
+    train = _load_train_script()
+    threads = torch.get_num_threads()
+
+    def run(name: str, seed: int) -> dict[str, torch.Tensor]:
+        out = tmp_path / name
+        args = ["--out", str(out), "--seed", str(seed), "--hidden", "32", "--layers", "1", "--heads", "2"]
+        args += ["--kv-heads", "1", "--intermediate", "64", "--curriculum", "128", "--tokens-per-step", "256"]
+        args += ["--max-steps", "3", "--eval-every", "3", "--eval-samples", "1", "--final-lengths", "128"]
+        args += ["--ckpt-dir", str(tmp_path / f"{name}_ckpt"), "--log-file", str(tmp_path / f"{name}.log")]
+        assert train.main(args) == 0
+        return load_file(out / "model.safetensors")
+
+    try:
+        first, second, other = run("a", 0), run("b", 0), run("c", 1)
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(False)
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    assert any(not torch.equal(first[k], other[k]) for k in first)
+
+
+# ----------------------------------------------------------------------------------------------- shipped model
+
+
+def test_model_loads_via_from_pretrained(model, tokenizer):
+    config = model.config
+    assert config.model_type == "llama"
+    assert config.num_key_value_heads < config.num_attention_heads
+    assert config.eos_token_id == tokenizer.eos_token_id is not None
+    assert config.vocab_size == len(tokenizer)
+    assert next(model.parameters()).dtype == torch.float32
+    total = sum(f.stat().st_size for f in MODEL_DIR.rglob("*") if f.is_file())
+    assert total <= 20 * 1024 * 1024
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_full_cache_accuracy(model, tokenizer, variant):
+    """Greedy full-cache retrieval on a few fresh samples (seed not used in training's held-out checks)."""
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    dataset = TinyNiahDataset(variant, 2048, 3, 2024, tokenizer, None)
+    assert evaluate_dataset(model, tokenizer, dataset)["score"] >= 90.0
+    long_sample = TinyNiahDataset(variant, 4096, 1, 2024, tokenizer, [50.0]).samples()[0]
+    prediction = greedy_generate(model, tokenizer, long_sample.prompt, MAX_NEW_TOKENS[variant])
+    assert string_match_all(prediction, long_sample.answers) == 1.0
