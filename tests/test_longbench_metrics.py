@@ -95,6 +95,8 @@ OFFICIAL_EDGE_CASES = [
     (qa_f1_zh_score, ("北京天安门广场", "天安门广场在北京"), {}, 0),
     (qa_f1_zh_score, ("“三百本”！", "三百本"), {}, 1.0),
     (qa_f1_zh_score, ("", "三百本"), {}, 0),
+    (qa_f1_zh_score, ("『三百本』…", "三百本"), {}, 1.0),
+    (qa_f1_zh_score, ("～三百本〗，晚上", "三百本"), {}, 0.8),
     (
         rouge_zh_score,
         ("会议讨论了阅览室预算，决定先买台灯。", "会议决定先买台灯，书架春天再说。"),
@@ -109,6 +111,7 @@ OFFICIAL_EDGE_CASES = [
     (classification_score, ("科技新闻", "科技新闻"), {"all_classes": ["体育", "科技", "财经", "科技新闻"]}, 1.0),
     # outputs with no period, longer than 1,000 words, and the same text split into sentences
     (rouge_score, (_words(1, 1100), _words(2, 40)), {}, 0.0),
+    (rouge_score, (_words(11, 1100), _words(12, 1100)), {}, 0.0),
     (rouge_score, (". ".join(_words(7 + i, 100) for i in range(11)), _words(2, 40)), {}, 0.15902140476839774),
     # code with comments
     (code_sim_score, ("\n\n// note\nint y = x * 2;", "int y = x * 2;"), {}, 1.0),

@@ -335,6 +335,20 @@ def test_hub_loading_uses_parquet_export(fake_hub):
     assert fake_hub.calls[-1] == ("zai-org/LongBench", "lcc", "test", "main")
 
 
+def test_hub_failure_suggests_options(monkeypatch):
+    def failing_load(repo, config, split, revision):
+        raise FileNotFoundError("no such revision")
+
+    module = types.ModuleType("datasets")
+    module.load_dataset = failing_load
+    monkeypatch.setitem(sys.modules, "datasets", module)
+    (dataset,) = build_task(task_cfg(datasets=["qasper"], data_dir=None), None)
+    with pytest.raises(
+        RuntimeError, match=r"qasper.*THUDM/LongBench@refs/convert/parquet.*task\.options\.hub_revision"
+    ):
+        dataset.samples()
+
+
 def test_prepare_longbench_round_trip(fake_hub, tmp_path):
     assert "longbench" in data_preparers()
     prepare_longbench(tmp_path, datasets=["trec", "vcsum"])

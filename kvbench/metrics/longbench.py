@@ -79,7 +79,11 @@ _OFFICIAL_FRAMES_BEFORE_RECON = 9
 
 _ARTICLES_RE = re.compile(r"\b(a|an|the)\b")
 _ASCII_PUNCTUATION = frozenset(string.punctuation)
-_CN_PUNCTUATION = "！？｡。＂＃＄％＆＇（）＊＋，－／：；＜＝＞＠［＼］＾＿｀｛｜｝～｟｠｢｣､、〃》「」『』【】〔〕〖〗〘〙〚〛〜〝〞〟〰〾〿–—‘’‛“”„‟…‧﹏."
+# The official CJK punctuation list (metrics.py normalize_zh_answer), in its order.
+_CN_PUNCTUATION = (
+    "！？｡。＂＃＄％＆＇（）＊＋，－／：；＜＝＞＠［＼］＾＿｀｛｜｝"
+    "～｟｠｢｣､、〃》「」『』【】〔〕〖〗〘〙〚〛〜〝〞〟〰〾〿–—‘’‛“”„‟…‧﹏."
+)
 _ZH_PUNCTUATION = frozenset(string.punctuation + _CN_PUNCTUATION)
 
 
@@ -151,6 +155,8 @@ def _lcs_word_set(x: list[str], y: list[str], max_steps: int) -> set[str]:
     recursive original overflows the stack.
     """
     n, m = len(x), len(y)
+    if min(n, m) > max_steps:  # every traceback step lowers i or j by at most one
+        raise _RecursionOverflow
     table = [[0] * (m + 1) for _ in range(n + 1)]
     for i in range(1, n + 1):
         xi = x[i - 1]

@@ -258,7 +258,14 @@ def _import_datasets() -> Any:
 def _hub_lines(config: str, repo: str, revision: str | None) -> list[dict[str, Any]]:
     """One config (``qasper`` / ``qasper_e``) of the hub dataset, split ``test``, as official-schema dicts."""
     datasets = _import_datasets()
-    data = datasets.load_dataset(repo, config, split="test", revision=revision)
+    try:
+        data = datasets.load_dataset(repo, config, split="test", revision=revision)
+    except Exception as err:
+        raise RuntimeError(
+            f"could not load LongBench config {config!r} from the hub ({repo}@{revision}): {err}. Set "
+            "task.options.hub_repo / task.options.hub_revision, or task.data_dir to a folder of the official "
+            "jsonl files (scripts/prepare_data.py longbench)"
+        ) from err
     lines = []
     for index, row in enumerate(data):
         lines.append(_check_line(dict(row), f"{repo}@{revision}:{config}[{index}]"))
