@@ -320,14 +320,23 @@ class RulerGenerator:
         self.inputs = inputs
         self.rng = random.Random(seed)
         self.args = task.args
+        #: Smallest unit count a sample can be built with (VT needs one noise line per chain line).
+        self.min_units = task.args["num_hops"] + 1 if task.generator == "vt" else 1
 
     # -- size search --
 
     def fits(self, sample: Generated) -> bool:
         return self.tok.count(sample.full) + self.max_new_tokens <= self.length
 
+    def shrink_unit(self, build: Callable[[int], Generated], incremental: int) -> int:
+        """``incremental``, halved while a sample of that many units does not fit (only at lengths below what the
+        official unit allows, e.g. a 500-word essay unit at 1K tokens; RULER itself would fail there)."""
+        while incremental > 1 and not self.fits(build(incremental)):
+            incremental //= 2
+        return incremental
+
     def search(self, build: Callable[[int], Generated], incremental: int, upper: int | None = None) -> int:
-        """Largest unit count (multiple of nothing; >= ``incremental``) whose freshly built sample fits (HEAD)."""
+        """Largest unit count (>= ``incremental``) whose freshly built sample fits (RULER HEAD's binary search)."""
         if upper is None:
             probe = build(incremental)
             per_unit = max(self.tok.count(probe.full) / incremental, 1e-9)
@@ -348,8 +357,9 @@ class RulerGenerator:
             if self.fits(sample):
                 sample.extra["units"] = units
                 return sample
-            units -= incremental
-            if units <= 0:
+            # Below one unit above the minimum, step by 1 (RULER itself would fail there).
+            units = units - incremental if units - incremental >= self.min_units else units - 1
+            if units < self.min_units:
                 raise ValueError(
                     f"RULER {self.task.name}: cannot fit a sample into {self.length} tokens "
                     f"(template + {self.max_new_tokens} new tokens are too long)"
@@ -453,6 +463,7 @@ class RulerGenerator:
 
     def _generate_niah(self, num_samples: int) -> list[Generated]:
         incremental = 500 if self.args["type_haystack"] == "essay" else (25 if self.length >= 4096 else 5)
+        incremental = self.shrink_unit(self._build_niah, incremental)
         units = self.search(self._build_niah, incremental)
         out = []
         for _ in range(num_samples):
@@ -687,8 +698,9 @@ class RulerGenerator:
                 len(corpus.questions),
             )
             num_samples = len(corpus.questions)
-        units = self.search(lambda n: self._build_qa(0, n), 10)
-        return [self.fit_sample(lambda n, i=i: self._build_qa(i, n), units, 10) for i in range(num_samples)]
+        incremental = self.shrink_unit(lambda n: self._build_qa(0, n), 10)
+        units = self.search(lambda n: self._build_qa(0, n), incremental)
+        return [self.fit_sample(lambda n, i=i: self._build_qa(i, n), units, incremental) for i in range(num_samples)]
 
 
 class RulerInputs:
