@@ -5,7 +5,7 @@ is recorded for reference but never parsed, and no list of methods, models or bu
 ``metrics.json``::
 
     model, task, dataset, method, budget, tag, question_mode, metric, score, n_samples, config_hash,
-    mean_kept_fraction, mean_cache_bytes, settings, dataset_settings, scores, path
+    mean_kept_fraction, mean_cache_bytes, prefill_s_mean, decode_s_mean, settings, dataset_settings, scores, path
 
 ``settings``, ``dataset_settings`` and ``scores`` are canonical JSON strings (sorted keys) so that the frame can be
 written to CSV and compared; :func:`expand_settings` turns ``settings`` into ``setting.<key>`` columns.
@@ -21,7 +21,7 @@ from typing import Any
 
 import pandas as pd
 
-from kvbench.results import iter_metrics
+from kvbench.results import METRICS_FILE, read_json
 
 #: Columns of the tidy runs table, in order.
 RUN_COLUMNS: tuple[str, ...] = (
@@ -38,6 +38,8 @@ RUN_COLUMNS: tuple[str, ...] = (
     "config_hash",
     "mean_kept_fraction",
     "mean_cache_bytes",
+    "prefill_s_mean",
+    "decode_s_mean",
     "settings",
     "dataset_settings",
     "scores",
@@ -67,6 +69,7 @@ def metrics_to_row(metrics: dict[str, Any], path: str | Path = "") -> dict[str, 
     if missing:
         raise ValueError(f"{path}: metrics.json lacks {missing}")
     cache = metrics.get("cache") or {}
+    timing = metrics.get("timing") or {}
     return {
         "model": str(metrics["model"]),
         "task": str(metrics["task"]),
@@ -81,6 +84,8 @@ def metrics_to_row(metrics: dict[str, Any], path: str | Path = "") -> dict[str, 
         "config_hash": metrics.get("config_hash"),
         "mean_kept_fraction": _float(cache.get("mean_kept_fraction")),
         "mean_cache_bytes": _float(cache.get("mean_cache_bytes")),
+        "prefill_s_mean": _float(timing.get("prefill_s_mean")),
+        "decode_s_mean": _float(timing.get("decode_s_mean")),
         "settings": _json(metrics.get("settings")),
         "dataset_settings": _json(metrics.get("dataset_settings")),
         "scores": _json(metrics.get("scores")),
@@ -97,24 +102,18 @@ def load_runs(root: str | Path, strict: bool = False) -> pd.DataFrame:
     """
     rows = []
     root = Path(root)
-    if root.exists():
-        iterator = iter_metrics(root)
-        while True:
-            try:
-                path, metrics = next(iterator)
-            except StopIteration:
-                break
-            except (OSError, ValueError) as err:  # unreadable / corrupt JSON
-                if strict:
-                    raise
-                warnings.warn(f"skipping unreadable metrics file: {err}", stacklevel=2)
-                continue
-            try:
-                rows.append(metrics_to_row(metrics, path))
-            except ValueError as err:
-                if strict:
-                    raise
-                warnings.warn(str(err), stacklevel=2)
+    # Same discovery as kvbench.results.iter_metrics, file by file, so that one unreadable file (a copy in
+    # progress, a disk error) is skipped instead of ending the whole walk.
+    for path in sorted(root.rglob(METRICS_FILE)) if root.exists() else []:
+        try:
+            metrics = read_json(path)
+            if not isinstance(metrics, dict):
+                raise ValueError(f"{path}: not a JSON object")
+            rows.append(metrics_to_row(metrics, path))
+        except (OSError, ValueError) as err:  # json.JSONDecodeError is a ValueError
+            if strict:
+                raise
+            warnings.warn(f"skipping {path}: {err}", stacklevel=2)
     df = pd.DataFrame(rows, columns=list(RUN_COLUMNS))
     if df.empty:
         return df

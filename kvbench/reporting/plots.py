@@ -34,12 +34,20 @@ from kvbench.results import PREDICTIONS_FILE
 _BUDGET_RE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>L|/layer|x)$")
 
 
+_NAMED_RE = {re.compile(r"^ratio(?P<n>\d+(?:\.\d+)?)$"): "x", re.compile(r"^(?P<n>\d+)perlayer$"): "/layer"}
+
+
 def budget_value(budget: str) -> tuple[str, float] | None:
-    """``("L", 128.0)`` for ``128L``, ``("/layer", 64.0)``, ``("x", 0.2)``; ``None`` for ``full`` or unknown forms."""
+    """``("L", 128.0)`` for ``128L``; ``("/layer", 64.0)`` for ``64/layer`` or ``64perlayer``; ``("x", 0.2)`` for
+    ``0.2x`` or ``ratio0.2``; ``None`` for ``full`` or unknown forms."""
     m = _BUDGET_RE.match(str(budget))
-    if not m:
-        return None
-    return m.group("unit"), float(m.group("n"))
+    if m:
+        return m.group("unit"), float(m.group("n"))
+    for pattern, unit in _NAMED_RE.items():
+        m = pattern.match(str(budget))
+        if m:
+            return unit, float(m.group("n"))
+    return None
 
 
 def _safe(text: str) -> str:

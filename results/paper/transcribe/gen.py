@@ -163,13 +163,13 @@ for i, (ml, blabel, col, val) in enumerate([
         ("SnapKV", "80%", "niah_multikey_2", "85.2"), ("Ada-SnapKV", "80%", "niah_multikey_2", "99.6")], start=1):
     ruler.append(dict(table="adakv_late_ruler_text", row=(i + 1) // 2, model="llama3.1-8b-instruct",
                       model_label="Llama-3.1-8B-Instruct", task="ruler", question_mode="agnostic",
-                      method=METHODS[ml], method_label=ml, budget=f"0.{blabel[0]}x", budget_label=blabel,
+                      method=METHODS[ml], method_label=ml, budget=f"ratio0.{blabel[0]}", budget_label=blabel,
                       column=col, column_label={"avg": "RULER-16K avg (13 tasks)", "niah_single_3": "S-NIAH-3",
                                                 "niah_multikey_2": "MK-NIAH-2"}[col],
                       dataset="" if col == "avg" else col, kind="aggregate" if col == "avg" else "dataset",
                       value=val, note="number stated in the text (Sec. 4.2, Figs. 4c/5); figures carry no numbers"))
 for i, r in enumerate(ruler):
-    r["row"] = {"SnapKV": 1, "Ada-SnapKV": 2}[r["method_label"]] + (0 if r["budget"] == "0.8x" else 2)
+    r["row"] = {"SnapKV": 1, "Ada-SnapKV": 2}[r["method_label"]] + (0 if r["budget"] == "ratio0.8" else 2)
 write("adakv_late_ruler_text", ruler)
 
 # ---------------- AhaKV
@@ -181,6 +181,8 @@ for t, hh, bb in [("ahakv_t1", h, b), ("ahakv_t3", h3, b3)]:
         rec = dict(zip(hh, r))
         ml = rec["Model"]
         budget, blabel = ("720L", "B=720") if ml == "LLAMA2-7B-Chat" else ("1000L", "B=1000")
+        if rec["Method"] == "Full Cache":
+            budget, blabel = "full", "Full"
         for col in hh[2:]:
             value, _ = clean(rec[col])
             column = AHA_CATS[col]

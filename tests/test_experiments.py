@@ -1,0 +1,167 @@
+"""Experiment presets (conf/experiment/*.yaml): valid YAML, known names only, and one grid per paper table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvbench.reporting.paper_refs import TABLES, load_reference
+
+CONF = Path(__file__).resolve().parents[1] / "conf" / "experiment"
+PRESETS = sorted(CONF.glob("*.yaml"))
+
+# Names used across the project (the brief) ...
+MODELS = {
+    "llama2-7b-chat",
+    "llama2-13b-chat",
+    "llama3-8b-instruct",
+    "llama3.1-8b-instruct",
+    "llama3-70b-instruct",
+    "mistral-7b-instruct-v0.2",
+    "mistral-7b-instruct-v0.3",
+    "qwen2-7b-instruct",
+    "qwen2.5-7b-instruct",
+    "qwen2.5-32b-instruct",
+    "qwen2-1.5b",
+    "qwen1.5-4b-chat",
+    "qwen1.5-14b-chat",
+    "gemma-7b-it",
+    "lwm-text-chat-1m",
+    "tiny",
+}
+METHODS = {
+    "full",
+    "streamingllm",
+    "h2o",
+    "tova",
+    "snapkv",
+    "pyramidkv",
+    "ada_snapkv",
+    "ada_pyramidkv",
+    "cake",
+    "cake_h2o",
+    "cake_tova",
+    "cake_snapkv",
+    "ahakv",
+    "ahakv_no_vpe",
+    "xkv",
+    "xkv_sampled",
+}
+BUDGETS = {"full", "64L", "128L", "256L", "512L", "1024L", "2048L"}
+TASKS = {"longbench", "longbench_full", "longbench_e", "ruler", "needlebench", "needle_grid", "tiny_niah"}
+# ... and the documented extras the paper tables need (results/paper/README.md, "Names added").
+EXTRA_METHODS = {
+    "nacl",
+    "ahakv_no_ra",
+    "ahakv_no_sgs",
+    "cake_alloc_uniform",
+    "cake_alloc_pyramid",
+    "cake_alloc_random",
+    "cake_ind_mean",
+    "cake_ind_var",
+    "cake_ind_mean_x_var",
+    "cake_uniform_mean",
+}
+EXTRA_BUDGETS = {"96L", "720L", "1000L", "ratio0.2", "ratio0.8"}
+#: Keys a preset may set outside hydra.sweeper.params (fields of the structured schema in kvbench/config.py).
+ALLOWED_TOP = {"run": {"experiment", "tag"}, "task": {"question_mode", "length", "options", "datasets"},
+               "method": {"gqa_granularity"}, "hydra": {"sweeper"}}  # fmt: skip
+
+
+def _load(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())
+
+
+def _grid(cfg: dict) -> dict[str, list[str]]:
+    params = cfg["hydra"]["sweeper"]["params"]
+    return {k: [v.strip() for v in str(params[k]).split(",")] for k in ("model", "task", "method", "budget")}
+
+
+def test_there_are_presets():
+    assert len(PRESETS) >= len([t for t in TABLES.values() if t.kind == "scores"])
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
+def test_preset_parses_and_uses_known_names(path):
+    text = path.read_text()
+    assert text.splitlines()[0] == "# @package _global_"
+    cfg = _load(path)
+    assert cfg["run"]["experiment"] == path.stem
+    assert set(cfg) <= set(ALLOWED_TOP), set(cfg) - set(ALLOWED_TOP)
+    for key, allowed in ALLOWED_TOP.items():
+        if key in cfg and key != "hydra":
+            assert set(cfg[key]) <= allowed, (key, set(cfg[key]) - allowed)
+    grid = _grid(cfg)
+    assert set(grid["model"]) <= MODELS, set(grid["model"]) - MODELS
+    assert set(grid["method"]) <= METHODS | EXTRA_METHODS, set(grid["method"]) - METHODS - EXTRA_METHODS
+    assert set(grid["budget"]) <= BUDGETS | EXTRA_BUDGETS, set(grid["budget"]) - BUDGETS - EXTRA_BUDGETS
+    assert len(grid["task"]) == 1 and grid["task"][0] in TASKS
+    assert all(grid.values())
+    # A preset only pairs the full-cache method with the full budget (no wasted full x budget runs).
+    assert ("full" in grid["method"]) == ("full" in grid["budget"])
+    if "full" in grid["method"]:
+        assert grid["method"] == ["full"] and grid["budget"] == ["full"]
+
+
+def _cells_of_presets(table: str, tag: str | None) -> set[tuple[str, str, str, str]]:
+    """(model, task, method, budget) covered by the table's presets and the full-cache preset of its tag."""
+    cells = set()
+    for path in PRESETS:
+        cfg = _load(path)
+        name = path.stem
+        mine = name == table or name.startswith(table + "_")
+        is_full = name.endswith("_full") and cfg["run"]["tag"] in TABLES[table].tags_for("full")
+        if not (mine or is_full):
+            continue
+        if mine:
+            assert cfg["run"]["tag"] == tag
+        g = _grid(cfg)
+        cells |= {(m, g["task"][0], me, b) for m in g["model"] for me in g["method"] for b in g["budget"]}
+    return cells
+
+
+@pytest.mark.parametrize("table", [t for t, s in TABLES.items() if s.kind == "scores"])
+def test_every_table_row_is_covered_by_a_preset(table):
+    spec = TABLES[table]
+    ref = load_reference(table).drop_duplicates("row")
+    ref = ref[ref["method"] != ""]  # a row whose method is unrecoverable in the source cannot be run
+    cells = _cells_of_presets(table, spec.tags[0])
+    need = {(r.model, r.task, r.method, r.budget) for r in ref.itertuples()}
+    assert need <= cells, sorted(need - cells)
+
+
+def test_question_agnostic_and_subset_settings():
+    t4 = _load(CONF / "adakv_late_t4.yaml")
+    assert t4["task"]["question_mode"] == "agnostic"
+    xkv = _load(CONF / "xkv_t3.yaml")
+    assert len(xkv["task"]["datasets"]) == 14 and "passage_count" not in xkv["task"]["datasets"]
+    nb32, nb8 = _load(CONF / "cake_t10.yaml"), _load(CONF / "cake_t11.yaml")
+    assert nb32["task"]["options"]["size"] == "32k" and nb8["task"]["options"]["size"] == "8k"
+    assert nb32["run"]["tag"] != nb8["run"]["tag"]  # the 8K and 32K runs must not share a results folder
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
+def test_preset_composes_with_the_schema(path):
+    """The preset's fixed keys merge into the real root config (grid choices swapped for existing options)."""
+    from hydra import compose, initialize_config_dir
+
+    from kvbench.config import register_configs
+
+    register_configs()
+    task = _grid(_load(path))["task"][0]
+    conf = CONF.parent
+    if not (conf / "task" / f"{task}.yaml").exists():
+        pytest.skip(f"conf/task/{task}.yaml does not exist yet")
+    overrides = [f"+experiment={path.stem}", f"task={task}", "model=tiny", "method=snapkv", "budget=64L"]
+    with initialize_config_dir(str(conf), version_base=None):
+        cfg = compose("config", overrides=overrides, return_hydra_config=True)
+    raw = _load(path)
+    assert cfg.run.experiment == path.stem and cfg.run.tag == raw["run"]["tag"]
+    for key, value in (raw.get("task") or {}).items():
+        got = cfg.task[key]
+        assert (dict(got) if key == "options" else list(got) if isinstance(value, list) else got) == (
+            {**dict(got), **value} if key == "options" else value
+        )
+    assert cfg.hydra.sweeper.params.method == raw["hydra"]["sweeper"]["params"]["method"]
