@@ -71,11 +71,13 @@ def generate(
     max_new_tokens: int,
     stop_token_ids: set[int],
     stop_strings: tuple[str, ...] = (),
+    min_new_tokens: int = 0,
 ) -> GenerationOutput:
     """Greedy generation with ``method`` applied at ``budget``.
 
     ``aware``: the whole prompt (context + question) is prefilled and compressed.  ``agnostic``: only the context
-    is prefilled and compressed, then the question is fed on top of the compressed cache.
+    is prefilled and compressed, then the question is fed on top of the compressed cache.  Stop tokens and stop
+    strings are ignored for the first ``min_new_tokens`` tokens (LongBench's ``min_length`` for samsum).
     """
     if question_mode not in QUESTION_MODES:
         raise ValueError(f"question_mode={question_mode!r}; valid: {', '.join(QUESTION_MODES)}")
@@ -105,12 +107,20 @@ def generate(
     generated: list[int] = []
     stop_reason = "max_new_tokens"
     for step in range(max_new_tokens):
+        if step < min_new_tokens and stop_token_ids:
+            # Like transformers' MinNewTokensLengthLogitsProcessor: stop tokens cannot be chosen yet.
+            logits = logits.clone()
+            logits[list(stop_token_ids)] = float("-inf")
         next_id = int(torch.argmax(logits))
         if next_id in stop_token_ids:
             stop_reason = "stop_token"
             break
         generated.append(next_id)
-        if stop_strings and any(s in tokenizer.decode(generated, skip_special_tokens=True) for s in stop_strings):
+        if (
+            stop_strings
+            and step + 1 > min_new_tokens
+            and any(s in tokenizer.decode(generated, skip_special_tokens=True) for s in stop_strings)
+        ):
             stop_reason = "stop_string"
             break
         if step + 1 == max_new_tokens:

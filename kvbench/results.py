@@ -7,6 +7,7 @@ Layout (one *run* = one model x task x method x budget)::
         run_meta.json             provenance: git commit, versions, device, config_hash, start/end times
         <dataset>/predictions.jsonl   one JSON object per sample, appended as soon as it exists
         <dataset>/metrics.json        written atomically once the dataset is complete
+        <dataset>/timings.jsonl       per-sample prefill/decode seconds (kept apart so predictions are deterministic)
 
 ``predictions.jsonl`` rows (keys always present)::
 
@@ -14,8 +15,9 @@ Layout (one *run* = one model x task x method x budget)::
      "all_classes": [str] | null, "length": int | null, "extra": {...},
      "input_tokens": int, "context_tokens": int, "question_tokens": int, "truncated": bool,
      "new_tokens": int, "cache": {"requested_per_layer": [int], "achieved_per_layer": [int],
-                                  "achieved_per_head": [[int]], "evicted": bool, "cache_bytes": int},
-     "prefill_s": float, "decode_s": float}
+                                  "requested_per_head": [[int]], "achieved_per_head": [[int]], "evicted": bool,
+                                  "cache_bytes": int, "context_tokens": int, "final_per_layer": [int]},
+     "stop_reason": str, "question_lost": bool}
 
 ``metrics.json``::
 
@@ -24,7 +26,8 @@ Layout (one *run* = one model x task x method x budget)::
      "config_hash": str, "question_mode": "aware" | "agnostic", "dataset_settings": {...},
      "scorer": {...backend settings...}, "cache": {"mean_requested_per_layer": [float],
      "mean_achieved_per_layer": [float], "mean_kept_fraction": float, "mean_cache_bytes": float},
-     "settings": {...method/budget knobs that matter...}}
+     "settings": {...method/budget knobs that matter...},
+     "timing": {"n": int, "prefill_s_mean": float, "decode_s_mean": float, "total_s": float}}
 
 Aggregation (scripts/aggregate.py) discovers runs by finding ``metrics.json`` files; nothing else is needed.
 """
@@ -42,6 +45,7 @@ PREDICTIONS_FILE = "predictions.jsonl"
 METRICS_FILE = "metrics.json"
 CONFIG_FILE = "config.yaml"
 RUN_META_FILE = "run_meta.json"
+TIMINGS_FILE = "timings.jsonl"
 
 
 def run_dir(output_root: str | Path, model: str, task: str, method: str, budget: str, tag: str | None) -> Path:
@@ -126,3 +130,35 @@ def iter_metrics(root: str | Path) -> Iterator[tuple[Path, dict[str, Any]]]:
     """Yield ``(path, metrics)`` for every ``metrics.json`` under ``root`` (sorted, for stable output)."""
     for path in sorted(Path(root).rglob(METRICS_FILE)):
         yield path, read_json(path)
+
+
+class TimingLog:
+    """Append-only ``timings.jsonl`` (best effort: a torn last line is ignored, timings are not results)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def append(self, row: dict[str, Any]) -> None:
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(row) + "\n")
+
+    def summary(self) -> dict[str, Any]:
+        """Mean prefill/decode seconds over the rows recorded (the last row per sample id)."""
+        rows: dict[str, dict[str, Any]] = {}
+        if self.path.exists():
+            for line in self.path.read_text(encoding="utf-8").splitlines():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                rows[row["id"]] = row
+        if not rows:
+            return {"n": 0}
+        prefill = [r["prefill_s"] for r in rows.values()]
+        decode = [r["decode_s"] for r in rows.values()]
+        return {
+            "n": len(rows),
+            "prefill_s_mean": round(sum(prefill) / len(rows), 4),
+            "decode_s_mean": round(sum(decode) / len(rows), 4),
+            "total_s": round(sum(prefill) + sum(decode), 3),
+        }

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import platform
 import signal
 import subprocess
@@ -44,7 +45,9 @@ from kvbench.results import (
     METRICS_FILE,
     PREDICTIONS_FILE,
     RUN_META_FILE,
+    TIMINGS_FILE,
     PredictionLog,
+    TimingLog,
     atomic_write_json,
     atomic_write_text,
     read_json,
@@ -193,8 +196,6 @@ def _prediction_row(sample: Sample, dataset: TaskDataset, output: Any, encoded: 
         "new_tokens": len(output.token_ids),
         "stop_reason": output.stop_reason,
         "cache": record.to_json(),
-        "prefill_s": round(output.prefill_s, 4),
-        "decode_s": round(output.decode_s, 4),
     }
 
 
@@ -309,6 +310,7 @@ class Runner:
             raise KVBenchError(f"dataset {dataset.name!r} has duplicate sample ids")
         log = PredictionLog(folder / PREDICTIONS_FILE)
         done = {row["id"]: row for row in log.load()}
+        timing_log = TimingLog(folder / TIMINGS_FILE)
         stale = sorted(set(done) - set(ids))
         if stale:
             raise KVBenchError(
@@ -337,9 +339,11 @@ class Runner:
                 max_new_tokens=int(dataset.max_new_tokens),
                 stop_token_ids=stops,
                 stop_strings=tuple(dataset.stop_strings),
+                min_new_tokens=int(dataset.min_new_tokens),
             )
             row = _prediction_row(sample, dataset, output, encoded)
             log.append(row)
+            timing_log.append({"id": sample.id, "prefill_s": output.prefill_s, "decode_s": output.decode_s})
             done[sample.id] = row
         rows = [done[s.id] for s in samples]
         scores = dataset.score([r["prediction"] for r in rows], samples)
@@ -352,7 +356,7 @@ class Runner:
             "tag": cfg.run.tag,
             "metric": dataset.metric_name,
             "score": float(scores["score"]),
-            "scores": {k: float(v) for k, v in scores.items()},
+            "scores": {k: _json_number(v) for k, v in scores.items()},
             "n_samples": len(rows),
             "config_hash": self.cfg_hash,
             "question_mode": cfg.task.question_mode,
@@ -373,7 +377,7 @@ class Runner:
                 "chat_template": use_template,
                 "dtype": cfg.model.dtype,
             },
-            "time_s": round(sum(r["prefill_s"] + r["decode_s"] for r in rows), 3),
+            "timing": timing_log.summary(),
         }
         atomic_write_json(metrics_path, metrics)
         return DatasetResult(
@@ -384,6 +388,12 @@ class Runner:
             metrics["cache"].get("mean_kept_fraction", 1.0),
             skipped=False,
         )
+
+
+def _json_number(value: Any) -> float | None:
+    """A score as strict JSON: NaN (e.g. an empty LongBench-E bucket) becomes null."""
+    number = float(value)
+    return None if math.isnan(number) else number
 
 
 def _progress(items: list[Sample], desc: str, enabled: bool, initial: int, total: int) -> Any:

@@ -71,6 +71,8 @@ class TaskDataset(ABC):
     chat_template: bool = True
     #: Extra stop strings: generation stops as soon as the decoded output contains one (e.g. "\n" for samsum).
     stop_strings: tuple[str, ...] = ()
+    #: Stop tokens/strings are ignored for this many first tokens (LongBench's ``min_length`` for samsum).
+    min_new_tokens: int = 0
     #: Name of the headline metric, recorded in metrics.json (e.g. "qa_f1_score", "string_match_all").
     metric_name: str = "score"
 

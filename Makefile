@@ -1,0 +1,44 @@
+# kvbench: `make help` lists the targets.
+PYTHON ?= python
+PIP ?= $(PYTHON) -m pip
+
+.PHONY: help setup setup-gpu setup-slurm test test-quick lint format run tables bench bench-methods clean-results
+
+help:  ## list targets
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-14s %s\n", $$1, $$2}'
+
+setup:  ## install kvbench (CPU torch wheel first, so pip does not pull CUDA packages) with dev tools
+	$(PIP) install "torch==2.13.0"
+	$(PIP) install -e ".[dev]"
+
+setup-gpu:  ## on a CUDA machine: torch from the default index plus flash-attn/triton
+	$(PIP) install -e ".[dev,gpu]"
+
+setup-slurm:  ## the submitit launcher for `python run.py -m hydra/launcher=slurm ...`
+	$(PIP) install -e ".[slurm]"
+
+test:  ## the full CPU test suite (what CI runs)
+	$(PYTHON) -m pytest -q
+
+test-quick:  ## skip tests marked slow
+	$(PYTHON) -m pytest -q -m "not slow"
+
+lint:  ## ruff lint + format check
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
+
+format:  ## apply ruff formatting and autofixes
+	$(PYTHON) -m ruff format .
+	$(PYTHON) -m ruff check --fix .
+
+run:  ## the embedded default (tiny model, offline synthetic task, CPU)
+	$(PYTHON) run.py
+
+tables:  ## rebuild every paper table and plot from results/runs
+	$(PYTHON) scripts/tables.py --runs results/runs --paper results/paper --out results/tables --plots results/plots
+
+bench-methods:  ## prefill-with-eviction time and cache bytes per method on the tiny model (CPU)
+	$(PYTHON) scripts/bench_methods.py --out results/bench/methods.csv
+
+clean-results:  ## delete results/runs (asks first)
+	@read -p "Delete results/runs? [y/N] " answer && [ "$$answer" = y ] && rm -rf results/runs || echo kept

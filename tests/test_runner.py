@@ -1,0 +1,138 @@
+"""The runner end to end: CLI validation, results files, resume after a kill, config-hash guard."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+# A fast configuration: random tiny model, short synthetic samples.
+FAST = ["model=tiny-random-llama", "task=tiny_niah", "task.lengths=[512]", "run.progress=false"]
+
+
+def run_cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "run.py", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("method=nonexistent", ["method/nonexistent", "snapkv", "streamingllm", "full"]),
+        ("budget=12x", ["budget/12x", "128L", "2048L", "full"]),
+        ("model=nope", ["model/nope", "llama3.1-8b-instruct", "tiny"]),
+        ("task=nope", ["task/nope", "tiny_niah"]),
+        ("budget.spec=12x", ["12x", "accepted forms", "<n>L"]),
+        ("method.family=snapkvv", ["snapkvv", "valid families", "pyramidkv"]),
+        ("method.gqa_agg=median", ["median", "mean", "max"]),
+        ("+method.params.nope=1", ["nope", "valid keys"]),
+        ("task.question_mode=both", ["both", "aware", "agnostic"]),
+        ("method.windw=3", ["windw"]),
+    ],
+)
+def test_bad_input_fails_fast_naming_valid_choices_and_writes_nothing(tmp_path: Path, override: str, expected):
+    root = tmp_path / "runs"
+    result = run_cli("model=tiny-random-llama", override, f"run.output_root={root}")
+    assert result.returncode != 0
+    message = result.stdout + result.stderr
+    for fragment in expected:
+        assert fragment in message, (fragment, message[-2000:])
+    assert "Traceback" not in message
+    assert not root.exists()
+
+
+def test_default_style_run_writes_all_result_files(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    result = run_cli(*FAST, "task.num_samples=2", f"run.output_root={root}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    folder = root / "tiny-random-llama" / "tiny_niah" / "snapkv" / "64L"
+    assert (folder / "config.yaml").exists()
+    meta = json.loads((folder / "run_meta.json").read_text())
+    for key in ("git_commit", "torch_version", "transformers_version", "kvbench_version", "device", "start_time"):
+        assert key in meta
+    assert meta["end_time"] is not None
+    datasets = sorted(p.name for p in folder.iterdir() if p.is_dir())
+    assert datasets == ["niah_multikey_512", "niah_multivalue_512", "niah_single_512"]
+    for name in datasets:
+        rows = [json.loads(line) for line in (folder / name / "predictions.jsonl").read_text().splitlines()]
+        assert len(rows) == 2
+        for row in rows:
+            cache = row["cache"]
+            assert cache["requested_per_layer"] == cache["achieved_per_layer"] == [64] * 4
+            assert all(heads == [64, 64] for heads in cache["achieved_per_head"])
+        metrics = json.loads((folder / name / "metrics.json").read_text())
+        assert metrics["n_samples"] == 2 and metrics["cache"]["budget_exact"] is True
+    assert "average" in result.stdout and "niah_single_512" in result.stdout
+    # A second identical run does nothing new (idempotent) and reports cached datasets.
+    again = run_cli(*FAST, "task.num_samples=2", f"run.output_root={root}")
+    assert again.returncode == 0 and "(cached)" in again.stdout
+
+
+def test_killed_run_resumes_to_the_same_predictions(tmp_path: Path) -> None:
+    """SIGKILL a run mid-dataset, start it again: predictions.jsonl equals an uninterrupted run's, byte for byte."""
+    args = [*FAST, "task.num_samples=8", "task.datasets=[niah_single_512]", "method=streamingllm"]
+    clean_root, killed_root = tmp_path / "clean", tmp_path / "killed"
+    assert run_cli(*args, f"run.output_root={clean_root}").returncode == 0
+    relative = Path("tiny-random-llama/tiny_niah/streamingllm/64L/niah_single_512/predictions.jsonl")
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "run.py", *args, f"run.output_root={killed_root}"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    target = killed_root / relative
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        if target.exists() and len(target.read_bytes().splitlines()) >= 3:
+            break
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    partial = target.read_bytes().splitlines()
+    assert 3 <= len(partial) < 8, "the run should have been killed mid-dataset"
+    assert not (target.parent / "metrics.json").exists()
+    assert run_cli(*args, f"run.output_root={killed_root}").returncode == 0
+    assert target.read_bytes() == (clean_root / relative).read_bytes()
+    clean_metrics = json.loads((clean_root / relative.parent / "metrics.json").read_text())
+    resumed_metrics = json.loads((target.parent / "metrics.json").read_text())
+    assert clean_metrics["score"] == resumed_metrics["score"]
+
+
+def test_torn_last_line_is_repaired(tmp_path: Path) -> None:
+    from kvbench.results import PredictionLog
+
+    log = PredictionLog(tmp_path / "p.jsonl")
+    log.append({"id": "a", "prediction": "x"})
+    with open(log.path, "a") as handle:
+        handle.write('{"id": "b", "predic')
+    assert [row["id"] for row in log.load()] == ["a"]
+    log.append({"id": "b", "prediction": "y"})
+    assert [row["id"] for row in log.load()] == ["a", "b"]
+
+
+def test_changed_config_in_same_folder_is_refused_without_touching_results(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    args = [*FAST, "task.num_samples=1", "task.datasets=[niah_single_512]", f"run.output_root={root}"]
+    assert run_cli(*args).returncode == 0
+    folder = root / "tiny-random-llama" / "tiny_niah" / "snapkv" / "64L"
+    before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    result = run_cli(*args, "method.window=8")
+    assert result.returncode != 0
+    assert "method.window: 32 -> 8" in result.stderr and "run.tag" in result.stderr
+    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
+    tagged = run_cli(*args, "method.window=8", "run.tag=w8")
+    assert tagged.returncode == 0
+    assert (
+        root / "tiny-random-llama" / "tiny_niah" / "snapkv" / "64L~w8" / "niah_single_512" / "metrics.json"
+    ).exists()
