@@ -31,7 +31,7 @@ import itertools
 import json
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -606,7 +606,10 @@ def build_needlebench(task_cfg: Any, tokenizer: Any) -> list[TaskDataset]:
     if opts["repeats"] is not None:
         repeats.update(opts["repeats"] if isinstance(opts["repeats"], dict) else dict.fromkeys(GROUPS, opts["repeats"]))
     max_new = opts["max_new_tokens"]
-    max_new = dict(max_new) if isinstance(max_new, dict) else dict.fromkeys(GROUPS, int(max_new))
+    max_new = dict(max_new) if isinstance(max_new, Mapping) else dict.fromkeys(GROUPS, int(max_new))
+    unknown = sorted(set(max_new) - set(GROUPS))
+    if unknown:
+        raise ValueError(f"task.options.max_new_tokens: unknown group(s) {unknown}; valid: {', '.join(GROUPS)}")
     buffers = opts["buffers"] or {}
     lengths = list(getattr(task_cfg, "lengths", None) or spec.lengths)
     depths = list(getattr(task_cfg, "depths", None) or spec.depths)
