@@ -377,3 +377,37 @@ def test_needle_grid_from_predictions(tmp_path):
     grid = needle_grid_from_predictions(rows).set_index(["length", "depth"])["score"]
     assert grid[(1024, 0.0)] == 100.0 and grid[(2048, 50.0)] == 0.0
     assert len(grid) == 4
+
+
+def test_cli_on_embedded_default_like_runs(tmp_path):
+    """`make tables` on tiny runs (as `python run.py` writes them): tables, overview, plots and the paper check."""
+    import importlib.util
+
+    runs_root = tmp_path / "runs"
+    for method, budget, score in (("snapkv", "64L", 40.0), ("snapkv", "512L", 80.0), ("full", "full", 90.0)):
+        for dataset in ("niah_single_2k", "niah_multikey_2k"):
+            write_metrics(runs_root, "tiny", "tiny_niah", method, budget, dataset, score)
+            log = PredictionLog(
+                run_dir(runs_root, "tiny", "tiny_niah", method, budget, None) / dataset / "predictions.jsonl"
+            )
+            for i, depth in enumerate((0.0, 50.0, 100.0)):
+                log.append(
+                    {"id": f"{dataset}-{i}", "prediction": "612" if depth < 100 else "", "answers": ["612"],
+                     "extra": {"target_length": 2048, "depth": depth}}
+                )  # fmt: skip
+    spec = importlib.util.spec_from_file_location(
+        "tables_cli", Path(__file__).resolve().parents[1] / "scripts" / "tables.py"
+    )
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    out, plots = tmp_path / "tables", tmp_path / "plots"
+    rc = cli.main(["--runs", str(runs_root), "--out", str(out), "--plots", str(plots), "--check-paper"])
+    assert rc == 0
+    assert (out / "index.md").exists() and (out / "cake_t1.tex").exists()
+    summary = pd.read_csv(out / "runs_summary.csv")
+    assert len(summary) == 3 and set(summary["method"]) == {"snapkv", "full"}
+    checks = pd.read_csv(out / "paper_checks.csv")
+    assert (checks["within_tolerance"] | checks["erratum"]).all()
+    pngs = sorted(p.name for p in plots.glob("*.png"))
+    assert "score_vs_budget_tiny_tiny_niah_aware_L.png" in pngs
+    assert sum(name.startswith("needle_tiny_tiny_niah_") for name in pngs) == 3
