@@ -550,11 +550,14 @@ class RulerGenerator:
 
     def _generate_vt(self, num_samples: int) -> list[Generated]:
         # One-shot example: a 500-token sample (5-noise-line units, no answer budget), 3-letter names, value 12345.
+        # A tokenizer too verbose for even 5 noise lines in 500 tokens (e.g. byte-level) gets the minimal example.
         outer_length, outer_new = self.length, self.max_new_tokens
         self.length, self.max_new_tokens = 500, 0
         try:
             icl_units = self.search(self._build_vt_icl_probe, 5)
             probe = self.fit_sample(self._build_vt_icl_probe, icl_units, 5)
+        except ValueError:
+            probe = self._build_vt_icl_probe(self.min_units)
         finally:
             self.length, self.max_new_tokens = outer_length, outer_new
         self._icl = probe.full + " " + " ".join(probe.answers) + "\n"
