@@ -299,3 +299,18 @@ def test_dataset_score(tokenizer):
     preds = [ds.postprocess(f"  {good}\x01"), ds.postprocess(half)]
     assert ds.score(preds, samples) == {"score": 75.0, "nulls": 0.0}
     assert ds.score(["", ""], samples) == {"score": 0.0, "nulls": 2.0}
+
+
+def test_essay_haystack_from_data_dir(tokenizer, tmp_path):
+    text = " ".join(f"Sentence number {i} is about the quiet harbour." for i in range(400))
+    (tmp_path / "PaulGrahamEssays.json").write_text(json.dumps({"text": text}))
+    (ds,) = build_ruler(_cfg(datasets=["niah_single_2"], data_dir=str(tmp_path), num_samples=1), tokenizer)
+    (sample,) = ds.samples()
+    assert sample.context.startswith(
+        "A special magic number is hidden within the following text. Make sure to memorize it. "
+        "I will quiz you about the number afterwards.\nSentence number 0 is about the quiet harbour."
+    )
+    assert ds.inputs.essay_source == str(tmp_path / "PaulGrahamEssays.json")
+    assert sample.answers[0] in sample.context
+    with pytest.raises(FileNotFoundError):
+        build_ruler(_cfg(data_dir=str(tmp_path / "missing")), tokenizer)
