@@ -379,6 +379,12 @@ class Runner:
             },
             "timing": timing_log.summary(),
         }
+        dataset.write_report(
+            [r["prediction"] for r in rows],
+            samples,
+            folder,
+            f"{cfg.model.name} {cfg.method.name} {cfg.budget.name} {dataset.name}",
+        )
         atomic_write_json(metrics_path, metrics)
         return DatasetResult(
             dataset.name,

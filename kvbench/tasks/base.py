@@ -18,6 +18,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -90,6 +91,14 @@ class TaskDataset(ABC):
 
         Returns a dict with at least ``"score"`` (the headline number, on the benchmark's own scale, e.g. 0-100
         for LongBench) and optionally more named numbers (LongBench-E buckets, per-depth scores, ...).
+        """
+
+    def write_report(  # noqa: B027  (optional hook, deliberately a no-op by default)
+        self, predictions: Sequence[str], samples: Sequence[Sample], folder: Path, title: str
+    ) -> None:
+        """Write extra per-run artefacts (plots, ...) into the dataset's results ``folder``; default: nothing.
+
+        Called by the runner after scoring, with the post-processed predictions in sample order.
         """
 
     def describe(self) -> dict[str, Any]:

@@ -326,6 +326,10 @@ class NeedleGridDataset(TaskDataset):
     def postprocess(self, prediction: str) -> str:
         return prediction.strip()
 
+    def write_report(self, predictions: Sequence[str], samples: Sequence[Sample], folder: Path, title: str) -> None:
+        """The needle heatmap (depth x context length, set recall) as ``heatmap.png``."""
+        plot_needle_heatmap(needle_grid_rows(predictions, samples), folder / "heatmap.png", title=title)
+
     def score(self, predictions: Sequence[str], samples: Sequence[Sample]) -> dict[str, float]:
         """``score`` = mean set recall x 100; ``rouge1_x10`` = mean ROUGE-1 F x 10; ``length_{L}`` per length."""
         rows = needle_grid_rows(predictions, samples)
