@@ -35,6 +35,9 @@ class CacheRecord:
     achieved_per_head: list[list[int]] = field(default_factory=list)
     evicted: bool = False
     cache_bytes: int = 0
+    #: Largest KV bytes held at any point of the compressed prefill (measured when each layer's attention is done,
+    #: before its eviction: earlier layers compressed so far + this layer's full cache).
+    peak_prefill_bytes: int = 0
     final_per_layer: list[int] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -131,6 +134,7 @@ class EvictionSession:
     def _compress_prefill(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
         context = layer.seen_tokens
         num_heads = layer.num_heads
+        self.record.peak_prefill_bytes = max(self.record.peak_prefill_bytes, self.cache.kv_bytes())
         if not self.compresses:
             self._requested[layer_idx] = (context, [context] * num_heads)
             return
@@ -143,6 +147,7 @@ class EvictionSession:
             keys=keys,
             values=values,
             scaling=scaling,
+            prompt_queries=query,
         )
         if self.budget.fixed_per_layer:
             budgets = {layer_idx: int(self.budget.value)}
@@ -152,6 +157,8 @@ class EvictionSession:
                 self.method.layer_allocator.start(total, self.num_layers, context)
                 self._allocator_started = True
             budgets = self.method.layer_allocator.on_layer(observation)
+        if layer_idx in budgets:
+            observation.layer_budget = int(budgets[layer_idx])
         assert self.method.scorer is not None
         scores = aggregate_groups(self.method.scorer.score(observation).float(), num_heads, self.method.gqa_agg)
         if scores.shape != (num_heads, context):

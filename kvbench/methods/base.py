@@ -49,6 +49,12 @@ class WindowObservation:
         ``[H, S, D]`` the layer's stored keys (post-RoPE) and values; the window's own keys are ``keys[:, S-W:]``.
     scaling:
         Softmax scale of the model's attention (usually ``D ** -0.5``).
+    prompt_queries:
+        ``[H_q, S, D]`` post-RoPE queries of *every* prompt token of this forward (``None`` when unavailable).
+        Only for indicators that need more rows than the window (AhaKV's "w/o RA" ablation: all-row accumulation).
+    layer_budget:
+        The budget (tokens per head) the allocator has just set for this layer, when known before scoring
+        (AhaKV's step-gain softmax derives its temperature from it); ``None`` otherwise.
     """
 
     layer_idx: int
@@ -57,6 +63,8 @@ class WindowObservation:
     keys: torch.Tensor
     values: torch.Tensor
     scaling: float
+    prompt_queries: torch.Tensor | None = None
+    layer_budget: int | None = None
 
     @property
     def window(self) -> int:
@@ -154,6 +162,10 @@ class LayerBudgetAllocator(ABC):
     def start(self, total: int, num_layers: int, context_length: int) -> None:
         """Begin a sample: ``total`` tokens per stored head summed over ``num_layers`` layers."""
         self.total, self.num_layers, self.context_length = total, num_layers, context_length
+
+    def begin_task(self, name: str, num_samples: int) -> None:  # noqa: B027
+        """Optional hook: a new dataset of ``num_samples`` samples starts (stateful allocators such as XKV's
+        sampled mode reset here).  Allocators are otherwise stateless across samples."""
 
     @abstractmethod
     def on_layer(self, observation: WindowObservation) -> dict[int, int]:

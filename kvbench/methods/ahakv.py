@@ -1,0 +1,169 @@
+"""AhaKV (Gu et al., 2025): adaptive holistic attention-driven eviction -- H2O's accumulated attention, fixed.
+
+Three switchable components (Table 2's ablation):
+
+* **RA** (recent accumulation, ``params.ra``): the score of a token is the attention it receives from the last
+  ``B_r = window`` (32) queries only.  Off: accumulated over *all* prompt queries (H2O's column sum; computed in
+  row chunks, never a full ``S x S`` matrix at once).
+* **SGS** (step-gain softmax, ``params.sgs``): the scoring softmax uses an inverse temperature from the entropy
+  expectation (Eq. 12), ``lambda = sqrt(2 ln(i/k) / d)``.  Reading of what lambda multiplies
+  (``params.lambda_reading``): ``unscaled`` (default, self-consistent with the derivation: lambda multiplies
+  ``QK^T``, i.e. the scaled logits are multiplied by ``sqrt(2 ln(i/k))``) or ``literal`` (the scaled logits
+  ``QK^T/sqrt(d)`` are multiplied by lambda).  ``i`` = tokens visible to the query (``position + 1``; while decoding
+  every token seen so far), ``k`` = the layer's budget (``params.lambda_k``: ``budget`` default, or ``selected``
+  = budget - B_r); ``ln(i/k)`` is floored at ``params.min_log`` (1e-3).  Only the score uses it: the model's
+  attention is unchanged.
+* **VPE** (value-prior enhancement, ``params.vpe``): the score is multiplied by ``avgpool(||v||^2) / max``
+  (kernel ``params.vpe_kernel``, 7 -- the paper gives none; stride 1, same length).
+
+Prefill keeps the ``B_r`` most recent tokens plus the top ``B - B_r`` by score (per head; GQA: scores are
+averaged per KV group with ``method.gqa_agg`` before VPE, which is per KV head).  Decoding (Algorithm 1): each new
+query's SG-softmax attention is added to the running scores (initialised with the prefill's enhanced scores, new
+tokens start at 0, increments are not value-weighted); above the budget the lowest-scoring token outside the recent
+``B_r`` is evicted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from kvbench.cache import HeadwiseLayer
+from kvbench.methods.base import (
+    EvictionMethod,
+    TokenScorer,
+    WindowObservation,
+    aggregate_groups,
+    common_knobs,
+    parse_params,
+    register_method,
+)
+from kvbench.methods.h2o import ScoredDecodePolicy
+
+LAMBDA_READINGS = ("unscaled", "literal")
+LAMBDA_KS = ("budget", "selected")
+_ROW_CHUNK = 512
+
+
+def sg_multiplier(visible: torch.Tensor, k: int, head_dim: int, reading: str, min_log: float) -> torch.Tensor:
+    """Factor applied to the *scaled* logits ``QK^T/sqrt(d)`` for rows seeing ``visible`` tokens (any shape)."""
+    log_ratio = torch.clamp(torch.log(visible.double() / max(k, 1)), min=min_log)
+    factor = torch.sqrt(2.0 * log_ratio)
+    if reading == "literal":
+        factor = factor / math.sqrt(head_dim)
+    return factor.float()
+
+
+def value_prior(values: torch.Tensor, kernel_size: int) -> torch.Tensor:
+    """VPE factor ``[H, S]``: ``avgpool(||v||^2)`` normalised by its maximum over tokens, from ``[H, S, D]``."""
+    norms = values.float().pow(2).sum(dim=-1)  # [H, S]
+    if kernel_size > 1:
+        norms = F.avg_pool1d(norms[:, None], kernel_size, 1, kernel_size // 2, count_include_pad=False)[:, 0]
+    return norms / norms.amax(dim=-1, keepdim=True).clamp_min(1e-30)
+
+
+class AhaScorer(TokenScorer):
+    """RA + SGS + VPE score, ``[H, S]`` per stored head (see module docstring)."""
+
+    def __init__(self, ra: bool, sgs: bool, vpe: bool, params: AhaKVParams, window: int, gqa_agg: str) -> None:
+        self.ra, self.sgs, self.vpe = ra, sgs, vpe
+        self.params = params
+        self.window = window
+        self.gqa_agg = gqa_agg
+
+    def budget_k(self, layer_budget: int | None, context: int) -> int:
+        """``k`` of Eq. 12 for this layer."""
+        budget = context if layer_budget is None else layer_budget
+        if self.params.lambda_k == "selected":
+            budget -= self.window
+        return max(budget, 1)
+
+    def row_attention(self, queries: torch.Tensor, keys: torch.Tensor, scaling: float, k: int) -> torch.Tensor:
+        """Column sums ``[H_q, S]`` of the (SG-)softmax attention of the last ``queries.shape[1]`` rows."""
+        num_q, rows, dim = queries.shape
+        heads, context, _ = keys.shape
+        groups = num_q // heads
+        total = torch.zeros(num_q, context, dtype=torch.float32, device=keys.device)
+        positions = torch.arange(context, device=keys.device)
+        for start in range(0, rows, _ROW_CHUNK):
+            chunk = queries[:, start : start + _ROW_CHUNK].float()
+            count = chunk.shape[1]
+            row_pos = torch.arange(context - rows + start, context - rows + start + count, device=keys.device)
+            logits = torch.bmm(chunk.reshape(heads, groups * count, dim), keys.float().transpose(1, 2))
+            logits = logits.reshape(num_q, count, context) * scaling
+            if self.sgs:
+                factor = sg_multiplier(row_pos + 1, k, dim, self.params.lambda_reading, self.params.min_log)
+                logits = logits * factor[None, :, None]
+            logits = logits.masked_fill(positions[None, None, :] > row_pos[None, :, None], float("-inf"))
+            total += torch.softmax(logits, dim=-1).sum(dim=1)
+        return total
+
+    def score(self, observation: WindowObservation) -> torch.Tensor:
+        queries = observation.queries
+        if not self.ra and observation.prompt_queries is not None:
+            queries = observation.prompt_queries
+        k = self.budget_k(observation.layer_budget, observation.context_length)
+        accumulated = self.row_attention(queries, observation.keys, observation.scaling, k)
+        scores = aggregate_groups(accumulated, observation.keys.shape[0], self.gqa_agg)
+        if self.vpe:
+            scores = scores * value_prior(observation.values, self.params.vpe_kernel)
+        return scores
+
+
+class AhaDecode(ScoredDecodePolicy):
+    """Algorithm 1's generation: accumulate SG-softmax attention, evict the lowest outside the recent window."""
+
+    def __init__(self, recent_window: int, sgs: bool, params: AhaKVParams) -> None:
+        super().__init__(recent_window)
+        self.sgs = sgs
+        self.params = params
+
+    def step(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
+        if self.sgs:
+            caps = self.caps[layer_idx]
+            k = max(round(sum(caps) / len(caps)) - (self.recent_window if self.params.lambda_k == "selected" else 0), 1)
+            visible = torch.tensor([layer.seen_tokens])
+            factor = float(sg_multiplier(visible, k, query.shape[-1], self.params.lambda_reading, self.params.min_log))
+            scaling = scaling * factor
+        super().step(layer_idx, layer, query, scaling)
+
+    def update_scores(self, old: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+        return old + attention
+
+
+@dataclass
+class AhaKVParams:
+    """AhaKV's switches (see module docstring)."""
+
+    ra: bool = True
+    sgs: bool = True
+    vpe: bool = True
+    lambda_reading: str = "unscaled"
+    lambda_k: str = "budget"
+    min_log: float = 1e-3
+    vpe_kernel: int = 7
+
+
+@register_method("ahakv")
+def build_ahakv(method_cfg: Any) -> EvictionMethod:
+    """AhaKV with each component switchable."""
+    params = parse_params(AhaKVParams, method_cfg.params, "ahakv")
+    if params.lambda_reading not in LAMBDA_READINGS:
+        raise ValueError(f"method.params.lambda_reading={params.lambda_reading!r}; valid: {', '.join(LAMBDA_READINGS)}")
+    if params.lambda_k not in LAMBDA_KS:
+        raise ValueError(f"method.params.lambda_k={params.lambda_k!r}; valid: {', '.join(LAMBDA_KS)}")
+    if params.vpe_kernel < 1 or params.vpe_kernel % 2 == 0:
+        raise ValueError(f"method.params.vpe_kernel must be odd and >= 1, got {params.vpe_kernel}")
+    knobs = common_knobs(method_cfg)
+    scorer = AhaScorer(params.ra, params.sgs, params.vpe, params, knobs["window"], knobs["gqa_agg"])
+    policy = AhaDecode(knobs["window"], params.sgs, params) if method_cfg.decode_eviction else None
+    return EvictionMethod(
+        scorer=scorer,
+        decode_policy=policy,
+        settings={"ra": params.ra, "sgs": params.sgs, "vpe": params.vpe, "lambda_reading": params.lambda_reading},
+        **knobs,
+    )
