@@ -22,28 +22,6 @@ REPO = Path(__file__).resolve().parents[1]
 NEEDLE_SENTENCE = NEEDLE.strip()
 
 
-def _train_tokenizer(vocab_size: int = 3000):
-    """A byte-level BPE trained on our shipped text, wrapped as a HF fast tokenizer (no downloads)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    root = REPO / "tasks"
-    texts = [p.read_text(encoding="utf-8") for p in sorted(root.rglob("*.txt")) + sorted(root.rglob("*.jsonl"))]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=["<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator(texts, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return _train_tokenizer()
-
-
 def _cfg(**overrides):
     base = dict(
         name="needle_grid",
