@@ -14,6 +14,7 @@ Order of operations (LongBench's official rule, applied to every task):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
@@ -48,12 +49,35 @@ class EncodedPrompt:
 
 
 def truncate_middle(token_ids: list[int], max_length: int) -> list[int]:
-    """Keep the first and the last ``max_length // 2`` tokens when longer than ``max_length`` (LongBench rule;
-    an odd ``max_length`` keeps ``max_length - 1`` tokens)."""
+    """Official LongBench middle truncation: if longer than ``max_length``, keep the first and the last
+    ``int(max_length / 2)`` tokens (an odd ``max_length`` keeps ``max_length - 1``); otherwise unchanged."""
+    if max_length < 2:
+        raise ValueError(f"max_length must be >= 2, got {max_length}")
     if len(token_ids) <= max_length:
         return list(token_ids)
-    half = max_length // 2
-    return list(token_ids[:half]) + list(token_ids[len(token_ids) - half :])
+    half = int(max_length / 2)
+    return list(token_ids[:half]) + list(token_ids[-half:])
+
+
+def truncate_prompt(prompt: str, tokenizer: Any, max_length: int, add_special_tokens: bool = True) -> str:
+    """Official string-level rule (LongBench ``pred.py``): tokenize the prompt (special tokens included); if too
+    long, decode the first and the last half with ``skip_special_tokens=True`` and join the two strings."""
+    ids = list(tokenizer(prompt, truncation=False, add_special_tokens=add_special_tokens).input_ids)
+    if len(ids) <= max_length:
+        return prompt
+    half = int(max_length / 2)
+    kept = truncate_middle(ids, max_length)
+    return tokenizer.decode(kept[:half], skip_special_tokens=True) + tokenizer.decode(
+        kept[half:], skip_special_tokens=True
+    )
+
+
+def split_truncated_prompt(truncated_prompt: str, question: str) -> tuple[str, str]:
+    """Re-split a (possibly middle-truncated) full prompt into ``(context, question)``: the question stays the
+    suffix when it survived truncation intact; otherwise everything is context and the question is empty."""
+    if question and truncated_prompt.endswith(question):
+        return truncated_prompt[: len(truncated_prompt) - len(question)], question
+    return truncated_prompt, ""
 
 
 def encode_sample(
@@ -61,18 +85,13 @@ def encode_sample(
 ) -> EncodedPrompt:
     """Tokenise ``sample`` following the module's rules."""
     context, question = sample.context, sample.question
-    raw_ids = tokenizer(context + question).input_ids
-    truncated = len(raw_ids) > max_input_length
+    text = truncate_prompt(context + question, tokenizer, max_input_length)
+    truncated = text != context + question
     question_lost = False
     if truncated:
-        half = max_input_length // 2
-        text = tokenizer.decode(raw_ids[:half], skip_special_tokens=True) + tokenizer.decode(
-            raw_ids[len(raw_ids) - half :], skip_special_tokens=True
-        )
-        if question and text.endswith(question):
-            context = text[: len(text) - len(question)]
-        else:
-            context, question, question_lost = text, "", bool(question)
+        context, kept_question = split_truncated_prompt(text, question)
+        question_lost = bool(question) and not kept_question
+        question = kept_question
     if use_chat_template:
         if not getattr(tokenizer, "chat_template", None):
             raise KVBenchError(

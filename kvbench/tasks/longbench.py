@@ -59,6 +59,7 @@ from kvbench.metrics.longbench import (
     scorer,
     scorer_e,
 )
+from kvbench.prompting import split_truncated_prompt, truncate_middle, truncate_prompt
 from kvbench.tasks.base import Sample, TaskDataset, register_data_preparer, register_task, select_datasets
 
 __all__ = [
@@ -149,40 +150,8 @@ def format_sample(name: str, line: dict[str, Any]) -> tuple[str, str]:
 # ------------------------------------------------------------------------------------------------------------
 
 
-def truncate_middle(token_ids: list[int], max_length: int) -> list[int]:
-    """Official LongBench middle truncation: if longer than ``max_length``, keep the first and the last
-    ``int(max_length / 2)`` tokens (an odd ``max_length`` keeps ``max_length - 1``); otherwise unchanged."""
-    if max_length < 2:
-        raise ValueError(f"max_length must be >= 2, got {max_length}")
-    if len(token_ids) <= max_length:
-        return list(token_ids)
-    half = int(max_length / 2)
-    return list(token_ids[:half]) + list(token_ids[-half:])
-
-
-def truncate_prompt(prompt: str, tokenizer: Any, max_length: int, add_special_tokens: bool = True) -> str:
-    """Official string-level rule (``pred.py``): tokenize the formatted prompt (special tokens included, as
-    ``tokenizer(prompt).input_ids``); if too long, decode the first and the last half with
-    ``skip_special_tokens=True`` and concatenate the two strings.  Returns the prompt unchanged otherwise."""
-    ids = list(tokenizer(prompt, truncation=False, add_special_tokens=add_special_tokens).input_ids)
-    if len(ids) <= max_length:
-        return prompt
-    half = int(max_length / 2)
-    kept = truncate_middle(ids, max_length)
-    return tokenizer.decode(kept[:half], skip_special_tokens=True) + tokenizer.decode(
-        kept[half:], skip_special_tokens=True
-    )
-
-
-def split_truncated_prompt(truncated_prompt: str, question: str) -> tuple[str, str]:
-    """Re-split a (possibly middle-truncated) full prompt into ``(context, question)``.
-
-    The question segment is kept as the suffix when it survived truncation intact; otherwise (a question longer
-    than half the budget) everything is returned as context and the question segment is empty.
-    """
-    if question and truncated_prompt.endswith(question):
-        return truncated_prompt[: len(truncated_prompt) - len(question)], question
-    return truncated_prompt, ""
+# The truncation rule applies to every task; it lives in kvbench.prompting and is re-exported here for users of
+# the official LongBench names.
 
 
 # ------------------------------------------------------------------------------------------------------------
