@@ -5,23 +5,33 @@ task have loaded):
 
 1. validate method, budget, task kind and knobs;
 2. load the model and build the task's datasets;
-3. create the run folder, check that an existing run there has the same config (else refuse, naming the
-   differences and ``run.tag``), write ``config.yaml`` and ``run_meta.json``;
+3. create the run folder and take its lock (``.kvbench.lock``: two processes never work in one run folder at
+   once; the second fails clearly, or waits up to ``$KVBENCH_LOCK_WAIT`` seconds), check that an existing run
+   there has the same config (else refuse, naming the differences and ``run.tag``), write ``config.yaml`` and
+   ``run_meta.json``;
 4. per dataset: skip it if its ``metrics.json`` exists for this config; otherwise resume ``predictions.jsonl``
    (samples already there are not re-run), append each new prediction as soon as it exists, then score and write
    ``metrics.json`` atomically;
 5. print the score table; log to W&B when enabled.
+
+SIGTERM (SLURM preemption or time limit) raises :class:`Interrupted` at once while a sample is being generated,
+but never while a prediction row or ``metrics.json`` is being written: those writes finish first.  The run then
+records ``status: interrupted`` in ``run_meta.json`` and exits; the same command resumes it.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import math
+import os
 import platform
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -135,18 +145,93 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-@contextmanager
-def _graceful_termination() -> Iterator[None]:
-    """Turn SIGTERM (SLURM preemption/time limit) into :class:`Interrupted` between samples' writes."""
+class _Termination:
+    """SIGTERM -> :class:`Interrupted`, deferred while a result file is being written (a critical section)."""
 
-    def handler(signum: int, frame: Any) -> None:
+    def __init__(self) -> None:
+        self.depth = 0
+        self.pending: int | None = None
+        self.fired = False
+
+    def handler(self, signum: int, frame: Any) -> None:
+        if self.fired:  # already stopping (e.g. SLURM signals both the batch shell and the runner): ignore
+            return
+        if self.depth > 0:
+            self.pending = signum
+            return
+        self.fired = True
         raise Interrupted(f"received signal {signum}")
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    @contextmanager
+    def critical(self, raise_pending: bool = True) -> Iterator[None]:
+        """Writes inside finish even if SIGTERM arrives meanwhile; the signal takes effect right after (unless
+        ``raise_pending`` is false: the final bookkeeping write, after which the process exits anyway)."""
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+        if raise_pending and self.depth == 0 and self.pending is not None and not self.fired:
+            signum, self.pending = self.pending, None
+            self.fired = True
+            raise Interrupted(f"received signal {signum}")
+
+
+#: The active SIGTERM policy (a no-op critical section when no run is in progress).
+_TERMINATION = _Termination()
+
+
+@contextmanager
+def _graceful_termination() -> Iterator[None]:
+    """Turn SIGTERM (SLURM preemption/time limit) into :class:`Interrupted`, never in the middle of a write."""
+    previous = signal.signal(signal.SIGTERM, _TERMINATION.handler)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        _TERMINATION.pending = None
+        _TERMINATION.fired = False
+
+
+LOCK_FILE = ".kvbench.lock"
+
+
+@contextmanager
+def run_folder_lock(folder: Path, wait_s: float | None = None) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``folder/.kvbench.lock`` (released when the process ends, even if killed).
+
+    A second process for the same run folder fails with :class:`KVBenchError` naming the holder, after waiting up
+    to ``wait_s`` seconds (default ``$KVBENCH_LOCK_WAIT``, else 0).
+    """
+    if wait_s is None:
+        wait_s = float(os.environ.get("KVBENCH_LOCK_WAIT", "0") or 0)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as err:
+                if err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                    raise
+                if time.monotonic() >= deadline:
+                    holder = path.read_text(encoding="utf-8", errors="replace").strip() or "unknown process"
+                    raise KVBenchError(
+                        f"{folder} is in use by another kvbench process ({holder}); nothing was changed. "
+                        "Two jobs with the same model/task/method/budget/tag cannot run at once: wait for it, "
+                        "set KVBENCH_LOCK_WAIT=<seconds> to wait, or use run.tag=<name>."
+                    ) from None
+                time.sleep(min(1.0, max(0.05, deadline - time.monotonic())))
+        job = os.environ.get("SLURM_JOB_ID")
+        holder = f"pid {os.getpid()} on {platform.node()}" + (f", SLURM job {job}" if job else "") + f", since {_now()}"
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (holder + "\n").encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the flock
 
 
 def _check_existing_run(folder: Path, cfg_hash: str, cfg: DictConfig) -> None:
@@ -240,17 +325,35 @@ class Runner:
             datasets = build_task(cfg.task, loaded.tokenizer)
         except (ValueError, FileNotFoundError) as err:
             raise KVBenchError(str(err)) from err
-        meta = self._write_run_files()
-        logger = _wandb_logger(cfg)
-        results = []
-        try:
+        with run_folder_lock(self.folder):
+            # Checked again under the lock: another job may have started this folder since the first check.
+            _check_existing_run(self.folder, self.cfg_hash, cfg)
+            meta = self._write_run_files()
+            logger = _wandb_logger(cfg)
+            results: list[DatasetResult] = []
+            status = "failed"
             with _graceful_termination():
-                for dataset in datasets:
-                    results.append(self._run_dataset(loaded, dataset))
-        finally:
-            meta["end_time"] = _now()
-            meta["completed_datasets"] = [r.dataset for r in results]
-            atomic_write_json(self.folder / RUN_META_FILE, meta)
+                try:
+                    for dataset in datasets:
+                        results.append(self._run_dataset(loaded, dataset))
+                    status = "complete"
+                except Interrupted:
+                    status = "interrupted"
+                    if logger is not None:
+                        logger.abort(exit_code=143)
+                    raise
+                except BaseException:
+                    if logger is not None:
+                        logger.abort()
+                    raise
+                finally:
+                    with _TERMINATION.critical(raise_pending=False):
+                        meta["end_time"] = _now()
+                        meta["status"] = status
+                        meta["completed_datasets"] = [r.dataset for r in results]
+                        if status == "complete":
+                            meta["datasets"] = [r.dataset for r in results]
+                        atomic_write_json(self.folder / RUN_META_FILE, meta)
         if logger is not None:
             logger.log_results(results)
         if cfg.run.print_table:
@@ -281,6 +384,8 @@ class Runner:
                 "command": sys.argv,
                 "start_time": _now(),
                 "end_time": None,
+                "status": "running",
+                "slurm_job": _slurm_job_id(),
             }
         )
         meta.setdefault("first_start_time", meta["start_time"])
@@ -342,9 +447,10 @@ class Runner:
                 min_new_tokens=int(dataset.min_new_tokens),
             )
             row = _prediction_row(sample, dataset, output, encoded)
-            log.append(row)
-            timing_log.append({"id": sample.id, "prefill_s": output.prefill_s, "decode_s": output.decode_s})
-            done[sample.id] = row
+            with _TERMINATION.critical():
+                log.append(row)
+                timing_log.append({"id": sample.id, "prefill_s": output.prefill_s, "decode_s": output.decode_s})
+                done[sample.id] = row
         rows = [done[s.id] for s in samples]
         scores = dataset.score([r["prediction"] for r in rows], samples)
         metrics = {
@@ -379,13 +485,14 @@ class Runner:
             },
             "timing": timing_log.summary(),
         }
-        dataset.write_report(
-            [r["prediction"] for r in rows],
-            samples,
-            folder,
-            f"{cfg.model.name} {cfg.method.name} {cfg.budget.name} {dataset.name}",
-        )
-        atomic_write_json(metrics_path, metrics)
+        with _TERMINATION.critical():
+            dataset.write_report(
+                [r["prediction"] for r in rows],
+                samples,
+                folder,
+                f"{cfg.model.name} {cfg.method.name} {cfg.budget.name} {dataset.name}",
+            )
+            atomic_write_json(metrics_path, metrics)
         return DatasetResult(
             dataset.name,
             dataset.metric_name,
@@ -408,6 +515,14 @@ def _progress(items: list[Sample], desc: str, enabled: bool, initial: int, total
     from tqdm import tqdm
 
     return tqdm(items, desc=desc, initial=initial, total=total, leave=False, dynamic_ncols=True, file=sys.stderr)
+
+
+def _slurm_job_id() -> str | None:
+    """``<array job>_<task>`` (or the plain job id) when running under SLURM."""
+    array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if array_job and task:
+        return f"{array_job}_{task}"
+    return os.environ.get("SLURM_JOB_ID")
 
 
 def _device_name(spec: str) -> str:

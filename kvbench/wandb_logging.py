@@ -2,8 +2,14 @@
 
 Off unless ``wandb.mode`` is ``online`` or ``offline`` (the default comes from ``$WANDB_MODE``, else
 ``disabled``).  Runs are grouped by experiment (``run.experiment`` or ``wandb.group``) and named
-``model-method-budget-task``; per-dataset scores go to a ``wandb.Table`` and averages to the run summary.  A W&B
-failure is reported and ignored: it never fails or corrupts a run.
+``model-method-budget-task``; per-dataset scores go to a ``wandb.Table`` (columns :data:`TABLE_COLUMNS`, one row
+per dataset, with the run's model/method/budget/task so tables of many runs can be merged) and to the run summary
+as ``<task>/<dataset>``, with ``<task>/avg`` (mean over datasets), ``avg``, ``kept_fraction`` and ``n_datasets``.
+
+The run id is derived from the config hash, so a preempted and requeued SLURM job logs to the same W&B run (offline
+runs of both attempts sync into one).  Offline mode (``WANDB_MODE=offline``, the default on SLURM nodes via
+``slurm/array.sbatch``) needs no network or API key; upload later with ``wandb sync <run folder>/wandb/offline-run-*``.
+A W&B failure is reported and ignored: it never fails or corrupts a run.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 WANDB_MODES = ("online", "offline", "disabled")
+#: Columns of the per-dataset ``scores`` table.
+TABLE_COLUMNS = ["model", "method", "budget", "task", "dataset", "metric", "score", "n_samples", "kept_fraction"]
 
 
 def run_name(cfg: DictConfig) -> str:
@@ -78,14 +86,30 @@ class WandbLogger:
         try:
             import wandb
 
-            columns = ["dataset", "metric", "score", "n_samples", "kept_fraction"]
-            rows = [[r.dataset, r.metric, r.score, r.n_samples, r.mean_kept_fraction] for r in results]
-            self.run.log({"scores": wandb.Table(columns=columns, data=rows)})
-            task = self.cfg.task.name
-            for r in results:
-                self.run.summary[f"{task}/{r.dataset}"] = r.score
-            if results:
-                self.run.summary[f"{task}/avg"] = sum(r.score for r in results) / len(results)
+            cfg = self.cfg
+            names = [cfg.model.name, cfg.method.name, cfg.budget.name, cfg.task.name]
+            rows = [[*names, r.dataset, r.metric, r.score, r.n_samples, r.mean_kept_fraction] for r in results]
+            self.run.log({"scores": wandb.Table(columns=TABLE_COLUMNS, data=rows)})
+            self.run.summary.update(summary_values(cfg.task.name, results))
             self.run.finish()
         except Exception as err:
             warnings.warn(f"wandb logging failed ({err}); results on disk are unaffected", stacklevel=2)
+
+    def abort(self, exit_code: int = 1) -> None:
+        """Close the run of an interrupted/failed job (its requeued attempt resumes the same W&B run)."""
+        try:
+            self.run.finish(exit_code=exit_code)
+        except Exception as err:
+            warnings.warn(f"wandb finish failed ({err})", stacklevel=2)
+
+
+def summary_values(task: str, results: list[Any]) -> dict[str, Any]:
+    """Summary keys for one run: ``<task>/<dataset>``, ``<task>/avg``, ``avg``, ``kept_fraction``, ``n_datasets``."""
+    values: dict[str, Any] = {f"{task}/{r.dataset}": r.score for r in results}
+    values["n_datasets"] = len(results)
+    if results:
+        mean = sum(r.score for r in results) / len(results)
+        values[f"{task}/avg"] = mean
+        values["avg"] = mean
+        values["kept_fraction"] = sum(r.mean_kept_fraction for r in results) / len(results)
+    return values
