@@ -87,8 +87,9 @@ def split_pool(
 ) -> list[int]:
     """Split ``pool`` tokens over layers in proportion to ``preferences`` (Eq. 7/9, the code's adjust_budgets).
 
-    Truncate, cap each layer at ``caps[l]`` (its past tokens), then hand the remainder to the newest layer first
-    and to the others in order, never above their cap nor above ``previous[l]`` (budgets only shrink).
+    Truncate, cap each layer at ``caps[l]`` (its past tokens) and spread the excess evenly over the layers with
+    room, then hand the truncation remainder to the newest layer first and to the others in order; never above a
+    layer's cap nor above ``previous[l]`` (budgets only shrink between cascading stages).
     """
     total_pref = sum(preferences)
     shares = [int(p / total_pref * pool) for p in preferences]
@@ -97,6 +98,18 @@ def split_pool(
         for cap, prev in zip(caps, previous or [None] * len(caps), strict=True)
     ]
     budgets = [min(share, limit) for share, limit in zip(shares, limits, strict=True)]
+    capped = sum(share - budget for share, budget in zip(shares, budgets, strict=True))
+    # Excess of capped layers: evenly over the layers with room (the code's adjust_budgets).
+    while capped > 0:
+        open_layers = [layer for layer, budget in enumerate(budgets) if budget < limits[layer]]
+        if not open_layers:
+            break
+        each = max(capped // len(open_layers), 1)
+        for layer in open_layers:
+            extra = min(each, limits[layer] - budgets[layer], capped)
+            budgets[layer] += extra
+            capped -= extra
+    # Truncation remainder: newest layer first (so earlier layers never grow between stages), then in order.
     remainder = pool - sum(budgets)
     for layer in [len(budgets) - 1, *range(len(budgets) - 1)]:
         if remainder <= 0:

@@ -1,0 +1,154 @@
+"""Ada-KV: the adaptive split maximises the kept attention mass; safeguard readings; GQA; presets and configs."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from test_methods import _prefill_one_layer, _run, method_from_yaml
+
+from kvbench.config import register_configs
+from kvbench.methods.adakv import AdaHeadAllocator, AdaWindowScorer, adaptive_counts
+from kvbench.methods.base import WindowObservation, build_method, pool_scores, window_attention
+from kvbench.models import build_builtin
+
+CONF = Path(__file__).resolve().parent.parent / "conf"
+
+
+def _kept_mass(scores: torch.Tensor, counts: list[int]) -> float:
+    """Sum over heads of each head's top-``count`` scores."""
+    return sum(float(torch.topk(row, c).values.sum()) if c else 0.0 for row, c in zip(scores, counts, strict=True))
+
+
+def _best_split_mass(scores: torch.Tensor, total: int) -> float:
+    """Brute force: the best kept mass over every split of ``total`` into per-head counts."""
+    heads, width = scores.shape
+    best = -1.0
+    for split in itertools.product(range(width + 1), repeat=heads):
+        if sum(split) == total:
+            best = max(best, _kept_mass(scores, list(split)))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("per_head", [1, 2, 3, 5])
+def test_adaptive_allocation_maximises_kept_mass_over_all_splits(seed: int, per_head: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    # Attention-like rows with different concentrations: head 0 sharp, head 2 flat.
+    logits = torch.randn(3, 6, generator=gen) * torch.tensor([[4.0], [1.5], [0.3]])
+    scores = torch.softmax(logits, dim=-1)
+    counts = AdaHeadAllocator(alpha=0.0, reading="floor").allocate(scores, per_head)
+    assert sum(counts) == 3 * per_head
+    assert counts == adaptive_counts(scores, 3 * per_head)
+    assert _kept_mass(scores, counts) == pytest.approx(_best_split_mass(scores, 3 * per_head), abs=1e-6)
+    uniform = [per_head] * 3
+    assert _kept_mass(scores, counts) >= _kept_mass(scores, uniform) - 1e-9
+
+
+def test_safeguard_readings() -> None:
+    scores = torch.softmax(torch.tensor([[8.0, 0, 0, 0, 0, 0, 0, 0, 0, 0], [0.1] * 10]), dim=-1)
+    budget = 5  # per head, B = 10 over the layer
+    pure = AdaHeadAllocator(0.0, "floor").allocate(scores, budget)
+    assert pure[1] > pure[0]  # the flat head takes most of the budget
+    assert AdaHeadAllocator(1.0, "adaptive").allocate(scores, budget) == pure
+    assert AdaHeadAllocator(1.0, "floor").allocate(scores, budget) == [5, 5]  # all floor
+    assert AdaHeadAllocator(0.0, "adaptive").allocate(scores, budget) == [5, 5]
+    # Both readings agree at 0.5 (the early paper's alpha).
+    assert AdaHeadAllocator(0.5, "floor").allocate(scores, budget) == AdaHeadAllocator(0.5, "adaptive").allocate(
+        scores, budget
+    )
+    # floor 0.2: (1 - 0.2) f_i + 0.2 * B/h, summing to B.
+    floor = AdaHeadAllocator(0.2, "floor").allocate(scores, budget)
+    expected = [0.8 * f + 0.2 * 5 for f in pure]
+    assert sum(floor) == 10
+    assert all(abs(c - e) <= 1 for c, e in zip(floor, expected, strict=True))
+    # The literal formula reading of alpha = 0.2 is much closer to uniform.
+    literal = AdaHeadAllocator(0.2, "adaptive").allocate(scores, budget)
+    assert abs(literal[0] - 5) < abs(floor[0] - 5)
+
+
+def test_protected_tokens_and_padding_are_accounted() -> None:
+    scores = torch.tensor(
+        [
+            [torch.inf, torch.inf, 0.9, 0.8, 0.7, 0.1, float("-inf")],
+            [torch.inf, torch.inf, 0.2, 0.1, 0.05, 0.01, 0.01],
+        ]
+    )
+    counts = AdaHeadAllocator(0.0, "floor").allocate(scores, 4)
+    assert sum(counts) == 8
+    assert counts == [2 + 3, 2 + 1]  # protected 2 per head + the global top-4 of the rest
+    # A head never gets more than it holds: the surplus spills to the other head (uniform split 4 + 4 here,
+    # but head 0 has only 3 selectable tokens).
+    scores[0, 5] = float("-inf")
+    counts = AdaHeadAllocator(1.0, "floor").allocate(scores, 6)
+    assert counts == [2 + 3, 2 + 5]
+
+
+def test_ada_scorer_order_is_window_mean_group_mean_then_pool() -> None:
+    gen = torch.Generator().manual_seed(1)
+    keys = torch.randn(2, 80, 8, generator=gen)
+    queries = torch.randn(4, 32, 8, generator=gen)
+    observation = WindowObservation(0, 1, queries, keys, keys, 8**-0.5)
+    scores = AdaWindowScorer(7, "max", "mean").score(observation)
+    attention = window_attention(queries, keys, 8**-0.5)
+    manual = pool_scores(attention.mean(dim=1).reshape(2, 2, 80).mean(dim=1)[:, :48], 7, "max")
+    torch.testing.assert_close(scores[:, :48], manual)
+    assert scores.shape == (2, 80)
+
+
+def _head_case():
+    """Head 0's window attends to one key; head 1's window spreads evenly over many."""
+    gen = torch.Generator().manual_seed(0)
+    keys = torch.randn(2, 200, 16, generator=gen) * 0.01
+    query = torch.randn(2, 200, 16, generator=gen) * 0.01
+    direction = torch.randn(16, generator=gen)
+    keys[0, 40] = direction * 6
+    query[0, -32:] += direction
+    return keys, query
+
+
+def test_ada_snapkv_moves_budget_to_the_dispersed_head() -> None:
+    keys, query = _head_case()
+    ada = _prefill_one_layer(method_from_yaml("ada_snapkv", params={"alpha": 0.0}), "64/layer", keys, query)
+    lengths = ada.headwise_layers[0].head_lengths()
+    assert sum(lengths) == 128
+    assert lengths[1] > lengths[0]
+    assert 40 in ada.headwise_layers[0].positions[0].tolist()
+    snap = _prefill_one_layer(method_from_yaml("snapkv"), "64/layer", keys, query)
+    assert snap.headwise_layers[0].head_lengths() == [64, 64]
+
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    model, tokenizer = build_builtin("tiny-random-llama", seed=7)
+    model.set_attn_implementation("kvbench")
+    return model.eval(), tokenizer
+
+
+@pytest.mark.parametrize("name", ["ada_snapkv", "ada_pyramidkv", "ada_snapkv_early"])
+def test_presets_keep_budgets_exactly_per_layer(tiny_llama, name: str) -> None:
+    model, tokenizer = tiny_llama
+    record = _run(model, tokenizer, method_from_yaml(name), "64L", new=4).record
+    heads = 4 if name.endswith("early") else 2  # early: KV replicated per query head
+    assert all(len(h) == heads for h in record.achieved_per_head)
+    assert record.requested_per_layer == record.achieved_per_layer
+    assert sum(record.requested_per_layer) == 64 * 4
+    assert all(
+        sum(h) == layer * heads for h, layer in zip(record.achieved_per_head, record.requested_per_layer, strict=False)
+    )
+    assert any(len(set(h)) > 1 for h in record.achieved_per_head)  # head budgets really differ
+    if name == "ada_pyramidkv":
+        assert record.requested_per_layer[0] > record.requested_per_layer[-1]
+
+
+@pytest.mark.parametrize(("experiment", "alpha"), [("adakv_early_t1", 0.5), ("adakv_late_t2", 0.2)])
+def test_paper_version_alpha_follows_the_experiment_tag(experiment: str, alpha: float) -> None:
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[f"+experiment={experiment}", "method=ada_snapkv", "model=tiny"])
+    method = build_method(cfg.method)
+    assert method.settings["alpha"] == alpha
+    assert isinstance(method.head_allocator, AdaHeadAllocator) and method.head_allocator.uniform_share == alpha
