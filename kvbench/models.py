@@ -163,10 +163,9 @@ def load_model(model_cfg: Any, seed: int = 0) -> LoadedModel:
             raise KVBenchError(
                 f"cannot load model {model_cfg.name!r} from {path!r}: {err.__class__.__name__}: "
                 f"{str(err).splitlines()[0] if str(err) else ''}\n"
-                f"Provide the weights either by downloading them where there is network "
-                f"(`huggingface-cli download {path}` and share HF_HOME with this machine, or run "
-                f"`python scripts/prepare_data.py` for data), or by pointing model.path at a local folder "
-                f"in Hugging Face format (model.path=/path/to/{Path(path).name})."
+                f"Provide the weights either by downloading them on a machine with network access "
+                f"(`huggingface-cli download {path}`) into the HF_HOME cache this machine reads, or by pointing "
+                f"model.path at a local folder in Hugging Face format (model.path=/path/to/{Path(path).name})."
             ) from err
     model.set_attn_implementation(ATTENTION_NAME)
     model = model.to(device).eval()

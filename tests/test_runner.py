@@ -37,6 +37,7 @@ def run_cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
         ("+method.params.nope=1", ["nope", "valid keys"]),
         ("task.question_mode=both", ["both", "aware", "agnostic"]),
         ("method.windw=3", ["windw"]),
+        ("model=llama3.1-8b-instruct", ["llama3.1-8b-instruct", "huggingface-cli download", "model.path="]),
     ],
 )
 def test_bad_input_fails_fast_naming_valid_choices_and_writes_nothing(tmp_path: Path, override: str, expected):
