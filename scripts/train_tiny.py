@@ -46,16 +46,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--hidden", type=int, default=192)
+    parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=3)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--kv-heads", type=int, default=2)
-    parser.add_argument("--intermediate", type=int, default=512)
+    parser.add_argument("--intermediate", type=int, default=384)
     parser.add_argument("--rope-theta", type=float, default=100_000.0)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--warmup", type=int, default=100)
-    parser.add_argument("--tokens-per-step", type=int, default=4096, help="batch size x sequence length")
-    parser.add_argument("--curriculum", default="256,512,1024,2048,4096", help="training lengths, in order")
+    parser.add_argument("--tokens-per-step", type=int, default=2048, help="batch size x sequence length")
+    parser.add_argument("--curriculum", default="128,256,512,1024,2048,4096", help="training lengths, in order")
+    parser.add_argument("--compact", default="0.6,0.4,0.3,0.2,0.1,0.1", help="compact-data share per curriculum stage")
     parser.add_argument("--max-steps", type=int, default=6000)
     parser.add_argument("--eval-every", type=int, default=150)
     parser.add_argument("--eval-samples", type=int, default=8, help="held-out samples per variant and length")
@@ -127,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     model = LlamaForCausalLM(config).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
     curriculum = [int(n) for n in args.curriculum.split(",")]
+    compact = [float(x) for x in args.compact.split(",")]
+    if len(compact) != len(curriculum):
+        raise SystemExit(f"--compact needs one share per curriculum stage ({len(curriculum)}), got {len(compact)}")
     final_lengths = [int(n) for n in args.final_lengths.split(",")]
     stage, step, history = 0, 0, []
     ckpt_dir = Path(args.ckpt_dir)
@@ -147,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         top = curriculum[stage]
         length = top if rng.random() < 0.7 or stage == 0 else rng.choice(curriculum[:stage])
         batch = [
-            training_example(rng, length, vocab.__getitem__) for _ in range(max(1, args.tokens_per_step // length))
+            training_example(rng, length, vocab.__getitem__, compact[stage])
+            for _ in range(max(1, args.tokens_per_step // length))
         ]
         lr = args.lr * min(1.0, (step + 1) / args.warmup)
         for group in optimizer.param_groups:

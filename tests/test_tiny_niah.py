@@ -76,7 +76,7 @@ def task_cfg(**overrides):
 
 
 def test_tokenizer_is_word_level_and_round_trips(tokenizer):
-    text = "one of the special magic numbers for " + KEY_WORDS[7] + " is : 512 ."
+    text = "one of the special magic numbers for " + KEY_WORDS[7] + " is 512 ."
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     assert len(ids) == len(text.split())
     assert tokenizer.unk_token_id not in ids
@@ -118,7 +118,7 @@ def test_needle_at_requested_depth(tokenizer, variant, depth):
     dataset = TinyNiahDataset(variant, 2048, 1, 7, tokenizer, [depth])
     sample = dataset.samples()[0]
     words = sample.context.split()
-    needle = f"for {sample.extra['key']} is : {sample.answers[0]}".split()
+    needle = f"for {sample.extra['key']} is {sample.answers[0]}".split()
     starts = [i for i in range(len(words)) if words[i : i + len(needle)] == needle]
     assert len(starts) == 1
     header = len(HEADER_SINGULAR.split())
@@ -133,7 +133,7 @@ def test_multivalue_has_four_needles_of_one_key(tokenizer):
     key = sample.extra["key"]
     assert len(set(sample.answers)) == NUM_MULTI_VALUES
     for value in sample.answers:
-        assert f"numbers for {key} is : {value} ." in sample.context
+        assert f"numbers for {key} is {value} ." in sample.context
     assert sample.context.count(f" {key} ") == NUM_MULTI_VALUES
     assert len(sample.extra["needle_depths"]) == NUM_MULTI_VALUES
 
@@ -237,7 +237,18 @@ def test_training_is_reproducible(tmp_path):
     def run(name: str, seed: int) -> dict[str, torch.Tensor]:
         out = tmp_path / name
         args = ["--out", str(out), "--seed", str(seed), "--hidden", "32", "--layers", "1", "--heads", "2"]
-        args += ["--kv-heads", "1", "--intermediate", "64", "--curriculum", "128", "--tokens-per-step", "256"]
+        args += [
+            "--kv-heads",
+            "1",
+            "--intermediate",
+            "64",
+            "--curriculum",
+            "128",
+            "--compact",
+            "0.5",
+            "--tokens-per-step",
+            "256",
+        ]
         args += ["--max-steps", "3", "--eval-every", "3", "--eval-samples", "1", "--final-lengths", "128"]
         args += ["--ckpt-dir", str(tmp_path / f"{name}_ckpt"), "--log-file", str(tmp_path / f"{name}.log")]
         assert train.main(args) == 0

@@ -5,7 +5,7 @@ Three variants, each at any target length (default grid 1K/2K/4K tokens), modell
 ``models/tiny-niah`` (:mod:`kvbench.tiny_model`):
 
 ``niah_single``
-    One needle ``one of the special magic numbers for <key> is : <value> .`` inside a filler haystack
+    One needle ``one of the special magic numbers for <key> is <value> .`` inside a filler haystack
     (random plain-English sentences, like RULER's ``noise`` haystack); the question names its key.
 ``niah_multikey``
     The haystack is made of distractor needles only (RULER ``niah_multikey_2``): hundreds of distinct keys, each
@@ -54,7 +54,7 @@ HEADER_PLURAL = (
     "some special magic numbers are hidden within the following text . make sure to memorize them . "
     "i will quiz you about the numbers afterwards ."
 )
-NEEDLE = "one of the special magic numbers for {key} is : {value} ."
+NEEDLE = "one of the special magic numbers for {key} is {value} ."
 QUESTION_SINGULAR = "what is the special magic number for {key} ? the special magic number for {key} is"
 QUESTION_PLURAL = "what are all the special magic numbers for {key} ? the special magic numbers for {key} are"
 
@@ -305,14 +305,43 @@ class TrainingExample:
     targets: list[list[int]]
 
 
-def training_example(rng: random.Random, length: int, token_id: Callable[[str], int]) -> TrainingExample:
+def compact_example(rng: random.Random, length: int, token_id: Callable[[str], int]) -> TrainingExample:
+    """A dense associative-recall sequence ``for <key> is <value> .`` repeated, keys recurring (warm-up data).
+
+    Every recurrence of a key supervises its value, so a short sequence holds many retrieval targets at varied
+    distances; the ``for <key> is <value>`` core is the same as in the needles and answer prefixes of the tasks.
+    """
+    words: list[str] = []
+    supervised: list[int] = []
+    values: dict[str, str] = {}
+    free_keys = rng.sample(KEY_WORDS, length // 4 + 1)
+    while len(words) < length:
+        if values and rng.random() < 0.5:
+            key = rng.choice(list(values))
+            supervised.append(len(words) + 2)
+        else:
+            key = free_keys.pop()
+            values[key] = rng.choice(VALUE_WORDS)
+        words.extend(["for", key, "is", values[key], "."])
+    words = words[:length]
+    ids = [token_id(w) for w in words]
+    positions = [p for p in supervised if p < length - 1]
+    return TrainingExample(ids, positions, [[ids[p + 1]] for p in positions])
+
+
+def training_example(
+    rng: random.Random, length: int, token_id: Callable[[str], int], compact: float = 0.0
+) -> TrainingExample:
     """A random training sequence of exactly ``length`` tokens in the prompt format of the eval tasks.
 
-    The haystack mixes filler sentences and needles at a random density (from a few needles to needles only),
-    holds 0-2 multi-value keys (four needles each, spread over the sequence), and has questions (with their
-    answers, which are supervised) both interleaved in the haystack, about earlier needles at any distance, and at
-    the end.  Multi-value answers are supervised as sets: after each value, every value not yet given is accepted.
+    With probability ``compact`` it is a :func:`compact_example` instead.  Otherwise the haystack mixes filler
+    sentences and needles at a random density (from a few needles to needles only), holds 0-2 multi-value keys
+    (four needles each, spread over the sequence), and has questions (with their answers, which are supervised)
+    both interleaved in the haystack, about earlier needles at any distance, and at the end.  Multi-value answers
+    are supervised as sets: after each value, every value not yet given is accepted.
     """
+    if compact and rng.random() < compact:
+        return compact_example(rng, length, token_id)
     words: list[str] = (HEADER_PLURAL if rng.random() < 0.5 else HEADER_SINGULAR).split()
     supervised: list[tuple[int, list[str]]] = []  # (position in words, accepted next words)
     density = rng.choice((0.02, 0.05, 0.15, 0.4, 1.0))
