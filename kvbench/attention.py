@@ -10,7 +10,9 @@ tokens are always the last ``q`` entries of every head's storage (they were just
 * in decoding (``q == 1``: attend to everything stored).
 
 Dense layers go through transformers' own ``sdpa_attention_forward`` (identical numerics to ``sdpa`` when
-nothing is evicted); ragged layers loop over stored heads, each with its GQA group of query heads.
+nothing is evicted); ragged layers loop over stored heads, each with its GQA group of query heads; paged layers
+(``KVBenchCache(backend="paged")``) go through :func:`kvbench.paged.paged_attention` (varlen / Triton on CUDA, the
+same per-head SDPA as ragged layers otherwise).
 
 Eviction hooks in here, not through monkeypatching: the generation loop passes a ``kvbench_session`` keyword
 argument through the model's forward; after computing a layer's attention this function hands the session the
@@ -26,6 +28,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from kvbench.cache import RaggedKV
+from kvbench.paged import PagedKV, paged_attention
 
 #: The name to pass as ``attn_implementation`` (registered on import of this module).
 ATTENTION_NAME = "kvbench"
@@ -113,8 +116,8 @@ class _GroupView:
 def kvbench_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
-    key: torch.Tensor | RaggedKV,
-    value: torch.Tensor | RaggedKV,
+    key: torch.Tensor | RaggedKV | PagedKV,
+    value: torch.Tensor | RaggedKV | PagedKV,
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,
@@ -127,7 +130,8 @@ def kvbench_attention_forward(
     query:
         ``[1, H_q, q, D]`` post-RoPE queries of the new tokens.
     key, value:
-        Dense ``[1, H, S, D]`` or :class:`RaggedKV` per-head ``[1, 1, S_h, D]``, as returned by the cache.
+        Dense ``[1, H, S, D]``, :class:`RaggedKV` per-head ``[1, 1, S_h, D]``, or :class:`~kvbench.paged.PagedKV`
+        (paged backend), as returned by the cache.
     attention_mask:
         Must be ``None``: kvbench runs one unpadded sequence and builds its own masks.
     kwargs:
@@ -147,7 +151,9 @@ def kvbench_attention_forward(
         )
     if query.shape[0] != 1:
         raise ValueError(f"kvbench attention runs batch size 1, got {query.shape[0]}")
-    if isinstance(key, RaggedKV):
+    if isinstance(key, PagedKV):
+        output = paged_attention(module, query, key, scaling, dropout)
+    elif isinstance(key, RaggedKV):
         assert isinstance(value, RaggedKV)
         output = _ragged_attention(query, key, value, scaling, dropout)
     else:

@@ -20,13 +20,18 @@ Stored heads: ``num_stored_heads`` equals the model's ``num_key_value_heads``, o
 cache is built with ``expand_gqa=True`` (the per-query-head layout of the original SnapKV/PyramidKV code; keys and
 values are then repeated per query head as they enter the cache).
 
-Storage is behind this class so a GPU backend (paged, varlen kernels) can replace it without touching methods.
+Storage is behind this class so a GPU backend can replace it without touching methods: ``KVBenchCache(...,
+backend="paged")`` stores every layer in :class:`kvbench.paged.PagedLayer` (fixed-size pages + block table, O(heads)
+appends, varlen / Triton attention on CUDA) with the same layer API; ``backend="auto"`` (default) picks paged on CUDA
+and this torch storage on CPU.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -51,6 +56,41 @@ class RaggedKV:
     @property
     def lengths(self) -> list[int]:
         return [int(head.shape[2]) for head in self.heads]
+
+
+def sorted_keep_indices(
+    indices: Sequence[torch.Tensor] | torch.Tensor, lengths: list[int], device: torch.device
+) -> list[torch.Tensor]:
+    """Validate and sort the per-head slot indices given to ``keep`` (shared by every storage backend).
+
+    Parameters
+    ----------
+    indices:
+        Per head a 1-D integer tensor of unique slot indices (``0 <= i < S_h``), or an ``[H, k]`` tensor.
+    lengths:
+        Stored tokens per head ``S_h``.
+
+    Returns
+    -------
+    Per head, sorted ``[k_h]`` int64 indices on ``device``.
+    """
+    if isinstance(indices, torch.Tensor):
+        if indices.dim() != 2:
+            raise ValueError(f"indices must be [H, k] or a list of 1-D tensors, got shape {tuple(indices.shape)}")
+        per_head = list(indices.unbind(0))
+    else:
+        per_head = list(indices)
+    if len(per_head) != len(lengths):
+        raise ValueError(f"got indices for {len(per_head)} heads, layer stores {len(lengths)}")
+    sorted_idx = []
+    for head, idx in enumerate(per_head):
+        idx = torch.sort(idx.to(device=device, dtype=torch.long)).values
+        if idx.numel() and (idx[0] < 0 or idx[-1] >= lengths[head]):
+            raise IndexError(f"head {head}: slot index out of range [0, {lengths[head]})")
+        if idx.numel() > 1 and bool((idx[1:] == idx[:-1]).any()):
+            raise ValueError(f"head {head}: duplicate slot indices")
+        sorted_idx.append(idx)
+    return sorted_idx
 
 
 class HeadwiseLayer(CacheLayerMixin):
@@ -200,23 +240,7 @@ class HeadwiseLayer(CacheLayerMixin):
             unique; they are sorted here so tokens stay in position order.  A ``[H, k]`` tensor is accepted
             when every head keeps the same number.
         """
-        if isinstance(indices, torch.Tensor):
-            if indices.dim() != 2:
-                raise ValueError(f"indices must be [H, k] or a list of 1-D tensors, got shape {tuple(indices.shape)}")
-            per_head = list(indices.unbind(0))
-        else:
-            per_head = list(indices)
-        if len(per_head) != self.num_heads:
-            raise ValueError(f"got indices for {len(per_head)} heads, layer stores {self.num_heads}")
-        lengths = self.head_lengths()
-        sorted_idx = []
-        for head, idx in enumerate(per_head):
-            idx = torch.sort(idx.to(device=self.device, dtype=torch.long)).values
-            if idx.numel() and (idx[0] < 0 or idx[-1] >= lengths[head]):
-                raise IndexError(f"head {head}: slot index out of range [0, {lengths[head]})")
-            if idx.numel() > 1 and bool((idx[1:] == idx[:-1]).any()):
-                raise ValueError(f"head {head}: duplicate slot indices")
-            sorted_idx.append(idx)
+        sorted_idx = sorted_keep_indices(indices, self.head_lengths(), self.device)
         new_keys, new_values = [], []
         for head, idx in enumerate(sorted_idx):
             head_k, head_v = self.head_kv(head)
@@ -233,8 +257,27 @@ class HeadwiseLayer(CacheLayerMixin):
             self.keys = self.values = None
 
 
+BACKENDS = ("auto", "torch", "paged")
+#: Environment variable that overrides the default backend (``auto``) of every KVBenchCache built without one.
+BACKEND_ENV = "KVBENCH_CACHE_BACKEND"
+
+
+def resolve_backend(backend: str | None, device: torch.device) -> str:
+    """``torch`` or ``paged`` for a cache on ``device``: ``auto`` is paged on CUDA, torch elsewhere.
+
+    ``None`` reads :data:`BACKEND_ENV` (default ``auto``).
+    """
+    if backend is None:
+        backend = os.environ.get(BACKEND_ENV, "auto") or "auto"
+    if backend not in BACKENDS:
+        raise ValueError(f"cache backend {backend!r}; valid: {', '.join(BACKENDS)}")
+    if backend == "auto":
+        return "paged" if device.type == "cuda" else "torch"
+    return backend
+
+
 class KVBenchCache(Cache):
-    """A transformers Cache of :class:`HeadwiseLayer` (batch size 1).
+    """A transformers Cache of per-head KV layers (batch size 1).
 
     Parameters
     ----------
@@ -243,16 +286,58 @@ class KVBenchCache(Cache):
     expand_factor:
         Repeat factor for incoming KV heads: 1 stores one sequence per KV head; ``num_attention_heads //
         num_key_value_heads`` stores one per query head (``gqa_granularity=query_head``).
+    backend:
+        ``torch`` (:class:`HeadwiseLayer`: dense / ragged tensors, the CPU default), ``paged``
+        (:class:`kvbench.paged.PagedLayer`: fixed-size pages + block table, O(heads) appends, varlen/Triton
+        attention on CUDA) or ``auto`` (paged on CUDA, torch otherwise, decided at each layer's first update).
+        ``None``: the ``KVBENCH_CACHE_BACKEND`` environment variable, else ``auto``.
+    page_size:
+        Tokens per page of the paged backend (``None``: 16; use a multiple of 256 for FlashAttention-2's paged path).
     """
 
-    def __init__(self, num_layers: int, expand_factor: int = 1) -> None:
+    def __init__(
+        self, num_layers: int, expand_factor: int = 1, backend: str | None = None, page_size: int | None = None
+    ) -> None:
         super().__init__(layers=[HeadwiseLayer(expand_factor) for _ in range(num_layers)])
         self.expand_factor = expand_factor
+        if backend is None:
+            backend = os.environ.get(BACKEND_ENV, "auto") or "auto"
+        if backend not in BACKENDS:
+            raise ValueError(f"cache backend {backend!r}; valid: {', '.join(BACKENDS)}")
+        self.backend = backend
+        self.page_size = page_size
+        if backend == "paged":
+            self.layers = [self._paged_layer() for _ in range(num_layers)]
+
+    def _paged_layer(self) -> CacheLayerMixin:
+        from kvbench.paged import DEFAULT_PAGE_SIZE, PagedLayer
+
+        return PagedLayer(self.expand_factor, page_size=self.page_size or DEFAULT_PAGE_SIZE)
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[Any, Any]:
+        """transformers' update; with ``backend="auto"`` the layer's storage is chosen from the states' device."""
+        layer = self.layers[layer_idx]
+        if (
+            self.backend == "auto"
+            and not layer.is_initialized
+            and isinstance(layer, HeadwiseLayer)
+            and resolve_backend("auto", key_states.device) == "paged"
+        ):
+            self.layers[layer_idx] = self._paged_layer()
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     @property
     def headwise_layers(self) -> list[HeadwiseLayer]:
-        """The layers, typed."""
+        """The layers, typed (:class:`HeadwiseLayer`, or :class:`kvbench.paged.PagedLayer` with the same API)."""
         return self.layers  # type: ignore[return-value]
+
+    def reserve(self, extra_tokens: int) -> None:
+        """Pre-allocate room for ``extra_tokens`` more tokens per head (paged layers; no-op for torch layers)."""
+        for layer in self.layers:
+            if hasattr(layer, "reserve"):
+                layer.reserve(extra_tokens)
 
     def head_lengths(self) -> list[list[int]]:
         """Stored tokens per layer and head: ``[L][H]``."""

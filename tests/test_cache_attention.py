@@ -12,15 +12,20 @@ from transformers import AttentionInterface, DynamicCache
 import kvbench.attention  # noqa: F401  (registers "kvbench")
 from kvbench.attention import bottom_right_causal_mask, kvbench_attention_forward
 from kvbench.budget import parse_budget
-from kvbench.cache import KVBenchCache, RaggedKV
+from kvbench.cache import BACKEND_ENV, KVBenchCache, RaggedKV
 from kvbench.generation import generate
 from kvbench.methods.base import EvictionMethod
 from kvbench.models import BUILTIN_MODELS, build_builtin
 
+#: Cache storage backends every exactness test runs on (kvbench/cache.py torch storage, kvbench/paged.py pages).
+BACKENDS = ["torch", "paged"]
 
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", BUILTIN_MODELS)
-def test_full_method_reproduces_transformers_generate(name: str) -> None:
+def test_full_method_reproduces_transformers_generate(name: str, backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """method=full gives the same tokens as plain transformers greedy generate (sdpa, DynamicCache), with GQA."""
+    monkeypatch.setenv(BACKEND_ENV, backend)
     model, tokenizer = build_builtin(name, seed=3)
     assert model.config.num_key_value_heads < model.config.num_attention_heads
     prompt = torch.randint(3, len(tokenizer), (1, 160), generator=torch.Generator().manual_seed(1))
@@ -116,7 +121,8 @@ def _reference_attention(module, query, key, value, attention_mask, scaling=None
 AttentionInterface.register("kvbench_test_masked_reference", _reference_attention)
 
 
-def test_model_logits_with_unequal_layer_and_head_lengths_match_masked_reference() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_model_logits_with_unequal_layer_and_head_lengths_match_masked_reference(backend: str) -> None:
     """A whole model: evict different tokens per layer and per head after the context, then feed a 6-token
     question and decode 4 tokens.  Logits equal a full-cache run whose attention masks the same tokens --
     which also checks that explicit positions stay right after eviction."""
@@ -129,7 +135,7 @@ def test_model_logits_with_unequal_layer_and_head_lengths_match_masked_reference
     ids = torch.randint(3, 250, (1, 60), generator=gen)
     context, question, decoded = ids[:, :50], ids[:, 50:56], ids[:, 56:]
     config = model.config
-    cache = KVBenchCache(config.num_hidden_layers)
+    cache = KVBenchCache(config.num_hidden_layers, backend=backend)
     ref_cache = DynamicCache()
     with torch.no_grad():
         model(context, past_key_values=cache, position_ids=torch.arange(50)[None])
@@ -181,9 +187,14 @@ def test_cache_really_frees_evicted_tokens() -> None:
         layer.keep([torch.tensor([5]), torch.tensor([0]), torch.tensor([0])])
 
 
-def test_query_head_granularity_stores_one_sequence_per_query_head() -> None:
-    layer_cache = KVBenchCache(1, expand_factor=2)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_query_head_granularity_stores_one_sequence_per_query_head(backend: str) -> None:
+    layer_cache = KVBenchCache(1, expand_factor=2, backend=backend)
     k = torch.randn(1, 2, 7, 4)
-    keys, _ = layer_cache.update(k, k, 0)
-    assert keys.shape == (1, 4, 7, 4)
-    torch.testing.assert_close(keys[:, 1], k[:, 0])
+    layer_cache.update(k, k, 0)
+    layer = layer_cache.headwise_layers[0]
+    assert layer.head_lengths() == [7, 7, 7, 7]
+    keys, _ = layer.dense_kv()
+    assert keys.shape == (4, 7, 4)
+    torch.testing.assert_close(keys[1], k[0, 0])
+    torch.testing.assert_close(keys[2], k[0, 1])

@@ -1,0 +1,174 @@
+"""Triton kernels (imported only when ``triton`` is installed).
+
+Every kernel has a pure-torch reference in :mod:`kernels.reference`; ``tests/test_kernels.py`` runs both under
+``TRITON_INTERPRET=1`` (CPU tensors), so CI without a GPU checks them.  Inputs must be contiguous where noted.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+NEG_BIG = -1.0e30
+
+
+# ------------------------------------------------------------------------------------------ window statistics
+@triton.jit
+def _window_rows_kernel(
+    q_ptr, k_ptr, lse_ptr, ent_ptr,
+    W, S, D, groups, scaling,
+    sq_h, sq_w, sk_h, sk_s,
+    BLOCK_W: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Pass 1, one program per query head: online log-sum-exp and ``sum p*l`` per window row -> lse, entropy."""
+    hq = tl.program_id(0)
+    hk = hq // groups
+    rows = tl.arange(0, BLOCK_W)
+    dims = tl.arange(0, BLOCK_D)
+    q = tl.load(
+        q_ptr + hq * sq_h + rows[:, None] * sq_w + dims[None, :],
+        mask=(rows[:, None] < W) & (dims[None, :] < D),
+        other=0.0,
+    ).to(tl.float32)
+    m = tl.full((BLOCK_W,), NEG_BIG, tl.float32)
+    s = tl.zeros((BLOCK_W,), tl.float32)
+    t = tl.zeros((BLOCK_W,), tl.float32)
+    limit = S - W + rows  # last key each row may see
+    for start in range(0, S, BLOCK_S):
+        cols = start + tl.arange(0, BLOCK_S)
+        k = tl.load(
+            k_ptr + hk * sk_h + cols[:, None] * sk_s + dims[None, :],
+            mask=(cols[:, None] < S) & (dims[None, :] < D),
+            other=0.0,
+        ).to(tl.float32)
+        logits = tl.dot(q, tl.trans(k), input_precision="ieee") * scaling
+        valid = (cols[None, :] < S) & (cols[None, :] <= limit[:, None]) & (rows[:, None] < W)
+        logits = tl.where(valid, logits, NEG_BIG)
+        m_new = tl.maximum(m, tl.max(logits, axis=1))
+        alpha = tl.exp(m - m_new)
+        p = tl.where(valid, tl.exp(logits - m_new[:, None]), 0.0)
+        s = s * alpha + tl.sum(p, axis=1)
+        t = t * alpha + tl.sum(p * tl.where(valid, logits, 0.0), axis=1)
+        m = m_new
+    s = tl.where(rows < W, s, 1.0)  # padded rows: keep the arithmetic finite
+    lse = m + tl.log(s)
+    entropy = lse - t / s
+    tl.store(lse_ptr + hq * W + rows, lse, mask=rows < W)
+    tl.store(ent_ptr + hq * W + rows, entropy, mask=rows < W)
+
+
+@triton.jit
+def _window_cols_kernel(
+    q_ptr, k_ptr, lse_ptr, sum_ptr, sq_ptr, max_ptr, colent_ptr,
+    W, S, D, groups, scaling, eps,
+    sq_h, sq_w, sk_h, sk_s,
+    BLOCK_W: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Pass 2, one program per (query head, key block): recompute probabilities, reduce over the window rows."""
+    hq = tl.program_id(0)
+    block = tl.program_id(1)
+    hk = hq // groups
+    rows = tl.arange(0, BLOCK_W)
+    dims = tl.arange(0, BLOCK_D)
+    cols = block * BLOCK_S + tl.arange(0, BLOCK_S)
+    q = tl.load(
+        q_ptr + hq * sq_h + rows[:, None] * sq_w + dims[None, :],
+        mask=(rows[:, None] < W) & (dims[None, :] < D),
+        other=0.0,
+    ).to(tl.float32)
+    k = tl.load(
+        k_ptr + hk * sk_h + cols[:, None] * sk_s + dims[None, :],
+        mask=(cols[:, None] < S) & (dims[None, :] < D),
+        other=0.0,
+    ).to(tl.float32)
+    lse = tl.load(lse_ptr + hq * W + rows, mask=rows < W, other=0.0)
+    logits = tl.dot(q, tl.trans(k), input_precision="ieee") * scaling
+    valid = (cols[None, :] < S) & (cols[None, :] <= (S - W + rows)[:, None]) & (rows[:, None] < W)
+    p = tl.where(valid, tl.exp(logits - lse[:, None]), 0.0)
+    out = hq * S + cols
+    keep = cols < S
+    tl.store(sum_ptr + out, tl.sum(p, axis=0), mask=keep)
+    tl.store(sq_ptr + out, tl.sum(p * p, axis=0), mask=keep)
+    tl.store(max_ptr + out, tl.max(p, axis=0), mask=keep)
+    tl.store(colent_ptr + out, -tl.sum(p * tl.log(p + eps), axis=0), mask=keep)
+
+
+# ------------------------------------------------------------------------------------------ paged storage
+@triton.jit
+def _paged_append_kernel(
+    k_pool, v_pool, pos_pool, new_k, new_v, block_table, lengths,
+    start_position, page_size, D, snk_h, snk_t, snv_h, snv_t, sbt_h,
+    BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """One program per (head, new token): find the slot through the block table and write K, V, position."""
+    head = tl.program_id(0)
+    tok = tl.program_id(1)
+    dims = tl.arange(0, BLOCK_D)
+    index = tl.load(lengths + head) + tok
+    page = tl.load(block_table + head * sbt_h + index // page_size)
+    slot = page.to(tl.int64) * page_size + index % page_size
+    k = tl.load(new_k + head * snk_h + tok * snk_t + dims, mask=dims < D)
+    v = tl.load(new_v + head * snv_h + tok * snv_t + dims, mask=dims < D)
+    tl.store(k_pool + slot * D + dims, k.to(k_pool.dtype.element_ty), mask=dims < D)
+    tl.store(v_pool + slot * D + dims, v.to(v_pool.dtype.element_ty), mask=dims < D)
+    tl.store(pos_pool + slot, start_position + tok)
+
+
+@triton.jit
+def _copy_rows_kernel(src_k, src_v, src_slots, dst_k, dst_v, dst_slots, D, BLOCK_D: tl.constexpr):
+    """One program per row: ``dst[dst_slots[r]] = src[src_slots[r]]`` for K and V (pools ``[N, D]``)."""
+    row = tl.program_id(0)
+    dims = tl.arange(0, BLOCK_D)
+    src = tl.load(src_slots + row).to(tl.int64)
+    dst = tl.load(dst_slots + row).to(tl.int64)
+    tl.store(dst_k + dst * D + dims, tl.load(src_k + src * D + dims, mask=dims < D), mask=dims < D)
+    tl.store(dst_v + dst * D + dims, tl.load(src_v + src * D + dims, mask=dims < D), mask=dims < D)
+
+
+@triton.jit
+def _paged_decode_kernel(
+    q_ptr, k_pool, v_pool, block_table, lengths, m_out, l_out, acc_out,
+    G, D, page_size, chunk, num_splits, scaling, sbt_h,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Split-K decode attention: program (head, split) covers tokens ``[split*chunk, (split+1)*chunk)`` of the head
+    and writes its partial max ``m``, normaliser ``l`` and unnormalised output ``acc`` (combined on the host side).
+
+    ``q_ptr`` is ``[H, G, D]`` contiguous; partials are ``[H, splits, G]`` and ``[H, splits, G, D]`` float32.
+    """
+    head = tl.program_id(0)
+    split = tl.program_id(1)
+    groups = tl.arange(0, BLOCK_G)
+    dims = tl.arange(0, BLOCK_D)
+    q = tl.load(
+        q_ptr + head * G * D + groups[:, None] * D + dims[None, :],
+        mask=(groups[:, None] < G) & (dims[None, :] < D),
+        other=0.0,
+    ).to(tl.float32)
+    length = tl.load(lengths + head)
+    begin = split * chunk
+    end = tl.minimum(begin + chunk, length)
+    m = tl.full((BLOCK_G,), NEG_BIG, tl.float32)
+    s = tl.zeros((BLOCK_G,), tl.float32)
+    acc = tl.zeros((BLOCK_G, BLOCK_D), tl.float32)
+    for start in range(begin, end, BLOCK_N):
+        index = start + tl.arange(0, BLOCK_N)
+        inside = index < end
+        page = tl.load(block_table + head * sbt_h + index // page_size, mask=inside, other=0)
+        slot = page.to(tl.int64) * page_size + index % page_size
+        k = tl.load(k_pool + slot[:, None] * D + dims[None, :], mask=inside[:, None] & (dims[None, :] < D), other=0.0)
+        v = tl.load(v_pool + slot[:, None] * D + dims[None, :], mask=inside[:, None] & (dims[None, :] < D), other=0.0)
+        logits = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee") * scaling
+        logits = tl.where(inside[None, :], logits, NEG_BIG)
+        m_new = tl.maximum(m, tl.max(logits, axis=1))
+        alpha = tl.exp(m - m_new)
+        p = tl.where(inside[None, :], tl.exp(logits - m_new[:, None]), 0.0)
+        s = s * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        m = m_new
+    base = (head * num_splits + split) * G
+    tl.store(m_out + base + groups, m, mask=groups < G)
+    tl.store(l_out + base + groups, s, mask=groups < G)
+    tl.store(
+        acc_out + (base + groups[:, None]) * D + dims[None, :], acc, mask=(groups[:, None] < G) & (dims[None, :] < D)
+    )

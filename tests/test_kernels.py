@@ -1,0 +1,147 @@
+"""Every kernel in ``kernels/`` against its pure-torch reference, on random inputs with ragged lengths.
+
+Without a GPU the Triton kernels run under the Triton interpreter (``TRITON_INTERPRET=1``, set here before the
+kernels module is first imported), so CI checks them on CPU; with CUDA they run compiled on the GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import kernels
+from kernels import reference
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+IMPLS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not kernels.triton_available(), reason="no triton"))]
+STAT_FIELDS = ("col_sum", "col_sqsum", "col_max", "col_entropy", "row_lse", "row_entropy")
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize(
+    ("num_q", "num_kv", "window", "length", "dim", "chunk"),
+    [(4, 2, 8, 50, 16, 16), (6, 3, 13, 97, 24, 32), (2, 2, 1, 17, 16, 4), (8, 1, 32, 130, 32, 4096)],
+)
+def test_window_stats_match_reference(impl, num_q, num_kv, window, length, dim, chunk) -> None:
+    """Fused scoring == statistics of the materialised window attention (GQA, odd sizes, W=1, chunked torch)."""
+    gen = _gen(length)
+    queries = torch.randn(num_q, window, dim, generator=gen) * 1.5
+    keys = torch.randn(num_kv, length, dim, generator=gen)
+    scaling = dim**-0.5
+    expected = reference.window_stats_reference(queries, keys, scaling)
+    got = kernels.window_stats(queries.to(DEVICE), keys.to(DEVICE), scaling, impl=impl, chunk=chunk)
+    for name in STAT_FIELDS:
+        torch.testing.assert_close(getattr(got, name).cpu(), getattr(expected, name), rtol=1e-4, atol=1e-5, msg=name)
+    probs = reference.window_probs_reference(queries, keys, scaling)
+    torch.testing.assert_close(got.mean.cpu(), probs.mean(dim=1), rtol=1e-4, atol=1e-6)
+    if window > 1:
+        torch.testing.assert_close(got.var().cpu(), probs.var(dim=1), rtol=1e-3, atol=1e-6)
+        torch.testing.assert_close(
+            got.var(unbiased=False).cpu(), probs.var(dim=1, unbiased=False), rtol=1e-3, atol=1e-6
+        )
+
+
+def test_window_stats_matches_the_methods_window_attention() -> None:
+    """The fused statistics agree with kvbench.methods.base.window_attention (the path scorers use today)."""
+    from kvbench.methods.base import window_attention
+
+    gen = _gen(7)
+    queries, keys = torch.randn(4, 16, 16, generator=gen), torch.randn(2, 80, 16, generator=gen)
+    attention = window_attention(queries, keys, 0.25)
+    stats = kernels.window_stats(queries, keys, 0.25)
+    torch.testing.assert_close(stats.col_sum, attention.sum(dim=1), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(stats.col_max, attention.amax(dim=1), rtol=1e-5, atol=1e-6)
+
+
+def _paged_state(gen: torch.Generator, lengths: list[int], page_size: int, dim: int, spare_pages: int = 3):
+    """Random pools with pages handed out in a shuffled order, a block table and per-head lengths."""
+    heads = len(lengths)
+    pages_per_head = [-(-(n + 5) // page_size) for n in lengths]  # room for 5 more tokens
+    total = sum(pages_per_head) + spare_pages
+    order = torch.randperm(total, generator=gen).tolist()
+    table = torch.zeros(heads, max(pages_per_head), dtype=torch.int32)
+    for head, count in enumerate(pages_per_head):
+        table[head, :count] = torch.tensor([order.pop() for _ in range(count)], dtype=torch.int32)
+    k_pool = torch.randn(total * page_size, dim, generator=gen)
+    v_pool = torch.randn(total * page_size, dim, generator=gen)
+    pos_pool = torch.randint(0, 1000, (total * page_size,), generator=gen, dtype=torch.int32)
+    return k_pool, v_pool, pos_pool, table, torch.tensor(lengths, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("new_tokens", [1, 5])
+def test_paged_append_matches_reference(impl: str, new_tokens: int) -> None:
+    gen = _gen(new_tokens)
+    state = _paged_state(gen, [0, 7, 16, 33], page_size=8, dim=12)
+    new_k, new_v = torch.randn(4, new_tokens, 12, generator=gen), torch.randn(4, new_tokens, 12, generator=gen)
+    expected = [t.clone() for t in state[:3]]
+    reference.paged_append_reference(*expected, new_k, new_v, state[3], state[4], 40, 8)
+    got = [t.clone().to(DEVICE) for t in state[:3]]
+    kernels.paged_append(
+        *got, new_k.to(DEVICE), new_v.to(DEVICE), state[3].to(DEVICE), state[4].to(DEVICE), 40, 8, impl=impl
+    )
+    for a, b in zip(got, expected, strict=True):
+        assert torch.equal(a.cpu(), b)
+    # Only the H * q addressed slots changed.
+    changed = (expected[0] != state[0]).any(dim=1).sum().item()
+    assert changed == 4 * new_tokens
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_copy_rows_matches_reference(impl: str) -> None:
+    gen = _gen(3)
+    src_k, src_v = torch.randn(64, 20, generator=gen), torch.randn(64, 20, generator=gen)
+    dst_k, dst_v = torch.zeros(40, 20), torch.zeros(40, 20)
+    src_slots = torch.randperm(64, generator=gen)[:25]
+    dst_slots = torch.randperm(40, generator=gen)[:25]
+    expected = [dst_k.clone(), dst_v.clone()]
+    reference.copy_rows_reference(src_k, src_v, src_slots, *expected, dst_slots)
+    got = [dst_k.to(DEVICE), dst_v.to(DEVICE)]
+    kernels.copy_rows(src_k.to(DEVICE), src_v.to(DEVICE), src_slots.to(DEVICE), *got, dst_slots.to(DEVICE), impl=impl)
+    assert torch.equal(got[0].cpu(), expected[0]) and torch.equal(got[1].cpu(), expected[1])
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize(("groups", "chunk"), [(1, 1024), (4, 16), (3, 40)])
+def test_paged_decode_attention_matches_reference_and_sdpa(impl: str, groups: int, chunk: int) -> None:
+    """Split-K paged decode == gather + softmax reference == SDPA over each head's contiguous keys."""
+    gen = _gen(groups)
+    lengths = [1, 9, 64, 101]
+    k_pool, v_pool, _, table, lens = _paged_state(gen, lengths, page_size=8, dim=16)
+    query = torch.randn(4, groups, 16, generator=gen)
+    expected = reference.paged_decode_attention_reference(query, k_pool, v_pool, table, lens, 0.25, 8)
+    got = kernels.paged_decode_attention(
+        query.to(DEVICE), k_pool.to(DEVICE), v_pool.to(DEVICE), table.to(DEVICE), lens.to(DEVICE), 0.25, 8,
+        max(lengths), impl=impl, chunk=chunk,
+    )  # fmt: skip
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-5)
+    for head, length in enumerate(lengths):
+        index = torch.arange(length)
+        slots = reference.slots_of(table, torch.full_like(index, head), index, 8)
+        keys, values = k_pool[slots], v_pool[slots]
+        sdpa = torch.nn.functional.scaled_dot_product_attention(
+            query[head][None, :, None],
+            keys.expand(groups, -1, -1)[None],
+            values.expand(groups, -1, -1)[None],
+            scale=0.25,
+        )
+        torch.testing.assert_close(expected[head], sdpa[0, :, 0], rtol=1e-4, atol=1e-5)
+
+
+def test_auto_uses_torch_without_cuda() -> None:
+    """``impl='auto'`` picks the torch path for CPU tensors (the automatic fallback) and Triton only on CUDA."""
+    cpu = torch.zeros(1)
+    assert not kernels.use_triton("auto", cpu)
+    if torch.cuda.is_available() and kernels.triton_available():
+        assert kernels.use_triton("auto", cpu.cuda())
+    with pytest.raises(ValueError):
+        kernels.use_triton("cuda", cpu)
