@@ -2,7 +2,8 @@
 """kvbench entry point: ``python run.py [model=...] [method=...] [budget=...] [task=...] [key=value ...]``.
 
 With no arguments it runs the embedded default (a tiny model on an offline synthetic retrieval task, CPU, no
-network).  ``python run.py -m ...`` sweeps (Hydra multirun).  See README.md.
+network) next to a few variants (full cache, StreamingLLM, question-agnostic) and prints them side by side.
+``python run.py -m ...`` sweeps (Hydra multirun).  See README.md.
 """
 
 from __future__ import annotations
@@ -27,7 +28,12 @@ def main(cfg: DictConfig) -> None:
     from kvbench.runner import Interrupted, Runner
 
     try:
-        Runner(cfg).run()
+        if len(sys.argv) == 1:  # `python run.py` alone: the embedded default, side by side with its variants
+            from kvbench.demo import run_demo
+
+            run_demo(cfg)
+        else:
+            Runner(cfg).run()
     except KVBenchError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -1,0 +1,58 @@
+"""The embedded default's comparison: what ``python run.py`` (no arguments) prints.
+
+The default configuration (SnapKV, question-aware, 64 tokens per layer, tiny model, ``tiny_niah``) is run next to
+a few variants at the same budget -- the full cache, StreamingLLM, and question-agnostic SnapKV -- and one table
+shows them side by side, so that what eviction keeps (or loses) is visible at a glance.  Each variant is an
+ordinary run with its own results folder, composed by Hydra from the same defaults plus one override.
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from kvbench.runner import DatasetResult, Runner
+
+#: (column label, Hydra overrides) of the variants run after the default configuration.
+DEMO_VARIANTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("full cache", ("method=full",)),
+    ("StreamingLLM", ("method=streamingllm",)),
+    ("SnapKV q-agnostic", ("task.question_mode=agnostic", "run.tag=agnostic")),
+)
+
+
+def run_demo(cfg: DictConfig) -> dict[str, list[DatasetResult]]:
+    """Run the default configuration and its variants; print and return the side-by-side scores.
+
+    Must be called inside the Hydra app (variants are composed with ``hydra.compose``).
+    """
+    from hydra import compose
+
+    quiet = ["run.print_table=false"]
+    runs = [(f"{cfg.method.name} q-{cfg.task.question_mode}", ()), *DEMO_VARIANTS]
+    columns: dict[str, list[DatasetResult]] = {}
+    for label, overrides in runs:
+        run_cfg = compose(config_name="config", overrides=[*overrides, *quiet])
+        print(f"[{label}] method={run_cfg.method.name} question_mode={run_cfg.task.question_mode}", flush=True)
+        columns[label] = Runner(run_cfg).run()
+    print(format_comparison(cfg, columns))
+    return columns
+
+
+def format_comparison(cfg: DictConfig, columns: dict[str, list[DatasetResult]]) -> str:
+    """A dataset x variant table of scores, with the mean kept fraction of the cache per variant."""
+    labels = list(columns)
+    datasets = [r.dataset for r in next(iter(columns.values()))]
+    width = max(len("dataset"), *(len(d) for d in datasets))
+    col = max(12, *(len(label) for label in labels))
+    lines = [
+        f"model={cfg.model.name} task={cfg.task.name} budget={cfg.budget.name} "
+        f"(score: {next(iter(columns.values()))[0].metric if datasets else ''})",
+        f"{'dataset':<{width}}  " + "  ".join(f"{label:>{col}}" for label in labels),
+    ]
+    for index, dataset in enumerate(datasets):
+        cells = [f"{columns[label][index].score:>{col}.1f}" for label in labels]
+        lines.append(f"{dataset:<{width}}  " + "  ".join(cells))
+    kept = [sum(r.mean_kept_fraction for r in columns[label]) / max(len(columns[label]), 1) for label in labels]
+    lines.append(f"{'cache kept':<{width}}  " + "  ".join(f"{k:>{col}.1%}" for k in kept))
+    lines.append("results: " + cfg.run.output_root + f"/{cfg.model.name}/{cfg.task.name}/<method>/{cfg.budget.name}")
+    return "\n".join(lines)
