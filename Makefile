@@ -37,6 +37,9 @@ run:  ## the embedded default (tiny model, offline synthetic task, CPU)
 tables:  ## rebuild every paper table and plot from results/runs
 	$(PYTHON) scripts/tables.py --runs results/runs --paper results/paper --out results/tables --plots results/plots
 
+bench:  ## performance bench -> results/bench (CPU preset here; on a GPU: make bench BENCH_PRESET=gpu)
+	$(PYTHON) scripts/bench.py --preset $(or $(BENCH_PRESET),cpu) --out results/bench
+
 bench-methods:  ## prefill-with-eviction time and cache bytes per method on the tiny model (CPU)
 	$(PYTHON) scripts/bench_methods.py --out results/bench/methods.csv
 
