@@ -188,7 +188,7 @@ def paged_append(
     num_heads, new_tokens, dim = new_k.shape
     if new_k.stride(-1) != 1 or new_v.stride(-1) != 1:
         new_k, new_v = new_k.contiguous(), new_v.contiguous()
-    tk._paged_append_kernel[(num_heads, new_tokens)](
+    tk._paged_append_kernel[(new_tokens, num_heads)](
         k_pool, v_pool, pos_pool, new_k, new_v, block_table, lengths,
         int(start_position), int(page_size), dim,
         new_k.stride(0), new_k.stride(1), new_v.stride(0), new_v.stride(1), block_table.stride(0),

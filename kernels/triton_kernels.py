@@ -100,9 +100,10 @@ def _paged_append_kernel(
     start_position, page_size, D, snk_h, snk_t, snv_h, snv_t, sbt_h,
     BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    """One program per (head, new token): find the slot through the block table and write K, V, position."""
-    head = tl.program_id(0)
-    tok = tl.program_id(1)
+    """One program per (new token, head) -- tokens on grid axis 0, which has no 65535 limit (a 128K prefill) --
+    finds the slot through the block table and writes K, V and the position."""
+    tok = tl.program_id(0)
+    head = tl.program_id(1)
     dims = tl.arange(0, BLOCK_D)
     index = tl.load(lengths + head) + tok
     page = tl.load(block_table + head * sbt_h + index // page_size)

@@ -117,6 +117,7 @@ class PagedLayer(CacheLayerMixin):
         self.rows_compacted = 0
         self.rows_moved_by_growth = 0
         self._positions_cache: list[torch.Tensor] | None = None
+        self._slot_cache: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ transformers' CacheLayerMixin contract
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -173,7 +174,7 @@ class PagedLayer(CacheLayerMixin):
         self.host_lengths = [length + new_tokens for length in self.host_lengths]
         self.seen_tokens += new_tokens
         self.rows_appended += new_tokens * self.num_stored_heads
-        self._positions_cache = None
+        self._positions_cache = self._slot_cache = None
         paged = PagedKV(self, key_states, value_states, first_chunk)
         return paged, paged
 
@@ -268,11 +269,20 @@ class PagedLayer(CacheLayerMixin):
         if needed > len(self.free_pages):
             self._grow_pool(needed - len(self.free_pages))
 
+    def slot_matrix(self) -> torch.Tensor:
+        """``[H, S_max]`` int64 flat pool slot of every stored token (entries past a head's length are
+        meaningless); one vectorised lookup of the block table, cached until the next append or eviction."""
+        if self._slot_cache is None:
+            assert self.block_table is not None
+            index = torch.arange(max(self.host_lengths, default=0), device=self.device)
+            pages = self.block_table[:, index // self.page_size].long()
+            self._slot_cache = pages * self.page_size + index % self.page_size
+        return self._slot_cache
+
     def _slots(self, head: int, index: torch.Tensor | None = None) -> torch.Tensor:
         """Flat pool slots ``[n]`` (int64) of logical tokens ``index`` (default: all) of ``head``."""
-        length = self.host_lengths[head]
         if index is None:
-            index = torch.arange(length, device=self.device)
+            return self.slot_matrix()[head, : self.host_lengths[head]]
         pages = torch.tensor(self.pages[head], dtype=torch.long, device=self.device)
         if pages.numel() == 0:
             return torch.empty(0, dtype=torch.long, device=self.device)
@@ -318,8 +328,11 @@ class PagedLayer(CacheLayerMixin):
         """Keys and values as ``[H, S, D]`` (only while all heads have the same length)."""
         if self.is_ragged:
             raise ValueError("layer is ragged (heads differ in length); use head_kv(h)")
-        pairs = [self.head_kv(head) for head in range(self.num_stored_heads)]
-        return torch.stack([k for k, _ in pairs]), torch.stack([v for _, v in pairs])
+        assert self.k_pool is not None and self.v_pool is not None
+        slots = self.slot_matrix().reshape(-1)
+        shape = (self.num_stored_heads, -1, self.head_dim)
+        keys = self._flat(self.k_pool).index_select(0, slots).view(shape)
+        return keys, self._flat(self.v_pool).index_select(0, slots).view(shape)
 
     def ragged_kv(self) -> tuple[RaggedKV, RaggedKV]:
         """Per-head ``[1, 1, S_h, D]`` copies (what the torch reference attention runs on)."""
@@ -363,7 +376,7 @@ class PagedLayer(CacheLayerMixin):
         self.host_lengths = new_lengths
         self.lengths = torch.tensor(new_lengths, dtype=torch.int32, device=self.device)
         self.rows_compacted += int(src.numel())
-        self._positions_cache = None
+        self._positions_cache = self._slot_cache = None
 
     def _repack(self, src: torch.Tensor, new_lengths: list[int], new_pages: int) -> None:
         """Copy the kept rows ``src`` into a new pool of exactly ``new_pages`` pages; the old pool is freed."""
@@ -467,11 +480,14 @@ def paged_attention(
                     max(layer.host_lengths),
                 )
                 return out.reshape(1, 1, query.shape[1], query.shape[-1])
-        except (RuntimeError, ValueError, ImportError) as err:  # pragma: no cover - GPU only
+        except Exception as err:  # pragma: no cover - GPU only (Triton compile errors are not RuntimeErrors)
             key = f"{type(err).__name__}: {err}"[:200]
             if key not in _WARNED:
                 _WARNED.add(key)
                 log.warning("paged GPU attention failed (%s); falling back to the torch reference", key)
+    if not layer.is_ragged:
+        keys, values = layer.dense_kv()
+        return _dense_attention(module, query, keys[None], values[None], scaling, dropout)
     keys, values = layer.ragged_kv()
     return _ragged_attention(query, keys, values, scaling, dropout)
 
