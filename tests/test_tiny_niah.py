@@ -76,7 +76,7 @@ def task_cfg(**overrides):
 
 
 def test_tokenizer_is_word_level_and_round_trips(tokenizer):
-    text = "one of the special magic numbers for " + KEY_WORDS[7] + " is 512 ."
+    text = "one of the special magic numbers is " + KEY_WORDS[7] + " 512 ."
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     assert len(ids) == len(text.split())
     assert tokenizer.unk_token_id not in ids
@@ -118,14 +118,14 @@ def test_needle_at_requested_depth(tokenizer, variant, depth):
     dataset = TinyNiahDataset(variant, 2048, 1, 7, tokenizer, [depth])
     sample = dataset.samples()[0]
     words = sample.context.split()
-    needle = f"for {sample.extra['key']} is {sample.answers[0]}".split()
+    needle = f"numbers is {sample.extra['key']} {sample.answers[0]}".split()
     starts = [i for i in range(len(words)) if words[i : i + len(needle)] == needle]
     assert len(starts) == 1
     header = len(HEADER_SINGULAR.split())
     fraction = (starts[0] - header) / (len(words) - header)
     assert abs(fraction - depth / 100) < 0.03
     assert sample.extra["depth"] == depth
-    assert sample.question.split()[-4:] == ["number", "for", sample.extra["key"], "is"]
+    assert sample.question.split()[-3:] == ["number", "is", sample.extra["key"]]
 
 
 def test_multivalue_has_four_needles_of_one_key(tokenizer):
@@ -133,7 +133,7 @@ def test_multivalue_has_four_needles_of_one_key(tokenizer):
     key = sample.extra["key"]
     assert len(set(sample.answers)) == NUM_MULTI_VALUES
     for value in sample.answers:
-        assert f"numbers for {key} is {value} ." in sample.context
+        assert f"numbers is {key} {value} ." in sample.context
     assert sample.context.count(f" {key} ") == NUM_MULTI_VALUES
     assert len(sample.extra["needle_depths"]) == NUM_MULTI_VALUES
 
@@ -141,10 +141,10 @@ def test_multivalue_has_four_needles_of_one_key(tokenizer):
 def test_multikey_context_gives_no_hint_of_the_asked_key(tokenizer):
     sample = TinyNiahDataset("niah_multikey", 1024, 1, 5, tokenizer, [40.0]).samples()[0]
     lines = sample.context.split(" . ")
-    needles = [line for line in lines if "magic numbers for" in line]
+    needles = [line for line in lines if "magic numbers is" in line]
     # every haystack unit is a needle of the same shape; the asked one appears exactly once like all others
     assert len(needles) > 50
-    keys = [line.split(" for ")[1].split()[0] for line in needles]
+    keys = [line.split(" numbers is ")[1].split()[0] for line in needles]
     assert len(keys) == len(set(keys))
     assert sample.extra["key"] in keys
 

@@ -5,7 +5,7 @@ Three variants, each at any target length (default grid 1K/2K/4K tokens), modell
 ``models/tiny-niah`` (:mod:`kvbench.tiny_model`):
 
 ``niah_single``
-    One needle ``one of the special magic numbers for <key> is <value> .`` inside a filler haystack
+    One needle ``one of the special magic numbers is <key> <value> .`` inside a filler haystack
     (random plain-English sentences, like RULER's ``noise`` haystack); the question names its key.
 ``niah_multikey``
     The haystack is made of distractor needles only (RULER ``niah_multikey_2``): hundreds of distinct keys, each
@@ -16,7 +16,9 @@ Three variants, each at any target length (default grid 1K/2K/4K tokens), modell
     contain all four values.
 
 Prompt = ``context`` (header + haystack, ending in a newline) + ``question`` (question + answer prefix), e.g.
-``... what is the special magic number for bakodi ? the special magic number for bakodi is`` -> `` 123 .``.
+``... what is the special magic number for bakodi ? the special magic number is bakodi`` -> `` 123 .``.
+The key sits right before its value in needles and answer prefixes (as in associative-recall data), which is what
+lets a tiny model learn content-based retrieval on a CPU budget.
 Scoring is RULER's ``string_match_all``: per sample the fraction of reference values found in the prediction,
 averaged, times 100.
 
@@ -54,9 +56,9 @@ HEADER_PLURAL = (
     "some special magic numbers are hidden within the following text . make sure to memorize them . "
     "i will quiz you about the numbers afterwards ."
 )
-NEEDLE = "one of the special magic numbers for {key} is {value} ."
-QUESTION_SINGULAR = "what is the special magic number for {key} ? the special magic number for {key} is"
-QUESTION_PLURAL = "what are all the special magic numbers for {key} ? the special magic numbers for {key} are"
+NEEDLE = "one of the special magic numbers is {key} {value} ."
+QUESTION_SINGULAR = "what is the special magic number for {key} ? the special magic number is {key}"
+QUESTION_PLURAL = "what are all the special magic numbers for {key} ? the special magic numbers are {key}"
 
 #: Tokens to generate per variant (RULER counts them in the target length).
 MAX_NEW_TOKENS: dict[str, int] = {"niah_single": 4, "niah_multikey": 4, "niah_multivalue": 8}
@@ -306,10 +308,10 @@ class TrainingExample:
 
 
 def compact_example(rng: random.Random, length: int, token_id: Callable[[str], int]) -> TrainingExample:
-    """A dense associative-recall sequence ``for <key> is <value> .`` repeated, keys recurring (warm-up data).
+    """A dense associative-recall sequence ``is <key> <value> .`` repeated, keys recurring (warm-up data).
 
     Every recurrence of a key supervises its value, so a short sequence holds many retrieval targets at varied
-    distances; the ``for <key> is <value>`` core is the same as in the needles and answer prefixes of the tasks.
+    distances; the ``is <key> <value>`` core is the same as in the needles and answer prefixes of the tasks.
     """
     words: list[str] = []
     supervised: list[int] = []
@@ -318,11 +320,11 @@ def compact_example(rng: random.Random, length: int, token_id: Callable[[str], i
     while len(words) < length:
         if values and rng.random() < 0.5:
             key = rng.choice(list(values))
-            supervised.append(len(words) + 2)
+            supervised.append(len(words) + 1)
         else:
             key = free_keys.pop()
             values[key] = rng.choice(VALUE_WORDS)
-        words.extend(["for", key, "is", values[key], "."])
+        words.extend(["is", key, values[key], "."])
     words = words[:length]
     ids = [token_id(w) for w in words]
     positions = [p for p in supervised if p < length - 1]
