@@ -158,18 +158,21 @@ class PagedLayer(CacheLayerMixin):
         self._ensure_pages([length + new_tokens for length in self.host_lengths])
         assert self.k_pool is not None and self.v_pool is not None and self.pos_pool is not None
         assert self.block_table is not None and self.lengths is not None
-        kernels.paged_append(
-            self._flat(self.k_pool),
-            self._flat(self.v_pool),
-            self.pos_pool,
-            key_states[0],
-            value_states[0],
-            self.block_table,
-            self.lengths,
-            self.seen_tokens,
-            self.page_size,
-            impl=self.impl,
-        )
+        if new_tokens == 1 and not kernels.use_triton(self.impl, key_states):
+            self._append_one_on_host(key_states, value_states)
+        else:
+            kernels.paged_append(
+                self._flat(self.k_pool),
+                self._flat(self.v_pool),
+                self.pos_pool,
+                key_states[0],
+                value_states[0],
+                self.block_table,
+                self.lengths,
+                self.seen_tokens,
+                self.page_size,
+                impl=self.impl,
+            )
         self.lengths += new_tokens
         self.host_lengths = [length + new_tokens for length in self.host_lengths]
         self.seen_tokens += new_tokens
@@ -177,6 +180,19 @@ class PagedLayer(CacheLayerMixin):
         self._positions_cache = self._slot_cache = None
         paged = PagedKV(self, key_states, value_states, first_chunk)
         return paged, paged
+
+    def _append_one_on_host(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """The torch decode append: slots from the host page lists (no block-table lookups on the device), then
+        three ``index_copy_`` of ``H`` rows -- same result as :func:`kernels.paged_append`."""
+        assert self.k_pool is not None and self.v_pool is not None and self.pos_pool is not None
+        size = self.page_size
+        slots = torch.tensor(
+            [pages[n // size] * size + n % size for pages, n in zip(self.pages, self.host_lengths, strict=True)],
+            device=self.device,
+        )
+        self._flat(self.k_pool).index_copy_(0, slots, key_states[0, :, 0].to(self.k_pool.dtype))
+        self._flat(self.v_pool).index_copy_(0, slots, value_states[0, :, 0].to(self.v_pool.dtype))
+        self.pos_pool.index_fill_(0, slots, self.seen_tokens)
 
     def get_seq_length(self) -> int:
         """Tokens seen so far (the logical sequence length), not the number stored."""
