@@ -386,6 +386,25 @@ def run_plan(plan: BenchPlan, out_dir: Path, log: Any = print) -> dict[str, Any]
     return summary
 
 
+def rebuild_from_csv(bench_csv: Path, out_dir: Path) -> dict[str, str]:
+    """Rebuild the tables and plots from existing CSVs (e.g. several GPU slices concatenated into one bench.csv)."""
+    with open(bench_csv) as handle:
+        rows: list[dict[str, Any]] = list(csv.DictReader(handle))
+    append_csv = bench_csv.parent / "append.csv"
+    append_rows: list[dict[str, Any]] = []
+    if append_csv.exists():
+        with open(append_csv) as handle:
+            append_rows = list(csv.DictReader(handle))
+    summary_path = bench_csv.parent / "summary.json"
+    meta = {"device": "?", "device_name": rows[0]["device"] if rows else "?", "dtype": "?", "torch": torch.__version__}
+    if summary_path.exists():
+        meta = json.loads(summary_path.read_text()).get("meta", meta)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tables = rebuild_tables(rows, out_dir, meta)
+    plot_all(rows, append_rows, out_dir)
+    return tables
+
+
 def _median_result(results: list[dict[str, Any]]) -> dict[str, Any]:
     merged = dict(results[-1])
     for key in ("prefill_s", "decode_s", "decode_ms_per_token"):
@@ -729,9 +748,14 @@ def _xkv_t4(rows: list[dict[str, Any]], out_dir: Path, meta: dict[str, Any]) -> 
         if prow["column"] == "kv_cache_gb":
             if method == "full":
                 ours = round(context * per_token_all_layers / 1e9, 3)
+                groups = (
+                    ARCHITECTURES["llama3.1-8b"]["num_attention_heads"]
+                    // ARCHITECTURES["llama3.1-8b"]["num_key_value_heads"]
+                )
+                expanded_gib = context * per_token_all_layers * groups / 2**30
                 note = (
-                    f"computed: {context} tokens x {per_token_all_layers} B/token (KV-head storage; x4 with "
-                    "query-head storage, the layout the paper's 4.00 GB matches)"
+                    f"computed (bf16): {context} tokens x {per_token_all_layers} B/token with one cache per KV head; "
+                    f"one per query head (x{groups}) is {expanded_gib:.2f} GiB, which is the paper's 4.00"
                 )
             else:
                 note = "XKV's compression ratio for this row is not stated; see bench.csv for our budgets"

@@ -25,7 +25,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from kvbench.bench import ARCHITECTURES, preset, run_plan  # noqa: E402
+from kvbench.bench import ARCHITECTURES, preset, rebuild_from_csv, run_plan  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -46,9 +46,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--no-micro", action="store_true", help="skip the append / bytes micro-benchmarks")
     parser.add_argument("--micro-sizes", nargs="+", type=int, help="cache sizes of the append micro-benchmark")
     parser.add_argument("--threads", type=int, help="torch CPU threads")
+    parser.add_argument("--from-csv", help="only rebuild tables and plots from this bench.csv (no runs)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.from_csv:
+        tables = rebuild_from_csv(Path(args.from_csv), Path(args.out))
+        print(json.dumps(tables, indent=2))
+        return {"tables": tables}
     plan = preset(args.preset)
     specs = plan.specs
     if args.archs:
