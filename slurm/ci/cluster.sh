@@ -32,7 +32,7 @@ install() {
 write_config() {
     mkdir -p "$DIR"/{state,spool,log,run,munge}
     local cpus mem
-    cpus=$(nproc)
+    cpus=$(getconf _NPROCESSORS_ONLN)  # not nproc: it honours OMP_NUM_THREADS
     mem=$(awk '/MemTotal/ {print int($2 / 1024 * 0.8)}' /proc/meminfo)
     cat > "$CONF" <<CONF
 # Written by slurm/ci/cluster.sh: a one-node test cluster.
@@ -113,10 +113,11 @@ start() {
 
 stop() {
     for daemon in slurmd slurmctld munged; do
-        local pid_file=$DIR/run/$daemon.pid
-        if [ -f "$pid_file" ] && kill -0 "$(cat "$pid_file")" 2>/dev/null; then
-            kill "$(cat "$pid_file")"
-            for _ in $(seq 1 20); do kill -0 "$(cat "$pid_file")" 2>/dev/null || break; sleep 0.5; done
+        local pid_file=$DIR/run/$daemon.pid pid
+        pid=$(cat "$pid_file" 2>/dev/null || true)
+        if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+            kill "$pid"
+            for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
             log "stopped $daemon"
         fi
         rm -f "$pid_file"
