@@ -227,11 +227,11 @@ class PagedLayer(CacheLayerMixin):
         self.v_pool = torch.empty(shape, dtype=self.dtype, device=self.device)
         self.pos_pool = torch.empty(num_pages * self.page_size, dtype=torch.int32, device=self.device)
 
-    def _grow_pool(self, needed: int) -> None:
-        """Add at least ``needed`` free pages (and at least ``GROWTH_FRACTION`` of the pool): one pool copy."""
+    def _grow_pool(self, needed: int, exact: bool = False) -> None:
+        """Add ``needed`` free pages (at least ``GROWTH_FRACTION`` of the pool unless ``exact``): one pool copy."""
         assert self.k_pool is not None and self.v_pool is not None and self.pos_pool is not None
         old = self.num_pages
-        extra = max(needed, math.ceil(old * GROWTH_FRACTION))
+        extra = needed if exact else max(needed, math.ceil(old * GROWTH_FRACTION))
         grown_k = self.k_pool.new_empty((old + extra, *self.k_pool.shape[1:]))
         grown_v = self.v_pool.new_empty((old + extra, *self.v_pool.shape[1:]))
         grown_pos = self.pos_pool.new_empty((old + extra) * self.page_size)
@@ -283,7 +283,7 @@ class PagedLayer(CacheLayerMixin):
             for length, pages in zip(self.host_lengths, self.pages, strict=True)
         )
         if needed > len(self.free_pages):
-            self._grow_pool(needed - len(self.free_pages))
+            self._grow_pool(needed - len(self.free_pages), exact=True)
 
     def slot_matrix(self) -> torch.Tensor:
         """``[H, S_max]`` int64 flat pool slot of every stored token (entries past a head's length are

@@ -131,6 +131,8 @@ def test_stored_bytes_within_two_percent_of_kept_tokens(kept: int, page_size: in
     assert layer.kv_bytes() <= 1.02 * sum(counts) * per_token
     assert layer.kv_bytes() <= (sum(counts) + heads * (page_size - 1)) * per_token
     assert not layer.free_pages
+    layer.reserve(16)  # decode headroom is allocated exactly (no geometric slack)
+    assert layer.num_pages == sum(math.ceil((count + 16) / page_size) for count in counts)
 
 
 def test_auto_backend_is_torch_on_cpu_and_env_selects_paged(monkeypatch: pytest.MonkeyPatch) -> None:
