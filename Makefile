@@ -2,7 +2,7 @@
 PYTHON ?= python
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: help setup setup-gpu setup-slurm test test-quick lint format run tables bench bench-methods clean-results
+.PHONY: help setup setup-gpu setup-slurm test test-quick test-slurm sweep lint format run tables bench bench-methods clean-results
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-14s %s\n", $$1, $$2}'
@@ -22,6 +22,12 @@ test:  ## the full CPU test suite (what CI runs)
 
 test-quick:  ## skip tests marked slow
 	$(PYTHON) -m pytest -q -m "not slow"
+
+test-slurm:  ## real SLURM: installs slurm-wlm+munge (root, apt), starts a one-node cluster, runs tests/test_slurm_real.py (~8 min)
+	KVBENCH_SLURM_TEST=1 OMP_NUM_THREADS=1 $(PYTHON) -m pytest -q -m slurm tests/test_slurm_real.py
+
+sweep:  ## manifest of an experiment's unfinished jobs: make sweep EXP=cake_t1 [ARGS="model=... --submit -- --partition=gpu"]
+	$(PYTHON) scripts/sweep.py $(EXP) $(ARGS)
 
 lint:  ## ruff lint + format check
 	$(PYTHON) -m ruff check .
