@@ -81,8 +81,8 @@ def main(argv: list[str] | None = None) -> dict:
     }
     overrides = {k: v for k, v in overrides.items() if v is not None}
     specs = [dataclasses.replace(s, **overrides) for s in specs]
-    # Full-cache cells first per (arch, backend, context): prefill_vs_full needs them; one model build per arch.
-    specs.sort(key=lambda s: (list(ARCHITECTURES).index(s.arch), s.backend, s.context, s.method != "full"))
+    # One model build per arch; backends interleaved cell by cell, so load changes on a shared machine hit both.
+    specs.sort(key=lambda s: (list(ARCHITECTURES).index(s.arch), s.context, s.method != "full", s.method, s.backend))
     if not specs:
         raise SystemExit("no cells left after the filters")
     plan = dataclasses.replace(plan, specs=specs)

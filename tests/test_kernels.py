@@ -7,15 +7,28 @@ kernels module is first imported), so CI checks them on CPU; with CUDA they run 
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 import kernels
 from kernels import reference
+
+
+def _use_triton_interpreter() -> None:
+    """Without CUDA, run Triton kernels in its interpreter.  ``TRITON_INTERPRET`` is read when triton's language
+    library is imported, and torch._dynamo (imported by other test modules) imports triton early, so set the
+    variable and drop the already-imported triton modules once, so the next import builds them for the interpreter."""
+    if torch.cuda.is_available() or os.environ.get("_KVBENCH_TRITON_INTERPRETER") == "1":
+        return
+    os.environ["TRITON_INTERPRET"] = "1"
+    os.environ["_KVBENCH_TRITON_INTERPRETER"] = "1"
+    for name in [n for n in sys.modules if n == "triton" or n.startswith("triton.") or n == "kernels.triton_kernels"]:
+        del sys.modules[name]
+
+
+_use_triton_interpreter()
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 IMPLS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not kernels.triton_available(), reason="no triton"))]

@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 from omegaconf import OmegaConf
 
 import kernels
@@ -24,6 +21,21 @@ from kvbench.generation import generate
 from kvbench.methods.base import build_method
 from kvbench.models import build_builtin
 from kvbench.paged import PagedLayer
+
+
+def _use_triton_interpreter() -> None:
+    """Without CUDA, run Triton kernels in its interpreter.  ``TRITON_INTERPRET`` is read when triton's language
+    library is imported, and torch._dynamo (imported by other test modules) imports triton early, so set the
+    variable and drop the already-imported triton modules once, so the next import builds them for the interpreter."""
+    if torch.cuda.is_available() or os.environ.get("_KVBENCH_TRITON_INTERPRETER") == "1":
+        return
+    os.environ["TRITON_INTERPRET"] = "1"
+    os.environ["_KVBENCH_TRITON_INTERPRETER"] = "1"
+    for name in [n for n in sys.modules if n == "triton" or n.startswith("triton.") or n == "kernels.triton_kernels"]:
+        del sys.modules[name]
+
+
+_use_triton_interpreter()
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 IMPLS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not kernels.triton_available(), reason="no triton"))]
