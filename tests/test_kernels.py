@@ -1,7 +1,7 @@
 """Every kernel in ``kernels/`` against its pure-torch reference, on random inputs with ragged lengths.
 
-Without a GPU the Triton kernels run under the Triton interpreter (``TRITON_INTERPRET=1``, set here before the
-kernels module is first imported), so CI checks them on CPU; with CUDA they run compiled on the GPU.
+Without a GPU the Triton kernels run under the Triton interpreter (``TRITON_INTERPRET=1``, set below, triton
+re-imported if torch._dynamo imported it first), so CI checks them on CPU; with CUDA they run compiled on the GPU.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ def _use_triton_interpreter() -> None:
     os.environ["TRITON_INTERPRET"] = "1"
     os.environ["_KVBENCH_TRITON_INTERPRETER"] = "1"
     for name in [n for n in sys.modules if n == "triton" or n.startswith("triton.") or n == "kernels.triton_kernels"]:
-        del sys.modules[name]
+        if not name.startswith("triton._C"):  # the native extension cannot be loaded twice
+            del sys.modules[name]
 
 
 _use_triton_interpreter()

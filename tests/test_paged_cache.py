@@ -32,7 +32,8 @@ def _use_triton_interpreter() -> None:
     os.environ["TRITON_INTERPRET"] = "1"
     os.environ["_KVBENCH_TRITON_INTERPRETER"] = "1"
     for name in [n for n in sys.modules if n == "triton" or n.startswith("triton.") or n == "kernels.triton_kernels"]:
-        del sys.modules[name]
+        if not name.startswith("triton._C"):  # the native extension cannot be loaded twice
+            del sys.modules[name]
 
 
 _use_triton_interpreter()
