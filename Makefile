@@ -23,7 +23,7 @@ test:  ## the full CPU test suite (what CI runs)
 test-quick:  ## skip tests marked slow
 	$(PYTHON) -m pytest -q -m "not slow"
 
-test-slurm:  ## real SLURM: installs slurm-wlm+munge (root, apt), starts a one-node cluster, runs tests/test_slurm_real.py (~8 min)
+test-slurm:  ## real SLURM: installs slurm-wlm+munge (root, apt), starts a one-node cluster, runs tests/test_slurm_real.py (~4 min)
 	KVBENCH_SLURM_TEST=1 OMP_NUM_THREADS=1 $(PYTHON) -m pytest -q -m slurm tests/test_slurm_real.py
 
 sweep:  ## manifest of an experiment's unfinished jobs: make sweep EXP=cake_t1 [ARGS="model=... --submit -- --partition=gpu"]

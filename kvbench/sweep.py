@@ -272,12 +272,15 @@ def task_index(offset: int = 0) -> int:
 
 def job_is_complete(overrides: list[str], conf_dir: Path = CONF_DIR) -> bool:
     """Whether a manifest line's run is already finished (so a requeued/resubmitted job can skip model loading)."""
-    composer = Composer(conf_dir)
     try:
-        job = Job(list(overrides))
-        classify(job, composer.compose(job.overrides))
-    finally:
-        composer.close()
+        composer = Composer(conf_dir)
+        try:
+            job = Job(list(overrides))
+            classify(job, composer.compose(job.overrides))
+        finally:
+            composer.close()
+    except Exception:  # cannot tell (bad line, changed configs): let run.py run and report it properly
+        return False
     return job.state == "complete"
 
 
@@ -290,7 +293,16 @@ def exec_line(overrides: list[str], check: bool = True) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.chdir(REPO)
-    os.execv(sys.executable, [sys.executable, str(REPO / "run.py"), *overrides])
+    os.execv(sys.executable, [sys.executable, str(REPO / "run.py"), *overrides, *_hydra_log_override(overrides)])
+
+
+def _hydra_log_override(overrides: Sequence[str]) -> list[str]:
+    """Under SLURM, Hydra's own log folder per array task (``logs/hydra/slurm/<array job>_<task>``), so that
+    concurrent jobs sharing model/task/method/budget (different ``run.tag``) never share a Hydra log folder."""
+    array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if not (array_job and task) or any(o.startswith("hydra.run.dir=") for o in overrides):
+        return []
+    return [f"hydra.run.dir=logs/hydra/slurm/{array_job}_{task}"]
 
 
 def sbatch_commands(
@@ -320,7 +332,10 @@ def submit(commands: Sequence[Sequence[str]]) -> list[str]:
     (REPO / SLURM_LOG_DIR).mkdir(parents=True, exist_ok=True)
     ids = []
     for command in commands:
-        result = subprocess.run(list(command), cwd=REPO, capture_output=True, text=True, check=False)
+        try:
+            result = subprocess.run(list(command), cwd=REPO, capture_output=True, text=True, check=False)
+        except OSError as err:
+            raise KVBenchError(f"cannot run sbatch ({err}); is this a SLURM login node?") from err
         if result.returncode != 0:
             raise KVBenchError(f"{shlex.join(command)} failed: {result.stderr.strip() or result.stdout.strip()}")
         ids.append(result.stdout.strip().split(";")[0])

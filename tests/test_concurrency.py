@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
-FAST = ["model=tiny-random-llama", "task=tiny_niah", "task.lengths=[512]", "run.progress=false"]
+FAST = ["model=tiny-random-llama", "task=tiny_niah", "task.lengths=[1024]", "run.progress=false"]
 ENV = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-DATASETS = ["niah_multikey_512", "niah_multivalue_512", "niah_single_512"]
+DATASETS = ["niah_multikey_1k", "niah_multivalue_1k", "niah_single_1k"]
 # Four different jobs: methods x budgets.
 JOBS = [("streamingllm", "64L"), ("snapkv", "64L"), ("streamingllm", "128L"), ("snapkv", "128L")]
 
@@ -84,7 +84,7 @@ def test_concurrent_runs_of_different_jobs_into_one_tree(tmp_path: Path) -> None
             f"method={method}",
             f"budget={budget}",
             f"task.num_samples={n_samples}",
-            "task.datasets=[niah_single_512]",
+            "task.datasets=[niah_single_1k]",
             f"run.output_root={alone}",
         ],
         cwd=REPO,
@@ -94,7 +94,7 @@ def test_concurrent_runs_of_different_jobs_into_one_tree(tmp_path: Path) -> None
         timeout=600,
     )
     assert single.returncode == 0, single.stderr[-2000:]
-    relative = Path("tiny-random-llama/tiny_niah") / method / budget / "niah_single_512" / "predictions.jsonl"
+    relative = Path("tiny-random-llama/tiny_niah") / method / budget / "niah_single_1k" / "predictions.jsonl"
     assert (root / relative).read_bytes() == (alone / relative).read_bytes()
 
 
@@ -103,7 +103,7 @@ def test_second_process_on_the_same_run_folder_fails_clearly_and_writes_nothing(
 
     root = tmp_path / "runs"
     folder = root / "tiny-random-llama" / "tiny_niah" / "snapkv" / "64L"
-    args = [*FAST, "task.num_samples=1", "task.datasets=[niah_single_512]", f"run.output_root={root}"]
+    args = [*FAST, "task.num_samples=1", "task.datasets=[niah_single_1k]", f"run.output_root={root}"]
     with run_folder_lock(folder):
         held = folder / ".kvbench.lock"
         assert f"pid {os.getpid()}" in held.read_text()
@@ -122,7 +122,7 @@ def test_second_process_waits_for_the_lock_when_asked(tmp_path: Path) -> None:
 
     root = tmp_path / "runs"
     folder = root / "tiny-random-llama" / "tiny_niah" / "snapkv" / "64L"
-    args = [*FAST, "task.num_samples=1", "task.datasets=[niah_single_512]", f"run.output_root={root}"]
+    args = [*FAST, "task.num_samples=1", "task.datasets=[niah_single_1k]", f"run.output_root={root}"]
     with run_folder_lock(folder):
         process = start(args, env={**ENV, "KVBENCH_LOCK_WAIT": "300"})
         time.sleep(15)  # long enough for the model to load and the run to reach the lock

@@ -37,8 +37,8 @@ pytestmark = [
 ]
 
 # The embedded default (model=tiny task=tiny_niah), shortened.
-DEFAULT = ["model=tiny", "task=tiny_niah", "task.lengths=[512]", "run.progress=false"]
-DATASETS = ["niah_multikey_512", "niah_multivalue_512", "niah_single_512"]
+DEFAULT = ["model=tiny", "task=tiny_niah", "task.lengths=[1024]", "run.progress=false"]
+DATASETS = ["niah_multikey_1k", "niah_multivalue_1k", "niah_single_1k"]
 SBATCH = ["--cpus-per-task=1", "--time=00:10:00"]
 
 
@@ -52,16 +52,20 @@ def slurm_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
         "OMP_NUM_THREADS": "1",
         "HF_HUB_OFFLINE": "1",
         "WANDB_MODE": "offline",
+        # Only ever this test cluster, never a cluster configured on the machine.
+        "SLURM_CONF": str(state / "slurm.conf"),
     }
     install = subprocess.run([str(CLUSTER), "install"], env=env, capture_output=True, text=True, timeout=900)
     assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-2000:]
-    start = subprocess.run([str(CLUSTER), "start"], env=env, capture_output=True, text=True, timeout=120)
-    assert start.returncode == 0, start.stdout[-2000:] + start.stderr[-2000:]
-    env["SLURM_CONF"] = str(state / "slurm.conf")
+    started = False
     try:
+        start = subprocess.run([str(CLUSTER), "start"], env=env, capture_output=True, text=True, timeout=120)
+        assert start.returncode == 0, start.stdout[-2000:] + start.stderr[-2000:]
+        started = True
         yield env
     finally:
-        subprocess.run(["scancel", "--user", os.environ.get("USER", "root")], env=env, capture_output=True)
+        if started:
+            subprocess.run(["scancel", "--user", os.environ.get("USER", "root")], env=env, capture_output=True)
         subprocess.run([str(CLUSTER), "stop"], env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -201,7 +205,7 @@ def test_preempted_and_time_limited_jobs_resume_with_nothing_lost_or_duplicated(
     grid = [
         *DEFAULT,
         f"task.num_samples={n}",
-        "task.datasets=[niah_single_512]",
+        "task.datasets=[niah_single_1k]",
         "method=snapkv",
         "budget=64L",
         "run.tag=preempted,timelimit,clean",
@@ -209,7 +213,7 @@ def test_preempted_and_time_limited_jobs_resume_with_nothing_lost_or_duplicated(
     ]
     job, _ = submit_sweep(slurm_env, tmp_path, "slurm_requeue", grid)
     base = root / "tiny" / "tiny_niah" / "snapkv"
-    rows = {tag: base / f"64L~{tag}" / "niah_single_512" / "predictions.jsonl" for tag in ("preempted", "timelimit")}
+    rows = {tag: base / f"64L~{tag}" / "niah_single_1k" / "predictions.jsonl" for tag in ("preempted", "timelimit")}
 
     wait_for_rows(rows["preempted"], 3)
     subprocess.run(["scontrol", "requeue", f"{job}_0"], env=slurm_env, check=True)  # as a preemption would
@@ -228,7 +232,7 @@ def test_preempted_and_time_limited_jobs_resume_with_nothing_lost_or_duplicated(
         # First attempt stopped cleanly mid-dataset (143), second attempt finished (0); nothing else ran.
         assert re.findall(r"\[kvbench\] exit status (\d+)", log) == ["143", "0"], log[-3000:]
 
-    clean = (base / "64L~clean" / "niah_single_512" / "predictions.jsonl").read_bytes()
+    clean = (base / "64L~clean" / "niah_single_1k" / "predictions.jsonl").read_bytes()
     assert len(clean.splitlines()) == n
     for tag, path in rows.items():
         assert path.read_bytes() == clean, f"{tag}: predictions differ from the uninterrupted job's"
@@ -250,7 +254,7 @@ def test_submitit_launcher_submits_one_array(slurm_env: dict[str, str], tmp_path
             "hydra/launcher=slurm",
             *DEFAULT,
             "task.num_samples=2",
-            "task.datasets=[niah_single_512]",
+            "task.datasets=[niah_single_1k]",
             "method=snapkv,streamingllm",
             "budget=64L",
             f"run.output_root={root}",
@@ -270,7 +274,7 @@ def test_submitit_launcher_submits_one_array(slurm_env: dict[str, str], tmp_path
     assert result.returncode == 0, result.stderr[-3000:]
     for method in ("snapkv", "streamingllm"):
         metrics = json.loads(
-            (root / "tiny" / "tiny_niah" / method / "64L" / "niah_single_512" / "metrics.json").read_text()
+            (root / "tiny" / "tiny_niah" / method / "64L" / "niah_single_1k" / "metrics.json").read_text()
         )
         assert metrics["n_samples"] == 2
     tasks = sorted(p.name for p in submitit.iterdir() if re.fullmatch(r"\d+_\d+", p.name))

@@ -18,7 +18,7 @@ import pytest
 from kvbench import sweep
 
 REPO = Path(__file__).resolve().parent.parent
-FAST = ["model=tiny-random-llama", "task=tiny_niah", "task.lengths=[512]", "run.progress=false"]
+FAST = ["model=tiny-random-llama", "task=tiny_niah", "task.lengths=[1024]", "run.progress=false"]
 ENV = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 
@@ -110,7 +110,7 @@ def test_manifest_skips_complete_jobs_and_resubmission_is_idempotent(tmp_path: P
         "t",
         *FAST,
         "task.num_samples=1",
-        "task.datasets=[niah_single_512]",
+        "task.datasets=[niah_single_1k]",
         "method=streamingllm,snapkv",
         f"run.output_root={root}",
     ]
@@ -126,7 +126,7 @@ def test_manifest_skips_complete_jobs_and_resubmission_is_idempotent(tmp_path: P
     assert run.returncode == 0, run.stderr[-2000:]
     assert "kvbench job: python run.py" in run.stdout and "method=snapkv" in run.stdout
     meta = json.loads((root / "tiny-random-llama/tiny_niah/snapkv/64L/run_meta.json").read_text())
-    assert meta["status"] == "complete" and meta["datasets"] == ["niah_single_512"]
+    assert meta["status"] == "complete" and meta["datasets"] == ["niah_single_1k"]
     second = sweep_cli(*grid, "-o", str(tmp_path / "manifest2.txt"))
     assert "2 jobs: 1 new, 0 partial, 1 complete, 0 invalid" in second.stderr
     assert (tmp_path / "manifest2.txt").read_text().splitlines() == [lines[0]]
@@ -150,7 +150,7 @@ def test_manifest_skips_complete_jobs_and_resubmission_is_idempotent(tmp_path: P
 def test_sigterm_mid_dataset_then_requeue_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     """A job preempted (SIGTERM) mid-dataset exits cleanly (143, status interrupted, only whole rows); the
     requeued job resumes and ends with predictions identical to an uninterrupted run's."""
-    args = [*FAST, "task.num_samples=8", "task.datasets=[niah_single_512]", "method=streamingllm"]
+    args = [*FAST, "task.num_samples=8", "task.datasets=[niah_single_1k]", "method=streamingllm"]
     clean_root, root = tmp_path / "clean", tmp_path / "preempted"
     manifest = tmp_path / "manifest.txt"
     manifest.write_text(shlex.join([*args, f"run.output_root={root}"]) + "\n")
@@ -164,7 +164,7 @@ def test_sigterm_mid_dataset_then_requeue_loses_and_duplicates_nothing(tmp_path:
     )
     assert clean.returncode == 0, clean.stderr[-2000:]
     relative = Path("tiny-random-llama/tiny_niah/streamingllm/64L")
-    target = root / relative / "niah_single_512" / "predictions.jsonl"
+    target = root / relative / "niah_single_1k" / "predictions.jsonl"
 
     process = subprocess.Popen(
         [sys.executable, "scripts/sweep.py", "--exec", str(manifest)],
@@ -198,9 +198,9 @@ def test_sigterm_mid_dataset_then_requeue_loses_and_duplicates_nothing(tmp_path:
 
     requeued = sweep_cli("--exec", str(manifest), env={**ENV, "SLURM_ARRAY_TASK_ID": "0"})
     assert requeued.returncode == 0, requeued.stderr[-2000:]
-    assert target.read_bytes() == (clean_root / relative / "niah_single_512" / "predictions.jsonl").read_bytes()
+    assert target.read_bytes() == (clean_root / relative / "niah_single_1k" / "predictions.jsonl").read_bytes()
     assert target.read_bytes().startswith(partial)
-    clean_metrics = json.loads((clean_root / relative / "niah_single_512" / "metrics.json").read_text())
+    clean_metrics = json.loads((clean_root / relative / "niah_single_1k" / "metrics.json").read_text())
     metrics = json.loads((target.parent / "metrics.json").read_text())
     assert metrics["score"] == clean_metrics["score"] and metrics["n_samples"] == 8
     assert json.loads((root / relative / "run_meta.json").read_text())["status"] == "complete"
@@ -230,3 +230,12 @@ def test_sbatch_commands_split_large_manifests(tmp_path: Path) -> None:
     assert [c[-1] for c in commands] == ["0", "1000", "2000"]
     assert all(c[3] == "--partition=gpu" and c[4].endswith("slurm/array.sbatch") for c in commands)
     assert sweep.sbatch_commands(tmp_path / "m.txt", 3, 0, 1000)[0][2] == "--array=0-2"
+
+
+def test_array_tasks_get_their_own_hydra_log_folder(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
+    assert sweep._hydra_log_override(["model=tiny"]) == []
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "41")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    assert sweep._hydra_log_override(["model=tiny"]) == ["hydra.run.dir=logs/hydra/slurm/41_3"]
+    assert sweep._hydra_log_override(["hydra.run.dir=/x"]) == []

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-FAST = ["model=tiny-random-llama", "task=tiny_niah", "task.lengths=[512]", "task.num_samples=2", "run.progress=false"]
-DATASETS = ["niah_single_512", "niah_multikey_512", "niah_multivalue_512"]
+FAST = ["model=tiny-random-llama", "task=tiny_niah", "task.lengths=[1024]", "task.num_samples=2", "run.progress=false"]
+DATASETS = ["niah_single_1k", "niah_multikey_1k", "niah_multivalue_1k"]
 
 
 def read_wandb_records(path: Path) -> list[Any]:
@@ -130,11 +130,11 @@ def test_offline_mode_logs_group_name_table_and_summary(tmp_path: Path) -> None:
 def test_disabled_mode_writes_nothing_for_wandb(tmp_path: Path) -> None:
     root = tmp_path / "runs"
     result = run_cli(
-        [*FAST, "task.datasets=[niah_single_512]", f"run.output_root={root}"], {"WANDB_MODE": "disabled"}, tmp_path
+        [*FAST, "task.datasets=[niah_single_1k]", f"run.output_root={root}"], {"WANDB_MODE": "disabled"}, tmp_path
     )
     assert result.returncode == 0, result.stderr[-3000:]
     folder = root / "tiny-random-llama" / "tiny_niah" / "snapkv" / "64L"
-    assert (folder / "niah_single_512" / "metrics.json").exists()
+    assert (folder / "niah_single_1k" / "metrics.json").exists()
     assert not (folder / "wandb").exists()
     assert not list(tmp_path.rglob("offline-run-*"))
 
