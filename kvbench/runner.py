@@ -424,6 +424,8 @@ class Runner:
             )
         use_template = bool(cfg.model.chat_template and dataset.chat_template)
         stops = stop_token_ids(loaded.tokenizer, loaded.model, list(cfg.model.stop_tokens))
+        # Stateful allocators (XKV's sampled mode) calibrate per dataset.
+        self.method.layer_allocator.begin_task(dataset.name, len(samples))
         todo = [s for s in samples if s.id not in done]
         progress = _progress(todo, f"{dataset.name}", cfg.run.progress, initial=len(done), total=len(samples))
         for sample in progress:

@@ -40,9 +40,9 @@ def test_method_runs_with_every_budget(tmp_path: Path, method: str) -> None:
                 overrides=[
                     f"method={method}",
                     f"budget={budget}",
-                    "task.lengths=[512]",
+                    "task.lengths=[1024]",
                     "task.num_samples=1",
-                    "task.datasets=[niah_single_512]",
+                    "task.datasets=[niah_single_1k]",
                     f"run.output_root={tmp_path}",
                     "run.progress=false",
                     "run.print_table=false",
@@ -50,9 +50,7 @@ def test_method_runs_with_every_budget(tmp_path: Path, method: str) -> None:
             )
             results = Runner(cfg).run()
             assert len(results) == 1
-            metrics_path = (
-                tmp_path / cfg.model.name / "tiny_niah" / method / budget / "niah_single_512" / "metrics.json"
-            )
+            metrics_path = tmp_path / cfg.model.name / "tiny_niah" / method / budget / "niah_single_1k" / "metrics.json"
             metrics = json.loads(metrics_path.read_text())
             cache = metrics["cache"]
             assert cache["budget_exact"], (method, budget, cache)

@@ -14,7 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 # A fast configuration: random tiny model, short synthetic samples.
-FAST = ["model=tiny-random-llama", "task=tiny_niah", "task.lengths=[512]", "run.progress=false"]
+FAST = ["model=tiny-random-llama", "task=tiny_niah", "task.lengths=[1024]", "run.progress=false"]
 
 
 def run_cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
@@ -62,7 +62,7 @@ def test_default_style_run_writes_all_result_files(tmp_path: Path) -> None:
         assert key in meta
     assert meta["end_time"] is not None
     datasets = sorted(p.name for p in folder.iterdir() if p.is_dir())
-    assert datasets == ["niah_multikey_512", "niah_multivalue_512", "niah_single_512"]
+    assert datasets == ["niah_multikey_1k", "niah_multivalue_1k", "niah_single_1k"]
     for name in datasets:
         rows = [json.loads(line) for line in (folder / name / "predictions.jsonl").read_text().splitlines()]
         assert len(rows) == 2
@@ -72,7 +72,7 @@ def test_default_style_run_writes_all_result_files(tmp_path: Path) -> None:
             assert all(heads == [64, 64] for heads in cache["achieved_per_head"])
         metrics = json.loads((folder / name / "metrics.json").read_text())
         assert metrics["n_samples"] == 2 and metrics["cache"]["budget_exact"] is True
-    assert "average" in result.stdout and "niah_single_512" in result.stdout
+    assert "average" in result.stdout and "niah_single_1k" in result.stdout
     # A second identical run does nothing new (idempotent) and reports cached datasets.
     again = run_cli(*FAST, "task.num_samples=2", f"run.output_root={root}")
     assert again.returncode == 0 and "(cached)" in again.stdout
@@ -80,10 +80,10 @@ def test_default_style_run_writes_all_result_files(tmp_path: Path) -> None:
 
 def test_killed_run_resumes_to_the_same_predictions(tmp_path: Path) -> None:
     """SIGKILL a run mid-dataset, start it again: predictions.jsonl equals an uninterrupted run's, byte for byte."""
-    args = [*FAST, "task.num_samples=8", "task.datasets=[niah_single_512]", "method=streamingllm"]
+    args = [*FAST, "task.num_samples=8", "task.datasets=[niah_single_1k]", "method=streamingllm"]
     clean_root, killed_root = tmp_path / "clean", tmp_path / "killed"
     assert run_cli(*args, f"run.output_root={clean_root}").returncode == 0
-    relative = Path("tiny-random-llama/tiny_niah/streamingllm/64L/niah_single_512/predictions.jsonl")
+    relative = Path("tiny-random-llama/tiny_niah/streamingllm/64L/niah_single_1k/predictions.jsonl")
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(
         [sys.executable, "run.py", *args, f"run.output_root={killed_root}"],
@@ -124,7 +124,7 @@ def test_torn_last_line_is_repaired(tmp_path: Path) -> None:
 
 def test_changed_config_in_same_folder_is_refused_without_touching_results(tmp_path: Path) -> None:
     root = tmp_path / "runs"
-    args = [*FAST, "task.num_samples=1", "task.datasets=[niah_single_512]", f"run.output_root={root}"]
+    args = [*FAST, "task.num_samples=1", "task.datasets=[niah_single_1k]", f"run.output_root={root}"]
     assert run_cli(*args).returncode == 0
     folder = root / "tiny-random-llama" / "tiny_niah" / "snapkv" / "64L"
     before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
@@ -134,6 +134,4 @@ def test_changed_config_in_same_folder_is_refused_without_touching_results(tmp_p
     assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
     tagged = run_cli(*args, "method.window=8", "run.tag=w8")
     assert tagged.returncode == 0
-    assert (
-        root / "tiny-random-llama" / "tiny_niah" / "snapkv" / "64L~w8" / "niah_single_512" / "metrics.json"
-    ).exists()
+    assert (root / "tiny-random-llama" / "tiny_niah" / "snapkv" / "64L~w8" / "niah_single_1k" / "metrics.json").exists()
