@@ -8,9 +8,9 @@ Three variants, each at any target length (default grid 1K/2K/4K tokens), modell
     One needle ``one of the special magic numbers is <key> <value> .`` inside a filler haystack
     (random plain-English sentences, like RULER's ``noise`` haystack); the question names its key.
 ``niah_multikey``
-    The haystack is made of distractor needles only (RULER ``niah_multikey_2``): hundreds of distinct keys, each
-    with its own value; the question names one of them.  In question-agnostic mode nothing in the context tells
-    which needle will be asked.
+    :data:`MULTIKEY_NEEDLES` needles with distinct keys at random depths in the filler haystack (RULER
+    ``niah_multikey_1`` has four); the question names one of them.  In question-agnostic mode nothing in the
+    context tells which needle will be asked.
 ``niah_multivalue``
     One key with four values in four needles at different depths (RULER ``niah_multivalue``); the answer must
     contain all four values.
@@ -45,6 +45,8 @@ DEFAULT_LENGTHS: tuple[int, ...] = (1024, 2048, 4096)
 DEFAULT_NUM_SAMPLES = 50
 #: Values per key in niah_multivalue.
 NUM_MULTI_VALUES = 4
+#: Needles (distinct keys, one asked) in niah_multikey.
+MULTIKEY_NEEDLES = 16
 #: Option keys accepted in ``task.options`` (none today; unknown keys are rejected).
 VALID_OPTIONS: frozenset[str] = frozenset()
 
@@ -112,19 +114,18 @@ def build_instance(variant: str, num_units: int, depth: float, seed: str) -> Nia
     key = keys[0]
     if variant == "niah_multivalue":
         values = rng.sample(VALUE_WORDS, NUM_MULTI_VALUES)
+        needles = [needle_words(key, v) for v in values]
         depths = [float(depth)] + [float(rng.randint(0, 100)) for _ in range(NUM_MULTI_VALUES - 1)]
     else:
         values = [rng.choice(VALUE_WORDS)]
+        needles = [needle_words(key, values[0])]
         depths = [float(depth)]
+        if variant == "niah_multikey":
+            needles += [needle_words(k, rng.choice(VALUE_WORDS)) for k in keys[1:MULTIKEY_NEEDLES]]
+            depths += [float(rng.randint(0, 100)) for _ in range(MULTIKEY_NEEDLES - 1)]
     unit_rng = random.Random(f"{seed}-haystack")
-    if variant == "niah_multikey":
-        distractors = keys[1:]
-        if len(distractors) < num_units:
-            raise ValueError(f"niah_multikey needs {num_units} distinct keys, the vocabulary has {len(KEY_WORDS)}")
-        units = [needle_words(k, unit_rng.choice(VALUE_WORDS)) for k in distractors[:num_units]]
-    else:
-        units = [filler_sentence(unit_rng) for _ in range(num_units)]
-    units = _insert_at_depths(units, [needle_words(key, v) for v in values], depths)
+    units = [filler_sentence(unit_rng) for _ in range(num_units)]
+    units = _insert_at_depths(units, needles, depths)
     header = HEADER_PLURAL if variant == "niah_multivalue" else HEADER_SINGULAR
     question = QUESTION_PLURAL if variant == "niah_multivalue" else QUESTION_SINGULAR
     context = header.split() + [word for unit in units for word in unit]
@@ -316,9 +317,9 @@ def compact_example(rng: random.Random, length: int, token_id: Callable[[str], i
     words: list[str] = []
     supervised: list[int] = []
     values: dict[str, str] = {}
-    free_keys = rng.sample(KEY_WORDS, length // 4 + 1)
+    free_keys = rng.sample(KEY_WORDS, min(len(KEY_WORDS), length // 4 + 1))
     while len(words) < length:
-        if values and rng.random() < 0.5:
+        if values and (rng.random() < 0.5 or not free_keys):
             key = rng.choice(list(values))
             supervised.append(len(words) + 1)
         else:
