@@ -6,65 +6,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conf_names import BUDGETS, METHODS, MODELS, TASKS, UNIMPLEMENTED_METHODS
 
 from kvbench.reporting.paper_refs import TABLES, load_reference
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "experiment"
 PRESETS = sorted(CONF.glob("*.yaml"))
 
-# Names used across the project (the brief) ...
-MODELS = {
-    "llama2-7b-chat",
-    "llama2-13b-chat",
-    "llama3-8b-instruct",
-    "llama3.1-8b-instruct",
-    "llama3-70b-instruct",
-    "mistral-7b-instruct-v0.2",
-    "mistral-7b-instruct-v0.3",
-    "qwen2-7b-instruct",
-    "qwen2.5-7b-instruct",
-    "qwen2.5-32b-instruct",
-    "qwen2-1.5b",
-    "qwen1.5-4b-chat",
-    "qwen1.5-14b-chat",
-    "gemma-7b-it",
-    "lwm-text-chat-1m",
-    "tiny",
-}
-METHODS = {
-    "full",
-    "streamingllm",
-    "h2o",
-    "tova",
-    "snapkv",
-    "pyramidkv",
-    "ada_snapkv",
-    "ada_pyramidkv",
-    "cake",
-    "cake_h2o",
-    "cake_tova",
-    "cake_snapkv",
-    "ahakv",
-    "ahakv_no_vpe",
-    "xkv",
-    "xkv_sampled",
-}
-BUDGETS = {"full", "64L", "128L", "256L", "512L", "1024L", "2048L"}
-TASKS = {"longbench", "longbench_full", "longbench_e", "ruler", "needlebench", "needle_grid", "tiny_niah"}
-# ... and the documented extras the paper tables need (results/paper/README.md, "Names added").
-EXTRA_METHODS = {
-    "nacl",
-    "ahakv_no_ra",
-    "ahakv_no_sgs",
-    "cake_alloc_uniform",
-    "cake_alloc_pyramid",
-    "cake_alloc_random",
-    "cake_ind_mean",
-    "cake_ind_var",
-    "cake_ind_mean_x_var",
-    "cake_uniform_mean",
-}
-EXTRA_BUDGETS = {"96L", "720L", "1000L", "ratio0.2", "ratio0.8"}
 #: Keys a preset may set outside hydra.sweeper.params (fields of the structured schema in kvbench/config.py).
 ALLOWED_TOP = {"run": {"experiment", "tag"}, "task": {"question_mode", "length", "options", "datasets"},
                "method": {"gqa_granularity"}, "hydra": {"sweeper"}}  # fmt: skip
@@ -95,8 +43,8 @@ def test_preset_parses_and_uses_known_names(path):
             assert set(cfg[key]) <= allowed, (key, set(cfg[key]) - allowed)
     grid = _grid(cfg)
     assert set(grid["model"]) <= MODELS, set(grid["model"]) - MODELS
-    assert set(grid["method"]) <= METHODS | EXTRA_METHODS, set(grid["method"]) - METHODS - EXTRA_METHODS
-    assert set(grid["budget"]) <= BUDGETS | EXTRA_BUDGETS, set(grid["budget"]) - BUDGETS - EXTRA_BUDGETS
+    assert set(grid["method"]) <= METHODS | UNIMPLEMENTED_METHODS, set(grid["method"]) - METHODS - UNIMPLEMENTED_METHODS
+    assert set(grid["budget"]) <= BUDGETS, set(grid["budget"]) - BUDGETS
     assert len(grid["task"]) == 1 and grid["task"][0] in TASKS
     assert all(grid.values())
     # A preset only pairs the full-cache method with the full budget (no wasted full x budget runs).
