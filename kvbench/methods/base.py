@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, TypeVar
@@ -361,3 +361,34 @@ def decode_attention(layer: HeadwiseLayer, query: torch.Tensor, scaling: float) 
         logits = head_q @ keys.float().T * scaling  # [g, S_h]
         probs.append(torch.softmax(logits, dim=-1).mean(dim=0))
     return probs
+
+
+def evict_to_caps(
+    layer: HeadwiseLayer, caps: Sequence[int], choose: Callable[[int, int, int], torch.Tensor]
+) -> list[torch.Tensor] | None:
+    """Evict every stored head whose length exceeds its cap (the shared step of decode-time policies).
+
+    Parameters
+    ----------
+    layer:
+        The layer to shrink.
+    caps:
+        Per stored head, the most tokens it may hold.
+    choose:
+        ``choose(head, length, cap)`` returns the ``cap`` slot indices (unique, any order) that an over-cap head
+        keeps; heads within their cap keep everything.
+
+    Returns
+    -------
+    Per head, the sorted kept slot indices (to realign per-token state), or ``None`` when no head was over cap.
+    """
+    lengths = layer.head_lengths()
+    if all(length <= cap for length, cap in zip(lengths, caps, strict=True)):
+        return None
+    device = layer.positions[0].device
+    keep = [
+        torch.sort(choose(head, length, cap)).values if length > cap else torch.arange(length, device=device)
+        for head, (length, cap) in enumerate(zip(lengths, caps, strict=True))
+    ]
+    layer.keep(keep)
+    return keep

@@ -43,6 +43,7 @@ from kvbench.methods.base import (
     WindowObservation,
     common_knobs,
     decode_attention,
+    evict_to_caps,
     parse_params,
     pool_scores,
     register_method,
@@ -214,22 +215,20 @@ class CakeDecode(ScoredDecodePolicy):
         self.pooling = pooling
 
     def step(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
-        caps, lengths = self.caps[layer_idx], layer.head_lengths()
-        if all(length <= cap for length, cap in zip(lengths, caps, strict=True)):
-            return
+        caps = self.caps[layer_idx]
+        if all(length <= cap for length, cap in zip(layer.head_lengths(), caps, strict=True)):
+            return  # skip the attention computation when nothing is over budget
         attention = decode_attention(layer, query, scaling)  # per head [S_h], GQA-averaged
-        keep = []
-        for head, (length, cap) in enumerate(zip(lengths, caps, strict=True)):
-            if length <= cap:
-                keep.append(torch.arange(length, device=attention[head].device))
-                continue
+
+        def pooled_top_and_window(head: int, length: int, cap: int) -> torch.Tensor:
             recent = min(self.recent_window, cap)
             past = length - recent
             scores = pool_scores(attention[head][None, :past], self.kernel_size, self.pooling)[0]
             chosen = torch.topk(scores, cap - recent).indices
-            window = torch.arange(past, length, device=chosen.device)
-            keep.append(torch.sort(torch.cat([chosen, window])).values)
-        layer.keep(keep)
+            return torch.cat([chosen, torch.arange(past, length, device=chosen.device)])
+
+        keep = evict_to_caps(layer, caps, pooled_top_and_window)
+        assert keep is not None
         self.scores[layer_idx] = [torch.zeros(len(k)) for k in keep]
 
 

@@ -20,6 +20,7 @@ from kvbench.methods.base import (
     EvictionMethod,
     common_knobs,
     decode_attention,
+    evict_to_caps,
     parse_params,
     register_method,
 )
@@ -61,22 +62,17 @@ class ScoredDecodePolicy(DecodePolicy):
         attention = decode_attention(layer, query, scaling)
         scores = [self.update_scores(s, a) for s, a in zip(scores, attention, strict=True)]
         self.scores[layer_idx] = scores
-        caps = self.caps[layer_idx]
-        lengths = layer.head_lengths()
-        if all(length <= cap for length, cap in zip(lengths, caps, strict=True)):
-            return
-        keep = []
-        for head, (length, cap) in enumerate(zip(lengths, caps, strict=True)):
-            if length <= cap:
-                keep.append(torch.arange(length, device=scores[head].device))
-                continue
-            protected = min(self.recent_window, cap)
+
+        def top_scores_and_recent(head: int, length: int, cap: int) -> torch.Tensor:
             ranked = scores[head].clone()
+            protected = min(self.recent_window, cap)
             if protected:
                 ranked[length - protected :] = torch.inf
-            keep.append(torch.sort(torch.topk(ranked, cap).indices).values)
-        layer.keep(keep)
-        self.scores[layer_idx] = [s.index_select(0, idx) for s, idx in zip(scores, keep, strict=True)]
+            return torch.topk(ranked, cap).indices
+
+        keep = evict_to_caps(layer, self.caps[layer_idx], top_scores_and_recent)
+        if keep is not None:
+            self.scores[layer_idx] = [s.index_select(0, idx) for s, idx in zip(scores, keep, strict=True)]
 
 
 class HeavyHitterDecode(ScoredDecodePolicy):

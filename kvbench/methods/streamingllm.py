@@ -17,6 +17,7 @@ from kvbench.methods.base import (
     TokenScorer,
     WindowObservation,
     common_knobs,
+    evict_to_caps,
     parse_params,
     register_method,
 )
@@ -44,20 +45,13 @@ class SinkWindowDecode(DecodePolicy):
         self.caps[layer_idx] = list(head_budgets)
 
     def step(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
-        caps = self.caps[layer_idx]
-        lengths = layer.head_lengths()
-        if all(length <= cap for length, cap in zip(lengths, caps, strict=True)):
-            return
-        keep = []
-        for head, (length, cap) in enumerate(zip(lengths, caps, strict=True)):
+        def sinks_and_recent(head: int, length: int, cap: int) -> torch.Tensor:
             positions = layer.positions[head]
-            if length <= cap:
-                keep.append(torch.arange(length, device=positions.device))
-                continue
             sinks = torch.nonzero(positions < self.sink_tokens).flatten()[:cap]
             recent = torch.arange(length - (cap - sinks.numel()), length, device=positions.device)
-            keep.append(torch.unique(torch.cat([sinks, recent])))
-        layer.keep(keep)
+            return torch.unique(torch.cat([sinks, recent]))
+
+        evict_to_caps(layer, self.caps[layer_idx], sinks_and_recent)
 
 
 @dataclass

@@ -20,6 +20,7 @@ from kvbench.methods.base import (
     WindowObservation,
     common_knobs,
     decode_attention,
+    evict_to_caps,
     parse_params,
     register_method,
 )
@@ -61,16 +62,16 @@ class CurrentAttentionDecode(ScoredDecodePolicy):
         super().step(layer_idx, layer, query, scaling)
 
     def _evict_to_caps(self, layer_idx: int, layer: HeadwiseLayer) -> None:
-        caps, lengths, scores = self.caps[layer_idx], layer.head_lengths(), self.scores[layer_idx]
-        if all(length <= cap for length, cap in zip(lengths, caps, strict=True)):
-            return
-        keep = []
-        for head, (length, cap) in enumerate(zip(lengths, caps, strict=True)):
+        scores = self.scores[layer_idx]
+
+        def most_attended(head: int, length: int, cap: int) -> torch.Tensor:
             ranked = scores[head].clone()
             ranked[length - 1] = torch.inf  # the token just generated stays
-            keep.append(torch.sort(torch.topk(ranked, min(cap, length)).indices).values)
-        layer.keep(keep)
-        self.scores[layer_idx] = [s.index_select(0, idx) for s, idx in zip(scores, keep, strict=True)]
+            return torch.topk(ranked, cap).indices
+
+        keep = evict_to_caps(layer, self.caps[layer_idx], most_attended)
+        if keep is not None:
+            self.scores[layer_idx] = [s.index_select(0, idx) for s, idx in zip(scores, keep, strict=True)]
 
 
 @dataclass
