@@ -93,12 +93,33 @@ def sorted_keep_indices(
     return sorted_idx
 
 
-class HeadwiseLayer(CacheLayerMixin):
-    """One layer's KV storage with per-head lengths, for batch size 1 (see module docstring)."""
+class LogicalLengthLayer(CacheLayerMixin):
+    """What every kvbench storage backend shares: lengths are *logical* (tokens seen, whatever was evicted),
+    eviction goes through ``keep()``, and transformers' tail-``crop`` is refused."""
 
     is_sliding = False
     is_compileable = False
     is_croppable = False
+    #: Tokens this layer has seen (prompt + generated); subclasses keep it up to date in ``update``.
+    seen_tokens: int = 0
+
+    def get_seq_length(self) -> int:
+        """Tokens seen so far (the logical sequence length), not the number stored."""
+        return self.seen_tokens
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """(kv_length, kv_offset) in logical positions; kvbench's attention builds its own per-head masks."""
+        return self.seen_tokens + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def crop(self, max_length: int) -> None:
+        raise NotImplementedError("kvbench caches evict through keep(); crop() is not supported")
+
+
+class HeadwiseLayer(LogicalLengthLayer):
+    """One layer's KV storage with per-head lengths, for batch size 1 (see module docstring)."""
 
     def __init__(self, expand_factor: int = 1) -> None:
         super().__init__()
@@ -165,26 +186,12 @@ class HeadwiseLayer(CacheLayerMixin):
             self.head_values[head] = torch.cat([self.head_values[head], value_states[:, head : head + 1]], dim=-2)
         return RaggedKV(self.head_keys), RaggedKV(self.head_values)
 
-    def get_seq_length(self) -> int:
-        """Tokens seen so far (the logical sequence length), not the number stored."""
-        return self.seen_tokens
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        """(kv_length, kv_offset) in logical positions; kvbench's attention builds its own per-head masks."""
-        return self.seen_tokens + query_length, 0
-
-    def get_max_length(self) -> int:
-        return -1
-
     def reset(self) -> None:
         self.keys = self.values = None
         self.head_keys = self.head_values = None
         self.positions = []
         self.seen_tokens = 0
         self.is_initialized = False
-
-    def crop(self, max_length: int) -> None:
-        raise NotImplementedError("kvbench caches evict through HeadwiseLayer.keep(); crop() is not supported")
 
     # ------------------------------------------------------------------ kvbench API
     @property

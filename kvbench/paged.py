@@ -38,10 +38,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers.cache_utils import CacheLayerMixin
 
 import kernels
-from kvbench.cache import RaggedKV, sorted_keep_indices
+from kvbench.cache import LogicalLengthLayer, RaggedKV, sorted_keep_indices
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +74,7 @@ class PagedKV:
     first_chunk: bool
 
 
-class PagedLayer(CacheLayerMixin):
+class PagedLayer(LogicalLengthLayer):
     """One layer's paged per-head KV storage, batch size 1; same kvbench API as
     :class:`~kvbench.cache.HeadwiseLayer` (``positions``, ``head_kv``, ``dense_kv``, ``keep``, ``kv_bytes``...).
 
@@ -88,10 +87,6 @@ class PagedLayer(CacheLayerMixin):
     impl:
         Kernel implementation for append / compaction: ``auto`` (Triton on CUDA), ``triton`` or ``torch``.
     """
-
-    is_sliding = False
-    is_compileable = False
-    is_croppable = False
 
     def __init__(self, expand_factor: int = 1, page_size: int = DEFAULT_PAGE_SIZE, impl: str = "auto") -> None:
         super().__init__()
@@ -194,22 +189,8 @@ class PagedLayer(CacheLayerMixin):
         self._flat(self.v_pool).index_copy_(0, slots, value_states[0, :, 0].to(self.v_pool.dtype))
         self.pos_pool.index_fill_(0, slots, self.seen_tokens)
 
-    def get_seq_length(self) -> int:
-        """Tokens seen so far (the logical sequence length), not the number stored."""
-        return self.seen_tokens
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        """(kv_length, kv_offset) in logical positions; kvbench's attention builds its own masks."""
-        return self.seen_tokens + query_length, 0
-
-    def get_max_length(self) -> int:
-        return -1
-
     def reset(self) -> None:
         self.__init__(self.expand_factor, self.page_size, self.impl)  # type: ignore[misc]
-
-    def crop(self, max_length: int) -> None:
-        raise NotImplementedError("kvbench caches evict through keep(); crop() is not supported")
 
     # ------------------------------------------------------------------ page management
     def _flat(self, pool: torch.Tensor) -> torch.Tensor:
