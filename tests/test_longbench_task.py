@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from task_config import task_config
 
 from kvbench.tasks.base import build_task, data_preparers, task_kinds
 from kvbench.tasks.longbench import (
@@ -121,22 +122,7 @@ CHINESE_5 = ["multifieldqa_zh", "dureader", "vcsum", "lsht", "passage_retrieval_
 
 def task_cfg(**overrides):
     """A task config with TaskConfig's defaults, reading the fixtures."""
-    base = dict(
-        name="longbench",
-        kind="longbench",
-        datasets=None,
-        data_dir="fixtures",
-        question_mode="aware",
-        num_samples=None,
-        seed=42,
-        length=None,
-        lengths=None,
-        depths=None,
-        language=None,
-        options={},
-    )
-    base.update(overrides)
-    return SimpleNamespace(**base)
+    return task_config("longbench", **{"data_dir": "fixtures", **overrides})
 
 
 def fixture_line(**overrides):

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
+from task_config import task_config
 
 from kvbench.metrics.synthetic import needle_rouge_score, needle_set_recall, porter_stem, rouge1_f
 from kvbench.tasks.base import build_task, data_preparers
@@ -23,22 +23,7 @@ NEEDLE_SENTENCE = NEEDLE.strip()
 
 
 def _cfg(**overrides):
-    base = dict(
-        name="needle_grid",
-        kind="needle_grid",
-        datasets=None,
-        data_dir=None,
-        question_mode="aware",
-        num_samples=None,
-        seed=42,
-        length=None,
-        lengths=[600, 1500, 4096],
-        depths=[0, 25, 50, 75, 100],
-        language=None,
-        options={},
-    )
-    base.update(overrides)
-    return SimpleNamespace(**base)
+    return task_config("needle_grid", **{"lengths": [600, 1500, 4096], "depths": [0, 25, 50, 75, 100], **overrides})
 
 
 def test_samples_fit_length_and_needle_sits_at_depth(tokenizer):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import itertools
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
+from task_config import task_config
 
 from kvbench.metrics.synthetic import (
     levenshtein,
@@ -24,22 +24,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _cfg(**overrides):
-    base = dict(
-        name="needlebench",
-        kind="needlebench",
-        datasets=None,
-        data_dir=None,
-        question_mode="aware",
-        num_samples=None,
-        seed=42,
-        length=None,
-        lengths=[1500, 3000],
-        depths=[0, 30, 70, 100],
-        language=None,
-        options={"size": "4k", "repeats": 2, "needle_counts": [2, 3]},
+    return task_config(
+        "needlebench",
+        **{
+            "lengths": [1500, 3000],
+            "depths": [0, 30, 70, 100],
+            "options": {"size": "4k", "repeats": 2, "needle_counts": [2, 3]},
+            **overrides,
+        },
     )
-    base.update(overrides)
-    return SimpleNamespace(**base)
 
 
 def _document(sample) -> str:

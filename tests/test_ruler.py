@@ -7,9 +7,9 @@ import json
 import re
 from collections import Counter
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
+from task_config import task_config
 
 from kvbench.metrics.synthetic import ruler_average, ruler_postprocess, string_match_all, string_match_part
 from kvbench.tasks.base import build_task, data_preparers
@@ -19,22 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _cfg(**overrides):
-    base = dict(
-        name="ruler",
-        kind="ruler",
-        datasets=None,
-        data_dir=None,
-        question_mode="aware",
-        num_samples=2,
-        seed=42,
-        length=1024,
-        lengths=None,
-        depths=None,
-        language=None,
-        options={},
-    )
-    base.update(overrides)
-    return SimpleNamespace(**base)
+    return task_config("ruler", **{"num_samples": 2, "length": 1024, **overrides})
 
 
 def _ntok(tokenizer, text: str) -> int:

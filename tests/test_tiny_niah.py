@@ -6,10 +6,10 @@ from __future__ import annotations
 import importlib.util
 import random
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
+from task_config import task_config
 
 from kvbench.tasks.base import build_task
 from kvbench.tasks.tiny_niah import (
@@ -55,22 +55,7 @@ def model():
 
 def task_cfg(**overrides):
     """A task config with TaskConfig's defaults."""
-    base = dict(
-        name="tiny_niah",
-        kind="tiny_niah",
-        datasets=None,
-        data_dir=None,
-        question_mode="aware",
-        num_samples=2,
-        seed=42,
-        length=None,
-        lengths=None,
-        depths=None,
-        language=None,
-        options={},
-    )
-    base.update(overrides)
-    return SimpleNamespace(**base)
+    return task_config("tiny_niah", **{"num_samples": 2, **overrides})
 
 
 # ----------------------------------------------------------------------------------------------- tokenizer
