@@ -7,13 +7,29 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import sys
+from pathlib import Path
+
+import pytest
 import torch
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
-from pathlib import Path  # noqa: E402
 
-import pytest  # noqa: E402
+def _use_triton_interpreter() -> None:
+    """Without CUDA, run Triton kernels in its interpreter.  ``TRITON_INTERPRET`` is read when triton's language
+    library is imported, and torch._dynamo can import triton early, so set the variable and drop any
+    already-imported triton modules, so the next import builds them for the interpreter."""
+    if torch.cuda.is_available() or os.environ.get("_KVBENCH_TRITON_INTERPRETER") == "1":
+        return
+    os.environ["TRITON_INTERPRET"] = "1"
+    os.environ["_KVBENCH_TRITON_INTERPRETER"] = "1"
+    for name in [n for n in sys.modules if n == "triton" or n.startswith("triton.") or n == "kernels.triton_kernels"]:
+        if not name.startswith("triton._C"):  # the native extension cannot be loaded twice
+            del sys.modules[name]
+
+
+_use_triton_interpreter()
 
 REPO = Path(__file__).resolve().parent.parent
 

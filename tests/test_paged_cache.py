@@ -5,8 +5,6 @@ stored-bytes bound."""
 from __future__ import annotations
 
 import math
-import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,22 +19,6 @@ from kvbench.generation import generate
 from kvbench.methods.base import build_method
 from kvbench.models import build_builtin
 from kvbench.paged import PagedLayer
-
-
-def _use_triton_interpreter() -> None:
-    """Without CUDA, run Triton kernels in its interpreter.  ``TRITON_INTERPRET`` is read when triton's language
-    library is imported, and torch._dynamo (imported by other test modules) imports triton early, so set the
-    variable and drop the already-imported triton modules once, so the next import builds them for the interpreter."""
-    if torch.cuda.is_available() or os.environ.get("_KVBENCH_TRITON_INTERPRETER") == "1":
-        return
-    os.environ["TRITON_INTERPRET"] = "1"
-    os.environ["_KVBENCH_TRITON_INTERPRETER"] = "1"
-    for name in [n for n in sys.modules if n == "triton" or n.startswith("triton.") or n == "kernels.triton_kernels"]:
-        if not name.startswith("triton._C"):  # the native extension cannot be loaded twice
-            del sys.modules[name]
-
-
-_use_triton_interpreter()
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 IMPLS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not kernels.triton_available(), reason="no triton"))]
