@@ -34,8 +34,8 @@ from kvbench.reporting.conventions import (
     needlebench_overall_from_subtasks,
 )
 
-#: Columns of every ``results/paper/*.csv``.
-REF_COLUMNS: tuple[str, ...] = (
+#: Columns that identify one printed cell (shared by the reference CSVs and the comparison frames).
+CELL_COLUMNS: tuple[str, ...] = (
     "table",
     "row",
     "model",
@@ -48,11 +48,10 @@ REF_COLUMNS: tuple[str, ...] = (
     "budget_label",
     "column",
     "column_label",
-    "dataset",
-    "kind",
-    "value",
-    "note",
 )
+
+#: Columns of every ``results/paper/*.csv``.
+REF_COLUMNS: tuple[str, ...] = (*CELL_COLUMNS, "dataset", "kind", "value", "note")
 
 #: Default location of the reference CSVs (repository-relative).
 DEFAULT_PAPER_DIR = Path(__file__).resolve().parents[2] / "results" / "paper"

@@ -18,24 +18,13 @@ from pathlib import Path
 import pandas as pd
 
 from kvbench.reporting.conventions import MissingData
-from kvbench.reporting.paper_refs import DEFAULT_PAPER_DIR, TABLES, TableSpec, load_reference
+from kvbench.reporting.paper_refs import CELL_COLUMNS, DEFAULT_PAPER_DIR, TABLES, TableSpec, load_reference
 
 DASH = "–"
 
 #: Columns of a comparison frame.
 COMPARISON_COLUMNS: tuple[str, ...] = (
-    "table",
-    "row",
-    "model",
-    "model_label",
-    "task",
-    "question_mode",
-    "method",
-    "method_label",
-    "budget",
-    "budget_label",
-    "column",
-    "column_label",
+    *CELL_COLUMNS,
     "kind",
     "paper",
     "ours",
