@@ -8,8 +8,7 @@
   are read from the row (``score`` / ``extra.score``) when present, else recomputed: the needle-grid word-set
   recall of :mod:`kvbench.metrics.synthetic` for ``needle_grid`` runs, RULER's ``string_match_all`` (share of
   reference strings contained in the prediction, case-insensitive) otherwise.  The heatmap itself is drawn by
-  :func:`kvbench.tasks.needle_grid.plot_needle_heatmap` when that module is available, else by
-  :func:`plot_needle_heatmap` here.
+  :func:`kvbench.tasks.needle_grid.plot_needle_heatmap`, the same function that writes each run's heatmap.
 
 Everything is written with the non-interactive Agg backend, so this runs on headless machines.
 """
@@ -30,6 +29,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from kvbench.results import PREDICTIONS_FILE
+from kvbench.tasks.needle_grid import plot_needle_heatmap
 
 _BUDGET_RE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>L|/layer|x)$")
 
@@ -140,26 +140,6 @@ def needle_grid_from_predictions(
     return pd.DataFrame(cells).groupby(["length", "depth"], as_index=False)["score"].mean()
 
 
-def plot_needle_heatmap(grid: pd.DataFrame, title: str, path: str | Path) -> Path:
-    """Draw one heatmap (x = context length, y = depth %, 0 = red, 100 = green) and save it as PNG."""
-    pivot = grid.pivot_table(index="depth", columns="length", values="score", aggfunc="mean").sort_index()
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * pivot.shape[1] + 2), max(3.0, 0.3 * pivot.shape[0] + 1.5)))
-    im = ax.imshow(pivot.values, cmap="RdYlGn", vmin=0, vmax=100, aspect="auto", origin="upper")
-    ax.set_xticks(range(pivot.shape[1]), [str(c) for c in pivot.columns], rotation=45, fontsize=7)
-    ax.set_yticks(range(pivot.shape[0]), [f"{d:g}" for d in pivot.index], fontsize=7)
-    ax.set_xlabel("context length (tokens)")
-    ax.set_ylabel("needle depth (%)")
-    overall = float(pd.Series(pivot.values.ravel()).mean())
-    ax.set_title(f"{title}\naverage {overall:.2f}", fontsize=9)
-    fig.colorbar(im, ax=ax, label="score")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
 def _read_predictions(path: Path) -> list[dict[str, Any]]:
     rows = []
     with open(path, encoding="utf-8") as handle:
@@ -191,13 +171,8 @@ def plot_needle_heatmaps(runs: pd.DataFrame, out_dir: str | Path) -> list[Path]:
         title = f"{model} · {task} · {method} · {budget}" + (f" · {tag}" if tag else "")
         name = "_".join(_safe(x) for x in ("needle", model, task, method, budget, tag, qmode) if x) + ".png"
         path = Path(out_dir) / name
-        try:
-            from kvbench.tasks.needle_grid import plot_needle_heatmap as task_heatmap
-        except ImportError:
-            written.append(plot_needle_heatmap(grid, title, path))
-        else:
-            cells = [{"length": r.length, "depth": r.depth, "score": r.score / 100.0} for r in grid.itertuples()]
-            written.append(task_heatmap(cells, path, title=title, vmax=1.0))
+        cells = [{"length": r.length, "depth": r.depth, "score": r.score / 100.0} for r in grid.itertuples()]
+        written.append(plot_needle_heatmap(cells, path, title=title, vmax=1.0))
     return written
 
 
