@@ -117,13 +117,27 @@ class LogicalLengthLayer(CacheLayerMixin):
     def crop(self, max_length: int) -> None:
         raise NotImplementedError("kvbench caches evict through keep(); crop() is not supported")
 
+    #: Repeat factor applied to incoming KV heads (num_attention_heads // num_key_value_heads, or 1).
+    expand_factor: int = 1
+
+    def _incoming(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The common start of ``update``: initialise on first use, check batch size 1, and repeat KV heads per
+        query head when the layer stores query-head granularity.  Returns ``[1, H, q, D]`` keys and values."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        if key_states.shape[0] != 1:
+            raise ValueError(f"kvbench caches hold batch size 1, got {key_states.shape[0]}")
+        if self.expand_factor > 1:
+            key_states = key_states.repeat_interleave(self.expand_factor, dim=1)
+            value_states = value_states.repeat_interleave(self.expand_factor, dim=1)
+        return key_states, value_states
+
 
 class HeadwiseLayer(LogicalLengthLayer):
     """One layer's KV storage with per-head lengths, for batch size 1 (see module docstring)."""
 
     def __init__(self, expand_factor: int = 1) -> None:
         super().__init__()
-        #: Repeat factor applied to incoming KV heads (num_attention_heads // num_key_value_heads, or 1).
         self.expand_factor = expand_factor
         #: Ragged storage (``None`` while dense): per head ``[1, 1, S_h, D]``.
         self.head_keys: list[torch.Tensor] | None = None
@@ -163,13 +177,7 @@ class HeadwiseLayer(LogicalLengthLayer):
         -------
         Dense ``[1, H, S, D]`` tensors, or :class:`RaggedKV` per-head sequences when heads differ in length.
         """
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        if key_states.shape[0] != 1:
-            raise ValueError(f"kvbench caches hold batch size 1, got {key_states.shape[0]}")
-        if self.expand_factor > 1:
-            key_states = key_states.repeat_interleave(self.expand_factor, dim=1)
-            value_states = value_states.repeat_interleave(self.expand_factor, dim=1)
+        key_states, value_states = self._incoming(key_states, value_states)
         new_tokens = key_states.shape[2]
         new_positions = torch.arange(
             self.seen_tokens, self.seen_tokens + new_tokens, dtype=torch.int32, device=key_states.device

@@ -141,13 +141,7 @@ class PagedLayer(LogicalLengthLayer):
     ) -> tuple[PagedKV, PagedKV]:
         """Append ``q`` tokens ``[1, H_kv, q, D]`` to every head (O(H * q) rows written); returns a
         :class:`PagedKV` for the attention function."""
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        if key_states.shape[0] != 1:
-            raise ValueError(f"kvbench caches hold batch size 1, got {key_states.shape[0]}")
-        if self.expand_factor > 1:
-            key_states = key_states.repeat_interleave(self.expand_factor, dim=1)
-            value_states = value_states.repeat_interleave(self.expand_factor, dim=1)
+        key_states, value_states = self._incoming(key_states, value_states)
         new_tokens = key_states.shape[2]
         first_chunk = all(length == 0 for length in self.host_lengths)
         self._ensure_pages([length + new_tokens for length in self.host_lengths])
