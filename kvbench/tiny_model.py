@@ -8,7 +8,7 @@ samples is exact.  The vocabulary is small and fully deterministic:
 * special tokens ``<pad> <unk> <s> </s>``;
 * the template words of the task prompts and the filler words of the haystack;
 * :data:`NUM_KEYS` synthetic key words (``"bakodi"``-like, three syllables);
-* the :data:`NUM_VALUES` two-digit numbers ``10`` ... ``99`` used as needle values.
+* the :data:`NUM_VALUES` number tokens ``10`` ... ``99``; a needle value is two of them (``"57 83"``).
 
 Keys and values are few on purpose: every key and value token recurs often in training, which is what lets
 retrieval emerge within a CPU budget.

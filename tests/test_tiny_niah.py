@@ -17,11 +17,11 @@ from kvbench.tasks.tiny_niah import (
     MAX_NEW_TOKENS,
     MULTIKEY_NEEDLES,
     NUM_MULTI_VALUES,
+    VALUE_TOKENS,
     VARIANTS,
     TinyNiahDataset,
     build_instance,
     evaluate_dataset,
-    greedy_generate,
     string_match_all,
     training_example,
 )
@@ -125,6 +125,27 @@ def test_multivalue_has_four_needles_of_one_key(tokenizer):
     assert len(sample.extra["needle_depths"]) == NUM_MULTI_VALUES
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_values_are_multi_token_and_no_number_repeats(tokenizer, variant):
+    """Values are VALUE_TOKENS number tokens, and a number token occurs once per context (so copying is unique)."""
+    for sample in TinyNiahDataset(variant, 1024, 3, 11, tokenizer, None).samples():
+        numbers = [w for w in sample.context.split() if w in VALUE_WORDS]
+        assert len(numbers) == len(set(numbers))
+        for value in sample.answers:
+            assert len(value.split()) == VALUE_TOKENS and all(w in VALUE_WORDS for w in value.split())
+            assert f"{sample.extra['key']} {value} ." in sample.context
+
+
+def test_max_new_tokens_is_the_length_of_a_full_answer(tokenizer):
+    """The generation budget holds exactly one complete answer in the training format."""
+    key = KEY_WORDS[0]
+    single = "57 83 ."
+    multi = f"10 11 , {key} 12 13 , {key} 14 15 , {key} 16 17"
+    assert len(tokenizer(single)["input_ids"]) == MAX_NEW_TOKENS["niah_single"] == MAX_NEW_TOKENS["niah_multikey"]
+    assert len(tokenizer(multi)["input_ids"]) == MAX_NEW_TOKENS["niah_multivalue"]
+    assert string_match_all(multi, ["10 11", "12 13", "14 15", "16 17"]) == 1.0
+
+
 def test_multikey_context_gives_no_hint_of_the_asked_key(tokenizer):
     sample = TinyNiahDataset("niah_multikey", 1024, 1, 5, tokenizer, [40.0]).samples()[0]
     lines = sample.context.split(" . ")
@@ -198,10 +219,12 @@ def test_training_example_supervision_matches_tokens():
         example = training_example(random.Random(seed), length, vocab.__getitem__)
         assert len(example.input_ids) == length
         assert example.positions, "every training sequence supervises answers"
-        values = {vocab[v] for v in VALUE_WORDS} | {vocab["."]}
+        answer_tokens = {vocab[w] for w in (*VALUE_WORDS, *KEY_WORDS, ".", ",")}
+        numbers = {vocab[v] for v in VALUE_WORDS}
         for position, accepted in zip(example.positions, example.targets, strict=True):
             assert example.input_ids[position + 1] in accepted  # teacher-forced token is an accepted answer
-            assert set(accepted) <= values
+            assert set(accepted) <= answer_tokens
+            assert len(accepted) == 1 or set(accepted) <= numbers  # only a multi-value's first token is a set
         again = training_example(random.Random(seed), length, vocab.__getitem__)
         assert again == example
 
@@ -223,20 +246,11 @@ def test_training_is_reproducible(tmp_path):
 
     def run(name: str, seed: int) -> dict[str, torch.Tensor]:
         out = tmp_path / name
-        args = ["--out", str(out), "--seed", str(seed), "--hidden", "32", "--layers", "1", "--heads", "2"]
-        args += [
-            "--kv-heads",
-            "1",
-            "--intermediate",
-            "64",
-            "--curriculum",
-            "128",
-            "--compact",
-            "0.5",
-            "--tokens-per-step",
-            "256",
-        ]
-        args += ["--max-steps", "3", "--eval-every", "3", "--eval-samples", "1", "--final-lengths", "256"]
+        args = ["--out", str(out), "--seed", str(seed), "--hidden", "32", "--layers", "2", "--heads", "2"]
+        args += ["--kv-heads", "1", "--intermediate", "64", "--tokens-per-step", "256"]
+        # two guided steps (eager attention + guidance loss), then one plain step (sdpa)
+        args += ["--schedule", "128:2:0.5,256:1:0.0", "--guide-steps", "2"]
+        args += ["--eval-every", "3", "--eval-samples", "1", "--final-lengths", "256"]
         args += ["--ckpt-dir", str(tmp_path / f"{name}_ckpt"), "--log-file", str(tmp_path / f"{name}.log")]
         assert train.main(args) == 0
         return load_file(out / "model.safetensors")
@@ -265,24 +279,26 @@ def test_model_loads_via_from_pretrained(model, tokenizer):
     assert total <= 20 * 1024 * 1024
 
 
-def test_full_cache_single_needle_retrieval(model, tokenizer):
-    """The shipped checkpoint finds a lone needle at 1K tokens (fresh samples, greedy, full cache)."""
-    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
-    dataset = TinyNiahDataset("niah_single", 1024, 4, 2024, tokenizer, None)
-    assert evaluate_dataset(model, tokenizer, dataset)["score"] >= 75.0
-
-
-@pytest.mark.xfail(
+MULTIVALUE_SHORTFALL = pytest.mark.xfail(
     strict=False,
-    reason="acceptance target (>=95% on every variant at 1K-4K) not reached by the shipped checkpoint: "
-    "key-specific retrieval did not emerge within the CPU training budget (see models/tiny-niah/README.md)",
+    reason="acceptance target (>=95%) not reached for niah_multivalue: the shipped model scores 50-58% "
+    "(it repeats a value of the right key instead of giving the next; see models/tiny-niah/README.md)",
 )
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_full_cache_accuracy_target(model, tokenizer, variant):
-    """Greedy full-cache retrieval on a few fresh samples at 2K and 4K tokens."""
+
+
+@pytest.mark.parametrize(
+    "variant", ["niah_single", "niah_multikey", pytest.param("niah_multivalue", marks=MULTIVALUE_SHORTFALL)]
+)
+@pytest.mark.parametrize("length", [1024, 4096])
+def test_full_cache_accuracy_target(model, tokenizer, variant, length):
+    """Greedy full-cache retrieval >= 95 % on fresh samples (task seed 2024, needles at 0-100 % depth)."""
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
-    dataset = TinyNiahDataset(variant, 2048, 3, 2024, tokenizer, None)
+    dataset = TinyNiahDataset(variant, length, 5, 2024, tokenizer, None)
     assert evaluate_dataset(model, tokenizer, dataset)["score"] >= 95.0
-    long_sample = TinyNiahDataset(variant, 4096, 1, 2024, tokenizer, [50.0]).samples()[0]
-    prediction = greedy_generate(model, tokenizer, long_sample.prompt, MAX_NEW_TOKENS[variant])
-    assert string_match_all(prediction, long_sample.answers) == 1.0
+
+
+def test_full_cache_multivalue_finds_values_of_the_asked_key(model, tokenizer):
+    """Below target, but real retrieval: most predicted values belong to the asked key (chance: ~0)."""
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    dataset = TinyNiahDataset("niah_multivalue", 2048, 5, 2024, tokenizer, None)
+    assert evaluate_dataset(model, tokenizer, dataset)["score"] >= 40.0

@@ -15,8 +15,15 @@ Three variants, each at any target length (default grid 1K/2K/4K tokens), modell
     One key with four values in four needles at different depths (RULER ``niah_multivalue``); the answer must
     contain all four values.
 
+Every value is :data:`VALUE_TOKENS` number tokens (``"57 83"``), and no number token occurs twice in a sample.
+Multi-token values are what make eviction measurable: in question-aware mode the first answer token is computed
+during prefill, before any layer is compressed, so it is the same for every method; the following tokens are
+decoded from the compressed cache and are only right when the needle survived eviction.
+
 Prompt = ``context`` (header + haystack, ending in a newline) + ``question`` (question + answer prefix), e.g.
-``... what is the special magic number for bakodi ? the special magic number is bakodi`` -> `` 123 .``.
+``... what is the special magic number for bakodi ? the special magic number is bakodi`` -> `` 57 83 .``.
+A multi-value answer repeats the key before every further value: ``... numbers are bakodi`` ->
+`` 57 83 , bakodi 12 45 , bakodi 33 21 , bakodi 81 90``.
 The key sits right before its value in needles and answer prefixes (as in associative-recall data), which is what
 lets a tiny model learn content-based retrieval on a CPU budget.
 Scoring is RULER's ``string_match_all``: per sample the fraction of reference values found in the prediction,
@@ -47,6 +54,8 @@ DEFAULT_NUM_SAMPLES = 50
 NUM_MULTI_VALUES = 4
 #: Needles (distinct keys, one asked) in niah_multikey.
 MULTIKEY_NEEDLES = 16
+#: Default share of training sequences that drill multi-value answers (:func:`training_example`).
+MULTI_FOCUS_SHARE = 0.3
 #: Option keys accepted in ``task.options`` (none today; unknown keys are rejected).
 VALID_OPTIONS: frozenset[str] = frozenset()
 
@@ -62,8 +71,15 @@ NEEDLE = "one of the special magic numbers is {key} {value} ."
 QUESTION_SINGULAR = "what is the special magic number for {key} ? the special magic number is {key}"
 QUESTION_PLURAL = "what are all the special magic numbers for {key} ? the special magic numbers are {key}"
 
-#: Tokens to generate per variant (RULER counts them in the target length).
-MAX_NEW_TOKENS: dict[str, int] = {"niah_single": 4, "niah_multikey": 4, "niah_multivalue": 8}
+#: Number tokens per needle value (``"57 83"``); every number token occurs at most once per sample.
+VALUE_TOKENS = 2
+#: Tokens to generate per variant (RULER counts them in the target length): one value and its full stop, or
+#: ``v , key v , key v , key v`` for the four values of niah_multivalue.
+MAX_NEW_TOKENS: dict[str, int] = {
+    "niah_single": VALUE_TOKENS + 1,
+    "niah_multikey": VALUE_TOKENS + 1,
+    "niah_multivalue": VALUE_TOKENS + (NUM_MULTI_VALUES - 1) * (VALUE_TOKENS + 2),
+}
 
 
 def dataset_name(variant: str, length: int) -> str:
@@ -74,6 +90,12 @@ def dataset_name(variant: str, length: int) -> str:
 def filler_sentence(rng: random.Random) -> list[str]:
     """One random haystack sentence: 4-10 filler words and a full stop."""
     return [*rng.choices(FILLER_WORDS, k=rng.randint(4, 10)), "."]
+
+
+def draw_values(rng: random.Random, count: int) -> list[str]:
+    """``count`` values of :data:`VALUE_TOKENS` number tokens each, no number token repeated."""
+    tokens = rng.sample(VALUE_WORDS, count * VALUE_TOKENS)
+    return [" ".join(tokens[i : i + VALUE_TOKENS]) for i in range(0, len(tokens), VALUE_TOKENS)]
 
 
 def needle_words(key: str, value: str) -> list[str]:
@@ -113,16 +135,15 @@ def build_instance(variant: str, num_units: int, depth: float, seed: str) -> Nia
     rng.shuffle(keys)
     key = keys[0]
     if variant == "niah_multivalue":
-        values = rng.sample(VALUE_WORDS, NUM_MULTI_VALUES)
+        values = draw_values(rng, NUM_MULTI_VALUES)
         needles = [needle_words(key, v) for v in values]
         depths = [float(depth)] + [float(rng.randint(0, 100)) for _ in range(NUM_MULTI_VALUES - 1)]
     else:
-        values = [rng.choice(VALUE_WORDS)]
-        needles = [needle_words(key, values[0])]
-        depths = [float(depth)]
-        if variant == "niah_multikey":
-            needles += [needle_words(k, rng.choice(VALUE_WORDS)) for k in keys[1:MULTIKEY_NEEDLES]]
-            depths += [float(rng.randint(0, 100)) for _ in range(MULTIKEY_NEEDLES - 1)]
+        num_needles = MULTIKEY_NEEDLES if variant == "niah_multikey" else 1
+        all_values = draw_values(rng, num_needles)
+        values = all_values[:1]
+        needles = [needle_words(k, v) for k, v in zip(keys[:num_needles], all_values, strict=True)]
+        depths = [float(depth)] + [float(rng.randint(0, 100)) for _ in range(num_needles - 1)]
     unit_rng = random.Random(f"{seed}-haystack")
     units = [filler_sentence(unit_rng) for _ in range(num_units)]
     units = _insert_at_depths(units, needles, depths)
@@ -133,8 +154,9 @@ def build_instance(variant: str, num_units: int, depth: float, seed: str) -> Nia
 
 
 def _count_tokens(tokenizer: Any, text: str) -> int:
-    """Prompt tokens as RULER counts them (no special tokens)."""
-    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    """Prompt tokens as RULER counts them (no special tokens).  ``verbose=False``: the size search probes prompts
+    longer than the model's maximum on purpose, which is not worth a warning."""
+    return len(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
 
 
 def _texts(instance: NiahInstance) -> tuple[str, str]:
@@ -308,73 +330,129 @@ class TrainingExample:
     targets: list[list[int]]
 
 
+class _ValuePool:
+    """Values for one training sequence: :data:`VALUE_TOKENS` number tokens each, no number token repeated."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self._tokens = rng.sample(VALUE_WORDS, len(VALUE_WORDS))
+
+    def __bool__(self) -> bool:
+        return len(self._tokens) >= VALUE_TOKENS
+
+    def draw(self) -> str:
+        """The next unused value (raises ``IndexError`` when the pool is empty)."""
+        if not self:
+            raise IndexError("no unused number tokens left in this sequence")
+        value, self._tokens = self._tokens[:VALUE_TOKENS], self._tokens[VALUE_TOKENS:]
+        return " ".join(value)
+
+
 def compact_example(rng: random.Random, length: int, token_id: Callable[[str], int]) -> TrainingExample:
     """A dense associative-recall sequence ``is <key> <value> .`` repeated, keys recurring (warm-up data).
 
-    Every recurrence of a key supervises its value, so a short sequence holds many retrieval targets at varied
-    distances; the ``is <key> <value>`` core is the same as in the needles and answer prefixes of the tasks.
+    Every recurrence of a key supervises its value tokens, so a short sequence holds many retrieval targets at
+    varied distances; the ``is <key> <value>`` core is the same as in the needles and answer prefixes of the tasks.
     """
     words: list[str] = []
-    supervised: list[int] = []
+    supervised: list[tuple[int, list[str]]] = []
     values: dict[str, str] = {}
-    free_keys = rng.sample(KEY_WORDS, min(len(KEY_WORDS), length // 4 + 1))
+    pool = _ValuePool(rng)
+    free_keys = rng.sample(KEY_WORDS, len(KEY_WORDS))
     while len(words) < length:
-        if values and (rng.random() < 0.5 or not free_keys):
+        if values and (rng.random() < 0.5 or not pool):
             key = rng.choice(list(values))
-            supervised.append(len(words) + 1)
+            words.extend(["is", key])
+            for token in values[key].split():
+                supervised.append((len(words) - 1, [token]))
+                words.append(token)
+            words.append(".")
         else:
             key = free_keys.pop()
-            values[key] = rng.choice(VALUE_WORDS)
-        words.extend(["is", key, values[key], "."])
+            values[key] = pool.draw()
+            words.extend(["is", key, *values[key].split(), "."])
+    return _finish(words, supervised, length, token_id)
+
+
+def _finish(
+    words: list[str], supervised: list[tuple[int, list[str]]], length: int, token_id: Callable[[str], int]
+) -> TrainingExample:
+    """Cut ``words`` to ``length`` and keep the supervised positions whose next token is inside."""
     words = words[:length]
-    ids = [token_id(w) for w in words]
-    positions = [p for p in supervised if p < length - 1]
-    return TrainingExample(ids, positions, [[ids[p + 1]] for p in positions])
+    positions, targets = [], []
+    for position, accepted in supervised:
+        if position < length - 1:
+            positions.append(position)
+            targets.append([token_id(w) for w in accepted])
+    return TrainingExample([token_id(w) for w in words], positions, targets)
 
 
 def training_example(
-    rng: random.Random, length: int, token_id: Callable[[str], int], compact: float = 0.0
+    rng: random.Random,
+    length: int,
+    token_id: Callable[[str], int],
+    compact: float = 0.0,
+    multi_focus: float = MULTI_FOCUS_SHARE,
 ) -> TrainingExample:
     """A random training sequence of exactly ``length`` tokens in the prompt format of the eval tasks.
 
     With probability ``compact`` it is a :func:`compact_example` instead.  Otherwise the haystack mixes filler
-    sentences and needles at a random density (from a few needles to needles only), holds 0-2 multi-value keys
-    (four needles each, spread over the sequence), and has questions (with their answers, which are supervised)
-    both interleaved in the haystack, about earlier needles at any distance, and at the end.  Multi-value answers
-    are supervised as sets: after each value, every value not yet given is accepted.
+    sentences and needles at a random density, holds 0-2 multi-value keys (four needles each, spread over the
+    sequence; 2-3 keys, asked most of the time, in a ``multi_focus`` share of the sequences), and has questions
+    (with their answers, which are supervised) both interleaved in the haystack, about earlier needles at any
+    distance, and at the end.  Every generated answer token is supervised, as the model
+    must produce it: the value tokens, the ``.`` after a single value, and the ``, <key>`` between multi-value
+    values (the position after the last multi-value value is not supervised).  The first token of a multi-value
+    value is supervised as a set: every value not yet given is accepted.
     """
     if compact and rng.random() < compact:
         return compact_example(rng, length, token_id)
     words: list[str] = (HEADER_PLURAL if rng.random() < 0.5 else HEADER_SINGULAR).split()
     supervised: list[tuple[int, list[str]]] = []  # (position in words, accepted next words)
+    # a third of the sequences drill multi-value answers: more multi-value keys, asked most of the time
+    focus = rng.random() < multi_focus
     density = rng.choice((0.02, 0.05, 0.15, 0.4, 1.0))
     query_rate = rng.choice((0.0, 0.05, 0.15))
     num_final = max(1, length // 512) + rng.randint(0, 2)
-    body_end = max(len(words) + 20, length - 26 * num_final - 8)
-    free_keys = list(KEY_WORDS)
-    rng.shuffle(free_keys)
+    body_end = max(len(words) + 20, length - 30 * num_final - 8)
+    free_keys = rng.sample(KEY_WORDS, len(KEY_WORDS))
+    pool = _ValuePool(rng)
     answers: dict[str, list[str]] = {}  # complete keys -> values
     pending: list[tuple[int, str, str]] = []  # (word offset, key, value) of multi-value needles not placed yet
     partial: dict[str, list[str]] = {}
-    for _ in range(rng.choice((0, 1, 1, 2))):
+    for _ in range(rng.choice((2, 3) if focus else (0, 1, 1, 2))):
         key = free_keys.pop()
-        values = rng.sample(VALUE_WORDS, NUM_MULTI_VALUES)
         partial[key] = []
-        for value in values:
-            pending.append((rng.randint(len(words), body_end), key, value))
+        for _ in range(NUM_MULTI_VALUES):
+            pending.append((rng.randint(len(words), body_end), key, pool.draw()))
     pending.sort()
+
+    def supervise(accepted: list[str], token: str) -> None:
+        supervised.append((len(words) - 1, accepted))
+        words.append(token)
+
+    def pick_key() -> str:
+        multi = [key for key, values in answers.items() if len(values) > 1]
+        if multi and rng.random() < (0.8 if focus else 0.3):
+            return rng.choice(multi)
+        return rng.choice(list(answers))
 
     def ask(key: str) -> None:
         values = answers[key]
-        template = QUESTION_PLURAL if len(values) > 1 else QUESTION_SINGULAR
-        words.extend(template.format(key=key).split())
-        order = list(values)
-        rng.shuffle(order)
+        plural = len(values) > 1
+        words.extend((QUESTION_PLURAL if plural else QUESTION_SINGULAR).format(key=key).split())
+        order = rng.sample(values, len(values))
         for index, value in enumerate(order):
-            supervised.append((len(words) - 1, order[index:]))
-            words.append(value)
-        supervised.append((len(words) - 1, ["."]))
-        words.append(".")
+            first, *rest = value.split()
+            supervise(sorted({v.split()[0] for v in order[index:]}), first)
+            for token in rest:
+                supervise([token], token)
+            if not plural:
+                supervise(["."], ".")
+            elif index < len(order) - 1:
+                supervise([","], ",")
+                supervise([key], key)
+            else:
+                words.append(".")
 
     while len(words) < body_end:
         if pending and pending[0][0] <= len(words):
@@ -384,26 +462,20 @@ def training_example(
             if len(partial[key]) == NUM_MULTI_VALUES:
                 answers[key] = partial.pop(key)
         elif answers and rng.random() < query_rate:
-            ask(rng.choice(list(answers)))
-        elif rng.random() < density and free_keys:
-            key, value = free_keys.pop(), rng.choice(VALUE_WORDS)
+            ask(pick_key())
+        elif rng.random() < density and free_keys and pool:
+            key, value = free_keys.pop(), pool.draw()
             words.extend(needle_words(key, value))
             answers[key] = [value]
         else:
             words.extend(filler_sentence(rng))
     if not answers:  # sparse and short: make sure there is something to ask about
-        key, value = free_keys.pop(), rng.choice(VALUE_WORDS)
-        words.extend(needle_words(key, value))
-        answers[key] = [value]
+        key = free_keys.pop()
+        answers[key] = [pool.draw()] if pool else []
+        words.extend(needle_words(key, answers[key][0]))
     while len(words) < length:
-        ask(rng.choice(list(answers)))
-    words = words[:length]
-    positions, targets = [], []
-    for position, accepted in supervised:
-        if position < length - 1:
-            positions.append(position)
-            targets.append([token_id(w) for w in accepted])
-    return TrainingExample([token_id(w) for w in words], positions, targets)
+        ask(pick_key())
+    return _finish(words, supervised, length, token_id)
 
 
 # --------------------------------------------------------------------------------------------------------------
