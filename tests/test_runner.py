@@ -12,9 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from kvbench.tiny_model import DEFAULT_MODEL_DIR
+
 REPO = Path(__file__).resolve().parent.parent
 # A fast configuration: random tiny model, short synthetic samples.
-FAST = ["model=tiny-random-llama", "task=tiny_niah", "task.lengths=[1024]", "run.progress=false"]
+FAST = ["model=tiny", "task=tiny_niah", "task.lengths=[1024]", "run.progress=false"]
+#: Layers of the embedded default model (models/tiny-niah), which the per-layer cache records list.
+TINY_LAYERS = json.loads((DEFAULT_MODEL_DIR / "config.json").read_text())["num_hidden_layers"]
 
 
 def run_cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
@@ -38,11 +42,12 @@ def run_cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
         ("task.question_mode=both", ["both", "aware", "agnostic"]),
         ("method.windw=3", ["windw"]),
         ("model=llama3.1-8b-instruct", ["llama3.1-8b-instruct", "huggingface-cli download", "model.path="]),
+        ("task.lengths=[128]", ["128 tokens is too short for niah_multikey", "use a length >="]),
     ],
 )
 def test_bad_input_fails_fast_naming_valid_choices_and_writes_nothing(tmp_path: Path, override: str, expected):
     root = tmp_path / "runs"
-    result = run_cli("model=tiny-random-llama", override, f"run.output_root={root}")
+    result = run_cli("model=tiny", override, f"run.output_root={root}")
     assert result.returncode != 0
     message = result.stdout + result.stderr
     for fragment in expected:
@@ -55,7 +60,7 @@ def test_default_style_run_writes_all_result_files(tmp_path: Path) -> None:
     root = tmp_path / "runs"
     result = run_cli(*FAST, "task.num_samples=2", f"run.output_root={root}")
     assert result.returncode == 0, result.stderr[-3000:]
-    folder = root / "tiny-random-llama" / "tiny_niah" / "snapkv" / "64L"
+    folder = root / "tiny" / "tiny_niah" / "snapkv" / "64L"
     assert (folder / "config.yaml").exists()
     meta = json.loads((folder / "run_meta.json").read_text())
     for key in ("git_commit", "torch_version", "transformers_version", "kvbench_version", "device", "start_time"):
@@ -68,7 +73,7 @@ def test_default_style_run_writes_all_result_files(tmp_path: Path) -> None:
         assert len(rows) == 2
         for row in rows:
             cache = row["cache"]
-            assert cache["requested_per_layer"] == cache["achieved_per_layer"] == [64] * 4
+            assert cache["requested_per_layer"] == cache["achieved_per_layer"] == [64] * TINY_LAYERS
             assert all(heads == [64, 64] for heads in cache["achieved_per_head"])
         metrics = json.loads((folder / name / "metrics.json").read_text())
         assert metrics["n_samples"] == 2 and metrics["cache"]["budget_exact"] is True
@@ -83,7 +88,7 @@ def test_killed_run_resumes_to_the_same_predictions(tmp_path: Path) -> None:
     args = [*FAST, "task.num_samples=24", "task.datasets=[niah_single_1k]", "method=streamingllm"]
     clean_root, killed_root = tmp_path / "clean", tmp_path / "killed"
     assert run_cli(*args, f"run.output_root={clean_root}").returncode == 0
-    relative = Path("tiny-random-llama/tiny_niah/streamingllm/64L/niah_single_1k/predictions.jsonl")
+    relative = Path("tiny/tiny_niah/streamingllm/64L/niah_single_1k/predictions.jsonl")
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(
         [sys.executable, "run.py", *args, f"run.output_root={killed_root}"],
@@ -126,7 +131,7 @@ def test_changed_config_in_same_folder_is_refused_without_touching_results(tmp_p
     root = tmp_path / "runs"
     args = [*FAST, "task.num_samples=1", "task.datasets=[niah_single_1k]", f"run.output_root={root}"]
     assert run_cli(*args).returncode == 0
-    folder = root / "tiny-random-llama" / "tiny_niah" / "snapkv" / "64L"
+    folder = root / "tiny" / "tiny_niah" / "snapkv" / "64L"
     before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
     result = run_cli(*args, "method.window=8")
     assert result.returncode != 0
@@ -134,4 +139,4 @@ def test_changed_config_in_same_folder_is_refused_without_touching_results(tmp_p
     assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
     tagged = run_cli(*args, "method.window=8", "run.tag=w8")
     assert tagged.returncode == 0
-    assert (root / "tiny-random-llama" / "tiny_niah" / "snapkv" / "64L~w8" / "niah_single_1k" / "metrics.json").exists()
+    assert (root / "tiny" / "tiny_niah" / "snapkv" / "64L~w8" / "niah_single_1k" / "metrics.json").exists()

@@ -307,6 +307,17 @@ def build_tiny_niah(task_cfg: Any, tokenizer: Any) -> list[TaskDataset]:
         for variant in VARIANTS:
             by_name[dataset_name(variant, length)] = (variant, length)
     chosen = select_datasets(list(by_name), getattr(task_cfg, "datasets", None), getattr(task_cfg, "name", "tiny_niah"))
+    for name in chosen:  # fail before any work when a target length cannot hold even an empty haystack
+        variant, length = by_name[name]
+        minimum = (
+            _count_tokens(tokenizer, "".join(_texts(build_instance(variant, 0, 50.0, "size"))))
+            + MAX_NEW_TOKENS[variant]
+        )
+        if minimum > length:
+            raise ValueError(
+                f"task.lengths: {length} tokens is too short for {variant} with this tokenizer (prompt without "
+                f"haystack + answer = {minimum} tokens); use a length >= {minimum} or drop {name} via task.datasets"
+            )
     seed = int(getattr(task_cfg, "seed", 42))
     depths = getattr(task_cfg, "depths", None)
     return [TinyNiahDataset(*by_name[name], num_samples, seed, tokenizer, depths) for name in chosen]
