@@ -23,6 +23,7 @@ def run(tmp_path: Path, *overrides: str) -> tuple[Path, list]:
         cfg = compose(
             "config",
             overrides=[
+                "model=tiny-random-llama",  # byte-level tokenizer for any text (the tiny default is word-level)
                 "method=snapkv",
                 "budget=64L",
                 f"run.output_root={tmp_path}",

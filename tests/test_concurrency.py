@@ -13,8 +13,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kvbench.tiny_model import DEFAULT_MODEL_DIR
+
 REPO = Path(__file__).resolve().parent.parent
-FAST = ["model=tiny-random-llama", "task=tiny_niah", "task.lengths=[1024]", "run.progress=false"]
+FAST = ["model=tiny", "task=tiny_niah", "task.lengths=[1024]", "run.progress=false"]
+#: Layers of the embedded default model (models/tiny-niah), which the per-layer cache records list.
+TINY_LAYERS = json.loads((DEFAULT_MODEL_DIR / "config.json").read_text())["num_hidden_layers"]
 ENV = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 DATASETS = ["niah_multikey_1k", "niah_multivalue_1k", "niah_single_1k"]
 # Four different jobs: methods x budgets.
@@ -47,7 +51,7 @@ def check_complete_run(folder: Path, method: str, budget: str, n_samples: int) -
         rows = [json.loads(line) for line in raw.splitlines()]
         assert len(rows) == n_samples and len({r["id"] for r in rows}) == n_samples
         budget_tokens = int(budget.rstrip("L"))
-        assert all(r["cache"]["requested_per_layer"] == [budget_tokens] * 4 for r in rows)
+        assert all(r["cache"]["requested_per_layer"] == [budget_tokens] * TINY_LAYERS for r in rows)
         metrics = json.loads((folder / name / "metrics.json").read_text())
         assert (metrics["method"], metrics["budget"], metrics["dataset"]) == (method, budget, name)
         assert metrics["n_samples"] == n_samples and metrics["config_hash"] == meta["config_hash"]
@@ -71,7 +75,7 @@ def test_concurrent_runs_of_different_jobs_into_one_tree(tmp_path: Path) -> None
     runs = sorted(p.parent for p in root.rglob("run_meta.json"))
     assert len(runs) == len(JOBS)
     for method, budget in JOBS:
-        check_complete_run(root / "tiny-random-llama" / "tiny_niah" / method / budget, method, budget, n_samples)
+        check_complete_run(root / "tiny" / "tiny_niah" / method / budget, method, budget, n_samples)
 
     # Same results as a run on its own (nothing leaked between the concurrent jobs).
     alone = tmp_path / "alone"
@@ -94,7 +98,7 @@ def test_concurrent_runs_of_different_jobs_into_one_tree(tmp_path: Path) -> None
         timeout=600,
     )
     assert single.returncode == 0, single.stderr[-2000:]
-    relative = Path("tiny-random-llama/tiny_niah") / method / budget / "niah_single_1k" / "predictions.jsonl"
+    relative = Path("tiny/tiny_niah") / method / budget / "niah_single_1k" / "predictions.jsonl"
     assert (root / relative).read_bytes() == (alone / relative).read_bytes()
 
 
@@ -102,7 +106,7 @@ def test_second_process_on_the_same_run_folder_fails_clearly_and_writes_nothing(
     from kvbench.runner import run_folder_lock
 
     root = tmp_path / "runs"
-    folder = root / "tiny-random-llama" / "tiny_niah" / "snapkv" / "64L"
+    folder = root / "tiny" / "tiny_niah" / "snapkv" / "64L"
     args = [*FAST, "task.num_samples=1", "task.datasets=[niah_single_1k]", f"run.output_root={root}"]
     with run_folder_lock(folder):
         held = folder / ".kvbench.lock"
@@ -121,7 +125,7 @@ def test_second_process_waits_for_the_lock_when_asked(tmp_path: Path) -> None:
     from kvbench.runner import run_folder_lock
 
     root = tmp_path / "runs"
-    folder = root / "tiny-random-llama" / "tiny_niah" / "snapkv" / "64L"
+    folder = root / "tiny" / "tiny_niah" / "snapkv" / "64L"
     args = [*FAST, "task.num_samples=1", "task.datasets=[niah_single_1k]", f"run.output_root={root}"]
     with run_folder_lock(folder):
         process = start(args, env={**ENV, "KVBENCH_LOCK_WAIT": "300"})

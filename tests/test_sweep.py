@@ -18,7 +18,7 @@ import pytest
 from kvbench import sweep
 
 REPO = Path(__file__).resolve().parent.parent
-FAST = ["model=tiny-random-llama", "task=tiny_niah", "task.lengths=[1024]", "run.progress=false"]
+FAST = ["model=tiny", "task=tiny_niah", "task.lengths=[1024]", "run.progress=false"]
 ENV = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 
@@ -42,7 +42,7 @@ def conf_copy(tmp_path: Path) -> Path:
         "# @package _global_\n"
         "run:\n  experiment: sweep_test\n"
         "hydra:\n  sweeper:\n    params:\n"
-        "      model: tiny-random-llama\n"
+        "      model: tiny\n"
         "      task: tiny_niah\n"
         "      method: streamingllm,no_such_method,snapkv\n"
         "      budget: 64L,128L\n"
@@ -125,14 +125,14 @@ def test_manifest_skips_complete_jobs_and_resubmission_is_idempotent(tmp_path: P
     run = sweep_cli("--exec", str(manifest), env={**ENV, "SLURM_ARRAY_TASK_ID": "1"})
     assert run.returncode == 0, run.stderr[-2000:]
     assert "kvbench job: python run.py" in run.stdout and "method=snapkv" in run.stdout
-    meta = json.loads((root / "tiny-random-llama/tiny_niah/snapkv/64L/run_meta.json").read_text())
+    meta = json.loads((root / "tiny/tiny_niah/snapkv/64L/run_meta.json").read_text())
     assert meta["status"] == "complete" and meta["datasets"] == ["niah_single_1k"]
     second = sweep_cli(*grid, "-o", str(tmp_path / "manifest2.txt"))
     assert "2 jobs: 1 new, 0 partial, 1 complete, 0 invalid" in second.stderr
     assert (tmp_path / "manifest2.txt").read_text().splitlines() == [lines[0]]
 
     # Re-running an already complete line (a resubmitted old array) does nothing and changes nothing.
-    folder = root / "tiny-random-llama/tiny_niah/snapkv/64L"
+    folder = root / "tiny/tiny_niah/snapkv/64L"
     before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
     again = sweep_cli("--exec", str(manifest), "--index", "1")
     assert again.returncode == 0 and "already complete" in again.stdout
@@ -163,7 +163,7 @@ def test_sigterm_mid_dataset_then_requeue_loses_and_duplicates_nothing(tmp_path:
         env=ENV,
     )
     assert clean.returncode == 0, clean.stderr[-2000:]
-    relative = Path("tiny-random-llama/tiny_niah/streamingllm/64L")
+    relative = Path("tiny/tiny_niah/streamingllm/64L")
     target = root / relative / "niah_single_1k" / "predictions.jsonl"
 
     process = subprocess.Popen(

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-FAST = ["model=tiny-random-llama", "task=tiny_niah", "task.lengths=[1024]", "task.num_samples=2", "run.progress=false"]
+FAST = ["model=tiny", "task=tiny_niah", "task.lengths=[1024]", "task.num_samples=2", "run.progress=false"]
 DATASETS = ["niah_single_1k", "niah_multikey_1k", "niah_multivalue_1k"]
 
 
@@ -61,7 +61,7 @@ def test_offline_mode_logs_group_name_table_and_summary(tmp_path: Path) -> None:
     root = tmp_path / "runs"
     result = run_cli([*FAST, f"run.output_root={root}", "run.experiment=table_x"], {"WANDB_MODE": "offline"}, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    folder = root / "tiny-random-llama" / "tiny_niah" / "snapkv" / "64L"
+    folder = root / "tiny" / "tiny_niah" / "snapkv" / "64L"
     metrics = {name: json.loads((folder / name / "metrics.json").read_text()) for name in DATASETS}
 
     offline = sorted((folder / "wandb").glob("offline-run-*"))
@@ -73,10 +73,10 @@ def test_offline_mode_logs_group_name_table_and_summary(tmp_path: Path) -> None:
 
     run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
     assert run.run_group == "table_x"
-    assert run.display_name == "tiny-random-llama-snapkv-64L-tiny_niah"
+    assert run.display_name == "tiny-snapkv-64L-tiny_niah"
     assert run.job_type == "tiny_niah"
     assert run.project == "kvbench"
-    assert list(run.tags) == ["tiny-random-llama", "snapkv", "64L"]
+    assert list(run.tags) == ["tiny", "snapkv", "64L"]
     assert run.run_id == json.loads((folder / "run_meta.json").read_text())["config_hash"]
 
     summary: dict[str, Any] = {}
@@ -118,7 +118,7 @@ def test_offline_mode_logs_group_name_table_and_summary(tmp_path: Path) -> None:
     rows = {row[4]: row for row in table["data"]}
     assert sorted(rows) == sorted(DATASETS)
     for name in DATASETS:
-        assert rows[name][:4] == ["tiny-random-llama", "snapkv", "64L", "tiny_niah"]
+        assert rows[name][:4] == ["tiny", "snapkv", "64L", "tiny_niah"]
         assert rows[name][5:] == [
             metrics[name]["metric"],
             pytest.approx(metrics[name]["score"]),
@@ -133,7 +133,7 @@ def test_disabled_mode_writes_nothing_for_wandb(tmp_path: Path) -> None:
         [*FAST, "task.datasets=[niah_single_1k]", f"run.output_root={root}"], {"WANDB_MODE": "disabled"}, tmp_path
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    folder = root / "tiny-random-llama" / "tiny_niah" / "snapkv" / "64L"
+    folder = root / "tiny" / "tiny_niah" / "snapkv" / "64L"
     assert (folder / "niah_single_1k" / "metrics.json").exists()
     assert not (folder / "wandb").exists()
     assert not list(tmp_path.rglob("offline-run-*"))
