@@ -14,7 +14,7 @@ patterns directly (head 0 of layer 0 attends to the previous token; head 0 of la
 position, to the context positions holding the answer), after which the answer loss alone trains every weight.
 With it, retrieval appears within a few hundred steps.  The shipped weights are an ordinary ``LlamaForCausalLM``.
 
-One command retrains it (about 30 min on 2 CPU cores)::
+One command retrains it (about 45 min on 2 CPU cores)::
 
     python scripts/train_tiny.py --out models/tiny-niah --threads 2
 
