@@ -164,6 +164,18 @@ def _texts(instance: NiahInstance) -> tuple[str, str]:
     return " ".join(instance.context) + "\n", " ".join(instance.question)
 
 
+def check_length(variant: str, length: int, seed: str, tokenizer: Any) -> None:
+    """Raise ``ValueError`` naming the minimum when ``length`` cannot hold a ``variant`` prompt with an empty
+    haystack plus its answer (``MAX_NEW_TOKENS``)."""
+    empty = _count_tokens(tokenizer, "".join(_texts(build_instance(variant, 0, 50.0, seed))))
+    minimum = empty + MAX_NEW_TOKENS[variant]
+    if minimum > length:
+        raise ValueError(
+            f"task.lengths: {length} tokens is too short for {variant} with this tokenizer (prompt without "
+            f"haystack + answer = {minimum} tokens); use a length >= {minimum} or drop that dataset via task.datasets"
+        )
+
+
 def sized_instance(variant: str, length: int, depth: float, seed: str, tokenizer: Any) -> tuple[NiahInstance, int]:
     """The largest instance whose prompt plus ``MAX_NEW_TOKENS[variant]`` fits ``length`` tokens (binary search).
 
@@ -175,8 +187,7 @@ def sized_instance(variant: str, length: int, depth: float, seed: str, tokenizer
         context, question = _texts(build_instance(variant, num_units, depth, seed))
         return _count_tokens(tokenizer, context + question)
 
-    if tokens(0) > budget:
-        raise ValueError(f"target length {length} is too short for a {variant} prompt ({tokens(0)} tokens)")
+    check_length(variant, length, seed, tokenizer)
     probe = 20
     per_unit = max(1.0, (tokens(probe) - tokens(0)) / probe)
     low, high = 0, max(probe, int(budget / per_unit * 2) + 2)
@@ -307,17 +318,8 @@ def build_tiny_niah(task_cfg: Any, tokenizer: Any) -> list[TaskDataset]:
         for variant in VARIANTS:
             by_name[dataset_name(variant, length)] = (variant, length)
     chosen = select_datasets(list(by_name), getattr(task_cfg, "datasets", None), getattr(task_cfg, "name", "tiny_niah"))
-    for name in chosen:  # fail before any work when a target length cannot hold even an empty haystack
-        variant, length = by_name[name]
-        minimum = (
-            _count_tokens(tokenizer, "".join(_texts(build_instance(variant, 0, 50.0, "size"))))
-            + MAX_NEW_TOKENS[variant]
-        )
-        if minimum > length:
-            raise ValueError(
-                f"task.lengths: {length} tokens is too short for {variant} with this tokenizer (prompt without "
-                f"haystack + answer = {minimum} tokens); use a length >= {minimum} or drop {name} via task.datasets"
-            )
+    for name in chosen:  # fail before any work (samples are generated lazily); keys vary in length per sample
+        check_length(*by_name[name], "size", tokenizer)
     seed = int(getattr(task_cfg, "seed", 42))
     depths = getattr(task_cfg, "depths", None)
     return [TinyNiahDataset(*by_name[name], num_samples, seed, tokenizer, depths) for name in chosen]
@@ -419,7 +421,7 @@ def training_example(
         return compact_example(rng, length, token_id)
     words: list[str] = (HEADER_PLURAL if rng.random() < 0.5 else HEADER_SINGULAR).split()
     supervised: list[tuple[int, list[str]]] = []  # (position in words, accepted next words)
-    # a third of the sequences drill multi-value answers: more multi-value keys, asked most of the time
+    # a multi_focus share of the sequences drill multi-value answers: more multi-value keys, asked most of the time
     focus = rng.random() < multi_focus
     density = rng.choice((0.02, 0.05, 0.15, 0.4, 1.0))
     query_rate = rng.choice((0.0, 0.05, 0.15))
@@ -481,9 +483,9 @@ def training_example(
         else:
             words.extend(filler_sentence(rng))
     if not answers:  # sparse and short: make sure there is something to ask about
-        key = free_keys.pop()
-        answers[key] = [pool.draw()] if pool else []
-        words.extend(needle_words(key, answers[key][0]))
+        key, value = free_keys.pop(), pool.draw()
+        words.extend(needle_words(key, value))
+        answers[key] = [value]
     while len(words) < length:
         ask(pick_key())
     return _finish(words, supervised, length, token_id)
