@@ -6,7 +6,8 @@ whitespace-separated word (and every punctuation mark) is one token, so a 4K-tok
 samples is exact.  The vocabulary is small and fully deterministic:
 
 * special tokens ``<pad> <unk> <s> </s>``;
-* the template words of the task prompts and the filler words of the haystack;
+* the template words of the task prompts (with the ordinals ``first`` ... ``fourth`` of multi-value needles) and
+  the filler words of the haystack;
 * :data:`NUM_KEYS` synthetic key words (``"bakodi"``-like, three syllables);
 * the :data:`NUM_VALUES` number tokens ``10`` ... ``99``; a needle value is two of them (``"57 83"``).
 
@@ -36,7 +37,7 @@ def _words(text: str) -> tuple[str, ...]:
 #: Words of the prompt templates (header, needle, question, answer prefix).
 TEMPLATE_WORDS: tuple[str, ...] = _words(
     """a some special magic number numbers is are hidden within the following text make sure to memorize it them
-    i will quiz you about afterwards one of for what all mentioned in provided"""
+    i will quiz you about afterwards one of for what all mentioned in provided first second third fourth"""
 )
 
 #: Filler words of the haystack: plain English, no digits, disjoint from the key words.

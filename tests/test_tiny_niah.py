@@ -17,11 +17,13 @@ from kvbench.tasks.tiny_niah import (
     MAX_NEW_TOKENS,
     MULTIKEY_NEEDLES,
     NUM_MULTI_VALUES,
+    ORDINALS,
     VALUE_TOKENS,
     VARIANTS,
     TinyNiahDataset,
     build_instance,
     evaluate_dataset,
+    multivalue_answer,
     string_match_all,
     training_example,
 )
@@ -115,14 +117,20 @@ def test_needle_at_requested_depth(tokenizer, variant, depth):
     assert sample.question.split()[-3:] == ["number", "is", sample.extra["key"]]
 
 
-def test_multivalue_has_four_needles_of_one_key(tokenizer):
-    sample = TinyNiahDataset("niah_multivalue", 2048, 1, 5, tokenizer, None).samples()[0]
+@pytest.mark.parametrize("seed", [5, 6, 7])
+def test_multivalue_has_four_needles_of_one_key_labelled_in_order(tokenizer, seed):
+    """Four needles of the asked key, labelled first..fourth in order of appearance; answers in that order."""
+    sample = TinyNiahDataset("niah_multivalue", 2048, 1, seed, tokenizer, [30.0]).samples()[0]
     key = sample.extra["key"]
     assert len(set(sample.answers)) == NUM_MULTI_VALUES
-    for value in sample.answers:
-        assert f"numbers is {key} {value} ." in sample.context
+    starts = [
+        sample.context.index(f"numbers is {key} {o} {v} .") for o, v in zip(ORDINALS, sample.answers, strict=True)
+    ]
+    assert starts == sorted(starts)
     assert sample.context.count(f" {key} ") == NUM_MULTI_VALUES
-    assert len(sample.extra["needle_depths"]) == NUM_MULTI_VALUES
+    depths = sample.extra["needle_depths"]
+    assert len(depths) == NUM_MULTI_VALUES and depths == sorted(depths) and 30.0 in depths
+    assert sample.question.split()[-2:] == [key, ORDINALS[0]]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -133,14 +141,15 @@ def test_values_are_multi_token_and_no_number_repeats(tokenizer, variant):
         assert len(numbers) == len(set(numbers))
         for value in sample.answers:
             assert len(value.split()) == VALUE_TOKENS and all(w in VALUE_WORDS for w in value.split())
-            assert f"{sample.extra['key']} {value} ." in sample.context
+            assert f" {value} ." in sample.context and sample.extra["key"] in sample.context
 
 
 def test_max_new_tokens_is_the_length_of_a_full_answer(tokenizer):
     """The generation budget holds exactly one complete answer in the training format."""
     key = KEY_WORDS[0]
     single = "57 83 ."
-    multi = f"10 11 , {key} 12 13 , {key} 14 15 , {key} 16 17"
+    multi = f"10 11 , {key} second 12 13 , {key} third 14 15 , {key} fourth 16 17"
+    assert multi.split() == multivalue_answer(key, ["10 11", "12 13", "14 15", "16 17"])
     assert len(tokenizer(single)["input_ids"]) == MAX_NEW_TOKENS["niah_single"] == MAX_NEW_TOKENS["niah_multikey"]
     assert len(tokenizer(multi)["input_ids"]) == MAX_NEW_TOKENS["niah_multivalue"]
     assert string_match_all(multi, ["10 11", "12 13", "14 15", "16 17"]) == 1.0
@@ -219,14 +228,35 @@ def test_training_example_supervision_matches_tokens():
         example = training_example(random.Random(seed), length, vocab.__getitem__)
         assert len(example.input_ids) == length
         assert example.positions, "every training sequence supervises answers"
-        answer_tokens = {vocab[w] for w in (*VALUE_WORDS, *KEY_WORDS, ".", ",")}
-        numbers = {vocab[v] for v in VALUE_WORDS}
+        answer_tokens = {vocab[w] for w in (*VALUE_WORDS, *KEY_WORDS, *ORDINALS[1:], ".", ",")}
         for position, accepted in zip(example.positions, example.targets, strict=True):
-            assert example.input_ids[position + 1] in accepted  # teacher-forced token is an accepted answer
+            assert accepted == [example.input_ids[position + 1]]  # exactly the teacher-forced token
             assert set(accepted) <= answer_tokens
-            assert len(accepted) == 1 or set(accepted) <= numbers  # only a multi-value's first token is a set
         again = training_example(random.Random(seed), length, vocab.__getitem__)
         assert again == example
+
+
+def test_training_multivalue_answers_enumerate_the_labelled_needles():
+    """In drill sequences every multi-value answer lists the key's needles first..fourth, as the eval prompts do."""
+    vocab = {w: i for i, w in enumerate(vocabulary())}
+    words_of = {i: w for w, i in vocab.items()}
+    checked = 0
+    for seed in range(6):
+        example = training_example(random.Random(seed), 2048, vocab.__getitem__, multi_focus=1.0)
+        words = [words_of[i] for i in example.input_ids]
+        needles: dict[str, list[str]] = {}
+        for i in range(len(words) - 5):
+            if words[i] == "is" and words[i + 2] in ORDINALS and words[i + 5] == ".":
+                key, ordinal = words[i + 1], words[i + 2]
+                assert ORDINALS.index(ordinal) == len(needles.setdefault(key, []))  # labelled in order
+                needles[key].append(" ".join(words[i + 3 : i + 5]))
+        for i in range(len(words) - 2):
+            if words[i] == "are" and words[i + 2] == ORDINALS[0]:
+                key = words[i + 1]
+                answer = multivalue_answer(key, needles[key])
+                assert words[i + 3 : i + 3 + len(answer)] == answer[: len(words) - i - 3]
+                checked += 1
+    assert checked >= 6
 
 
 def _load_train_script():
@@ -279,26 +309,11 @@ def test_model_loads_via_from_pretrained(model, tokenizer):
     assert total <= 20 * 1024 * 1024
 
 
-MULTIVALUE_SHORTFALL = pytest.mark.xfail(
-    strict=False,
-    reason="acceptance target (>=95%) not reached for niah_multivalue: the shipped model scores 50-58% "
-    "(it repeats a value of the right key instead of giving the next; see models/tiny-niah/README.md)",
-)
-
-
-@pytest.mark.parametrize(
-    "variant", ["niah_single", "niah_multikey", pytest.param("niah_multivalue", marks=MULTIVALUE_SHORTFALL)]
-)
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("length", [1024, 4096])
 def test_full_cache_accuracy_target(model, tokenizer, variant, length):
-    """Greedy full-cache retrieval >= 95 % on fresh samples (task seed 2024, needles at 0-100 % depth)."""
+    """Greedy full-cache retrieval >= 95 % on fresh samples (task seed 2024, 20 needle depths 0-100 %; measured
+    100/100/98.75 at 1K and 100/95/97.5 at 4K: the one multi-key miss has its needle at depth 0 of 4K)."""
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
-    dataset = TinyNiahDataset(variant, length, 5, 2024, tokenizer, None)
+    dataset = TinyNiahDataset(variant, length, 20, 2024, tokenizer, None)
     assert evaluate_dataset(model, tokenizer, dataset)["score"] >= 95.0
-
-
-def test_full_cache_multivalue_finds_values_of_the_asked_key(model, tokenizer):
-    """Below target, but real retrieval: most predicted values belong to the asked key (chance: ~0)."""
-    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
-    dataset = TinyNiahDataset("niah_multivalue", 2048, 5, 2024, tokenizer, None)
-    assert evaluate_dataset(model, tokenizer, dataset)["score"] >= 40.0

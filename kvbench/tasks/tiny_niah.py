@@ -13,7 +13,11 @@ Three variants, each at any target length (default grid 1K/2K/4K tokens), modell
     context tells which needle will be asked.
 ``niah_multivalue``
     One key with four values in four needles at different depths (RULER ``niah_multivalue``); the answer must
-    contain all four values.
+    contain all four values.  Unlike RULER, each of these needles carries an ordinal after the key, in order of
+    appearance (``... numbers is bakodi second 12 45 .``), and the answer enumerates them: a tiny model then
+    retrieves each value by ``<key> <ordinal>`` like a single needle, instead of having to remember which values
+    it already gave (the unlabelled format capped the shipped model at about 55 % with the full cache).  What
+    eviction must keep is unchanged: all four needles.
 
 Every value is :data:`VALUE_TOKENS` number tokens (``"57 83"``), and no number token occurs twice in a sample.
 Multi-token values are what make eviction measurable: in question-aware mode the first answer token is computed
@@ -22,8 +26,8 @@ decoded from the compressed cache and are only right when the needle survived ev
 
 Prompt = ``context`` (header + haystack, ending in a newline) + ``question`` (question + answer prefix), e.g.
 ``... what is the special magic number for bakodi ? the special magic number is bakodi`` -> `` 57 83 .``.
-A multi-value answer repeats the key before every further value: ``... numbers are bakodi`` ->
-`` 57 83 , bakodi 12 45 , bakodi 33 21 , bakodi 81 90``.
+A multi-value answer repeats the key and names the ordinal before every further value: ``... numbers are bakodi
+first`` -> `` 57 83 , bakodi second 12 45 , bakodi third 33 21 , bakodi fourth 81 90``.
 The key sits right before its value in needles and answer prefixes (as in associative-recall data), which is what
 lets a tiny model learn content-based retrieval on a CPU budget.
 Scoring is RULER's ``string_match_all``: per sample the fraction of reference values found in the prediction,
@@ -68,18 +72,24 @@ HEADER_PLURAL = (
     "i will quiz you about the numbers afterwards ."
 )
 NEEDLE = "one of the special magic numbers is {key} {value} ."
+#: A needle of niah_multivalue: the key, then the needle's ordinal among the key's needles (order of appearance).
+MULTI_NEEDLE = "one of the special magic numbers is {key} {ordinal} {value} ."
+#: Ordinals of the multi-value needles, in order of appearance (one per value).
+ORDINALS: tuple[str, ...] = ("first", "second", "third", "fourth")
 QUESTION_SINGULAR = "what is the special magic number for {key} ? the special magic number is {key}"
-QUESTION_PLURAL = "what are all the special magic numbers for {key} ? the special magic numbers are {key}"
+QUESTION_PLURAL = "what are all the special magic numbers for {key} ? the special magic numbers are {key} {ordinal}"
 
 #: Number tokens per needle value (``"57 83"``); every number token occurs at most once per sample.
 VALUE_TOKENS = 2
 #: Tokens to generate per variant (RULER counts them in the target length): one value and its full stop, or
-#: ``v , key v , key v , key v`` for the four values of niah_multivalue.
+#: ``v , key second v , key third v , key fourth v`` for the four values of niah_multivalue.
 MAX_NEW_TOKENS: dict[str, int] = {
     "niah_single": VALUE_TOKENS + 1,
     "niah_multikey": VALUE_TOKENS + 1,
-    "niah_multivalue": VALUE_TOKENS + (NUM_MULTI_VALUES - 1) * (VALUE_TOKENS + 2),
+    "niah_multivalue": VALUE_TOKENS + (NUM_MULTI_VALUES - 1) * (VALUE_TOKENS + 3),
 }
+if len(ORDINALS) != NUM_MULTI_VALUES:
+    raise AssertionError(f"need one ordinal per multi-value needle: {len(ORDINALS)} != {NUM_MULTI_VALUES}")
 
 
 def dataset_name(variant: str, length: int) -> str:
@@ -98,9 +108,22 @@ def draw_values(rng: random.Random, count: int) -> list[str]:
     return [" ".join(tokens[i : i + VALUE_TOKENS]) for i in range(0, len(tokens), VALUE_TOKENS)]
 
 
-def needle_words(key: str, value: str) -> list[str]:
-    """The words of one needle."""
-    return NEEDLE.format(key=key, value=value).split()
+def needle_words(key: str, value: str, ordinal: str | None = None) -> list[str]:
+    """The words of one needle; with ``ordinal``, a multi-value needle (:data:`MULTI_NEEDLE`)."""
+    if ordinal is None:
+        return NEEDLE.format(key=key, value=value).split()
+    return MULTI_NEEDLE.format(key=key, ordinal=ordinal, value=value).split()
+
+
+def multivalue_answer(key: str, values: Sequence[str]) -> list[str]:
+    """The words of a multi-value answer after the question (which ends in ``<key> first``):
+    ``v1 , <key> second v2 , <key> third v3 , <key> fourth v4`` (no closing full stop: generation ends there)."""
+    words: list[str] = []
+    for index, value in enumerate(values):
+        if index:
+            words.extend([",", key, ORDINALS[index]])
+        words.extend(value.split())
+    return words
 
 
 @dataclass(frozen=True)
@@ -136,7 +159,7 @@ def build_instance(variant: str, num_units: int, depth: float, seed: str) -> Nia
     key = keys[0]
     if variant == "niah_multivalue":
         values = draw_values(rng, NUM_MULTI_VALUES)
-        needles = [needle_words(key, v) for v in values]
+        needles = [needle_words(key, v, ORDINALS[0]) for v in values]  # ordinals set in order of appearance below
         depths = [float(depth)] + [float(rng.randint(0, 100)) for _ in range(NUM_MULTI_VALUES - 1)]
     else:
         num_needles = MULTIKEY_NEEDLES if variant == "niah_multikey" else 1
@@ -147,10 +170,17 @@ def build_instance(variant: str, num_units: int, depth: float, seed: str) -> Nia
     unit_rng = random.Random(f"{seed}-haystack")
     units = [filler_sentence(unit_rng) for _ in range(num_units)]
     units = _insert_at_depths(units, needles, depths)
-    header = HEADER_PLURAL if variant == "niah_multivalue" else HEADER_SINGULAR
-    question = QUESTION_PLURAL if variant == "niah_multivalue" else QUESTION_SINGULAR
+    if variant == "niah_multivalue":  # label the needles first ... fourth in the order they appear
+        by_identity = {id(needle): (value, d) for needle, value, d in zip(needles, values, depths, strict=True)}
+        appearance = [by_identity[id(unit)] for unit in units if id(unit) in by_identity]
+        values, depths = [value for value, _ in appearance], [d for _, d in appearance]
+        labelled = iter(needle_words(key, value, ordinal) for value, ordinal in zip(values, ORDINALS, strict=True))
+        units = [next(labelled) if id(unit) in by_identity else unit for unit in units]
+        header, question = HEADER_PLURAL, QUESTION_PLURAL.format(key=key, ordinal=ORDINALS[0])
+    else:
+        header, question = HEADER_SINGULAR, QUESTION_SINGULAR.format(key=key)
     context = header.split() + [word for unit in units for word in unit]
-    return NiahInstance(context, question.format(key=key).split(), values, key, depths)
+    return NiahInstance(context, question.split(), values, key, depths)
 
 
 def _count_tokens(tokenizer: Any, text: str) -> int:
@@ -334,8 +364,9 @@ def build_tiny_niah(task_cfg: Any, tokenizer: Any) -> list[TaskDataset]:
 class TrainingExample:
     """One training sequence: token ids plus supervised positions.
 
-    ``targets[i]`` is the set of token ids accepted at ``positions[i]`` (the logits at that position predict the
-    next token); a set has several ids while the values of a multi-value key may still come in any order.
+    ``targets[i]`` is the list of token ids accepted at ``positions[i]`` (the logits at that position predict the
+    next token).  The generator accepts exactly one token everywhere; the loss of ``scripts/train_tiny.py``
+    takes any accepted token, so a generator may supervise an unordered choice as a set.
     """
 
     input_ids: list[int]
@@ -409,13 +440,12 @@ def training_example(
     """A random training sequence of exactly ``length`` tokens in the prompt format of the eval tasks.
 
     With probability ``compact`` it is a :func:`compact_example` instead.  Otherwise the haystack mixes filler
-    sentences and needles at a random density, holds 0-2 multi-value keys (four needles each, spread over the
-    sequence; 2-3 keys, asked most of the time, in a ``multi_focus`` share of the sequences), and has questions
-    (with their answers, which are supervised) both interleaved in the haystack, about earlier needles at any
-    distance, and at the end.  Every generated answer token is supervised, as the model
-    must produce it: the value tokens, the ``.`` after a single value, and the ``, <key>`` between multi-value
-    values (the position after the last multi-value value is not supervised).  The first token of a multi-value
-    value is supervised as a set: every value not yet given is accepted.
+    sentences and needles at a random density, holds 0-2 multi-value keys (four needles each, labelled ``first``
+    ... ``fourth`` in order, spread over the sequence; 1-2 keys, asked most of the time, in a ``multi_focus``
+    share of the sequences), and has questions (with their answers, which are supervised) both interleaved in the
+    haystack, about earlier needles at any distance, and at the end.  Every generated answer token is supervised,
+    as the model must produce it: the value tokens, the ``.`` after a single value, and the ``, <key> <ordinal>``
+    between multi-value values (the position after the last multi-value value is not supervised).
     """
     if compact and rng.random() < compact:
         return compact_example(rng, length, token_id)
@@ -432,7 +462,7 @@ def training_example(
     answers: dict[str, list[str]] = {}  # complete keys -> values
     pending: list[tuple[int, str, str]] = []  # (word offset, key, value) of multi-value needles not placed yet
     partial: dict[str, list[str]] = {}
-    for _ in range(rng.choice((2, 3) if focus else (0, 1, 1, 2))):
+    for _ in range(rng.choice((1, 2) if focus else (0, 1, 1, 2))):
         key = free_keys.pop()
         partial[key] = []
         for _ in range(NUM_MULTI_VALUES):
@@ -451,26 +481,21 @@ def training_example(
 
     def ask(key: str) -> None:
         values = answers[key]
-        plural = len(values) > 1
-        words.extend((QUESTION_PLURAL if plural else QUESTION_SINGULAR).format(key=key).split())
-        order = rng.sample(values, len(values))
-        for index, value in enumerate(order):
-            first, *rest = value.split()
-            supervise(sorted({v.split()[0] for v in order[index:]}), first)
-            for token in rest:
-                supervise([token], token)
-            if not plural:
-                supervise(["."], ".")
-            elif index < len(order) - 1:
-                supervise([","], ",")
-                supervise([key], key)
-            else:
-                words.append(".")
+        if len(values) == 1:
+            words.extend(QUESTION_SINGULAR.format(key=key).split())
+            answer = [*values[0].split(), "."]
+        else:  # the last value's full stop is not supervised: generation stops after MAX_NEW_TOKENS
+            words.extend(QUESTION_PLURAL.format(key=key, ordinal=ORDINALS[0]).split())
+            answer = multivalue_answer(key, values)
+        for token in answer:
+            supervise([token], token)
+        if len(values) > 1:
+            words.append(".")
 
     while len(words) < body_end:
         if pending and pending[0][0] <= len(words):
             _, key, value = pending.pop(0)
-            words.extend(needle_words(key, value))
+            words.extend(needle_words(key, value, ORDINALS[len(partial[key])]))
             partial[key].append(value)
             if len(partial[key]) == NUM_MULTI_VALUES:
                 answers[key] = partial.pop(key)
