@@ -4,8 +4,8 @@
 The model is a small Llama (GQA, tied embeddings) with the word-level tokenizer of :mod:`kvbench.tiny_model`,
 trained on the synthetic needle/question sequences of :func:`kvbench.tasks.tiny_niah.training_example` mixed with
 dense associative-recall sequences (:func:`kvbench.tasks.tiny_niah.compact_example`).  Only answer tokens are
-supervised (many per sequence); the loss accepts any not-yet-given value of a multi-value key.  A fixed length
-curriculum (``--schedule``: 128 -> 4096 tokens) ends at the longest evaluation length.
+supervised (many per sequence), multi-value answers included (``v1 , <key> second v2 , ...``).  A fixed length
+curriculum (``--schedule``: 128 -> 4096 tokens) reaches the longest evaluation length, then drills multi-value.
 
 Retrieval by key needs an induction circuit (a previous-token head feeding a head that matches the current token
 against those copies), and from a random initialisation that pair forms only after a long loss plateau: hours on
@@ -14,7 +14,7 @@ patterns directly (head 0 of layer 0 attends to the previous token; head 0 of la
 position, to the context positions holding the answer), after which the answer loss alone trains every weight.
 With it, retrieval appears within a few hundred steps.  The shipped weights are an ordinary ``LlamaForCausalLM``.
 
-One command retrains it (about 45 min on 2 CPU cores)::
+One command retrains it (23 min on 2 CPU cores, measured)::
 
     python scripts/train_tiny.py --out models/tiny-niah --threads 2
 
@@ -53,7 +53,7 @@ from kvbench.tiny_model import VALUE_WORDS, build_config, build_tokenizer  # noq
 log = logging.getLogger("train_tiny")
 
 #: The default length curriculum: ``<sequence length>:<steps>:<share of dense associative-recall sequences>``
-#: ``[:<share of multi-value drill sequences>]`` per stage (5300 steps, about 35 min on 2 CPU cores).
+#: ``[:<share of multi-value drill sequences>]`` per stage (5300 steps, 23 min on 2 CPU cores).
 DEFAULT_SCHEDULE = (
     "128:500:0.7,256:1000:0.3,512:1000:0.2,1024:1000:0.1,2048:800:0.1,4096:600:0.1,"
     # multi-value drill: 60 % of the sequences hold 1-2 multi-value keys and ask them most of the time
