@@ -139,17 +139,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def copy_sources(example: Any, value_ids: frozenset[int]) -> list[tuple[int, list[int]]]:
     """Attention targets of the guidance loss: for every supervised position whose answer is a value token, the
-    earlier positions (up to and including the supervised one) that hold an accepted token.
+    earlier positions (up to and including the supervised one) that hold that token.
 
     Returns ``(position, sources)`` pairs; positions without a source (or with a non-value answer) are left out.
     """
     ids = example.input_ids
     pairs = []
-    for position, accepted in zip(example.positions, example.targets, strict=True):
-        wanted = set(accepted)
-        if not wanted <= value_ids:
+    for position, target in zip(example.positions, example.targets(), strict=True):
+        if target not in value_ids:
             continue
-        sources = [j for j in range(position + 1) if ids[j] in wanted]
+        sources = [j for j in range(position + 1) if ids[j] == target]
         if sources:
             pairs.append((position, sources))
     return pairs
@@ -164,7 +163,7 @@ def guidance_loss(
     one that matches the current token against those copies and copies the token found -- and from a random
     initialisation the pair forms only after a long loss plateau.  This loss shapes the two attention patterns
     directly: head 0 of layer 0 attends to the previous token, and head 0 of layer 1, at every answer position
-    whose answer is a value token, attends to the earlier positions holding an accepted answer (the token after
+    whose answer is a value token, attends to the earlier positions holding that answer (the token after
     the earlier occurrence of the current token).  ``attentions[l]`` is ``[batch, heads, seq, seq]`` (eager
     attention probabilities).
 
@@ -189,30 +188,26 @@ def guidance_loss(
     return prev_loss, (-torch.log(mass + 1e-6)).mean()
 
 
-def set_loss(
+def answer_loss(
     model: Any,
     batch: list[Any],
     device: torch.device,
     guide: tuple[float, float] = (0.0, 0.0),
     value_ids: frozenset[int] = frozenset(),
 ) -> torch.Tensor:
-    """Mean over supervised positions of ``-log sum_{t in accepted} p(t)``, plus the two :func:`guidance_loss`
-    terms weighted by ``guide`` = (previous-token weight, induction weight); guidance needs eager attention."""
+    """Mean over supervised positions of ``-log p(answer token)``, plus the two :func:`guidance_loss` terms
+    weighted by ``guide`` = (previous-token weight, induction weight); guidance needs eager attention."""
     guiding = any(weight > 0 for weight in guide)
     input_ids = torch.tensor([ex.input_ids for ex in batch], device=device)
     output = model.model(input_ids=input_ids, output_attentions=guiding)
     hidden = output.last_hidden_state
     rows = [b for b, ex in enumerate(batch) for _ in ex.positions]
     cols = [p for ex in batch for p in ex.positions]
-    targets = [t for ex in batch for t in ex.targets]
+    targets = [t for ex in batch for t in ex.targets()]
     if not targets:  # nothing supervised (only possible for very short sequences): a zero loss with a graph
         return hidden.sum() * 0.0
-    width = max(len(t) for t in targets)
-    padded = torch.tensor([t + [t[0]] * (width - len(t)) for t in targets], device=device)
-    valid = torch.tensor([[i < len(t) for i in range(width)] for t in targets], device=device)
-    logp = torch.log_softmax(model.lm_head(hidden[rows, cols]).float(), dim=-1)
-    picked = logp.gather(1, padded).masked_fill(~valid, float("-inf"))
-    loss = -torch.logsumexp(picked, dim=1).mean()
+    logp = torch.log_softmax(model.lm_head(hidden[rows, cols]).float(), dim=-1)  # [n, vocab]
+    loss = -logp.gather(1, torch.tensor(targets, device=device)[:, None]).squeeze(1).mean()
     if guiding:
         prev_loss, induction_loss = guidance_loss(output.attentions, batch, value_ids)
         loss = loss + guide[0] * prev_loss + guide[1] * induction_loss
@@ -318,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         if not guiding and model.config._attn_implementation != "sdpa":
             model.set_attn_implementation("sdpa")  # the guidance needs attention probabilities; sdpa is faster
         guide = (args.guide_prev, args.guide_induction) if guiding else (0.0, 0.0)
-        loss = set_loss(model, batch, device, guide, value_ids)
+        loss = answer_loss(model, batch, device, guide, value_ids)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -364,14 +364,16 @@ def build_tiny_niah(task_cfg: Any, tokenizer: Any) -> list[TaskDataset]:
 class TrainingExample:
     """One training sequence: token ids plus supervised positions.
 
-    ``targets[i]`` is the list of token ids accepted at ``positions[i]`` (the logits at that position predict the
-    next token).  The generator accepts exactly one token everywhere; the loss of ``scripts/train_tiny.py``
-    takes any accepted token, so a generator may supervise an unordered choice as a set.
+    The logits at ``positions[i]`` are trained to predict the next token, ``input_ids[positions[i] + 1]`` (every
+    supervised token is an answer token the model must generate, so the target is the teacher-forced token).
     """
 
     input_ids: list[int]
     positions: list[int]
-    targets: list[list[int]]
+
+    def targets(self) -> list[int]:
+        """The token id each supervised position must predict: ``input_ids[position + 1]``."""
+        return [self.input_ids[position + 1] for position in self.positions]
 
 
 class _ValuePool:
@@ -398,7 +400,7 @@ def compact_example(rng: random.Random, length: int, token_id: Callable[[str], i
     varied distances; the ``is <key> <value>`` core is the same as in the needles and answer prefixes of the tasks.
     """
     words: list[str] = []
-    supervised: list[tuple[int, list[str]]] = []
+    supervised: list[int] = []
     values: dict[str, str] = {}
     pool = _ValuePool(rng)
     free_keys = rng.sample(KEY_WORDS, len(KEY_WORDS))
@@ -407,7 +409,7 @@ def compact_example(rng: random.Random, length: int, token_id: Callable[[str], i
             key = rng.choice(list(values))
             words.extend(["is", key])
             for token in values[key].split():
-                supervised.append((len(words) - 1, [token]))
+                supervised.append(len(words) - 1)
                 words.append(token)
             words.append(".")
         else:
@@ -417,17 +419,10 @@ def compact_example(rng: random.Random, length: int, token_id: Callable[[str], i
     return _finish(words, supervised, length, token_id)
 
 
-def _finish(
-    words: list[str], supervised: list[tuple[int, list[str]]], length: int, token_id: Callable[[str], int]
-) -> TrainingExample:
+def _finish(words: list[str], supervised: list[int], length: int, token_id: Callable[[str], int]) -> TrainingExample:
     """Cut ``words`` to ``length`` and keep the supervised positions whose next token is inside."""
-    words = words[:length]
-    positions, targets = [], []
-    for position, accepted in supervised:
-        if position < length - 1:
-            positions.append(position)
-            targets.append([token_id(w) for w in accepted])
-    return TrainingExample([token_id(w) for w in words], positions, targets)
+    positions = [position for position in supervised if position < length - 1]
+    return TrainingExample([token_id(w) for w in words[:length]], positions)
 
 
 def training_example(
@@ -450,7 +445,7 @@ def training_example(
     if compact and rng.random() < compact:
         return compact_example(rng, length, token_id)
     words: list[str] = (HEADER_PLURAL if rng.random() < 0.5 else HEADER_SINGULAR).split()
-    supervised: list[tuple[int, list[str]]] = []  # (position in words, accepted next words)
+    supervised: list[int] = []  # positions in words whose next word is a supervised answer token
     # a multi_focus share of the sequences drill multi-value answers: more multi-value keys, asked most of the time
     focus = rng.random() < multi_focus
     density = rng.choice((0.02, 0.05, 0.15, 0.4, 1.0))
@@ -469,10 +464,6 @@ def training_example(
             pending.append((rng.randint(len(words), body_end), key, pool.draw()))
     pending.sort()
 
-    def supervise(accepted: list[str], token: str) -> None:
-        supervised.append((len(words) - 1, accepted))
-        words.append(token)
-
     def pick_key() -> str:
         multi = [key for key, values in answers.items() if len(values) > 1]
         if multi and rng.random() < (0.8 if focus else 0.3):
@@ -483,14 +474,14 @@ def training_example(
         values = answers[key]
         if len(values) == 1:
             words.extend(QUESTION_SINGULAR.format(key=key).split())
-            answer = [*values[0].split(), "."]
+            answer, unsupervised_end = [*values[0].split(), "."], []
         else:  # the last value's full stop is not supervised: generation stops after MAX_NEW_TOKENS
             words.extend(QUESTION_PLURAL.format(key=key, ordinal=ORDINALS[0]).split())
-            answer = multivalue_answer(key, values)
+            answer, unsupervised_end = multivalue_answer(key, values), ["."]
         for token in answer:
-            supervise([token], token)
-        if len(values) > 1:
-            words.append(".")
+            supervised.append(len(words) - 1)
+            words.append(token)
+        words.extend(unsupervised_end)
 
     while len(words) < body_end:
         if pending and pending[0][0] <= len(words):
