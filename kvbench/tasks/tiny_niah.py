@@ -408,15 +408,20 @@ def compact_example(rng: random.Random, length: int, token_id: Callable[[str], i
         if values and (rng.random() < 0.5 or not pool):
             key = rng.choice(list(values))
             words.extend(["is", key])
-            for token in values[key].split():
-                supervised.append(len(words) - 1)
-                words.append(token)
+            _extend_supervised(words, supervised, values[key].split())
             words.append(".")
         else:
             key = free_keys.pop()
             values[key] = pool.draw()
             words.extend(["is", key, *values[key].split(), "."])
     return _finish(words, supervised, length, token_id)
+
+
+def _extend_supervised(words: list[str], supervised: list[int], tokens: Sequence[str]) -> None:
+    """Append answer ``tokens`` to ``words``, recording in ``supervised`` the position that predicts each one."""
+    for token in tokens:
+        supervised.append(len(words) - 1)
+        words.append(token)
 
 
 def _finish(words: list[str], supervised: list[int], length: int, token_id: Callable[[str], int]) -> TrainingExample:
@@ -478,9 +483,7 @@ def training_example(
         else:  # the last value's full stop is not supervised: generation stops after MAX_NEW_TOKENS
             words.extend(QUESTION_PLURAL.format(key=key, ordinal=ORDINALS[0]).split())
             answer, unsupervised_end = multivalue_answer(key, values), ["."]
-        for token in answer:
-            supervised.append(len(words) - 1)
-            words.append(token)
+        _extend_supervised(words, supervised, answer)
         words.extend(unsupervised_end)
 
     while len(words) < body_end:
