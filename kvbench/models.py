@@ -92,13 +92,70 @@ def builtin_config(name: str, vocab_size: int = 259) -> PretrainedConfig:
     raise KVBenchError(f"unknown builtin model {name!r}; valid: {', '.join('builtin:' + n for n in BUILTIN_MODELS)}")
 
 
-BUILTIN_MODELS = ("tiny-random-llama", "tiny-random-mistral", "tiny-random-qwen2", "tiny-random-gemma")
+@dataclass(frozen=True)
+class RealVocabModel:
+    """A 2-layer random-weight model of a real architecture with a paper model's real tokenizer and chat template
+    (kvbench.real_tokenizers): prompts, lengths and stops are the real ones, the weights are noise."""
+
+    config_class: type[PretrainedConfig]
+    vocab_size: int
+    tokenizer: str
+    chat_template: str
+    rope_theta: float
+    extra: tuple[tuple[str, Any], ...] = ()
+
+    def config(self) -> PretrainedConfig:
+        """2 layers, hidden size 32, 2 query heads sharing 1 KV head (GQA), so 128K-token prefills run on a CPU."""
+        kwargs: dict[str, Any] = {
+            "vocab_size": self.vocab_size,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "max_position_embeddings": 262144,
+            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+            "tie_word_embeddings": False,
+        }
+        return self.config_class(**kwargs, **dict(self.extra))
+
+
+#: ``builtin:<name>`` real-vocabulary models (the papers' tokenizer families, see conf/model/random-*.yaml).
+REAL_VOCAB_MODELS: dict[str, RealVocabModel] = {
+    "random-llama3": RealVocabModel(LlamaConfig, 128256, "llama3", "llama3", 500000.0),
+    "random-llama3.1": RealVocabModel(LlamaConfig, 128256, "llama3", "llama3.1", 500000.0),
+    "random-mistral-v0.2": RealVocabModel(
+        MistralConfig, 32000, "mistral-v1", "mistral-v0.2", 1e6, (("sliding_window", None),)
+    ),
+    "random-mistral-v0.3": RealVocabModel(
+        MistralConfig, 32768, "mistral-v3", "mistral-v0.3", 1e6, (("sliding_window", None),)
+    ),
+    "random-qwen2": RealVocabModel(Qwen2Config, 151936, "qwen2", "qwen2", 1e6, (("use_sliding_window", False),)),
+}
+
+BUILTIN_MODELS = (
+    "tiny-random-llama",
+    "tiny-random-mistral",
+    "tiny-random-qwen2",
+    "tiny-random-gemma",
+    *REAL_VOCAB_MODELS,
+)
 
 
 def build_builtin(name: str, seed: int = 0) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A tiny random-weight model (seeded) and the byte-level tokenizer."""
-    tokenizer = byte_level_tokenizer()
-    config = builtin_config(name, vocab_size=len(tokenizer))
+    """A random-weight model (seeded): the tiny ones with the byte-level tokenizer, the ``random-*`` ones with
+    their family's real tokenizer and chat template."""
+    if name in REAL_VOCAB_MODELS:
+        from kvbench.real_tokenizers import build_tokenizer
+
+        spec = REAL_VOCAB_MODELS[name]
+        tokenizer = build_tokenizer(spec.tokenizer, spec.chat_template)
+        config = spec.config()
+        config.bos_token_id = tokenizer.bos_token_id
+        config.eos_token_id = tokenizer.eos_token_id
+    else:
+        tokenizer = byte_level_tokenizer()
+        config = builtin_config(name, vocab_size=len(tokenizer))
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
