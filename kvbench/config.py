@@ -136,6 +136,9 @@ class RunConfig:
     print_table: bool = True
     #: Torch intra-op threads (null = torch default).
     threads: Optional[int] = None
+    #: Where generated RULER/NeedleBench samples are stored and reused across method x budget runs: "auto"
+    #: (``<output_root>/../samples``, i.e. results/samples), a folder, or null (regenerate in every run).
+    sample_cache: Optional[str] = "auto"
 
 
 @dataclass

@@ -77,7 +77,9 @@ def generate(
 
     ``aware``: the whole prompt (context + question) is prefilled and compressed.  ``agnostic``: only the context
     is prefilled and compressed, then the question is fed on top of the compressed cache.  Stop tokens and stop
-    strings are ignored for the first ``min_new_tokens`` tokens (LongBench's ``min_length`` for samsum).
+    strings are ignored for the first ``min_new_tokens`` tokens (LongBench's ``min_length`` for samsum: the stop
+    tokens' logits are masked, so the model picks another token).  A stop token ends the output and is part of it
+    (as in ``generate()``); the text is decoded with ``skip_special_tokens=True``.
     """
     if question_mode not in QUESTION_MODES:
         raise ValueError(f"question_mode={question_mode!r}; valid: {', '.join(QUESTION_MODES)}")
@@ -112,10 +114,12 @@ def generate(
             logits = logits.clone()
             logits[list(stop_token_ids)] = float("-inf")
         next_id = int(torch.argmax(logits))
+        generated.append(next_id)
         if next_id in stop_token_ids:
+            # Kept in the output like transformers' generate(); decoding skips it when it is a special token, so a
+            # newline stop (LongBench samsum) stays in the text as in the official predictions.
             stop_reason = "stop_token"
             break
-        generated.append(next_id)
         if (
             stop_strings
             and step + 1 > min_new_tokens
@@ -135,6 +139,18 @@ def generate(
         # Like an eos, the stop string ends the output and is not part of it.
         text = text[: min(text.find(s) for s in stop_strings if s in text)]
     return GenerationOutput(generated, text, record, prefill_s, decode_s, stop_reason)
+
+
+def last_token_ids(tokenizer: PreTrainedTokenizerBase, texts: tuple[str, ...] | list[str]) -> set[int]:
+    """Id of the last token of each text (LongBench pred.py's ``tokenizer.encode("\\n", add_special_tokens=False)[-1]``:
+    the newline piece, e.g. 13 for Llama-2/Mistral SentencePiece, 198 for Llama-3 and Qwen2)."""
+    ids = set()
+    for text in texts:
+        encoded = tokenizer.encode(text, add_special_tokens=False)
+        if not encoded:
+            raise ValueError(f"stop text {text!r} encodes to no token")
+        ids.add(int(encoded[-1]))
+    return ids
 
 
 def _sync(device: torch.device) -> None:

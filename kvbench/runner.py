@@ -25,6 +25,7 @@ import errno
 import fcntl
 import hashlib
 import json
+import logging
 import math
 import os
 import platform
@@ -46,7 +47,7 @@ from omegaconf import DictConfig, OmegaConf
 from kvbench import __version__
 from kvbench.budget import Budget, BudgetError, parse_budget
 from kvbench.errors import KVBenchError
-from kvbench.generation import QUESTION_MODES, generate
+from kvbench.generation import QUESTION_MODES, generate, last_token_ids
 from kvbench.methods.base import EvictionMethod, build_method
 from kvbench.models import LoadedModel, load_model, stop_token_ids, validate_model_config
 from kvbench.prompting import encode_sample
@@ -63,10 +64,22 @@ from kvbench.results import (
     read_json,
     run_dir,
 )
+from kvbench.sample_cache import SampleCache
 from kvbench.tasks.base import Sample, TaskDataset, build_task, task_kinds
+from kvbench.tasks.provenance import stand_in_warnings
+
+LOG = logging.getLogger(__name__)
 
 #: Config keys that do not change results (excluded from the config hash).
-NON_SEMANTIC_KEYS = ("wandb", "run.progress", "run.print_table", "run.threads", "run.output_root", "run.experiment")
+NON_SEMANTIC_KEYS = (
+    "wandb",
+    "run.progress",
+    "run.print_table",
+    "run.threads",
+    "run.output_root",
+    "run.experiment",
+    "run.sample_cache",
+)
 
 
 @dataclass
@@ -267,6 +280,7 @@ def _prediction_row(sample: Sample, dataset: TaskDataset, output: Any, encoded: 
     record = output.record
     return {
         "id": sample.id,
+        "prompt_sha256": sample.prompt_sha256(),
         "prediction": dataset.postprocess(output.text),
         "raw_prediction": output.text,
         "answers": list(sample.answers),
@@ -322,9 +336,12 @@ class Runner:
         _check_existing_run(self.folder, self.cfg_hash, cfg)
         loaded = load_model(cfg.model, seed=int(cfg.seed))
         try:
-            datasets = build_task(cfg.task, loaded.tokenizer)
+            datasets = build_task(cfg.task, loaded.tokenizer, chat_template=bool(cfg.model.chat_template))
         except (ValueError, FileNotFoundError) as err:
             raise KVBenchError(str(err)) from err
+        cache = sample_cache(cfg)
+        for dataset in datasets:
+            dataset.sample_cache = cache
         with run_folder_lock(self.folder):
             # Checked again under the lock: another job may have started this folder since the first check.
             _check_existing_run(self.folder, self.cfg_hash, cfg)
@@ -413,17 +430,16 @@ class Runner:
         ids = [s.id for s in samples]
         if len(set(ids)) != len(ids):
             raise KVBenchError(f"dataset {dataset.name!r} has duplicate sample ids")
+        provenance = dataset.provenance()
+        for warning in stand_in_warnings(dataset.name, provenance):
+            LOG.warning(warning)
         log = PredictionLog(folder / PREDICTIONS_FILE)
         done = {row["id"]: row for row in log.load()}
         timing_log = TimingLog(folder / TIMINGS_FILE)
-        stale = sorted(set(done) - set(ids))
-        if stale:
-            raise KVBenchError(
-                f"{log.path} holds predictions for samples not in this dataset ({stale[:3]}...); "
-                "the task definition changed: remove the folder or use run.tag"
-            )
+        _check_resumable(log.path, done, samples)
         use_template = bool(cfg.model.chat_template and dataset.chat_template)
         stops = stop_token_ids(loaded.tokenizer, loaded.model, list(cfg.model.stop_tokens))
+        stops |= last_token_ids(loaded.tokenizer, dataset.stop_token_texts)
         # Stateful allocators (XKV's sampled mode) calibrate per dataset.
         self.method.layer_allocator.begin_task(dataset.name, len(samples))
         todo = [s for s in samples if s.id not in done]
@@ -434,6 +450,7 @@ class Runner:
                 sample,
                 max_input_length=int(cfg.model.max_input_length),
                 use_chat_template=use_template,
+                truncation=dataset.truncation,
             )
             output = generate(
                 loaded.model,
@@ -469,6 +486,7 @@ class Runner:
             "config_hash": self.cfg_hash,
             "question_mode": cfg.task.question_mode,
             "dataset_settings": dataset.describe(),
+            "data_provenance": provenance,
             "cache": _cache_summary(rows),
             "settings": {
                 "method_family": cfg.method.family,
@@ -502,6 +520,39 @@ class Runner:
             len(rows),
             metrics["cache"].get("mean_kept_fraction", 1.0),
             skipped=False,
+        )
+
+
+def sample_cache(cfg: DictConfig) -> SampleCache | None:
+    """The folder generated samples are stored in (``run.sample_cache``: ``auto`` = ``<run.output_root>/../samples``,
+    a path, or null to regenerate in every run)."""
+    setting = cfg.run.get("sample_cache", "auto")
+    if setting is None:
+        return None
+    root = Path(cfg.run.output_root).parent / "samples" if setting == "auto" else Path(str(setting))
+    return SampleCache(root)
+
+
+def _check_resumable(path: Path, done: dict[str, dict[str, Any]], samples: list[Sample]) -> None:
+    """Rows already in ``predictions.jsonl`` must belong to this dataset's samples, with the same prompt (rows
+    written before prompt hashes were recorded are accepted by id)."""
+    by_id = {sample.id: sample for sample in samples}
+    stale = sorted(set(done) - set(by_id))
+    if stale:
+        raise KVBenchError(
+            f"{path} holds predictions for samples not in this dataset ({stale[:3]}...); "
+            "the task definition changed: remove the folder or use run.tag"
+        )
+    changed = sorted(
+        sample_id
+        for sample_id, row in done.items()
+        if row.get("prompt_sha256") is not None and row["prompt_sha256"] != by_id[sample_id].prompt_sha256()
+    )
+    if changed:
+        raise KVBenchError(
+            f"{path} holds predictions made from different prompts for {len(changed)} sample(s) ({changed[:3]}...): "
+            "the task data, generator or tokenizer changed since they were written. Nothing was changed; remove the "
+            "folder to rerun, or use run.tag"
         )
 
 

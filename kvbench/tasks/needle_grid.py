@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from kvbench.metrics.synthetic import needle_rouge_score, needle_set_recall
+from kvbench.tasks import provenance
 from kvbench.tasks.base import Sample, TaskDataset, register_data_preparer, register_task, select_datasets
 
 log = logging.getLogger(__name__)
@@ -164,28 +165,45 @@ def shipped_essays() -> list[str]:
     return [f.read_text(encoding="utf-8") for f in files]
 
 
-def load_essays(input_dir: Path | None) -> tuple[list[str], str]:
-    """English essays and a description of where they came from.
+def _essay_files(folder: Path) -> list[Path]:
+    """Essay ``*.txt`` files of a folder, sorted (a URL list such as RULER's ``PaulGrahamEssays_URLs.txt`` is not an
+    essay)."""
+    return sorted(f for f in folder.glob("*.txt") if "url" not in f.stem.lower())
 
-    Looks in ``input_dir`` for ``PaulGrahamEssays/*.txt`` or ``*.txt`` (sorted glob, the gkamradt layout), then
-    ``PaulGrahamEssays.jsonl`` (NeedleBench) or ``PaulGrahamEssays.json`` (RULER, ``{"text": ...}``); falls back to the
-    shipped essays.
+
+def load_essays(input_dir: Path | None, missing: str, how_to_get: str) -> tuple[list[str], dict[str, Any]]:
+    """English essays and their provenance record (:mod:`kvbench.tasks.provenance`).
+
+    Looks in ``input_dir`` for, in order: ``PaulGrahamEssays.json`` (RULER, ``{"text": ...}``; also under ``json/``,
+    RULER's own layout), ``PaulGrahamEssays.jsonl`` (NeedleBench), ``PaulGrahamEssays/*.txt`` (the gkamradt layout),
+    then ``*.txt`` in ``input_dir`` itself.  Without any, the shipped filler essays are a stand-in for ``missing``
+    (``how_to_get`` says how to get it).
     """
     if input_dir is not None:
-        for folder in (input_dir / "PaulGrahamEssays", input_dir):
-            files = sorted(folder.glob("*.txt"))
-            if files:
-                return [f.read_text(encoding="utf-8") for f in files], str(folder)
+        for js in (input_dir / "PaulGrahamEssays.json", input_dir / "json" / "PaulGrahamEssays.json"):
+            if js.is_file():
+                data = json.loads(js.read_text(encoding="utf-8"))
+                essays = [data["text"]] if isinstance(data, dict) else [d["text"] for d in data]
+                return essays, provenance.official(js)
         jsonl = input_dir / "PaulGrahamEssays.jsonl"
         if jsonl.is_file():
             with jsonl.open(encoding="utf-8") as handle:
-                return [json.loads(line)["text"] for line in handle if line.strip()], str(jsonl)
-        js = input_dir / "PaulGrahamEssays.json"
-        if js.is_file():
-            data = json.loads(js.read_text(encoding="utf-8"))
-            return ([data["text"]] if isinstance(data, dict) else [d["text"] for d in data]), str(js)
-        log.warning("no essays found in %s; using the shipped filler essays", input_dir)
-    return shipped_essays(), "shipped"
+                return [json.loads(line)["text"] for line in handle if line.strip()], provenance.official(jsonl)
+        for folder in (input_dir / "PaulGrahamEssays", input_dir):
+            files = _essay_files(folder)
+            if files:
+                record = _folder_record(folder, files)
+                return [f.read_text(encoding="utf-8") for f in files], record
+    folder = SHIPPED_ROOT / "needle_grid" / "essays"
+    record = _folder_record(folder, _essay_files(folder))
+    record.update(source="stand-in", missing=missing, how_to_get=how_to_get)
+    return shipped_essays(), record
+
+
+def _folder_record(folder: Path, files: Sequence[Path]) -> dict[str, Any]:
+    """Provenance of a folder of text files: one sha256 over the files' names and hashes."""
+    hashes = {f.name: provenance.file_sha256(f) for f in files}
+    return {"source": "official", "path": str(folder), "sha256": provenance.digest_of(hashes), "files": len(files)}
 
 
 def download(url: str, target: Path) -> None:
@@ -238,7 +256,7 @@ class NeedleGridDataset(TaskDataset):
         buffer: int = FINAL_CONTEXT_LENGTH_BUFFER,
         max_new_tokens: int = MAX_NEW_TOKENS,
         num_samples: int | None = None,
-        haystack_source: str = "shipped",
+        haystack_source: dict[str, Any] | None = None,
     ) -> None:
         self.tok = TextTokenizer(tokenizer)
         self.essays = list(essays)
@@ -249,13 +267,16 @@ class NeedleGridDataset(TaskDataset):
         self.buffer = buffer
         self.max_new_tokens = max_new_tokens
         self.num_samples = num_samples
-        self.haystack_source = haystack_source
+        self.haystack_source = haystack_source or provenance.generated("caller-provided essays")
         self._samples: list[Sample] | None = None
 
     def describe(self) -> dict[str, Any]:
         info = super().describe()
-        info.update(lengths=self.lengths, depths=self.depths, buffer=self.buffer, haystack=self.haystack_source)
+        info.update(lengths=self.lengths, depths=self.depths, buffer=self.buffer)
         return info
+
+    def provenance(self) -> dict[str, dict[str, Any]]:
+        return {"essays": self.haystack_source}
 
     @cached_property
     def _unit_tokens(self) -> list[int]:
@@ -419,7 +440,7 @@ def plot_needle_heatmap(
 
 
 @register_task("needle_grid")
-def build_needle_grid(task_cfg: Any, tokenizer: Any) -> list[TaskDataset]:
+def build_needle_grid(task_cfg: Any, tokenizer: Any, chat_template: bool = False) -> list[TaskDataset]:
     """Builder: one dataset ``needle_grid`` over the configured length x depth grid."""
     opts = option_values(task_cfg, _OPTION_DEFAULTS, "needle_grid")
     select_datasets([NeedleGridDataset.name], getattr(task_cfg, "datasets", None), "needle_grid")
@@ -433,7 +454,11 @@ def build_needle_grid(task_cfg: Any, tokenizer: Any) -> list[TaskDataset]:
     if any(int(x) <= int(opts["buffer"]) for x in lengths):
         raise ValueError(f"every context length must exceed the {opts['buffer']}-token buffer, got {list(lengths)}")
     input_dir = resolve_input_dir(task_cfg, "needle_grid", opts["source"])
-    essays, where = load_essays(input_dir)
+    essays, where = load_essays(
+        input_dir,
+        missing="PaulGrahamEssays/*.txt (the 49 gkamradt essays)",
+        how_to_get="python scripts/prepare_data.py needle_grid --out data  (then task.data_dir=data/needle_grid)",
+    )
     return [
         NeedleGridDataset(
             tokenizer,
