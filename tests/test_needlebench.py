@@ -171,7 +171,8 @@ def test_data_dir_inputs(tokenizer, tmp_path):
     sample = ds.samples()[0]
     assert "Essay number" in sample.context and "golden quince" in sample.context
     assert sample.answers == ["golden quince"]
-    assert ds.describe()["inputs"]["needles"] == str(tmp_path / "needles.jsonl")
+    record = ds.provenance()["needles"]
+    assert record["source"] == "official" and record["path"] == str(tmp_path / "needles.jsonl")
 
 
 def test_configs_and_validation(tokenizer):
