@@ -129,8 +129,9 @@ def _sentencepiece_backend(family: TokenizerFamily) -> Tokenizer:
 
 
 @cache
-def _backend_json(name: str) -> str:
-    """The converted ``tokenizers`` backend of a family, serialised (converted once per process)."""
+def _backend(name: str) -> Tokenizer:
+    """The converted ``tokenizers`` backend of a family (converted once per process; never handed out: every
+    :class:`PreTrainedTokenizerFast` built from it holds its own copy)."""
     family = FAMILIES[name]
     backend = _tiktoken_backend(family) if family.kind == "tiktoken" else _sentencepiece_backend(family)
     if family.bos is not None:
@@ -140,7 +141,7 @@ def _backend_json(name: str) -> str:
         if family.kind == "tiktoken":
             steps.insert(0, processors.ByteLevel(trim_offsets=False))
         backend.post_processor = processors.Sequence(steps)
-    return backend.to_str()
+    return backend
 
 
 def chat_template(name: str) -> str:
@@ -160,7 +161,7 @@ def build_tokenizer(name: str, template: str | None = None) -> PreTrainedTokeniz
         raise KVBenchError(f"unknown tokenizer family {name!r}; valid: {', '.join(FAMILIES)}")
     family = FAMILIES[name]
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer.from_str(_backend_json(name)),
+        tokenizer_object=_backend(name),  # deep-copied by PreTrainedTokenizerFast
         bos_token=family.bos,
         eos_token=family.eos,
         unk_token="<unk>" if family.kind == "sentencepiece" else None,

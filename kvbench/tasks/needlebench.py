@@ -551,6 +551,7 @@ class NeedleBenchDataset(TaskDataset):
         haystack = self.tok.decode(tokens)
         head, middle, tail = _prompt_parts(self.group, self.language)
         extra["needle_token_starts"] = starts
+        extra["needles"] = [needle.strip("\n") for needle in needles]
         extra["haystack_tokens"] = len(tokens)
         sample_id = f"{self.name}_L{length}"
         sample_id += f"_D{_fmt(depth)}" if depth is not None else ""
