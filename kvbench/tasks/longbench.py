@@ -45,7 +45,9 @@ Options (``task.options``)
 --------------------------
 ``code_sim_backend``: ``difflib`` (default, official) | ``levenshtein`` -- the ``fuzz.ratio`` backend of lcc and
 repobench-p, recorded in metrics.json.  ``hub_repo`` (default ``THUDM/LongBench``) and ``hub_revision``
-(default ``refs/convert/parquet``) -- where hub data comes from.
+(default ``refs/convert/parquet``) -- where hub data comes from.  ``max_new_tokens`` (default null = official
+``dataset2maxlen``): an integer caps every dataset's generation length (a named deviation for quick runs and tests;
+recorded in metrics.json's ``dataset_settings``).
 """
 
 from __future__ import annotations
@@ -99,6 +101,8 @@ VALID_OPTIONS: dict[str, Any] = {
     "code_sim_backend": DEFAULT_CODE_SIM_BACKEND,
     "hub_repo": DEFAULT_HUB_REPO,
     "hub_revision": DEFAULT_HUB_REVISION,
+    # null = the official dataset2maxlen; an integer caps every dataset's generation (named deviation, recorded).
+    "max_new_tokens": None,
 }
 #: Task kinds registered by this module and whether they read LongBench-E files.
 TASK_KINDS: dict[str, bool] = {"longbench": False, "longbench_full": False, "longbench_e": True}
@@ -433,6 +437,9 @@ def _options(task_cfg: Any) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"unknown LongBench option(s) {unknown}; valid keys: {', '.join(VALID_OPTIONS)}")
     merged = {**VALID_OPTIONS, **given}
+    cap = merged["max_new_tokens"]
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+        raise ValueError(f"task.options.max_new_tokens must be a positive integer or null, got {cap!r}")
     if merged["code_sim_backend"] not in CODE_SIM_BACKENDS:
         raise ValueError(
             f"unknown task.options.code_sim_backend {merged['code_sim_backend']!r}; "
@@ -447,7 +454,7 @@ def _build(kind: str, task_cfg: Any) -> list[TaskDataset]:
     num_samples = getattr(task_cfg, "num_samples", None)
     if num_samples is not None and num_samples < 1:
         raise ValueError(f"task.num_samples must be >= 1 or null, got {num_samples}")
-    return [
+    datasets = [
         LongBenchDataset(
             name,
             longbench_e=TASK_KINDS[kind],
@@ -460,6 +467,10 @@ def _build(kind: str, task_cfg: Any) -> list[TaskDataset]:
         )
         for name in names
     ]
+    if options["max_new_tokens"] is not None:
+        for dataset in datasets:
+            dataset.max_new_tokens = min(dataset.max_new_tokens, int(options["max_new_tokens"]))
+    return datasets
 
 
 @register_task("longbench")
