@@ -787,6 +787,7 @@ class RulerInputs:
 
     def used_by(self, task: RulerTask) -> dict[str, dict[str, Any]]:
         """Provenance records of the inputs ``task`` reads (loading them if needed)."""
+        records = {"generator": provenance.generated(f"kvbench RULER {task.generator} generator")}
         names = []
         if task.generator == "niah":
             if task.args["type_haystack"] == "essay":
@@ -799,7 +800,8 @@ class RulerInputs:
         elif task.generator == "qa":
             self.qa_corpus(task.args["dataset"])
             names.append(task.args["dataset"])
-        return {name: self.records[name] for name in names}
+        records.update({name: self.records[name] for name in names})
+        return records
 
 
 # ---- datasets ---------------------------------------------------------------------------------------------------
@@ -871,7 +873,7 @@ class RulerDataset(TaskDataset):
             "answer_prefix": self.answer_prefix_mode,
             "chat_template": self.use_chat_template,
             "tokenizer": tokenizer_fingerprint(self.tok.tokenizer),
-            "inputs": {name: record.get("sha256", record) for name, record in self.provenance().items()},
+            "inputs": {name: record.get("sha256", record.get("by")) for name, record in self.provenance().items()},
             "code": source_fingerprint(_GENERATOR_SOURCES),
         }
 
