@@ -11,7 +11,8 @@ Layout (one *run* = one model x task x method x budget)::
 
 ``predictions.jsonl`` rows (keys always present)::
 
-    {"id": str, "prediction": str (post-processed, scored), "raw_prediction": str, "answers": [str],
+    {"id": str, "prompt_sha256": str (hash of the sample's prompt parts; resume checks it),
+     "prediction": str (post-processed, scored), "raw_prediction": str, "answers": [str],
      "all_classes": [str] | null, "length": int | null, "extra": {...},
      "input_tokens": int, "context_tokens": int, "question_tokens": int, "truncated": bool,
      "new_tokens": int, "cache": {"requested_per_layer": [int], "achieved_per_layer": [int],
@@ -24,10 +25,15 @@ Layout (one *run* = one model x task x method x budget)::
     {"model": str, "task": str, "dataset": str, "method": str, "budget": str, "tag": str | null,
      "metric": str, "score": float, "scores": {name: float}, "n_samples": int,
      "config_hash": str, "question_mode": "aware" | "agnostic", "dataset_settings": {...},
+     "data_provenance": {input: {"source": "official" | "hub" | "stand-in" | "generated", "path"/"repo", "sha256",
+                                 ...}},
      "scorer": {...backend settings...}, "cache": {"mean_requested_per_layer": [float],
      "mean_achieved_per_layer": [float], "mean_kept_fraction": float, "mean_cache_bytes": float},
      "settings": {...method/budget knobs that matter...},
      "timing": {"n": int, "prefill_s_mean": float, "decode_s_mean": float, "total_s": float}}
+
+Generated RULER/NeedleBench samples live apart from the runs, in ``run.sample_cache`` (default
+``results/samples/<benchmark>/<dataset>-<key>.jsonl``, see :mod:`kvbench.sample_cache`).
 
 Aggregation (scripts/aggregate.py) discovers runs by finding ``metrics.json`` files; nothing else is needed.
 """

@@ -132,7 +132,7 @@ def test_longbench_all_datasets(tmp_path, model):
 def test_longbench_still_truncates_in_the_middle(tmp_path):
     _, rows = run(
         tmp_path, "random-llama3.1", "task=longbench", "task.data_dir=fixtures", "task.num_samples=1",
-        "task.datasets=[qasper,passage_count,lcc]", "task.options.max_new_tokens=2", "model.max_input_length=200",
+        "task.datasets=[qasper,passage_count,lcc]", "task.options.max_new_tokens=2", "model.max_input_length=64",
     )  # fmt: skip
     for name, (row,) in rows.items():
         assert row["truncated"], name
