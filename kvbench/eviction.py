@@ -7,7 +7,8 @@ passes it to the model's forward as ``kvbench_session``; kvbench's attention fun
 Selection rule (per layer, per stored head): tokens are ranked by the method's scores; *protected* tokens (the
 observation window when ``keep_window``, the first ``sink_tokens`` positions) rank first, ties broken towards more
 recent tokens; the head keeps the top ``k_h`` where ``k_h`` comes from the head allocator.  With
-``window_in_budget=False`` the window is kept on top of the budget.
+``window_in_budget=False`` the window is kept on top of the budget: the allocators see the total (or the fixed
+per-layer budget) raised by one window per layer.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import torch
 
 from kvbench.budget import Budget
 from kvbench.cache import HeadwiseLayer, KVBenchCache
-from kvbench.methods.base import EvictionMethod, WindowObservation, aggregate_groups
+from kvbench.methods.base import EvictionMethod, WindowObservation
+from kvbench.methods.scoring import aggregate_groups
 
 Phase = Literal["idle", "compress", "append", "decode"]
 
@@ -39,6 +41,12 @@ class CacheRecord:
     #: before its eviction: earlier layers compressed so far + this layer's full cache).
     peak_prefill_bytes: int = 0
     final_per_layer: list[int] = field(default_factory=list)
+    #: Per layer, the cache size (tokens per stored head, mean over heads) decode-time eviction keeps: the budget,
+    #: also when the prompt was shorter (the cache grows to it first, as the references).
+    decode_cap_per_layer: list[int] = field(default_factory=list)
+    #: What a stateful layer allocator records about this sample (XKV's sampled mode: its calibration shares), so a
+    #: resumed run can replay it; ``None`` for the others.
+    allocator_state: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -88,8 +96,8 @@ class EvictionSession:
         self.record = CacheRecord()
         self.context_length = 0
         self._scores: dict[int, list[torch.Tensor]] = {}
-        self._head_caps: dict[int, list[int]] = {}
         self._requested: dict[int, tuple[int, list[int]]] = {}
+        self._decode_caps: dict[int, list[int]] = {}
         self._allocator_started = False
 
     # ------------------------------------------------------------------ phases
@@ -118,6 +126,7 @@ class EvictionSession:
         """End of the sample: fill the final sizes and return the record."""
         self._finish_prefill()
         self.record.final_per_layer = self.cache.layer_lengths()
+        self.record.allocator_state = self.method.layer_allocator.sample_state()
         return self.record
 
     # ------------------------------------------------------------------ attention callback
@@ -125,10 +134,16 @@ class EvictionSession:
         """Called by kvbench's attention for every layer with ``query`` ``[1, H_q, q, D]``."""
         layer_idx = int(module.layer_idx)
         layer = self.cache.headwise_layers[layer_idx]
+        policy = self.method.decode_policy
         if self.phase == "compress":
             self._compress_prefill(layer_idx, layer, query[0], scaling)
-        elif self.phase == "decode" and self.method.decode_policy is not None and not self.budget.is_full:
-            self.method.decode_policy.step(layer_idx, layer, query[0], scaling)
+        elif policy is None or self.budget.is_full:
+            return
+        elif self.phase == "decode":
+            policy.step(layer_idx, layer, query[0], scaling)
+        elif self.phase == "append" and policy.evicts_on_append:
+            # A policy that reduces after every forward (TOVA) scores the appended tokens' last query.
+            policy.step(layer_idx, layer, query[0][:, -1:], scaling)
 
     # ------------------------------------------------------------------ prefill compression
     def _compress_prefill(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
@@ -149,11 +164,13 @@ class EvictionSession:
             scaling=scaling,
             prompt_queries=query,
         )
+        # With window_in_budget=False every layer keeps its window on top of the budget: allocators see it added.
+        off_budget = 0 if self.method.window_in_budget else window
         if self.budget.fixed_per_layer:
-            budgets = {layer_idx: int(self.budget.value)}
+            budgets = {layer_idx: int(self.budget.value) + off_budget}
         else:
             if not self._allocator_started:
-                total = self.budget.total(context, self.num_layers)
+                total = self.budget.total(context, self.num_layers) + self.num_layers * off_budget
                 self.method.layer_allocator.start(total, self.num_layers, context)
                 self._allocator_started = True
             budgets = self.method.layer_allocator.on_layer(observation)
@@ -170,12 +187,11 @@ class EvictionSession:
         for target_layer, layer_budget in sorted(budgets.items()):
             self._shrink_layer(target_layer, int(layer_budget), window)
 
-    def _shrink_layer(self, layer_idx: int, layer_budget: int, window: int) -> None:
-        """Evict ``layer_idx`` down to ``layer_budget`` tokens per head (plus the window if it is off-budget)."""
+    def _shrink_layer(self, layer_idx: int, keep_total: int, window: int) -> None:
+        """Evict ``layer_idx`` down to ``keep_total`` tokens per head (window and sinks included)."""
         layer = self.cache.headwise_layers[layer_idx]
         method = self.method
         lengths = layer.head_lengths()
-        keep_total = layer_budget if method.window_in_budget else layer_budget + window
         scores = self._scores[layer_idx]
         protected = []
         for head in range(layer.num_heads):
@@ -188,6 +204,13 @@ class EvictionSession:
         counts = method.head_allocator.allocate(padded, keep_total)
         counts = [min(int(count), length) for count, length in zip(counts, lengths, strict=True)]
         self._requested[layer_idx] = (keep_total, counts)
+        # While decoding, a head that was cut keeps its allocation; one that was not grows to the layer budget before
+        # evicting -- unless the allocator sets its own decode budget (CAKE's, when its prefill trigger did not fire).
+        decode_budget = method.layer_allocator.decode_budget(layer_idx)
+        self._decode_caps[layer_idx] = [
+            decode_budget if decode_budget is not None else count if count < length else max(keep_total, length)
+            for count, length in zip(counts, lengths, strict=True)
+        ]
         if all(count >= length for count, length in zip(counts, lengths, strict=True)):
             return
         keep: list[torch.Tensor] = []
@@ -212,9 +235,10 @@ class EvictionSession:
             record.requested_per_layer.append(min(requested_total, layer.seen_tokens))
             record.requested_per_head.append(requested_heads)
             record.achieved_per_head.append(layer.head_lengths())
-            self._head_caps[layer_idx] = requested_heads
+            caps = self._decode_caps.get(layer_idx, requested_heads)
+            record.decode_cap_per_layer.append(round(sum(caps) / len(caps)) if caps else 0)
             if self.method.decode_policy is not None and not self.budget.is_full:
-                self.method.decode_policy.start_layer(layer_idx, layer, requested_heads, self._scores.get(layer_idx))
+                self.method.decode_policy.start_layer(layer_idx, layer, caps, self._scores.get(layer_idx))
         record.achieved_per_layer = self.cache.layer_lengths()
         record.cache_bytes = self.cache.kv_bytes()
 

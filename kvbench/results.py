@@ -17,7 +17,8 @@ Layout (one *run* = one model x task x method x budget)::
      "input_tokens": int, "context_tokens": int, "question_tokens": int, "truncated": bool,
      "new_tokens": int, "cache": {"requested_per_layer": [int], "achieved_per_layer": [int],
                                   "requested_per_head": [[int]], "achieved_per_head": [[int]], "evicted": bool,
-                                  "cache_bytes": int, "context_tokens": int, "final_per_layer": [int]},
+                                  "cache_bytes": int, "context_tokens": int, "final_per_layer": [int],
+                                  "decode_cap_per_layer": [int], "allocator_state": {...} | null},
      "stop_reason": str, "question_lost": bool}
 
 ``metrics.json``::
@@ -28,8 +29,11 @@ Layout (one *run* = one model x task x method x budget)::
      "data_provenance": {input: {"source": "official" | "hub" | "stand-in" | "generated", "path"/"repo", "sha256",
                                  ...}},
      "scorer": {...backend settings...}, "cache": {"mean_requested_per_layer": [float],
-     "mean_achieved_per_layer": [float], "mean_kept_fraction": float, "mean_cache_bytes": float},
-     "settings": {...method/budget knobs that matter...},
+     "mean_achieved_per_layer": [float], "mean_kept_fraction": float, "mean_cache_bytes": float,
+     "budget_exact": bool (every layer kept its requested budget), "allocation_exact": bool (every head kept what
+     the method allocated it; Ada-KV's reference rounds heads on their own, so its layers may drift by a few
+     tokens), "samples_evicted": int},
+     "settings": {...method/budget knobs that matter, incl. the preset's reference...},
      "timing": {"n": int, "prefill_s_mean": float, "decode_s_mean": float, "total_s": float}}
 
 Generated RULER/NeedleBench samples live apart from the runs, in ``run.sample_cache`` (default

@@ -48,7 +48,7 @@ from kvbench import __version__
 from kvbench.budget import Budget, BudgetError, parse_budget
 from kvbench.errors import KVBenchError
 from kvbench.generation import QUESTION_MODES, generate, last_token_ids
-from kvbench.methods.base import EvictionMethod, build_method
+from kvbench.methods.base import RECORDED_KNOBS, EvictionMethod, build_method
 from kvbench.models import LoadedModel, load_model, stop_token_ids, validate_model_config
 from kvbench.prompting import encode_sample
 from kvbench.results import (
@@ -312,6 +312,8 @@ def _cache_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "mean_kept_fraction": round(float(kept_fraction), 4),
         "mean_cache_bytes": round(sum(r["cache"]["cache_bytes"] for r in rows) / len(rows), 1),
         "budget_exact": bool(torch.equal(requested, achieved)),
+        # Every head kept what the method allocated it (Ada-KV's per-head rounding may drift from the layer budget).
+        "allocation_exact": all(r["cache"]["requested_per_head"] == r["cache"]["achieved_per_head"] for r in rows),
         "samples_evicted": sum(1 for r in rows if r["cache"]["evicted"]),
     }
 
@@ -440,8 +442,11 @@ class Runner:
         use_template = bool(cfg.model.chat_template and dataset.chat_template)
         stops = stop_token_ids(loaded.tokenizer, loaded.model, list(cfg.model.stop_tokens))
         stops |= last_token_ids(loaded.tokenizer, dataset.stop_token_texts)
-        # Stateful allocators (XKV's sampled mode) calibrate per dataset.
+        # Stateful allocators (XKV's sampled mode) calibrate per dataset; a resumed run replays what the finished
+        # samples recorded (dataset order), so it continues exactly as the uninterrupted run would.
         self.method.layer_allocator.begin_task(dataset.name, len(samples))
+        finished = [done[s.id]["cache"].get("allocator_state") for s in samples if s.id in done]
+        self.method.layer_allocator.replay(finished)
         todo = [s for s in samples if s.id not in done]
         progress = _progress(todo, f"{dataset.name}", cfg.run.progress, initial=len(done), total=len(samples))
         for sample in progress:
@@ -491,14 +496,10 @@ class Runner:
             "settings": {
                 "method_family": cfg.method.family,
                 "budget_spec": cfg.budget.spec,
-                "window": cfg.method.window,
-                "kernel_size": cfg.method.kernel_size,
-                "pooling": cfg.method.pooling,
-                "window_in_budget": cfg.method.window_in_budget,
-                "gqa_granularity": cfg.method.gqa_granularity,
-                "gqa_agg": cfg.method.gqa_agg,
-                "decode_eviction": cfg.method.decode_eviction,
+                **{knob: cfg.method[knob] for knob in RECORDED_KNOBS if knob not in self.method.ignored_knobs},
                 "params": OmegaConf.to_container(cfg.method.params, resolve=True),
+                "resolved": dict(self.method.settings),
+                "reference": OmegaConf.to_container(cfg.method.reference, resolve=True),
                 "max_input_length": cfg.model.max_input_length,
                 "chat_template": use_template,
                 "dtype": cfg.model.dtype,
