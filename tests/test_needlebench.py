@@ -77,11 +77,14 @@ def test_datasets_and_sizes(tokenizer):
     assert counts["multi_reasoning_en"] == 2 * 2 * 4 * 2  # ... x needle counts
     for ds in datasets:
         for sample in ds.samples():
-            length = sample.extra["context_length"]
+            length, trimmed = sample.extra["context_length"], sample.extra["haystack_trimmed"]
             doc_tokens = _ntok(tokenizer, _document(sample))
             # re-tokenising decoded text (cut CJK bytes, merges across the needle borders) moves a few tokens
-            assert abs(doc_tokens - (length - ds.buffer)) <= 5 + 0.01 * length, (ds.name, length, doc_tokens)
-            assert sample.extra["haystack_tokens"] == length - ds.buffer
+            assert abs(doc_tokens - (length - ds.buffer - trimmed)) <= 5 + 0.01 * length, (ds.name, doc_tokens)
+            assert sample.extra["haystack_tokens"] == length - ds.buffer - trimmed
+            # the whole prompt fits its length: the haystack is trimmed only where the buffer does not cover it
+            assert len(tokenizer(sample.context + sample.question).input_ids) <= length
+            assert trimmed == 0 or ds.name == "multi_retrieval_zh", ds.name
 
 
 def test_single_needle_at_requested_depth(tokenizer):

@@ -19,7 +19,10 @@ counters); choose the needle(s) -- S-RT and M-RS reseed with ``counter`` before 
 before shuffling a fresh copy of its unique needles; take token-ised records in that order until ``length - buffer -
 needle tokens`` tokens, cut, insert the needle tokens, decode.  Needles are wrapped in newlines.  Token arithmetic uses
 the model's tokenizer (OpenCompass used tiktoken's gpt-4 encoding).  Prompts are never truncated: one longer than the
-model's ``max_input_length`` is an error.  Generated samples are stored in the sample cache (kvbench.sample_cache).
+model's ``max_input_length`` is an error.  The buffers are OpenCompass's, sized for tiktoken: when the model's
+tokenizer spends more on the prompt text (SentencePiece on Chinese) and the whole input (chat template included) would
+exceed the context length, the haystack is shortened by the excess (``extra["haystack_trimmed"]``; 0 whenever the
+buffer suffices), so every prompt fits its length.  Samples are stored in the sample cache (kvbench.sample_cache).
 
 Inputs: ``PaulGrahamEssays.jsonl``, ``zh_finance.jsonl``, ``needles.jsonl`` and ``multi_needle_reasoning_{en,zh}.json``
 from ``task.data_dir`` or ``./data/needlebench`` (HF dataset ``opencompass/NeedleBench``; ``scripts/prepare_data.py
@@ -47,6 +50,7 @@ from kvbench.metrics.synthetic import (
     needlebench_parallel_scores,
     needlebench_single_score,
 )
+from kvbench.prompting import render_prompt
 from kvbench.sample_cache import cached_samples, source_fingerprint, tokenizer_fingerprint
 from kvbench.tasks import provenance
 from kvbench.tasks.base import Sample, TaskDataset, register_data_preparer, register_task, select_datasets
@@ -380,11 +384,13 @@ class NeedleBenchDataset(TaskDataset):
         max_new_tokens: int,
         needle_counts: Sequence[int] = (2, 3, 4, 5),
         num_samples: int | None = None,
+        use_chat_template: bool = False,
     ) -> None:
         if group not in GROUPS or language not in LANGUAGES:
             raise ValueError(f"unknown NeedleBench subtask {group!r}/{language!r}")
         self.group = group
         self.language = language
+        self.use_chat_template = use_chat_template
         self.name = f"{group}_{language}"
         self.inputs = inputs
         self.tok = inputs.tok
@@ -442,6 +448,7 @@ class NeedleBenchDataset(TaskDataset):
             "seed": self.seed,
             "guide": self.guide,
             "needle_counts": self.needle_counts,
+            "chat_template": self.use_chat_template,
             "tokenizer": tokenizer_fingerprint(self.tok.tokenizer),
             "inputs": {name: record.get("sha256") for name, record in self.provenance().items()},
             "code": source_fingerprint(_GENERATOR_SOURCES),
@@ -545,24 +552,35 @@ class NeedleBenchDataset(TaskDataset):
             question = guide_question(question, self.group, self.language)
 
         needle_tokens = [self.tok.encode(n) for n in needles]
-        target = max(length - self.buffer - sum(len(t) for t in needle_tokens), 0)
-        tokens = self._haystack(order, target)
-        tokens, starts = self._insert(tokens, needle_tokens, points_pct)
-        haystack = self.tok.decode(tokens)
         head, middle, tail = _prompt_parts(self.group, self.language)
+        question = middle.lstrip("\n") + question + tail
+        target = max(length - self.buffer - sum(len(t) for t in needle_tokens), 0)
+        trimmed = 0
+        while True:
+            tokens = self._haystack(order, target - trimmed)
+            tokens, starts = self._insert(tokens, needle_tokens, points_pct)
+            context = head + self.tok.decode(tokens) + "\n\n"
+            excess = self._prompt_tokens(context, question) - length
+            if excess <= 0 or target - trimmed <= 0:
+                break
+            # OpenCompass's length buffer is sized for tiktoken; a tokenizer that spends more tokens on the prompt
+            # text (e.g. SentencePiece on Chinese) would overshoot the context length: trim the haystack to fit.
+            trimmed = min(trimmed + excess, target)
         extra["needle_token_starts"] = starts
         extra["needles"] = [needle.strip("\n") for needle in needles]
         extra["haystack_tokens"] = len(tokens)
+        extra["haystack_trimmed"] = trimmed
         sample_id = f"{self.name}_L{length}"
         sample_id += f"_D{_fmt(depth)}" if depth is not None else ""
         sample_id += f"_N{count}" if count is not None else ""
-        return Sample(
-            id=f"{sample_id}_R{counter}",
-            context=head + haystack + "\n\n",
-            question=middle.lstrip("\n") + question + tail,
-            answers=answers,
-            extra=extra,
-        )
+        return Sample(id=f"{sample_id}_R{counter}", context=context, question=question, answers=answers, extra=extra)
+
+    def _prompt_tokens(self, context: str, question: str) -> int:
+        """Tokens of the whole model input, as the runner encodes it (chat template included when used)."""
+        if self.tok.tokenizer is None:
+            return self.tok.count(context + question)
+        rendered = render_prompt(self.tok.tokenizer, context, question, use_chat_template=self.use_chat_template)
+        return len(self.tok.tokenizer(rendered.text, add_special_tokens=not rendered.templated).input_ids)
 
     def _insert(
         self, tokens: list[int], needle_tokens: list[list[int]], depths: Sequence[float | None]
@@ -702,6 +720,7 @@ def build_needlebench(task_cfg: Any, tokenizer: Any, chat_template: bool = False
                 max_new_tokens=int(max_new[group]),
                 needle_counts=opts["needle_counts"],
                 num_samples=getattr(task_cfg, "num_samples", None),
+                use_chat_template=chat_template,
             )
         )
     return datasets
