@@ -26,12 +26,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from kvbench.models import REAL_VOCAB_MODELS  # noqa: E402
-from kvbench.real_tokenizers import build_tokenizer  # noqa: E402
-from kvbench.sample_cache import SampleCache  # noqa: E402
-from kvbench.tasks.ruler import TASKS, build_ruler  # noqa: E402
+from kvbench.models import REAL_VOCAB_MODELS
+from kvbench.real_tokenizers import build_tokenizer
+from kvbench.sample_cache import SampleCache
+from kvbench.tasks.ruler import TASKS, build_ruler
 
 
 def _task_cfg(task: str, length: int, samples: int):
