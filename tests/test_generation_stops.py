@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from task_config import task_config
 
 from kvbench.budget import parse_budget
@@ -36,7 +37,7 @@ def test_samsum_stops_on_the_newline_id_but_not_at_the_first_step(name, newline_
     assert newline_id in stops and samsum.min_new_tokens == 1
     word = tokenizer.encode(" Hi", add_special_tokens=False)[-1]
     _rig(model, [newline_id, word])  # the newline is the model's favourite token
-    method = build_method(MethodConfig(name="full", family="full"))
+    method = build_method(OmegaConf.structured(MethodConfig(name="full", family="full")))
     prompt = tokenizer.encode("Dialogue: A: hello B: hi\nSummary:")
     output = generate(
         model,
