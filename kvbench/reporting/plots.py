@@ -104,8 +104,9 @@ def summary_column(cmp: pd.DataFrame) -> str | None:
     return columns[0] if len(columns) == 1 else None
 
 
-def _paper_panel(ax: Any, part: pd.DataFrame, colours: dict[str, Any]) -> None:
-    """One model's panel: ours solid / the paper's dashed per method, full cache as horizontal lines."""
+def draw_paper_panel(ax: Any, part: pd.DataFrame, colours: dict[str, Any]) -> None:
+    """One model's panel from comparison cells of one column (plus ``x``, the budget's number): ours solid and the
+    paper's dashed per method, full cache as horizontal lines (solid ours, dashed the paper's)."""
     comp = part[(part["method"] != "full") & part["x"].notna()]
     for method, mg in comp.groupby("method", sort=False):
         mg = mg.sort_values("x")
@@ -127,14 +128,14 @@ def _paper_panel(ax: Any, part: pd.DataFrame, colours: dict[str, Any]) -> None:
 
 def plot_paper_table(table: str, cmp: pd.DataFrame, out_dir: str | Path) -> Path | None:
     """``paper_<table>.png`` (see the module docstring); ``None`` when no model of the table has two budgets or
-    the table has no value of ours."""
+    no compressed row has a value of ours."""
     column = summary_column(cmp)
-    if column is None or cmp["ours"].isna().all():
+    if column is None:
         return None
     data = cmp[(cmp["column"] == column) & (cmp["method"] != "")].copy()
     data["x"] = [p[1] if p is not None else math.nan for p in data["budget"].map(budget_value)]
     compressed = data[(data["method"] != "full") & data["x"].notna()]
-    if compressed.empty or compressed.groupby(["model_label", "question_mode"])["x"].nunique().max() < 2:
+    if compressed["ours"].isna().all() or compressed.groupby(["model_label", "question_mode"])["x"].nunique().max() < 2:
         return None
     panels = list(dict.fromkeys(zip(data["model_label"], data["question_mode"], strict=True)))
     colours = _colours(list(dict.fromkeys(compressed["method"])))
@@ -142,7 +143,7 @@ def plot_paper_table(table: str, cmp: pd.DataFrame, out_dir: str | Path) -> Path
     fig, axes = plt.subplots(1, len(panels), figsize=(width, 4.0), squeeze=False)
     show_mode = data["question_mode"].nunique() > 1
     for ax, (model_label, mode) in zip(axes[0], panels, strict=True):
-        _paper_panel(ax, data[(data["model_label"] == model_label) & (data["question_mode"] == mode)], colours)
+        draw_paper_panel(ax, data[(data["model_label"] == model_label) & (data["question_mode"] == mode)], colours)
         ax.set_title(f"{model_label} · {mode}" if show_mode else model_label, fontsize=9)
     handles = [Line2D([], [], color=c, marker="o", label=_label_of(data, m)) for m, c in colours.items()]
     handles += [
@@ -176,6 +177,19 @@ def plot_paper_tables(comparisons: dict[str, pd.DataFrame], out_dir: str | Path)
 
 
 # ------------------------------------------------------------------------------------------------------ any runs
+def draw_runs_panel(ax: Any, part: pd.DataFrame, full: pd.DataFrame, form: str) -> None:
+    """Score versus budget of runs: ``part`` (``method, x, score``) one line per method (a marker where a method
+    ran one budget), ``full`` (``budget, score``) horizontal dashed lines, whatever budget they ran under."""
+    colours = _colours(sorted(part["method"].unique()))
+    for method, mg in part.groupby("method", sort=True):
+        mg = mg.sort_values("x")
+        ax.plot(mg["x"], mg["score"], "-o", color=colours[method], label=method)
+    for rec in full.itertuples():
+        label = "full cache" if len(full) == 1 else f"full cache ({rec.budget})"
+        ax.axhline(rec.score, linestyle="--", color="black", linewidth=1, label=label)
+    _budget_axis(ax, form, sorted(part["x"].unique()))
+
+
 def plot_score_vs_budget(runs: pd.DataFrame, out_dir: str | Path) -> list[Path]:
     """Write score-versus-budget plots of the runs; returns the PNG paths (none when no group has two budgets)."""
     out = Path(out_dir)
@@ -197,14 +211,7 @@ def plot_score_vs_budget(runs: pd.DataFrame, out_dir: str | Path) -> list[Path]:
             if part["x"].nunique() < 2:
                 continue  # one budget: nothing to plot against
             fig, ax = plt.subplots(figsize=(8.0, 4.2))
-            colours = _colours(sorted(part["method"].unique()))
-            for method, mg in part.groupby("method", sort=True):
-                mg = mg.sort_values("x")
-                ax.plot(mg["x"], mg["score"], "-o", color=colours[method], label=method)
-            for rec in full.itertuples():  # the full cache, whatever budget it ran under
-                label = "full cache" if len(full) == 1 else f"full cache ({rec.budget})"
-                ax.axhline(rec.score, linestyle="--", color="black", linewidth=1, label=label)
-            _budget_axis(ax, form, sorted(part["x"].unique()))
+            draw_runs_panel(ax, part, full, form)
             n_ds = len(common) if common else g["dataset"].nunique()
             ax.set_ylabel(f"mean score over {n_ds} dataset(s)")
             mode = _mode_part(qmode, tag)

@@ -122,55 +122,61 @@ class Grid:
     block_starts: list[int]
 
 
+@dataclass
+class TableCells:
+    """A comparison frame as plain lookups: per row its cells by column, the columns, and each column's precision."""
+
+    rows: dict[int, dict[str, dict]]
+    columns: list[str]
+    column_labels: list[str]
+    decimals: dict[str, int]
+
+    @classmethod
+    def of(cls, cmp: pd.DataFrame) -> TableCells:
+        """Index ``cmp`` once (rendering looks up every cell several times)."""
+        rows: dict[int, dict[str, dict]] = {}
+        for rec in cmp.to_dict("records"):
+            rows.setdefault(int(rec["row"]), {})[str(rec["column"])] = rec
+        columns = list(dict.fromkeys(cmp["column"]))
+        labels = dict(zip(cmp["column"], cmp["column_label"], strict=True))
+        decimals = {c: column_decimals(g) for c, g in cmp.groupby("column", sort=False)["printed"]}
+        return cls(rows, columns, [str(labels[c]) for c in columns], decimals)
+
+
 def layout(
     spec: TableSpec,
-    cmp: pd.DataFrame,
+    cells: TableCells,
     blocks: Sequence[Block],
     escape: Callable[[str], str],
     mark: Callable[[str, int], str],
 ) -> Grid:
     """Lines of the given blocks: labels that vary within them, a source column for scores tables, the cells."""
-    shown = [r for b in blocks for r in b.rows]
-    firsts = cmp[cmp["row"].isin(shown)].drop_duplicates("row")
-    compressed = firsts[firsts["method"] != "full"]  # a full-cache row's budget label ("Full") is not a budget
-    varying = [c for c in _LABEL_NAMES if (compressed if len(compressed) else firsts)[c].nunique() > 1]
+    firsts = [next(iter(cells.rows[r].values())) for b in blocks for r in b.rows]
+    compressed = [f for f in firsts if f["method"] != "full"] or firsts  # "Full" is no budget to show
+    varying = [c for c in _LABEL_NAMES if len({str(f[c]) for f in compressed}) > 1]
     with_source = spec.kind == "scores"
-    cols = list(dict.fromkeys(cmp["column"]))
-    col_labels = [str(cmp.loc[cmp["column"] == c, "column_label"].iloc[0]) for c in cols]
-    decimals = {c: column_decimals(cmp.loc[cmp["column"] == c, "printed"]) for c in cols}
-    header = [_LABEL_NAMES[c] for c in varying] + [spec.row_header] + ([""] if with_source else []) + col_labels
-    header = [escape(h) for h in header]
-    grid = Grid(header, [], len(header) - len(cols), [], [])
-    by_row = {int(r): g.set_index("column") for r, g in cmp.groupby("row")}
+    header = [_LABEL_NAMES[c] for c in varying] + [spec.row_header] + ([""] if with_source else [])
+    header = [escape(h) for h in header + cells.column_labels]
+    grid = Grid(header, [], len(header) - len(cells.columns), [], [])
     for block in blocks:
         grid.block_starts.append(len(grid.lines))
         for row in block.rows:
-            cells = by_row[row]
-            first = cells.iloc[0]
+            row_cells = cells.rows[row]
+            first = next(iter(row_cells.values()))
             labels = [escape(str(first[c])) for c in [*varying, "method_label"]]
             sources = ("ours", "paper", "Δ") if measurable(spec, first["method"]) else ("paper",)
             grid.row_starts.append(len(grid.lines))
             for i, src in enumerate(sources):
-                line = labels if i == 0 else [""] * len(labels)
-                line = line + ([escape(src)] if with_source else [])
-                for c in cols:
-                    line.append(_cell(cells, c, src, decimals[c], escape, mark))
+                line = (labels if i == 0 else [""] * len(labels)) + ([escape(src)] if with_source else [])
+                for c in cells.columns:
+                    cell = row_cells.get(c)
+                    line.append("" if cell is None else _cell(cell, src, cells.decimals[c], escape, mark))
                 grid.lines.append(line)
     return grid
 
 
-def _cell(
-    cells: pd.DataFrame,
-    column: str,
-    src: str,
-    decimals: int,
-    escape: Callable[[str], str],
-    mark: Callable[[str, int], str],
-) -> str:
+def _cell(cell: dict, src: str, decimals: int, escape: Callable[[str], str], mark: Callable[[str, int], str]) -> str:
     """One cell's text: ours (column precision, rank mark), the paper's as printed, or the difference."""
-    if column not in cells.index:  # the paper prints nothing in this row and column
-        return ""
-    cell = cells.loc[column]
     if src == "Δ":
         return escape(format_diff(cell["diff"], decimals))
     if src == "ours":
@@ -211,11 +217,11 @@ def render_markdown(spec: TableSpec, cmp: pd.DataFrame, missing: pd.DataFrame | 
     if bool(cmp["synthetic"].any()):
         lines += ["", "**Synthetic runs** (paper values plus noise, made by `kvbench.reporting.synthetic`): these "
                   "'ours' numbers are not measurements."]  # fmt: skip
-    units = print_units(spec, cmp)
+    units, cells = print_units(spec, cmp), TableCells.of(cmp)
     for unit in units:
         if len(units) > 1:
             lines += ["", f"### {unit[0].title}"]
-        lines += ["", *_md_grid(layout(spec, cmp, unit, _md_escape, _md_mark))]
+        lines += ["", *_md_grid(layout(spec, cells, unit, _md_escape, _md_mark))]
     lines += ["", LEGEND if spec.kind == "scores" else f"{NOT_PRINTED} = not printed or illegible in the paper."]
     notes = cmp[(cmp["note"] != "") & cmp["note"].notna()]
     if not notes.empty:
@@ -301,9 +307,9 @@ def render_latex(spec: TableSpec, cmp: pd.DataFrame) -> str:
     base = tex_escape(f"{spec.paper}, {spec.title}")
     lines = [f"% {spec.id}: {tex_escape(spec.paper)}, {tex_escape(spec.title)} (written by kvbench scripts/tables.py)"]
     lines.append("% needs \\usepackage{" + ",".join(LATEX_PACKAGES) + "}")
-    units = print_units(spec, cmp)
+    units, cells = print_units(spec, cmp), TableCells.of(cmp)
     for i, unit in enumerate(units):
-        grid = layout(spec, cmp, unit, _tex_text, _tex_mark)
+        grid = layout(spec, cells, unit, _tex_text, _tex_mark)
         if len(units) == 1:
             lines += _tex_float(spec, grid, f"{base}. {legend}", f"tab:{spec.id}")
         else:

@@ -47,16 +47,23 @@ class RowRuns:
     synthetic: bool = False
 
 
-def _select_runs(runs: pd.DataFrame, spec: TableSpec, first: pd.Series) -> RowRuns | None:
+_RUN_GROUP = ["model", "task", "method", "budget"]
+
+
+def _runs_by_cell(runs: pd.DataFrame) -> dict[tuple[str, ...], pd.DataFrame]:
+    """The runs grouped by model, task, method and budget (looked up once per paper row)."""
+    if runs.empty:
+        return {}
+    return {tuple(str(k) for k in key): g for key, g in runs.groupby(_RUN_GROUP, sort=False)}
+
+
+def _select_runs(by_cell: dict[tuple[str, ...], pd.DataFrame], spec: TableSpec, first: pd.Series) -> RowRuns | None:
     """Scores of the run matching one paper row, trying the table's tags in order of preference."""
-    if runs.empty or not first["method"]:
+    if not first["method"]:
         return None
-    sel = runs[
-        (runs["model"] == first["model"])
-        & (runs["task"] == first["task"])
-        & (runs["method"] == first["method"])
-        & (runs["budget"] == first["budget"])
-    ]
+    sel = by_cell.get(tuple(str(first[k]) for k in _RUN_GROUP))
+    if sel is None:
+        return None
     is_full = first["method"] == "full"
     if first["question_mode"] and not is_full:
         sel = sel[sel["question_mode"] == first["question_mode"]]
@@ -73,53 +80,49 @@ def _select_runs(runs: pd.DataFrame, spec: TableSpec, first: pd.Series) -> RowRu
 
 def compare_table(spec: TableSpec, ref: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     """Paper cell by paper cell: the paper's value, ours, their difference and why ours may be missing."""
+    if "printed" not in ref.columns:  # a hand-made reference: print its values as they are
+        ref = ref.assign(printed=["" if pd.isna(v) else str(v) for v in ref["value"]])
     out = []
     table_datasets = list(dict.fromkeys(ref.loc[ref["kind"] == "dataset", "dataset"]))
-    for _, g in ref.groupby("row", sort=True):
-        first = g.iloc[0]
-        found = _select_runs(runs, spec, first) if spec.kind == "scores" else None
-        for r in g.itertuples():
+    by_cell = _runs_by_cell(runs) if spec.kind == "scores" else {}
+    rows: dict[int, list[dict]] = {}
+    for rec in ref.to_dict("records"):  # plain dicts: far faster than row-wise pandas access
+        rows.setdefault(int(rec["row"]), []).append(rec)
+    for row in sorted(rows):
+        cells = rows[row]
+        found = _select_runs(by_cell, spec, cells[0]) if spec.kind == "scores" else None
+        for r in cells:
             ours, missing = math.nan, ""
             if spec.kind != "scores":
                 missing = f"{spec.kind} table: not rebuilt from accuracy runs"
-            elif not r.method:
+            elif not r["method"]:
                 missing = "paper row has no recoverable method"
             elif found is None:
                 missing = "no run"
-            elif r.kind == "dataset":
-                if r.dataset in found.scores and not math.isnan(found.scores[r.dataset]):
-                    ours = found.scores[r.dataset]
+            elif r["kind"] == "dataset":
+                if r["dataset"] in found.scores and not math.isnan(found.scores[r["dataset"]]):
+                    ours = found.scores[r["dataset"]]
                 else:
-                    missing = f"dataset not run: {r.dataset}"
-            elif r.kind == "aggregate":
+                    missing = f"dataset not run: {r['dataset']}"
+            elif r["kind"] == "aggregate":
                 try:
-                    ours = spec.convention.aggregate(r.column, found.scores, table_datasets)
+                    ours = spec.convention.aggregate(r["column"], found.scores, table_datasets)
                 except MissingData as err:
                     missing = "incomplete run, missing: " + ", ".join(err.missing)
-            paper = r.value
+            paper = r["value"]
             out.append(
                 {
+                    **{c: r[c] for c in CELL_COLUMNS if c != "table"},
                     "table": spec.id,
-                    "row": r.row,
-                    "model": r.model,
-                    "model_label": r.model_label,
-                    "task": r.task,
-                    "question_mode": r.question_mode,
-                    "method": r.method,
-                    "method_label": r.method_label,
-                    "budget": r.budget,
-                    "budget_label": r.budget_label,
-                    "column": r.column,
-                    "column_label": r.column_label,
-                    "kind": r.kind,
+                    "kind": r["kind"],
                     "paper": paper,
-                    "printed": r.printed,
+                    "printed": r["printed"],
                     "ours": ours,
                     "diff": ours - paper if not (math.isnan(ours) or pd.isna(paper)) else math.nan,
                     "tag": found.tag if found is not None else None,
                     "synthetic": found is not None and found.synthetic and not math.isnan(ours),
                     "missing": missing,
-                    "note": r.note,
+                    "note": r["note"],
                 }
             )
     df = pd.DataFrame(out, columns=[c for c in COMPARISON_COLUMNS if c not in ("paper_rank", "ours_rank")])
@@ -134,15 +137,14 @@ def _ranks(df: pd.DataFrame, value: str, spec: TableSpec) -> pd.Series:
     if spec.kind != "scores" or df.empty:
         return ranks
     comp = df[(df["method"] != "full") & (df["budget"] != "full") & df[value].notna()]
-    for _, g in comp.groupby(["model", "budget", "question_mode", "column"], sort=False):
-        if len(g) < 2:
-            continue
-        order = sorted(set(g[value].round(6)), reverse=True)
-        for idx, v in g[value].round(6).items():
-            if v == order[0]:
-                ranks[idx] = 1
-            elif len(order) > 1 and v == order[1]:
-                ranks[idx] = 2
+    if comp.empty:
+        return ranks
+    groups = (
+        comp[value].astype(float).round(6).groupby([comp[k] for k in ("model", "budget", "question_mode", "column")])
+    )
+    dense = groups.rank(method="dense", ascending=False)  # ties share a rank; the next value is 2
+    alone = groups.transform("size") < 2  # a lone method is not "best"
+    ranks.loc[comp.index] = dense.where((dense <= 2) & ~alone, 0).astype(int)
     return ranks
 
 
