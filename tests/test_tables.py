@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from kvbench.reporting.aggregate import expand_settings, load_runs, run_summary
+from kvbench.reporting.cells import NOT_RUN
 from kvbench.reporting.conventions import LONGBENCH16, LONGBENCH21, Convention, MissingData
 from kvbench.reporting.paper_refs import TABLES, TableSpec, load_reference
 from kvbench.reporting.plots import (
@@ -18,7 +19,6 @@ from kvbench.reporting.plots import (
     plot_paper_tables,
     plot_score_vs_budget,
 )
-from kvbench.reporting.cells import NOT_RUN
 from kvbench.reporting.render import render_latex, render_markdown
 from kvbench.reporting.tables import build_all, compare_table, missing_runs, write_tables
 from kvbench.results import PredictionLog, atomic_write_json, run_dir
