@@ -92,7 +92,7 @@ def generate(
         raise ValueError("empty prompt")
 
     start = time.perf_counter()
-    session.begin_prefill(len(compressed))
+    session.begin_prefill(len(compressed), prompt_ids=compressed)
     logits = _forward(model, compressed, 0, cache, session, device)
     position = len(compressed)
     if appended:

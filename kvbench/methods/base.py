@@ -76,6 +76,10 @@ class WindowObservation:
     layer_budget:
         The budget (tokens per head) the allocator has just set for this layer, when known before scoring
         (AhaKV's step-gain softmax derives its temperature from it); ``None`` otherwise.
+    sample_key:
+        A stable number identifying the sample: a hash of the compressed prompt's token ids (0 when unknown).
+        Methods that draw random numbers (NACL) seed from it, so a sample's draws do not depend on which samples
+        ran before it (resumed runs, subsets, reordering).
     """
 
     layer_idx: int
@@ -86,6 +90,7 @@ class WindowObservation:
     scaling: float
     prompt_queries: torch.Tensor | None = None
     layer_budget: int | None = None
+    sample_key: int = 0
 
     @property
     def window(self) -> int:

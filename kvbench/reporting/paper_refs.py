@@ -166,7 +166,8 @@ TABLES: dict[str, TableSpec] = {
             "ahakv_t2",
             "AhaKV",
             "Table 2: ablation on LongBench subsets, LLaMA2-7B-Chat",
-            tags=("ahakv", None),
+            # Own tag: its 5-dataset runs cannot share ahakv_t1_llama2's folders (another config); AhaKV falls back.
+            tags=("ahakv_t2", "ahakv", None),
             row_header="Variant",
         ),
         _t(

@@ -14,7 +14,7 @@ MODELS = {
     "Mistral-7B-Instruct-v0.2": "mistral-7b-instruct-v0.2", "LWM-Text-Chat-1M": "lwm-text-chat-1m",
     "Llama-3.1-8B-Instruct": "llama3.1-8b-instruct", "LLaMA3-8B-Inst": "llama3-8b-instruct",
     "Qwen2-7B-Inst": "qwen2-7b-instruct", "LLAMA2-7B-Chat": "llama2-7b-chat", "Gemma-7B-Inst": "gemma-7b-it",
-    "Qwen2-1.5B-Inst": "qwen2-1.5b", "Qwen1.5-4B-Chat": "qwen1.5-4b-chat", "Qwen1.5-14B-Chat": "qwen1.5-14b-chat",
+    "Qwen2-1.5B-Inst": "qwen2-1.5b-instruct", "Qwen1.5-4B-Chat": "qwen1.5-4b-chat", "Qwen1.5-14B-Chat": "qwen1.5-14b-chat",
     "Llama2-7B-Chat": "llama2-7b-chat", "Llama3.1-8B-Instruct": "llama3.1-8b-instruct",
     "Llama3.1-8B Instruct": "llama3.1-8b-instruct", "Mistral-7B-Instruct-v0.3": "mistral-7b-instruct-v0.3",
     "Qwen2.5-7B-Instruct": "qwen2.5-7b-instruct", "Gemma-7B-Instruct": "gemma-7b-it",
