@@ -88,9 +88,12 @@ def run_job(cfg: DictConfig, demo: bool = False) -> None:
 @contextmanager
 def reporting_hydra_errors(overrides: Sequence[str]) -> Iterator[None]:
     """Report an error raised by Hydra itself (composition, overrides) as a user error: exit status 2."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
     try:
         yield
-    except Exception as err:  # only Hydra's errors get here: run_job handles everything raised inside a job
+    except (HydraException, OmegaConfBaseException) as err:  # run_job reports everything raised inside a job
         report_user_error(hydra_error_message(err, overrides))
         sys.exit(USER_ERROR_EXIT)
 
@@ -101,6 +104,12 @@ def hydra_error_message(err: BaseException, overrides: Sequence[str] = ()) -> st
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
     cause = err.__cause__
+    missing = getattr(err, "missing_cfg_file", None) or ""
+    if isinstance(err, MissingConfigException) and missing.startswith("hydra/launcher/submitit"):
+        return (
+            f"the SLURM launcher needs Hydra's submitit plugin ({missing} is not installed): pip install -e "
+            "'.[slurm]', or submit with scripts/sweep.py (plain sbatch arrays, no plugin)."
+        )
     if isinstance(err, MissingConfigException) and err.missing_cfg_file and err.options:
         group, _, name = err.missing_cfg_file.rpartition("/")
         close = difflib.get_close_matches(name, err.options, n=1, cutoff=0.6)

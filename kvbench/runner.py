@@ -169,13 +169,15 @@ def _graceful_termination() -> Iterator[None]:
         _TERMINATION.fired = False
 
 
-def _check_existing_run(folder: Path, cfg_hash: str, cfg: DictConfig) -> None:
-    """Refuse to mix two different configs in one results folder."""
+def _check_existing_run(folder: Path, cfg_hash: str, cfg: DictConfig, note_replacement: bool = True) -> None:
+    """Refuse to mix two different configs in one results folder (one whose run wrote no prediction is replaced)."""
     meta_path = folder / RUN_META_FILE
     if not meta_path.exists():
         return
     existing = read_json(meta_path).get("config_hash")
     if existing and existing != cfg_hash and not holds_results(folder):
+        if not note_replacement:
+            return
         print(
             f"note: {folder} held a run with another config (hash {existing}) that stopped before writing any "
             "prediction; this run replaces it.",
@@ -263,7 +265,7 @@ class Runner:
         if cfg.run.threads:
             torch.set_num_threads(int(cfg.run.threads))
         torch.manual_seed(int(cfg.seed))
-        _check_existing_run(self.folder, self.cfg_hash, cfg)
+        _check_existing_run(self.folder, self.cfg_hash, cfg, note_replacement=False)
         tokenizer = load_tokenizer(cfg.model)
         data = self._load_data(tokenizer)  # every sample checked before the weights load
         loaded = load_model(cfg.model, seed=int(cfg.seed), tokenizer=tokenizer)

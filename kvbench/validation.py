@@ -2,13 +2,14 @@
 
 1. :func:`check_config` -- the composed config alone: no unknown keys (``+method.windw=8`` included), no missing
    values, names usable as folder names, budget string, knob ranges and choices.  Imports neither torch nor
-   transformers, so ``python run.py`` reports a bad value in about a second.
+   transformers, so ``python run.py`` reports a bad value in well under a second (``scripts/bench_errors.py``).
 2. :func:`check_environment` -- what the config points at, still without torch: the model (builtin, an existing
    local folder, or a hub id -- in the local cache when offline), the data folder, the optional packages the
    run needs, a writable results root.
-3. :func:`validate` -- needs torch (lazily imported): the method family builds with its parameters, the task kind
-   is registered, the device exists.  Then the runner loads the tokenizer and :func:`check_samples` checks every
-   selected dataset before the model's weights load and before anything is written under ``results/``.
+3. :func:`validate` -- needs torch (lazily imported): the method family builds with its parameters (the families'
+   ``parse_params``), the task kind is registered.  The runner then checks the device, loads the tokenizer and
+   reads every selected dataset, :func:`check_samples`, before the model's weights load and before anything is
+   written under ``results/``.
 
 Every failure is a :class:`~kvbench.errors.KVBenchError` whose message names the key and value, the valid
 choices and the fix, in one paragraph.
@@ -74,11 +75,11 @@ def _check_keys(node: Any, schema: type, prefix: str) -> None:
     """Every key of ``node`` must be a field of the ``schema`` dataclass (recursively for dataclass fields)."""
     if not isinstance(node, DictConfig):
         return
-    fields = {field.name: field for field in dataclasses.fields(schema)}
+    fields = [field.name for field in dataclasses.fields(schema)]
     hints = typing.get_type_hints(schema)
     for key in node:
         if key not in fields:
-            raise KVBenchError(unknown_key_message(f"{prefix}{key}", str(key), list(fields), prefix))
+            raise KVBenchError(unknown_key_message(f"{prefix}{key}", str(key), fields, prefix))
         field_type = hints[key]
         if dataclasses.is_dataclass(field_type) and not OmegaConf.is_missing(node, key):
             _check_keys(node[key], field_type, f"{prefix}{key}.")

@@ -318,7 +318,7 @@ def test_folder_of_a_killed_run_without_predictions_is_replaced_with_a_note(root
     assert job.state == "new"
     capsys.readouterr()
     Runner(cfg).run()
-    assert "stopped before writing any prediction; this run replaces it" in capsys.readouterr().err
+    assert capsys.readouterr().err.count("stopped before writing any prediction; this run replaces it") == 1
     meta = json.loads((folder / "run_meta.json").read_text())
     assert meta["config_hash"] == config_hash(cfg) and meta["status"] == "complete"
 
