@@ -1,5 +1,7 @@
 """Hot-path kernels of kvbench, each with a pure-torch reference (:mod:`kernels.reference`).
 
+* :func:`causal_column_sums` -- H2O's prefill score: the attention each key receives from every causal query,
+  computed in row blocks (peak ``H_q x block x S``, never ``S x S``).
 * :func:`window_stats` -- fused observation-window scoring: column sum / sum of squares / max / entropy and row
   log-sum-exp / entropy of the window's softmax attention, without a ``W x S`` float32 matrix per head.
 * :func:`paged_append` -- append decoded (or prefilled) tokens to a paged per-head cache, O(heads) per token.
@@ -10,6 +12,7 @@ Triton runs automatically on CUDA tensors when ``triton`` is installed; otherwis
 """
 
 from kernels.ops import (
+    causal_column_sums,
     copy_rows,
     paged_append,
     paged_decode_attention,
@@ -21,6 +24,7 @@ from kernels.stats import WindowStats
 
 __all__ = [
     "WindowStats",
+    "causal_column_sums",
     "copy_rows",
     "paged_append",
     "paged_decode_attention",

@@ -132,6 +132,59 @@ def _window_stats_torch(queries: torch.Tensor, keys: torch.Tensor, scaling: floa
     return WindowStats(col_sum, col_sq, col_max, col_ent, lse, row_entropy, window)
 
 
+# ------------------------------------------------------------------------------------------ all-rows column sums
+def causal_column_sums(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    scaling: float,
+    *,
+    prob_dtype: torch.dtype | None = None,
+    max_block_bytes: int = 64 << 20,
+) -> torch.Tensor:
+    """Attention each key receives from every query of a causal prefill: column sums of ``softmax(q k^T)``.
+
+    H2O's prefill score, without the ``S x S`` matrix: query rows are processed in blocks of ``b`` rows, each
+    against the keys it may see, so the peak extra memory is ``H_q x b x S`` float32 (``b`` chosen to fit
+    ``max_block_bytes``).
+
+    Parameters
+    ----------
+    queries:
+        ``[H_q, S, D]`` post-RoPE queries of the prompt; query ``i`` sits at position ``i``.
+    keys:
+        ``[H, S, D]``; ``H`` divides ``H_q`` (consecutive query heads share a key head).
+    scaling:
+        Logit scale.
+    prob_dtype:
+        When given, each probability is rounded to this dtype before it is summed (the reference code casts its
+        float32 softmax to the model dtype); the sums themselves stay float32.
+
+    Returns
+    -------
+    ``[H_q, S]`` float32 column sums (column ``j`` sums rows ``j .. S-1``).
+    """
+    num_q, length, dim = queries.shape
+    num_heads, key_length, key_dim = keys.shape
+    if key_dim != dim or num_q % num_heads or key_length != length:
+        raise ValueError(f"queries {tuple(queries.shape)} do not match keys {tuple(keys.shape)}")
+    groups = num_q // num_heads
+    rows_per_block = max(1, max_block_bytes // max(1, num_q * length * 4))
+    keys32 = keys.float()
+    sums = torch.zeros((num_q, length), device=queries.device, dtype=torch.float32)
+    for start in range(0, length, rows_per_block):
+        stop = min(start + rows_per_block, length)
+        rows = stop - start
+        block = queries[:, start:stop].float().reshape(num_heads, groups * rows, dim)
+        logits = torch.bmm(block, keys32[:, :stop].transpose(1, 2)).reshape(num_q, rows, stop) * scaling
+        positions = torch.arange(stop, device=queries.device)
+        future = positions[None, :] > positions[start:stop, None]  # [rows, stop]
+        probs = torch.softmax(logits.masked_fill(future[None], float("-inf")), dim=-1)
+        if prob_dtype is not None:
+            probs = probs.to(prob_dtype).float()
+        sums[:, :stop] += probs.sum(dim=1)
+    return sums
+
+
 def _window_stats_triton(queries: torch.Tensor, keys: torch.Tensor, scaling: float, eps: float) -> WindowStats:
     from kernels import triton_kernels as tk
 

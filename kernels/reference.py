@@ -46,6 +46,17 @@ def window_stats_reference(
     )
 
 
+def causal_column_sums_reference(queries: torch.Tensor, keys: torch.Tensor, scaling: float) -> torch.Tensor:
+    """``[H_q, S]`` column sums of the full causal ``[H_q, S, S]`` float32 softmax of ``queries`` ``[H_q, S, D]``
+    over ``keys`` ``[H, S, D]`` (GQA: consecutive query heads share a key head)."""
+    num_q, length, _ = queries.shape
+    expanded = keys.float().repeat_interleave(num_q // keys.shape[0], dim=0)
+    logits = torch.einsum("hqd,hsd->hqs", queries.float(), expanded) * scaling
+    future = torch.arange(length)[None, :] > torch.arange(length)[:, None]
+    probs = torch.softmax(logits.masked_fill(future.to(logits.device)[None], float("-inf")), dim=-1)
+    return probs.sum(dim=1)
+
+
 def slots_of(block_table: torch.Tensor, head: torch.Tensor, index: torch.Tensor, page_size: int) -> torch.Tensor:
     """Flat pool slots of logical token ``index`` of ``head`` (1-D tensors of equal length)."""
     pages = block_table[head.long(), (index // page_size).long()].long()

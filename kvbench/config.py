@@ -68,6 +68,15 @@ class MethodConfig:
     gqa_granularity: str = "kv_head"
     #: How query-head scores are combined per KV head when gqa_granularity=kv_head: mean | max | sum.
     gqa_agg: str = "mean"
+    #: Where that combination happens relative to the pooling: before_pool (KVCache-Factory kv_head mode, AdaKV
+    #: gqa_support) | after_pool (CAKE's code); null = the method family's reference.
+    gqa_reduce: Optional[str] = None
+    #: Average pooling at the sequence edges: include (the padding counts, ``F.avg_pool1d`` default, every reference)
+    #: | exclude (edge scores divided by the real neighbours only).
+    pool_padding: str = "include"
+    #: Precision of the eviction scores: model (the references' softmax in float32 cast back to the model dtype, every
+    #: later reduction in that dtype) | float32 (kept in float32 throughout).  Identical for float32 models.
+    score_dtype: str = "model"
     #: Attention-sink tokens always kept (StreamingLLM).
     sink_tokens: int = 0
     #: Whether eviction also happens during decoding (H2O/TOVA/StreamingLLM), keeping the cache at its budget.
@@ -76,6 +85,8 @@ class MethodConfig:
     params: Dict[str, Any] = field(default_factory=dict)
     #: Paper a preset reproduces, for the README and tables.
     paper: Optional[str] = None
+    #: The original code whose selections the preset reproduces (repo, file, commit, settings), recorded with runs.
+    reference: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

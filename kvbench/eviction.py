@@ -7,7 +7,8 @@ passes it to the model's forward as ``kvbench_session``; kvbench's attention fun
 Selection rule (per layer, per stored head): tokens are ranked by the method's scores; *protected* tokens (the
 observation window when ``keep_window``, the first ``sink_tokens`` positions) rank first, ties broken towards more
 recent tokens; the head keeps the top ``k_h`` where ``k_h`` comes from the head allocator.  With
-``window_in_budget=False`` the window is kept on top of the budget.
+``window_in_budget=False`` the window is kept on top of the budget: the allocators see the total (or the fixed
+per-layer budget) raised by one window per layer.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import torch
 
 from kvbench.budget import Budget
 from kvbench.cache import HeadwiseLayer, KVBenchCache
-from kvbench.methods.base import EvictionMethod, WindowObservation, aggregate_groups
+from kvbench.methods.base import EvictionMethod, WindowObservation
+from kvbench.methods.scoring import aggregate_groups
 
 Phase = Literal["idle", "compress", "append", "decode"]
 
@@ -149,11 +151,13 @@ class EvictionSession:
             scaling=scaling,
             prompt_queries=query,
         )
+        # With window_in_budget=False every layer keeps its window on top of the budget: allocators see it added.
+        off_budget = 0 if self.method.window_in_budget else window
         if self.budget.fixed_per_layer:
-            budgets = {layer_idx: int(self.budget.value)}
+            budgets = {layer_idx: int(self.budget.value) + off_budget}
         else:
             if not self._allocator_started:
-                total = self.budget.total(context, self.num_layers)
+                total = self.budget.total(context, self.num_layers) + self.num_layers * off_budget
                 self.method.layer_allocator.start(total, self.num_layers, context)
                 self._allocator_started = True
             budgets = self.method.layer_allocator.on_layer(observation)
@@ -170,12 +174,11 @@ class EvictionSession:
         for target_layer, layer_budget in sorted(budgets.items()):
             self._shrink_layer(target_layer, int(layer_budget), window)
 
-    def _shrink_layer(self, layer_idx: int, layer_budget: int, window: int) -> None:
-        """Evict ``layer_idx`` down to ``layer_budget`` tokens per head (plus the window if it is off-budget)."""
+    def _shrink_layer(self, layer_idx: int, keep_total: int, window: int) -> None:
+        """Evict ``layer_idx`` down to ``keep_total`` tokens per head (window and sinks included)."""
         layer = self.cache.headwise_layers[layer_idx]
         method = self.method
         lengths = layer.head_lengths()
-        keep_total = layer_budget if method.window_in_budget else layer_budget + window
         scores = self._scores[layer_idx]
         protected = []
         for head in range(layer.num_heads):

@@ -25,8 +25,11 @@ Layout (one *run* = one model x task x method x budget)::
      "metric": str, "score": float, "scores": {name: float}, "n_samples": int,
      "config_hash": str, "question_mode": "aware" | "agnostic", "dataset_settings": {...},
      "scorer": {...backend settings...}, "cache": {"mean_requested_per_layer": [float],
-     "mean_achieved_per_layer": [float], "mean_kept_fraction": float, "mean_cache_bytes": float},
-     "settings": {...method/budget knobs that matter...},
+     "mean_achieved_per_layer": [float], "mean_kept_fraction": float, "mean_cache_bytes": float,
+     "budget_exact": bool (every layer kept its requested budget), "allocation_exact": bool (every head kept what
+     the method allocated it; Ada-KV's reference rounds heads on their own, so its layers may drift by a few
+     tokens), "samples_evicted": int},
+     "settings": {...method/budget knobs that matter, incl. the preset's reference...},
      "timing": {"n": int, "prefill_s_mean": float, "decode_s_mean": float, "total_s": float}}
 
 Aggregation (scripts/aggregate.py) discovers runs by finding ``metrics.json`` files; nothing else is needed.

@@ -242,6 +242,8 @@ def _cache_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "mean_kept_fraction": round(float(kept_fraction), 4),
         "mean_cache_bytes": round(sum(r["cache"]["cache_bytes"] for r in rows) / len(rows), 1),
         "budget_exact": bool(torch.equal(requested, achieved)),
+        # Every head kept what the method allocated it (Ada-KV's per-head rounding may drift from the layer budget).
+        "allocation_exact": all(r["cache"]["requested_per_head"] == r["cache"]["achieved_per_head"] for r in rows),
         "samples_evicted": sum(1 for r in rows if r["cache"]["evicted"]),
     }
 
@@ -439,7 +441,11 @@ class Runner:
                 "gqa_granularity": cfg.method.gqa_granularity,
                 "gqa_agg": cfg.method.gqa_agg,
                 "decode_eviction": cfg.method.decode_eviction,
+                "pool_padding": cfg.method.pool_padding,
+                "score_dtype": cfg.method.score_dtype,
                 "params": OmegaConf.to_container(cfg.method.params, resolve=True),
+                "resolved": dict(self.method.settings),
+                "reference": OmegaConf.to_container(cfg.method.reference, resolve=True),
                 "max_input_length": cfg.model.max_input_length,
                 "chat_template": use_template,
                 "dtype": cfg.model.dtype,

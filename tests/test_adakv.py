@@ -11,8 +11,10 @@ from hydra import compose, initialize_config_dir
 from test_methods import _prefill_one_layer, _run, method_from_yaml
 
 from kvbench.config import register_configs
-from kvbench.methods.adakv import AdaHeadAllocator, AdaWindowScorer, adaptive_counts
-from kvbench.methods.base import WindowObservation, build_method, pool_scores, window_attention
+from kvbench.methods.adakv import AdaHeadAllocator, adaptive_counts
+from kvbench.methods.base import WindowObservation, build_method
+from kvbench.methods.scoring import ScoreOptions, pool_scores, window_attention
+from kvbench.methods.snapkv import WindowVoteScorer
 from kvbench.models import build_builtin
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -60,11 +62,11 @@ def test_safeguard_readings() -> None:
     assert AdaHeadAllocator(0.5, "floor").allocate(scores, budget) == AdaHeadAllocator(0.5, "adaptive").allocate(
         scores, budget
     )
-    # floor 0.2: (1 - 0.2) f_i + 0.2 * B/h, summing to B.
+    # floor 0.2: round((1 - 0.2) f_i + int(0.2 * B/h)) per head (the code's rounding).
     floor = AdaHeadAllocator(0.2, "floor").allocate(scores, budget)
-    expected = [0.8 * f + 0.2 * 5 for f in pure]
-    assert sum(floor) == 10
-    assert all(abs(c - e) <= 1 for c, e in zip(floor, expected, strict=True))
+    assert floor == [round(0.8 * f + 1) for f in pure]
+    exact = AdaHeadAllocator(0.2, "floor", rounding="largest_remainder").allocate(scores, budget)
+    assert sum(exact) == 10 and all(abs(c - (0.8 * f + 1)) < 1 for c, f in zip(exact, pure, strict=True))
     # The literal formula reading of alpha = 0.2 is much closer to uniform.
     literal = AdaHeadAllocator(0.2, "adaptive").allocate(scores, budget)
     assert abs(literal[0] - 5) < abs(floor[0] - 5)
@@ -80,11 +82,11 @@ def test_protected_tokens_and_padding_are_accounted() -> None:
     counts = AdaHeadAllocator(0.0, "floor").allocate(scores, 4)
     assert sum(counts) == 8
     assert counts == [2 + 3, 2 + 1]  # protected 2 per head + the global top-4 of the rest
-    # A head never gets more than it holds: the surplus spills to the other head (uniform split 4 + 4 here,
-    # but head 0 has only 3 selectable tokens).
+    # A head never gets more than it holds (uniform split 4 + 4 here, but head 0 has only 3 selectable tokens): the
+    # reference rounding caps it, kvbench's largest-remainder variant spills the surplus to the other head.
     scores[0, 5] = float("-inf")
-    counts = AdaHeadAllocator(1.0, "floor").allocate(scores, 6)
-    assert counts == [2 + 3, 2 + 5]
+    assert AdaHeadAllocator(1.0, "floor").allocate(scores, 6) == [2 + 3, 2 + 4]
+    assert AdaHeadAllocator(1.0, "floor", rounding="largest_remainder").allocate(scores, 6) == [2 + 3, 2 + 5]
 
 
 def test_ada_scorer_order_is_window_mean_group_mean_then_pool() -> None:
@@ -92,7 +94,7 @@ def test_ada_scorer_order_is_window_mean_group_mean_then_pool() -> None:
     keys = torch.randn(2, 80, 8, generator=gen)
     queries = torch.randn(4, 32, 8, generator=gen)
     observation = WindowObservation(0, 1, queries, keys, keys, 8**-0.5)
-    scores = AdaWindowScorer(7, "max", "mean").score(observation)
+    scores = WindowVoteScorer(ScoreOptions(kernel_size=7, pooling="max"), row_reduce="mean").score(observation)
     attention = window_attention(queries, keys, 8**-0.5)
     manual = pool_scores(attention.mean(dim=1).reshape(2, 2, 80).mean(dim=1)[:, :48], 7, "max")
     torch.testing.assert_close(scores[:, :48], manual)
@@ -134,11 +136,10 @@ def test_presets_keep_budgets_exactly_per_layer(tiny_llama, name: str) -> None:
     record = _run(model, tokenizer, method_from_yaml(name), "64L", new=4).record
     heads = 4 if name.endswith("early") else 2  # early: KV replicated per query head
     assert all(len(h) == heads for h in record.achieved_per_head)
-    assert record.requested_per_layer == record.achieved_per_layer
-    assert sum(record.requested_per_layer) == 64 * 4
-    assert all(
-        sum(h) == layer * heads for h, layer in zip(record.achieved_per_head, record.requested_per_layer, strict=False)
-    )
+    assert record.requested_per_head == record.achieved_per_head  # every head keeps what it was allocated
+    # The reference rounds each head on its own: a layer may keep a few tokens more or less than requested.
+    for achieved, layer in zip(record.achieved_per_head, record.requested_per_layer, strict=True):
+        assert abs(sum(achieved) - layer * heads) <= heads // 2
     assert any(len(set(h)) > 1 for h in record.achieved_per_head)  # head budgets really differ
     if name == "ada_pyramidkv":
         assert record.requested_per_layer[0] > record.requested_per_layer[-1]

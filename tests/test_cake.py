@@ -13,8 +13,9 @@ from kvbench.budget import parse_budget
 from kvbench.cache import KVBenchCache
 from kvbench.eviction import EvictionSession
 from kvbench.generation import _forward, build_cache
-from kvbench.methods.base import StaticLayerAllocator, WindowObservation, window_attention
-from kvbench.methods.cake import CakeScorer, layer_preference, resolve_tau, split_pool
+from kvbench.methods.base import StaticLayerAllocator, WindowObservation
+from kvbench.methods.cake import CakeScorer, layer_preference, resolve_tau, split_pool_monotone
+from kvbench.methods.scoring import ScoreOptions, window_attention
 from kvbench.models import build_builtin
 
 
@@ -34,15 +35,16 @@ def test_layer_preference_matches_eq6() -> None:
     assert layer_preference(attention, 8, 1.0, 1.0) > layer_preference(static, 8, 1.0, 1.0)
 
 
-def test_split_pool_is_exact_capped_and_never_grows() -> None:
-    budgets = split_pool([1.0, 2.0, 3.0], 100, [1000] * 3)
+def test_monotone_split_is_exact_capped_and_never_grows() -> None:
+    """kvbench's ``adjust: monotone`` variant (the reference's adjust_budgets is tested in test_reference_parity)."""
+    budgets = split_pool_monotone([1.0, 2.0, 3.0], 100, [1000] * 3)
     assert sum(budgets) == 100 and budgets[0] < budgets[1] < budgets[2]
-    capped = split_pool([1.0, 1.0, 10.0], 90, [40, 40, 40])
+    capped = split_pool_monotone([1.0, 1.0, 10.0], 90, [40, 40, 40])
     # shares 7.5, 7.5, 75 -> 7, 7, 40 (cap); the excess 35 is shared evenly (17 + 17 + 1), the truncation
     # remainder (1) goes to the first open layer.
     assert capped == [26, 24, 40]
-    previous = split_pool([1.0, 1.0], 100, [1000] * 2)
-    later = split_pool([1.0, 1.0, 1.0], 100, [1000] * 3, [*previous, None])
+    previous = split_pool_monotone([1.0, 1.0], 100, [1000] * 2)
+    later = split_pool_monotone([1.0, 1.0, 1.0], 100, [1000] * 3, [*previous, None])
     assert sum(later) == 100 and all(b <= p for b, p in zip(later, previous, strict=False))
 
 
@@ -60,8 +62,9 @@ def test_indicator_mean_plus_gamma_var_and_its_variants() -> None:
     observation = WindowObservation(0, 1, queries, keys, keys, 8**-0.5)
     attention = window_attention(queries, keys, 8**-0.5)
     raw = attention.mean(dim=1) + 200 * attention.var(dim=1)
-    pooled = torch.nn.functional.avg_pool1d(raw[:, None, :88], 5, 1, 2, count_include_pad=False)[:, 0]
-    torch.testing.assert_close(CakeScorer(200.0, 5, "avg").score(observation)[:, :88], pooled)
+    pooled = torch.nn.functional.avg_pool1d(raw[:, None, :88], 5, 1, 2)[:, 0]  # padding counted, as the code
+    options = ScoreOptions(kernel_size=5, pooling="avg", gqa_reduce="after_pool")
+    torch.testing.assert_close(CakeScorer(200.0, options).score(observation)[:, :88], pooled.reshape(2, 2, 88).mean(1))
     # A token hit hard by a single window query (high variance, low mean) beats one with a slightly larger
     # but steady mean under Mean + 200 Var, and loses under Mean alone.
     attention = torch.full((1, 32, 60), 0.0)
@@ -122,22 +125,28 @@ def test_cascading_equals_one_shot_eviction_with_final_budgets(seed: int, budget
         cascading, budget, layers, observe=lambda idx, c: stage_budgets.append(c.layer_lengths()[: idx + 1])
     )
     final = session.record.requested_per_layer
-    assert sum(final) == int(budget[:-1]) * 6
+    achieved = session.record.achieved_per_layer
+    # adjust_budgets keeps the pool when no layer reaches its cap (S - W = 128 here); capped layers lose the rest.
+    assert sum(final) <= int(budget[:-1]) * 6
+    assert sum(final) == int(budget[:-1]) * 6 or max(final) == 160
     assert len(set(final)) > 1  # preferences really differ across layers
-    # Proposition 1: a layer's cache only shrinks from stage to stage.
+    # Proposition 1: a layer's cache only shrinks from stage to stage, so a budget that grows keeps what is left.
     for before, after in itertools.pairwise(stage_budgets):
         assert all(a <= b for a, b in zip(after, before, strict=False))
-    # One-shot: the same indicator, each layer evicted once with its final budget.
+    assert all(a <= f for a, f in zip(achieved, final, strict=True))
+    # One-shot: the same indicator, each layer evicted once with what the cascade left it.
     one_shot = method_from_yaml("cake", decode_eviction=False)
-    one_shot.layer_allocator = _FixedBudgets(final)
+    one_shot.layer_allocator = _FixedBudgets(achieved)
     reference, _ = _prefill_layers(one_shot, budget, layers)
     assert _positions(cache) == _positions(reference)
-    # Vanilla P2A (all preferences first, then one eviction per layer) gives the same budgets and tokens.
+    # Vanilla P2A (all preferences first, then one eviction per layer) gets the final budgets: the same tokens
+    # whenever no budget grew between stages (Theorem 1).
     vanilla, vanilla_session = _prefill_layers(
         method_from_yaml("cake", decode_eviction=False, params={"cascading": False}), budget, layers
     )
     assert vanilla_session.record.requested_per_layer == final
-    assert _positions(vanilla) == _positions(cache)
+    if achieved == final:
+        assert _positions(vanilla) == _positions(cache)
 
 
 def test_cascading_peak_memory_stays_near_the_total_budget() -> None:
@@ -214,7 +223,10 @@ def test_presets_keep_layer_budgets_through_decoding(tiny_llama, name: str) -> N
     model, tokenizer = tiny_llama
     out = _run(model, tokenizer, method_from_yaml(name), "64L", new=12)
     record = out.record
-    assert sum(record.requested_per_layer) == 64 * 4
+    if name == "cake_alloc_pyramid":  # PyramidKV's integer schedule does not force the total
+        assert sum(record.requested_per_layer) <= 64 * 4 + 4
+    else:
+        assert sum(record.requested_per_layer) == 64 * 4
     assert record.requested_per_layer == record.achieved_per_layer
     assert record.final_per_layer == record.requested_per_layer  # decode eviction keeps the budgets fixed
     if name in ("cake_alloc_uniform", "cake_uniform_mean"):

@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import yaml
 from conf_names import BUDGETS, METHODS, MODELS, TASKS, UNIMPLEMENTED_METHODS
 
+from kvbench.config import MethodConfig
 from kvbench.reporting.paper_refs import TABLES, load_reference
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "experiment"
 PRESETS = sorted(CONF.glob("*.yaml"))
 
 #: Keys a preset may set outside hydra.sweeper.params (fields of the structured schema in kvbench/config.py).
+#: An experiment may set the method knobs every family shares (they apply to every method of its grid), never a
+#: preset's identity or its family-specific params.
+COMMON_METHOD_KNOBS = {f.name for f in dataclasses.fields(MethodConfig)} - {"name", "family", "params", "paper",
+                                                                            "reference"}  # fmt: skip
 ALLOWED_TOP = {"run": {"experiment", "tag"}, "task": {"question_mode", "length", "options", "datasets"},
-               "method": {"gqa_granularity"}, "hydra": {"sweeper"}}  # fmt: skip
+               "method": COMMON_METHOD_KNOBS, "hydra": {"sweeper"}}  # fmt: skip
 
 
 def _load(path: Path) -> dict:
@@ -66,8 +72,15 @@ def _cells_of_presets(table: str, tag: str | None) -> set[tuple[str, str, str, s
         if mine:
             assert cfg["run"]["tag"] == tag
         g = _grid(cfg)
-        cells |= {(m, g["task"][0], me, b) for m in g["model"] for me in g["method"] for b in g["budget"]}
+        methods = [_method_name(option) for option in g["method"]]
+        cells |= {(m, g["task"][0], me, b) for m in g["model"] for me in methods for b in g["budget"]}
     return cells
+
+
+def _method_name(option: str) -> str:
+    """The ``name`` a method preset runs under (``pyramidkv_adakv`` runs as ``pyramidkv``)."""
+    path = CONF.parent / "method" / f"{option}.yaml"
+    return str(_load(path)["name"]) if path.exists() else option
 
 
 @pytest.mark.parametrize("table", [t for t, s in TABLES.items() if s.kind == "scores"])

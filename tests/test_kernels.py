@@ -47,7 +47,7 @@ def test_window_stats_match_reference(impl, num_q, num_kv, window, length, dim, 
 
 def test_window_stats_matches_the_methods_window_attention() -> None:
     """The fused statistics agree with kvbench.methods.base.window_attention (the path scorers use today)."""
-    from kvbench.methods.base import window_attention
+    from kvbench.methods.scoring import window_attention
 
     gen = _gen(7)
     queries, keys = torch.randn(4, 16, 16, generator=gen), torch.randn(2, 80, 16, generator=gen)
@@ -55,6 +55,23 @@ def test_window_stats_matches_the_methods_window_attention() -> None:
     stats = kernels.window_stats(queries, keys, 0.25)
     torch.testing.assert_close(stats.col_sum, attention.sum(dim=1), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(stats.col_max, attention.amax(dim=1), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("num_q", "num_kv", "length", "block_bytes"), [(4, 2, 70, 1 << 30), (4, 2, 70, 700), (3, 1, 33, 1)]
+)
+def test_causal_column_sums_match_the_dense_causal_softmax(num_q, num_kv, length, block_bytes) -> None:
+    """H2O's all-rows scores, row-blocked (one block, ~2 rows, one row at a time) == the full S x S softmax."""
+    gen = _gen(length)
+    queries, keys = torch.randn(num_q, length, 16, generator=gen) * 2, torch.randn(num_kv, length, 16, generator=gen)
+    expected = reference.causal_column_sums_reference(queries, keys, 0.25)
+    got = kernels.causal_column_sums(queries, keys, 0.25, max_block_bytes=block_bytes)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    assert float(expected[:, -1].min()) > 0 and torch.allclose(expected.sum(dim=1), torch.full((num_q,), length * 1.0))
+    # Rounding each probability to bf16 before summing (the reference code's cast) changes the sums slightly.
+    rounded = kernels.causal_column_sums(queries, keys, 0.25, prob_dtype=torch.bfloat16)
+    assert not torch.equal(rounded, got)
+    torch.testing.assert_close(rounded, got, rtol=2e-2, atol=2e-2)
 
 
 def _paged_state(gen: torch.Generator, lengths: list[int], page_size: int, dim: int, spare_pages: int = 3):

@@ -10,7 +10,8 @@ import torch
 from test_cake import _prefill_layers, _random_layers
 from test_methods import _run, method_from_yaml
 
-from kvbench.methods.base import WindowObservation, window_attention
+from kvbench.methods.base import WindowObservation
+from kvbench.methods.scoring import ScoreOptions, window_attention
 from kvbench.methods.xkv import (
     XKVLayerAllocator,
     XKVScorer,
@@ -72,10 +73,11 @@ def test_scorer_is_window_mean_with_average_pooling() -> None:
     observation = WindowObservation(0, 1, queries, keys, keys, 8**-0.5)
     attention = window_attention(queries, keys, 8**-0.5)
     mean = attention.mean(dim=1)[:, :52]
-    pooled = torch.nn.functional.avg_pool1d(mean[:, None], 7, 1, 3, count_include_pad=False)[:, 0]
-    shared = XKVScorer(7, "avg", "layer_shared", "mean").score(observation)
+    pooled = torch.nn.functional.avg_pool1d(mean[:, None], 7, 1, 3)[:, 0]  # padding counted (SnapKV family)
+    options = ScoreOptions(kernel_size=7, pooling="avg")
+    shared = XKVScorer(options, "layer_shared").score(observation)
     torch.testing.assert_close(shared[:, :52], pooled.mean(dim=0, keepdim=True).expand(2, -1))
-    per_head = XKVScorer(7, "avg", "per_head", "mean").score(observation)
+    per_head = XKVScorer(options, "per_head").score(observation)
     torch.testing.assert_close(per_head[:, :52], pooled.reshape(2, 2, 52).mean(dim=1))
 
 

@@ -1,25 +1,29 @@
 """Ada-KV (Feng et al., arXiv 2407.11550): head-wise adaptive budget allocation, as Ada-SnapKV and Ada-Pyramid.
 
-* Indicator (SnapKV's, in Ada-KV's code order): window attention over all keys (causal in the window, fp32),
-  **mean** over the window queries, mean over each GQA group (late paper, one cache per KV head; with
-  ``gqa_granularity=query_head`` the early paper's replicated per-query-head cache), then max pooling (kernel 7)
-  along the past (non-window) tokens.
-* Allocation inside a layer (Algorithm 1): one top-``B`` over the concatenated scores of all heads of the layer,
-  ``B = H x (budget - window)`` (the window is paid out of the budget and always kept); head ``i`` gets the
-  number ``f_i`` of selected scores that are its own.
-* Safeguard (two readings, ``params.alpha_reading``):
+Reproduces FFY0/AdaKV ``adaptive_snapkv/monkeypatch/snapkv_utils.py`` (``AdaptiveSnapKVCluster``), run as
+``experiments/LongBench/GQA_eval_longbench.sh`` (window 32, max pooling 7, ``floor_alpha`` 0.2, ``gqa_support``
+with ``gqa_func=mean``, ``normalize`` off, ``skip`` 0):
 
-  - ``floor`` (the official code's ``floor_alpha``, default): ``B_i = (1 - alpha) f_i + alpha B/H`` -- ``alpha`` is
-    the *uniform floor share*; the late paper's experiments run ``alpha = 0.2`` this way (80 % adaptive);
-  - ``adaptive`` (the papers' printed formula): ``B_i = alpha f_i + (1 - alpha) B/H`` -- ``alpha`` is the
-    *adaptive share*.  Both readings agree at 0.5 (the early paper's value).
+* Indicator: window attention over all keys (causal in the window, float32 softmax), **mean** over the window
+  rows, candidates ``[0, S - W)`` only, GQA group mean (``kv_head``; the early paper replicates KV per query head,
+  ``gqa_granularity=query_head``), then max pooling (kernel 7) -- :class:`~kvbench.methods.snapkv.WindowVoteScorer`
+  with ``row_reduce="mean"``.
+* Head capacities in a layer (:func:`ada_capacities`): ``base = budget - W`` candidates per head; nothing is
+  evicted when ``base > S - W``.  Each head's scores sorted descending (optionally ``normalize``: each sorted row
+  scaled by ``sum(top base) / sum(all)``, KVCache-Factory's AdaKV default), all heads flattened, one top-``H x base``;
+  head ``h`` picks ``n_h`` of them.  Safeguard (``params.alpha_reading``):
 
-  ``params.alpha = null`` takes the paper version's value (``params.paper_version``: ``early`` 0.5, ``late``
-  0.2); the presets derive the version from ``run.tag`` (``adakv_early`` -> early), so the early tables run
-  ``alpha = 0.5`` without touching other methods of the same sweep.
-* The per-head budgets are made integral by largest remainder so a layer's total is exact; a head never gets
-  more than it holds (the surplus goes to the heads with the next-best scores).
-* Ada-Pyramid: PyramidKV's layer schedule (beta 20) with the same head allocation.
+  - ``floor`` (the code's ``floor_alpha``, default): ``c_h = round(n_h (1 - alpha) + int(base alpha))``;
+  - ``adaptive`` (the papers' printed formula): ``c_h = round(n_h alpha + int(base (1 - alpha)))``.
+
+  ``round`` is the code's float32 ``torch.round`` (half to even); the sum may drift from ``H x base``.
+  ``params.rounding: largest_remainder`` is kvbench's sum-preserving variant.  Each head keeps its own top ``c_h``
+  candidates plus the window.
+* ``params.alpha = null`` takes the paper version's value (``params.paper_version``: ``early`` 0.5, ``late`` 0.2);
+  the presets derive the version from ``run.tag`` (``adakv_early`` -> early).
+* Ada-Pyramid: PyramidKV's layer schedule in AdaKV's ``pyram_mode`` variant (no uniform branch, beta 20).  The
+  reference computes that schedule once, from the first sample's length, and reuses it for every later sample of
+  the run (its ``pyram_init`` flag is never reset); kvbench recomputes it per sample.
 """
 
 from __future__ import annotations
@@ -33,40 +37,52 @@ import torch
 from kvbench.methods.base import (
     EvictionMethod,
     HeadBudgetAllocator,
-    TokenScorer,
-    WindowObservation,
-    aggregate_groups,
     common_knobs,
     parse_params,
-    pool_scores,
     register_method,
+    score_options,
 )
-from kvbench.methods.snapkv import PyramidLayerAllocator
+from kvbench.methods.snapkv import PYRAMID_SCHEDULES, PyramidLayerAllocator, WindowVoteScorer
 
 ALPHA_READINGS = ("floor", "adaptive")
+ROUNDINGS = ("reference", "largest_remainder")
 PAPER_ALPHA = {"early": 0.5, "late": 0.2}
 
 
-class AdaWindowScorer(TokenScorer):
-    """Ada-KV's indicator: window-mean attention, GQA-group aggregation, then pooling over the past tokens.
+def adaptive_counts(scores: torch.Tensor, budget: int, normalize: bool = False, base: int | None = None) -> list[int]:
+    """Algorithm 1: per-head counts of the top ``budget`` entries of ``[H, n]`` scores over all heads at once.
 
-    Returns ``[H, S]`` per stored head; the window columns are 0 (the session protects them).
+    ``-inf`` entries (padding) are never selected while finite ones remain.  With ``normalize`` each head's scores
+    are first scaled by ``sum(top base) / sum(all)`` of that head (``base`` defaults to ``budget // H``).
     """
+    if normalize:
+        base = budget // scores.shape[0] if base is None else base
+        finite = torch.where(torch.isfinite(scores), scores, torch.zeros_like(scores))
+        ranked = torch.sort(finite, dim=-1, descending=True).values
+        weight = ranked[:, :base].sum(dim=-1, keepdim=True) / ranked.sum(dim=-1, keepdim=True)
+        scores = torch.where(torch.isfinite(scores), scores * weight, scores)
+    flat = scores.reshape(-1)
+    budget = min(budget, int(torch.isfinite(flat).sum()))
+    if budget <= 0:
+        return [0] * scores.shape[0]
+    top = torch.topk(flat, budget).indices
+    return torch.bincount(top // scores.shape[1], minlength=scores.shape[0]).tolist()
 
-    def __init__(self, kernel_size: int, pooling: str, gqa_agg: str) -> None:
-        self.kernel_size = kernel_size
-        self.pooling = pooling
-        self.gqa_agg = gqa_agg
 
-    def score(self, observation: WindowObservation) -> torch.Tensor:
-        """``[H, S]`` scores (``H`` stored heads)."""
-        past = observation.context_length - observation.window
-        mean = observation.window_attention.mean(dim=1)  # [H_q, S]
-        grouped = aggregate_groups(mean, observation.keys.shape[0], self.gqa_agg)  # [H, S]
-        scores = torch.zeros_like(grouped)
-        if past > 0:
-            scores[:, :past] = pool_scores(grouped[:, :past], self.kernel_size, self.pooling)
-        return scores
+def ada_capacities(
+    candidates: torch.Tensor, base: int, alpha: float, reading: str = "floor", normalize: bool = False
+) -> list[int]:
+    """Per-head candidate counts ``c_h`` of the reference code (module docstring) for ``[H, C]`` scores.
+
+    ``candidates`` may hold ``-inf`` padding (never selected); ``base`` is the per-head candidate budget.
+    """
+    counts = torch.tensor(adaptive_counts(candidates, candidates.shape[0] * base, normalize, base))
+    if reading == "floor":  # floor_capacity = int(base * alpha); the rest is adaptive
+        adaptive_share, floor = 1 - alpha, int(base * alpha)
+    else:
+        adaptive_share, floor = alpha, int(base * (1 - alpha))
+    # float32 arithmetic and half-to-even rounding, as the reference's int-tensor x python-float expression.
+    return torch.round(counts * adaptive_share + floor).int().tolist()
 
 
 def largest_remainder(shares: torch.Tensor, total: int) -> list[int]:
@@ -89,19 +105,6 @@ def largest_remainder(shares: torch.Tensor, total: int) -> list[int]:
     return counts
 
 
-def adaptive_counts(scores: torch.Tensor, budget: int) -> list[int]:
-    """Algorithm 1: per-head counts of the top ``budget`` entries of ``[H, n]`` scores over all heads at once.
-
-    ``-inf`` entries (padding) are never selected while finite ones remain.
-    """
-    flat = scores.reshape(-1)
-    budget = min(budget, int(torch.isfinite(flat).sum()))
-    if budget <= 0:
-        return [0] * scores.shape[0]
-    top = torch.topk(flat, budget).indices
-    return torch.bincount(top // scores.shape[1], minlength=scores.shape[0]).tolist()
-
-
 class AdaHeadAllocator(HeadBudgetAllocator):
     """Ada-KV's head-wise adaptive allocation with the safeguard (see module docstring).
 
@@ -111,15 +114,23 @@ class AdaHeadAllocator(HeadBudgetAllocator):
         Safeguard value in ``[0, 1]``.
     reading:
         ``floor`` (alpha = uniform share, official code) or ``adaptive`` (alpha = adaptive share, paper formula).
+    normalize:
+        Scale each head's sorted scores by its top-``base`` share before the global top-k.
+    rounding:
+        ``reference`` (the code's per-head rounding) or ``largest_remainder`` (kvbench: the layer total is exact).
     """
 
-    def __init__(self, alpha: float, reading: str) -> None:
+    def __init__(self, alpha: float, reading: str, normalize: bool = False, rounding: str = "reference") -> None:
         if reading not in ALPHA_READINGS:
             raise ValueError(f"method.params.alpha_reading={reading!r}; valid: {', '.join(ALPHA_READINGS)}")
+        if rounding not in ROUNDINGS:
+            raise ValueError(f"method.params.rounding={rounding!r}; valid: {', '.join(ROUNDINGS)}")
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"method.params.alpha must be in [0, 1], got {alpha}")
         self.alpha = alpha
         self.reading = reading
+        self.normalize = normalize
+        self.rounding = rounding
 
     @property
     def uniform_share(self) -> float:
@@ -128,20 +139,27 @@ class AdaHeadAllocator(HeadBudgetAllocator):
 
     def allocate(self, scores: torch.Tensor, budget_per_head: int) -> list[int]:
         """Per-head counts for ``[H, S]`` scores (``+inf`` protected, ``-inf`` padding); protected tokens included."""
-        num_heads = scores.shape[0]
-        protected = torch.isposinf(scores).sum(dim=1)  # [H]
+        protected = torch.isposinf(scores).sum(dim=1).tolist()  # [H]
         candidates = torch.where(torch.isposinf(scores), float("-inf"), scores)  # only the selectable tokens
-        available = torch.isfinite(candidates).sum(dim=1)  # [H]
-        per_head = budget_per_head - int(protected.max())
-        if per_head <= 0:
-            return [min(budget_per_head, int(p)) for p in protected.tolist()]
-        layer_budget = per_head * num_heads  # B <- B - window x h
-        frequencies = torch.tensor(adaptive_counts(candidates, layer_budget), dtype=torch.float64)
-        share = self.uniform_share
-        blended = (1.0 - share) * frequencies + share * (layer_budget / num_heads)
-        counts = largest_remainder(blended, min(layer_budget, int(available.sum())))
-        counts = _spill_over(counts, available.tolist(), candidates)
-        return [int(p) + c for p, c in zip(protected.tolist(), counts, strict=True)]
+        available = torch.isfinite(candidates).sum(dim=1).tolist()  # [H]
+        base = budget_per_head - max(protected)
+        if base <= 0:
+            return [min(budget_per_head, p) for p in protected]
+        if base > max(available):  # the reference compresses nothing when base > S - W
+            return [p + a for p, a in zip(protected, available, strict=True)]
+        if self.rounding == "reference":
+            counts = ada_capacities(candidates, base, self.alpha, self.reading, self.normalize)
+        else:
+            counts = self._largest_remainder(candidates, base, available)
+        return [p + min(c, a) for p, c, a in zip(protected, counts, available, strict=True)]
+
+    def _largest_remainder(self, candidates: torch.Tensor, base: int, available: list[int]) -> list[int]:
+        num_heads = candidates.shape[0]
+        layer_budget = base * num_heads
+        frequencies = torch.tensor(adaptive_counts(candidates, layer_budget, self.normalize, base), dtype=torch.float64)
+        blended = (1.0 - self.uniform_share) * frequencies + self.uniform_share * base
+        counts = largest_remainder(blended, min(layer_budget, sum(available)))
+        return _spill_over(counts, available, candidates)
 
 
 def _spill_over(counts: list[int], available: list[int], candidates: torch.Tensor) -> list[int]:
@@ -168,7 +186,7 @@ def _spill_over(counts: list[int], available: list[int], candidates: torch.Tenso
 
 @dataclass
 class AdaKVParams:
-    """Ada-KV's safeguard (see module docstring)."""
+    """Ada-KV's safeguard and allocation switches (see module docstring)."""
 
     #: Safeguard value; null = the paper version's value (early 0.5, late 0.2).
     alpha: float | None = None
@@ -176,8 +194,13 @@ class AdaKVParams:
     alpha_reading: str = "floor"
     #: ``early`` (arXiv v1/v2, alpha 0.5) or ``late`` (v4, alpha 0.2); a run tag containing "early" counts as early.
     paper_version: str = "late"
-    #: PyramidKV slope (Ada-Pyramid only).
+    #: Scale each head's sorted scores by its top-base share (KVCache-Factory's AdaKV default; off in AdaKV's code).
+    normalize: bool = False
+    #: ``reference`` (per-head float32 rounding, total may drift) or ``largest_remainder`` (exact layer total).
+    rounding: str = "reference"
+    #: PyramidKV slope and schedule (Ada-Pyramid only).
     beta: int = 20
+    schedule: str = "adakv"
 
 
 def resolve_alpha(params: AdaKVParams) -> float:
@@ -190,17 +213,25 @@ def resolve_alpha(params: AdaKVParams) -> float:
 
 def _build(method_cfg: Any, family: str, pyramid: bool) -> EvictionMethod:
     params = parse_params(AdaKVParams, method_cfg.params, family)
-    knobs = common_knobs(method_cfg)
+    if params.schedule not in PYRAMID_SCHEDULES:
+        raise ValueError(f"method.params.schedule={params.schedule!r}; valid: {', '.join(PYRAMID_SCHEDULES)}")
+    alpha = resolve_alpha(params)
+    options = score_options(method_cfg)
     method = EvictionMethod(
-        scorer=AdaWindowScorer(int(method_cfg.kernel_size), str(method_cfg.pooling), str(method_cfg.gqa_agg)),
-        head_allocator=AdaHeadAllocator(resolve_alpha(params), params.alpha_reading),
-        **knobs,
+        scorer=WindowVoteScorer(options, row_reduce="mean"),
+        head_allocator=AdaHeadAllocator(alpha, params.alpha_reading, params.normalize, params.rounding),
+        **common_knobs(method_cfg),
     )
+    method.settings = {
+        "alpha": alpha,
+        "alpha_reading": params.alpha_reading,
+        "normalize": params.normalize,
+        "rounding": params.rounding,
+        "gqa_reduce": options.gqa_reduce,
+    }
     if pyramid:
-        if params.beta < 1:
-            raise ValueError(f"method.params.beta must be >= 1, got {params.beta}")
-        method.layer_allocator = PyramidLayerAllocator(params.beta, int(method_cfg.window))
-    method.settings = {"alpha": resolve_alpha(params), "alpha_reading": params.alpha_reading}
+        method.layer_allocator = PyramidLayerAllocator(params.beta, int(method_cfg.window), params.schedule)
+        method.settings.update(beta=params.beta, schedule=params.schedule)
     return method
 
 

@@ -37,12 +37,12 @@ from kvbench.methods.base import (
     EvictionMethod,
     TokenScorer,
     WindowObservation,
-    aggregate_groups,
     common_knobs,
     parse_params,
     register_method,
 )
 from kvbench.methods.h2o import ScoredDecodePolicy
+from kvbench.methods.scoring import aggregate_groups
 
 LAMBDA_READINGS = ("unscaled", "literal")
 LAMBDA_KS = ("budget", "selected")

@@ -25,13 +25,19 @@ from functools import cached_property
 from typing import Any, TypeVar
 
 import torch
-import torch.nn.functional as F
 
 from kvbench.cache import HeadwiseLayer
+from kvbench.methods.scoring import (
+    GQA_AGGREGATIONS,
+    GQA_REDUCE_ORDERS,
+    POOL_PADDINGS,
+    POOLING_TYPES,
+    SCORE_DTYPES,
+    ScoreOptions,
+    window_attention,
+)
 
 GQA_GRANULARITIES = ("kv_head", "query_head")
-GQA_AGGREGATIONS = ("mean", "max", "sum")
-POOLING_TYPES = ("max", "avg")
 
 
 # ---------------------------------------------------------------------------------------------------- observation
@@ -79,6 +85,16 @@ class WindowObservation:
         """Query heads per stored head."""
         return int(self.queries.shape[0] // self.keys.shape[0])
 
+    @property
+    def num_heads(self) -> int:
+        """Stored heads ``H``."""
+        return int(self.keys.shape[0])
+
+    @property
+    def model_dtype(self) -> torch.dtype:
+        """The dtype the model computes in (the references cast their float32 softmax back to it)."""
+        return self.queries.dtype
+
     @cached_property
     def window_attention(self) -> torch.Tensor:
         """``[H_q, W, S]`` float32 softmax attention of the window queries over all keys (causal in the window).
@@ -86,62 +102,6 @@ class WindowObservation:
         Cost is ``W x S`` per head: never a full ``S x S`` matrix.
         """
         return window_attention(self.queries, self.keys, self.scaling)
-
-
-def window_attention(queries: torch.Tensor, keys: torch.Tensor, scaling: float) -> torch.Tensor:
-    """Softmax attention of window queries over keys.
-
-    Parameters
-    ----------
-    queries:
-        ``[H_q, W, D]``; query ``i`` sits at position ``S - W + i``.
-    keys:
-        ``[H, S, D]`` with ``H`` dividing ``H_q`` (GQA groups are consecutive query heads).
-    scaling:
-        Logit scale.
-
-    Returns
-    -------
-    ``[H_q, W, S]`` float32 attention probabilities.
-    """
-    num_q_heads, window, head_dim = queries.shape
-    num_heads, context, _ = keys.shape
-    groups = num_q_heads // num_heads
-    grouped = queries.float().reshape(num_heads, groups * window, head_dim)
-    logits = torch.bmm(grouped, keys.float().transpose(1, 2)).reshape(num_q_heads, window, context) * scaling
-    positions = torch.arange(context, device=keys.device)
-    query_positions = torch.arange(context - window, context, device=keys.device)
-    future = positions[None, :] > query_positions[:, None]  # [W, S]
-    logits = logits.masked_fill(future[None], float("-inf"))
-    return torch.softmax(logits, dim=-1)
-
-
-def aggregate_groups(scores: torch.Tensor, num_heads: int, how: str) -> torch.Tensor:
-    """Reduce per-query-head scores ``[H_q, S]`` to per-stored-head ``[H, S]`` (identity when ``H_q == H``)."""
-    if scores.shape[0] == num_heads:
-        return scores
-    grouped = scores.reshape(num_heads, scores.shape[0] // num_heads, scores.shape[1])
-    if how == "mean":
-        return grouped.mean(dim=1)
-    if how == "max":
-        return grouped.amax(dim=1)
-    if how == "sum":
-        return grouped.sum(dim=1)
-    raise ValueError(f"unknown gqa_agg {how!r}; valid: {', '.join(GQA_AGGREGATIONS)}")
-
-
-def pool_scores(scores: torch.Tensor, kernel_size: int, pooling: str) -> torch.Tensor:
-    """Smooth ``[H, S]`` scores along the sequence with a same-length 1-D pooling (SnapKV clustering)."""
-    if kernel_size <= 1:
-        return scores
-    if kernel_size % 2 == 0:
-        raise ValueError(f"pooling kernel_size must be odd, got {kernel_size}")
-    padding = kernel_size // 2
-    if pooling == "max":
-        return F.max_pool1d(scores[:, None], kernel_size, stride=1, padding=padding)[:, 0]
-    if pooling == "avg":
-        return F.avg_pool1d(scores[:, None], kernel_size, stride=1, padding=padding, count_include_pad=False)[:, 0]
-    raise ValueError(f"unknown pooling {pooling!r}; valid: {', '.join(POOLING_TYPES)}")
 
 
 # ---------------------------------------------------------------------------------------------------- pieces
@@ -293,8 +253,18 @@ def build_method(method_cfg: Any) -> EvictionMethod:
         )
     if method_cfg.gqa_agg not in GQA_AGGREGATIONS:
         raise ValueError(f"method.gqa_agg={method_cfg.gqa_agg!r}; valid: {', '.join(GQA_AGGREGATIONS)}")
-    if method_cfg.pooling not in POOLING_TYPES:
-        raise ValueError(f"method.pooling={method_cfg.pooling!r}; valid: {', '.join(POOLING_TYPES)}")
+    for key, valid in (
+        ("pooling", POOLING_TYPES),
+        ("pool_padding", POOL_PADDINGS),
+        ("score_dtype", SCORE_DTYPES),
+    ):
+        if method_cfg[key] not in valid:
+            raise ValueError(f"method.{key}={method_cfg[key]!r}; valid: {', '.join(valid)}")
+    if method_cfg.gqa_reduce is not None and method_cfg.gqa_reduce not in GQA_REDUCE_ORDERS:
+        raise ValueError(
+            f"method.gqa_reduce={method_cfg.gqa_reduce!r}; valid: {', '.join(GQA_REDUCE_ORDERS)} or null"
+            " (the family's reference order)"
+        )
     if method_cfg.window < 1:
         raise ValueError(f"method.window must be >= 1, got {method_cfg.window}")
     return _METHOD_FAMILIES[family](method_cfg)
@@ -326,6 +296,18 @@ def common_knobs(method_cfg: Any) -> dict[str, Any]:
         "gqa_granularity": str(method_cfg.gqa_granularity),
         "gqa_agg": str(method_cfg.gqa_agg),
     }
+
+
+def score_options(method_cfg: Any, reference_gqa_reduce: str = "before_pool") -> ScoreOptions:
+    """The scoring knobs of ``method_cfg``; ``method.gqa_reduce: null`` takes the family's reference order."""
+    return ScoreOptions(
+        kernel_size=int(method_cfg.kernel_size),
+        pooling=str(method_cfg.pooling),
+        gqa_agg=str(method_cfg.gqa_agg),
+        gqa_reduce=str(method_cfg.gqa_reduce or reference_gqa_reduce),
+        pool_padding=str(method_cfg.pool_padding),
+        score_dtype=str(method_cfg.score_dtype),
+    )
 
 
 def _import_builtin_methods() -> None:

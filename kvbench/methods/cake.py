@@ -1,19 +1,26 @@
 """CAKE (Qin et al., ICLR 2025): cascading and adaptive KV cache eviction with layer preferences.
 
-* Layer preference (Eq. 6, P2A): from the window's attention over the past keys ``A[-S_w:, :-S_w]`` (all query
+Reproduces antgroup/cakekv (``cake/model/modify_llama.py`` ``llama_attn_forward_cake``, ``cake/cake_cache.py``
+``CakeprefillKVCache`` / ``CakeDecodingKVCache_LayerWise``, ``cake/utils.py`` ``adjust_budgets``) as its README runs
+it (``--compress --cascading --window_size 32``, gamma 200, tau from ``config/model2tau.json``):
+
+* Layer preference (Eq. 6, P2A): from the window's attention over the candidates ``A[-S_w:, :-S_w]`` (all query
   heads, rows *not* renormalised): dispersion ``H = -sum a log(a + 1e-10)`` and shift ``V = sum_j Var_rows(A[:, j])``
   (unbiased), both summed over heads; ``P = H^(1/tau1) * V^(1/tau2)``.  ``params.preference`` drops a factor for
   the ablation (``hv`` default, ``h``, ``v``).
-* Allocation (Eq. 7 / 9): the pool ``B_total - L * S_w`` is split in proportion to ``P`` (truncated, capped at
-  ``S - S_w``, the rounding remainder to the newest layer); every layer also keeps its ``S_w`` window, so the
-  layer budget (window included) sums to ``B_total``.
-* Cascading (Algorithm 1, ``params.cascading``): after each layer's prefill, the budgets of all layers seen so far
-  are recomputed with the full total and every one of them is evicted by its stored indicator -- the cache never
-  holds more than ``B_total`` plus one layer's full KV.  A layer's budget never grows from one stage to the next
-  (Proposition 1; enforced so integer rounding cannot break it), hence Theorem 1: the result equals one eviction
-  with the final budgets.  ``cascading: false`` evicts every layer once, at the last layer (vanilla P2A).
+* Allocation (:func:`adjust_budgets`): the pool ``(C - S_w) L`` (``C`` the mean per-layer budget) is split in
+  proportion to ``P``, truncated to integers, capped at ``S - S_w`` (the excess spread once over the uncapped
+  layers, remainder to the first ones), then the difference to the pool added to (or taken from) the layers evenly,
+  remainder to the first ones.  Every layer also keeps its ``S_w`` window.  Nothing is evicted when
+  ``S <= C + S_w`` (the code's trigger).  ``params.adjust: monotone`` is kvbench's variant (iterative re-capping,
+  remainder to the newest layer, budgets never grow between stages).
+* Cascading (Algorithm 1, ``params.cascading``): at each layer's prefill the budgets of all layers seen so far are
+  recomputed with the full pool and every one of them is evicted by its stored indicator (a layer never regains
+  evicted tokens: a budget that grows keeps what is left) -- the cache never holds more than the total plus one
+  layer's full KV.  ``cascading: false`` evicts every layer once, at the last layer (vanilla P2A).
 * Indicator (Eq. 11): ``Mean + gamma * Var`` (gamma 200, unbiased variance over the window rows) per query head,
-  average pooling (kernel 5) over the past tokens, mean per GQA group; the window is always kept.
+  candidates only, average pooling (kernel 5, padding counted), **then** the mean per GQA group (the code pools
+  each query head before reducing: ``method.gqa_reduce`` defaults to ``after_pool``); KV is stored per KV head.
   ``params.indicator`` swaps it for Table 3 (``mean``, ``var``, ``mean_x_var``) or for another method's
   (``h2o``, ``tova``, ``snapkv``: CAKE's allocation under other indicators).
 * Allocation switch for Table 2: ``params.allocation`` = ``p2a`` (default), ``uniform``, ``pyramid``, ``random``.
@@ -30,6 +37,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from kvbench.cache import HeadwiseLayer
@@ -45,16 +53,25 @@ from kvbench.methods.base import (
     decode_attention,
     evict_to_caps,
     parse_params,
-    pool_scores,
     register_method,
+    score_options,
 )
-from kvbench.methods.h2o import HeavyHitterDecode, ScoredDecodePolicy
+from kvbench.methods.h2o import AllRowsScorer, HeavyHitterDecode, ScoredDecodePolicy
+from kvbench.methods.scoring import (
+    Rounding,
+    ScoreOptions,
+    no_rounding,
+    pool_scores,
+    rounding_to,
+    with_window_columns,
+)
 from kvbench.methods.snapkv import PyramidLayerAllocator, WindowVoteScorer
 from kvbench.methods.tova import CurrentAttentionDecode, LastQueryScorer
 
 INDICATORS = ("cake", "mean", "var", "mean_x_var", "h2o", "tova", "snapkv")
 ALLOCATIONS = ("p2a", "uniform", "pyramid", "random")
 PREFERENCES = ("hv", "h", "v")
+ADJUSTS = ("reference", "monotone")
 
 #: Official per-model temperatures (experiments/LongBench/config/model2tau.json), keyed by kvbench model name and
 #: the per-layer average budget: (tau1, tau2).  Other budgets/models: (1.0, 1.0), as the released code does.
@@ -68,29 +85,81 @@ TAU_PRESETS: dict[str, dict[int, tuple[float, float]]] = {
 
 
 # ---------------------------------------------------------------------------------------------------- preference
-def layer_preference(attention: torch.Tensor, window: int, tau1: float, tau2: float, preference: str = "hv") -> float:
-    """Eq. 6 from ``[H_q, W, S]`` window attention: ``H^(1/tau1) * V^(1/tau2)`` over ``A[:, :, :S-W]``."""
-    past = attention[:, :, : attention.shape[-1] - window].double()
+def layer_preference(
+    attention: torch.Tensor,
+    window: int,
+    tau1: float,
+    tau2: float,
+    preference: str = "hv",
+    rnd: Rounding = no_rounding,
+) -> float:
+    """Eq. 6 from ``[H_q, W, S]`` window attention: ``H^(1/tau1) * V^(1/tau2)`` over ``A[:, :, :S-W]``.
+
+    Float32 arithmetic in the reference's order; ``rnd`` rounds the attention and the variance sums to the model
+    dtype as the reference does (its ``torch.var`` and sums run in that dtype, the entropy in float32).
+    """
+    past = rnd(attention[:, :, : attention.shape[-1] - window])
     if past.shape[-1] == 0:
         return 1.0
-    entropy = float(-(past * torch.log(past + 1e-10)).sum())
-    variance = float(past.var(dim=1).sum()) if past.shape[1] > 1 else 0.0
-    value = 1.0
+    value = torch.ones((), dtype=torch.float32)
     if preference in ("hv", "h"):
-        value *= max(entropy, 0.0) ** (1.0 / tau1)
+        entropy = -torch.sum(past * torch.log(past + 1e-10))
+        value = value * entropy.clamp_min(0) ** (1 / tau1)
     if preference in ("hv", "v"):
-        value *= max(variance, 0.0) ** (1.0 / tau2)
-    return max(value, 1e-30)  # all scores must be positive (Proposition 1)
+        variance = rnd(rnd(rnd(past.var(dim=1)).sum(dim=0)).sum(dim=0)) if past.shape[1] > 1 else value * 0
+        value = value * variance.clamp_min(0) ** (1 / tau2)
+    return max(float(value), 1e-30)  # all preferences must be positive (Proposition 1)
 
 
-def split_pool(
+def preference_shares(preferences: list[float], pool: int) -> list[float]:
+    """``P_l / sum(P) * pool`` in float32, as the reference computes it (numpy float32 scalars)."""
+    as_float32 = [np.float32(p) for p in preferences]
+    total = np.float32(0)
+    for value in as_float32:
+        total = np.float32(total + value)
+    return [float(np.float32(np.float32(value / total) * np.float32(pool))) for value in as_float32]
+
+
+def adjust_budgets(shares: list[float], pool: int, cap: int) -> list[int]:
+    """The reference's integer layer budgets (``cake/utils.py`` ``adjust_budgets``), written out.
+
+    1. truncate each share to an integer;
+    2. cap each at ``cap`` (= ``S - S_w``) and give the excess evenly to the layers below the cap, the remainder
+       one by one to the first of them (once: a layer may end above the cap again);
+    3. add (or take) the difference to ``pool`` evenly over the layers below the cap (above 1 when taking), the
+       remainder one by one to the first of them.
+    """
+    budgets = [int(share) for share in shares]
+    excess = sum(max(budget - cap, 0) for budget in budgets)
+    budgets = [min(budget, cap) for budget in budgets]
+    if excess > 0:
+        _spread(budgets, [layer for layer, budget in enumerate(budgets) if budget < cap], excess)
+    difference = pool - sum(budgets)
+    if difference > 0:
+        _spread(budgets, [layer for layer, budget in enumerate(budgets) if budget < cap], difference)
+    elif difference < 0:
+        _spread(budgets, [layer for layer, budget in enumerate(budgets) if budget > 1], difference)
+    return budgets
+
+
+def _spread(budgets: list[int], layers: list[int], amount: int) -> None:
+    """Add ``amount`` (negative: take) evenly over ``layers``, the remainder one each to the first ones."""
+    if not layers:
+        return
+    each, remainder = divmod(abs(amount), len(layers))
+    sign = 1 if amount > 0 else -1
+    for rank, layer in enumerate(layers):
+        budgets[layer] += sign * (each + (1 if rank < remainder else 0))
+
+
+def split_pool_monotone(
     preferences: list[float], pool: int, caps: list[int], previous: list[int | None] | None = None
 ) -> list[int]:
-    """Split ``pool`` tokens over layers in proportion to ``preferences`` (Eq. 7/9, the code's adjust_budgets).
+    """kvbench's variant of the split (``params.adjust: monotone``): budgets that never grow between stages.
 
-    Truncate, cap each layer at ``caps[l]`` (its past tokens) and spread the excess evenly over the layers with
-    room, then hand the truncation remainder to the newest layer first and to the others in order; never above a
-    layer's cap nor above ``previous[l]`` (budgets only shrink between cascading stages).
+    Truncate, cap each layer at ``caps[l]`` and re-spread the excess over the layers with room until none is left,
+    then hand the truncation remainder to the newest layer first and to the others in order; never above a
+    layer's cap nor above ``previous[l]``.
     """
     total_pref = sum(preferences)
     shares = [int(p / total_pref * pool) for p in preferences]
@@ -100,7 +169,6 @@ def split_pool(
     ]
     budgets = [min(share, limit) for share, limit in zip(shares, limits, strict=True)]
     capped = sum(share - budget for share, budget in zip(shares, budgets, strict=True))
-    # Excess of capped layers: evenly over the layers with room (the code's adjust_budgets).
     while capped > 0:
         open_layers = [layer for layer, budget in enumerate(budgets) if budget < limits[layer]]
         if not open_layers:
@@ -110,7 +178,6 @@ def split_pool(
             extra = min(each, limits[layer] - budgets[layer], capped)
             budgets[layer] += extra
             capped -= extra
-    # Truncation remainder: newest layer first (so earlier layers never grow between stages), then in order.
     remainder = pool - sum(budgets)
     for layer in [len(budgets) - 1, *range(len(budgets) - 1)]:
         if remainder <= 0:
@@ -125,12 +192,14 @@ class CakeLayerAllocator(LayerBudgetAllocator):
     """Preference-prioritised adaptive allocation, cascading or one-shot (see module docstring)."""
 
     def __init__(self, window: int, tau1: float | None, tau2: float | None, model: str | None, cascading: bool,
-                 preference: str = "hv") -> None:  # fmt: skip
+                 preference: str = "hv", adjust: str = "reference", rounding: str = "model") -> None:  # fmt: skip
         self.window = window
         self.tau = (tau1, tau2)
         self.model = model
         self.cascading = cascading
         self.preference = preference
+        self.adjust = adjust
+        self.score_dtype = rounding
 
     def start(self, total: int, num_layers: int, context_length: int) -> None:
         super().start(total, num_layers, context_length)
@@ -140,18 +209,26 @@ class CakeLayerAllocator(LayerBudgetAllocator):
 
     def on_layer(self, observation: WindowObservation) -> dict[int, int]:
         window = min(self.window, observation.window)
+        average = self.total // self.num_layers  # the code's cache_size C (window included)
+        context = self.context_length
+        if context <= average + window:  # the code's trigger: nothing is evicted at or below C + S_w
+            return {observation.layer_idx: context}
+        rnd = rounding_to(observation.model_dtype) if self.score_dtype == "model" else no_rounding
         self.preferences.append(
-            layer_preference(observation.window_attention, window, self.tau1, self.tau2, self.preference)
+            layer_preference(observation.window_attention, window, self.tau1, self.tau2, self.preference, rnd)
         )
         seen = len(self.preferences)
         if not self.cascading and seen < self.num_layers:
             return {}
-        pool = max(self.total - self.num_layers * window, 0)
-        caps = [max(self.context_length - window, 0)] * seen
-        previous: list[int | None] = [*self.budgets, None]
-        past = split_pool(self.preferences, pool, caps, previous if self.cascading else None)
+        pool = max(average - window, 0) * self.num_layers
+        cap = context - window
+        if self.adjust == "monotone":
+            previous: list[int | None] = [*self.budgets, None]
+            past = split_pool_monotone(self.preferences, pool, [cap] * seen, previous if self.cascading else None)
+        else:
+            past = adjust_budgets(preference_shares(self.preferences, pool), pool, cap)
         self.budgets = past
-        return {layer: budget + window for layer, budget in enumerate(past)}
+        return {layer: min(max(budget, 0), cap) + window for layer, budget in enumerate(past)}
 
 
 def resolve_tau(tau: tuple[float | None, float | None], model: str | None, per_layer: int) -> tuple[float, float]:
@@ -168,42 +245,43 @@ class RandomLayerAllocator(StaticLayerAllocator):
         self.rng = random.Random(seed)
 
     def plan(self, total: int, num_layers: int, context_length: int) -> list[int]:
-        pool = max(total - num_layers * self.window, 0)
+        window = min(self.window, context_length)
+        pool = max(total // num_layers - window, 0) * num_layers
         weights = [self.rng.random() + 1e-6 for _ in range(num_layers)]
-        past = split_pool(weights, pool, [max(context_length - self.window, 0)] * num_layers)
-        return [budget + self.window for budget in past]
+        cap = context_length - window
+        past = adjust_budgets(preference_shares(weights, pool), pool, cap)
+        return [min(max(budget, 0), cap) + window for budget in past]
 
 
 # ---------------------------------------------------------------------------------------------------- indicator
 class CakeScorer(TokenScorer):
-    """Eq. 11 indicator ``Mean + gamma * Var`` over the window rows (or a Table 3 variant), pooled over the past.
+    """Eq. 11 indicator ``Mean + gamma * Var`` over the window rows (or a Table 3 variant), pooled over the candidates.
 
-    Returns ``[H_q, S]`` (the framework averages each GQA group); the window columns are 0 (protected).
+    Returns ``[H, S]`` per stored head (pooled per query head, then reduced: the code's order by default); the
+    window columns are 0 (protected).
     """
 
-    def __init__(self, gamma: float, kernel_size: int, pooling: str, indicator: str = "cake") -> None:
+    def __init__(self, gamma: float, options: ScoreOptions, indicator: str = "cake") -> None:
         self.gamma = gamma
-        self.kernel_size = kernel_size
-        self.pooling = pooling
+        self.options = options
         self.indicator = indicator
 
     def score(self, observation: WindowObservation) -> torch.Tensor:
-        attention = observation.window_attention  # [H_q, W, S]
-        mean = attention.mean(dim=1)
-        var = attention.var(dim=1) if attention.shape[1] > 1 else torch.zeros_like(mean)
+        rnd = self.options.rounding(observation.model_dtype)
+        attention = rnd(observation.window_attention)  # [H_q, W, S]
+        mean = rnd(attention.mean(dim=1))
+        var = rnd(attention.var(dim=1)) if attention.shape[1] > 1 else torch.zeros_like(mean)
         if self.indicator == "cake":
-            raw = mean + self.gamma * var
+            raw = rnd(mean + rnd(self.gamma * var))
         elif self.indicator == "mean":
             raw = mean
         elif self.indicator == "var":
             raw = var
         else:  # mean_x_var
-            raw = mean * var
-        past = observation.context_length - observation.window
-        scores = torch.zeros_like(raw)
-        if past > 0:
-            scores[:, :past] = pool_scores(raw[:, :past], self.kernel_size, self.pooling)
-        return scores
+            raw = rnd(mean * var)
+        candidates = raw[:, : observation.context_length - observation.window]
+        per_head = self.options.to_stored_heads(candidates, observation.num_heads, observation.model_dtype)
+        return with_window_columns(per_head, observation.context_length)
 
 
 class CakeDecode(ScoredDecodePolicy):
@@ -246,6 +324,8 @@ class CakeParams:
     indicator: str = "cake"
     allocation: str = "p2a"
     preference: str = "hv"
+    #: ``reference`` (the code's adjust_budgets) or ``monotone`` (kvbench: budgets never grow between stages).
+    adjust: str = "reference"
     #: Pyramid slope (``allocation: pyramid``) and seed (``allocation: random``).
     beta: int = 20
     seed: int = 0
@@ -264,25 +344,29 @@ def build_cake(method_cfg: Any) -> EvictionMethod:
     indicator = _choose(params.indicator, INDICATORS, "indicator")
     allocation = _choose(params.allocation, ALLOCATIONS, "allocation")
     preference = _choose(params.preference, PREFERENCES, "preference")
+    adjust = _choose(params.adjust, ADJUSTS, "adjust")
     knobs = common_knobs(method_cfg)
+    options = score_options(method_cfg, reference_gqa_reduce="after_pool")
     window, kernel, pooling = knobs["window"], int(method_cfg.kernel_size), str(method_cfg.pooling)
     scorer: TokenScorer
     policy: DecodePolicy | None = None
     if indicator == "h2o":
-        scorer = WindowVoteScorer(kernel, pooling)
+        scorer = AllRowsScorer(options)
         policy = HeavyHitterDecode(window)
     elif indicator == "tova":
         scorer = LastQueryScorer(head_average=True)
         policy = CurrentAttentionDecode(head_average=True)
     elif indicator == "snapkv":
-        scorer = WindowVoteScorer(kernel, pooling)
+        scorer = WindowVoteScorer(options)
         policy = CakeDecode(window, kernel, pooling)
     else:
-        scorer = CakeScorer(float(params.gamma), kernel, pooling, indicator)
+        scorer = CakeScorer(float(params.gamma), options, indicator)
         policy = CakeDecode(window, kernel, pooling)
     allocator: LayerBudgetAllocator
     if allocation == "p2a":
-        allocator = CakeLayerAllocator(window, params.tau1, params.tau2, params.model, params.cascading, preference)
+        allocator = CakeLayerAllocator(
+            window, params.tau1, params.tau2, params.model, params.cascading, preference, adjust, options.score_dtype
+        )
     elif allocation == "uniform":
         allocator = UniformLayerAllocator()
     elif allocation == "pyramid":
@@ -293,6 +377,12 @@ def build_cake(method_cfg: Any) -> EvictionMethod:
         scorer=scorer,
         layer_allocator=allocator,
         decode_policy=policy if method_cfg.decode_eviction else None,
-        settings={"indicator": indicator, "allocation": allocation, "cascading": params.cascading},
+        settings={
+            "indicator": indicator,
+            "allocation": allocation,
+            "cascading": params.cascading,
+            "adjust": adjust,
+            "gqa_reduce": options.gqa_reduce,
+        },
         **knobs,
     )

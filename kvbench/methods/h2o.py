@@ -1,10 +1,17 @@
 """H2O (Zhang et al., 2024): heavy hitters (accumulated attention) plus a recent window.
 
-* Prefill: each token's score is the attention it receives from the observation window's queries, summed (no
-  pooling by default); the window itself is kept (the "recent" part), the rest of the budget goes to the
-  highest-scoring tokens.  Scores come from the window, never from a full ``S x S`` matrix.
-* Decoding (``method.decode_eviction``): every new query's attention is added to the running scores; when a head
-  exceeds its cap, the lowest-scoring token outside the most recent ``window`` tokens is evicted.
+Reproduces FMInference/H2O ``h2o_hf/utils_real_drop/modify_llama.py`` (``H2OKVCache_LayerWise``, recent size =
+``window``, heavy-hitter size = budget - window) and, at prefill, Zefan-Cai/KVCache-Factory
+``pyramidkv/pyramidkv_utils.py`` ``H2OKVCluster``:
+
+* Prefill: each token's score is the attention it receives from **every** prompt query (column sums of the whole
+  causal attention, computed in row blocks by :func:`kernels.causal_column_sums`, never an ``S x S`` matrix), no
+  pooling; each head keeps its top ``C - W`` candidates ``[0, S - W)`` plus the last ``W`` tokens; nothing is
+  evicted when ``S < C``.  GQA as SnapKV (query-head granularity by default; with ``kv_head`` the group is reduced).
+  ``params.scores: window`` is kvbench's cheaper variant that sums only the observation window's rows.
+* Decoding (``method.decode_eviction``): every new query's attention is added to the running scores
+  (``params.decode_accumulate``; off = the prefill scores stay fixed and new tokens score 0); when a head exceeds
+  its cap, the lowest-scoring token outside the most recent ``window`` tokens is evicted.
 """
 
 from __future__ import annotations
@@ -14,17 +21,55 @@ from typing import Any
 
 import torch
 
+from kernels import causal_column_sums
 from kvbench.cache import HeadwiseLayer
 from kvbench.methods.base import (
     DecodePolicy,
     EvictionMethod,
+    TokenScorer,
+    WindowObservation,
     common_knobs,
     decode_attention,
     evict_to_caps,
     parse_params,
     register_method,
+    score_options,
 )
-from kvbench.methods.snapkv import WindowVoteScorer
+from kvbench.methods.scoring import ScoreOptions, aggregate_groups, window_row_reduction
+
+SCORE_ROWS = ("all_rows", "window")
+
+
+class AllRowsScorer(TokenScorer):
+    """H2O's prefill indicator: column sums of the causal attention over all prompt rows (or the window's rows).
+
+    Returns ``[H, S]``: candidates reduced/pooled as :class:`~kvbench.methods.scoring.ScoreOptions` say (H2O: no
+    pooling), the window columns their plain (group-reduced) sums -- the running scores decoding continues from.
+    """
+
+    def __init__(self, options: ScoreOptions, rows: str = "all_rows") -> None:
+        if rows not in SCORE_ROWS:
+            raise ValueError(f"method.params.scores={rows!r}; valid: {', '.join(SCORE_ROWS)}")
+        self.options = options
+        self.rows = rows
+
+    def score(self, observation: WindowObservation) -> torch.Tensor:
+        dtype = observation.model_dtype
+        rnd = self.options.rounding(dtype)
+        context = observation.context_length
+        if self.rows == "window":
+            sums = window_row_reduction(observation.window_attention, "sum", rnd)
+        else:
+            queries = observation.prompt_queries
+            if queries is None or queries.shape[1] != context:
+                raise ValueError("H2O's all-rows scores need the queries of the whole prompt in one prefill forward")
+            rounds = self.options.score_dtype == "model" and dtype not in (torch.float32, torch.float64)
+            prob_dtype = dtype if rounds else None
+            sums = rnd(causal_column_sums(queries, observation.keys, observation.scaling, prob_dtype=prob_dtype))
+        scores = rnd(aggregate_groups(sums, observation.num_heads, self.options.gqa_agg))
+        past = context - observation.window
+        scores[:, :past] = self.options.to_stored_heads(sums[:, :past], observation.num_heads, dtype)
+        return scores
 
 
 class ScoredDecodePolicy(DecodePolicy):
@@ -78,21 +123,34 @@ class ScoredDecodePolicy(DecodePolicy):
 class HeavyHitterDecode(ScoredDecodePolicy):
     """H2O decoding: accumulate attention, evict the lightest token outside the recent window."""
 
+    def __init__(self, recent_window: int, accumulate: bool = True) -> None:
+        super().__init__(recent_window)
+        self.accumulate = accumulate
+
     def update_scores(self, old: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
-        return old + attention
+        return old + attention if self.accumulate else old
 
 
 @dataclass
 class H2OParams:
-    """H2O has no hyper-parameters beyond the common knobs (window = recent part)."""
+    """H2O's switches (module docstring); the window is the recent part."""
+
+    #: ``all_rows`` (every prompt query votes, the reference) or ``window`` (only the observation window's rows).
+    scores: str = "all_rows"
+    #: Add each decoding step's attention to the running scores (the reference); false = prefill scores only.
+    decode_accumulate: bool = True
 
 
 @register_method("h2o")
 def build_h2o(method_cfg: Any) -> EvictionMethod:
-    """H2O: accumulated window attention + recent window; decode-time eviction when ``decode_eviction``."""
-    parse_params(H2OParams, method_cfg.params, "h2o")
+    """H2O: all-rows accumulated attention + recent window; decode-time eviction when ``decode_eviction``."""
+    params = parse_params(H2OParams, method_cfg.params, "h2o")
     knobs = common_knobs(method_cfg)
-    policy = HeavyHitterDecode(knobs["window"]) if method_cfg.decode_eviction else None
+    options = score_options(method_cfg)
+    policy = HeavyHitterDecode(knobs["window"], params.decode_accumulate) if method_cfg.decode_eviction else None
     return EvictionMethod(
-        scorer=WindowVoteScorer(int(method_cfg.kernel_size), str(method_cfg.pooling)), decode_policy=policy, **knobs
+        scorer=AllRowsScorer(options, params.scores),
+        decode_policy=policy,
+        settings={"scores": params.scores, "decode_accumulate": params.decode_accumulate},
+        **knobs,
     )

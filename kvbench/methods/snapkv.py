@@ -1,10 +1,17 @@
 """SnapKV (Li et al., 2024) and PyramidKV (Cai et al., 2024): observation-window voting with pooling.
 
-* Indicator: the last ``window`` prompt queries' attention over the keys, summed over the window, smoothed by a
-  1-D pooling (max, kernel 7); per stored head (query-head scores aggregated per GQA group, ``method.gqa_agg``).
-* SnapKV: uniform layer budgets.  PyramidKV: a linear schedule, largest at layer 0, with the average kept at the
-  requested budget (``beta`` = 20, the KVCache-Factory formula); it falls back to uniform when the context is
-  shorter than twice the budget outside the window, as the original code does.
+Reproduces FasterDecoding/SnapKV ``snapkv/monkeypatch/snapkv_utils.py`` (``SnapKVCluster.update_kv``) and
+Zefan-Cai/KVCache-Factory ``pyramidkv/pyramidkv_utils.py`` (``SnapKVCluster``, ``PyramidKVCluster``):
+
+* Indicator: the last ``window`` prompt queries' softmax attention over the keys (causal in the window), **summed**
+  over the window rows, restricted to the candidates ``[0, S - W)``, pooled along them (max, kernel 7; average
+  pooling counts its padding).  Per query head with ``gqa_granularity=query_head`` (both references' default:
+  KV repeated before compression); with ``kv_head`` the group is reduced (``gqa_agg``, mean) **before** pooling,
+  as KVCache-Factory's ``kv_cache_granularity=kv_head`` mode.
+* Each head keeps its top ``C - W`` candidates plus the window; nothing is evicted when ``S < C``.
+* PyramidKV's layer schedule (:func:`pyramid_schedule`) is integer arithmetic, in the variant of KVCache-Factory
+  (default) or of AdaKV's ``pyram_mode``; ``params.schedule: sum_preserving`` is kvbench's variant whose total is
+  exactly ``L x C``.
 """
 
 from __future__ import annotations
@@ -22,74 +29,129 @@ from kvbench.methods.base import (
     WindowObservation,
     common_knobs,
     parse_params,
-    pool_scores,
     register_method,
+    score_options,
 )
+from kvbench.methods.scoring import ScoreOptions, window_row_reduction, with_window_columns
+
+PYRAMID_SCHEDULES = ("kvcache_factory", "adakv", "sum_preserving")
 
 
 class WindowVoteScorer(TokenScorer):
-    """SnapKV's indicator: window attention summed over window queries, then pooled along the sequence."""
+    """SnapKV's indicator: window attention reduced over the window rows, candidates pooled (module docstring).
 
-    def __init__(self, kernel_size: int, pooling: str) -> None:
-        self.kernel_size = kernel_size
-        self.pooling = pooling
+    Parameters
+    ----------
+    options:
+        Pooling, GQA reduction and precision.
+    row_reduce:
+        ``sum`` (SnapKV, PyramidKV) or ``mean`` (Ada-KV's code).
+    """
+
+    def __init__(self, options: ScoreOptions, row_reduce: str = "sum") -> None:
+        self.options = options
+        self.row_reduce = row_reduce
 
     def score(self, observation: WindowObservation) -> torch.Tensor:
-        """``[H_q, S]`` pooled vote of the window queries."""
-        votes = observation.window_attention.sum(dim=1)  # [H_q, S]
-        return pool_scores(votes, self.kernel_size, self.pooling)
+        """``[H, S]`` pooled candidate scores per stored head; the window columns are 0 (always kept)."""
+        rnd = self.options.rounding(observation.model_dtype)
+        votes = window_row_reduction(observation.window_attention, self.row_reduce, rnd)  # [H_q, S]
+        candidates = votes[:, : observation.context_length - observation.window]
+        per_head = self.options.to_stored_heads(candidates, observation.num_heads, observation.model_dtype)
+        return with_window_columns(per_head, observation.context_length)
+
+
+def pyramid_schedule(
+    average: int, window: int, beta: int, num_layers: int, context_length: int, variant: str
+) -> list[int]:
+    """PyramidKV's per-layer budgets (window included), or ``context_length`` for a layer that evicts nothing.
+
+    ``average`` is the mean budget per layer ``C``; ``base = C - W``; ``min = base // beta``; ``max = 2 base - min``;
+    if ``max >= S - W``: ``max = S - W``, ``min = 2 base - max``; ``steps = (max - min) // (L - 1)``; layer ``l``
+    selects ``max - l * steps`` candidates and keeps the window on top.
+
+    * ``kvcache_factory``: nothing is evicted when ``S < C``; every layer keeps ``C`` when ``S < 2 base``.
+    * ``adakv`` (AdaKV ``pyram_mode``): no uniform branch; a layer evicts nothing when it would select more than
+      the ``S - W`` candidates.
+    * ``sum_preserving`` (kvbench): the same endpoints with a fractional step, rounded, and the remainder spread so
+      the total is exactly ``L x C``; uniform when ``S < 2 base`` as KVCache-Factory.
+
+    One layer, or a budget not above the window, is uniform (the references assume ``L > 1`` and ``C > W``).
+    """
+    if variant not in PYRAMID_SCHEDULES:
+        raise ValueError(f"method.params.schedule={variant!r}; valid: {', '.join(PYRAMID_SCHEDULES)}")
+    base = average - window
+    if variant != "adakv" and context_length < average:
+        return [context_length] * num_layers
+    if num_layers == 1 or base <= 0:
+        return [min(average, context_length)] * num_layers
+    if variant != "adakv" and context_length < 2 * base:
+        return [average] * num_layers
+    smallest = base // beta
+    largest = 2 * base - smallest
+    if largest >= context_length - window:
+        largest = context_length - window
+        smallest = 2 * base - largest
+    if variant == "sum_preserving":
+        return _sum_preserving(largest, smallest, window, average, num_layers)
+    steps = (largest - smallest) // (num_layers - 1)
+    selected = [largest - layer * steps for layer in range(num_layers)]
+    return [context_length if count > context_length - window else count + window for count in selected]
+
+
+def _sum_preserving(largest: int, smallest: int, window: int, average: int, num_layers: int) -> list[int]:
+    step = (largest - smallest) / (num_layers - 1)
+    budgets = [round(largest - layer * step) + window for layer in range(num_layers)]
+    remainder = average * num_layers - sum(budgets)
+    order = range(num_layers) if remainder > 0 else range(num_layers - 1, -1, -1)
+    for layer in list(order)[: abs(remainder)]:
+        budgets[layer] += 1 if remainder > 0 else -1
+    return budgets
 
 
 class PyramidLayerAllocator(StaticLayerAllocator):
-    """PyramidKV's linear per-layer schedule around the average budget (window included in each layer's budget).
+    """PyramidKV's linear per-layer schedule (:func:`pyramid_schedule`), largest at layer 0.
 
-    With ``avg`` the mean budget per layer, ``w`` the window and ``base = avg - w``: the smallest layer gets
-    ``base // beta + w``, the largest ``2 * base - base // beta + w``, linearly in between (layer 0 largest).
-    The integer steps leave a small remainder, which is spread over the layers so the total is exact.
+    The mean per-layer budget ``C`` is ``total // num_layers`` (window included).
     """
 
-    def __init__(self, beta: int, window: int) -> None:
+    def __init__(self, beta: int, window: int, schedule: str = "kvcache_factory") -> None:
+        if beta < 1:
+            raise ValueError(f"method.params.beta must be >= 1, got {beta}")
+        if schedule not in PYRAMID_SCHEDULES:
+            raise ValueError(f"method.params.schedule={schedule!r}; valid: {', '.join(PYRAMID_SCHEDULES)}")
         self.beta = beta
         self.window = window
+        self.schedule = schedule
 
     def plan(self, total: int, num_layers: int, context_length: int) -> list[int]:
-        avg = total // num_layers
-        base = avg - self.window
-        if num_layers == 1 or base <= 0 or context_length < 2 * base:
-            return UniformLayerAllocator().plan(total, num_layers, context_length)
-        smallest = base // self.beta
-        largest = 2 * base - smallest
-        if largest >= context_length - self.window:
-            largest = context_length - self.window
-            smallest = 2 * base - largest
-        step = (largest - smallest) / (num_layers - 1)
-        budgets = [round(largest - layer * step) + self.window for layer in range(num_layers)]
-        # Make the sum exactly `total`: spread the rounding remainder one token at a time.
-        remainder = total - sum(budgets)
-        order = range(num_layers) if remainder > 0 else range(num_layers - 1, -1, -1)
-        for layer in list(order)[: abs(remainder)]:
-            budgets[layer] += 1 if remainder > 0 else -1
-        return budgets
+        window = min(self.window, context_length)
+        return pyramid_schedule(total // num_layers, window, self.beta, num_layers, context_length, self.schedule)
 
 
 @dataclass
 class SnapKVParams:
-    """SnapKV has no hyper-parameters beyond the common knobs (window, kernel_size, pooling)."""
+    """SnapKV has no hyper-parameters beyond the common knobs (window, kernel_size, pooling, GQA)."""
 
 
 @dataclass
 class PyramidKVParams:
-    """PyramidKV's slope."""
+    """PyramidKV's slope and schedule variant (:func:`pyramid_schedule`)."""
 
     beta: int = 20
+    schedule: str = "kvcache_factory"
 
 
 @register_method("snapkv")
 def build_snapkv(method_cfg: Any) -> EvictionMethod:
     """SnapKV: window vote + pooling, uniform budgets."""
     parse_params(SnapKVParams, method_cfg.params, "snapkv")
+    options = score_options(method_cfg)
     return EvictionMethod(
-        scorer=WindowVoteScorer(int(method_cfg.kernel_size), str(method_cfg.pooling)), **common_knobs(method_cfg)
+        scorer=WindowVoteScorer(options),
+        layer_allocator=UniformLayerAllocator(),
+        settings={"gqa_reduce": options.gqa_reduce},
+        **common_knobs(method_cfg),
     )
 
 
@@ -97,10 +159,10 @@ def build_snapkv(method_cfg: Any) -> EvictionMethod:
 def build_pyramidkv(method_cfg: Any) -> EvictionMethod:
     """PyramidKV: SnapKV's indicator with the pyramid layer schedule."""
     params = parse_params(PyramidKVParams, method_cfg.params, "pyramidkv")
-    if params.beta < 1:
-        raise ValueError(f"method.params.beta must be >= 1, got {params.beta}")
+    options = score_options(method_cfg)
     return EvictionMethod(
-        scorer=WindowVoteScorer(int(method_cfg.kernel_size), str(method_cfg.pooling)),
-        layer_allocator=PyramidLayerAllocator(params.beta, int(method_cfg.window)),
+        scorer=WindowVoteScorer(options),
+        layer_allocator=PyramidLayerAllocator(params.beta, int(method_cfg.window), params.schedule),
+        settings={"gqa_reduce": options.gqa_reduce, "beta": params.beta, "schedule": params.schedule},
         **common_knobs(method_cfg),
     )

@@ -33,40 +33,38 @@ from kvbench.methods.base import (
     LayerBudgetAllocator,
     TokenScorer,
     WindowObservation,
-    aggregate_groups,
     common_knobs,
     parse_params,
-    pool_scores,
     register_method,
+    score_options,
 )
+from kvbench.methods.scoring import ScoreOptions, aggregate_groups
 
 HEAD_MODES = ("layer_shared", "per_head")
 
 
-def importance(observation: WindowObservation, kernel_size: int, pooling: str) -> torch.Tensor:
-    """``[H_q, t - ows]`` pooled window-mean attention over the past keys."""
+def importance(observation: WindowObservation, options: ScoreOptions) -> torch.Tensor:
+    """``[H_q, t - ows]`` pooled window-mean attention over the past keys (``options``: kernel, pooling, padding)."""
     past = observation.context_length - observation.window
     mean = observation.window_attention.mean(dim=1)[:, : max(past, 0)]  # [H_q, t-ows]
-    return pool_scores(mean, kernel_size, pooling) if past > 0 else mean
+    return options.pool(mean) if past > 0 else mean
 
 
 class XKVScorer(TokenScorer):
     """XKV's importance per stored head (``per_head``) or shared by the layer's heads (``layer_shared``)."""
 
-    def __init__(self, kernel_size: int, pooling: str, head_mode: str, gqa_agg: str) -> None:
-        self.kernel_size = kernel_size
-        self.pooling = pooling
+    def __init__(self, options: ScoreOptions, head_mode: str) -> None:
+        self.options = options
         self.head_mode = head_mode
-        self.gqa_agg = gqa_agg
 
     def score(self, observation: WindowObservation) -> torch.Tensor:
         """``[H, S]``; the window columns are 0 (protected by the session)."""
         heads = observation.keys.shape[0]
-        pooled = importance(observation, self.kernel_size, self.pooling)
+        pooled = importance(observation, self.options)
         if self.head_mode == "layer_shared":
             per_head = pooled.mean(dim=0, keepdim=True).expand(heads, -1)
         else:
-            per_head = aggregate_groups(pooled, heads, self.gqa_agg)
+            per_head = aggregate_groups(pooled, heads, self.options.gqa_agg)
         scores = torch.zeros(heads, observation.context_length, device=per_head.device)
         scores[:, : per_head.shape[1]] = per_head
         return scores
@@ -137,16 +135,14 @@ class XKVLayerAllocator(LayerBudgetAllocator):
     def __init__(
         self,
         window: int,
-        kernel_size: int,
-        pooling: str,
+        options: ScoreOptions,
         target_retention: float | None = None,
         sampling: bool = False,
         sample_ratio: float = 0.1,
         task_samples: int = 200,
     ) -> None:
         self.window = window
-        self.kernel_size = kernel_size
-        self.pooling = pooling
+        self.options = options
         self.target_retention = target_retention
         self.sampling = sampling
         self.sample_ratio = sample_ratio
@@ -179,7 +175,7 @@ class XKVLayerAllocator(LayerBudgetAllocator):
         window = min(self.window, observation.window)
         if self.planned is not None:
             return {observation.layer_idx: self.planned[observation.layer_idx] + window}
-        self.layer_scores.append(importance(observation, self.kernel_size, self.pooling).mean(dim=0))
+        self.layer_scores.append(importance(observation, self.options).mean(dim=0))
         if len(self.layer_scores) < self.num_layers:
             return {}
         if self.target_retention is not None:
@@ -220,13 +216,13 @@ def build_xkv(method_cfg: Any) -> EvictionMethod:
     if params.target_retention is not None and not 0 < params.target_retention <= 1:
         raise ValueError(f"method.params.target_retention must be in (0, 1], got {params.target_retention}")
     knobs = common_knobs(method_cfg)
-    kernel, pooling = int(method_cfg.kernel_size), str(method_cfg.pooling)
+    options = score_options(method_cfg)
     allocator = XKVLayerAllocator(
-        knobs["window"], kernel, pooling, params.target_retention, params.sampling, params.sample_ratio,
+        knobs["window"], options, params.target_retention, params.sampling, params.sample_ratio,
         params.task_samples,
     )  # fmt: skip
     return EvictionMethod(
-        scorer=XKVScorer(kernel, pooling, params.head_mode, knobs["gqa_agg"]),
+        scorer=XKVScorer(options, params.head_mode),
         layer_allocator=allocator,
         settings={"head_mode": params.head_mode, "sampling": params.sampling},
         **knobs,
