@@ -15,13 +15,17 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-#: Valid values of the schema's string knobs, checked before torch loads.  kvbench/methods/base.py and
-#: kvbench/generation.py hold equal tuples (tests/test_bad_input.py checks that they agree).
+#: Valid values of the schema's string knobs, checked before torch loads (kvbench/validation.py).  The torch-side
+#: modules that use them (methods/base.py, methods/scoring.py, generation.py) hold equal tuples;
+#: tests/test_bad_input.py checks that they agree.
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
 QUESTION_MODES = ("aware", "agnostic")
 POOLING_TYPES = ("max", "avg")
+POOL_PADDINGS = ("include", "exclude")
+SCORE_DTYPES = ("model", "float32")
 GQA_GRANULARITIES = ("kv_head", "query_head")
 GQA_AGGREGATIONS = ("mean", "max", "sum")
+GQA_REDUCE_ORDERS = ("before_pool", "after_pool")
 
 
 @dataclass

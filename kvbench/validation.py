@@ -34,8 +34,11 @@ from kvbench.config import (
     DTYPE_NAMES,
     GQA_AGGREGATIONS,
     GQA_GRANULARITIES,
+    GQA_REDUCE_ORDERS,
+    POOL_PADDINGS,
     POOLING_TYPES,
     QUESTION_MODES,
+    SCORE_DTYPES,
     KVBenchConfig,
 )
 from kvbench.errors import KVBenchError
@@ -129,8 +132,12 @@ def _check_method_knobs(method: Any) -> None:
             "Fix: e.g. method.kernel_size=7."
         )
     _check_choice("method.pooling", method.pooling, POOLING_TYPES)
+    _check_choice("method.pool_padding", method.pool_padding, POOL_PADDINGS)
+    _check_choice("method.score_dtype", method.score_dtype, SCORE_DTYPES)
     _check_choice("method.gqa_granularity", method.gqa_granularity, GQA_GRANULARITIES)
     _check_choice("method.gqa_agg", method.gqa_agg, GQA_AGGREGATIONS)
+    if method.gqa_reduce is not None:
+        _check_choice("method.gqa_reduce", method.gqa_reduce, GQA_REDUCE_ORDERS, "or null for the family's reference")
     _check_min("method.sink_tokens", method.sink_tokens, 0)
 
 
@@ -150,9 +157,10 @@ def _check_task_values(task: Any) -> None:
             )
 
 
-def _check_choice(key: str, value: Any, valid: Sequence[str]) -> None:
+def _check_choice(key: str, value: Any, valid: Sequence[str], also: str = "") -> None:
     if value not in valid:
-        raise KVBenchError(f"{key}={value!r} is not valid; valid: {', '.join(valid)} (e.g. {key}={valid[0]}).")
+        extra = f", {also}" if also else ""
+        raise KVBenchError(f"{key}={value!r} is not valid; valid: {', '.join(valid)}{extra} (e.g. {key}={valid[0]}).")
 
 
 def _check_min(key: str, value: Any, minimum: int, meaning: str = "") -> None:

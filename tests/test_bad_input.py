@@ -101,6 +101,8 @@ CONFIG_CASES = [
     (["method.kernel_size=6"], ["method.kernel_size=6", "odd", "method.kernel_size=7"]),
     (["method.pooling=median"], ["method.pooling='median'", "max, avg"]),
     (["method.gqa_agg=median"], ["method.gqa_agg='median'", "mean, max, sum"]),
+    (["method.gqa_reduce=never"], ["method.gqa_reduce='never'", "before_pool, after_pool, or null"]),
+    (["method.pool_padding=none"], ["method.pool_padding='none'", "include, exclude"]),
     (["+method.params.nope=1"], ["nope", "valid keys"]),
     (["method=cake", "method.params.allocation=fair"], ["allocation='fair'", "p2a"]),
     (["method.family=snapkvv"], ["snapkvv", "valid families", "pyramidkv"]),
@@ -201,7 +203,8 @@ def test_missing_optional_package_then_the_suggested_command_runs(root: Path, ca
     import kvbench.validation
 
     monkeypatch.setattr(kvbench.validation, "package_available", lambda name: name != "datasets")
-    command = ["method=cake", "budget=128L", "task=longbench", "task.datasets=[qasper]", f"run.output_root={root}"]
+    # hotpotqa: 32 new tokens at most, the fewest in LongBench (the run stays short).
+    command = ["method=cake", "budget=128L", "task=longbench", "task.datasets=[hotpotqa]", f"run.output_root={root}"]
     before = tree_hash(root)
     code, stderr = run_in_process(command, capsys)
     assert_clean_failure(code, stderr, ["'datasets'", "pip install kvbench[data]", "task.data_dir=fixtures"])
@@ -209,7 +212,7 @@ def test_missing_optional_package_then_the_suggested_command_runs(root: Path, ca
     register_configs()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         run_job(compose("config", overrides=[*command, "task.data_dir=fixtures", "task.num_samples=1"]))
-    assert (root / "tiny" / "longbench" / "cake" / "128L" / "qasper" / "metrics.json").exists()
+    assert (root / "tiny" / "longbench" / "cake" / "128L" / "hotpotqa" / "metrics.json").exists()
 
 
 def test_debug_shows_the_traceback(capsys, monkeypatch, root: Path) -> None:
@@ -391,11 +394,11 @@ def test_result_files_get_the_same_mode_under_the_umask(tmp_path: Path, umask: i
 
 def test_torch_free_choices_agree_with_the_code_that_uses_them() -> None:
     from kvbench import config, generation
-    from kvbench.methods import base
+    from kvbench.methods import base, scoring
     from kvbench.models import DTYPES
 
     assert config.QUESTION_MODES == generation.QUESTION_MODES
-    assert config.POOLING_TYPES == base.POOLING_TYPES
     assert config.GQA_GRANULARITIES == base.GQA_GRANULARITIES
-    assert config.GQA_AGGREGATIONS == base.GQA_AGGREGATIONS
+    for name in ("POOLING_TYPES", "POOL_PADDINGS", "SCORE_DTYPES", "GQA_AGGREGATIONS", "GQA_REDUCE_ORDERS"):
+        assert getattr(config, name) == getattr(scoring, name), name
     assert tuple(DTYPES) == config.DTYPE_NAMES
