@@ -124,10 +124,12 @@ def _try_flock(fd: int) -> bool:
 
 
 def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open as ``fd`` (a discarded run may have removed it)."""
     try:
-        return os.fstat(fd).st_ino == os.stat(path).st_ino
+        held, named = os.fstat(fd), os.stat(path)
     except FileNotFoundError:
         return False
+    return (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino)
 
 
 @contextmanager
