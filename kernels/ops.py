@@ -144,8 +144,8 @@ def causal_column_sums(
     """Attention each key receives from every query of a causal prefill: column sums of ``softmax(q k^T)``.
 
     H2O's prefill score, without the ``S x S`` matrix: query rows are processed in blocks of ``b`` rows, each
-    against the keys it may see, so the peak extra memory is ``H_q x b x S`` float32 (``b`` chosen to fit
-    ``max_block_bytes``).
+    against the keys it may see, so the peak extra memory is two ``H_q x b x S`` float32 blocks (logits and
+    probabilities; ``b`` chosen so one block fits ``max_block_bytes``).
 
     Parameters
     ----------
@@ -175,10 +175,12 @@ def causal_column_sums(
         stop = min(start + rows_per_block, length)
         rows = stop - start
         block = queries[:, start:stop].float().reshape(num_heads, groups * rows, dim)
-        logits = torch.bmm(block, keys32[:, :stop].transpose(1, 2)).reshape(num_q, rows, stop) * scaling
+        logits = torch.bmm(block, keys32[:, :stop].transpose(1, 2)).reshape(num_q, rows, stop)
         positions = torch.arange(stop, device=queries.device)
         future = positions[None, :] > positions[start:stop, None]  # [rows, stop]
-        probs = torch.softmax(logits.masked_fill(future[None], float("-inf")), dim=-1)
+        logits.mul_(scaling).masked_fill_(future[None], float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        del logits  # at most two blocks alive: logits and probabilities
         if prob_dtype is not None:
             probs = probs.to(prob_dtype).float()
         sums[:, :stop] += probs.sum(dim=1)

@@ -46,6 +46,7 @@ from omegaconf import DictConfig, OmegaConf
 from kvbench import __version__
 from kvbench.errors import Interrupted, KVBenchError
 from kvbench.generation import generate
+from kvbench.methods.base import RECORDED_KNOBS
 from kvbench.models import LoadedModel, load_model, load_tokenizer, resolve_device, stop_token_ids
 from kvbench.prompting import encode_sample
 from kvbench.results import (
@@ -385,8 +386,11 @@ class Runner:
             )
         use_template = bool(cfg.model.chat_template and dataset.chat_template)
         stops = stop_token_ids(loaded.tokenizer, loaded.model, list(cfg.model.stop_tokens))
-        # Stateful allocators (XKV's sampled mode) calibrate per dataset.
+        # Stateful allocators (XKV's sampled mode) calibrate per dataset; a resumed run replays what the finished
+        # samples recorded (dataset order), so it continues exactly as the uninterrupted run would.
         self.method.layer_allocator.begin_task(dataset.name, len(samples))
+        finished = [done[s.id]["cache"].get("allocator_state") for s in samples if s.id in done]
+        self.method.layer_allocator.replay(finished)
         todo = [s for s in samples if s.id not in done]
         progress = _progress(todo, f"{dataset.name}", cfg.run.progress, initial=len(done), total=len(samples))
         for sample in progress:
@@ -434,15 +438,7 @@ class Runner:
             "settings": {
                 "method_family": cfg.method.family,
                 "budget_spec": cfg.budget.spec,
-                "window": cfg.method.window,
-                "kernel_size": cfg.method.kernel_size,
-                "pooling": cfg.method.pooling,
-                "window_in_budget": cfg.method.window_in_budget,
-                "gqa_granularity": cfg.method.gqa_granularity,
-                "gqa_agg": cfg.method.gqa_agg,
-                "decode_eviction": cfg.method.decode_eviction,
-                "pool_padding": cfg.method.pool_padding,
-                "score_dtype": cfg.method.score_dtype,
+                **{knob: cfg.method[knob] for knob in RECORDED_KNOBS if knob not in self.method.ignored_knobs},
                 "params": OmegaConf.to_container(cfg.method.params, resolve=True),
                 "resolved": dict(self.method.settings),
                 "reference": OmegaConf.to_container(cfg.method.reference, resolve=True),

@@ -8,7 +8,7 @@ from mdparse import partial_cells, tables_after
 OUT = Path(__file__).resolve().parents[1]
 OUT.mkdir(parents=True, exist_ok=True)
 FIELDS = ["table", "row", "model", "model_label", "task", "question_mode", "method", "method_label", "budget",
-          "budget_label", "column", "column_label", "dataset", "kind", "value", "note"]
+          "budget_label", "column", "column_label", "dataset", "kind", "value", "printed", "note"]
 
 MODELS = {
     "Mistral-7B-Instruct-v0.2": "mistral-7b-instruct-v0.2", "LWM-Text-Chat-1M": "lwm-text-chat-1m",
@@ -84,6 +84,9 @@ def write(name, rows):
         w = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\n")
         w.writeheader()
         for r in rows:
+            # printed: the cell exactly as the paper prints it (annotations such as "± 0.2" and the paper's own "-"
+            # kept; empty = not printed or illegible in the source); value: its number alone.
+            r.setdefault("printed", r["value"])
             w.writerow({k: r.get(k, "") for k in FIELDS})
     print(name, len(rows))
 
@@ -243,7 +246,7 @@ for n, vs in variants.items():
         rows.append(dict(table=f"cake_t{n}", row=ri, model="llama2-7b-chat", model_label="Llama2-7B-Chat",
                          task="longbench", question_mode="aware", method=meth, method_label=lab, budget="128L",
                          budget_label="128L", column="avg", column_label="Avg.", dataset="", kind="aggregate",
-                         value=val, note=note))
+                         value=val, printed=r[1], note=note))
     write(f"cake_t{n}", rows)
 # Table 4: task-type counts (not a results table; kept for completeness)
 (h, b, _), = tables_after("seed-cake.md", "### Table 4: ")
@@ -253,7 +256,7 @@ for ri, r in enumerate(b, start=1):
         rows.append(dict(table="cake_t4", row=ri, model="", model_label="", task="longbench", question_mode="",
                          method="", method_label=r[0], budget="", budget_label="", column=col.strip("#").strip()
                          .lower().replace(" ", "_"), column_label=col, dataset="", kind="count",
-                         value="" if v == "-" else v, note="'-' in the paper" if v == "-" else ""))
+                         value="" if v == "-" else v, printed=v, note="'-' in the paper" if v == "-" else ""))
 write("cake_t4", rows)
 # Table 13: latency (efficiency; not rebuilt from accuracy runs)
 (h, b, _), = tables_after("seed-cake.md", "### Table 13: ")
