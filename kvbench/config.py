@@ -15,9 +15,8 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-#: Valid values of the schema's string knobs, checked before torch loads (kvbench/validation.py).  The torch-side
-#: modules that use them (methods/base.py, methods/scoring.py, generation.py) hold equal tuples;
-#: tests/test_bad_input.py checks that they agree.
+#: Valid values of the schema's string knobs: the one definition, checked before torch loads (kvbench/validation.py)
+#: and imported by the modules that use them (methods/base.py, methods/scoring.py, generation.py).
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
 QUESTION_MODES = ("aware", "agnostic")
 POOLING_TYPES = ("max", "avg")

@@ -14,10 +14,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from kvbench.budget import Budget
 from kvbench.cache import KVBenchCache
+from kvbench.config import QUESTION_MODES
 from kvbench.eviction import CacheRecord, EvictionSession
 from kvbench.methods.base import EvictionMethod
-
-QUESTION_MODES = ("aware", "agnostic")
 
 
 @dataclass

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import torch
 
 from kvbench.cache import HeadwiseLayer
+from kvbench.config import GQA_GRANULARITIES
 from kvbench.methods.scoring import (
     GQA_AGGREGATIONS,
     GQA_REDUCE_ORDERS,
@@ -38,7 +39,6 @@ from kvbench.methods.scoring import (
     window_attention,
 )
 
-GQA_GRANULARITIES = ("kv_head", "query_head")
 #: The common knobs (``MethodConfig`` fields) a run records in ``metrics.json``, unless the method ignores them
 #: (``gqa_reduce`` is recorded resolved, in the method's settings, by the families that pool).
 RECORDED_KNOBS = (
