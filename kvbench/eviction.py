@@ -13,6 +13,9 @@ per-layer budget) raised by one window per layer.
 
 from __future__ import annotations
 
+import hashlib
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -50,6 +53,12 @@ class CacheRecord:
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+def prompt_fingerprint(token_ids: Sequence[int]) -> int:
+    """A stable 63-bit hash of a prompt's token ids (the :attr:`WindowObservation.sample_key` of its sample)."""
+    digest = hashlib.blake2b(array("q", token_ids).tobytes(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
 
 
 def rank_tokens(scores: torch.Tensor, positions: torch.Tensor, protected: torch.Tensor) -> torch.Tensor:
@@ -99,6 +108,7 @@ class EvictionSession:
         self._requested: dict[int, tuple[int, list[int]]] = {}
         self._decode_caps: dict[int, list[int]] = {}
         self._allocator_started = False
+        self.sample_key = 0
 
     # ------------------------------------------------------------------ phases
     @property
@@ -106,9 +116,13 @@ class EvictionSession:
         """Whether prefill compression applies (a scorer and a non-full budget)."""
         return self.method.scorer is not None and not self.budget.is_full
 
-    def begin_prefill(self, context_length: int) -> None:
-        """The next forward is the (compressed) context prefill of ``context_length`` tokens."""
+    def begin_prefill(self, context_length: int, prompt_ids: Sequence[int] | None = None) -> None:
+        """The next forward is the (compressed) context prefill of ``context_length`` tokens.
+
+        ``prompt_ids`` (the compressed tokens) give the sample its :attr:`WindowObservation.sample_key`.
+        """
         self.phase = "compress"
+        self.sample_key = prompt_fingerprint(prompt_ids) if prompt_ids is not None else 0
         self.context_length = context_length
         self.record.context_tokens = context_length
 
@@ -163,6 +177,7 @@ class EvictionSession:
             values=values,
             scaling=scaling,
             prompt_queries=query,
+            sample_key=self.sample_key,
         )
         # With window_in_budget=False every layer keeps its window on top of the budget: allocators see it added.
         off_budget = 0 if self.method.window_in_budget else window

@@ -14,10 +14,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from kvbench.budget import Budget
 from kvbench.cache import KVBenchCache
+from kvbench.config import QUESTION_MODES
 from kvbench.eviction import CacheRecord, EvictionSession
 from kvbench.methods.base import EvictionMethod
-
-QUESTION_MODES = ("aware", "agnostic")
 
 
 @dataclass
@@ -94,7 +93,7 @@ def generate(
         raise ValueError("empty prompt")
 
     start = time.perf_counter()
-    session.begin_prefill(len(compressed))
+    session.begin_prefill(len(compressed), prompt_ids=compressed)
     logits = _forward(model, compressed, 0, cache, session, device)
     position = len(compressed)
     if appended:

@@ -64,11 +64,22 @@ def run_dir(output_root: str | Path, model: str, task: str, method: str, budget:
     return Path(output_root) / model / task / method / leaf
 
 
+def _file_mode() -> int:
+    """Mode of a new file under the process umask (``0o666 & ~umask``), as ``open()`` creates them."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see either the old file or the complete new one."""
+    """Write ``text`` to ``path`` so that readers see either the old file or the complete new one.
+
+    The file gets the mode ``open()`` would give it (``0o666`` less the umask), like the append-only logs.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, _file_mode())  # mkstemp creates 0600
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
@@ -134,6 +145,18 @@ class PredictionLog:
             handle.write(line)
             handle.flush()
             os.fsync(handle.fileno())
+
+
+def holds_results(folder: Path) -> bool:
+    """Whether a run folder holds anything worth keeping: a ``metrics.json`` or a non-empty ``predictions.jsonl``.
+
+    A folder without either (a run that failed or was killed before its first prediction) may be replaced.
+    """
+    if not folder.is_dir():
+        return False
+    if any(folder.rglob(METRICS_FILE)):
+        return True
+    return any(path.stat().st_size > 0 for path in folder.rglob(PREDICTIONS_FILE))
 
 
 def iter_metrics(root: str | Path) -> Iterator[tuple[Path, dict[str, Any]]]:

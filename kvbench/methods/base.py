@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import torch
 
 from kvbench.cache import HeadwiseLayer
+from kvbench.config import GQA_GRANULARITIES
 from kvbench.methods.scoring import (
     GQA_AGGREGATIONS,
     GQA_REDUCE_ORDERS,
@@ -38,7 +39,6 @@ from kvbench.methods.scoring import (
     window_attention,
 )
 
-GQA_GRANULARITIES = ("kv_head", "query_head")
 #: The common knobs (``MethodConfig`` fields) a run records in ``metrics.json``, unless the method ignores them
 #: (``gqa_reduce`` is recorded resolved, in the method's settings, by the families that pool).
 RECORDED_KNOBS = (
@@ -76,6 +76,10 @@ class WindowObservation:
     layer_budget:
         The budget (tokens per head) the allocator has just set for this layer, when known before scoring
         (AhaKV's step-gain softmax derives its temperature from it); ``None`` otherwise.
+    sample_key:
+        A stable number identifying the sample: a hash of the compressed prompt's token ids (0 when unknown).
+        Methods that draw random numbers (NACL) seed from it, so a sample's draws do not depend on which samples
+        ran before it (resumed runs, subsets, reordering).
     """
 
     layer_idx: int
@@ -86,6 +90,7 @@ class WindowObservation:
     scaling: float
     prompt_queries: torch.Tensor | None = None
     layer_budget: int | None = None
+    sample_key: int = 0
 
     @property
     def window(self) -> int:

@@ -398,7 +398,8 @@ def plot_needle_heatmap(
 
     ``rows``: dicts with ``length`` (tokens), ``depth`` (percent) and ``score_key`` (0..vmax; the set recall 0-1 by
     default) - e.g. :func:`needle_grid_rows` output or rows read back from a run's predictions.  Cells without data
-    are blank.  The title gets the overall score (mean over all cells x 100 / vmax).  Returns the written path.
+    are blank.  The title gets the overall score (mean over all cells x 100 / vmax) and the colours use the same
+    0-100 scale.  Returns the written path.
     """
     import matplotlib
 
@@ -418,11 +419,12 @@ def plot_needle_heatmap(
         counts[i, j] += 1
     grid = np.divide(sums, counts, out=np.full_like(sums, np.nan), where=counts > 0)
     overall = 100.0 * float(np.nanmean(grid)) / vmax
+    shown = 100.0 * grid / vmax  # colours on the title's 0-100 scale
 
     cmap = LinearSegmentedColormap.from_list("needle", ["#F0496E", "#EBB839", "#0CD79F"])
     width = min(max(6.0, 0.25 * len(lengths) + 3), 24.0)
     fig, ax = plt.subplots(figsize=(width, max(4.0, 0.35 * len(depths) + 2)))
-    image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=0.0, vmax=vmax, aspect="auto", origin="upper")
+    image = ax.imshow(np.ma.masked_invalid(shown), cmap=cmap, vmin=0.0, vmax=100.0, aspect="auto", origin="upper")
     ax.set_xticks(range(len(lengths)))
     ax.set_xticklabels([str(x) for x in lengths], rotation=90 if len(lengths) > 12 else 0, fontsize=8)
     ax.set_yticks(range(len(depths)))
@@ -430,7 +432,7 @@ def plot_needle_heatmap(
     ax.set_xlabel("Context length (tokens)")
     ax.set_ylabel("Depth (%)")
     ax.set_title(f"{title + ' | ' if title else ''}Overall score {overall:.2f}")
-    fig.colorbar(image, ax=ax, label=score_key)
+    fig.colorbar(image, ax=ax, label=score_key if vmax == 100.0 else f"{score_key} × {100.0 / vmax:g}")
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
