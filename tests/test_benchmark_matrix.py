@@ -9,9 +9,10 @@ Checked: no crash; every RULER/NeedleBench prompt within its target length in th
 prompt + tokens to generate <= length, the official check); every needle present in the final prompt; nothing
 truncated where the official harness never truncates.  Two generated tokens per sample (``max_new_tokens=2``; RULER
 then sizes its prompts for 2 answer tokens) keep it affordable; the 128K prefills and the RULER size searches (the
-official procedure, a dozen tokenisations per 32K sample) dominate.  Measured: 19 min with the 2 cores shared at
-load average ~9 (the rest of the suite then ran 5x slower than its usual 7 min), i.e. an estimated ~4 min on 2 idle
-cores.  Marked ``slow``: ``make test`` and CI run it, ``make test-quick`` skips it.
+official procedure, a dozen tokenisations per 32K sample) dominate.  Measured on 2 cores shared with other jobs:
+19 min at load average ~9 (the rest of the suite then ran 5x slower than its usual 7 min); per test at load ~3.4
+(RULER 4K+32K 67 s per family, NeedleBench 32K 21 s, 4K 7 s, LongBench 6 s) it sums to about 8.5 min; idle cores
+should take roughly half that.  Marked ``slow``: ``make test`` and CI run it, ``make test-quick`` skips it.
 """
 
 from __future__ import annotations
