@@ -12,13 +12,38 @@ import triton.language as tl
 NEG_BIG = -1.0e30
 
 
-# ------------------------------------------------------------------------------------------ window statistics
+# ------------------------------------------------------------------------------------------ attention scores
+@triton.jit
+def _round_probs(p, ROUND: tl.constexpr):
+    """Round float32 probabilities to bf16 (``ROUND`` 1) or fp16 (2) and back, to nearest even as torch's cast.
+
+    bf16 is rounded with integer arithmetic (the interpreter's float cast truncates); ``p`` is finite, >= 0.
+    """
+    if ROUND == 1:
+        bits = p.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        p = bits.to(tl.float32, bitcast=True)
+    elif ROUND == 2:
+        p = p.to(tl.float16).to(tl.float32)
+    return p
+
+
+@triton.jit
+def _scaled_logits(q, k, scaling, scale_ptr, rows, R, HAS_SCALE: tl.constexpr):
+    """``q k^T * scaling`` (float32, IEEE), times each row's factor when ``HAS_SCALE``."""
+    logits = tl.dot(q, tl.trans(k), input_precision="ieee") * scaling
+    if HAS_SCALE:
+        factor = tl.load(scale_ptr + rows, mask=rows < R, other=1.0)
+        logits = logits * factor[:, None]
+    return logits
+
+
 @triton.jit
 def _window_rows_kernel(
-    q_ptr, k_ptr, lse_ptr, ent_ptr,
+    q_ptr, k_ptr, scale_ptr, lse_ptr, ent_ptr,
     W, S, D, groups, scaling,
     sq_h, sq_w, sk_h, sk_s,
-    BLOCK_W: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_W: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HAS_SCALE: tl.constexpr,
 ):  # fmt: skip
     """Pass 1, one program per query head: online log-sum-exp and ``sum p*l`` per window row -> lse, entropy."""
     hq = tl.program_id(0)
@@ -41,7 +66,7 @@ def _window_rows_kernel(
             mask=(cols[:, None] < S) & (dims[None, :] < D),
             other=0.0,
         ).to(tl.float32)
-        logits = tl.dot(q, tl.trans(k), input_precision="ieee") * scaling
+        logits = _scaled_logits(q, k, scaling, scale_ptr, rows, W, HAS_SCALE)
         valid = (cols[None, :] < S) & (cols[None, :] <= limit[:, None]) & (rows[:, None] < W)
         logits = tl.where(valid, logits, NEG_BIG)
         m_new = tl.maximum(m, tl.max(logits, axis=1))
@@ -59,12 +84,14 @@ def _window_rows_kernel(
 
 @triton.jit
 def _window_cols_kernel(
-    q_ptr, k_ptr, lse_ptr, sum_ptr, sq_ptr, max_ptr, colent_ptr,
+    q_ptr, k_ptr, scale_ptr, lse_ptr, sum_ptr, m2_ptr, max_ptr, colent_ptr,
     W, S, D, groups, scaling, eps,
     sq_h, sq_w, sk_h, sk_s,
-    BLOCK_W: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_W: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HAS_SCALE: tl.constexpr,
+    ROUND: tl.constexpr,
 ):  # fmt: skip
-    """Pass 2, one program per (query head, key block): recompute probabilities, reduce over the window rows."""
+    """Pass 2, one program per (query head, key block): recompute the (rounded) probabilities, reduce over the
+    window rows: sum, centred sum of squares (two-pass: all rows are in the block), max, entropy."""
     hq = tl.program_id(0)
     block = tl.program_id(1)
     hk = hq // groups
@@ -82,15 +109,94 @@ def _window_cols_kernel(
         other=0.0,
     ).to(tl.float32)
     lse = tl.load(lse_ptr + hq * W + rows, mask=rows < W, other=0.0)
-    logits = tl.dot(q, tl.trans(k), input_precision="ieee") * scaling
+    logits = _scaled_logits(q, k, scaling, scale_ptr, rows, W, HAS_SCALE)
     valid = (cols[None, :] < S) & (cols[None, :] <= (S - W + rows)[:, None]) & (rows[:, None] < W)
-    p = tl.where(valid, tl.exp(logits - lse[:, None]), 0.0)
+    p = _round_probs(tl.where(valid, tl.exp(logits - lse[:, None]), 0.0), ROUND)
+    total = tl.sum(p, axis=0)
+    centred = tl.where(rows[:, None] < W, p - (total / W)[None, :], 0.0)
     out = hq * S + cols
     keep = cols < S
-    tl.store(sum_ptr + out, tl.sum(p, axis=0), mask=keep)
-    tl.store(sq_ptr + out, tl.sum(p * p, axis=0), mask=keep)
+    tl.store(sum_ptr + out, total, mask=keep)
+    tl.store(m2_ptr + out, tl.sum(centred * centred, axis=0), mask=keep)
     tl.store(max_ptr + out, tl.max(p, axis=0), mask=keep)
     tl.store(colent_ptr + out, -tl.sum(p * tl.log(p + eps), axis=0), mask=keep)
+
+
+@triton.jit
+def _causal_rows_kernel(
+    q_ptr, k_ptr, scale_ptr, lse_ptr,
+    R, S, D, groups, scaling,
+    sq_h, sq_r, sk_h, sk_s,
+    BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HAS_SCALE: tl.constexpr,
+):  # fmt: skip
+    """Pass 1 of the all-rows column sums, one program per (query head, row block): each row's log-sum-exp over
+    the keys it may see (row ``r`` sits at position ``S - R + r``)."""
+    hq = tl.program_id(0)
+    block = tl.program_id(1)
+    hk = hq // groups
+    rows = block * BLOCK_R + tl.arange(0, BLOCK_R)
+    dims = tl.arange(0, BLOCK_D)
+    q = tl.load(
+        q_ptr + hq * sq_h + rows[:, None] * sq_r + dims[None, :],
+        mask=(rows[:, None] < R) & (dims[None, :] < D),
+        other=0.0,
+    ).to(tl.float32)
+    m = tl.full((BLOCK_R,), NEG_BIG, tl.float32)
+    s = tl.zeros((BLOCK_R,), tl.float32)
+    limit = S - R + rows
+    visible = tl.minimum(S, S - R + (block + 1) * BLOCK_R)  # keys seen by the block's last row
+    for start in range(0, visible, BLOCK_S):
+        cols = start + tl.arange(0, BLOCK_S)
+        k = tl.load(
+            k_ptr + hk * sk_h + cols[:, None] * sk_s + dims[None, :],
+            mask=(cols[:, None] < S) & (dims[None, :] < D),
+            other=0.0,
+        ).to(tl.float32)
+        logits = _scaled_logits(q, k, scaling, scale_ptr, rows, R, HAS_SCALE)
+        valid = (cols[None, :] < S) & (cols[None, :] <= limit[:, None]) & (rows[:, None] < R)
+        logits = tl.where(valid, logits, NEG_BIG)
+        m_new = tl.maximum(m, tl.max(logits, axis=1))
+        p = tl.where(valid, tl.exp(logits - m_new[:, None]), 0.0)
+        s = s * tl.exp(m - m_new) + tl.sum(p, axis=1)
+        m = m_new
+    s = tl.where(rows < R, s, 1.0)
+    tl.store(lse_ptr + hq * R + rows, m + tl.log(s), mask=rows < R)
+
+
+@triton.jit
+def _causal_cols_kernel(
+    q_ptr, k_ptr, scale_ptr, lse_ptr, sum_ptr,
+    R, S, D, groups, scaling,
+    sq_h, sq_r, sk_h, sk_s,
+    BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HAS_SCALE: tl.constexpr,
+    ROUND: tl.constexpr,
+):  # fmt: skip
+    """Pass 2, one program per (query head, key block): loop over the row blocks that may see the block's keys,
+    recompute the (rounded) probabilities from the rows' log-sum-exp and sum them per key."""
+    hq = tl.program_id(0)
+    block = tl.program_id(1)
+    hk = hq // groups
+    cols = block * BLOCK_S + tl.arange(0, BLOCK_S)
+    dims = tl.arange(0, BLOCK_D)
+    k = tl.load(
+        k_ptr + hk * sk_h + cols[:, None] * sk_s + dims[None, :],
+        mask=(cols[:, None] < S) & (dims[None, :] < D),
+        other=0.0,
+    ).to(tl.float32)
+    acc = tl.zeros((BLOCK_S,), tl.float32)
+    first = tl.maximum(block * BLOCK_S - (S - R), 0)  # the first row that sees the block's first key
+    for start in range((first // BLOCK_R) * BLOCK_R, R, BLOCK_R):
+        rows = start + tl.arange(0, BLOCK_R)
+        q = tl.load(
+            q_ptr + hq * sq_h + rows[:, None] * sq_r + dims[None, :],
+            mask=(rows[:, None] < R) & (dims[None, :] < D),
+            other=0.0,
+        ).to(tl.float32)
+        lse = tl.load(lse_ptr + hq * R + rows, mask=rows < R, other=0.0)
+        logits = _scaled_logits(q, k, scaling, scale_ptr, rows, R, HAS_SCALE)
+        valid = (cols[None, :] < S) & (cols[None, :] <= (S - R + rows)[:, None]) & (rows[:, None] < R)
+        acc += tl.sum(_round_probs(tl.where(valid, tl.exp(logits - lse[:, None]), 0.0), ROUND), axis=0)
+    tl.store(sum_ptr + hq * S + cols, acc, mask=cols < S)
 
 
 # ------------------------------------------------------------------------------------------ paged storage

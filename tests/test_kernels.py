@@ -14,7 +14,7 @@ from kernels import reference
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 IMPLS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not kernels.triton_available(), reason="no triton"))]
-STAT_FIELDS = ("col_sum", "col_sqsum", "col_max", "col_entropy", "row_lse", "row_entropy")
+STAT_FIELDS = ("col_sum", "col_m2", "col_max", "col_entropy", "row_lse", "row_entropy")
 
 
 def _gen(seed: int) -> torch.Generator:

@@ -35,7 +35,7 @@ class LastQueryScorer(TokenScorer):
 
     def score(self, observation: WindowObservation) -> torch.Tensor:
         """``[H_q, S]`` attention of the final query."""
-        last = observation.window_attention[:, -1]  # [H_q, S]
+        last = observation.last_query_attention()  # [H_q, S]
         if self.head_average:
             last = last.mean(dim=0, keepdim=True).expand_as(last)
         return last
