@@ -147,6 +147,9 @@ class RunConfig:
     print_table: bool = True
     #: Torch intra-op threads (null = torch default).
     threads: Optional[int] = None
+    #: Tokens per forward of the compressed prefill: 0 = one forward; null = automatic (one forward on GPU; on CPU
+    #: chunks of 4096 for longer prompts).  Methods see what a one-shot prefill gives them (README, Performance).
+    prefill_chunk: Optional[int] = None
 
 
 @dataclass

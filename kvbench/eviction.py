@@ -48,6 +48,8 @@ class CacheRecord:
     #: before its eviction: earlier layers compressed so far + this layer's full cache).
     peak_prefill_bytes: int = 0
     final_per_layer: list[int] = field(default_factory=list)
+    #: Tokens per forward of the compressed prefill (0: one forward; ``run.prefill_chunk``).
+    prefill_chunk: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -2,6 +2,11 @@
 
 Explicit ``position_ids`` everywhere: after eviction the cache holds fewer tokens than were seen, so positions
 come from the count of tokens fed, never from the cache length.
+
+The compressed prompt is fed in one forward or in chunks (``prefill_chunk``, ``run.prefill_chunk``): each chunk
+attends to everything stored before it (kvbench's bottom-right causal attention), the eviction session keeps what
+the method reads from the prompt rows, and each layer is compressed once its last chunk is stored -- the method
+sees what a one-shot prefill gives it, while the activations (MLP, attention) are bounded by the chunk.
 """
 
 from __future__ import annotations
@@ -18,6 +23,22 @@ from kvbench.eviction import CacheRecord, EvictionSession
 from kvbench.methods.base import EvictionMethod
 
 QUESTION_MODES = ("aware", "agnostic")
+#: ``prefill_chunk=None`` (automatic): on CPU, prompts longer than this are fed in chunks of this many tokens; on
+#: CUDA the prompt goes in one forward.
+CPU_PREFILL_CHUNK = 4096
+
+
+def resolve_prefill_chunk(prefill_chunk: int | None, device: torch.device, prompt_tokens: int) -> int:
+    """Tokens per prefill forward (0 = one forward) for ``run.prefill_chunk`` (``None`` = automatic, see
+    :data:`CPU_PREFILL_CHUNK`)."""
+    if prefill_chunk is None:
+        return CPU_PREFILL_CHUNK if device.type == "cpu" and prompt_tokens > CPU_PREFILL_CHUNK else 0
+    if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 0:
+        raise ValueError(
+            f"run.prefill_chunk={prefill_chunk!r}; valid: a positive number of tokens per chunk, 0 (one forward) "
+            "or null (automatic: chunks on CPU for long prompts)"
+        )
+    return prefill_chunk if 0 < prefill_chunk < prompt_tokens else 0
 
 
 @dataclass
@@ -72,12 +93,14 @@ def generate(
     stop_token_ids: set[int],
     stop_strings: tuple[str, ...] = (),
     min_new_tokens: int = 0,
+    prefill_chunk: int | None = None,
 ) -> GenerationOutput:
     """Greedy generation with ``method`` applied at ``budget``.
 
     ``aware``: the whole prompt (context + question) is prefilled and compressed.  ``agnostic``: only the context
     is prefilled and compressed, then the question is fed on top of the compressed cache.  Stop tokens and stop
     strings are ignored for the first ``min_new_tokens`` tokens (LongBench's ``min_length`` for samsum).
+    ``prefill_chunk``: tokens per forward of the compressed prefill (:func:`resolve_prefill_chunk`).
     """
     if question_mode not in QUESTION_MODES:
         raise ValueError(f"question_mode={question_mode!r}; valid: {', '.join(QUESTION_MODES)}")
@@ -90,10 +113,13 @@ def generate(
         compressed, appended = context_ids, question_ids
     if not compressed:
         raise ValueError("empty prompt")
+    chunk = resolve_prefill_chunk(prefill_chunk, device, len(compressed)) or len(compressed)
+    session.record.prefill_chunk = chunk if chunk < len(compressed) else 0
 
     start = time.perf_counter()
     session.begin_prefill(len(compressed))
-    logits = _forward(model, compressed, 0, cache, session, device)
+    for first in range(0, len(compressed), chunk):
+        logits = _forward(model, compressed[first : first + chunk], first, cache, session, device)
     position = len(compressed)
     if appended:
         session.begin_append()
