@@ -24,10 +24,10 @@ def attention_logits(
     """``[H_q, R, S]`` float32 scaled logits of queries ``[H_q, R, D]`` over keys ``[H, S, D]`` (GQA: consecutive
     query heads share a key head), bottom-right causal: query ``r`` sits at position ``S - R + r`` and its future
     keys are ``-inf``.  ``row_scale`` (``[R]``) multiplies each row's scaled logits (AhaKV's step-gain softmax)."""
-    num_q, rows, _ = queries.shape
+    num_q, rows, dim = queries.shape
     num_heads, length, _ = keys.shape
-    expanded = keys.float().repeat_interleave(num_q // num_heads, dim=0)
-    logits = torch.einsum("hrd,hsd->hrs", queries.float(), expanded) * scaling
+    grouped = queries.float().reshape(num_heads, (num_q // num_heads) * rows, dim)
+    logits = torch.bmm(grouped, keys.float().transpose(1, 2)).reshape(num_q, rows, length) * scaling
     if row_scale is not None:
         logits = logits * row_scale.float().to(logits.device)[None, :, None]
     future = torch.arange(length)[None, :] > torch.arange(length - rows, length)[:, None]

@@ -68,7 +68,7 @@ def window_stats(
     prob_dtype: torch.dtype | None = None,
     row_scale: torch.Tensor | None = None,
     impl: str = "auto",
-    chunk: int = 4096,
+    chunk: int = 2048,
 ) -> WindowStats:
     """Fused observation-window scoring: reductions of ``softmax(q k^T * scaling)`` without the ``W x S`` matrix.
 
@@ -178,15 +178,16 @@ def _window_stats_triton(queries, keys, scaling, eps, code: int, row_scale) -> W
     row_entropy = torch.empty_like(lse)
     col = [torch.empty((num_q, length), device=device, dtype=torch.float32) for _ in range(4)]
     scale = row_scale.float().contiguous().to(device) if row_scale is not None else lse  # dummy pointer when unused
-    blocks = dict(BLOCK_W=pow2(window), BLOCK_S=64, BLOCK_D=pow2(dim), HAS_SCALE=row_scale is not None)
+    blocks = dict(BLOCK_S=64, BLOCK_D=pow2(dim), HAS_SCALE=row_scale is not None)
     strides = (queries.stride(0), queries.stride(1), keys.stride(0), keys.stride(1))
     groups = num_q // num_heads
-    tk._window_rows_kernel[(num_q,)](
-        queries, keys, scale, lse, row_entropy, window, length, dim, groups, float(scaling), *strides, **blocks
-    )
+    tk._rows_lse_kernel[(num_q, 1)](
+        queries, keys, scale, lse, row_entropy, window, length, dim, groups, float(scaling), *strides,
+        BLOCK_R=pow2(window), ENTROPY=True, **blocks,
+    )  # fmt: skip
     tk._window_cols_kernel[(num_q, triton_cdiv(length, 64))](
         queries, keys, scale, lse, *col, window, length, dim, groups, float(scaling), float(eps), *strides,
-        ROUND=code, **blocks,
+        BLOCK_W=pow2(window), ROUND=code, **blocks,
     )  # fmt: skip
     return WindowStats(col[0], col[1], col[2], col[3], lse, row_entropy, window)
 
@@ -201,15 +202,14 @@ def causal_column_sums(
     row_scale: torch.Tensor | None = None,
     impl: str = "auto",
     max_block_bytes: int = 64 << 20,
-    key_chunk: int = 8192,
 ) -> torch.Tensor:
     """Attention each key receives from every causal query row: column sums of ``softmax(q k^T * scaling)``.
 
     H2O's prefill score (``R = S``), or one prefill chunk's share of it (``R`` rows at the end of the ``S`` keys
     stored so far).  Never the ``R x S`` matrix: the torch path takes query rows in blocks of ``b`` rows against
-    the keys they may see (two float32 ``H_q x b x S`` blocks alive, ``b`` chosen so one fits
-    ``max_block_bytes``; keys converted to float32 ``key_chunk`` at a time); the Triton path is two passes, the
-    rows' log-sum-exp then the column sums from it, over ``64 x 64`` tiles.
+    the keys they may see (extra memory: a float32 copy of the keys and a few float32 ``H_q x b x S`` blocks, ``b``
+    chosen so one fits ``max_block_bytes``); the Triton path is two passes, the rows' log-sum-exp then the column
+    sums from it, over ``64 x 64`` tiles (extra memory: the ``H_q x R`` log-sum-exps).
 
     Parameters
     ----------
@@ -238,26 +238,23 @@ def causal_column_sums(
         return reference.causal_column_sums_reference(queries, keys, scaling, prob_dtype, row_scale)
     if which == "triton":
         return _column_sums_triton(queries, keys, scaling, code, row_scale)
-    return _column_sums_torch(queries, keys, scaling, prob_dtype, row_scale, max_block_bytes, key_chunk)
+    return _column_sums_torch(queries, keys, scaling, prob_dtype, row_scale, max_block_bytes)
 
 
-def _column_sums_torch(queries, keys, scaling, prob_dtype, row_scale, max_block_bytes, key_chunk) -> torch.Tensor:
+def _column_sums_torch(queries, keys, scaling, prob_dtype, row_scale, max_block_bytes) -> torch.Tensor:
     num_q, rows, dim = queries.shape
     num_heads, length, _ = keys.shape
     groups = num_q // num_heads
     offset = length - rows  # row r sits at position offset + r
     device = queries.device
     rows_per_block = max(1, max_block_bytes // max(1, num_q * length * 4))
+    keys32 = keys.float()  # once: converting per row block would copy the keys S / rows_per_block times
     sums = torch.zeros((num_q, length), device=device, dtype=torch.float32)
     for start in range(0, rows, rows_per_block):
         stop = min(start + rows_per_block, rows)
         count, visible = stop - start, offset + stop
         block = queries[:, start:stop].float().reshape(num_heads, groups * count, dim)
-        logits = torch.empty((num_heads, groups * count, visible), device=device, dtype=torch.float32)
-        for first in range(0, visible, key_chunk):
-            last = min(first + key_chunk, visible)
-            torch.bmm(block, keys[:, first:last].float().transpose(1, 2), out=logits[:, :, first:last])
-        logits = logits.view(num_q, count, visible).mul_(scaling)
+        logits = torch.bmm(block, keys32[:, :visible].transpose(1, 2)).view(num_q, count, visible).mul_(scaling)
         if row_scale is not None:
             logits.mul_(row_scale[start:stop].float().to(device)[None, :, None])
         positions = torch.arange(visible, device=device)
@@ -282,8 +279,8 @@ def _column_sums_triton(queries, keys, scaling, code: int, row_scale) -> torch.T
     blocks = dict(BLOCK_R=64, BLOCK_S=64, BLOCK_D=pow2(dim), HAS_SCALE=row_scale is not None)
     strides = (queries.stride(0), queries.stride(1), keys.stride(0), keys.stride(1))
     groups = num_q // num_heads
-    tk._causal_rows_kernel[(num_q, triton_cdiv(rows, 64))](
-        queries, keys, scale, lse, rows, length, dim, groups, float(scaling), *strides, **blocks
+    tk._rows_lse_kernel[(num_q, triton_cdiv(rows, 64))](
+        queries, keys, scale, lse, lse, rows, length, dim, groups, float(scaling), *strides, ENTROPY=False, **blocks
     )
     tk._causal_cols_kernel[(num_q, triton_cdiv(length, 64))](
         queries, keys, scale, lse, sums, rows, length, dim, groups, float(scaling), *strides, ROUND=code, **blocks

@@ -45,7 +45,8 @@ class CacheRecord:
     evicted: bool = False
     cache_bytes: int = 0
     #: Largest KV bytes held at any point of the compressed prefill (measured when each layer's attention is done,
-    #: before its eviction: earlier layers compressed so far + this layer's full cache).
+    #: before its eviction: earlier layers compressed so far + this layer's full cache; with a chunked prefill every
+    #: layer holds its full cache until its last chunk).
     peak_prefill_bytes: int = 0
     final_per_layer: list[int] = field(default_factory=list)
     #: Tokens per forward of the compressed prefill (0: one forward; ``run.prefill_chunk``).

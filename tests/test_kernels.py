@@ -107,7 +107,7 @@ def test_causal_column_sums_match_the_dense_causal_softmax(num_q, num_kv, length
     gen = _gen(length)
     queries, keys = torch.randn(num_q, length, 16, generator=gen) * 2, torch.randn(num_kv, length, 16, generator=gen)
     expected = reference.causal_column_sums_reference(queries, keys, 0.25)
-    got = kernels.causal_column_sums(queries, keys, 0.25, max_block_bytes=block_bytes, key_chunk=16)
+    got = kernels.causal_column_sums(queries, keys, 0.25, max_block_bytes=block_bytes)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
     assert float(expected[:, -1].min()) > 0 and torch.allclose(expected.sum(dim=1), torch.full((num_q,), length * 1.0))
     # Rounding each probability to bf16 before summing (the reference code's cast) changes the sums slightly.
