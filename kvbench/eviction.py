@@ -51,6 +51,12 @@ class CacheRecord:
     final_per_layer: list[int] = field(default_factory=list)
     #: Tokens per forward of the compressed prefill (0: one forward; ``run.prefill_chunk``).
     prefill_chunk: int = 0
+    #: Per layer, the cache size (tokens per stored head, mean over heads) decode-time eviction keeps: the budget,
+    #: also when the prompt was shorter (the cache grows to it first, as the references).
+    decode_cap_per_layer: list[int] = field(default_factory=list)
+    #: What a stateful layer allocator records about this sample (XKV's sampled mode: its calibration shares), so a
+    #: resumed run can replay it; ``None`` for the others.
+    allocator_state: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -145,8 +151,8 @@ class EvictionSession:
         self.record = CacheRecord()
         self.context_length = 0
         self._scores: dict[int, list[torch.Tensor]] = {}
-        self._head_caps: dict[int, list[int]] = {}
         self._requested: dict[int, tuple[int, list[int]]] = {}
+        self._decode_caps: dict[int, list[int]] = {}
         self._allocator_started = False
         self._rows: dict[int, PrefillRows] = {}
 
@@ -177,6 +183,7 @@ class EvictionSession:
         """End of the sample: fill the final sizes and return the record."""
         self._finish_prefill()
         self.record.final_per_layer = self.cache.layer_lengths()
+        self.record.allocator_state = self.method.layer_allocator.sample_state()
         return self.record
 
     # ------------------------------------------------------------------ attention callback
@@ -184,10 +191,16 @@ class EvictionSession:
         """Called by kvbench's attention for every layer with ``query`` ``[1, H_q, q, D]``."""
         layer_idx = int(module.layer_idx)
         layer = self.cache.headwise_layers[layer_idx]
+        policy = self.method.decode_policy
         if self.phase == "compress":
             self._prefill_chunk(layer_idx, layer, query[0], scaling)
-        elif self.phase == "decode" and self.method.decode_policy is not None and not self.budget.is_full:
-            self.method.decode_policy.step(layer_idx, layer, query[0], scaling)
+        elif policy is None or self.budget.is_full:
+            return
+        elif self.phase == "decode":
+            policy.step(layer_idx, layer, query[0], scaling)
+        elif self.phase == "append" and policy.evicts_on_append:
+            # A policy that reduces after every forward (TOVA) scores the appended tokens' last query.
+            policy.step(layer_idx, layer, query[0][:, -1:], scaling)
 
     # ------------------------------------------------------------------ prefill compression
     def _prefill_chunk(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
@@ -264,6 +277,13 @@ class EvictionSession:
         counts = method.head_allocator.allocate(padded, keep_total)
         counts = [min(int(count), length) for count, length in zip(counts, lengths, strict=True)]
         self._requested[layer_idx] = (keep_total, counts)
+        # While decoding, a head that was cut keeps its allocation; one that was not grows to the layer budget before
+        # evicting -- unless the allocator sets its own decode budget (CAKE's, when its prefill trigger did not fire).
+        decode_budget = method.layer_allocator.decode_budget(layer_idx)
+        self._decode_caps[layer_idx] = [
+            decode_budget if decode_budget is not None else count if count < length else max(keep_total, length)
+            for count, length in zip(counts, lengths, strict=True)
+        ]
         if all(count >= length for count, length in zip(counts, lengths, strict=True)):
             return
         keep: list[torch.Tensor] = []
@@ -288,9 +308,10 @@ class EvictionSession:
             record.requested_per_layer.append(min(requested_total, layer.seen_tokens))
             record.requested_per_head.append(requested_heads)
             record.achieved_per_head.append(layer.head_lengths())
-            self._head_caps[layer_idx] = requested_heads
+            caps = self._decode_caps.get(layer_idx, requested_heads)
+            record.decode_cap_per_layer.append(round(sum(caps) / len(caps)) if caps else 0)
             if self.method.decode_policy is not None and not self.budget.is_full:
-                self.method.decode_policy.start_layer(layer_idx, layer, requested_heads, self._scores.get(layer_idx))
+                self.method.decode_policy.start_layer(layer_idx, layer, caps, self._scores.get(layer_idx))
         record.achieved_per_layer = self.cache.layer_lengths()
         record.cache_bytes = self.cache.kv_bytes()
 

@@ -16,7 +16,8 @@ Layout (one *run* = one model x task x method x budget)::
      "input_tokens": int, "context_tokens": int, "question_tokens": int, "truncated": bool,
      "new_tokens": int, "cache": {"requested_per_layer": [int], "achieved_per_layer": [int],
                                   "requested_per_head": [[int]], "achieved_per_head": [[int]], "evicted": bool,
-                                  "cache_bytes": int, "context_tokens": int, "final_per_layer": [int]},
+                                  "cache_bytes": int, "context_tokens": int, "final_per_layer": [int],
+                                  "decode_cap_per_layer": [int], "allocator_state": {...} | null},
      "stop_reason": str, "question_lost": bool}
 
 ``metrics.json``::

@@ -47,7 +47,7 @@ from kvbench import __version__
 from kvbench.budget import Budget, BudgetError, parse_budget
 from kvbench.errors import KVBenchError
 from kvbench.generation import QUESTION_MODES, generate
-from kvbench.methods.base import EvictionMethod, build_method
+from kvbench.methods.base import RECORDED_KNOBS, EvictionMethod, build_method
 from kvbench.models import LoadedModel, load_model, stop_token_ids, validate_model_config
 from kvbench.prompting import encode_sample
 from kvbench.results import (
@@ -426,8 +426,11 @@ class Runner:
             )
         use_template = bool(cfg.model.chat_template and dataset.chat_template)
         stops = stop_token_ids(loaded.tokenizer, loaded.model, list(cfg.model.stop_tokens))
-        # Stateful allocators (XKV's sampled mode) calibrate per dataset.
+        # Stateful allocators (XKV's sampled mode) calibrate per dataset; a resumed run replays what the finished
+        # samples recorded (dataset order), so it continues exactly as the uninterrupted run would.
         self.method.layer_allocator.begin_task(dataset.name, len(samples))
+        finished = [done[s.id]["cache"].get("allocator_state") for s in samples if s.id in done]
+        self.method.layer_allocator.replay(finished)
         todo = [s for s in samples if s.id not in done]
         progress = _progress(todo, f"{dataset.name}", cfg.run.progress, initial=len(done), total=len(samples))
         for sample in progress:
@@ -476,15 +479,7 @@ class Runner:
             "settings": {
                 "method_family": cfg.method.family,
                 "budget_spec": cfg.budget.spec,
-                "window": cfg.method.window,
-                "kernel_size": cfg.method.kernel_size,
-                "pooling": cfg.method.pooling,
-                "window_in_budget": cfg.method.window_in_budget,
-                "gqa_granularity": cfg.method.gqa_granularity,
-                "gqa_agg": cfg.method.gqa_agg,
-                "decode_eviction": cfg.method.decode_eviction,
-                "pool_padding": cfg.method.pool_padding,
-                "score_dtype": cfg.method.score_dtype,
+                **{knob: cfg.method[knob] for knob in RECORDED_KNOBS if knob not in self.method.ignored_knobs},
                 "params": OmegaConf.to_container(cfg.method.params, resolve=True),
                 "resolved": dict(self.method.settings),
                 "reference": OmegaConf.to_container(cfg.method.reference, resolve=True),

@@ -9,18 +9,21 @@ Three switchable components (Table 2's ablation):
   expectation (Eq. 12), ``lambda = sqrt(2 ln(i/k) / d)``.  Reading of what lambda multiplies
   (``params.lambda_reading``): ``unscaled`` (default, self-consistent with the derivation: lambda multiplies
   ``QK^T``, i.e. the scaled logits are multiplied by ``sqrt(2 ln(i/k))``) or ``literal`` (the scaled logits
-  ``QK^T/sqrt(d)`` are multiplied by lambda).  ``i`` = tokens visible to the query (``position + 1``; while decoding
-  every token seen so far), ``k`` = the layer's budget (``params.lambda_k``: ``budget`` default, or ``selected``
-  = budget - B_r); ``ln(i/k)`` is floored at ``params.min_log`` (1e-3).  Only the score uses it: the model's
-  attention is unchanged.
+  ``QK^T/sqrt(d)`` are multiplied by lambda).  ``i`` ("the number of total tokens", ``params.lambda_i``): ``row``
+  = tokens visible to the query (``position + 1``) or ``total`` = the prompt length ``n`` for every row (while
+  decoding both are every token seen so far); ``k`` = the layer's budget (``params.lambda_k``: ``budget`` default,
+  or ``selected`` = budget - B_r); ``ln(i/k)`` is floored at ``params.min_log`` (1e-3).  With RA the 32 rows differ
+  by at most 32 tokens, so the two ``i`` readings agree; without RA the ``row`` reading gives the first ``~k``
+  rows ``i <= k`` -- a near-uniform softmax that favours early tokens -- so ``ahakv_no_ra`` uses ``total``.  Only
+  the score uses lambda: the model's attention is unchanged.
 * **VPE** (value-prior enhancement, ``params.vpe``): the score is multiplied by ``avgpool(||v||^2) / max``
   (kernel ``params.vpe_kernel``, 7 -- the paper gives none; stride 1, same length).
 
 Prefill keeps the ``B_r`` most recent tokens plus the top ``B - B_r`` by score (per head; GQA: scores are
 averaged per KV group with ``method.gqa_agg`` before VPE, which is per KV head).  Decoding (Algorithm 1): each new
-query's SG-softmax attention is added to the running scores (initialised with the prefill's enhanced scores, new
-tokens start at 0, increments are not value-weighted); above the budget the lowest-scoring token outside the recent
-``B_r`` is evicted.
+query's SG-softmax attention (reduced per KV group with ``method.gqa_agg``) is added to the running scores
+(initialised with the prefill's enhanced scores, new tokens start at 0, increments are not value-weighted); above
+the budget the lowest-scoring token outside the recent ``B_r`` is evicted.  Paper-only: no code was released.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from kvbench.methods.scoring import aggregate_groups
 
 LAMBDA_READINGS = ("unscaled", "literal")
 LAMBDA_KS = ("budget", "selected")
+LAMBDA_IS = ("row", "total")
 
 
 def sg_multiplier(visible: torch.Tensor, k: int, head_dim: int, reading: str, min_log: float) -> torch.Tensor:
@@ -92,7 +96,8 @@ class AhaScorer(TokenScorer):
         context = keys.shape[1]
         factor = None
         if self.sgs:
-            visible = torch.arange(context - rows, context, device=keys.device) + 1
+            positions = torch.arange(context - rows, context, device=keys.device)
+            visible = positions + 1 if self.params.lambda_i == "row" else torch.full_like(positions, context)
             factor = sg_multiplier(visible, k, dim, self.params.lambda_reading, self.params.min_log)
         return kernels.causal_column_sums(queries, keys, scaling, row_scale=factor, impl=impl)
 
@@ -116,8 +121,8 @@ class AhaScorer(TokenScorer):
 class AhaDecode(ScoredDecodePolicy):
     """Algorithm 1's generation: accumulate SG-softmax attention, evict the lowest outside the recent window."""
 
-    def __init__(self, recent_window: int, sgs: bool, params: AhaKVParams) -> None:
-        super().__init__(recent_window)
+    def __init__(self, recent_window: int, sgs: bool, params: AhaKVParams, gqa_agg: str = "mean") -> None:
+        super().__init__(recent_window, gqa_agg)
         self.sgs = sgs
         self.params = params
 
@@ -143,6 +148,8 @@ class AhaKVParams:
     vpe: bool = True
     lambda_reading: str = "unscaled"
     lambda_k: str = "budget"
+    #: ``row`` (i = the row's position + 1) or ``total`` (i = the prompt length for every row).
+    lambda_i: str = "row"
     min_log: float = 1e-3
     vpe_kernel: int = 7
 
@@ -155,14 +162,24 @@ def build_ahakv(method_cfg: Any) -> EvictionMethod:
         raise ValueError(f"method.params.lambda_reading={params.lambda_reading!r}; valid: {', '.join(LAMBDA_READINGS)}")
     if params.lambda_k not in LAMBDA_KS:
         raise ValueError(f"method.params.lambda_k={params.lambda_k!r}; valid: {', '.join(LAMBDA_KS)}")
+    if params.lambda_i not in LAMBDA_IS:
+        raise ValueError(f"method.params.lambda_i={params.lambda_i!r}; valid: {', '.join(LAMBDA_IS)}")
     if params.vpe_kernel < 1 or params.vpe_kernel % 2 == 0:
         raise ValueError(f"method.params.vpe_kernel must be odd and >= 1, got {params.vpe_kernel}")
     knobs = common_knobs(method_cfg)
     scorer = AhaScorer(params.ra, params.sgs, params.vpe, params, knobs["window"], knobs["gqa_agg"])
-    policy = AhaDecode(knobs["window"], params.sgs, params) if method_cfg.decode_eviction else None
+    policy = AhaDecode(knobs["window"], params.sgs, params, knobs["gqa_agg"]) if method_cfg.decode_eviction else None
     return EvictionMethod(
         scorer=scorer,
         decode_policy=policy,
-        settings={"ra": params.ra, "sgs": params.sgs, "vpe": params.vpe, "lambda_reading": params.lambda_reading},
+        settings={
+            "ra": params.ra,
+            "sgs": params.sgs,
+            "vpe": params.vpe,
+            "lambda_reading": params.lambda_reading,
+            "lambda_i": params.lambda_i,
+        },
+        # AhaKV scores in float32 with its own softmax and pools only the value prior (vpe_kernel).
+        ignored_knobs=frozenset({"kernel_size", "pooling", "pool_padding", "gqa_reduce", "score_dtype"}),
         **knobs,
     )

@@ -34,9 +34,24 @@ from kvbench.methods.scoring import (
     POOLING_TYPES,
     SCORE_DTYPES,
     ScoreOptions,
+    aggregate_groups,
 )
 
 GQA_GRANULARITIES = ("kv_head", "query_head")
+#: The common knobs (``MethodConfig`` fields) a run records in ``metrics.json``, unless the method ignores them
+#: (``gqa_reduce`` is recorded resolved, in the method's settings, by the families that pool).
+RECORDED_KNOBS = (
+    "window",
+    "kernel_size",
+    "pooling",
+    "pool_padding",
+    "window_in_budget",
+    "gqa_granularity",
+    "gqa_agg",
+    "score_dtype",
+    "sink_tokens",
+    "decode_eviction",
+)
 
 
 # ---------------------------------------------------------------------------------------------------- observation
@@ -196,6 +211,18 @@ class LayerBudgetAllocator(ABC):
         """Budgets (tokens per head) to enforce now, for layer ``observation.layer_idx`` and possibly earlier
         layers whose budget changed (a cascading allocator may shrink them; they are re-compressed by score)."""
 
+    def decode_budget(self, layer_idx: int) -> int | None:
+        """The size decode-time eviction keeps for a layer the prefill did not compress; ``None`` = its prefill
+        budget (CAKE's code skips the prefill eviction below its trigger and still caps decoding at ``C``)."""
+        return None
+
+    def sample_state(self) -> dict[str, Any] | None:
+        """What this sample taught a stateful allocator (stored with the prediction; ``None`` = stateless)."""
+        return None
+
+    def replay(self, states: list[dict[str, Any] | None]) -> None:  # noqa: B027
+        """Feed back :meth:`sample_state` of the samples a resumed run already finished, in dataset order."""
+
 
 class StaticLayerAllocator(LayerBudgetAllocator):
     """An allocator whose per-layer budgets depend only on (total, num_layers, context_length)."""
@@ -238,6 +265,10 @@ class UniformHeadAllocator(HeadBudgetAllocator):
 class DecodePolicy(ABC):
     """Eviction while generating.  Called after each decoding step's attention at every layer."""
 
+    #: Whether the policy also reduces after a multi-token append (question-agnostic mode's question), scoring with
+    #: the appended tokens' last query: TOVA's reference reduces after every forward.
+    evicts_on_append: bool = False
+
     def start_layer(  # noqa: B027
         self, layer_idx: int, layer: HeadwiseLayer, head_budgets: list[int], scores: list[torch.Tensor] | None = None
     ) -> None:
@@ -276,6 +307,8 @@ class EvictionMethod:
     gqa_granularity: str = "kv_head"
     gqa_agg: str = "mean"
     settings: dict[str, Any] = field(default_factory=dict)
+    #: Common knobs (``MethodConfig`` fields) this method never reads: left out of the recorded settings.
+    ignored_knobs: frozenset[str] = frozenset()
 
     @property
     def evicts(self) -> bool:
@@ -385,8 +418,10 @@ def _import_builtin_methods() -> None:
             importlib.import_module(f"kvbench.methods.{module.name}")
 
 
-def decode_attention(layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> list[torch.Tensor]:
-    """Attention of the newest query over each stored head, averaged over the head's GQA group.
+def decode_attention(
+    layer: HeadwiseLayer, query: torch.Tensor, scaling: float, gqa_agg: str = "mean"
+) -> list[torch.Tensor]:
+    """Attention of the newest query over each stored head, reduced over the head's GQA group.
 
     Parameters
     ----------
@@ -394,6 +429,8 @@ def decode_attention(layer: HeadwiseLayer, query: torch.Tensor, scaling: float) 
         The layer, with the new token already stored.
     query:
         ``[H_q, 1, D]`` the new token's queries.
+    gqa_agg:
+        mean | max | sum over the query heads sharing a stored head.
 
     Returns
     -------
@@ -405,7 +442,7 @@ def decode_attention(layer: HeadwiseLayer, query: torch.Tensor, scaling: float) 
         keys, _ = layer.head_kv(head)
         head_q = query[head * groups : (head + 1) * groups, 0].float()  # [g, D]
         logits = head_q @ keys.float().T * scaling  # [g, S_h]
-        probs.append(torch.softmax(logits, dim=-1).mean(dim=0))
+        probs.append(aggregate_groups(torch.softmax(logits, dim=-1), 1, gqa_agg)[0])
     return probs
 
 

@@ -213,12 +213,14 @@ class CakeLayerAllocator(LayerBudgetAllocator):
         self.preferences: list[float] = []
         self.budgets: list[int] = []
         self.tau1, self.tau2 = resolve_tau(self.tau, self.model, total // max(num_layers, 1))
+        self.below_trigger = False
 
     def on_layer(self, observation: WindowObservation) -> dict[int, int]:
         window = min(self.window, observation.window)
         average = self.total // self.num_layers  # the code's cache_size C (window included)
         context = self.context_length
         if context <= average + window:  # the code's trigger: nothing is evicted at or below C + S_w
+            self.below_trigger = True
             return {observation.layer_idx: context}
         dtype = observation.model_dtype
         rnd = rounding_to(dtype) if self.score_dtype == "model" else no_rounding
@@ -236,6 +238,10 @@ class CakeLayerAllocator(LayerBudgetAllocator):
             past = adjust_budgets(preference_shares(self.preferences, pool), pool, cap)
         self.budgets = past
         return {layer: min(max(budget, 0), cap) + window for layer, budget in enumerate(past)}
+
+    def decode_budget(self, layer_idx: int) -> int | None:
+        """Below the trigger the code still decodes with ``C`` per layer (its default layer budget + the window)."""
+        return self.total // self.num_layers if self.below_trigger else None
 
 
 def resolve_tau(tau: tuple[float | None, float | None], model: str | None, per_layer: int) -> tuple[float, float]:

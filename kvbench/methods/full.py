@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvbench.methods.base import EvictionMethod, common_knobs, parse_params, register_method
+from kvbench.methods.base import RECORDED_KNOBS, EvictionMethod, common_knobs, parse_params, register_method
 
 
 @dataclass
@@ -17,4 +17,4 @@ class FullParams:
 def build_full(method_cfg: Any) -> EvictionMethod:
     """The full cache: nothing is scored or evicted."""
     parse_params(FullParams, method_cfg.params, "full")
-    return EvictionMethod(scorer=None, **common_knobs(method_cfg))
+    return EvictionMethod(scorer=None, ignored_knobs=frozenset(RECORDED_KNOBS), **common_knobs(method_cfg))

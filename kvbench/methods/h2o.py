@@ -78,8 +78,9 @@ class AllRowsScorer(TokenScorer):
 class ScoredDecodePolicy(DecodePolicy):
     """Shared machinery of score-driven decode policies: per-head running scores aligned with the storage."""
 
-    def __init__(self, recent_window: int) -> None:
+    def __init__(self, recent_window: int, gqa_agg: str = "mean") -> None:
         self.recent_window = recent_window
+        self.gqa_agg = gqa_agg
         self.caps: dict[int, list[int]] = {}
         self.scores: dict[int, list[torch.Tensor]] = {}
 
@@ -107,7 +108,7 @@ class ScoredDecodePolicy(DecodePolicy):
 
     def step(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
         scores = self._aligned_scores(layer_idx, layer)
-        attention = decode_attention(layer, query, scaling)
+        attention = decode_attention(layer, query, scaling, self.gqa_agg)
         scores = [self.update_scores(s, a) for s, a in zip(scores, attention, strict=True)]
         self.scores[layer_idx] = scores
 
@@ -126,8 +127,8 @@ class ScoredDecodePolicy(DecodePolicy):
 class HeavyHitterDecode(ScoredDecodePolicy):
     """H2O decoding: accumulate attention, evict the lightest token outside the recent window."""
 
-    def __init__(self, recent_window: int, accumulate: bool = True) -> None:
-        super().__init__(recent_window)
+    def __init__(self, recent_window: int, accumulate: bool = True, gqa_agg: str = "mean") -> None:
+        super().__init__(recent_window, gqa_agg)
         self.accumulate = accumulate
 
     def update_scores(self, old: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
@@ -150,10 +151,14 @@ def build_h2o(method_cfg: Any) -> EvictionMethod:
     params = parse_params(H2OParams, method_cfg.params, "h2o")
     knobs = common_knobs(method_cfg)
     options = score_options(method_cfg)
-    policy = HeavyHitterDecode(knobs["window"], params.decode_accumulate) if method_cfg.decode_eviction else None
+    policy = None
+    if method_cfg.decode_eviction:
+        policy = HeavyHitterDecode(knobs["window"], params.decode_accumulate, knobs["gqa_agg"])
+    unpooled = frozenset({"pooling", "pool_padding", "gqa_reduce"}) if options.kernel_size <= 1 else frozenset()
     return EvictionMethod(
         scorer=AllRowsScorer(options, params.scores),
         decode_policy=policy,
         settings={"scores": params.scores, "decode_accumulate": params.decode_accumulate},
+        ignored_knobs=unpooled,
         **knobs,
     )

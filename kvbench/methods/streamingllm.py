@@ -65,4 +65,12 @@ def build_streamingllm(method_cfg: Any) -> EvictionMethod:
     parse_params(StreamingParams, method_cfg.params, "streamingllm")
     knobs = common_knobs(method_cfg)
     policy = SinkWindowDecode(knobs["sink_tokens"]) if method_cfg.decode_eviction else None
-    return EvictionMethod(scorer=RecencyScorer(), decode_policy=policy, **knobs)
+    return EvictionMethod(
+        scorer=RecencyScorer(),
+        decode_policy=policy,
+        # Position alone decides: no attention score, pooling or GQA reduction (the window is the recency itself).
+        ignored_knobs=frozenset(
+            {"window", "kernel_size", "pooling", "pool_padding", "gqa_agg", "gqa_reduce", "score_dtype"}
+        ),
+        **knobs,
+    )

@@ -1,9 +1,14 @@
 """TOVA (Oren et al., 2024): keep the tokens the *current* query attends to most.
 
-* Prefill: scores are the attention of the last prompt token's queries (averaged over the layer's heads when
-  ``params.head_average``, as in the TOVA paper, so all heads of a layer keep the same tokens).
-* Decoding (``method.decode_eviction``): at each step, when a head exceeds its cap, the token with the lowest
-  attention from the newest query is evicted (no accumulation, no protected window besides the new token).
+Reproduces schwartz-lab-NLP/TOVA ``src/tova_cache.py`` (``TOVACache.reduce``, called after every attention forward
+by ``src/convert_models/{llama,mistral}_custom.py``):
+
+* After **every** forward -- the prefill, a multi-token append (question-agnostic mode's question) and each
+  decoding step -- a layer holding more than ``cache_size`` (the budget) tokens keeps the top ``cache_size`` by the
+  attention of the forward's **last** query, averaged over all query heads (``params.head_average``), so every
+  head keeps the same tokens.  No token is protected: the newest one is kept only if it ranks.
+* ``params.protect_recent`` is kvbench's earlier variant: the last prompt token at prefill and the newest token
+  while decoding always stay.
 """
 
 from __future__ import annotations
@@ -23,29 +28,38 @@ from kvbench.methods.base import (
     evict_to_caps,
     parse_params,
     register_method,
+    score_options,
 )
 from kvbench.methods.h2o import ScoredDecodePolicy
+from kvbench.methods.scoring import no_rounding, rounding_to
 
 
 class LastQueryScorer(TokenScorer):
-    """Attention of the last prompt token (optionally averaged over all heads of the layer)."""
+    """Attention of the last prompt token (optionally averaged over all heads of the layer).
 
-    def __init__(self, head_average: bool) -> None:
+    ``score_dtype="model"`` rounds the probabilities and their mean to the model dtype, as the reference.
+    """
+
+    def __init__(self, head_average: bool, score_dtype: str = "model") -> None:
         self.head_average = head_average
+        self.score_dtype = score_dtype
 
     def score(self, observation: WindowObservation) -> torch.Tensor:
         """``[H_q, S]`` attention of the final query."""
-        last = observation.last_query_attention()  # [H_q, S]
+        rnd = rounding_to(observation.model_dtype) if self.score_dtype == "model" else no_rounding
+        last = rnd(observation.last_query_attention())  # [H_q, S]
         if self.head_average:
-            last = last.mean(dim=0, keepdim=True).expand_as(last)
+            last = rnd(last.mean(dim=0, keepdim=True)).expand_as(last)
         return last
 
 
 class CurrentAttentionDecode(ScoredDecodePolicy):
-    """TOVA decoding: the score is this step's attention only."""
+    """TOVA decoding: the score is this step's attention only; reduces after appends too (the reference)."""
 
-    def __init__(self, head_average: bool) -> None:
-        super().__init__(recent_window=1)
+    evicts_on_append = True
+
+    def __init__(self, head_average: bool, protect_recent: bool = False) -> None:
+        super().__init__(recent_window=1 if protect_recent else 0)
         self.head_average = head_average
 
     def update_scores(self, old: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
@@ -53,7 +67,7 @@ class CurrentAttentionDecode(ScoredDecodePolicy):
 
     def step(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
         if self.head_average and not layer.is_ragged:
-            # All heads hold the same tokens: average the current attention over heads, evict the same token.
+            # All heads hold the same tokens: average the current attention over heads, evict the same tokens.
             self._aligned_scores(layer_idx, layer)
             attention = torch.stack(decode_attention(layer, query, scaling)).mean(dim=0)
             self.scores[layer_idx] = [attention.clone() for _ in range(layer.num_heads)]
@@ -66,7 +80,8 @@ class CurrentAttentionDecode(ScoredDecodePolicy):
 
         def most_attended(head: int, length: int, cap: int) -> torch.Tensor:
             ranked = scores[head].clone()
-            ranked[length - 1] = torch.inf  # the token just generated stays
+            if self.recent_window:
+                ranked[length - 1] = torch.inf  # protect_recent: the token just generated stays
             return torch.topk(ranked, cap).indices
 
         keep = evict_to_caps(layer, self.caps[layer_idx], most_attended)
@@ -76,15 +91,28 @@ class CurrentAttentionDecode(ScoredDecodePolicy):
 
 @dataclass
 class TOVAParams:
-    """TOVA's switch: average attention over the layer's heads (paper) or score each head on its own."""
+    """TOVA's switches (see module docstring)."""
 
+    #: Average the last query's attention over the layer's heads (the reference) or score each head on its own.
     head_average: bool = True
+    #: kvbench's variant: keep the last prompt token and the newest decoded token whatever their attention.
+    protect_recent: bool = False
 
 
 @register_method("tova")
 def build_tova(method_cfg: Any) -> EvictionMethod:
-    """TOVA: last-token attention in prefill, current-attention eviction while decoding."""
+    """TOVA: last-token attention in prefill, current-attention eviction after every later forward."""
     params = parse_params(TOVAParams, method_cfg.params, "tova")
     knobs = common_knobs(method_cfg)
-    policy = CurrentAttentionDecode(params.head_average) if method_cfg.decode_eviction else None
-    return EvictionMethod(scorer=LastQueryScorer(params.head_average), decode_policy=policy, **knobs)
+    options = score_options(method_cfg)
+    policy = CurrentAttentionDecode(params.head_average, params.protect_recent) if method_cfg.decode_eviction else None
+    method = EvictionMethod(
+        scorer=LastQueryScorer(params.head_average, options.score_dtype),
+        decode_policy=policy,
+        settings={"head_average": params.head_average, "protect_recent": params.protect_recent},
+        ignored_knobs=frozenset({"kernel_size", "pooling", "pool_padding", "gqa_reduce"})
+        | (frozenset({"gqa_agg"}) if params.head_average else frozenset()),
+        **knobs,
+    )
+    method.keep_window = params.protect_recent  # the reference protects nothing
+    return method

@@ -162,6 +162,7 @@ class XKVLayerAllocator(LayerBudgetAllocator):
 
     def start(self, total: int, num_layers: int, context_length: int) -> None:
         super().start(total, num_layers, context_length)
+        self.calibrated: list[float] | None = None  # this sample's shares, when it calibrates
         self.layer_scores: list[torch.Tensor] = []
         self.pool = max(total - num_layers * self.window, 0)
         self.caps = [max(context_length - self.window, 0)] * num_layers
@@ -185,11 +186,28 @@ class XKVLayerAllocator(LayerBudgetAllocator):
         self.allocations.append(past)
         if self.sampling and self.shared_shares is None:
             used = sum(past)
-            self.recorded_shares.append([n / used if used else 1.0 / len(past) for n in past])
-            if len(self.recorded_shares) >= self.calibration_samples:
-                count = len(self.recorded_shares)
-                self.shared_shares = [sum(col) / count for col in zip(*self.recorded_shares, strict=True)]
+            self.calibrated = [n / used if used else 1.0 / len(past) for n in past]
+            self._record(self.calibrated)
         return {layer: n + window for layer, n in enumerate(past)}
+
+    def _record(self, shares: list[float]) -> None:
+        """Add one calibration sample's shares; the average is fixed once enough samples have calibrated."""
+        self.recorded_shares.append(shares)
+        if len(self.recorded_shares) >= self.calibration_samples:
+            count = len(self.recorded_shares)
+            self.shared_shares = [sum(col) / count for col in zip(*self.recorded_shares, strict=True)]
+
+    def sample_state(self) -> dict[str, Any] | None:
+        """The calibration shares of this sample (stored with its prediction), ``None`` when it did not calibrate."""
+        return {"xkv_calibration_shares": self.calibrated} if self.sampling and self.calibrated else None
+
+    def replay(self, states: list[dict[str, Any] | None]) -> None:
+        """A resumed run: re-record the finished samples' calibration shares, so it reuses the allocation the
+        uninterrupted run would (never recalibrating on later samples)."""
+        for state in states:
+            shares = (state or {}).get("xkv_calibration_shares")
+            if shares is not None and self.sampling and self.shared_shares is None:
+                self._record([float(x) for x in shares])
 
 
 @dataclass
@@ -225,5 +243,8 @@ def build_xkv(method_cfg: Any) -> EvictionMethod:
         scorer=XKVScorer(options, params.head_mode),
         layer_allocator=allocator,
         settings={"head_mode": params.head_mode, "sampling": params.sampling},
+        # XKV's importance is float32 and pooled per query head before any group reduction (paper-only readings).
+        ignored_knobs=frozenset({"gqa_reduce", "score_dtype"})
+        | (frozenset({"gqa_agg"}) if params.head_mode == "layer_shared" else frozenset()),
         **knobs,
     )
