@@ -124,10 +124,12 @@ def _block_logits(
 
 
 def _row_softmax_terms(
-    grouped: torch.Tensor, keys: torch.Tensor, scaling: float, positions: torch.Tensor, scale, chunk: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+    grouped: torch.Tensor, keys: torch.Tensor, scaling: float, positions: torch.Tensor, scale: torch.Tensor | None,
+    chunk: int,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Pass 1 over key chunks: online log-sum-exp ``[H_q, R]`` per row and the row entropy ``lse - sum p l``."""
-    shape = (grouped.shape[0] * grouped.shape[1] // positions.shape[0], positions.shape[0])
+    rows = positions.shape[0]
+    shape = (grouped.shape[0] * grouped.shape[1] // rows, rows)
     row_max = torch.full(shape, float("-inf"), device=keys.device)
     row_sum = torch.zeros(shape, device=keys.device)
     row_dot = torch.zeros(shape, device=keys.device)  # sum exp(l - m) * l
@@ -144,7 +146,10 @@ def _row_softmax_terms(
     return lse, lse - row_dot / row_sum
 
 
-def _window_stats_torch(queries, keys, scaling, eps, prob_dtype, row_scale, chunk) -> WindowStats:
+def _window_stats_torch(
+    queries: torch.Tensor, keys: torch.Tensor, scaling: float, eps: float, prob_dtype: torch.dtype | None,
+    row_scale: torch.Tensor | None, chunk: int,
+) -> WindowStats:  # fmt: skip
     """Two passes over key chunks: online log-sum-exp per row, then column reductions of the recomputed block."""
     num_q, window, dim = queries.shape
     num_heads, length, _ = keys.shape
@@ -167,7 +172,9 @@ def _window_stats_torch(queries, keys, scaling, eps, prob_dtype, row_scale, chun
     return WindowStats(col_sum, col_m2, col_max, col_ent, lse, row_entropy, window)
 
 
-def _window_stats_triton(queries, keys, scaling, eps, code: int, row_scale) -> WindowStats:
+def _window_stats_triton(
+    queries: torch.Tensor, keys: torch.Tensor, scaling: float, eps: float, code: int, row_scale: torch.Tensor | None
+) -> WindowStats:
     from kernels import triton_kernels as tk
 
     queries, keys = queries.contiguous(), keys.contiguous()
@@ -241,7 +248,10 @@ def causal_column_sums(
     return _column_sums_torch(queries, keys, scaling, prob_dtype, row_scale, max_block_bytes)
 
 
-def _column_sums_torch(queries, keys, scaling, prob_dtype, row_scale, max_block_bytes) -> torch.Tensor:
+def _column_sums_torch(
+    queries: torch.Tensor, keys: torch.Tensor, scaling: float, prob_dtype: torch.dtype | None,
+    row_scale: torch.Tensor | None, max_block_bytes: int,
+) -> torch.Tensor:  # fmt: skip
     num_q, rows, dim = queries.shape
     num_heads, length, _ = keys.shape
     groups = num_q // num_heads
@@ -266,7 +276,9 @@ def _column_sums_torch(queries, keys, scaling, prob_dtype, row_scale, max_block_
     return sums
 
 
-def _column_sums_triton(queries, keys, scaling, code: int, row_scale) -> torch.Tensor:
+def _column_sums_triton(
+    queries: torch.Tensor, keys: torch.Tensor, scaling: float, code: int, row_scale: torch.Tensor | None
+) -> torch.Tensor:
     from kernels import triton_kernels as tk
 
     queries, keys = queries.contiguous(), keys.contiguous()

@@ -17,6 +17,7 @@ exist); CUDA: ``torch.cuda.max_memory_allocated`` over the memory allocated befo
     python scripts/bench_scoring.py scoring --contexts 4096 32768 131072 --out results/bench/scoring.csv
     python scripts/bench_scoring.py prefill --contexts 4096 32768 --chunks 0 4096 --out results/bench/prefill.csv
     python scripts/bench_scoring.py scoring --device cuda --out results/bench/scoring_gpu.csv    # on a GPU
+    python scripts/bench_scoring.py table results/bench/scoring.csv        # the CSVs as a Markdown table
 
 A benchmark that writes numbers, not a test.
 """
@@ -192,7 +193,44 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
         writer.writerows(rows)
 
 
+def markdown_table(paths: list[Path]) -> str:
+    """The CSVs as one Markdown table: a row per (method, context, chunk), fused and dense side by side."""
+    rows: list[dict[str, str]] = []
+    for path in paths:
+        with open(path) as handle:
+            rows += list(csv.DictReader(handle))
+    cells: dict[tuple[str, int, int], dict[str, dict[str, str]]] = {}
+    for row in rows:
+        cells.setdefault((row["method"], int(row["context"]), int(row["chunk"])), {})[row["impl"]] = row
+
+    def mib(row: dict[str, str] | None) -> str:
+        if row is None:
+            return ""
+        if row.get("error"):
+            return row["error"]
+        return f"{int(row['peak_extra_bytes']) / 2**20:,.0f}"
+
+    def seconds(row: dict[str, str] | None) -> str:
+        return "" if row is None or row.get("error") else row.get("seconds") or row.get("prefill_s", "")
+
+    lines = [
+        "| method | context | prefill chunk | fused peak MiB | dense peak MiB | dense matrix MiB | fused s | dense s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for (method, context, chunk), by_impl in sorted(cells.items(), key=lambda item: (item[0][1], item[0][0])):
+        fused, dense = by_impl.get("auto"), by_impl.get("dense")
+        matrix = int((fused or dense or {}).get("dense_bytes", 0) or 0) / 2**20
+        lines.append(
+            f"| {method} | {context} | {chunk or 'one forward'} | {mib(fused)} | {mib(dense)} | {matrix:,.0f} "
+            f"| {seconds(fused)} | {seconds(dense)} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "table":
+        print(markdown_table([Path(p) for p in sys.argv[2:]]))
+        return
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         kind, cell = sys.argv[2], json.loads(sys.argv[3])
         import torch

@@ -75,7 +75,7 @@ class WindowObservation:
         Softmax scale of the model's attention (usually ``D ** -0.5``).
     prompt_queries:
         ``[H_q, S, D]`` post-RoPE queries of *every* prompt token (``None`` unless the scorer asked for them with
-        :meth:`TokenScorer.prompt_rows`, or a one-shot prefill passes them).
+        :meth:`TokenScorer.prompt_rows`).
     prompt_column_sums:
         ``[H_q, S]`` float32 attention each key received from every prompt row (accumulated by the session over
         the prefill chunks when the scorer asked for it), or ``None`` (then :meth:`column_sums` computes it from
