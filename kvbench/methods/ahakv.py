@@ -65,7 +65,7 @@ def sg_multiplier(visible: torch.Tensor, k: int, head_dim: int, reading: str, mi
 
 def value_prior(values: torch.Tensor, kernel_size: int) -> torch.Tensor:
     """VPE factor ``[H, S]``: ``avgpool(||v||^2)`` normalised by its maximum over tokens, from ``[H, S, D]``."""
-    norms = values.float().pow(2).sum(dim=-1)  # [H, S]
+    norms = torch.cat([block.float().pow(2).sum(dim=-1) for block in values.split(8192, dim=1)], dim=1)  # [H, S]
     if kernel_size > 1:
         norms = F.avg_pool1d(norms[:, None], kernel_size, 1, kernel_size // 2, count_include_pad=False)[:, 0]
     return norms / norms.amax(dim=-1, keepdim=True).clamp_min(1e-30)
@@ -90,8 +90,9 @@ class AhaScorer(TokenScorer):
     def row_attention(
         self, queries: torch.Tensor, keys: torch.Tensor, scaling: float, k: int, impl: str = "auto"
     ) -> torch.Tensor:
-        """Column sums ``[H_q, S]`` of the (SG-)softmax attention of the last ``queries.shape[1]`` rows (fused:
-        :func:`kernels.causal_column_sums` with each row's step-gain factor, never a rows x S matrix)."""
+        """Column sums ``[H_q, S]`` of the (SG-)softmax attention of the last ``queries.shape[1]`` rows, fused with
+        each row's step-gain factor (never a rows x S matrix): the window's statistics for the recent rows,
+        :func:`kernels.causal_column_sums` for every prompt row."""
         rows, dim = queries.shape[1], queries.shape[2]
         context = keys.shape[1]
         factor = None
@@ -99,6 +100,8 @@ class AhaScorer(TokenScorer):
             positions = torch.arange(context - rows, context, device=keys.device)
             visible = positions + 1 if self.params.lambda_i == "row" else torch.full_like(positions, context)
             factor = sg_multiplier(visible, k, dim, self.params.lambda_reading, self.params.min_log)
+        if rows < context:
+            return kernels.window_stats(queries, keys, scaling, row_scale=factor, impl=impl).col_sum
         return kernels.causal_column_sums(queries, keys, scaling, row_scale=factor, impl=impl)
 
     def prompt_rows(self, model_dtype: torch.dtype) -> PromptRows:
