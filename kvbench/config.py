@@ -148,7 +148,8 @@ class RunConfig:
     #: Torch intra-op threads (null = torch default).
     threads: Optional[int] = None
     #: Tokens per forward of the compressed prefill: 0 = one forward; null = automatic (one forward on GPU; on CPU
-    #: chunks of 4096 for longer prompts).  Methods see what a one-shot prefill gives them (README, Performance).
+    #: chunks of at most 4096 for longer prompts).  Methods see what a one-shot prefill gives them (README,
+    #: Performance).
     prefill_chunk: Optional[int] = None
 
 

@@ -23,16 +23,21 @@ from kvbench.eviction import CacheRecord, EvictionSession
 from kvbench.methods.base import EvictionMethod
 
 QUESTION_MODES = ("aware", "agnostic")
-#: ``prefill_chunk=None`` (automatic): on CPU, prompts longer than this are fed in chunks of this many tokens; on
-#: CUDA the prompt goes in one forward.
+#: ``prefill_chunk=None`` (automatic): on CPU, prompts longer than this are fed in chunks of at most this many
+#: tokens; on CUDA the prompt goes in one forward.
 CPU_PREFILL_CHUNK = 4096
+#: ... and at most this many (query x key) pairs per chunk: CPU attention over a chunk holds a buffer of about 10
+#: bytes per pair (its causal mask), so long prompts get smaller chunks (128K tokens: 1024).
+CPU_CHUNK_PAIRS = 1 << 27
 
 
 def resolve_prefill_chunk(prefill_chunk: int | None, device: torch.device, prompt_tokens: int) -> int:
-    """Tokens per prefill forward (0 = one forward) for ``run.prefill_chunk`` (``None`` = automatic, see
-    :data:`CPU_PREFILL_CHUNK`)."""
+    """Tokens per prefill forward (0 = one forward) for ``run.prefill_chunk`` (``None`` = automatic: see
+    :data:`CPU_PREFILL_CHUNK` and :data:`CPU_CHUNK_PAIRS`)."""
     if prefill_chunk is None:
-        return CPU_PREFILL_CHUNK if device.type == "cpu" and prompt_tokens > CPU_PREFILL_CHUNK else 0
+        if device.type != "cpu" or prompt_tokens <= CPU_PREFILL_CHUNK:
+            return 0
+        return max(256, min(CPU_PREFILL_CHUNK, CPU_CHUNK_PAIRS // prompt_tokens))
     if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 0:
         raise ValueError(
             f"run.prefill_chunk={prefill_chunk!r}; valid: a positive number of tokens per chunk, 0 (one forward) "

@@ -132,6 +132,8 @@ def test_prefill_chunk_resolution() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert resolve_prefill_chunk(None, cpu, CPU_PREFILL_CHUNK + 1) == CPU_PREFILL_CHUNK  # long CPU prompts: on
     assert resolve_prefill_chunk(None, cpu, CPU_PREFILL_CHUNK) == 0
+    assert resolve_prefill_chunk(None, cpu, 131072) == 1024  # chunk x context bounded on CPU
+    assert resolve_prefill_chunk(None, cpu, 10**7) == 256
     assert resolve_prefill_chunk(None, cuda, 10**6) == 0  # GPU: one forward unless asked
     assert resolve_prefill_chunk(512, cuda, 2000) == 512
     assert resolve_prefill_chunk(512, cpu, 300) == 0  # shorter than one chunk: one forward
