@@ -2,7 +2,7 @@
 PYTHON ?= python
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: help setup setup-gpu setup-slurm test test-quick test-slurm sweep lint format run tables bench bench-methods clean-results
+.PHONY: help setup setup-gpu setup-slurm setup-latex test test-quick test-slurm sweep lint format run tables tables-pdf tables-demo bench bench-methods clean-results
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-14s %s\n", $$1, $$2}'
@@ -16,6 +16,10 @@ setup-gpu:  ## on a CUDA machine: torch from the default index plus flash-attn/t
 
 setup-slurm:  ## the submitit launcher for `python run.py -m hydra/launcher=slurm ...`
 	$(PIP) install -e ".[slurm]"
+
+setup-latex:  ## Debian/Ubuntu, as root: pdflatex + booktabs/graphicx/amssymb for make tables-pdf (~48 MB, ~25 s)
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends texlive-latex-base texlive-latex-recommended
 
 test:  ## the full CPU test suite (what CI runs)
 	$(PYTHON) -m pytest -q
@@ -40,8 +44,16 @@ format:  ## apply ruff formatting and autofixes
 run:  ## the embedded default (tiny model, offline synthetic task, CPU)
 	$(PYTHON) run.py
 
-tables:  ## rebuild every paper table and plot from results/runs
-	$(PYTHON) scripts/tables.py --runs results/runs --paper results/paper --out results/tables --plots results/plots
+TABLES_ARGS = --runs results/runs --paper results/paper --out results/tables --plots results/plots
+
+tables:  ## rebuild every paper table (Markdown, CSV, LaTeX) and plot from results/runs
+	$(PYTHON) scripts/tables.py $(TABLES_ARGS)
+
+tables-pdf:  ## make tables, then one PDF of every table: results/tables/all_tables.pdf (needs pdflatex: make setup-latex)
+	$(PYTHON) scripts/tables.py $(TABLES_ARGS) --pdf
+
+tables-demo:  ## tables and plots from SYNTHETIC runs (paper + noise) -> results/demo/ (shows filled tables; not data)
+	$(PYTHON) scripts/tables.py --synthetic 1.0 --runs results/demo/runs --out results/demo/tables --plots results/demo/plots
 
 bench:  ## performance bench -> results/bench (CPU preset here; on a GPU: make bench BENCH_PRESET=gpu)
 	$(PYTHON) scripts/bench.py --preset $(or $(BENCH_PRESET),cpu) --out results/bench

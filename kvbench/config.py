@@ -2,8 +2,9 @@
 
 One dataclass per config group, registered in Hydra's ConfigStore under ``schema/<group>``; every option file in
 ``conf/<group>/`` extends its schema in its defaults list, so a misspelt key or a wrongly typed value is rejected
-by Hydra before any work starts.  Values that need more than a type check (a method name, a budget string) are
-validated by :func:`validate_config` with messages that list the valid choices.
+by Hydra before any work starts.  Keys added with ``+`` bypass that check; :mod:`kvbench.validation` rejects them,
+and validates the values that need more than a type check (a budget string, a knob's range) with messages that list
+the valid choices.  This module imports neither torch nor transformers, so those checks run before either loads.
 """
 
 from __future__ import annotations
@@ -13,6 +14,17 @@ from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
+
+#: Valid values of the schema's string knobs: the one definition, checked before torch loads (kvbench/validation.py)
+#: and imported by the modules that use them (methods/base.py, methods/scoring.py, generation.py).
+DTYPE_NAMES = ("bfloat16", "float16", "float32")
+QUESTION_MODES = ("aware", "agnostic")
+POOLING_TYPES = ("max", "avg")
+POOL_PADDINGS = ("include", "exclude")
+SCORE_DTYPES = ("model", "float32")
+GQA_GRANULARITIES = ("kv_head", "query_head")
+GQA_AGGREGATIONS = ("mean", "max", "sum")
+GQA_REDUCE_ORDERS = ("before_pool", "after_pool")
 
 
 @dataclass
@@ -151,6 +163,9 @@ class RunConfig:
     #: chunks of at most 4096 for longer prompts).  Methods see what a one-shot prefill gives them (README,
     #: Performance).
     prefill_chunk: Optional[int] = None
+    #: Where generated RULER/NeedleBench samples are stored and reused across method x budget runs: "auto"
+    #: (``<output_root>/../samples``, i.e. results/samples), a folder, or null (regenerate in every run).
+    sample_cache: Optional[str] = "auto"
 
 
 @dataclass

@@ -8,9 +8,11 @@ ordinary run with its own results folder, composed by Hydra from the same defaul
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from omegaconf import DictConfig
 
-from kvbench.runner import DatasetResult, Runner
+from kvbench.runner import DatasetResult, Runner, budget_label
 
 #: (column label, Hydra overrides) of the variants run after the default configuration.
 DEMO_VARIANTS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -30,22 +32,28 @@ def run_demo(cfg: DictConfig) -> dict[str, list[DatasetResult]]:
     quiet = ["run.print_table=false"]
     runs = [(f"{cfg.method.name} q-{cfg.task.question_mode}", ()), *DEMO_VARIANTS]
     columns: dict[str, list[DatasetResult]] = {}
+    folders: dict[str, Path] = {}
     for label, overrides in runs:
         run_cfg = compose(config_name="config", overrides=[*overrides, *quiet])
         print(f"[{label}] method={run_cfg.method.name} question_mode={run_cfg.task.question_mode}", flush=True)
-        columns[label] = Runner(run_cfg).run()
-    print(format_comparison(cfg, columns))
+        runner = Runner(run_cfg)
+        columns[label] = runner.run()
+        folders[label] = runner.folder
+    print(format_comparison(cfg, columns, folders))
     return columns
 
 
-def format_comparison(cfg: DictConfig, columns: dict[str, list[DatasetResult]]) -> str:
-    """A dataset x variant table of scores, with the mean kept fraction of the cache per variant."""
+def format_comparison(
+    cfg: DictConfig, columns: dict[str, list[DatasetResult]], folders: dict[str, Path] | None = None
+) -> str:
+    """A dataset x variant table of scores, with the mean kept fraction of the cache per variant, and where each
+    variant's results are."""
     labels = list(columns)
     datasets = [r.dataset for r in next(iter(columns.values()))]
     width = max(len("dataset"), *(len(d) for d in datasets))
     col = max(12, *(len(label) for label in labels))
     lines = [
-        f"model={cfg.model.name} task={cfg.task.name} budget={cfg.budget.name} "
+        f"model={cfg.model.name} task={cfg.task.name} budget={budget_label(cfg)} "
         f"(score: {next(iter(columns.values()))[0].metric if datasets else ''})",
         f"{'dataset':<{width}}  " + "  ".join(f"{label:>{col}}" for label in labels),
     ]
@@ -54,5 +62,6 @@ def format_comparison(cfg: DictConfig, columns: dict[str, list[DatasetResult]]) 
         lines.append(f"{dataset:<{width}}  " + "  ".join(cells))
     kept = [sum(r.mean_kept_fraction for r in columns[label]) / max(len(columns[label]), 1) for label in labels]
     lines.append(f"{'cache kept':<{width}}  " + "  ".join(f"{k:>{col}.1%}" for k in kept))
-    lines.append("results: " + cfg.run.output_root + f"/{cfg.model.name}/{cfg.task.name}/<method>/{cfg.budget.name}")
+    for label, folder in (folders or {}).items():
+        lines.append(f"results ({label}): {folder}")
     return "\n".join(lines)

@@ -19,6 +19,9 @@ per-layer budget) raised by one window per layer.
 
 from __future__ import annotations
 
+import hashlib
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -60,6 +63,12 @@ class CacheRecord:
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+def prompt_fingerprint(token_ids: Sequence[int]) -> int:
+    """A stable 63-bit hash of a prompt's token ids (the :attr:`WindowObservation.sample_key` of its sample)."""
+    digest = hashlib.blake2b(array("q", token_ids).tobytes(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
 
 
 def rank_tokens(scores: torch.Tensor, positions: torch.Tensor, protected: torch.Tensor) -> torch.Tensor:
@@ -155,6 +164,7 @@ class EvictionSession:
         self._decode_caps: dict[int, list[int]] = {}
         self._allocator_started = False
         self._rows: dict[int, PrefillRows] = {}
+        self.sample_key = 0
 
     # ------------------------------------------------------------------ phases
     @property
@@ -162,10 +172,14 @@ class EvictionSession:
         """Whether prefill compression applies (a scorer and a non-full budget)."""
         return self.method.scorer is not None and not self.budget.is_full
 
-    def begin_prefill(self, context_length: int) -> None:
+    def begin_prefill(self, context_length: int, prompt_ids: Sequence[int] | None = None) -> None:
         """The next forwards are the (compressed) context prefill of ``context_length`` tokens, in one forward or
-        in chunks; each layer is compressed once all ``context_length`` tokens are stored."""
+        in chunks; each layer is compressed once all ``context_length`` tokens are stored.
+
+        ``prompt_ids`` (the compressed tokens) give the sample its :attr:`WindowObservation.sample_key`.
+        """
         self.phase = "compress"
+        self.sample_key = prompt_fingerprint(prompt_ids) if prompt_ids is not None else 0
         self.context_length = context_length
         self.record.context_tokens = context_length
 
@@ -236,6 +250,7 @@ class EvictionSession:
             prompt_queries=rows.prompt_queries(),
             prompt_column_sums=rows.column_sums,
             impl=self.scoring_impl,
+            sample_key=self.sample_key,
         )
         # With window_in_budget=False every layer keeps its window on top of the budget: allocators see it added.
         off_budget = 0 if self.method.window_in_budget else window

@@ -19,10 +19,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from kvbench.budget import Budget
 from kvbench.cache import KVBenchCache
+from kvbench.config import QUESTION_MODES
 from kvbench.eviction import CacheRecord, EvictionSession
 from kvbench.methods.base import EvictionMethod
 
-QUESTION_MODES = ("aware", "agnostic")
 #: ``prefill_chunk=None`` (automatic): on CPU, prompts longer than this are fed in chunks of at most this many
 #: tokens; on CUDA the prompt goes in one forward.
 CPU_PREFILL_CHUNK = 4096
@@ -104,7 +104,9 @@ def generate(
 
     ``aware``: the whole prompt (context + question) is prefilled and compressed.  ``agnostic``: only the context
     is prefilled and compressed, then the question is fed on top of the compressed cache.  Stop tokens and stop
-    strings are ignored for the first ``min_new_tokens`` tokens (LongBench's ``min_length`` for samsum).
+    strings are ignored for the first ``min_new_tokens`` tokens (LongBench's ``min_length`` for samsum: the stop
+    tokens' logits are masked, so the model picks another token).  A stop token ends the output and is part of it
+    (as in ``generate()``); the text is decoded with ``skip_special_tokens=True``.
     ``prefill_chunk``: tokens per forward of the compressed prefill (:func:`resolve_prefill_chunk`).
     """
     if question_mode not in QUESTION_MODES:
@@ -122,7 +124,7 @@ def generate(
     session.record.prefill_chunk = chunk if chunk < len(compressed) else 0
 
     start = time.perf_counter()
-    session.begin_prefill(len(compressed))
+    session.begin_prefill(len(compressed), prompt_ids=compressed)
     for first in range(0, len(compressed), chunk):
         logits = _forward(model, compressed[first : first + chunk], first, cache, session, device)
     position = len(compressed)
@@ -143,10 +145,12 @@ def generate(
             logits = logits.clone()
             logits[list(stop_token_ids)] = float("-inf")
         next_id = int(torch.argmax(logits))
+        generated.append(next_id)
         if next_id in stop_token_ids:
+            # Kept in the output like transformers' generate(); decoding skips it when it is a special token, so a
+            # newline stop (LongBench samsum) stays in the text as in the official predictions.
             stop_reason = "stop_token"
             break
-        generated.append(next_id)
         if (
             stop_strings
             and step + 1 > min_new_tokens
@@ -166,6 +170,18 @@ def generate(
         # Like an eos, the stop string ends the output and is not part of it.
         text = text[: min(text.find(s) for s in stop_strings if s in text)]
     return GenerationOutput(generated, text, record, prefill_s, decode_s, stop_reason)
+
+
+def last_token_ids(tokenizer: PreTrainedTokenizerBase, texts: tuple[str, ...] | list[str]) -> set[int]:
+    """Id of the last token of each text (LongBench pred.py's ``tokenizer.encode("\\n", add_special_tokens=False)[-1]``:
+    the newline piece, e.g. 13 for Llama-2/Mistral SentencePiece, 198 for Llama-3 and Qwen2)."""
+    ids = set()
+    for text in texts:
+        encoded = tokenizer.encode(text, add_special_tokens=False)
+        if not encoded:
+            raise ValueError(f"stop text {text!r} encodes to no token")
+        ids.add(int(encoded[-1]))
+    return ids
 
 
 def _sync(device: torch.device) -> None:

@@ -7,7 +7,6 @@ way for a 70B checkpoint and for the tiny test models.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,10 +24,11 @@ from transformers import (
 )
 
 from kvbench.attention import ATTENTION_NAME
+from kvbench.config import DTYPE_NAMES
 from kvbench.errors import KVBenchError
+from kvbench.model_source import BUILTIN_MODELS, ModelSource, download_hint, resolve_model_source
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-REPO_ROOT = Path(__file__).resolve().parent.parent
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 @dataclass
@@ -92,13 +92,71 @@ def builtin_config(name: str, vocab_size: int = 259) -> PretrainedConfig:
     raise KVBenchError(f"unknown builtin model {name!r}; valid: {', '.join('builtin:' + n for n in BUILTIN_MODELS)}")
 
 
-BUILTIN_MODELS = ("tiny-random-llama", "tiny-random-mistral", "tiny-random-qwen2", "tiny-random-gemma")
+@dataclass(frozen=True)
+class RealVocabModel:
+    """A 2-layer random-weight model of a real architecture with a paper model's real tokenizer and chat template
+    (kvbench.real_tokenizers): prompts, lengths and stops are the real ones, the weights are noise."""
+
+    config_class: type[PretrainedConfig]
+    vocab_size: int
+    tokenizer: str
+    chat_template: str
+    rope_theta: float
+    extra: tuple[tuple[str, Any], ...] = ()
+
+    def config(self) -> PretrainedConfig:
+        """2 layers, hidden size 32, 2 query heads sharing 1 KV head (GQA), so 128K-token prefills run on a CPU."""
+        kwargs: dict[str, Any] = {
+            "vocab_size": self.vocab_size,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "max_position_embeddings": 262144,
+            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+            "tie_word_embeddings": False,
+        }
+        return self.config_class(**kwargs, **dict(self.extra))
 
 
-def build_builtin(name: str, seed: int = 0) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A tiny random-weight model (seeded) and the byte-level tokenizer."""
-    tokenizer = byte_level_tokenizer()
-    config = builtin_config(name, vocab_size=len(tokenizer))
+#: ``builtin:<name>`` real-vocabulary models (the papers' tokenizer families, see conf/model/random-*.yaml).
+REAL_VOCAB_MODELS: dict[str, RealVocabModel] = {
+    "random-llama3": RealVocabModel(LlamaConfig, 128256, "llama3", "llama3", 500000.0),
+    "random-llama3.1": RealVocabModel(LlamaConfig, 128256, "llama3", "llama3.1", 500000.0),
+    "random-mistral-v0.2": RealVocabModel(
+        MistralConfig, 32000, "mistral-v1", "mistral-v0.2", 1e6, (("sliding_window", None),)
+    ),
+    "random-mistral-v0.3": RealVocabModel(
+        MistralConfig, 32768, "mistral-v3", "mistral-v0.3", 1e6, (("sliding_window", None),)
+    ),
+    "random-qwen2": RealVocabModel(Qwen2Config, 151936, "qwen2", "qwen2", 1e6, (("use_sliding_window", False),)),
+}
+
+
+def builtin_tokenizer(name: str) -> PreTrainedTokenizerBase:
+    """The tokenizer of builtin model ``name``: the family's real tokenizer and chat template for the ``random-*``
+    models, else the byte-level tokenizer."""
+    if name in REAL_VOCAB_MODELS:
+        from kvbench.real_tokenizers import build_tokenizer
+
+        spec = REAL_VOCAB_MODELS[name]
+        return build_tokenizer(spec.tokenizer, spec.chat_template)
+    return byte_level_tokenizer()
+
+
+def build_builtin(
+    name: str, seed: int = 0, tokenizer: PreTrainedTokenizerBase | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A random-weight model (seeded) and its tokenizer (built unless given): the tiny ones with the byte-level
+    tokenizer, the ``random-*`` ones with their family's real tokenizer and chat template."""
+    tokenizer = tokenizer if tokenizer is not None else builtin_tokenizer(name)
+    if name in REAL_VOCAB_MODELS:
+        config = REAL_VOCAB_MODELS[name].config()
+        config.bos_token_id = tokenizer.bos_token_id
+        config.eos_token_id = tokenizer.eos_token_id
+    else:
+        config = builtin_config(name, vocab_size=len(tokenizer))
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
@@ -120,53 +178,53 @@ def resolve_device(spec: str) -> torch.device:
     return device
 
 
-def resolve_local_path(path: str) -> Path | None:
-    """A local folder for ``path`` (absolute, relative to the working dir, or to the repo root), else None."""
-    for candidate in (Path(path), REPO_ROOT / path):
-        if candidate.is_dir():
-            return candidate
-    return None
-
-
-def validate_model_config(model_cfg: Any) -> None:
-    """Cheap checks done before any work: dtype name and builtin name."""
+def validate_model_config(model_cfg: Any) -> ModelSource:
+    """The checks done before any work (dtype name, builtin name, local folder or hub cache); the resolved source."""
     if model_cfg.dtype not in DTYPES:
-        raise KVBenchError(f"invalid model.dtype {model_cfg.dtype!r}; valid: {', '.join(DTYPES)}")
-    if str(model_cfg.path).startswith("builtin:"):
-        name = str(model_cfg.path).removeprefix("builtin:")
-        if name not in BUILTIN_MODELS:
-            raise KVBenchError(
-                f"unknown builtin model {name!r}; valid: {', '.join('builtin:' + n for n in BUILTIN_MODELS)}"
-            )
+        raise KVBenchError(f"model.dtype={model_cfg.dtype!r} is not supported; valid: {', '.join(DTYPES)}.")
+    return resolve_model_source(model_cfg)
 
 
-def load_model(model_cfg: Any, seed: int = 0) -> LoadedModel:
+def _load_error(model_cfg: Any, source: ModelSource, err: Exception) -> KVBenchError:
+    first_line = str(err).splitlines()[0] if str(err) else ""
+    hint = download_hint(str(model_cfg.name), source.location) if source.kind == "hub" else ""
+    return KVBenchError(
+        f"cannot load model {model_cfg.name!r} from {model_cfg.path!r}: {err.__class__.__name__}: {first_line}. {hint}"
+    )
+
+
+def load_tokenizer(model_cfg: Any) -> PreTrainedTokenizerBase:
+    """The tokenizer of ``model_cfg`` alone (cheap), so task data can be built and checked before the weights load."""
+    source = validate_model_config(model_cfg)
+    if source.kind == "builtin":
+        return builtin_tokenizer(source.location)
+    revision = model_cfg.revision if source.kind == "hub" else None
+    try:
+        return AutoTokenizer.from_pretrained(source.location, revision=revision)
+    except (OSError, ValueError) as err:
+        raise _load_error(model_cfg, source, err) from err
+
+
+def load_model(model_cfg: Any, seed: int = 0, tokenizer: PreTrainedTokenizerBase | None = None) -> LoadedModel:
     """Load the model of ``model_cfg`` (a :class:`kvbench.config.ModelConfig`) with kvbench attention.
 
-    Raises :class:`KVBenchError` naming the model and how to provide its weights when they cannot be found.
+    ``tokenizer`` (from :func:`load_tokenizer`) is reused when given.  Raises :class:`KVBenchError` naming the model
+    and how to provide its weights when they cannot be found.
     """
-    validate_model_config(model_cfg)
+    source = validate_model_config(model_cfg)
     dtype = DTYPES[model_cfg.dtype]
     device = resolve_device(model_cfg.device)
-    path = str(model_cfg.path)
-    if path.startswith("builtin:"):
-        model, tokenizer = build_builtin(path.removeprefix("builtin:"), seed=seed)
+    if tokenizer is None:
+        tokenizer = load_tokenizer(model_cfg)
+    if source.kind == "builtin":
+        model, tokenizer = build_builtin(source.location, seed=seed, tokenizer=tokenizer)
         model = model.to(dtype=dtype)
     else:
-        local = resolve_local_path(path)
-        source = str(local) if local is not None else path
-        revision = None if local is not None else model_cfg.revision
+        revision = model_cfg.revision if source.kind == "hub" else None
         try:
-            tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
-            model = AutoModelForCausalLM.from_pretrained(source, revision=revision, dtype=dtype)
+            model = AutoModelForCausalLM.from_pretrained(source.location, revision=revision, dtype=dtype)
         except (OSError, ValueError) as err:
-            raise KVBenchError(
-                f"cannot load model {model_cfg.name!r} from {path!r}: {err.__class__.__name__}: "
-                f"{str(err).splitlines()[0] if str(err) else ''}\n"
-                f"Provide the weights either by downloading them on a machine with network access "
-                f"(`huggingface-cli download {path}`) into the HF_HOME cache this machine reads, or by pointing "
-                f"model.path at a local folder in Hugging Face format (model.path=/path/to/{Path(path).name})."
-            ) from err
+            raise _load_error(model_cfg, source, err) from err
     model.set_attn_implementation(ATTENTION_NAME)
     model = model.to(device).eval()
     return LoadedModel(model=model, tokenizer=tokenizer, device=device)

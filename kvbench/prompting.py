@@ -1,18 +1,30 @@
 """From a :class:`~kvbench.tasks.base.Sample` to token ids: truncation, chat template, context/question split.
 
-Order of operations (LongBench's official rule, applied to every task):
+Order of operations:
 
-1. the raw prompt ``context + question`` is tokenised (with special tokens, so a BOS counts, as in LongBench's
-   ``pred.py``) and, if longer than the model's ``max_input_length``, truncated in the *middle*: the first and the
-   last ``max_input_length // 2`` tokens are decoded back to text and joined;
-2. the chat template is applied to the (truncated) text when both the model and the dataset allow it;
-3. the templated text is tokenised once (special tokens added only when no template was applied), and split into
-   the context part and the question part at the character where the question starts (token offsets), so the
-   token ids are identical in question-aware and question-agnostic modes.
+1. truncation, per the dataset's official rule (:attr:`TaskDataset.truncation`):
+
+   * ``"middle"`` (LongBench ``pred.py``): the user text ``context + question`` is tokenised with special tokens (a
+     BOS counts) and, if longer than the model's ``max_input_length``, cut in the *middle*: the first and last
+     ``max_input_length // 2`` tokens are decoded back to text and joined;
+   * ``"none"`` (RULER, NeedleBench: their harnesses build prompts that fit and never cut them): a prompt longer than
+     ``max_input_length`` is an error naming the sample and both lengths;
+
+2. rendering (:func:`render_prompt`): each few-shot turn, then the user text, wrapped by the chat template when the
+   model and the dataset use one, then the answer prefix (after the assistant header, as official RULER);
+3. one tokenisation of the rendered text (special tokens added only when no template was applied), split into the
+   context part and the question part at the character where the question starts (token offsets), so the token ids
+   are identical in question-aware and question-agnostic modes.
+
+Chat templates may rewrite the user message (Llama-2/3, Gemma strip surrounding whitespace): the question boundary is
+found by *rendering around it* -- the template renders the user text with a marker at the boundary, the marker's
+position is the boundary, and the text without the marker must equal the template's rendering of the unmarked user
+text (else a clear error).  Nothing searches the rendered text for the prompt string.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +32,14 @@ from transformers import PreTrainedTokenizerBase
 
 from kvbench.errors import KVBenchError
 from kvbench.tasks.base import Sample
+
+TRUNCATION_MODES = ("middle", "none")
+#: Marks the question boundary while the chat template renders (private-use characters, never in benchmark text).
+_MARK = "\ue000kvbench-question-starts\ue001"
+
+
+class PromptTooLong(KVBenchError):
+    """A prompt of a dataset that is never truncated does not fit the model's ``max_input_length``."""
 
 
 @dataclass
@@ -31,7 +51,8 @@ class EncodedPrompt:
     context_ids:
         Ids up to where the question starts (compressed first in question-agnostic mode).
     question_ids:
-        The question's ids, including any chat-template suffix (empty when the sample has no question).
+        The question's ids, including any chat-template suffix and the answer prefix (empty when the sample has no
+        question).
     truncated:
         Whether middle truncation removed tokens.
     question_lost:
@@ -46,6 +67,25 @@ class EncodedPrompt:
     @property
     def input_ids(self) -> list[int]:
         return self.context_ids + self.question_ids
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    """The model's whole input text and where its question starts.
+
+    Attributes
+    ----------
+    text:
+        Shots, user turn (chat template applied or not) and answer prefix.
+    question_start:
+        Character offset of the question in ``text`` (``len(text)`` when there is no question).
+    templated:
+        Whether a chat template was applied (then ``text`` carries its own special tokens, e.g. the BOS).
+    """
+
+    text: str
+    question_start: int
+    templated: bool
 
 
 def truncate_middle(token_ids: list[int], max_length: int) -> list[int]:
@@ -80,47 +120,119 @@ def split_truncated_prompt(truncated_prompt: str, question: str) -> tuple[str, s
     return truncated_prompt, ""
 
 
-def encode_sample(
-    tokenizer: PreTrainedTokenizerBase, sample: Sample, *, max_input_length: int, use_chat_template: bool
-) -> EncodedPrompt:
-    """Tokenise ``sample`` following the module's rules."""
-    context, question = sample.context, sample.question
-    text = truncate_prompt(context + question, tokenizer, max_input_length)
-    truncated = text != context + question
-    question_lost = False
-    if truncated:
-        context, kept_question = split_truncated_prompt(text, question)
-        question_lost = bool(question) and not kept_question
-        question = kept_question
-    if use_chat_template:
-        if not getattr(tokenizer, "chat_template", None):
-            raise KVBenchError(
-                "model.chat_template=true but the tokenizer has no chat template; set model.chat_template=false"
-            )
-        rendered = tokenizer.apply_chat_template(
-            [{"role": "user", "content": context + question}], tokenize=False, add_generation_prompt=True
+def render_user_turn(tokenizer: PreTrainedTokenizerBase, user_text: str) -> str:
+    """The chat template applied to one user message, with the generation prompt (assistant header)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise KVBenchError(
+            "model.chat_template=true but the tokenizer has no chat template; set model.chat_template=false"
         )
-        assert isinstance(rendered, str)
-        start = rendered.rfind(context + question)
-        if start < 0:
-            raise KVBenchError("the chat template altered the prompt text; cannot locate the question boundary")
-        boundary = start + len(context)
-        add_special = False
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": user_text}], tokenize=False, add_generation_prompt=True
+    )
+    assert isinstance(rendered, str)
+    return rendered
+
+
+def _render_split(tokenizer: PreTrainedTokenizerBase, context: str, question: str) -> tuple[str, int]:
+    """``(rendered user turn, offset where the question starts)``, found by rendering a marker at the boundary."""
+    rendered = render_user_turn(tokenizer, context + question)
+    if not question:
+        return rendered, len(rendered)
+    marked = render_user_turn(tokenizer, context + _MARK + question)
+    start = marked.find(_MARK)
+    if start < 0 or marked.count(_MARK) != 1 or marked[:start] + marked[start + len(_MARK) :] != rendered:
+        raise KVBenchError(
+            "the chat template rewrites the prompt around the question boundary, so the context/question split "
+            f"cannot be located (rendered {len(rendered)} characters; the question starts with {question[:40]!r}); "
+            "set model.chat_template=false or use a template that keeps the user message"
+        )
+    return rendered, start
+
+
+def render_prompt(
+    tokenizer: PreTrainedTokenizerBase,
+    context: str,
+    question: str,
+    *,
+    answer_prefix: str = "",
+    shots: Sequence[tuple[str, str]] = (),
+    use_chat_template: bool,
+) -> RenderedPrompt:
+    """Render shots, the user text ``context + question`` and the answer prefix (see the module docstring)."""
+    if use_chat_template:
+        head = "".join(render_user_turn(tokenizer, user) + reply + "\n" for user, reply in shots)
+        turn, start = _render_split(tokenizer, context, question)
     else:
-        rendered = context + question
-        boundary = len(context)
-        add_special = True
-    encoding = tokenizer(rendered, add_special_tokens=add_special, return_offsets_mapping=True)
+        head = "".join(user + reply + "\n" for user, reply in shots)
+        turn, start = context + question, len(context)
+    text = head + turn + answer_prefix
+    question_start = len(head) + start if question else len(text)
+    return RenderedPrompt(text, question_start, use_chat_template)
+
+
+def render_sample(tokenizer: PreTrainedTokenizerBase, sample: Sample, use_chat_template: bool) -> RenderedPrompt:
+    """:func:`render_prompt` of a sample."""
+    return render_prompt(
+        tokenizer,
+        sample.context,
+        sample.question,
+        answer_prefix=sample.answer_prefix,
+        shots=sample.shots,
+        use_chat_template=use_chat_template,
+    )
+
+
+def _tokenize_split(tokenizer: PreTrainedTokenizerBase, rendered: RenderedPrompt) -> tuple[list[int], list[int]]:
+    """Tokenise the rendered text once and split the ids where the question starts (token offsets)."""
+    encoding = tokenizer(rendered.text, add_special_tokens=not rendered.templated, return_offsets_mapping=True)
     ids: list[int] = encoding.input_ids
     offsets: list[tuple[int, int]] = encoding.offset_mapping
+    boundary = rendered.question_start
     split = len(ids)
-    if question:
+    if boundary < len(rendered.text):
         for index, (start_char, end_char) in enumerate(offsets):
-            # Special tokens have (0, 0) offsets; the first real token at or after the boundary starts the question.
-            if end_char > start_char and start_char >= boundary:
+            # Special tokens added by the tokenizer have (0, 0) offsets; the first real token at or after the
+            # boundary starts the question, and a token straddling the boundary goes to the question.
+            if end_char > start_char and (start_char >= boundary or end_char > boundary):
                 split = index
                 break
-            if end_char > boundary > start_char:  # a token straddles the boundary: it goes to the question
-                split = index
-                break
-    return EncodedPrompt(ids[:split], ids[split:], truncated=truncated, question_lost=question_lost)
+    return ids[:split], ids[split:]
+
+
+def encode_sample(
+    tokenizer: PreTrainedTokenizerBase,
+    sample: Sample,
+    *,
+    max_input_length: int,
+    use_chat_template: bool,
+    truncation: str = "middle",
+) -> EncodedPrompt:
+    """Tokenise ``sample`` following the module's rules (``truncation``: one of :data:`TRUNCATION_MODES`)."""
+    if truncation not in TRUNCATION_MODES:
+        raise ValueError(f"truncation={truncation!r}; valid: {', '.join(TRUNCATION_MODES)}")
+    context, question = sample.context, sample.question
+    truncated = question_lost = False
+    if truncation == "middle":
+        text = truncate_prompt(context + question, tokenizer, max_input_length)
+        truncated = text != context + question
+        if truncated:
+            context, kept_question = split_truncated_prompt(text, question)
+            question_lost = bool(question) and not kept_question
+            question = kept_question
+    rendered = render_prompt(
+        tokenizer,
+        context,
+        question,
+        answer_prefix=sample.answer_prefix,
+        shots=sample.shots,
+        use_chat_template=use_chat_template,
+    )
+    context_ids, question_ids = _tokenize_split(tokenizer, rendered)
+    length = len(context_ids) + len(question_ids)
+    if truncation == "none" and length > max_input_length:
+        raise PromptTooLong(
+            f"sample {sample.id!r}: the prompt has {length} tokens, more than model.max_input_length="
+            f"{max_input_length}; this benchmark's official harness never truncates prompts. Use a shorter "
+            "task.length / task.lengths, or a model with a longer context (model.max_input_length)"
+        )
+    return EncodedPrompt(context_ids, question_ids, truncated=truncated, question_lost=question_lost)

@@ -11,7 +11,8 @@ Layout (one *run* = one model x task x method x budget)::
 
 ``predictions.jsonl`` rows (keys always present)::
 
-    {"id": str, "prediction": str (post-processed, scored), "raw_prediction": str, "answers": [str],
+    {"id": str, "prompt_sha256": str (hash of the sample's prompt parts; resume checks it),
+     "prediction": str (post-processed, scored), "raw_prediction": str, "answers": [str],
      "all_classes": [str] | null, "length": int | null, "extra": {...},
      "input_tokens": int, "context_tokens": int, "question_tokens": int, "truncated": bool,
      "new_tokens": int, "cache": {"requested_per_layer": [int], "achieved_per_layer": [int],
@@ -25,6 +26,8 @@ Layout (one *run* = one model x task x method x budget)::
     {"model": str, "task": str, "dataset": str, "method": str, "budget": str, "tag": str | null,
      "metric": str, "score": float, "scores": {name: float}, "n_samples": int,
      "config_hash": str, "question_mode": "aware" | "agnostic", "dataset_settings": {...},
+     "data_provenance": {input: {"source": "official" | "hub" | "stand-in" | "generated", "path"/"repo", "sha256",
+                                 ...}},
      "scorer": {...backend settings...}, "cache": {"mean_requested_per_layer": [float],
      "mean_achieved_per_layer": [float], "mean_kept_fraction": float, "mean_cache_bytes": float,
      "budget_exact": bool (every layer kept its requested budget), "allocation_exact": bool (every head kept what
@@ -32,6 +35,9 @@ Layout (one *run* = one model x task x method x budget)::
      tokens), "samples_evicted": int},
      "settings": {...method/budget knobs that matter, incl. the preset's reference...},
      "timing": {"n": int, "prefill_s_mean": float, "decode_s_mean": float, "total_s": float}}
+
+Generated RULER/NeedleBench samples live apart from the runs, in ``run.sample_cache`` (default
+``results/samples/<benchmark>/<dataset>-<key>.jsonl``, see :mod:`kvbench.sample_cache`).
 
 Aggregation (scripts/aggregate.py) discovers runs by finding ``metrics.json`` files; nothing else is needed.
 """
@@ -58,11 +64,22 @@ def run_dir(output_root: str | Path, model: str, task: str, method: str, budget:
     return Path(output_root) / model / task / method / leaf
 
 
+def _file_mode() -> int:
+    """Mode of a new file under the process umask (``0o666 & ~umask``), as ``open()`` creates them."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see either the old file or the complete new one."""
+    """Write ``text`` to ``path`` so that readers see either the old file or the complete new one.
+
+    The file gets the mode ``open()`` would give it (``0o666`` less the umask), like the append-only logs.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, _file_mode())  # mkstemp creates 0600
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
@@ -128,6 +145,18 @@ class PredictionLog:
             handle.write(line)
             handle.flush()
             os.fsync(handle.fileno())
+
+
+def holds_results(folder: Path) -> bool:
+    """Whether a run folder holds anything worth keeping: a ``metrics.json`` or a non-empty ``predictions.jsonl``.
+
+    A folder without either (a run that failed or was killed before its first prediction) may be replaced.
+    """
+    if not folder.is_dir():
+        return False
+    if any(folder.rglob(METRICS_FILE)):
+        return True
+    return any(path.stat().st_size > 0 for path in folder.rglob(PREDICTIONS_FILE))
 
 
 def iter_metrics(root: str | Path) -> Iterator[tuple[Path, dict[str, Any]]]:

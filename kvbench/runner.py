@@ -1,14 +1,17 @@
 """The runner: one model x method x budget x task run, resumable and idempotent.
 
-Order of work (nothing is written under ``results/`` until every input has been validated and the model and
-task have loaded):
+Order of work (nothing is written under ``results/`` until every input has been validated, the data checked and
+the model loaded):
 
-1. validate method, budget, task kind and knobs;
-2. load the model and build the task's datasets;
-3. create the run folder and take its lock (``.kvbench.lock``: two processes never work in one run folder at
-   once; the second fails clearly, or waits up to ``$KVBENCH_LOCK_WAIT`` seconds), check that an existing run
-   there has the same config (else refuse, naming the differences and ``run.tag``), write ``config.yaml`` and
-   ``run_meta.json``;
+1. validate the config, the environment (model, data folder, packages), method, budget and task kind
+   (:mod:`kvbench.validation`);
+2. load the tokenizer, build the task's datasets and load and check every sample of every selected dataset, then
+   load the model's weights;
+3. claim the run folder (:mod:`kvbench.run_folder`): create it and take its lock (``.kvbench.lock``: two processes
+   never work in one run folder at once; the second fails clearly, or waits up to ``$KVBENCH_LOCK_WAIT``
+   seconds), check that an existing run there has the same config (else refuse, naming the differences and
+   ``run.tag``; a folder whose run wrote no prediction is replaced, with a note), write ``config.yaml`` and
+   ``run_meta.json``.  If the run fails before the folder holds any prediction, what it wrote is removed again;
 4. per dataset: skip it if its ``metrics.json`` exists for this config; otherwise resume ``predictions.jsonl``
    (samples already there are not re-run), append each new prediction as soon as it exists, then score and write
    ``metrics.json`` atomically;
@@ -21,17 +24,15 @@ records ``status: interrupted`` in ``run_meta.json`` and exits; the same command
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import hashlib
 import json
+import logging
 import math
 import os
 import platform
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -44,11 +45,10 @@ import transformers
 from omegaconf import DictConfig, OmegaConf
 
 from kvbench import __version__
-from kvbench.budget import Budget, BudgetError, parse_budget
-from kvbench.errors import KVBenchError
-from kvbench.generation import QUESTION_MODES, generate
-from kvbench.methods.base import RECORDED_KNOBS, EvictionMethod, build_method
-from kvbench.models import LoadedModel, load_model, stop_token_ids, validate_model_config
+from kvbench.errors import Interrupted, KVBenchError
+from kvbench.generation import generate, last_token_ids
+from kvbench.methods.base import RECORDED_KNOBS
+from kvbench.models import LoadedModel, load_model, load_tokenizer, resolve_device, stop_token_ids
 from kvbench.prompting import encode_sample
 from kvbench.results import (
     CONFIG_FILE,
@@ -60,13 +60,28 @@ from kvbench.results import (
     TimingLog,
     atomic_write_json,
     atomic_write_text,
+    holds_results,
     read_json,
     run_dir,
 )
-from kvbench.tasks.base import Sample, TaskDataset, build_task, task_kinds
+from kvbench.run_folder import claim_run_folder
+from kvbench.sample_cache import SampleCache
+from kvbench.tasks.base import Sample, TaskDataset, build_task
+from kvbench.tasks.provenance import stand_in_warnings
+from kvbench.validation import check_environment, check_samples, validate
+
+LOG = logging.getLogger(__name__)
 
 #: Config keys that do not change results (excluded from the config hash).
-NON_SEMANTIC_KEYS = ("wandb", "run.progress", "run.print_table", "run.threads", "run.output_root", "run.experiment")
+NON_SEMANTIC_KEYS = (
+    "wandb",
+    "run.progress",
+    "run.print_table",
+    "run.threads",
+    "run.output_root",
+    "run.experiment",
+    "run.sample_cache",
+)
 
 
 @dataclass
@@ -79,10 +94,6 @@ class DatasetResult:
     n_samples: int
     mean_kept_fraction: float
     skipped: bool
-
-
-class Interrupted(Exception):
-    """SIGTERM/SIGINT received: predictions written so far are kept; the run can be resumed."""
 
 
 def config_hash(cfg: DictConfig) -> str:
@@ -98,27 +109,6 @@ def config_hash(cfg: DictConfig) -> str:
             node.pop(leaf, None)
     blob = json.dumps(container, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def validate(cfg: DictConfig) -> tuple[EvictionMethod, Budget]:
-    """All checks that need no model; raises :class:`KVBenchError` with the valid choices."""
-    try:
-        method = build_method(cfg.method)
-    except ValueError as err:
-        raise KVBenchError(str(err)) from err
-    try:
-        budget = parse_budget(cfg.budget.spec)
-    except BudgetError as err:
-        raise KVBenchError(str(err)) from err
-    kinds = task_kinds()
-    if cfg.task.kind not in kinds:
-        raise KVBenchError(f"unknown task kind {cfg.task.kind!r}; valid kinds: {', '.join(kinds)}")
-    if cfg.task.question_mode not in QUESTION_MODES:
-        raise KVBenchError(f"task.question_mode={cfg.task.question_mode!r}; valid: {', '.join(QUESTION_MODES)}")
-    if cfg.task.num_samples is not None and cfg.task.num_samples < 1:
-        raise KVBenchError(f"task.num_samples must be >= 1 or null, got {cfg.task.num_samples}")
-    validate_model_config(cfg.model)
-    return method, budget
 
 
 def git_commit() -> str | None:
@@ -193,53 +183,21 @@ def _graceful_termination() -> Iterator[None]:
         _TERMINATION.fired = False
 
 
-LOCK_FILE = ".kvbench.lock"
-
-
-@contextmanager
-def run_folder_lock(folder: Path, wait_s: float | None = None) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``folder/.kvbench.lock`` (released when the process ends, even if killed).
-
-    A second process for the same run folder fails with :class:`KVBenchError` naming the holder, after waiting up
-    to ``wait_s`` seconds (default ``$KVBENCH_LOCK_WAIT``, else 0).
-    """
-    if wait_s is None:
-        wait_s = float(os.environ.get("KVBENCH_LOCK_WAIT", "0") or 0)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as err:
-                if err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                    raise
-                if time.monotonic() >= deadline:
-                    holder = path.read_text(encoding="utf-8", errors="replace").strip() or "unknown process"
-                    raise KVBenchError(
-                        f"{folder} is in use by another kvbench process ({holder}); nothing was changed. "
-                        "Two jobs with the same model/task/method/budget/tag cannot run at once: wait for it, "
-                        "set KVBENCH_LOCK_WAIT=<seconds> to wait, or use run.tag=<name>."
-                    ) from None
-                time.sleep(min(1.0, max(0.05, deadline - time.monotonic())))
-        job = os.environ.get("SLURM_JOB_ID")
-        holder = f"pid {os.getpid()} on {platform.node()}" + (f", SLURM job {job}" if job else "") + f", since {_now()}"
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (holder + "\n").encode(), 0)
-        yield
-    finally:
-        os.close(fd)  # closing the descriptor releases the flock
-
-
-def _check_existing_run(folder: Path, cfg_hash: str, cfg: DictConfig) -> None:
-    """Refuse to mix two different configs in one results folder."""
+def _check_existing_run(folder: Path, cfg_hash: str, cfg: DictConfig, note_replacement: bool = True) -> None:
+    """Refuse to mix two different configs in one results folder (one whose run wrote no prediction is replaced)."""
     meta_path = folder / RUN_META_FILE
     if not meta_path.exists():
         return
     existing = read_json(meta_path).get("config_hash")
+    if existing and existing != cfg_hash and not holds_results(folder):
+        if not note_replacement:
+            return
+        print(
+            f"note: {folder} held a run with another config (hash {existing}) that stopped before writing any "
+            "prediction; this run replaces it.",
+            file=sys.stderr,
+        )
+        return
     if existing and existing != cfg_hash:
         old_cfg = OmegaConf.load(folder / CONFIG_FILE) if (folder / CONFIG_FILE).exists() else OmegaConf.create()
         diffs = _config_diff(
@@ -267,6 +225,7 @@ def _prediction_row(sample: Sample, dataset: TaskDataset, output: Any, encoded: 
     record = output.record
     return {
         "id": sample.id,
+        "prompt_sha256": sample.prompt_sha256(),
         "prediction": dataset.postprocess(output.text),
         "raw_prediction": output.text,
         "answers": list(sample.answers),
@@ -310,6 +269,8 @@ class Runner:
     def __init__(self, cfg: DictConfig) -> None:
         self.cfg = cfg
         self.method, self.budget = validate(cfg)
+        check_environment(cfg)
+        resolve_device(str(cfg.model.device))
         self.cfg_hash = config_hash(cfg)
         self.folder = run_dir(
             cfg.run.output_root, cfg.model.name, cfg.task.name, cfg.method.name, cfg.budget.name, cfg.run.tag
@@ -321,13 +282,11 @@ class Runner:
         if cfg.run.threads:
             torch.set_num_threads(int(cfg.run.threads))
         torch.manual_seed(int(cfg.seed))
-        _check_existing_run(self.folder, self.cfg_hash, cfg)
-        loaded = load_model(cfg.model, seed=int(cfg.seed))
-        try:
-            datasets = build_task(cfg.task, loaded.tokenizer)
-        except (ValueError, FileNotFoundError) as err:
-            raise KVBenchError(str(err)) from err
-        with run_folder_lock(self.folder):
+        _check_existing_run(self.folder, self.cfg_hash, cfg, note_replacement=False)
+        tokenizer = load_tokenizer(cfg.model)
+        data = self._load_data(tokenizer)  # every sample checked before the weights load
+        loaded = load_model(cfg.model, seed=int(cfg.seed), tokenizer=tokenizer)
+        with claim_run_folder(self.folder):
             # Checked again under the lock: another job may have started this folder since the first check.
             _check_existing_run(self.folder, self.cfg_hash, cfg)
             meta = self._write_run_files()
@@ -336,8 +295,8 @@ class Runner:
             status = "failed"
             with _graceful_termination():
                 try:
-                    for dataset in datasets:
-                        results.append(self._run_dataset(loaded, dataset))
+                    for dataset, samples in data:
+                        results.append(self._run_dataset(loaded, dataset, samples))
                     status = "complete"
                 except Interrupted:
                     status = "interrupted"
@@ -362,12 +321,34 @@ class Runner:
             print(format_table(cfg, results, self.folder))
         return results
 
+    def _load_data(self, tokenizer: Any) -> list[tuple[TaskDataset, list[Sample]]]:
+        """Build the task's datasets and load every sample of each (the first ``task.num_samples``), checked.
+
+        Loading reads and validates every line of every selected dataset, so a missing file, a corrupt line or an
+        empty dataset fails here, before the model's weights load and before anything is written.
+        """
+        cfg = self.cfg
+        data = []
+        try:
+            cache = sample_cache(cfg)
+            for dataset in build_task(cfg.task, tokenizer, chat_template=bool(cfg.model.chat_template)):
+                dataset.sample_cache = cache
+                samples = list(dataset.samples())
+                if cfg.task.num_samples is not None:
+                    samples = samples[: int(cfg.task.num_samples)]
+                check_samples(dataset.name, samples, str(getattr(dataset, "source", f"task={cfg.task.name}")))
+                data.append((dataset, samples))
+        except (ValueError, OSError, ImportError, RuntimeError) as err:
+            raise KVBenchError(f"task={cfg.task.name}: cannot load its data: {err}") from err
+        return data
+
     def _write_run_files(self) -> dict[str, Any]:
         cfg = self.cfg
-        self.folder.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.folder / CONFIG_FILE, OmegaConf.to_yaml(cfg, resolve=True))
         meta_path = self.folder / RUN_META_FILE
         meta = read_json(meta_path) if meta_path.exists() else {}
+        if meta.get("config_hash") != self.cfg_hash:  # a replaced run that wrote nothing: start afresh
+            meta = {}
         meta.update(
             {
                 "config_hash": self.cfg_hash,
@@ -394,7 +375,7 @@ class Runner:
         atomic_write_json(meta_path, meta)
         return meta
 
-    def _run_dataset(self, loaded: LoadedModel, dataset: TaskDataset) -> DatasetResult:
+    def _run_dataset(self, loaded: LoadedModel, dataset: TaskDataset, samples: list[Sample]) -> DatasetResult:
         cfg = self.cfg
         folder = self.folder / dataset.name
         metrics_path = folder / METRICS_FILE
@@ -409,23 +390,16 @@ class Runner:
                     existing.get("cache", {}).get("mean_kept_fraction", 1.0),
                     skipped=True,
                 )
-        samples = list(dataset.samples())
-        if cfg.task.num_samples is not None:
-            samples = samples[: int(cfg.task.num_samples)]
-        ids = [s.id for s in samples]
-        if len(set(ids)) != len(ids):
-            raise KVBenchError(f"dataset {dataset.name!r} has duplicate sample ids")
+        provenance = dataset.provenance()
+        for warning in stand_in_warnings(dataset.name, provenance):
+            LOG.warning(warning)
         log = PredictionLog(folder / PREDICTIONS_FILE)
         done = {row["id"]: row for row in log.load()}
         timing_log = TimingLog(folder / TIMINGS_FILE)
-        stale = sorted(set(done) - set(ids))
-        if stale:
-            raise KVBenchError(
-                f"{log.path} holds predictions for samples not in this dataset ({stale[:3]}...); "
-                "the task definition changed: remove the folder or use run.tag"
-            )
+        _check_resumable(log.path, done, samples)
         use_template = bool(cfg.model.chat_template and dataset.chat_template)
         stops = stop_token_ids(loaded.tokenizer, loaded.model, list(cfg.model.stop_tokens))
+        stops |= last_token_ids(loaded.tokenizer, dataset.stop_token_texts)
         # Stateful allocators (XKV's sampled mode) calibrate per dataset; a resumed run replays what the finished
         # samples recorded (dataset order), so it continues exactly as the uninterrupted run would.
         self.method.layer_allocator.begin_task(dataset.name, len(samples))
@@ -439,6 +413,7 @@ class Runner:
                 sample,
                 max_input_length=int(cfg.model.max_input_length),
                 use_chat_template=use_template,
+                truncation=dataset.truncation,
             )
             output = generate(
                 loaded.model,
@@ -475,6 +450,7 @@ class Runner:
             "config_hash": self.cfg_hash,
             "question_mode": cfg.task.question_mode,
             "dataset_settings": dataset.describe(),
+            "data_provenance": provenance,
             "cache": _cache_summary(rows),
             "settings": {
                 "method_family": cfg.method.family,
@@ -504,6 +480,39 @@ class Runner:
             len(rows),
             metrics["cache"].get("mean_kept_fraction", 1.0),
             skipped=False,
+        )
+
+
+def sample_cache(cfg: DictConfig) -> SampleCache | None:
+    """The folder generated samples are stored in (``run.sample_cache``: ``auto`` = ``<run.output_root>/../samples``,
+    a path, or null to regenerate in every run)."""
+    setting = cfg.run.get("sample_cache", "auto")
+    if setting is None:
+        return None
+    root = Path(cfg.run.output_root).parent / "samples" if setting == "auto" else Path(str(setting))
+    return SampleCache(root)
+
+
+def _check_resumable(path: Path, done: dict[str, dict[str, Any]], samples: list[Sample]) -> None:
+    """Rows already in ``predictions.jsonl`` must belong to this dataset's samples, with the same prompt (rows
+    written before prompt hashes were recorded are accepted by id)."""
+    by_id = {sample.id: sample for sample in samples}
+    stale = sorted(set(done) - set(by_id))
+    if stale:
+        raise KVBenchError(
+            f"{path} holds predictions for samples not in this dataset ({stale[:3]}...); "
+            "the task definition changed: remove the folder or use run.tag"
+        )
+    changed = sorted(
+        sample_id
+        for sample_id, row in done.items()
+        if row.get("prompt_sha256") is not None and row["prompt_sha256"] != by_id[sample_id].prompt_sha256()
+    )
+    if changed:
+        raise KVBenchError(
+            f"{path} holds predictions made from different prompts for {len(changed)} sample(s) ({changed[:3]}...): "
+            "the task data, generator or tokenizer changed since they were written. Nothing was changed; remove the "
+            "folder to rerun, or use run.tag"
         )
 
 
@@ -538,8 +547,8 @@ def _device_name(spec: str) -> str:
 def format_table(cfg: DictConfig, results: list[DatasetResult], folder: Path) -> str:
     """A plain-text score table for the terminal."""
     title = (
-        f"model={cfg.model.name} task={cfg.task.name} method={cfg.method.name} budget={cfg.budget.name} "
-        f"question_mode={cfg.task.question_mode}"
+        f"model={cfg.model.name} task={cfg.task.name} method={cfg.method.name} budget={budget_label(cfg)} "
+        f"question_mode={cfg.task.question_mode}" + (f" tag={cfg.run.tag}" if cfg.run.tag else "")
     )
     width = max([len("dataset"), *(len(r.dataset) for r in results)])
     lines = [title, f"{'dataset':<{width}}  {'metric':<18} {'score':>7} {'n':>4} {'kept':>6}"]
@@ -553,6 +562,12 @@ def format_table(cfg: DictConfig, results: list[DatasetResult], folder: Path) ->
         lines.append(f"{'average':<{width}}  {'':<18} {mean:7.2f}")
     lines.append(f"results: {folder}")
     return "\n".join(lines)
+
+
+def budget_label(cfg: DictConfig) -> str:
+    """The budget as run (``budget.spec``), with the preset's name when it differs (``96L (preset 128L)``)."""
+    spec, name = str(cfg.budget.spec), str(cfg.budget.name)
+    return spec if spec == name else f"{spec} (preset {name})"
 
 
 def _wandb_logger(cfg: DictConfig) -> Any:

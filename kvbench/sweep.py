@@ -147,7 +147,7 @@ class Composer:
 
 def classify(job: Job, cfg: Any) -> None:
     """Set ``job.state`` from its run folder: ``complete``, ``partial``, ``new`` or ``invalid`` (conflict)."""
-    from kvbench.results import METRICS_FILE, RUN_META_FILE, read_json, run_dir
+    from kvbench.results import METRICS_FILE, RUN_META_FILE, holds_results, read_json, run_dir
     from kvbench.runner import config_hash
 
     cfg_hash = config_hash(cfg)
@@ -159,6 +159,9 @@ def classify(job: Job, cfg: Any) -> None:
         job.state = "partial" if folder.exists() and any(folder.iterdir()) else "new"
         return
     meta = read_json(meta_path)
+    if meta.get("config_hash") != cfg_hash and not holds_results(folder):
+        job.state = "new"  # the folder's run wrote no prediction: the job replaces it
+        return
     if meta.get("config_hash") != cfg_hash:
         job.state = "invalid"
         job.reason = (
@@ -185,7 +188,7 @@ def plan(
     conf_dir: Path = CONF_DIR,
 ) -> list[Job]:
     """Every job of the sweep, classified (see the module docstring)."""
-    from kvbench.runner import validate
+    from kvbench.validation import validate
 
     params = experiment_params(experiment, conf_dir) if experiment else {}
     prefix = [f"+experiment={experiment}"] if experiment else []

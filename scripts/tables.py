@@ -3,11 +3,17 @@
 
     python scripts/tables.py --runs results/runs --paper results/paper --out results/tables --plots results/plots
 
-For each table in ``results/paper`` writes ``<out>/<table>.{md,csv,tex}`` (ours / paper / difference, best in
-bold and second underlined), ``<out>/index.md``, ``<out>/missing_runs.{md,csv}`` (every cell we cannot fill),
-``<out>/runs.csv`` and ``<out>/runs_summary.{md,csv}`` (all runs), and PNG plots under ``--plots`` (score versus
-budget per model and task; needle heatmaps).  ``--check-paper`` also writes ``<out>/paper_checks.csv``: every
-printed average recomputed from the paper's own cells, with the known errata flagged.
+For each table in ``results/paper`` writes ``<out>/<table>.{md,csv,tex}`` (ours / paper / difference in the
+paper's layout and precision, best in bold and second underlined), ``<out>/all_tables.tex`` (one LaTeX document
+of them all), ``<out>/index.md``, ``<out>/missing_runs.{md,csv}`` (every cell we cannot fill), ``<out>/runs.csv``
+and ``<out>/runs_summary.{md,csv}`` (all runs), and PNG plots under ``--plots`` (score versus budget per paper
+table with the paper's values dashed, and per model and task of any runs; needle heatmaps per run and dataset).
+``--pdf`` compiles ``all_tables.pdf`` (needs pdflatex; ``make tables-pdf``).  ``--check-paper`` also writes
+``<out>/paper_checks.csv``: every printed average recomputed from the paper's own cells, errata flagged.
+
+``--synthetic N`` first writes made-up runs (the papers' numbers plus Gaussian noise of standard deviation N,
+marked ``synthetic`` everywhere they show) under ``--runs``: a demonstration of filled tables without a GPU.
+Use a folder of its own for them (e.g. ``--runs results/synthetic_runs``), never ``results/runs``.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ import pandas as pd
 
 from kvbench.reporting.aggregate import load_runs
 from kvbench.reporting.paper_refs import TABLES, check_printed_aggregates, errata_keys, load_reference
-from kvbench.reporting.plots import plot_needle_heatmaps, plot_score_vs_budget
+from kvbench.reporting.plots import plot_needle_heatmaps, plot_paper_tables, plot_score_vs_budget
+from kvbench.reporting.render import LatexError, compile_pdf
+from kvbench.reporting.synthetic import write_synthetic_runs
 from kvbench.reporting.tables import build_all, write_runs_overview, write_tables
 
 
@@ -37,7 +45,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--formats", nargs="*", default=["md", "csv", "tex"], choices=["md", "csv", "tex"])
     parser.add_argument("--no-plots", action="store_true", help="skip the plots")
     parser.add_argument("--check-paper", action="store_true", help="also recompute the papers' printed averages")
+    parser.add_argument("--pdf", action="store_true", help="compile <out>/all_tables.pdf with pdflatex")
+    parser.add_argument(
+        "--synthetic", type=float, metavar="NOISE", help="first write synthetic runs (paper + noise) under --runs"
+    )
     args = parser.parse_args(argv)
+    if args.pdf and "tex" not in args.formats:
+        parser.error("--pdf needs the tex format")
+    if args.synthetic is not None:
+        if Path(args.runs).resolve() == (Path(__file__).resolve().parents[1] / "results" / "runs").resolve():
+            parser.error(
+                "--synthetic writes made-up runs: give them a folder of their own (--runs ...), not results/runs"
+            )
+        n_files = write_synthetic_runs(args.runs, args.tables, noise=args.synthetic)
+        print(f"{n_files} synthetic dataset results (paper + N(0, {args.synthetic:g}) noise) -> {args.runs}")
 
     runs = load_runs(args.runs)
     comparisons = build_all(runs, args.paper, args.tables)
@@ -62,9 +83,17 @@ def main(argv: list[str] | None = None) -> int:
             f"paper checks: {len(checks)} printed aggregates recomputed, {int(checks['erratum'].sum())} known "
             f"errata, {len(unexpected)} unexpected mismatches"
         )
+    if args.pdf:
+        try:
+            pdf = compile_pdf(Path(args.out) / "all_tables.tex")
+        except LatexError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        print(f"PDF of every table -> {pdf}")
     if not args.no_plots:
-        plots = plot_score_vs_budget(runs, args.plots) + plot_needle_heatmaps(runs, args.plots)
-        print(f"{len(plots)} plots -> {args.plots}")
+        paper = plot_paper_tables(comparisons, args.plots)
+        plots = paper + plot_score_vs_budget(runs, args.plots) + plot_needle_heatmaps(runs, args.plots)
+        print(f"{len(plots)} plots -> {args.plots} ({len(paper)} paper tables with their printed values dashed)")
     return 0
 
 

@@ -1,13 +1,12 @@
-"""Tests of the LongBench task: official prompts and limits, the context/question split, loading (jsonl, hub via a
-stand-in ``datasets`` module), errors, truncation helpers, scoring through the TaskDataset, configs and
-``scripts/prepare_data.py``.  All offline, on the fixtures in ``tasks/longbench/fixtures``."""
+"""Tests of the LongBench task: official prompts and limits, the context/question split, loading (jsonl, the hub's
+Parquet layout from a local replica, ./data/longbench), errors, truncation helpers, scoring through the TaskDataset,
+configs and ``scripts/prepare_data.py``.  All offline, on the fixtures in ``tasks/longbench/fixtures``."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import sys
-import types
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -198,7 +197,9 @@ def test_generation_rules():
     assert set(CHAT_TEMPLATE_SKIP) == {"trec", "triviaqa", "samsum", "lsht", "lcc", "repobench-p"}
     for name, dataset in datasets.items():
         assert dataset.chat_template == (name not in CHAT_TEMPLATE_SKIP)
-        assert dataset.stop_strings == (("\n",) if name == "samsum" else ())
+        assert dataset.stop_strings == ()
+        assert dataset.stop_token_texts == (("\n",) if name == "samsum" else ())
+        assert dataset.truncation == "middle"
         assert dataset.min_new_tokens == (1 if name == "samsum" else 0)
         assert dataset.postprocess("\n a\nb ") == "\n a\nb "  # pred.py keeps the decoded text unchanged
     assert datasets["lsht"].metric_name == "classification_score"
@@ -238,7 +239,7 @@ def test_unknown_dataset_lists_valid_ones():
 
 
 def test_options_are_validated():
-    with pytest.raises(ValueError, match="valid keys: code_sim_backend, hub_repo, hub_revision"):
+    with pytest.raises(ValueError, match="valid keys: code_sim_backend, hub_repo, hub_revision, max_new_tokens"):
         build_task(task_cfg(options={"backend": "difflib"}), None)
     with pytest.raises(ValueError, match="valid values: difflib, levenshtein"):
         build_task(task_cfg(options={"code_sim_backend": "fuzzy"}), None)
@@ -283,61 +284,79 @@ def test_data_subfolder_and_duplicate_ids(tmp_path):
     assert [s.id for s in dataset.samples()] == ["same", "same#2", "other"]
 
 
-def test_no_data_dir_without_datasets_package(monkeypatch):
-    monkeypatch.setitem(sys.modules, "datasets", None)  # import fails as if not installed
-    (dataset,) = build_task(task_cfg(datasets=["qasper"], data_dir=None), None)
-    with pytest.raises(ImportError, match=r"task\.data_dir.*pip install kvbench\[data\]"):
-        dataset.samples()
+def write_parquet_replica(root: Path, configs: list[str], shard_size: int = 2) -> Path:
+    """A local replica of the hub's Parquet branch (``<config>/test/0000.parquet``, ``0001.parquet``, ...) made from
+    the fixtures: the layout ``load_dataset(..., revision="refs/convert/parquet")`` trips over."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
-
-class FakeHub:
-    """Stands in for ``datasets``: serves the fixtures as hub configs and records the calls."""
-
-    def __init__(self):
-        self.calls = []
-
-    def load_dataset(self, repo, config, split, revision):
-        self.calls.append((repo, config, split, revision))
-        return load_jsonl(FIXTURES_DIR / f"{config}.jsonl")
+    for config in configs:
+        rows = load_jsonl(FIXTURES_DIR / f"{config}.jsonl")
+        folder = root / config / "test"
+        folder.mkdir(parents=True)
+        for shard, start in enumerate(range(0, len(rows), shard_size)):
+            pq.write_table(pa.Table.from_pylist(rows[start : start + shard_size]), folder / f"{shard:04d}.parquet")
+    return root
 
 
 @pytest.fixture
-def fake_hub(monkeypatch):
-    hub = FakeHub()
-    module = types.ModuleType("datasets")
-    module.load_dataset = hub.load_dataset
-    monkeypatch.setitem(sys.modules, "datasets", module)
-    return hub
+def parquet_hub(tmp_path):
+    return write_parquet_replica(tmp_path / "hub", ["trec", "trec_e", "vcsum", "qasper", "lcc"])
 
 
-def test_hub_loading_uses_parquet_export(fake_hub):
-    cfg = task_cfg(kind="longbench_e", name="longbench_e", datasets=["trec"], data_dir=None)
+def test_hub_parquet_layout_is_read_in_shard_order(parquet_hub, monkeypatch):
+    monkeypatch.chdir(parquet_hub)  # no data/longbench here
+    options = {"hub_repo": str(parquet_hub)}
+    cfg = task_cfg(kind="longbench_e", name="longbench_e", datasets=["trec"], data_dir=None, options=options)
     (dataset,) = build_task(cfg, None)
-    assert len(dataset.samples()) == 3
-    assert fake_hub.calls == [("THUDM/LongBench", "trec_e", "test", "refs/convert/parquet")]
-    assert dataset.describe()["data_source"] == "hf://THUDM/LongBench@refs/convert/parquet/trec_e"
-    cfg = task_cfg(datasets=["lcc"], data_dir=None, options={"hub_repo": "zai-org/LongBench", "hub_revision": "main"})
-    build_task(cfg, None)[0].samples()
-    assert fake_hub.calls[-1] == ("zai-org/LongBench", "lcc", "test", "main")
+    expected = _samples_from_fixture("trec", "trec_e")
+    assert [s.to_json() for s in dataset.samples()] == [s.to_json() for s in expected]
+    record = dataset.provenance()["data"]
+    assert record["source"] == "hub" and record["revision"] == "refs/convert/parquet"
+    assert sorted(record["files"]) == ["trec_e/test/0000.parquet", "trec_e/test/0001.parquet"]
+    assert all(len(sha) == 64 for sha in record["files"].values())
 
 
-def test_hub_failure_suggests_options(monkeypatch):
-    def failing_load(repo, config, split, revision):
-        raise FileNotFoundError("no such revision")
+def _samples_from_fixture(name: str, stem: str):
+    from kvbench.tasks.longbench import _samples_from_lines
 
-    module = types.ModuleType("datasets")
-    module.load_dataset = failing_load
-    monkeypatch.setitem(sys.modules, "datasets", module)
-    (dataset,) = build_task(task_cfg(datasets=["qasper"], data_dir=None), None)
-    with pytest.raises(
-        RuntimeError, match=r"qasper.*THUDM/LongBench@refs/convert/parquet.*task\.options\.hub_revision"
-    ):
+    return _samples_from_lines(name, load_jsonl(FIXTURES_DIR / f"{stem}.jsonl"), None)
+
+
+def test_hub_without_pyarrow_names_the_extra(parquet_hub, monkeypatch):
+    monkeypatch.chdir(parquet_hub)
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # import fails as if not installed
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    (dataset,) = build_task(task_cfg(datasets=["qasper"], data_dir=None, options={"hub_repo": str(parquet_hub)}), None)
+    with pytest.raises(ImportError, match=r"pyarrow: pip install -e '\.\[data\]'"):
         dataset.samples()
 
 
-def test_prepare_longbench_round_trip(fake_hub, tmp_path):
+def test_hub_failure_offline_says_how_to_prepare(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # no data/longbench here
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    (dataset,) = build_task(task_cfg(datasets=["qasper"], data_dir=None), None)
+    with pytest.raises(RuntimeError, match=r"qasper.*THUDM/LongBench@refs/convert/parquet.*prepare_data\.py longbench"):
+        dataset.samples()
+
+
+def test_default_data_dir_is_where_prepare_data_writes(monkeypatch, tmp_path):
+    folder = tmp_path / "data" / "longbench"
+    folder.mkdir(parents=True)
+    (folder / "qasper.jsonl").write_bytes((FIXTURES_DIR / "qasper.jsonl").read_bytes())
+    monkeypatch.chdir(tmp_path)
+    (dataset,) = build_task(task_cfg(datasets=["qasper"], data_dir=None), None)
+    assert len(dataset.samples()) == 3
+    record = dataset.provenance()["data"]
+    assert record["source"] == "official" and record["path"] == str(Path("data/longbench/qasper.jsonl"))
+    fixtures = build_task(task_cfg(datasets=["qasper"], data_dir="fixtures"), None)[0].provenance()["data"]
+    assert fixtures["source"] == "stand-in" and "prepare_data.py longbench" in fixtures["how_to_get"]
+
+
+def test_prepare_longbench_round_trip(parquet_hub, tmp_path):
     assert "longbench" in data_preparers()
-    prepare_longbench(tmp_path, datasets=["trec", "vcsum"])
+    tmp_path = tmp_path / "out"
+    prepare_longbench(tmp_path, datasets=["trec", "vcsum"], hub_repo=str(parquet_hub))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["MANIFEST.json", "trec.jsonl", "trec_e.jsonl", "vcsum.jsonl"]
     manifest = json.loads((tmp_path / "MANIFEST.json").read_text())
     assert manifest["files"] == {"trec.jsonl": 3, "trec_e.jsonl": 3, "vcsum.jsonl": 3}
@@ -347,7 +366,9 @@ def test_prepare_longbench_round_trip(fake_hub, tmp_path):
     assert samples[0].question == "会议总结："
 
 
-def test_prepare_data_script(fake_hub, tmp_path, capsys):
+def test_prepare_data_script(tmp_path, capsys):
+    names = dataset_names("longbench_full")
+    hub = write_parquet_replica(tmp_path / "hub", names)
     spec = importlib.util.spec_from_file_location("prepare_data", REPO / "scripts" / "prepare_data.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -356,7 +377,8 @@ def test_prepare_data_script(fake_hub, tmp_path, capsys):
     with pytest.raises(SystemExit):
         module.main(["nonexistent_benchmark", "--out", str(tmp_path)])
     assert "valid:" in capsys.readouterr().err
-    assert module.main(["longbench", "--out", str(tmp_path), "--set", "include_e=false"]) == 0
+    args = ["longbench", "--out", str(tmp_path), "--set", "include_e=false", "--set", f"hub_repo={hub}"]
+    assert module.main(args) == 0
     files = sorted(p.name for p in (tmp_path / "longbench").iterdir())
     assert len(files) == 22 and "MANIFEST.json" in files and not any(f.endswith("_e.jsonl") for f in files)
 
@@ -459,10 +481,10 @@ def test_describe_records_settings():
     (dataset,) = build_task(task_cfg(datasets=["samsum"], question_mode="agnostic"), None)
     info = dataset.describe()
     assert info["question_mode"] == "agnostic"
-    assert info["max_new_tokens"] == 128 and info["chat_template"] is False and info["stop_strings"] == ["\n"]
-    assert info["min_new_tokens"] == 1 and info["first_line_scoring"] is True
+    assert info["max_new_tokens"] == 128 and info["chat_template"] is False and info["stop_token_texts"] == ["\n"]
+    assert info["min_new_tokens"] == 1 and info["first_line_scoring"] is True and info["truncation"] == "middle"
     assert info["code_sim_backend"] == "difflib" and info["metric"] == "rouge_score"
-    assert info["data_source"].endswith("fixtures/samsum.jsonl")
+    assert dataset.provenance()["data"]["path"].endswith("fixtures/samsum.jsonl")
     json.dumps(info)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -99,7 +100,20 @@ def test_essays_from_data_dir(tokenizer, tmp_path):
     (ds,) = build_needle_grid(_cfg(data_dir=str(tmp_path), lengths=[700], depths=[50]), tokenizer)
     (sample,) = ds.samples()
     assert "Apples fall." in sample.context and "Zebras" not in sample.context  # sorted glob: a.txt first
-    assert ds.describe()["haystack"] == str(folder)
+    record = ds.provenance()["essays"]
+    assert record["source"] == "official" and record["path"] == str(folder) and record["files"] == 2
+
+
+def test_url_list_is_not_an_essay_and_json_comes_first(tmp_path):
+    """RULER's data folder holds PaulGrahamEssays_URLs.txt next to PaulGrahamEssays.json: the JSON is the haystack."""
+    from kvbench.tasks.needle_grid import load_essays
+
+    (tmp_path / "PaulGrahamEssays_URLs.txt").write_text("http://www.paulgraham.com/a.html\n")
+    essays, record = load_essays(tmp_path, "PaulGrahamEssays.json", "prepare it")
+    assert record["source"] == "stand-in" and record["missing"] == "PaulGrahamEssays.json"  # the URL list is skipped
+    (tmp_path / "PaulGrahamEssays.json").write_text(json.dumps({"text": "Real essay text."}))
+    essays, record = load_essays(tmp_path, "PaulGrahamEssays.json", "prepare it")
+    assert essays == ["Real essay text."] and record["path"] == str(tmp_path / "PaulGrahamEssays.json")
 
 
 def test_fallback_tokenizer_without_model():

@@ -77,11 +77,14 @@ def test_datasets_and_sizes(tokenizer):
     assert counts["multi_reasoning_en"] == 2 * 2 * 4 * 2  # ... x needle counts
     for ds in datasets:
         for sample in ds.samples():
-            length = sample.extra["context_length"]
+            length, trimmed = sample.extra["context_length"], sample.extra["haystack_trimmed"]
             doc_tokens = _ntok(tokenizer, _document(sample))
             # re-tokenising decoded text (cut CJK bytes, merges across the needle borders) moves a few tokens
-            assert abs(doc_tokens - (length - ds.buffer)) <= 5 + 0.01 * length, (ds.name, length, doc_tokens)
-            assert sample.extra["haystack_tokens"] == length - ds.buffer
+            assert abs(doc_tokens - (length - ds.buffer - trimmed)) <= 5 + 0.01 * length, (ds.name, doc_tokens)
+            assert sample.extra["haystack_tokens"] == length - ds.buffer - trimmed
+            # the whole prompt fits its length: the haystack is trimmed only where the buffer does not cover it
+            assert len(tokenizer(sample.context + sample.question).input_ids) <= length
+            assert trimmed == 0 or ds.name == "multi_retrieval_zh", ds.name
 
 
 def test_single_needle_at_requested_depth(tokenizer):
@@ -171,7 +174,8 @@ def test_data_dir_inputs(tokenizer, tmp_path):
     sample = ds.samples()[0]
     assert "Essay number" in sample.context and "golden quince" in sample.context
     assert sample.answers == ["golden quince"]
-    assert ds.describe()["inputs"]["needles"] == str(tmp_path / "needles.jsonl")
+    record = ds.provenance()["needles"]
+    assert record["source"] == "official" and record["path"] == str(tmp_path / "needles.jsonl")
 
 
 def test_configs_and_validation(tokenizer):
@@ -274,3 +278,62 @@ def test_dataset_scores(tokenizer):
     samples = reasoning.samples()
     result = reasoning.score([s.answers[0] for s in samples], samples)
     assert result["score"] == 100.0 and result["needles_2"] == 100.0
+
+
+# ------------------------------------------------------------------------------------------ OpenCompass seeding
+
+
+def _opencompass_choices(counters, pool, base, haystack_size):
+    """The random choices of OpenCompass's loaders (HEAD, 2024-07 on), replayed on the global ``random`` module:
+    per counter ``random.seed(counter); random.shuffle(lines)``, then M-RS ``random.seed(counter);
+    random.choice(records)`` and M-RT ``random.seed(counter); random.shuffle(needles.copy())``."""
+    import random
+
+    state = random.getstate()
+    lines, records, orders = list(range(haystack_size)), [], []
+    try:
+        for counter in counters:
+            random.seed(counter)
+            random.shuffle(lines)
+            random.seed(counter)
+            records.append(random.choice(pool))
+            needles = list(base)
+            random.seed(counter)
+            random.shuffle(needles)
+            orders.append(needles)
+    finally:
+        random.setstate(state)
+    return records, orders
+
+
+def test_multi_reasoning_and_multi_retrieval_reseed_per_counter(tokenizer):
+    import random
+
+    from kvbench.tasks.needlebench import unique_needles
+
+    cfg = _cfg(
+        datasets=["multi_reasoning_en", "multi_retrieval_en"],
+        lengths=[1500],
+        depths=[20, 60],
+        options={"size": "4k", "repeats": 8, "needle_counts": [2]},
+    )
+    reasoning, retrieval = build_needlebench(cfg, tokenizer)
+    pool = [r for r in reasoning.inputs.reasoning("en", [2]) if r["derivation_count"] == 2]
+    base = unique_needles(retrieval.inputs.all_needles(), 2, random.Random(42), "en")
+    records, orders = _opencompass_choices(range(8), pool, base, len(reasoning.inputs.haystack("en")))
+    by_counter = {s.extra["counter"]: s for s in reasoning.samples() if s.extra["depth"] == 20}
+    assert [by_counter[c].answers[0] for c in range(8)] == [r["answer"] for r in records]
+    assert [s.extra["keywords"] for s in retrieval.samples()] == [[n["arg2"] for n in order] for order in orders]
+    assert len({tuple(k) for k in (s.extra["keywords"] for s in retrieval.samples())}) > 1  # the order does vary
+
+
+def test_unique_needles_shuffle_the_whole_file_then_keep_the_language():
+    import random
+
+    from kvbench.tasks.needlebench import unique_needles
+
+    needles = [{"arg1": f"a{i}", "arg2": f"b{i}", "language": "English" if i % 2 else "Chinese"} for i in range(20)]
+    shuffled = list(needles)
+    random.Random(3).shuffle(shuffled)
+    expected = [n for n in shuffled if n["language"] == "English"][:4]
+    assert unique_needles(needles, 4, random.Random(3), "en") == expected

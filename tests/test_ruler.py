@@ -69,10 +69,8 @@ def test_niah_needles_and_singular_template(tokenizer):
         assert f"One of the special magic numbers for {key} is: {value}." in sample.context
         assert sample.context.startswith("A special magic number is hidden within the following text.")
         assert "The grass is green. The sky is blue." in sample.context
-        assert sample.question == (
-            f"What is the special magic number for {key} mentioned in the provided text?"
-            f" The special magic number for {key} mentioned in the provided text is"
-        )
+        assert sample.question == f"What is the special magic number for {key} mentioned in the provided text?"
+        assert sample.answer_prefix == f" The special magic number for {key} mentioned in the provided text is"
         assert 0 <= sample.extra["depth"] <= 100
 
 
@@ -102,10 +100,10 @@ def test_variable_tracking_chain_and_icl(tokenizer):
     names = sample.answers
     assert len(names) == 5 and all(re.fullmatch(r"[A-Z]{5}", n) for n in names)
     value = re.search(r"assigned the value (\d{5}) in the text above", sample.question).group(1)
+    assert sample.answer_prefix.endswith(f"5 variables are assigned the value {value}, they are: ")
     assert f"VAR {names[0]} = {value}" in sample.context
     for prev, nxt in itertools.pairwise(names):
         assert f"VAR {nxt} = VAR {prev}" in sample.context
-    assert "5 variables are assigned the value" in sample.question
     # one-shot example (3-letter names, randomised value) precedes the task instruction
     instruction = "Memorize and track the chain(s) of variable assignment hidden in the following text."
     assert sample.context.count(instruction) == 2
@@ -118,13 +116,16 @@ def test_cwe_answers_are_the_most_common_words(tokenizer):
     (ds,) = build_ruler(_cfg(datasets=["cwe"], length=2048), tokenizer)
     for sample in ds.samples():
         main = sample.context.split("\n")[-2]  # the numbered list of the real question
+        ((shot_user, shot_reply),) = sample.shots  # the worked example: a complete turn of its own
+        assert shot_user.startswith("Below is a numbered list of words.") and shot_user.endswith("above list?")
+        assert shot_reply.startswith(" Answer: The top 10 words that appear most often in the list are: 1. ")
         words = re.findall(r"\d+\. (\S+)", main)
         counts = Counter(words)
         assert len(sample.answers) == 10
         least_common_answer = min(counts[w] for w in sample.answers)
         others = [c for w, c in counts.items() if w not in sample.answers]
         assert least_common_answer > max(others)
-        assert sample.context.count("Question: What are the 10 most common words in the above list?") == 1
+        assert sample.context.count("Question: What are the 10 most common words in the above list?") == 0
         assert sample.question.startswith("Question: What are the 10 most common words")
 
 
@@ -166,7 +167,10 @@ def test_qa_uses_data_dir_and_includes_gold(tokenizer, tmp_path):
         assert sample.answers == [f"word{i}"]
         assert f"Paragraph {i} says the code word is word{i}." in sample.context
         assert "Document 1:\n" in sample.context
-        assert sample.question.endswith(f"Question: What is the code word of paragraph {i}? Answer:")
+        assert sample.question.endswith(f"Question: What is the code word of paragraph {i}?")
+        assert sample.answer_prefix == " Answer:"
+    record = ds.provenance()["squad"]
+    assert record["source"] == "official" and record["path"] == str(tmp_path / "dev-v2.0.json")
 
 
 def test_qa_shipped_fixtures(tokenizer):
@@ -211,10 +215,16 @@ def test_max_new_tokens_metrics_and_prefix_modes(tokenizer):
     (override,) = build_ruler(_cfg(datasets=["cwe"], options={"max_new_tokens": 64}), tokenizer)
     assert override.max_new_tokens == 64
 
-    (extra,) = build_ruler(_cfg(datasets=["fwe"], options={"answer_prefix": "extra"}), tokenizer)
-    sample = extra.samples()[0]
     prefix = " Answer: According to the coded text above, the three most frequently appeared words are:"
-    assert sample.extra["answer_prefix"] == prefix and not sample.question.endswith(prefix)
+    (official,) = build_ruler(_cfg(datasets=["fwe"]), tokenizer)
+    sample = official.samples()[0]
+    assert sample.answer_prefix == prefix and not sample.question.endswith(prefix)
+    (inline,) = build_ruler(_cfg(datasets=["fwe"], options={"answer_prefix": "user"}), tokenizer)
+    sample = inline.samples()[0]
+    assert sample.answer_prefix == "" and sample.question.endswith(prefix)
+    for retired in ("extra", "question"):  # "extra" used to drop the prefix silently
+        with pytest.raises(ValueError, match="valid values: assistant, user"):
+            build_ruler(_cfg(datasets=["fwe"], options={"answer_prefix": retired}), tokenizer)
 
 
 def test_invalid_options_and_datasets_are_rejected(tokenizer):
@@ -273,7 +283,9 @@ def test_essay_haystack_from_data_dir(tokenizer, tmp_path):
         "A special magic number is hidden within the following text. Make sure to memorize it. "
         "I will quiz you about the number afterwards.\nSentence number 0 is about the quiet harbour."
     )
-    assert ds.inputs.essay_source == str(tmp_path / "PaulGrahamEssays.json")
+    record = ds.provenance()["essays"]
+    assert record["source"] == "official" and record["path"] == str(tmp_path / "PaulGrahamEssays.json")
+    assert len(record["sha256"]) == 64
     assert sample.answers[0] in sample.context
     with pytest.raises(FileNotFoundError):
         build_ruler(_cfg(data_dir=str(tmp_path / "missing")), tokenizer)

@@ -27,6 +27,7 @@ import torch
 
 import kernels
 from kvbench.cache import HeadwiseLayer
+from kvbench.config import GQA_GRANULARITIES
 from kvbench.methods.scoring import (
     GQA_AGGREGATIONS,
     GQA_REDUCE_ORDERS,
@@ -37,7 +38,6 @@ from kvbench.methods.scoring import (
     aggregate_groups,
 )
 
-GQA_GRANULARITIES = ("kv_head", "query_head")
 #: The common knobs (``MethodConfig`` fields) a run records in ``metrics.json``, unless the method ignores them
 #: (``gqa_reduce`` is recorded resolved, in the method's settings, by the families that pool).
 RECORDED_KNOBS = (
@@ -86,6 +86,10 @@ class WindowObservation:
     impl:
         Kernel implementation of the statistics: ``auto`` (Triton on CUDA, chunked torch on CPU), ``triton``,
         ``torch``, or ``dense`` (the materialising reference; for comparisons).
+    sample_key:
+        A stable number identifying the sample: a hash of the compressed prompt's token ids (0 when unknown).
+        Methods that draw random numbers (NACL) seed from it, so a sample's draws do not depend on which samples
+        ran before it (resumed runs, subsets, reordering).
     """
 
     layer_idx: int
@@ -99,6 +103,7 @@ class WindowObservation:
     layer_budget: int | None = None
     impl: str = "auto"
     _stats: dict[Any, kernels.WindowStats] = field(default_factory=dict, repr=False, compare=False)
+    sample_key: int = 0
 
     @property
     def window(self) -> int:

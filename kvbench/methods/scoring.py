@@ -33,12 +33,7 @@ import torch.nn.functional as F
 
 from kernels import WindowStats
 from kernels.reference import window_probs_reference
-
-GQA_AGGREGATIONS = ("mean", "max", "sum")
-GQA_REDUCE_ORDERS = ("before_pool", "after_pool")
-POOLING_TYPES = ("max", "avg")
-POOL_PADDINGS = ("include", "exclude")
-SCORE_DTYPES = ("model", "float32")
+from kvbench.config import GQA_AGGREGATIONS, GQA_REDUCE_ORDERS, POOL_PADDINGS, POOLING_TYPES, SCORE_DTYPES
 
 Rounding = Callable[[torch.Tensor], torch.Tensor]
 

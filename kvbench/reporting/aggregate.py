@@ -5,8 +5,10 @@ is recorded for reference but never parsed, and no list of methods, models or bu
 ``metrics.json``::
 
     model, task, dataset, method, budget, tag, question_mode, metric, score, n_samples, config_hash,
-    mean_kept_fraction, mean_cache_bytes, prefill_s_mean, decode_s_mean, settings, dataset_settings, scores, path
+    mean_kept_fraction, mean_cache_bytes, prefill_s_mean, decode_s_mean, settings, dataset_settings, scores,
+    synthetic, path
 
+``synthetic`` is true only for the made-up runs of :mod:`kvbench.reporting.synthetic` (never for a measurement).
 ``settings``, ``dataset_settings`` and ``scores`` are canonical JSON strings (sorted keys) so that the frame can be
 written to CSV and compared; :func:`expand_settings` turns ``settings`` into ``setting.<key>`` columns.
 """
@@ -43,6 +45,7 @@ RUN_COLUMNS: tuple[str, ...] = (
     "settings",
     "dataset_settings",
     "scores",
+    "synthetic",
     "path",
 )
 
@@ -89,6 +92,7 @@ def metrics_to_row(metrics: dict[str, Any], path: str | Path = "") -> dict[str, 
         "settings": _json(metrics.get("settings")),
         "dataset_settings": _json(metrics.get("dataset_settings")),
         "scores": _json(metrics.get("scores")),
+        "synthetic": bool(metrics.get("synthetic", False)),
         "path": str(path),
     }
 

@@ -4,12 +4,13 @@ Each CSV is tidy: one row per printed cell, with the canonical model / method / 
 the project next to the paper's own labels (``*_label`` columns).  Columns::
 
     table, row, model, model_label, task, question_mode, method, method_label, budget, budget_label,
-    column, column_label, dataset, kind, value, note
+    column, column_label, dataset, kind, value, printed, note
 
 ``kind`` is ``dataset`` (one benchmark dataset), ``aggregate`` (computed by the table's :class:`Convention`),
-``measure`` (efficiency numbers, not rebuilt from accuracy runs) or ``count`` (descriptive).  An empty ``value``
-is a cell that is garbled or unrecoverable in the source; ``note`` says why.  Provenance per table is in
-``results/paper/README.md``.
+``measure`` (efficiency numbers, not rebuilt from accuracy runs) or ``count`` (descriptive).  ``value`` is the
+number; ``printed`` is the cell exactly as the paper prints it (its precision, ``28.3 ± 0.2``, its own ``-``).
+An empty ``printed`` is a cell that is garbled or unrecoverable in the source; ``note`` says why.  Provenance
+per table is in ``results/paper/README.md``.
 
 :data:`TABLES` describes every table: which runs feed it (the runs' ``tag``, set by the matching experiment preset
 ``conf/experiment/<table>.yaml``), its averaging convention and the tolerance used to check printed averages.
@@ -51,7 +52,7 @@ CELL_COLUMNS: tuple[str, ...] = (
 )
 
 #: Columns of every ``results/paper/*.csv``.
-REF_COLUMNS: tuple[str, ...] = (*CELL_COLUMNS, "dataset", "kind", "value", "note")
+REF_COLUMNS: tuple[str, ...] = (*CELL_COLUMNS, "dataset", "kind", "value", "printed", "note")
 
 #: Default location of the reference CSVs (repository-relative).
 DEFAULT_PAPER_DIR = Path(__file__).resolve().parents[2] / "results" / "paper"
@@ -78,6 +79,8 @@ class TableSpec:
     full_tags:
         Tags of the full-cache row's runs (default: ``tags``); full-cache runs are shared by the tables of one
         setup (``conf/experiment/<tag>_full.yaml``) and match any question mode (nothing is compressed).
+    row_header:
+        The paper's heading of its row-label column (``Method``, ``Strategy``, ``Task Type`` ...).
     """
 
     id: str
@@ -88,6 +91,7 @@ class TableSpec:
     tags: tuple[str | None, ...] = (None,)
     tolerance: float = 0.0051
     full_tags: tuple[str | None, ...] = ()
+    row_header: str = "Method"
 
     def tags_for(self, method: str) -> tuple[str | None, ...]:
         """Run tags to try, in order, for a row of ``method``."""
@@ -158,7 +162,14 @@ TABLES: dict[str, TableSpec] = {
             tags=("ahakv", None),
             tolerance=0.011,
         ),
-        _t("ahakv_t2", "AhaKV", "Table 2: ablation on LongBench subsets, LLaMA2-7B-Chat", tags=("ahakv", None)),
+        _t(
+            "ahakv_t2",
+            "AhaKV",
+            "Table 2: ablation on LongBench subsets, LLaMA2-7B-Chat",
+            # Own tag: its 5-dataset runs cannot share ahakv_t1_llama2's folders (another config); AhaKV falls back.
+            tags=("ahakv_t2", "ahakv", None),
+            row_header="Variant",
+        ),
         _t(
             "ahakv_t3",
             "AhaKV",
@@ -174,6 +185,7 @@ TABLES: dict[str, TableSpec] = {
             "Table 2: allocation strategies (Llama2-7B-Chat, 128L, LongBench avg)",
             convention=_LB16,
             tags=("cake", None),
+            row_header="Strategy",
         ),
         _t(
             "cake_t3",
@@ -181,8 +193,16 @@ TABLES: dict[str, TableSpec] = {
             "Table 3: eviction indicators (Llama2-7B-Chat, 128L, LongBench avg)",
             convention=_LB16,
             tags=("cake", None),
+            row_header="Indicator",
         ),
-        _t("cake_t4", "CAKE", "Table 4: LongBench task types", kind="info", convention=Convention("none")),
+        _t(
+            "cake_t4",
+            "CAKE",
+            "Table 4: LongBench task types",
+            kind="info",
+            convention=Convention("none"),
+            row_header="Task Type",
+        ),
         _t("cake_t5", "CAKE", "Table 5: Llama2-7B-Chat, LongBench 16, 64L-2048L", tags=("cake", None)),
         _t("cake_t6", "CAKE", "Table 6: Llama3.1-8B-Instruct, LongBench 16, 64L-2048L", tags=("cake", None)),
         _t("cake_t7", "CAKE", "Table 7: Mistral-7B-Instruct-v0.3, LongBench 16, 64L-2048L", tags=("cake", None)),
@@ -213,7 +233,14 @@ TABLES: dict[str, TableSpec] = {
             tolerance=0.011,
         ),
         _t("cake_t13", "CAKE", "Table 13: prefill and decoding latency", kind="measure", convention=Convention("none")),
-        _t("cake_t14", "CAKE", "Table 14: ablation (Llama2-7B-Chat, 128L)", convention=_LB16, tags=("cake", None)),
+        _t(
+            "cake_t14",
+            "CAKE",
+            "Table 14: ablation (Llama2-7B-Chat, 128L)",
+            convention=_LB16,
+            tags=("cake", None),
+            row_header="Components",
+        ),
         _t("xkv_t3", "XKV", "Table III: LongBench 14 datasets at compression ratios 1.6% and 1.2%", tags=("xkv", None)),
         _t("xkv_t4", "XKV", "Table IV: efficiency on NarrativeQA", kind="measure", convention=Convention("none")),
     ]
@@ -254,9 +281,14 @@ def errata_keys() -> set[tuple[str, str, str, str, str]]:
 
 
 def load_reference(table: str, paper_dir: str | Path = DEFAULT_PAPER_DIR) -> pd.DataFrame:
-    """Load one reference CSV; ``value`` becomes float (NaN where the cell is missing)."""
+    """Load one reference CSV; ``value`` becomes float (NaN where the cell is missing), ``printed`` stays text.
+
+    A CSV without a ``printed`` column (a hand-made reference) prints its values as written.
+    """
     path = Path(paper_dir) / f"{table}.csv"
     df = pd.read_csv(path, dtype=str, keep_default_na=False)
+    if "printed" not in df.columns:
+        df["printed"] = df["value"]
     missing_cols = [c for c in REF_COLUMNS if c not in df.columns]
     if missing_cols:
         raise ValueError(f"{path}: missing columns {missing_cols}")

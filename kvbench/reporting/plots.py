@@ -1,13 +1,20 @@
-"""Plots from the tidy runs table: score versus budget per method and model, and needle heatmaps.
+"""Plots: score versus budget (per paper table, and per model × task of any runs) and needle heatmaps.
 
-* :func:`plot_score_vs_budget`: one PNG per model × task (× tag × question mode): x = budget (``<n>L`` and
-  ``<n>/layer`` on a log2 axis of n, ``<r>x`` on the ratio), y = the mean score over the datasets that every
-  plotted run has; the full cache is a dashed horizontal line.
-* :func:`plot_needle_heatmaps`: one PNG per needle run (any task whose predictions record a needle depth and a
-  context length in ``extra``), x = context length, y = depth, colour = mean per-sample score.  Per-sample scores
-  are read from the row (``score`` / ``extra.score``) when present, else recomputed: the needle-grid word-set
-  recall of :mod:`kvbench.metrics.synthetic` for ``needle_grid`` runs, RULER's ``string_match_all`` (share of
-  reference strings contained in the prediction, case-insensitive) otherwise.  The heatmap itself is drawn by
+* :func:`plot_paper_tables`: one PNG per paper table with several budgets (``paper_<table>.png``): x = budget
+  (the paper's labels; ``<n>L`` on a log2 axis), y = the table's summary column (its average or NeedleBench
+  overall), one panel per model (and question mode).  Ours: solid lines with filled markers; the paper's printed
+  values: dashed lines with open markers, same colour per method; full cache: horizontal lines (solid ours, dashed
+  the paper's).  A method with a single budget is still drawn (a marker).
+* :func:`plot_score_vs_budget`: the same view of whatever runs exist (e.g. the tiny model's), per model × task
+  (× tag × question mode): y = the mean score over the datasets every plotted run has; the full-cache method is a
+  horizontal line whatever budget it ran under.  A group with a single budget is skipped (nothing to plot
+  against).
+* :func:`plot_needle_heatmaps`: one PNG per needle run and dataset (any task whose predictions record a needle
+  depth and a context length in ``extra``): x = context length, y = depth, colour = mean per-sample score on the
+  dataset's own 0-100 scale (the title's overall score is on the same scale).  Per-sample scores are read from
+  the row (``score`` / ``extra.score``, 0-100) when present, else recomputed: the needle-grid word-set recall of
+  :mod:`kvbench.metrics.synthetic` for ``needle_grid`` runs, RULER's ``string_match_all`` (share of reference
+  strings contained in the prediction, case-insensitive) otherwise.  The heatmap itself is drawn by
   :func:`kvbench.tasks.needle_grid.plot_needle_heatmap`, the same function that writes each run's heatmap.
 
 Everything is written with the non-interactive Agg backend, so this runs on headless machines.
@@ -27,7 +34,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.lines import Line2D
 
+from kvbench.reporting.paper_refs import TABLES
 from kvbench.results import PREDICTIONS_FILE
 from kvbench.tasks.needle_grid import plot_needle_heatmap
 
@@ -35,6 +44,8 @@ _BUDGET_RE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>L|/layer|x)$")
 
 
 _NAMED_RE = {re.compile(r"^ratio(?P<n>\d+(?:\.\d+)?)$"): "x", re.compile(r"^(?P<n>\d+)perlayer$"): "/layer"}
+_AXIS_LABEL = {"L": "budget n (total n × layers)", "/layer": "tokens per layer", "x": "kept ratio"}
+_SUFFIX = {"L": "L", "/layer": "per-layer", "x": "ratio"}
 
 
 def budget_value(budget: str) -> tuple[str, float] | None:
@@ -54,49 +65,163 @@ def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]+", "-", str(text)).strip("-")
 
 
+def _file_name(prefix: str, *parts: str) -> str:
+    """``prefix_part_part.png`` from the non-empty parts, each once."""
+    kept = list(dict.fromkeys(_safe(p) for p in parts if p))
+    return "_".join([prefix, *kept]) + ".png"
+
+
+def _mode_part(question_mode: str, tag: str) -> str:
+    """The question mode worth naming: not the default (``aware``), nor one the tag already says
+    (``agnostic`` in ``adakv_late_agnostic``)."""
+    return "" if question_mode in ("", "aware") or question_mode in str(tag) else question_mode
+
+
+def _colours(methods: Sequence[str]) -> dict[str, Any]:
+    """One distinct colour per method (tab10, or tab20 beyond ten methods)."""
+    cmap = plt.get_cmap("tab10" if len(methods) <= 10 else "tab20")
+    return {m: cmap(i % cmap.N) for i, m in enumerate(methods)}
+
+
+def _budget_axis(ax: Any, form: str, xs: Sequence[float], labels: Sequence[str] | None = None) -> None:
+    """Log2 axis for token budgets; ticks at the plotted budgets (with the paper's labels when given)."""
+    if form in ("L", "/layer") and xs and min(xs) > 0:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(list(labels) if labels else [f"{x:g}" for x in xs], fontsize=8)
+    ax.minorticks_off()
+    ax.set_xlabel(_AXIS_LABEL.get(form, "budget"))
+    ax.grid(alpha=0.3)
+
+
+# ----------------------------------------------------------------------------------------------- paper tables
+def summary_column(cmp: pd.DataFrame) -> str | None:
+    """The column a table's score-vs-budget plot shows: its average, NeedleBench overall, or its only column."""
+    columns = list(dict.fromkeys(cmp["column"]))
+    for name in ("avg", "overall"):
+        if name in columns:
+            return name
+    return columns[0] if len(columns) == 1 else None
+
+
+def draw_paper_panel(ax: Any, part: pd.DataFrame, colours: dict[str, Any]) -> None:
+    """One model's panel from comparison cells of one column (plus ``x``, the budget's number): ours solid and the
+    paper's dashed per method, full cache as horizontal lines (solid ours, dashed the paper's)."""
+    comp = part[(part["method"] != "full") & part["x"].notna()]
+    for method, mg in comp.groupby("method", sort=False):
+        mg = mg.sort_values("x")
+        ours, paper = mg[mg["ours"].notna()], mg[mg["paper"].notna()]
+        ax.plot(ours["x"], ours["ours"], "-o", color=colours[method], markersize=5)
+        ax.plot(paper["x"], paper["paper"], "--o", color=colours[method], markersize=5, mfc="none", alpha=0.8)
+    for rec in part[part["method"] == "full"].itertuples():
+        if not pd.isna(rec.ours):
+            ax.axhline(rec.ours, color="black", linestyle="-", linewidth=1)
+        if not pd.isna(rec.paper):
+            ax.axhline(rec.paper, color="black", linestyle="--", linewidth=1, alpha=0.7)
+    ticks = comp.drop_duplicates("budget").sort_values("x")
+    form = budget_value(ticks["budget"].iloc[0])[0] if len(ticks) else ""
+    labels = [str(label) or str(budget) for label, budget in zip(ticks["budget_label"], ticks["budget"], strict=True)]
+    _budget_axis(ax, form, list(ticks["x"]), labels)
+    ax.set_xlabel("budget (the paper's labels)")
+    ax.set_ylabel(str(part["column_label"].iloc[0]))
+
+
+def plot_paper_table(table: str, cmp: pd.DataFrame, out_dir: str | Path) -> Path | None:
+    """``paper_<table>.png`` (see the module docstring); ``None`` when no model of the table has two budgets or
+    no compressed row has a value of ours."""
+    column = summary_column(cmp)
+    if column is None:
+        return None
+    data = cmp[(cmp["column"] == column) & (cmp["method"] != "")].copy()
+    data["x"] = [p[1] if p is not None else math.nan for p in data["budget"].map(budget_value)]
+    compressed = data[(data["method"] != "full") & data["x"].notna()]
+    if compressed["ours"].isna().all() or compressed.groupby(["model_label", "question_mode"])["x"].nunique().max() < 2:
+        return None
+    panels = list(dict.fromkeys(zip(data["model_label"], data["question_mode"], strict=True)))
+    colours = _colours(list(dict.fromkeys(compressed["method"])))
+    width = 4.6 * len(panels) + 2.0
+    fig, axes = plt.subplots(1, len(panels), figsize=(width, 4.0), squeeze=False)
+    show_mode = data["question_mode"].nunique() > 1
+    for ax, (model_label, mode) in zip(axes[0], panels, strict=True):
+        draw_paper_panel(ax, data[(data["model_label"] == model_label) & (data["question_mode"] == mode)], colours)
+        ax.set_title(f"{model_label} · {mode}" if show_mode else model_label, fontsize=9)
+    handles = [Line2D([], [], color=c, marker="o", label=_label_of(data, m)) for m, c in colours.items()]
+    handles += [
+        Line2D([], [], color="grey", linestyle="-", marker="o", label="ours"),
+        Line2D([], [], color="grey", linestyle="--", marker="o", mfc="none", label="paper (as printed)"),
+    ]
+    if (data["method"] == "full").any():
+        handles.append(Line2D([], [], color="black", linewidth=1, label="full cache\n(solid ours, dashed paper)"))
+    fig.legend(handles=handles, loc="center right", fontsize=8, frameon=False)
+    spec = TABLES.get(table)
+    title = f"{spec.paper}, {spec.title}" if spec is not None else table
+    if bool(cmp["synthetic"].any()):
+        title += "\nSYNTHETIC runs (paper values plus noise), not measurements"
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1 - 2.0 / width, 1))
+    path = Path(out_dir) / _file_name("paper", table)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _label_of(data: pd.DataFrame, method: str) -> str:
+    return str(data.loc[data["method"] == method, "method_label"].iloc[0])
+
+
+def plot_paper_tables(comparisons: dict[str, pd.DataFrame], out_dir: str | Path) -> list[Path]:
+    """:func:`plot_paper_table` for every table that can be plotted."""
+    paths = [plot_paper_table(table, cmp, out_dir) for table, cmp in comparisons.items()]
+    return [p for p in paths if p is not None]
+
+
+# ------------------------------------------------------------------------------------------------------ any runs
+def draw_runs_panel(ax: Any, part: pd.DataFrame, full: pd.DataFrame, form: str) -> None:
+    """Score versus budget of runs: ``part`` (``method, x, score``) one line per method (a marker where a method
+    ran one budget), ``full`` (``budget, score``) horizontal dashed lines, whatever budget they ran under."""
+    colours = _colours(sorted(part["method"].unique()))
+    for method, mg in part.groupby("method", sort=True):
+        mg = mg.sort_values("x")
+        ax.plot(mg["x"], mg["score"], "-o", color=colours[method], label=method)
+    for rec in full.itertuples():
+        label = "full cache" if len(full) == 1 else f"full cache ({rec.budget})"
+        ax.axhline(rec.score, linestyle="--", color="black", linewidth=1, label=label)
+    _budget_axis(ax, form, sorted(part["x"].unique()))
+
+
 def plot_score_vs_budget(runs: pd.DataFrame, out_dir: str | Path) -> list[Path]:
-    """Write score-versus-budget plots; returns the PNG paths (none when there are no runs)."""
+    """Write score-versus-budget plots of the runs; returns the PNG paths (none when no group has two budgets)."""
     out = Path(out_dir)
     written: list[Path] = []
     if runs.empty:
         return written
-    out.mkdir(parents=True, exist_ok=True)
     runs = runs.assign(tag=runs["tag"].fillna(""))
-    group_keys = ["model", "task", "tag", "question_mode"]
-    for (model, task, tag, qmode), g in runs.groupby(group_keys, sort=True):
+    for (model, task, tag, qmode), g in runs.groupby(["model", "task", "tag", "question_mode"], sort=True):
         per_run = g.groupby(["method", "budget"])["dataset"].apply(set)
         common = set.intersection(*per_run.tolist()) if len(per_run) else set()
         use = g[g["dataset"].isin(common)] if common else g
         means = use.groupby(["method", "budget"])["score"].mean().reset_index()
         means["parsed"] = means["budget"].map(budget_value)
-        forms = sorted({p[0] for p in means["parsed"] if p is not None})
-        full = means[means["budget"] == "full"]
-        if not forms:
-            forms = [""]
-        for form in forms:
-            fig, ax = plt.subplots(figsize=(6.4, 4.2))
-            part = means[means["parsed"].map(lambda p, f=form: p is not None and p[0] == f)]
-            for method, mg in part.groupby("method", sort=True):
-                mg = mg.assign(x=mg["parsed"].map(lambda p: p[1])).sort_values("x")
-                ax.plot(mg["x"], mg["score"], marker="o", label=method)
-            for row in full.itertuples():
-                ax.axhline(row.score, linestyle="--", color="grey", label=f"{row.method} (full cache)")
-            if form in ("L", "/layer") and not part.empty and part["parsed"].map(lambda p: p[1]).min() > 0:
-                ax.set_xscale("log", base=2)
-            unit = {"L": "budget n (total n × layers)", "/layer": "tokens per layer", "x": "kept ratio"}.get(form, "")
-            ax.set_xlabel(unit or "budget")
+        full = means[means["method"] == "full"]
+        comp = means[(means["method"] != "full") & means["parsed"].notna()]
+        for form in sorted({p[0] for p in comp["parsed"]}):
+            part = comp[comp["parsed"].map(lambda p, f=form: p[0] == f)]
+            part = part.assign(x=part["parsed"].map(lambda p: p[1]))
+            if part["x"].nunique() < 2:
+                continue  # one budget: nothing to plot against
+            fig, ax = plt.subplots(figsize=(8.0, 4.2))
+            draw_runs_panel(ax, part, full, form)
             n_ds = len(common) if common else g["dataset"].nunique()
             ax.set_ylabel(f"mean score over {n_ds} dataset(s)")
-            title = f"{model} · {task}" + (f" · {tag}" if tag else "") + (f" · {qmode}" if qmode != "aware" else "")
-            ax.set_title(title)
-            ax.grid(alpha=0.3)
-            if ax.get_legend_handles_labels()[0]:
-                ax.legend(fontsize=8)
+            mode = _mode_part(qmode, tag)
+            title = " · ".join(x for x in (model, task, tag, mode) if x)
+            ax.set_title(title + (" · SYNTHETIC" if bool(g["synthetic"].any()) else ""), fontsize=10)
+            ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
             fig.tight_layout()
-            suffix = {"L": "L", "/layer": "per-layer", "x": "ratio"}.get(form, "full")
-            name = "_".join(_safe(x) for x in ("score_vs_budget", model, task, tag, qmode, suffix) if x)
-            path = out / f"{name}.png"
-            fig.savefig(path, dpi=120)
+            path = out / _file_name("score_vs_budget", model, task, tag, mode, _SUFFIX[form])
+            out.mkdir(parents=True, exist_ok=True)
+            fig.savefig(path, dpi=110)
             plt.close(fig)
             written.append(path)
     return written
@@ -153,26 +278,24 @@ def _read_predictions(path: Path) -> list[dict[str, Any]]:
 
 
 def plot_needle_heatmaps(runs: pd.DataFrame, out_dir: str | Path) -> list[Path]:
-    """One heatmap per run whose predictions carry needle depth and length (all of the run's datasets pooled)."""
+    """One heatmap per run and dataset whose predictions carry needle depth and length (0-100 colour scale)."""
     written: list[Path] = []
     if runs.empty:
         return written
     runs = runs.assign(tag=runs["tag"].fillna(""))
-    for key, g in runs.groupby(["model", "task", "method", "budget", "tag", "question_mode"], sort=True):
-        rows: list[dict[str, Any]] = []
-        for metrics_path in g["path"]:
-            pred = Path(metrics_path).parent / PREDICTIONS_FILE
-            if pred.exists():
-                rows.extend(_read_predictions(pred))
-        model, task, method, budget, tag, qmode = key
-        grid = needle_grid_from_predictions(rows, _scorer_for(task))
+    for rec in runs.sort_values(["model", "task", "method", "budget", "tag", "question_mode", "dataset"]).itertuples():
+        pred = Path(rec.path).parent / PREDICTIONS_FILE
+        if not pred.exists():
+            continue
+        grid = needle_grid_from_predictions(_read_predictions(pred), _scorer_for(rec.task))
         if grid.empty or math.isnan(grid["score"].mean()):
             continue
-        title = f"{model} · {task} · {method} · {budget}" + (f" · {tag}" if tag else "")
-        name = "_".join(_safe(x) for x in ("needle", model, task, method, budget, tag, qmode) if x) + ".png"
-        path = Path(out_dir) / name
-        cells = [{"length": r.length, "depth": r.depth, "score": r.score / 100.0} for r in grid.itertuples()]
-        written.append(plot_needle_heatmap(cells, path, title=title, vmax=1.0))
+        mode = _mode_part(rec.question_mode, rec.tag)
+        title = " · ".join(x for x in (rec.model, rec.method, rec.budget, rec.tag, mode) if x) + f"\n{rec.dataset}"
+        name = _file_name("needle", rec.model, rec.task, rec.method, rec.budget, rec.tag, mode, rec.dataset)
+        metric = f"{rec.metric or 'score'} (0-100)"
+        cells = [{"length": r.length, "depth": r.depth, metric: r.score} for r in grid.itertuples()]
+        written.append(plot_needle_heatmap(cells, Path(out_dir) / name, title=title, score_key=metric, vmax=100.0))
     return written
 
 

@@ -2,10 +2,10 @@
 
 For each table in :data:`kvbench.reporting.paper_refs.TABLES` and each printed cell, :func:`compare_table` finds
 our score (a dataset cell is the run's score on that dataset; an aggregate cell is computed by the paper's own
-convention) and the difference ``ours - paper``.  Renderers keep the paper's layout (its rows and columns) and
-write, per paper row, an ``ours`` line, a ``paper`` line and a ``Δ`` line; within each model × budget block the
-best compressed method is bold and the second underlined, as the papers do (computed separately for our numbers
-and for the paper's).  A cell we do not have is "–" and every such cell is listed in ``missing_runs``.
+convention) and the difference ``ours - paper``; :func:`missing_runs` lists every paper row we cannot fill and
+:func:`write_tables` writes every table in the paper's layout (:mod:`kvbench.reporting.render`).  Within each
+model × budget block the best compressed method is ranked 1 and the second 2, as the papers mark them in bold and
+underline (computed separately for our numbers and for the paper's).
 """
 
 from __future__ import annotations
@@ -19,17 +19,18 @@ import pandas as pd
 
 from kvbench.reporting.conventions import MissingData
 from kvbench.reporting.paper_refs import CELL_COLUMNS, DEFAULT_PAPER_DIR, TABLES, TableSpec, load_reference
-
-DASH = "–"
+from kvbench.reporting.render import latex_document, render_latex, render_markdown, runs_overview_markdown
 
 #: Columns of a comparison frame.
 COMPARISON_COLUMNS: tuple[str, ...] = (
     *CELL_COLUMNS,
     "kind",
     "paper",
+    "printed",
     "ours",
     "diff",
     "tag",
+    "synthetic",
     "missing",
     "paper_rank",
     "ours_rank",
@@ -39,22 +40,30 @@ COMPARISON_COLUMNS: tuple[str, ...] = (
 
 @dataclass
 class RowRuns:
-    """The runs found for one paper row: the tag used and ``dataset -> score``."""
+    """The runs found for one paper row: the tag used, ``dataset -> score`` and whether any run is synthetic."""
 
     tag: str | None
     scores: dict[str, float]
+    synthetic: bool = False
 
 
-def _select_runs(runs: pd.DataFrame, spec: TableSpec, first: pd.Series) -> RowRuns | None:
+_RUN_GROUP = ["model", "task", "method", "budget"]
+
+
+def _runs_by_cell(runs: pd.DataFrame) -> dict[tuple[str, ...], pd.DataFrame]:
+    """The runs grouped by model, task, method and budget (looked up once per paper row)."""
+    if runs.empty:
+        return {}
+    return {tuple(str(k) for k in key): g for key, g in runs.groupby(_RUN_GROUP, sort=False)}
+
+
+def _select_runs(by_cell: dict[tuple[str, ...], pd.DataFrame], spec: TableSpec, first: pd.Series) -> RowRuns | None:
     """Scores of the run matching one paper row, trying the table's tags in order of preference."""
-    if runs.empty or not first["method"]:
+    if not first["method"]:
         return None
-    sel = runs[
-        (runs["model"] == first["model"])
-        & (runs["task"] == first["task"])
-        & (runs["method"] == first["method"])
-        & (runs["budget"] == first["budget"])
-    ]
+    sel = by_cell.get(tuple(str(first[k]) for k in _RUN_GROUP))
+    if sel is None:
+        return None
     is_full = first["method"] == "full"
     if first["question_mode"] and not is_full:
         sel = sel[sel["question_mode"] == first["question_mode"]]
@@ -64,57 +73,56 @@ def _select_runs(runs: pd.DataFrame, spec: TableSpec, first: pd.Series) -> RowRu
             hit = hit[hit["question_mode"] == first["question_mode"]]  # prefer the table's mode when both exist
         if not hit.empty:
             hit = hit.drop_duplicates("dataset")
-            return RowRuns(tag, dict(zip(hit["dataset"], hit["score"].astype(float), strict=True)))
+            synthetic = bool(hit["synthetic"].astype(bool).any()) if "synthetic" in hit else False
+            return RowRuns(tag, dict(zip(hit["dataset"], hit["score"].astype(float), strict=True)), synthetic)
     return None
 
 
 def compare_table(spec: TableSpec, ref: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     """Paper cell by paper cell: the paper's value, ours, their difference and why ours may be missing."""
+    if "printed" not in ref.columns:  # a hand-made reference: print its values as they are
+        ref = ref.assign(printed=["" if pd.isna(v) else str(v) for v in ref["value"]])
     out = []
     table_datasets = list(dict.fromkeys(ref.loc[ref["kind"] == "dataset", "dataset"]))
-    for _, g in ref.groupby("row", sort=True):
-        first = g.iloc[0]
-        found = _select_runs(runs, spec, first) if spec.kind == "scores" else None
-        for r in g.itertuples():
+    by_cell = _runs_by_cell(runs) if spec.kind == "scores" else {}
+    rows: dict[int, list[dict]] = {}
+    for rec in ref.to_dict("records"):  # plain dicts: far faster than row-wise pandas access
+        rows.setdefault(int(rec["row"]), []).append(rec)
+    for row in sorted(rows):
+        cells = rows[row]
+        found = _select_runs(by_cell, spec, cells[0]) if spec.kind == "scores" else None
+        for r in cells:
             ours, missing = math.nan, ""
             if spec.kind != "scores":
                 missing = f"{spec.kind} table: not rebuilt from accuracy runs"
-            elif not r.method:
+            elif not r["method"]:
                 missing = "paper row has no recoverable method"
             elif found is None:
                 missing = "no run"
-            elif r.kind == "dataset":
-                if r.dataset in found.scores and not math.isnan(found.scores[r.dataset]):
-                    ours = found.scores[r.dataset]
+            elif r["kind"] == "dataset":
+                if r["dataset"] in found.scores and not math.isnan(found.scores[r["dataset"]]):
+                    ours = found.scores[r["dataset"]]
                 else:
-                    missing = f"dataset not run: {r.dataset}"
-            elif r.kind == "aggregate":
+                    missing = f"dataset not run: {r['dataset']}"
+            elif r["kind"] == "aggregate":
                 try:
-                    ours = spec.convention.aggregate(r.column, found.scores, table_datasets)
+                    ours = spec.convention.aggregate(r["column"], found.scores, table_datasets)
                 except MissingData as err:
                     missing = "incomplete run, missing: " + ", ".join(err.missing)
-            paper = r.value
+            paper = r["value"]
             out.append(
                 {
+                    **{c: r[c] for c in CELL_COLUMNS if c != "table"},
                     "table": spec.id,
-                    "row": r.row,
-                    "model": r.model,
-                    "model_label": r.model_label,
-                    "task": r.task,
-                    "question_mode": r.question_mode,
-                    "method": r.method,
-                    "method_label": r.method_label,
-                    "budget": r.budget,
-                    "budget_label": r.budget_label,
-                    "column": r.column,
-                    "column_label": r.column_label,
-                    "kind": r.kind,
+                    "kind": r["kind"],
                     "paper": paper,
+                    "printed": r["printed"],
                     "ours": ours,
                     "diff": ours - paper if not (math.isnan(ours) or pd.isna(paper)) else math.nan,
                     "tag": found.tag if found is not None else None,
+                    "synthetic": found is not None and found.synthetic and not math.isnan(ours),
                     "missing": missing,
-                    "note": r.note,
+                    "note": r["note"],
                 }
             )
     df = pd.DataFrame(out, columns=[c for c in COMPARISON_COLUMNS if c not in ("paper_rank", "ours_rank")])
@@ -129,22 +137,22 @@ def _ranks(df: pd.DataFrame, value: str, spec: TableSpec) -> pd.Series:
     if spec.kind != "scores" or df.empty:
         return ranks
     comp = df[(df["method"] != "full") & (df["budget"] != "full") & df[value].notna()]
-    for _, g in comp.groupby(["model", "budget", "question_mode", "column"], sort=False):
-        if len(g) < 2:
-            continue
-        order = sorted(set(g[value].round(6)), reverse=True)
-        for idx, v in g[value].round(6).items():
-            if v == order[0]:
-                ranks[idx] = 1
-            elif len(order) > 1 and v == order[1]:
-                ranks[idx] = 2
+    if comp.empty:
+        return ranks
+    groups = (
+        comp[value].astype(float).round(6).groupby([comp[k] for k in ("model", "budget", "question_mode", "column")])
+    )
+    dense = groups.rank(method="dense", ascending=False)  # ties share a rank; the next value is 2
+    alone = groups.transform("size") < 2  # a lone method is not "best"
+    ranks.loc[comp.index] = dense.where((dense <= 2) & ~alone, 0).astype(int)
     return ranks
 
 
 def missing_runs(comparisons: pd.DataFrame) -> pd.DataFrame:
     """One line per paper row whose runs are absent or incomplete (what to run to fill the table)."""
     miss = comparisons[(comparisons["missing"] != "") & comparisons["missing"].notna()]
-    miss = miss[~miss["missing"].str.endswith("not rebuilt from accuracy runs")]
+    # Reference-only tables and paper rows whose method is unrecoverable can never be run: not "missing".
+    miss = miss[~miss["missing"].str.endswith("not rebuilt from accuracy runs") & (miss["method"] != "")]
     if miss.empty:
         return pd.DataFrame(columns=["table", "model", "task", "question_mode", "method", "budget", "what"])
     rows = []
@@ -156,129 +164,6 @@ def missing_runs(comparisons: pd.DataFrame) -> pd.DataFrame:
         what = "; ".join(other + ([f"datasets not run: {', '.join(datasets)}"] if datasets else []))
         rows.append(dict(zip(keys, key, strict=True), what=what))
     return pd.DataFrame(rows).drop(columns="row").drop_duplicates().reset_index(drop=True)
-
-
-# ----------------------------------------------------------------------------------------------------------- render
-def _fmt(v: float, digits: int = 2) -> str:
-    return DASH if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
-
-
-def _fmt_diff(v: float, digits: int = 2) -> str:
-    if v is None or math.isnan(v):
-        return DASH
-    text = f"{v:+.{digits}f}"
-    return text[1:] if float(text) == 0 else text
-
-
-def _mark(text: str, rank: int, fmt: str) -> str:
-    if text == DASH or rank == 0:
-        return text
-    if fmt == "md":
-        return f"**{text}**" if rank == 1 else f"<u>{text}</u>"
-    return f"\\textbf{{{text}}}" if rank == 1 else f"\\underline{{{text}}}"
-
-
-def _label_columns(cmp: pd.DataFrame) -> list[str]:
-    """Row-label columns worth showing: the ones that vary within the table (method always)."""
-    cols = [c for c in ("model_label", "question_mode", "budget_label") if cmp[c].nunique() > 1]
-    return [*cols, "method_label"]
-
-
-_LABEL_NAMES = {"model_label": "Model", "question_mode": "Question", "budget_label": "Budget", "method_label": "Method"}
-
-
-def layout(cmp: pd.DataFrame, fmt: str = "md") -> tuple[list[str], list[list[str]]]:
-    """Header and body rows (strings) in the paper's layout: per paper row an ours / paper / Δ line."""
-    labels = _label_columns(cmp)
-    cols = list(dict.fromkeys(cmp["column"]))
-    col_labels = [cmp.loc[cmp["column"] == c, "column_label"].iloc[0] for c in cols]
-    header = [_LABEL_NAMES[c] for c in labels] + ["", *col_labels]
-    body = []
-    for _, g in cmp.groupby("row", sort=True):
-        cells = g.set_index("column")
-        first = g.iloc[0]
-        label_vals = [str(first[c]) for c in labels]
-        for src in ("ours", "paper", "Δ"):
-            line = [*label_vals] if src == "ours" else [""] * len(labels)
-            line.append(src)
-            for c in cols:
-                if c not in cells.index:  # the paper prints nothing in this row and column
-                    line.append("")
-                    continue
-                cell = cells.loc[c]
-                if src == "Δ":
-                    line.append(_fmt_diff(cell["diff"]))
-                else:
-                    line.append(_mark(_fmt(cell[src]), int(cell[f"{src}_rank"]), fmt))
-            body.append(line)
-    return header, body
-
-
-def _md_escape(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
-def render_markdown(spec: TableSpec, cmp: pd.DataFrame, missing: pd.DataFrame | None = None) -> str:
-    """One table as Markdown: title, the ours / paper / Δ layout, notes on missing paper cells and runs."""
-    header, body = layout(cmp, "md")
-    lines = [f"## {spec.id}: {spec.paper}, {spec.title}", ""]
-    covered = int(cmp["ours"].notna().sum())
-    lines.append(
-        f"Cells with our value: {covered}/{len(cmp)}; paper cells printed: {int(cmp['paper'].notna().sum())}/"
-        f"{len(cmp)}. Runs used: tag {', '.join(sorted({str(t) for t in cmp['tag'].dropna()})) or DASH}. "
-        f"Bold = best, underlined = second best among compressed methods (per model and budget)."
-    )
-    lines += ["", "| " + " | ".join(_md_escape(h) for h in header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_md_escape(c) for c in row) + " |" for row in body]
-    notes = cmp[(cmp["note"] != "") & cmp["note"].notna()]
-    if not notes.empty:
-        lines += ["", "Paper cells with notes (missing = garbled or unrecoverable in the source, never guessed):", ""]
-        for note, ng in notes.groupby("note", sort=False):
-            where = [f"{n.model_label} {n.budget_label} {n.method_label} / {n.column_label}" for n in ng.itertuples()]
-            lines.append(f"- {note} ({len(where)} cell{'s' if len(where) > 1 else ''}: {'; '.join(where)})")
-    if missing is not None and not missing.empty:
-        lines += [
-            "",
-            f"Missing runs (shown as –; `python run.py -m +experiment={spec.id}` runs this table's grid):",
-            "",
-        ]
-        for m in missing.itertuples():
-            lines.append(f"- {m.model} / {m.task} / {m.method} / {m.budget} ({m.question_mode or 'any'}): {m.what}")
-    if spec.kind != "scores":
-        lines += ["", f"This is a {spec.kind} table; it is shown for reference and not rebuilt from accuracy runs."]
-    return "\n".join(lines) + "\n"
-
-
-def _tex_escape(text: str) -> str:
-    """Escape a label for LaTeX (numbers are formatted separately and need no escaping)."""
-    for a, b in (("\\", "\\textbackslash{}"), ("&", "\\&"), ("%", "\\%"), ("_", "\\_"), ("#", "\\#")):
-        text = text.replace(a, b)
-    return _tex_cell(text)
-
-
-def _tex_cell(text: str) -> str:
-    return text.replace(DASH, "--").replace("Δ", "$\\Delta$").replace("—", "--").replace("±", "$\\pm$")
-
-
-def render_latex(spec: TableSpec, cmp: pd.DataFrame) -> str:
-    """One table as a LaTeX ``tabular`` (booktabs), same layout as the Markdown."""
-    header, body = layout(cmp, "tex")
-    n_label = len(header) - len(list(dict.fromkeys(cmp["column"]))) - 1
-    align = "l" * (n_label + 1) + "r" * (len(header) - n_label - 1)
-    lines = [
-        f"% {spec.id}: {spec.paper}, {spec.title}",
-        "\\begin{tabular}{" + align + "}",
-        "\\toprule",
-        " & ".join(_tex_escape(h) for h in header) + " \\\\",
-        "\\midrule",
-    ]
-    for i, row in enumerate(body):
-        cells = [_tex_escape(c) for c in row[: n_label + 1]] + [_tex_cell(c) for c in row[n_label + 1 :]]
-        lines.append(" & ".join(cells) + " \\\\")
-        if i % 3 == 2 and i != len(body) - 1:
-            lines.append("\\midrule")
-    lines += ["\\bottomrule", "\\end{tabular}"]
-    return "\n".join(lines) + "\n"
 
 
 # ------------------------------------------------------------------------------------------------------------- all
@@ -293,7 +178,8 @@ def build_all(
 def write_tables(
     comparisons: dict[str, pd.DataFrame], out_dir: str | Path, formats: Sequence[str] = ("md", "csv", "tex")
 ) -> pd.DataFrame:
-    """Write ``<out>/<table>.{md,csv,tex}``, ``missing_runs.{csv,md}`` and ``index.md``; returns the missing list."""
+    """Write ``<out>/<table>.{md,csv,tex}``, ``missing_runs.{csv,md}``, ``index.md`` and, with ``tex``,
+    ``all_tables.tex`` (one LaTeX document of every table); returns the missing list."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     all_missing = []
@@ -316,7 +202,7 @@ def write_tables(
         mad = cmp["diff"].abs().mean()
         index.append(
             f"| [{tid}]({tid}.md) | {spec.paper} | {spec.title} | {int(cmp['ours'].notna().sum())}/{len(cmp)} | "
-            f"{_fmt(mad)} | {len(miss)} |"
+            f"{'' if math.isnan(mad) else f'{mad:.2f}'} | {len(miss)} |"
         )
     missing = pd.concat(all_missing, ignore_index=True) if all_missing else pd.DataFrame()
     missing.to_csv(out / "missing_runs.csv", index=False)
@@ -327,7 +213,11 @@ def write_tables(
     ]
     (out / "missing_runs.md").write_text("\n".join(md) + "\n", encoding="utf-8")
     index += ["", f"{len(missing)} missing runs in total: see [missing_runs.md](missing_runs.md)."]
+    if any(bool(c["synthetic"].any()) for c in comparisons.values()):
+        index += ["", "**Synthetic runs** (paper values plus noise, not measurements) fill some cells."]
     (out / "index.md").write_text("\n".join(index) + "\n", encoding="utf-8")
+    if "tex" in formats:
+        (out / "all_tables.tex").write_text(latex_document(list(comparisons)), encoding="utf-8")
     return missing
 
 
@@ -340,13 +230,4 @@ def write_runs_overview(runs: pd.DataFrame, out_dir: str | Path) -> None:
     runs.to_csv(out / "runs.csv", index=False)
     summary = run_summary(runs)
     summary.to_csv(out / "runs_summary.csv", index=False)
-    lines = ["# All runs", ""]
-    if summary.empty:
-        lines.append("No runs found.")
-    else:
-        header = [str(c) for c in summary.columns]
-        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        for rec in summary.itertuples(index=False):
-            cells = [_fmt(v) if isinstance(v, float) else str(v) for v in rec]
-            lines.append("| " + " | ".join(_md_escape(c) for c in cells) + " |")
-    (out / "runs_summary.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (out / "runs_summary.md").write_text(runs_overview_markdown(summary), encoding="utf-8")

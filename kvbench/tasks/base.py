@@ -15,6 +15,8 @@ question-agnostic mode (``task.question_mode=agnostic``) only ``context`` is pre
 
 from __future__ import annotations
 
+import hashlib
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +38,13 @@ class Sample:
         Prompt text after the context ("" when the dataset has no separable question).
     answers:
         Reference answers; scorers take the max over them where the benchmark does.
+    answer_prefix:
+        Text the answer starts with, placed after the chat template's assistant header (official RULER: the model
+        continues it); appended after the question when no chat template is used.  Part of the question segment.
+    shots:
+        Worked examples before the prompt, each ``(user message, assistant reply)``: with a chat template each is
+        rendered as its own user turn followed by the reply and a newline (official RULER CWE); without one, plain
+        ``user + reply + "\\n"``.  Part of the context.
     all_classes:
         Label set for classification datasets (LongBench trec/lsht/...), else ``None``.
     length:
@@ -48,14 +57,48 @@ class Sample:
     context: str
     question: str
     answers: list[str]
+    answer_prefix: str = ""
+    shots: tuple[tuple[str, str], ...] = ()
     all_classes: list[str] | None = None
     length: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def prompt(self) -> str:
-        """The full prompt, as used in question-aware mode."""
+    def user_text(self) -> str:
+        """The user message: context followed by the question."""
         return self.context + self.question
+
+    @property
+    def prompt(self) -> str:
+        """The whole prompt without chat template: shots, context, question and answer prefix."""
+        shots = "".join(user + reply + "\n" for user, reply in self.shots)
+        return shots + self.context + self.question + self.answer_prefix
+
+    def prompt_sha256(self) -> str:
+        """Hash of everything the prompt is built from (recorded per prediction; resume checks it)."""
+        blob = json.dumps([self.shots, self.context, self.question, self.answer_prefix], ensure_ascii=False)
+        return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-serialisable dict (:meth:`from_json` inverts it)."""
+        return {
+            "id": self.id,
+            "context": self.context,
+            "question": self.question,
+            "answers": list(self.answers),
+            "answer_prefix": self.answer_prefix,
+            "shots": [list(shot) for shot in self.shots],
+            "all_classes": self.all_classes,
+            "length": self.length,
+            "extra": self.extra,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Sample:
+        """Inverse of :meth:`to_json`."""
+        fields = dict(data)
+        fields["shots"] = tuple((user, reply) for user, reply in fields.get("shots", ()))
+        return cls(**fields)
 
 
 class TaskDataset(ABC):
@@ -70,10 +113,19 @@ class TaskDataset(ABC):
     max_new_tokens: int
     #: Whether the model's chat template may wrap this dataset's prompt (LongBench skips it for some datasets).
     chat_template: bool = True
-    #: Extra stop strings: generation stops as soon as the decoded output contains one (e.g. "\n" for samsum).
+    #: Extra stop strings: generation stops as soon as the decoded output contains one.
     stop_strings: tuple[str, ...] = ()
+    #: Texts whose token id ends generation like an end-of-sequence token: the id of the *last* token of
+    #: ``tokenizer.encode(text, add_special_tokens=False)`` (LongBench pred.py's newline stop for samsum).
+    stop_token_texts: tuple[str, ...] = ()
     #: Stop tokens/strings are ignored for this many first tokens (LongBench's ``min_length`` for samsum).
     min_new_tokens: int = 0
+    #: What happens to a prompt longer than the model's ``max_input_length``: "middle" (LongBench's middle
+    #: truncation) or "none" (an error naming the sample and the lengths; RULER/NeedleBench build prompts that fit
+    #: and their official harnesses never truncate).
+    truncation: str = "none"
+    #: Where generated samples are stored and reused (set by the runner; ``None`` = regenerate every run).
+    sample_cache: Any = None
     #: Name of the headline metric, recorded in metrics.json (e.g. "qa_f1_score", "string_match_all").
     metric_name: str = "score"
 
@@ -101,19 +153,28 @@ class TaskDataset(ABC):
         Called by the runner after scoring, with the post-processed predictions in sample order.
         """
 
+    def provenance(self) -> dict[str, dict[str, Any]]:
+        """Where each input came from, recorded in metrics.json (see :mod:`kvbench.tasks.provenance`): per input
+        name, ``{"source": "official" | "hub" | "stand-in" | "generated", ...}``.  Called after :meth:`samples`."""
+        return {}
+
     def describe(self) -> dict[str, Any]:
         """Settings recorded into metrics.json next to the score."""
         return {
             "max_new_tokens": self.max_new_tokens,
             "chat_template": self.chat_template,
             "stop_strings": list(self.stop_strings),
+            "stop_token_texts": list(self.stop_token_texts),
+            "min_new_tokens": self.min_new_tokens,
+            "truncation": self.truncation,
             "metric": self.metric_name,
         }
 
 
-#: Builds the datasets of a task from its (resolved) task config and the model's tokenizer
-#: (some synthetic generators size samples with the model's own tokenizer, as RULER does).
-TaskBuilder = Callable[[Any, Any], list[TaskDataset]]
+#: Builds the datasets of a task from its (resolved) task config, the model's tokenizer and whether the model's chat
+#: template wraps the prompts (some synthetic generators size samples with the model's own tokenizer and template,
+#: as RULER does): ``builder(task_cfg, tokenizer, chat_template=False)``.
+TaskBuilder = Callable[..., list[TaskDataset]]
 
 _TASK_BUILDERS: dict[str, TaskBuilder] = {}
 
@@ -136,13 +197,15 @@ def task_kinds() -> list[str]:
     return sorted(_TASK_BUILDERS)
 
 
-def build_task(task_cfg: Any, tokenizer: Any) -> list[TaskDataset]:
-    """Build the datasets of ``task_cfg`` (its ``kind`` selects the builder), filtered by ``task_cfg.datasets``."""
+def build_task(task_cfg: Any, tokenizer: Any, chat_template: bool = False) -> list[TaskDataset]:
+    """Build the datasets of ``task_cfg`` (its ``kind`` selects the builder), filtered by ``task_cfg.datasets``.
+
+    ``chat_template``: whether the model's chat template will wrap the prompts (``model.chat_template``)."""
     _import_builtin_tasks()
     kind = task_cfg.kind
     if kind not in _TASK_BUILDERS:
         raise ValueError(f"unknown task kind {kind!r}; valid kinds: {', '.join(sorted(_TASK_BUILDERS))}")
-    return _TASK_BUILDERS[kind](task_cfg, tokenizer)
+    return _TASK_BUILDERS[kind](task_cfg, tokenizer, chat_template=chat_template)
 
 
 def select_datasets(available: Sequence[str], requested: Sequence[str] | None, task_name: str) -> list[str]:

@@ -14,9 +14,10 @@ Official pipeline and who does what
    :func:`truncate_prompt` from this module.
 3. Chat template after truncation, skipped for trec, triviaqa, samsum, lsht, lcc, repobench-p
    (:attr:`LongBenchDataset.chat_template`) -- the runner.
-4. Greedy generation with ``max_new_tokens = dataset2maxlen[name]``; samsum additionally stops at the first
-   newline (``stop_strings``) and cannot end at its first step (``min_new_tokens = 1``, the official
-   ``min_length = context_length + 1``) -- the runner.
+4. Greedy generation with ``max_new_tokens = dataset2maxlen[name]``; samsum additionally stops on the token id of
+   ``"\\n"`` (``tokenizer.encode("\\n", add_special_tokens=False)[-1]``, :attr:`stop_token_texts`) and cannot stop at
+   its first step (``min_new_tokens = 1``, the official ``min_length = context_length + 1``: the newline and EOS
+   logits are masked there) -- the runner.  As in ``pred.py`` the newline token ends the prediction text.
 5. No post-processing of the decoded text (``postprocess`` is the identity, as ``pred.py``); the first-line cut
    for trec/triviaqa/samsum/lsht is part of the official scorer and happens in :meth:`LongBenchDataset.score`.
 
@@ -32,15 +33,21 @@ Data
 ----
 ``task.data_dir`` (offline): a folder with the official jsonl files ``<name>.jsonl`` / ``<name>_e.jsonl``
 (the unzipped ``data.zip`` layout, or what ``scripts/prepare_data.py longbench`` writes); a ``data/`` sub-folder
-is also searched.  Without ``data_dir`` the Hugging Face hub is used through ``datasets`` (Parquet export of
-``THUDM/LongBench``, since its loading script is rejected by current ``datasets``).  ``task.data_dir=fixtures``
-selects the tiny fixtures shipped in ``tasks/longbench/fixtures`` (our own text, official schema).
+is also searched.  Without ``data_dir``: ``./data/longbench`` when it exists (``scripts/prepare_data.py longbench``
+writes there by default), else the Hugging Face hub's Parquet export of ``THUDM/LongBench`` (branch
+``refs/convert/parquet``, layout ``<config>/test/0000.parquet``; read with pyarrow, since ``datasets`` rejects the
+original loading script and does not resolve that branch's configs).  ``task.options.hub_repo`` may also be a local
+folder with that layout.  ``task.data_dir=fixtures`` selects the tiny fixtures shipped in ``tasks/longbench/fixtures``
+(our own text, official schema: a stand-in, recorded and warned about).  Every metrics.json records the source: the
+file and its sha256, or the hub repo, revision, commit and file hashes.
 
 Options (``task.options``)
 --------------------------
 ``code_sim_backend``: ``difflib`` (default, official) | ``levenshtein`` -- the ``fuzz.ratio`` backend of lcc and
 repobench-p, recorded in metrics.json.  ``hub_repo`` (default ``THUDM/LongBench``) and ``hub_revision``
-(default ``refs/convert/parquet``) -- where hub data comes from.
+(default ``refs/convert/parquet``) -- where hub data comes from.  ``max_new_tokens`` (default null = official
+``dataset2maxlen``): an integer caps every dataset's generation length (a named deviation for quick runs and tests;
+recorded in metrics.json's ``dataset_settings``).
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ from kvbench.metrics.longbench import (
     scorer_e,
 )
 from kvbench.prompting import split_truncated_prompt, truncate_middle, truncate_prompt
+from kvbench.tasks import provenance
 from kvbench.tasks.base import Sample, TaskDataset, register_data_preparer, register_task, select_datasets
 
 __all__ = [
@@ -93,10 +101,13 @@ VALID_OPTIONS: dict[str, Any] = {
     "code_sim_backend": DEFAULT_CODE_SIM_BACKEND,
     "hub_repo": DEFAULT_HUB_REPO,
     "hub_revision": DEFAULT_HUB_REVISION,
+    # null = the official dataset2maxlen; an integer caps every dataset's generation (named deviation, recorded).
+    "max_new_tokens": None,
 }
 #: Task kinds registered by this module and whether they read LongBench-E files.
 TASK_KINDS: dict[str, bool] = {"longbench": False, "longbench_full": False, "longbench_e": True}
 _QUESTION_MODES = ("aware", "agnostic")
+_HOW_TO_GET = "python scripts/prepare_data.py longbench (writes data/longbench, read by default)"
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -196,8 +207,15 @@ def load_jsonl(path: Path) -> list[dict[str, Any]]:
     return lines
 
 
-def _resolve_data_dir(data_dir: str) -> Path:
-    """``fixtures`` means the shipped fixtures; anything else is a folder path."""
+#: Where ``scripts/prepare_data.py longbench`` writes by default (read when ``task.data_dir`` is null).
+DEFAULT_DATA_DIR = Path("data") / "longbench"
+
+
+def _resolve_data_dir(data_dir: str | None) -> Path | None:
+    """``fixtures`` means the shipped fixtures; a path is a folder; null is ``./data/longbench`` if it exists, else
+    ``None`` (the hub)."""
+    if data_dir is None:
+        return DEFAULT_DATA_DIR if DEFAULT_DATA_DIR.is_dir() else None
     return FIXTURES_DIR if data_dir == "fixtures" else Path(data_dir).expanduser()
 
 
@@ -213,32 +231,57 @@ def _local_file(data_dir: Path, file_stem: str) -> Path:
     )
 
 
-def _import_datasets() -> Any:
+def _hub_folder(config: str, repo: str, revision: str | None) -> tuple[Path, str | None]:
+    """A local folder with the Parquet branch's layout for ``config`` and the commit it came from: ``repo`` itself
+    when it is a local folder, else a download of ``<config>/test/*.parquet`` (huggingface_hub's cache)."""
+    local = Path(repo).expanduser()
+    if local.is_dir():
+        return local, None
     try:
-        import datasets
-    except ImportError as err:
-        raise ImportError(
-            "LongBench data: set task.data_dir to a folder of the official jsonl files (see "
-            "scripts/prepare_data.py), or install the hub loader with `pip install kvbench[data]`"
-        ) from err
-    return datasets
+        from huggingface_hub import snapshot_download
 
-
-def _hub_lines(config: str, repo: str, revision: str | None) -> list[dict[str, Any]]:
-    """One config (``qasper`` / ``qasper_e``) of the hub dataset, split ``test``, as official-schema dicts."""
-    datasets = _import_datasets()
-    try:
-        data = datasets.load_dataset(repo, config, split="test", revision=revision)
+        folder = snapshot_download(
+            repo_id=repo, repo_type="dataset", revision=revision, allow_patterns=[f"{config}/test/*.parquet"]
+        )
     except Exception as err:
         raise RuntimeError(
-            f"could not load LongBench config {config!r} from the hub ({repo}@{revision}): {err}. Set "
-            "task.options.hub_repo / task.options.hub_revision, or task.data_dir to a folder of the official "
-            "jsonl files (scripts/prepare_data.py longbench)"
+            f"could not download LongBench config {config!r} from the hub ({repo}@{revision}): "
+            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}. Offline: run "
+            f"`python scripts/prepare_data.py longbench` on a machine with network access (it writes "
+            f"{DEFAULT_DATA_DIR}/, read by default), or set task.data_dir to a folder of the official jsonl files"
         ) from err
-    lines = []
-    for index, row in enumerate(data):
-        lines.append(_check_line(dict(row), f"{repo}@{revision}:{config}[{index}]"))
-    return lines
+    return Path(folder), Path(folder).name
+
+
+def read_parquet_config(folder: Path, config: str) -> tuple[list[dict[str, Any]], list[Path]]:
+    """Rows of ``<folder>/<config>/test/*.parquet`` (the hub's Parquet export layout), in shard order."""
+    files = sorted((folder / config / "test").glob("*.parquet"))
+    if not files:
+        raise FileNotFoundError(f"LongBench config {config!r}: no {folder / config / 'test'}/*.parquet")
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as err:
+        raise ImportError("reading LongBench's hub Parquet files needs pyarrow: pip install -e '.[data]'") from err
+    rows: list[dict[str, Any]] = []
+    for path in files:
+        rows.extend(pq.read_table(path).to_pylist())
+    return rows, files
+
+
+def _hub_lines(config: str, repo: str, revision: str | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One config (``qasper`` / ``qasper_e``) of the hub's Parquet export, split ``test``, as official-schema dicts,
+    and its provenance record."""
+    folder, commit = _hub_folder(config, repo, revision)
+    rows, files = read_parquet_config(folder, config)
+    lines = [_check_line(row, f"{repo}@{revision}:{config}[{index}]") for index, row in enumerate(rows)]
+    record = {
+        "source": "hub",
+        "repo": repo,
+        "revision": revision,
+        "commit": commit,
+        "files": {str(path.relative_to(folder)): provenance.file_sha256(path) for path in files},
+    }
+    return lines, record
 
 
 def _samples_from_lines(name: str, lines: Sequence[dict[str, Any]], limit: int | None) -> list[Sample]:
@@ -299,9 +342,10 @@ class LongBenchDataset(TaskDataset):
         self.name = name
         self.max_new_tokens = int(entry["max_new_tokens"])
         self.chat_template = name not in CHAT_TEMPLATE_SKIP
-        self.stop_strings = ("\n",) if name == "samsum" else ()
-        #: samsum: the official ``min_length = context_length + 1`` (no end-of-sequence, incl. the newline stop,
-        #: at the first generated token); 0 elsewhere.
+        self.truncation = "middle"
+        #: samsum: pred.py adds the newline's token id to the eos ids ...
+        self.stop_token_texts = ("\n",) if name == "samsum" else ()
+        #: ... and sets ``min_length = context_length + 1`` (neither eos nor newline at the first step); 0 elsewhere.
         self.min_new_tokens = 1 if name == "samsum" else 0
         self.metric_name = DATASET2METRIC[name].__name__
         self.language = entry["language"]
@@ -314,28 +358,34 @@ class LongBenchDataset(TaskDataset):
         self.hub_repo = hub_repo
         self.hub_revision = hub_revision
         self._samples: list[Sample] | None = None
+        self._provenance: dict[str, Any] | None = None
 
     @property
     def file_stem(self) -> str:
         """Official file/config name: ``<name>`` or ``<name>_e``."""
         return f"{self.name}_e" if self.longbench_e else self.name
 
-    @property
-    def source(self) -> str:
-        """Where the samples come from (recorded in metrics.json)."""
-        if self.data_dir is not None:
-            return str(_local_file(_resolve_data_dir(self.data_dir), self.file_stem))
-        return f"hf://{self.hub_repo}@{self.hub_revision}/{self.file_stem}"
-
     def samples(self) -> Sequence[Sample]:
         """The first ``num_samples`` samples of the official file, in file order."""
         if self._samples is None:
-            if self.data_dir is not None:
-                lines = load_jsonl(_local_file(_resolve_data_dir(self.data_dir), self.file_stem))
+            folder = _resolve_data_dir(self.data_dir)
+            if folder is not None:
+                path = _local_file(folder, self.file_stem)
+                lines = load_jsonl(path)
+                if folder == FIXTURES_DIR:
+                    record = provenance.stand_in(path, f"{self.file_stem}.jsonl", _HOW_TO_GET)
+                else:
+                    record = provenance.official(path)
             else:
-                lines = _hub_lines(self.file_stem, self.hub_repo, self.hub_revision)
+                lines, record = _hub_lines(self.file_stem, self.hub_repo, self.hub_revision)
             self._samples = _samples_from_lines(self.name, lines, self.num_samples)
+            self._provenance = {"data": record}
         return self._samples
+
+    def provenance(self) -> dict[str, dict[str, Any]]:
+        self.samples()
+        assert self._provenance is not None
+        return self._provenance
 
     def postprocess(self, prediction: str) -> str:
         """Unchanged, as the official ``pred.py`` stores it (the first-line cut belongs to the scorer)."""
@@ -373,9 +423,8 @@ class LongBenchDataset(TaskDataset):
                 "question_mode": self.question_mode,
                 "min_new_tokens": self.min_new_tokens,
                 "first_line_scoring": self.name in FIRST_LINE_DATASETS,
-                "truncation": "middle, on the formatted prompt, before the chat template",
+                "truncation": "middle",
                 "code_sim_backend": self.code_sim_backend,
-                "data_source": self.source,
             }
         )
         return info
@@ -388,6 +437,9 @@ def _options(task_cfg: Any) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"unknown LongBench option(s) {unknown}; valid keys: {', '.join(VALID_OPTIONS)}")
     merged = {**VALID_OPTIONS, **given}
+    cap = merged["max_new_tokens"]
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+        raise ValueError(f"task.options.max_new_tokens must be a positive integer or null, got {cap!r}")
     if merged["code_sim_backend"] not in CODE_SIM_BACKENDS:
         raise ValueError(
             f"unknown task.options.code_sim_backend {merged['code_sim_backend']!r}; "
@@ -402,7 +454,7 @@ def _build(kind: str, task_cfg: Any) -> list[TaskDataset]:
     num_samples = getattr(task_cfg, "num_samples", None)
     if num_samples is not None and num_samples < 1:
         raise ValueError(f"task.num_samples must be >= 1 or null, got {num_samples}")
-    return [
+    datasets = [
         LongBenchDataset(
             name,
             longbench_e=TASK_KINDS[kind],
@@ -415,22 +467,26 @@ def _build(kind: str, task_cfg: Any) -> list[TaskDataset]:
         )
         for name in names
     ]
+    if options["max_new_tokens"] is not None:
+        for dataset in datasets:
+            dataset.max_new_tokens = min(dataset.max_new_tokens, int(options["max_new_tokens"]))
+    return datasets
 
 
 @register_task("longbench")
-def build_longbench(task_cfg: Any, tokenizer: Any) -> list[TaskDataset]:
+def build_longbench(task_cfg: Any, tokenizer: Any, chat_template: bool = False) -> list[TaskDataset]:
     """The 16 English and code datasets of SnapKV/PyramidKV/Ada-KV/CAKE (tokenizer unused)."""
     return _build("longbench", task_cfg)
 
 
 @register_task("longbench_full")
-def build_longbench_full(task_cfg: Any, tokenizer: Any) -> list[TaskDataset]:
+def build_longbench_full(task_cfg: Any, tokenizer: Any, chat_template: bool = False) -> list[TaskDataset]:
     """All 21 datasets, including the 5 Chinese ones (tokenizer unused)."""
     return _build("longbench_full", task_cfg)
 
 
 @register_task("longbench_e")
-def build_longbench_e(task_cfg: Any, tokenizer: Any) -> list[TaskDataset]:
+def build_longbench_e(task_cfg: Any, tokenizer: Any, chat_template: bool = False) -> list[TaskDataset]:
     """LongBench-E: 13 datasets from the ``<name>_e`` files, scored overall and per length bucket."""
     return _build("longbench_e", task_cfg)
 
@@ -464,7 +520,8 @@ def prepare_longbench(
         stems += [f"{n}_e" for n in dataset_names("longbench_e") if n in names]
     manifest: dict[str, Any] = {"hub_repo": hub_repo, "hub_revision": hub_revision, "files": {}}
     for stem in stems:
-        lines = _hub_lines(stem, hub_repo, hub_revision)
+        lines, record = _hub_lines(stem, hub_repo, hub_revision)
+        manifest.setdefault("commit", record["commit"])
         path = target_dir / f"{stem}.jsonl"
         tmp = path.with_suffix(".jsonl.tmp")
         with open(tmp, "w", encoding="utf-8") as handle:

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from kvbench.metrics.synthetic import needle_rouge_score, needle_set_recall
+from kvbench.tasks import provenance
 from kvbench.tasks.base import Sample, TaskDataset, register_data_preparer, register_task, select_datasets
 
 log = logging.getLogger(__name__)
@@ -164,28 +165,45 @@ def shipped_essays() -> list[str]:
     return [f.read_text(encoding="utf-8") for f in files]
 
 
-def load_essays(input_dir: Path | None) -> tuple[list[str], str]:
-    """English essays and a description of where they came from.
+def _essay_files(folder: Path) -> list[Path]:
+    """Essay ``*.txt`` files of a folder, sorted (a URL list such as RULER's ``PaulGrahamEssays_URLs.txt`` is not an
+    essay)."""
+    return sorted(f for f in folder.glob("*.txt") if "url" not in f.stem.lower())
 
-    Looks in ``input_dir`` for ``PaulGrahamEssays/*.txt`` or ``*.txt`` (sorted glob, the gkamradt layout), then
-    ``PaulGrahamEssays.jsonl`` (NeedleBench) or ``PaulGrahamEssays.json`` (RULER, ``{"text": ...}``); falls back to the
-    shipped essays.
+
+def load_essays(input_dir: Path | None, missing: str, how_to_get: str) -> tuple[list[str], dict[str, Any]]:
+    """English essays and their provenance record (:mod:`kvbench.tasks.provenance`).
+
+    Looks in ``input_dir`` for, in order: ``PaulGrahamEssays.json`` (RULER, ``{"text": ...}``; also under ``json/``,
+    RULER's own layout), ``PaulGrahamEssays.jsonl`` (NeedleBench), ``PaulGrahamEssays/*.txt`` (the gkamradt layout),
+    then ``*.txt`` in ``input_dir`` itself.  Without any, the shipped filler essays are a stand-in for ``missing``
+    (``how_to_get`` says how to get it).
     """
     if input_dir is not None:
-        for folder in (input_dir / "PaulGrahamEssays", input_dir):
-            files = sorted(folder.glob("*.txt"))
-            if files:
-                return [f.read_text(encoding="utf-8") for f in files], str(folder)
+        for js in (input_dir / "PaulGrahamEssays.json", input_dir / "json" / "PaulGrahamEssays.json"):
+            if js.is_file():
+                data = json.loads(js.read_text(encoding="utf-8"))
+                essays = [data["text"]] if isinstance(data, dict) else [d["text"] for d in data]
+                return essays, provenance.official(js)
         jsonl = input_dir / "PaulGrahamEssays.jsonl"
         if jsonl.is_file():
             with jsonl.open(encoding="utf-8") as handle:
-                return [json.loads(line)["text"] for line in handle if line.strip()], str(jsonl)
-        js = input_dir / "PaulGrahamEssays.json"
-        if js.is_file():
-            data = json.loads(js.read_text(encoding="utf-8"))
-            return ([data["text"]] if isinstance(data, dict) else [d["text"] for d in data]), str(js)
-        log.warning("no essays found in %s; using the shipped filler essays", input_dir)
-    return shipped_essays(), "shipped"
+                return [json.loads(line)["text"] for line in handle if line.strip()], provenance.official(jsonl)
+        for folder in (input_dir / "PaulGrahamEssays", input_dir):
+            files = _essay_files(folder)
+            if files:
+                record = _folder_record(folder, files)
+                return [f.read_text(encoding="utf-8") for f in files], record
+    folder = SHIPPED_ROOT / "needle_grid" / "essays"
+    record = _folder_record(folder, _essay_files(folder))
+    record.update(source="stand-in", missing=missing, how_to_get=how_to_get)
+    return shipped_essays(), record
+
+
+def _folder_record(folder: Path, files: Sequence[Path]) -> dict[str, Any]:
+    """Provenance of a folder of text files: one sha256 over the files' names and hashes."""
+    hashes = {f.name: provenance.file_sha256(f) for f in files}
+    return {"source": "official", "path": str(folder), "sha256": provenance.digest_of(hashes), "files": len(files)}
 
 
 def download(url: str, target: Path) -> None:
@@ -238,7 +256,7 @@ class NeedleGridDataset(TaskDataset):
         buffer: int = FINAL_CONTEXT_LENGTH_BUFFER,
         max_new_tokens: int = MAX_NEW_TOKENS,
         num_samples: int | None = None,
-        haystack_source: str = "shipped",
+        haystack_source: dict[str, Any] | None = None,
     ) -> None:
         self.tok = TextTokenizer(tokenizer)
         self.essays = list(essays)
@@ -249,13 +267,16 @@ class NeedleGridDataset(TaskDataset):
         self.buffer = buffer
         self.max_new_tokens = max_new_tokens
         self.num_samples = num_samples
-        self.haystack_source = haystack_source
+        self.haystack_source = haystack_source or provenance.generated("caller-provided essays")
         self._samples: list[Sample] | None = None
 
     def describe(self) -> dict[str, Any]:
         info = super().describe()
-        info.update(lengths=self.lengths, depths=self.depths, buffer=self.buffer, haystack=self.haystack_source)
+        info.update(lengths=self.lengths, depths=self.depths, buffer=self.buffer)
         return info
+
+    def provenance(self) -> dict[str, dict[str, Any]]:
+        return {"essays": self.haystack_source}
 
     @cached_property
     def _unit_tokens(self) -> list[int]:
@@ -377,7 +398,8 @@ def plot_needle_heatmap(
 
     ``rows``: dicts with ``length`` (tokens), ``depth`` (percent) and ``score_key`` (0..vmax; the set recall 0-1 by
     default) - e.g. :func:`needle_grid_rows` output or rows read back from a run's predictions.  Cells without data
-    are blank.  The title gets the overall score (mean over all cells x 100 / vmax).  Returns the written path.
+    are blank.  The title gets the overall score (mean over all cells x 100 / vmax) and the colours use the same
+    0-100 scale.  Returns the written path.
     """
     import matplotlib
 
@@ -397,11 +419,12 @@ def plot_needle_heatmap(
         counts[i, j] += 1
     grid = np.divide(sums, counts, out=np.full_like(sums, np.nan), where=counts > 0)
     overall = 100.0 * float(np.nanmean(grid)) / vmax
+    shown = 100.0 * grid / vmax  # colours on the title's 0-100 scale
 
     cmap = LinearSegmentedColormap.from_list("needle", ["#F0496E", "#EBB839", "#0CD79F"])
     width = min(max(6.0, 0.25 * len(lengths) + 3), 24.0)
     fig, ax = plt.subplots(figsize=(width, max(4.0, 0.35 * len(depths) + 2)))
-    image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=0.0, vmax=vmax, aspect="auto", origin="upper")
+    image = ax.imshow(np.ma.masked_invalid(shown), cmap=cmap, vmin=0.0, vmax=100.0, aspect="auto", origin="upper")
     ax.set_xticks(range(len(lengths)))
     ax.set_xticklabels([str(x) for x in lengths], rotation=90 if len(lengths) > 12 else 0, fontsize=8)
     ax.set_yticks(range(len(depths)))
@@ -409,7 +432,7 @@ def plot_needle_heatmap(
     ax.set_xlabel("Context length (tokens)")
     ax.set_ylabel("Depth (%)")
     ax.set_title(f"{title + ' | ' if title else ''}Overall score {overall:.2f}")
-    fig.colorbar(image, ax=ax, label=score_key)
+    fig.colorbar(image, ax=ax, label=score_key if vmax == 100.0 else f"{score_key} × {100.0 / vmax:g}")
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -419,7 +442,7 @@ def plot_needle_heatmap(
 
 
 @register_task("needle_grid")
-def build_needle_grid(task_cfg: Any, tokenizer: Any) -> list[TaskDataset]:
+def build_needle_grid(task_cfg: Any, tokenizer: Any, chat_template: bool = False) -> list[TaskDataset]:
     """Builder: one dataset ``needle_grid`` over the configured length x depth grid."""
     opts = option_values(task_cfg, _OPTION_DEFAULTS, "needle_grid")
     select_datasets([NeedleGridDataset.name], getattr(task_cfg, "datasets", None), "needle_grid")
@@ -433,7 +456,11 @@ def build_needle_grid(task_cfg: Any, tokenizer: Any) -> list[TaskDataset]:
     if any(int(x) <= int(opts["buffer"]) for x in lengths):
         raise ValueError(f"every context length must exceed the {opts['buffer']}-token buffer, got {list(lengths)}")
     input_dir = resolve_input_dir(task_cfg, "needle_grid", opts["source"])
-    essays, where = load_essays(input_dir)
+    essays, where = load_essays(
+        input_dir,
+        missing="PaulGrahamEssays/*.txt (the 49 gkamradt essays)",
+        how_to_get="python scripts/prepare_data.py needle_grid --out data  (then task.data_dir=data/needle_grid)",
+    )
     return [
         NeedleGridDataset(
             tokenizer,

@@ -13,16 +13,23 @@ OpenCompass group mean over those cells (cells have equal sizes).  The overall s
 :func:`kvbench.metrics.synthetic.needlebench_summary` returns the group means (mean of EN and ZH) and
 ``overall = 0.4 S-RT + 0.3 M-RS + 0.3 M-RT``.
 
-Haystack construction (all subtasks): for ``counter`` in ``range(repeats)``: seed ``counter`` (shifted by
-``task.seed - 42``), shuffle the haystack records cumulatively, choose the needle(s), take token-ised records in that
-order until ``length - buffer - needle tokens`` tokens, cut, insert the needle tokens, decode.  Needles are wrapped in
-newlines.  Token arithmetic uses the model's tokenizer (OpenCompass used tiktoken's gpt-4 encoding).
+Haystack construction (all subtasks, OpenCompass HEAD since 2024-07): for ``counter`` in ``range(repeats)``:
+``random.seed(counter)`` (shifted by ``task.seed - 42``) and shuffle the haystack records (cumulatively over
+counters); choose the needle(s) -- S-RT and M-RS reseed with ``counter`` before their ``random.choice``, M-RT reseeds
+before shuffling a fresh copy of its unique needles; take token-ised records in that order until ``length - buffer -
+needle tokens`` tokens, cut, insert the needle tokens, decode.  Needles are wrapped in newlines.  Token arithmetic uses
+the model's tokenizer (OpenCompass used tiktoken's gpt-4 encoding).  Prompts are never truncated: one longer than the
+model's ``max_input_length`` is an error.  The buffers are OpenCompass's, sized for tiktoken: when the model's
+tokenizer spends more on the prompt text (SentencePiece on Chinese) and the whole input (chat template included) would
+exceed the context length, the haystack is shortened by the excess (``extra["haystack_trimmed"]``; 0 whenever the
+buffer suffices), so every prompt fits its length.  Samples are stored in the sample cache (kvbench.sample_cache).
 
 Inputs: ``PaulGrahamEssays.jsonl``, ``zh_finance.jsonl``, ``needles.jsonl`` and ``multi_needle_reasoning_{en,zh}.json``
-from ``task.data_dir`` (HF dataset ``opencompass/NeedleBench``; ``scripts/prepare_data.py``); otherwise our shipped
-substitutes: the filler essays, our own Chinese text (``tasks/needlebench/haystack_zh.jsonl``), our own needles
-(``tasks/needlebench/needles.jsonl``, same schema) and kinship-chain reasoning records generated from
-``tasks/needlebench/names.json``.
+from ``task.data_dir`` or ``./data/needlebench`` (HF dataset ``opencompass/NeedleBench``; ``scripts/prepare_data.py
+needlebench`` writes there); each missing file is replaced by a shipped stand-in -- the filler essays, our own Chinese
+text (``tasks/needlebench/haystack_zh.jsonl``), our own needles (``tasks/needlebench/needles.jsonl``, same schema),
+kinship-chain reasoning records generated from ``tasks/needlebench/names.json`` -- recorded in metrics.json and
+warned about when the run starts.
 """
 
 from __future__ import annotations
@@ -43,6 +50,9 @@ from kvbench.metrics.synthetic import (
     needlebench_parallel_scores,
     needlebench_single_score,
 )
+from kvbench.prompting import render_prompt
+from kvbench.sample_cache import cached_samples, source_fingerprint, tokenizer_fingerprint
+from kvbench.tasks import provenance
 from kvbench.tasks.base import Sample, TaskDataset, register_data_preparer, register_task, select_datasets
 from kvbench.tasks.needle_grid import (
     SHIPPED_ROOT,
@@ -56,6 +66,9 @@ from kvbench.tasks.needle_grid import (
 log = logging.getLogger(__name__)
 
 NB_DIR = SHIPPED_ROOT / "needlebench"
+_HERE = Path(__file__).resolve().parent
+#: Source files whose code generates the samples (their hash is part of the sample-cache key).
+_GENERATOR_SOURCES = (_HERE / "needlebench.py", _HERE / "needle_grid.py", _HERE / "base.py")
 GROUPS = ("single_retrieval", "multi_retrieval", "multi_reasoning")
 LANGUAGES = {"en": "English", "zh": "Chinese"}
 
@@ -253,31 +266,36 @@ def synthetic_reasoning_records(language: str, counts: Sequence[int], per_count:
     return records
 
 
+_HOW_TO_GET = "python scripts/prepare_data.py needlebench --out data (read from data/needlebench, or set task.data_dir)"
+
+
 class NeedleBenchInputs:
     """Haystack records, needles and M-RS records for both languages (tokenised records cached)."""
 
     def __init__(self, input_dir: Path | None, tok: TextTokenizer) -> None:
         self.input_dir = input_dir
         self.tok = tok
-        self.sources: dict[str, str] = {}
+        #: Provenance record per input (``haystack_en``, ``haystack_zh``, ``needles``, ``reasoning_{en,zh}``).
+        self.sources: dict[str, dict[str, Any]] = {}
         self._haystack: dict[str, list[str]] = {}
         self._tokens: dict[str, list[list[int] | None]] = {}
         self._needles: list[dict[str, Any]] | None = None
         self._reasoning: dict[str, list[dict[str, Any]]] = {}
 
-    def _find(self, name: str) -> Path | None:
+    def _find(self, name: str, stand_in: Path) -> tuple[Path, dict[str, Any]]:
+        """The official file ``name`` in the input folder, else ``stand_in`` (recorded as such)."""
         if self.input_dir is not None and (self.input_dir / name).is_file():
-            return self.input_dir / name
-        return None
+            return self.input_dir / name, provenance.official(self.input_dir / name)
+        return stand_in, provenance.stand_in(stand_in, name, _HOW_TO_GET)
 
     def haystack(self, language: str) -> list[str]:
         """Haystack record texts in file order (EN: Paul Graham essays; ZH: ``zh_finance.jsonl``)."""
         if language not in self._haystack:
             if language == "en":
-                texts, self.sources["haystack_en"] = load_essays(self.input_dir)
+                texts, self.sources["haystack_en"] = load_essays(self.input_dir, "PaulGrahamEssays.jsonl", _HOW_TO_GET)
             else:
-                path = self._find("zh_finance.jsonl") or NB_DIR / "haystack_zh.jsonl"
-                texts, self.sources["haystack_zh"] = [r["text"] for r in _read_jsonl(path)], str(path)
+                path, self.sources["haystack_zh"] = self._find("zh_finance.jsonl", NB_DIR / "haystack_zh.jsonl")
+                texts = [r["text"] for r in _read_jsonl(path)]
             self._haystack[language] = texts
             self._tokens[language] = [None] * len(texts)
         return self._haystack[language]
@@ -291,32 +309,41 @@ class NeedleBenchInputs:
             self._tokens[language][index] = cached
         return cached
 
+    def all_needles(self) -> list[dict[str, Any]]:
+        """Every needle record of ``needles.jsonl`` (both languages), file order."""
+        if self._needles is None:
+            path, self.sources["needles"] = self._find("needles.jsonl", NB_DIR / "needles.jsonl")
+            self._needles = _read_jsonl(path)
+        return self._needles
+
     def needles(self, language: str) -> list[dict[str, Any]]:
         """Needle records of ``language`` (``needle``, ``retrieval_question``, ``arg1``, ``arg2``), file order."""
-        if self._needles is None:
-            path = self._find("needles.jsonl") or NB_DIR / "needles.jsonl"
-            self.sources["needles"] = str(path)
-            self._needles = _read_jsonl(path)
-        return [n for n in self._needles if n.get("language") == LANGUAGES[language]]
+        return [n for n in self.all_needles() if n.get("language") == LANGUAGES[language]]
 
     def reasoning(self, language: str, counts: Sequence[int]) -> list[dict[str, Any]]:
         """M-RS records of ``language``."""
         if language not in self._reasoning:
-            path = self._find(f"multi_needle_reasoning_{language}.json")
-            if path is not None:
-                self._reasoning[language] = json.loads(path.read_text(encoding="utf-8"))
-                self.sources[f"reasoning_{language}"] = str(path)
+            name = f"multi_needle_reasoning_{language}.json"
+            if self.input_dir is not None and (self.input_dir / name).is_file():
+                self._reasoning[language] = json.loads((self.input_dir / name).read_text(encoding="utf-8"))
+                self.sources[f"reasoning_{language}"] = provenance.official(self.input_dir / name)
             else:
                 self._reasoning[language] = synthetic_reasoning_records(language, counts)
-                self.sources[f"reasoning_{language}"] = "synthetic kinship chains (names.json)"
+                record = provenance.stand_in(NB_DIR / "names.json", name, _HOW_TO_GET)
+                record["by"] = "kinship chains generated from names.json (synthetic_reasoning_records)"
+                self.sources[f"reasoning_{language}"] = record
         return self._reasoning[language]
 
 
-def unique_needles(needles: Sequence[dict[str, Any]], n: int, rng: random.Random) -> list[dict[str, Any]]:
-    """OpenCompass ``get_unique_entries``: shuffle, keep entries with unseen arg1, unseen arg2 and unseen
-    (arg1, arg2), stop at ``n``.  (OpenCompass shuffles with the unseeded global RNG; we use ``rng``.)"""
+def unique_needles(
+    needles: Sequence[dict[str, Any]], n: int, rng: random.Random, language: str
+) -> list[dict[str, Any]]:
+    """OpenCompass ``get_unique_entries``: shuffle all lines of the needle file, keep the entries of ``language``
+    with unseen arg1, unseen arg2 and unseen (arg1, arg2), stop at ``n``.  (OpenCompass shuffles with the global RNG
+    in whatever state earlier datasets left it; we use ``rng``, seeded with ``task.seed``.)"""
     pool = list(needles)
     rng.shuffle(pool)
+    pool = [entry for entry in pool if entry.get("language") == LANGUAGES[language]]
     seen1: set[str] = set()
     seen2: set[str] = set()
     seen_pair: set[tuple[str, str]] = set()
@@ -357,11 +384,13 @@ class NeedleBenchDataset(TaskDataset):
         max_new_tokens: int,
         needle_counts: Sequence[int] = (2, 3, 4, 5),
         num_samples: int | None = None,
+        use_chat_template: bool = False,
     ) -> None:
         if group not in GROUPS or language not in LANGUAGES:
             raise ValueError(f"unknown NeedleBench subtask {group!r}/{language!r}")
         self.group = group
         self.language = language
+        self.use_chat_template = use_chat_template
         self.name = f"{group}_{language}"
         self.inputs = inputs
         self.tok = inputs.tok
@@ -380,7 +409,7 @@ class NeedleBenchDataset(TaskDataset):
             "multi_reasoning": "needlebench_multi",
         }[group]
         self._samples: list[Sample] | None = None
-        self._states: list[tuple[list[int], Any]] | None = None
+        self._states: list[list[int]] | None = None
 
     def describe(self) -> dict[str, Any]:
         info = super().describe()
@@ -392,22 +421,55 @@ class NeedleBenchDataset(TaskDataset):
             buffer=self.buffer,
             repeats=self.repeats,
             guide=self.guide,
-            inputs=dict(self.inputs.sources),
         )
         return info
 
+    def _input_names(self) -> list[str]:
+        names = [f"haystack_{self.language}"]
+        names.append("needles" if self.group != "multi_reasoning" else f"reasoning_{self.language}")
+        return names
+
+    def provenance(self) -> dict[str, dict[str, Any]]:
+        self.inputs.haystack(self.language)
+        if self.group == "multi_reasoning":
+            self.inputs.reasoning(self.language, self.needle_counts)
+        else:
+            self.inputs.all_needles()
+        return {name: self.inputs.sources[name] for name in self._input_names()}
+
+    def cache_key(self) -> dict[str, Any]:
+        """Everything the samples depend on (see :mod:`kvbench.sample_cache`)."""
+        return {
+            "dataset": self.name,
+            "lengths": self.lengths,
+            "depths": self.depths,
+            "buffer": self.buffer,
+            "repeats": self.repeats,
+            "seed": self.seed,
+            "guide": self.guide,
+            "needle_counts": self.needle_counts,
+            "chat_template": self.use_chat_template,
+            "tokenizer": tokenizer_fingerprint(self.tok.tokenizer),
+            "inputs": {name: record.get("sha256") for name, record in self.provenance().items()},
+            "code": source_fingerprint(_GENERATOR_SOURCES),
+        }
+
     # -- generation --
 
-    def _counter_states(self) -> list[tuple[list[int], Any]]:
-        """Per counter: the cumulatively shuffled record order and the RNG state right after the shuffle."""
+    def _seed(self, counter: int) -> int:
+        """OpenCompass's ``random.seed(counter)`` (shifted by ``task.seed - 42``)."""
+        return self.seed - 42 + counter
+
+    def _counter_orders(self) -> list[list[int]]:
+        """Per counter: the haystack record order after ``random.seed(counter); random.shuffle(lines)``, the
+        shuffles cumulative over counters (OpenCompass reuses one list within a dataset)."""
         if self._states is None:
             order = list(range(len(self.inputs.haystack(self.language))))
-            states = []
+            orders = []
             for counter in range(self.repeats):
-                rng = random.Random(self.seed - 42 + counter)
-                rng.shuffle(order)
-                states.append((list(order), rng.getstate()))
-            self._states = states
+                random.Random(self._seed(counter)).shuffle(order)
+                orders.append(list(order))
+            self._states = orders
         return self._states
 
     def _haystack(self, order: Sequence[int], target: int) -> list[int]:
@@ -442,28 +504,33 @@ class NeedleBenchDataset(TaskDataset):
     def samples(self) -> list[Sample]:
         if self._samples is None:
             cells = self._cells()
-            if self.num_samples is not None:
-                cells = cells[: self.num_samples]
-            self._samples = [self._make(*cell) for cell in cells]
+            count = len(cells) if self.num_samples is None else min(self.num_samples, len(cells))
+            self._samples = cached_samples(
+                self.sample_cache,
+                "needlebench",
+                self.name,
+                self.cache_key,
+                count,
+                lambda n: [self._make(*cell) for cell in cells[:n]],
+            )
         return self._samples
 
     def _make(self, counter: int, length: int, depth: float | None, count: int | None) -> Sample:
-        order, state = self._counter_states()[counter]
-        rng = random.Random()
-        rng.setstate(state)
+        """One cell.  Every random choice reseeds with the counter, as OpenCompass (S-RT needle, M-RS record: seed
+        then ``choice``; M-RT: seed then shuffle a fresh copy of the unique needles)."""
+        order = self._counter_orders()[counter]
         extra: dict[str, Any] = {"context_length": length, "counter": counter, "group": self.group}
         if self.group == "single_retrieval":
-            needle_rng = random.Random(self.seed - 42 + counter)
-            record = needle_rng.choice(self.inputs.needles(self.language))
+            record = random.Random(self._seed(counter)).choice(self.inputs.needles(self.language))
             needles = ["\n" + record["needle"] + "\n"]
             question = record["retrieval_question"]
             answers = [record["arg2"]]
             extra.update(needle=needles[0], keyword=record["arg2"], depth=depth)
             points_pct = [depth]
         elif self.group == "multi_retrieval":
-            base = unique_needles(self.inputs.needles(self.language), len(self.depths), random.Random(self.seed))
+            base = unique_needles(self.inputs.all_needles(), len(self.depths), random.Random(self.seed), self.language)
             chosen = list(base)
-            rng.shuffle(chosen)
+            random.Random(self._seed(counter)).shuffle(chosen)
             needles = ["\n" + r["needle"] + "\n" for r in chosen]
             question = parallel_question(chosen, self.language)
             answers = [r["arg2"] for r in chosen]
@@ -475,7 +542,7 @@ class NeedleBenchDataset(TaskDataset):
             ]
             if not pool:
                 raise ValueError(f"no M-RS record with {count} needles for {self.language}")
-            record = rng.choice(pool)
+            record = random.Random(self._seed(counter)).choice(pool)
             needles = ["\n" + d + "\n" for d in record["derivations"]]
             question = record["question"]
             answers = [record["answer"]]
@@ -485,23 +552,35 @@ class NeedleBenchDataset(TaskDataset):
             question = guide_question(question, self.group, self.language)
 
         needle_tokens = [self.tok.encode(n) for n in needles]
-        target = max(length - self.buffer - sum(len(t) for t in needle_tokens), 0)
-        tokens = self._haystack(order, target)
-        tokens, starts = self._insert(tokens, needle_tokens, points_pct)
-        haystack = self.tok.decode(tokens)
         head, middle, tail = _prompt_parts(self.group, self.language)
+        question = middle.lstrip("\n") + question + tail
+        target = max(length - self.buffer - sum(len(t) for t in needle_tokens), 0)
+        trimmed = 0
+        while True:
+            tokens = self._haystack(order, target - trimmed)
+            tokens, starts = self._insert(tokens, needle_tokens, points_pct)
+            context = head + self.tok.decode(tokens) + "\n\n"
+            excess = self._prompt_tokens(context, question) - length
+            if excess <= 0 or target - trimmed <= 0:
+                break
+            # OpenCompass's length buffer is sized for tiktoken; a tokenizer that spends more tokens on the prompt
+            # text (e.g. SentencePiece on Chinese) would overshoot the context length: trim the haystack to fit.
+            trimmed = min(trimmed + excess, target)
         extra["needle_token_starts"] = starts
+        extra["needles"] = [needle.strip("\n") for needle in needles]
         extra["haystack_tokens"] = len(tokens)
+        extra["haystack_trimmed"] = trimmed
         sample_id = f"{self.name}_L{length}"
         sample_id += f"_D{_fmt(depth)}" if depth is not None else ""
         sample_id += f"_N{count}" if count is not None else ""
-        return Sample(
-            id=f"{sample_id}_R{counter}",
-            context=head + haystack + "\n\n",
-            question=middle.lstrip("\n") + question + tail,
-            answers=answers,
-            extra=extra,
-        )
+        return Sample(id=f"{sample_id}_R{counter}", context=context, question=question, answers=answers, extra=extra)
+
+    def _prompt_tokens(self, context: str, question: str) -> int:
+        """Tokens of the whole model input, as the runner encodes it (chat template included when used)."""
+        if self.tok.tokenizer is None:
+            return self.tok.count(context + question)
+        rendered = render_prompt(self.tok.tokenizer, context, question, use_chat_template=self.use_chat_template)
+        return len(self.tok.tokenizer(rendered.text, add_special_tokens=not rendered.templated).input_ids)
 
     def _insert(
         self, tokens: list[int], needle_tokens: list[list[int]], depths: Sequence[float | None]
@@ -584,7 +663,7 @@ class NeedleBenchDataset(TaskDataset):
 
 
 @register_task("needlebench")
-def build_needlebench(task_cfg: Any, tokenizer: Any) -> list[TaskDataset]:
+def build_needlebench(task_cfg: Any, tokenizer: Any, chat_template: bool = False) -> list[TaskDataset]:
     """Builder: datasets ``{single_retrieval,multi_retrieval,multi_reasoning}_{en,zh}`` (``task.language`` keeps one
     language; ``task.lengths`` / ``task.depths`` override the size's context lengths / depths)."""
     opts = option_values(task_cfg, _OPTION_DEFAULTS, "needlebench")
@@ -641,6 +720,7 @@ def build_needlebench(task_cfg: Any, tokenizer: Any) -> list[TaskDataset]:
                 max_new_tokens=int(max_new[group]),
                 needle_counts=opts["needle_counts"],
                 num_samples=getattr(task_cfg, "num_samples", None),
+                use_chat_template=chat_template,
             )
         )
     return datasets

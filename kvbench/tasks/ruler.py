@@ -6,19 +6,28 @@ the size search (one sample of ``incremental`` units estimates tokens per unit, 
 unit count whose freshly generated sample fits, then every sample shrinks by ``incremental`` until it fits) and the
 scoring (``string_match_all`` / ``string_match_part``).
 
-Length constraint (every task): ``tokens(context + question + answer_prefix) + max_new_tokens <= task.length``,
-tokens counted without special tokens and with RULER's ``base`` model template (the runner's chat template is not
-counted, as in the kvpress/Ada-KV RULER data).
+Prompt (official ``prepare.py``: ``model_template.format(task_template) + answer_prefix``): the task text is the
+user message of the model's chat template (when ``model.chat_template`` is on) and the answer prefix follows the
+template's assistant header, so the model continues it (``Sample.answer_prefix``).  CWE's worked example is a
+complete turn of its own (the official template, model template included, formatted with the example and followed by
+its answer); VT's in-context example sits at the start of the user message, as officially.  The NIAH singular rewrite
+("Some" -> "A", ...) applies to the task template only (officially it also hits the model template's text, e.g.
+"You are" in some system prompts; the templates RULER ships have no such words).
+
+Length constraint (every task, official): ``tokens(full templated input incl. answer prefix) + max_new_tokens <=
+task.length``, tokens counted as RULER's ``text_to_tokens`` (``tokenizer.tokenize``: special tokens written in the
+template count, none is added).  With no chat template the runner adds the BOS on top, as RULER's HF client does.
 
 Prompt split (kvpress, followed by Ada-KV): ``context`` = instruction + haystack (and the VT/CWE in-context example),
-``question`` = the final question sentence; the answer prefix is appended to ``question`` (``options.answer_prefix:
-question``, default) or only recorded in ``Sample.extra["answer_prefix"]`` for a runner that places it after the
-chat template's assistant header (``options.answer_prefix: extra``).
+``question`` = the final question sentence (+ the chat template's end of turn and assistant header + the answer
+prefix).  ``options.answer_prefix: user`` is a named deviation: the answer prefix (and CWE's example answer) is
+appended to the user message instead, as in prompts built from kvpress's RULER data with a chat template.
 
-Inputs: the noise / needle haystacks, VT, CWE and FWE need nothing; the essay haystack uses Paul Graham essays from
-``task.data_dir`` (``PaulGrahamEssays.json`` / ``.jsonl`` / ``*.txt``) and otherwise our own filler essays; qa_1/qa_2
-read SQuAD v2.0 dev / HotpotQA dev-distractor from ``task.data_dir`` and otherwise tiny shipped fixtures in the same
-schema (only a handful of questions: fine for smoke tests, meaningless as a benchmark).
+Inputs: the noise / needle haystacks, VT, CWE and FWE need nothing else; the essay haystack uses Paul Graham essays
+(``PaulGrahamEssays.json``, RULER's ``scripts/data/synthetic/json`` layout), qa_1/qa_2 SQuAD v2.0 dev / HotpotQA
+dev-distractor, NIAH keys and CWE words wonderwords' lists -- from ``task.data_dir`` (or ``./data/ruler``, where
+``scripts/prepare_data.py ruler`` writes).  Missing files are replaced by shipped stand-ins (our filler essays, tiny
+QA fixtures, ~1,000-word lists): recorded as such in metrics.json and warned about, never silently.
 """
 
 from __future__ import annotations
@@ -38,6 +47,9 @@ from typing import Any
 import numpy as np
 
 from kvbench.metrics.synthetic import ruler_postprocess, string_match_all, string_match_part
+from kvbench.prompting import render_prompt
+from kvbench.sample_cache import cached_samples, source_fingerprint, tokenizer_fingerprint
+from kvbench.tasks import provenance
 from kvbench.tasks.base import Sample, TaskDataset, register_data_preparer, register_task, select_datasets
 from kvbench.tasks.needle_grid import (
     SHIPPED_ROOT,
@@ -139,8 +151,9 @@ _OPTION_DEFAULTS: dict[str, Any] = {
     "samples_per_task": 500,
     #: Override every task's tokens_to_generate (KVCache-Factory used 64); null = RULER's per-task values.
     "max_new_tokens": None,
-    #: Where the answer prefix goes: "question" (end of Sample.question) or "extra" (Sample.extra only).
-    "answer_prefix": "question",
+    #: Where the answer prefix goes: "assistant" (official: after the chat template's assistant header) or "user"
+    #: (named deviation: appended to the user message, CWE's example inline).
+    "answer_prefix": "assistant",
     #: auto | shipped | hub (see kvbench.tasks.needle_grid.resolve_input_dir).
     "source": "auto",
 }
@@ -154,13 +167,16 @@ def _read_words(name: str) -> list[str]:
     return [w.strip() for w in path.read_text(encoding="utf-8").split() if w.strip()]
 
 
-def load_word_lists(input_dir: Path | None) -> dict[str, list[str]]:
-    """``{"adjectives", "nouns", "verbs"}`` word lists.
+_WORD_FILES = {"adjectives": "adjectivelist.txt", "nouns": "nounlist.txt", "verbs": "verblist.txt"}
+_HOW_TO_GET = "python scripts/prepare_data.py ruler --out data (read from data/ruler, or set task.data_dir)"
+
+
+def load_word_lists(input_dir: Path | None) -> tuple[dict[str, list[str]], dict[str, Any]]:
+    """``{"adjectives", "nouns", "verbs"}`` word lists and their provenance record.
 
     wonderwords' ``adjectivelist.txt`` / ``nounlist.txt`` / ``verblist.txt`` are used when found in ``input_dir``
     or in an installed ``wonderwords`` package (as RULER does); otherwise our shipped lists (about 1,000 words).
     """
-    names = {"adjectives": "adjectivelist.txt", "nouns": "nounlist.txt", "verbs": "verblist.txt"}
     folders: list[Path] = []
     if input_dir is not None:
         folders += [input_dir, input_dir / "wonderwords"]
@@ -171,9 +187,17 @@ def load_word_lists(input_dir: Path | None) -> dict[str, list[str]]:
     except ImportError:
         pass
     for folder in folders:
-        if all((folder / f).is_file() for f in names.values()):
-            return {k: (folder / f).read_text(encoding="utf-8").split() for k, f in names.items()}
-    return {k: _read_words(k) for k in names}
+        if all((folder / f).is_file() for f in _WORD_FILES.values()):
+            words = {k: (folder / f).read_text(encoding="utf-8").split() for k, f in _WORD_FILES.items()}
+            files = {f: provenance.file_sha256(folder / f) for f in _WORD_FILES.values()}
+            return words, {"source": "official", "path": str(folder), "sha256": provenance.digest_of(files)}
+    words = {k: _read_words(k) for k in _WORD_FILES}
+    shipped = RULER_DIR / "words"
+    files = {f"{k}.txt": provenance.file_sha256(shipped / f"{k}.txt") for k in _WORD_FILES}
+    record = {"source": "stand-in", "path": str(shipped), "sha256": provenance.digest_of(files),
+              "missing": "wonderwords adjectivelist.txt / nounlist.txt / verblist.txt",
+              "how_to_get": "pip install wonderwords (RULER's word lists)"}  # fmt: skip
+    return words, record
 
 
 def _pseudo_words(count: int, exclude: set[str]) -> list[str]:
@@ -257,15 +281,17 @@ _QA_FILES = {
 }
 
 
-def load_qa(dataset: str, input_dir: Path | None) -> QACorpus:
-    """SQuAD / HotpotQA from ``input_dir`` when present, else the shipped fixture (warns)."""
+def load_qa(dataset: str, input_dir: Path | None) -> tuple[QACorpus, dict[str, Any]]:
+    """SQuAD / HotpotQA from ``input_dir`` (also its ``json/`` folder, RULER's layout) when present, else the shipped
+    fixture (a stand-in: recorded and warned about by the runner)."""
     names, reader, fixture = _QA_FILES[dataset]
     if input_dir is not None:
-        for name in names:
-            if (input_dir / name).is_file():
-                return reader(input_dir / name)
-    log.warning("RULER %s: real data not found, using the tiny shipped fixture %s", dataset, fixture)
-    return reader(RULER_DIR / "qa" / fixture)
+        for folder in (input_dir, input_dir / "json"):
+            for name in names:
+                if (folder / name).is_file():
+                    return reader(folder / name), provenance.official(folder / name)
+    path = RULER_DIR / "qa" / fixture
+    return reader(path), provenance.stand_in(path, names[0], _HOW_TO_GET)
 
 
 # ---- generation -----------------------------------------------------------------------------------------------
@@ -273,17 +299,24 @@ def load_qa(dataset: str, input_dir: Path | None) -> QACorpus:
 
 @dataclass
 class Generated:
-    """One generated RULER sample before it becomes a :class:`Sample`."""
+    """One generated RULER sample before it becomes a :class:`Sample` (``shots``: worked examples, each ``(task
+    text, answer prefix + answer)``, rendered as complete turns before the prompt)."""
 
     context: str
     question: str
     answer_prefix: str
     answers: list[str]
     extra: dict[str, Any] = field(default_factory=dict)
+    shots: tuple[tuple[str, str], ...] = ()
 
-    @property
-    def full(self) -> str:
-        return self.context + self.question + self.answer_prefix
+    def as_sample_parts(self, answer_prefix_mode: str) -> dict[str, Any]:
+        """``context``/``question``/``answer_prefix``/``shots`` of the :class:`Sample` for an answer-prefix mode."""
+        if answer_prefix_mode == "assistant":
+            return {"context": self.context, "question": self.question, "answer_prefix": self.answer_prefix,
+                    "shots": self.shots}  # fmt: skip
+        inline = "".join(user + reply + "\n" for user, reply in self.shots)
+        return {"context": inline + self.context, "question": self.question + self.answer_prefix,
+                "answer_prefix": "", "shots": ()}  # fmt: skip
 
 
 def _zeta(s: float, terms: int = 1000) -> float:
@@ -301,7 +334,11 @@ def _sentences(text: str) -> list[str]:
 
 
 class RulerGenerator:
-    """Generates the samples of one RULER task at one length (deterministic for a seed)."""
+    """Generates the samples of one RULER task at one length (deterministic for a seed).
+
+    Lengths are measured on the prompt as the model will see it (``use_chat_template``: the model's chat template
+    included; ``answer_prefix_mode``: where the answer prefix goes), in ``tokenizer.tokenize`` tokens.
+    """
 
     def __init__(
         self,
@@ -311,6 +348,9 @@ class RulerGenerator:
         seed: int,
         max_new_tokens: int,
         inputs: RulerInputs,
+        *,
+        use_chat_template: bool = False,
+        answer_prefix_mode: str = "assistant",
     ) -> None:
         self.task = task
         self.length = length
@@ -318,6 +358,8 @@ class RulerGenerator:
         self.seed = seed
         self.max_new_tokens = max_new_tokens
         self.inputs = inputs
+        self.use_chat_template = use_chat_template
+        self.answer_prefix_mode = answer_prefix_mode
         self.rng = random.Random(seed)
         self.args = task.args
         #: Smallest unit count a sample can be built with (VT needs one noise line per chain line).
@@ -325,8 +367,16 @@ class RulerGenerator:
 
     # -- size search --
 
+    def count(self, sample: Generated) -> int:
+        """Tokens of the full model input (chat template and answer prefix included), RULER's ``text_to_tokens``."""
+        if self.tok.tokenizer is None:
+            return self.tok.count(sample.context + sample.question + sample.answer_prefix)
+        parts = sample.as_sample_parts(self.answer_prefix_mode)
+        text = render_prompt(self.tok.tokenizer, **parts, use_chat_template=self.use_chat_template).text
+        return self.tok.count(text)
+
     def fits(self, sample: Generated) -> bool:
-        return self.tok.count(sample.full) + self.max_new_tokens <= self.length
+        return self.count(sample) + self.max_new_tokens <= self.length
 
     def shrink_unit(self, build: Callable[[int], Generated], incremental: int) -> int:
         """``incremental``, halved while a sample of that many units does not fit (only at lengths below what the
@@ -339,7 +389,7 @@ class RulerGenerator:
         """Largest unit count (>= ``incremental``) whose freshly built sample fits (RULER HEAD's binary search)."""
         if upper is None:
             probe = build(incremental)
-            per_unit = max(self.tok.count(probe.full) / incremental, 1e-9)
+            per_unit = max(self.count(probe) / incremental, 1e-9)
             upper = max(int(self.length / per_unit * 3), 2 * incremental)
         lower, best = incremental, incremental
         while lower <= upper:
@@ -551,16 +601,17 @@ class RulerGenerator:
     def _generate_vt(self, num_samples: int) -> list[Generated]:
         # One-shot example: a 500-token sample (5-noise-line units, no answer budget), 3-letter names, value 12345.
         # A tokenizer too verbose for even 5 noise lines in 500 tokens (e.g. byte-level) gets the minimal example.
-        outer_length, outer_new = self.length, self.max_new_tokens
-        self.length, self.max_new_tokens = 500, 0
+        # The example is sized with the raw task template (no model template), as officially.
+        outer = self.length, self.max_new_tokens, self.use_chat_template, self.answer_prefix_mode
+        self.length, self.max_new_tokens, self.use_chat_template, self.answer_prefix_mode = 500, 0, False, "user"
         try:
             icl_units = self.search(self._build_vt_icl_probe, 5)
             probe = self.fit_sample(self._build_vt_icl_probe, icl_units, 5)
         except ValueError:
             probe = self._build_vt_icl_probe(self.min_units)
         finally:
-            self.length, self.max_new_tokens = outer_length, outer_new
-        self._icl = probe.full + " " + " ".join(probe.answers) + "\n"
+            self.length, self.max_new_tokens, self.use_chat_template, self.answer_prefix_mode = outer
+        self._icl = probe.context + probe.question + probe.answer_prefix + " " + " ".join(probe.answers) + "\n"
         self._icl_names = probe.answers
         incremental = 10 if self.length >= 4096 else 5
         units = self.search(self._build_vt, incremental)
@@ -598,18 +649,18 @@ class RulerGenerator:
         else:
             shot_ctx, shot_answer = self._cwe_example(40, 10, 3, a["num_cw"])
             ctx, answer = self._cwe_example(num_words, a["freq_cw"], a["freq_ucw"], a["num_cw"])
-        shot = CWE_INSTRUCTION + shot_ctx + "\n" + CWE_QUESTION + CWE_PREFIX + " "
-        shot += " ".join(f"{i + 1}. {w}" for i, w in enumerate(shot_answer)) + "\n"
+        shot_reply = CWE_PREFIX + " " + " ".join(f"{i + 1}. {w}" for i, w in enumerate(shot_answer))
         return Generated(
-            context=shot + CWE_INSTRUCTION + ctx + "\n",
+            context=CWE_INSTRUCTION + ctx + "\n",
             question=CWE_QUESTION,
             answer_prefix=CWE_PREFIX,
             answers=answer,
+            shots=((CWE_INSTRUCTION + shot_ctx + "\n" + CWE_QUESTION, shot_reply),),
         )
 
     def _generate_cwe(self, num_samples: int) -> list[Generated]:
         probe_words = 4096
-        per_word = max(self.tok.count(self._build_cwe(probe_words).full) / probe_words, 1e-9)
+        per_word = max(self.count(self._build_cwe(probe_words)) / probe_words, 1e-9)
         units = self.search(self._build_cwe, 10, upper=int(self.length // per_word) * 2)
         return [self.fit_sample(self._build_cwe, units, 10) for _ in range(num_samples)]
 
@@ -643,7 +694,7 @@ class RulerGenerator:
         step = max(budget // 32, 1)
         num_words = max(budget // 6, 1)
         vocab = self._fwe_vocab(vocab_size)
-        while self.tok.count(self._build_fwe(vocab, num_words).full) < budget:
+        while self.count(self._build_fwe(vocab, num_words)) < budget:
             num_words += step
         num_words = max(num_words - step, step)
         out = []
@@ -651,7 +702,7 @@ class RulerGenerator:
             vocab = self._fwe_vocab(vocab_size)
             words = num_words
             sample = self._build_fwe(vocab, words)
-            while self.tok.count(sample.full) > budget:
+            while self.count(sample) > budget:
                 words -= step
                 if words <= 0:
                     raise ValueError(f"RULER fwe: cannot fit a sample into {self.length} tokens")
@@ -711,11 +762,12 @@ class RulerInputs:
 
     def __init__(self, input_dir: Path | None) -> None:
         self.input_dir = input_dir
-        self.words = load_word_lists(input_dir)
+        self.words, words_record = load_word_lists(input_dir)
         self.niah_words = sorted({f"{adj}-{noun}" for adj in self.words["adjectives"] for noun in self.words["nouns"]})
         self.cwe_words = sorted(set(self.words["nouns"] + self.words["adjectives"] + self.words["verbs"]))
         self.cwe_extra: list[str] = []
-        self.essay_source = ""
+        #: Provenance record per input name (``words``, ``essays``, ``squad``, ``hotpotqa``), filled as loaded.
+        self.records: dict[str, dict[str, Any]] = {"words": words_record}
         self._essay_words: list[str] | None = None
         self._qa: dict[str, QACorpus] = {}
 
@@ -723,22 +775,46 @@ class RulerInputs:
     def essay_words(self) -> list[str]:
         """Whitespace-normalised words of all essays (RULER: ``re.sub(r"\\s+", " ", text).split(" ")``)."""
         if self._essay_words is None:
-            essays, self.essay_source = load_essays(self.input_dir)
+            essays, self.records["essays"] = load_essays(self.input_dir, "PaulGrahamEssays.json", _HOW_TO_GET)
             self._essay_words = re.sub(r"\s+", " ", " ".join(essays)).strip().split(" ")
         return self._essay_words
 
     def qa_corpus(self, dataset: str) -> QACorpus:
         """The SQuAD (``squad``) or HotpotQA (``hotpotqa``) corpus, loaded on first use."""
         if dataset not in self._qa:
-            self._qa[dataset] = load_qa(dataset, self.input_dir)
+            self._qa[dataset], self.records[dataset] = load_qa(dataset, self.input_dir)
         return self._qa[dataset]
+
+    def used_by(self, task: RulerTask) -> dict[str, dict[str, Any]]:
+        """Provenance records of the inputs ``task`` reads (loading them if needed)."""
+        records = {"generator": provenance.generated(f"kvbench RULER {task.generator} generator")}
+        names = []
+        if task.generator == "niah":
+            if task.args["type_haystack"] == "essay":
+                self.essay_words  # noqa: B018  (loads the essays and records where from)
+                names.append("essays")
+            if "words" in (task.args["type_needle_k"], task.args["type_needle_v"]):
+                names.append("words")
+        elif task.generator == "cwe":
+            names.append("words")
+        elif task.generator == "qa":
+            self.qa_corpus(task.args["dataset"])
+            names.append(task.args["dataset"])
+        records.update({name: self.records[name] for name in names})
+        return records
 
 
 # ---- datasets ---------------------------------------------------------------------------------------------------
 
 
+ANSWER_PREFIX_MODES = ("assistant", "user")
+#: Source files whose code generates the samples (their hash is part of the sample-cache key).
+_HERE = Path(__file__).resolve().parent
+_GENERATOR_SOURCES = (_HERE / "ruler.py", _HERE / "needle_grid.py", _HERE / "base.py", _HERE.parent / "prompting.py")
+
+
 class RulerDataset(TaskDataset):
-    """One RULER task at one target length; samples are generated on first use and cached."""
+    """One RULER task at one target length; samples are generated on first use (or read from the sample cache)."""
 
     def __init__(
         self,
@@ -750,12 +826,16 @@ class RulerDataset(TaskDataset):
         num_samples: int,
         seed: int,
         max_new_tokens: int | None = None,
-        answer_prefix: str = "question",
+        answer_prefix: str = "assistant",
         name: str | None = None,
+        use_chat_template: bool = False,
     ) -> None:
-        if answer_prefix not in ("question", "extra"):
-            raise ValueError(f"task.options.answer_prefix must be 'question' or 'extra', got {answer_prefix!r}")
+        if answer_prefix not in ANSWER_PREFIX_MODES:
+            raise ValueError(
+                f"task.options.answer_prefix={answer_prefix!r}; valid values: {', '.join(ANSWER_PREFIX_MODES)}"
+            )
         self.task = task
+        self.use_chat_template = use_chat_template
         self.length = length
         self.tok = TextTokenizer(tokenizer)
         self.inputs = inputs
@@ -769,35 +849,66 @@ class RulerDataset(TaskDataset):
 
     def describe(self) -> dict[str, Any]:
         info = super().describe()
-        info.update(task=self.task.name, length=self.length, seed=self.seed, answer_prefix=self.answer_prefix_mode)
+        info.update(
+            task=self.task.name,
+            length=self.length,
+            seed=self.seed,
+            answer_prefix=self.answer_prefix_mode,
+            length_counts_chat_template=self.use_chat_template,
+        )
         return info
+
+    def provenance(self) -> dict[str, dict[str, Any]]:
+        return self.inputs.used_by(self.task)
+
+    def cache_key(self) -> dict[str, Any]:
+        """Everything the samples depend on (see :mod:`kvbench.sample_cache`)."""
+        return {
+            "task": self.task.name,
+            "generator": self.task.generator,
+            "args": self.task.args,
+            "length": self.length,
+            "seed": self.seed,
+            "max_new_tokens": self.max_new_tokens,
+            "answer_prefix": self.answer_prefix_mode,
+            "chat_template": self.use_chat_template,
+            "tokenizer": tokenizer_fingerprint(self.tok.tokenizer),
+            "inputs": {name: record.get("sha256", record.get("by")) for name, record in self.provenance().items()},
+            "code": source_fingerprint(_GENERATOR_SOURCES),
+        }
 
     def samples(self) -> list[Sample]:
         if self._samples is None:
-            generator = RulerGenerator(self.task, self.length, self.tok, self.seed, self.max_new_tokens, self.inputs)
-            out = []
-            for i, gen in enumerate(generator.generate(self.num_samples)):
-                question = gen.question + (gen.answer_prefix if self.answer_prefix_mode == "question" else "")
-                prompt_tokens = self.tok.count(gen.full)
-                extra = dict(gen.extra)
-                extra.update(
-                    task=self.task.name,
-                    target_length=self.length,
-                    prompt_tokens=prompt_tokens,
-                    length_with_generation=prompt_tokens + self.max_new_tokens,
-                    answer_prefix=gen.answer_prefix,
-                )
-                out.append(
-                    Sample(
-                        id=f"{self.task.name}_{self.length}_{i}",
-                        context=gen.context,
-                        question=question,
-                        answers=gen.answers,
-                        extra=extra,
-                    )
-                )
-            self._samples = out
+            self._samples = cached_samples(
+                self.sample_cache, "ruler", self.name, self.cache_key, self.num_samples, self.generate_samples
+            )
         return self._samples
+
+    def generate_samples(self, count: int) -> list[Sample]:
+        """Generate ``count`` samples (no cache)."""
+        generator = RulerGenerator(
+            self.task,
+            self.length,
+            self.tok,
+            self.seed,
+            self.max_new_tokens,
+            self.inputs,
+            use_chat_template=self.use_chat_template,
+            answer_prefix_mode=self.answer_prefix_mode,
+        )
+        out = []
+        for i, gen in enumerate(generator.generate(count)):
+            prompt_tokens = generator.count(gen)
+            extra = dict(gen.extra)
+            extra.update(
+                task=self.task.name,
+                target_length=self.length,
+                prompt_tokens=prompt_tokens,
+                length_with_generation=prompt_tokens + self.max_new_tokens,
+            )
+            parts = gen.as_sample_parts(self.answer_prefix_mode)
+            out.append(Sample(id=f"{self.task.name}_{self.length}_{i}", answers=gen.answers, extra=extra, **parts))
+        return out
 
     def postprocess(self, prediction: str) -> str:
         return ruler_postprocess(prediction)
@@ -810,7 +921,7 @@ class RulerDataset(TaskDataset):
 
 
 @register_task("ruler")
-def build_ruler(task_cfg: Any, tokenizer: Any) -> list[TaskDataset]:
+def build_ruler(task_cfg: Any, tokenizer: Any, chat_template: bool = False) -> list[TaskDataset]:
     """Builder: one dataset per selected task (``task.datasets``) and length (``task.lengths`` or ``task.length``).
 
     With several lengths the dataset names get a ``_{length}`` suffix (``niah_single_1_4096``).
@@ -836,6 +947,7 @@ def build_ruler(task_cfg: Any, tokenizer: Any) -> list[TaskDataset]:
                     max_new_tokens=opts["max_new_tokens"],
                     answer_prefix=opts["answer_prefix"],
                     name=name if len(lengths) == 1 else f"{name}_{length}",
+                    use_chat_template=chat_template,
                 )
             )
     return datasets

@@ -334,7 +334,7 @@ def _lengths(task_cfg: Any) -> list[int]:
 
 
 @register_task("tiny_niah")
-def build_tiny_niah(task_cfg: Any, tokenizer: Any) -> list[TaskDataset]:
+def build_tiny_niah(task_cfg: Any, tokenizer: Any, chat_template: bool = False) -> list[TaskDataset]:
     """Datasets ``<variant>_<len>`` for every variant x target length, filtered by ``task.datasets``."""
     options = dict(getattr(task_cfg, "options", None) or {})
     unknown = sorted(set(options) - VALID_OPTIONS)

@@ -8,13 +8,13 @@ from mdparse import partial_cells, tables_after
 OUT = Path(__file__).resolve().parents[1]
 OUT.mkdir(parents=True, exist_ok=True)
 FIELDS = ["table", "row", "model", "model_label", "task", "question_mode", "method", "method_label", "budget",
-          "budget_label", "column", "column_label", "dataset", "kind", "value", "note"]
+          "budget_label", "column", "column_label", "dataset", "kind", "value", "printed", "note"]
 
 MODELS = {
     "Mistral-7B-Instruct-v0.2": "mistral-7b-instruct-v0.2", "LWM-Text-Chat-1M": "lwm-text-chat-1m",
     "Llama-3.1-8B-Instruct": "llama3.1-8b-instruct", "LLaMA3-8B-Inst": "llama3-8b-instruct",
     "Qwen2-7B-Inst": "qwen2-7b-instruct", "LLAMA2-7B-Chat": "llama2-7b-chat", "Gemma-7B-Inst": "gemma-7b-it",
-    "Qwen2-1.5B-Inst": "qwen2-1.5b", "Qwen1.5-4B-Chat": "qwen1.5-4b-chat", "Qwen1.5-14B-Chat": "qwen1.5-14b-chat",
+    "Qwen2-1.5B-Inst": "qwen2-1.5b-instruct", "Qwen1.5-4B-Chat": "qwen1.5-4b-chat", "Qwen1.5-14B-Chat": "qwen1.5-14b-chat",
     "Llama2-7B-Chat": "llama2-7b-chat", "Llama3.1-8B-Instruct": "llama3.1-8b-instruct",
     "Llama3.1-8B Instruct": "llama3.1-8b-instruct", "Mistral-7B-Instruct-v0.3": "mistral-7b-instruct-v0.3",
     "Qwen2.5-7B-Instruct": "qwen2.5-7b-instruct", "Gemma-7B-Instruct": "gemma-7b-it",
@@ -84,6 +84,9 @@ def write(name, rows):
         w = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\n")
         w.writeheader()
         for r in rows:
+            # printed: the cell exactly as the paper prints it (annotations such as "± 0.2" and the paper's own "-"
+            # kept; empty = not printed or illegible in the source); value: its number alone.
+            r.setdefault("printed", r["value"])
             w.writerow({k: r.get(k, "") for k in FIELDS})
     print(name, len(rows))
 
@@ -243,7 +246,7 @@ for n, vs in variants.items():
         rows.append(dict(table=f"cake_t{n}", row=ri, model="llama2-7b-chat", model_label="Llama2-7B-Chat",
                          task="longbench", question_mode="aware", method=meth, method_label=lab, budget="128L",
                          budget_label="128L", column="avg", column_label="Avg.", dataset="", kind="aggregate",
-                         value=val, note=note))
+                         value=val, printed=r[1], note=note))
     write(f"cake_t{n}", rows)
 # Table 4: task-type counts (not a results table; kept for completeness)
 (h, b, _), = tables_after("seed-cake.md", "### Table 4: ")
@@ -253,7 +256,7 @@ for ri, r in enumerate(b, start=1):
         rows.append(dict(table="cake_t4", row=ri, model="", model_label="", task="longbench", question_mode="",
                          method="", method_label=r[0], budget="", budget_label="", column=col.strip("#").strip()
                          .lower().replace(" ", "_"), column_label=col, dataset="", kind="count",
-                         value="" if v == "-" else v, note="'-' in the paper" if v == "-" else ""))
+                         value="" if v == "-" else v, printed=v, note="'-' in the paper" if v == "-" else ""))
 write("cake_t4", rows)
 # Table 13: latency (efficiency; not rebuilt from accuracy runs)
 (h, b, _), = tables_after("seed-cake.md", "### Table 13: ")

@@ -1,0 +1,313 @@
+"""Every check that can run before any work, in three stages of rising cost.
+
+1. :func:`check_config` -- the composed config alone: no unknown keys (``+method.windw=8`` included), no missing
+   values, names usable as folder names, budget string, knob ranges and choices.  Imports neither torch nor
+   transformers, so ``python run.py`` reports a bad value in well under a second (``scripts/bench_errors.py``).
+2. :func:`check_environment` -- what the config points at, still without torch: the model (builtin, an existing
+   local folder, or a hub id -- in the local cache when offline), the data folder, the optional packages the
+   run needs, a writable results root.
+3. :func:`validate` -- needs torch (lazily imported): the method family builds with its parameters (the families'
+   ``parse_params``), the task kind is registered.  The runner then checks the device, loads the tokenizer and
+   reads every selected dataset, :func:`check_samples`, before the model's weights load and before anything is
+   written under ``results/``.
+
+Every failure is a :class:`~kvbench.errors.KVBenchError` whose message names the key and value, the valid
+choices and the fix, in one paragraph.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib.util
+import json
+import os
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from kvbench.budget import BudgetError, parse_budget
+from kvbench.config import (
+    DTYPE_NAMES,
+    GQA_AGGREGATIONS,
+    GQA_GRANULARITIES,
+    GQA_REDUCE_ORDERS,
+    POOL_PADDINGS,
+    POOLING_TYPES,
+    QUESTION_MODES,
+    SCORE_DTYPES,
+    KVBenchConfig,
+)
+from kvbench.errors import KVBenchError
+from kvbench.model_source import REPO_ROOT, resolve_model_source
+from kvbench.wandb_logging import WANDB_MODES
+
+#: Config values used as results folder names (``results/runs/<model>/<task>/<method>/<budget>[~<tag>]``).
+FOLDER_NAME_KEYS = ("model.name", "task.name", "method.name", "budget.name", "run.tag")
+#: Task kinds that read LongBench files (``task.data_dir``) or, without it, the hub through ``datasets``.
+LONGBENCH_KINDS = ("longbench", "longbench_full", "longbench_e")
+LONGBENCH_SETTINGS = REPO_ROOT / "tasks" / "longbench" / "datasets.json"
+
+
+# ---------------------------------------------------------------------------------------------------- stage 1
+def check_config(cfg: DictConfig) -> None:
+    """Stage 1: the config's keys and values (see the module docstring); raises :class:`KVBenchError`."""
+    _check_keys(cfg, KVBenchConfig, prefix="")
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise KVBenchError(
+            f"{', '.join(missing)} must be set (no value given); pick a preset (model=, method=, budget=, task=) "
+            "or set the key on the command line."
+        )
+    for key in FOLDER_NAME_KEYS:
+        _check_folder_name(key, OmegaConf.select(cfg, key))
+    _check_budget(str(cfg.budget.spec))
+    _check_method_knobs(cfg.method)
+    _check_task_values(cfg.task)
+    _check_choice("model.dtype", cfg.model.dtype, DTYPE_NAMES)
+    _check_min("model.max_input_length", cfg.model.max_input_length, 2)
+    _check_choice("wandb.mode", cfg.wandb.mode, WANDB_MODES)
+    if cfg.run.threads is not None:
+        _check_min("run.threads", cfg.run.threads, 1)
+
+
+def _check_keys(node: Any, schema: type, prefix: str) -> None:
+    """Every key of ``node`` must be a field of the ``schema`` dataclass (recursively for dataclass fields)."""
+    if not isinstance(node, DictConfig):
+        return
+    fields = [field.name for field in dataclasses.fields(schema)]
+    hints = typing.get_type_hints(schema)
+    for key in node:
+        if key not in fields:
+            raise KVBenchError(unknown_key_message(f"{prefix}{key}", str(key), fields, prefix))
+        field_type = hints[key]
+        if dataclasses.is_dataclass(field_type) and not OmegaConf.is_missing(node, key):
+            _check_keys(node[key], field_type, f"{prefix}{key}.")
+
+
+def unknown_key_message(full_key: str, key: str, valid: Sequence[str], prefix: str, added: bool = True) -> str:
+    """One paragraph for a key that is not in the schema; ``added``: it got in with Hydra's ``+``."""
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+    group = prefix.rstrip(".") or "the root config"
+    how = " (a key added with '+' is not checked by Hydra)" if added else ""
+    suggestion = ""
+    if close:
+        suggestion = f" Did you mean {prefix}{close[0]}?" + (
+            f" Set it without '+': {prefix}{close[0]}=<value>." if added else ""
+        )
+    extra = " Family hyper-parameters go under method.params.<key>." if prefix == "method." else ""
+    return f"{full_key} is not a kvbench setting{how}; the keys of {group} are: {', '.join(valid)}.{suggestion}{extra}"
+
+
+def _check_folder_name(key: str, value: Any) -> None:
+    if value is None and key == "run.tag":
+        return
+    text = str(value)
+    if not text or text in (".", "..") or any(ch in text for ch in "/\\\0") or text != text.strip():
+        raise KVBenchError(
+            f"{key}={value!r} cannot be used as a results folder name: use a non-empty name without '/', '\\' or "
+            f"surrounding spaces (e.g. {key}=my_variant)."
+        )
+
+
+def _check_budget(spec: str) -> None:
+    try:
+        parse_budget(spec)
+    except BudgetError as err:
+        raise KVBenchError(
+            f"{err}. Pick a preset (budget=128L, budget=full, ...) or set budget.spec to one of the accepted forms."
+        ) from err
+
+
+def _check_method_knobs(method: Any) -> None:
+    _check_min("method.window", method.window, 1, "the observation window's length in tokens; the presets use 8 or 32")
+    kernel = method.kernel_size
+    if not isinstance(kernel, int) or kernel < 1 or kernel % 2 == 0:
+        raise KVBenchError(
+            f"method.kernel_size={kernel!r} is not valid: the pooling kernel must be an odd integer >= 1 (1 = no "
+            "pooling; SnapKV uses 7, CAKE 5), so that pooled scores stay aligned with their tokens. "
+            "Fix: e.g. method.kernel_size=7."
+        )
+    _check_choice("method.pooling", method.pooling, POOLING_TYPES)
+    _check_choice("method.pool_padding", method.pool_padding, POOL_PADDINGS)
+    _check_choice("method.score_dtype", method.score_dtype, SCORE_DTYPES)
+    _check_choice("method.gqa_granularity", method.gqa_granularity, GQA_GRANULARITIES)
+    _check_choice("method.gqa_agg", method.gqa_agg, GQA_AGGREGATIONS)
+    if method.gqa_reduce is not None:
+        _check_choice("method.gqa_reduce", method.gqa_reduce, GQA_REDUCE_ORDERS, "or null for the family's reference")
+    _check_min("method.sink_tokens", method.sink_tokens, 0)
+
+
+def _check_task_values(task: Any) -> None:
+    _check_choice("task.question_mode", task.question_mode, QUESTION_MODES)
+    if task.num_samples is not None:
+        _check_min("task.num_samples", task.num_samples, 1, "or null for all samples")
+    if task.length is not None:
+        _check_min("task.length", task.length, 1, "the target context length in tokens")
+    for length in task.lengths or ():
+        _check_min("task.lengths", length, 1, "target context lengths in tokens")
+    for depth in task.depths or ():
+        if not 0 <= depth <= 100:
+            raise KVBenchError(
+                f"task.depths contains {depth!r}: needle depths are percentages in [0, 100] (e.g. "
+                "task.depths=[0,50,100])."
+            )
+
+
+def _check_choice(key: str, value: Any, valid: Sequence[str], also: str = "") -> None:
+    if value not in valid:
+        extra = f", {also}" if also else ""
+        raise KVBenchError(f"{key}={value!r} is not valid; valid: {', '.join(valid)}{extra} (e.g. {key}={valid[0]}).")
+
+
+def _check_min(key: str, value: Any, minimum: int, meaning: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        note = f" ({meaning})" if meaning else ""
+        raise KVBenchError(f"{key}={value!r} is not valid: it must be an integer >= {minimum}{note}.")
+
+
+# ---------------------------------------------------------------------------------------------------- stage 2
+def check_environment(cfg: DictConfig) -> None:
+    """Stage 2: the model's weights can be found, the data folder exists, optional packages are installed, the
+    results root can be written.  No torch; no network."""
+    resolve_model_source(cfg.model)
+    _check_data_dir(cfg.task)
+    for module, why, fix in required_packages(cfg):
+        if not any(package_available(name) for name in module.split("|")):
+            raise KVBenchError(
+                f"{why} needs the Python package {module.split('|')[0]!r}, which is not installed. {fix}"
+            )
+    _check_writable_root(Path(str(cfg.run.output_root)))
+
+
+def package_available(module: str) -> bool:
+    """Whether ``module`` can be imported (found on the path; not imported here)."""
+    return importlib.util.find_spec(module) is not None
+
+
+def _check_data_dir(task: Any) -> None:
+    """``task.data_dir`` names an existing folder (LongBench's ``fixtures`` aside; with ``task.options.source=hub``
+    it is where downloads go, so it may not exist yet)."""
+    data_dir = task.data_dir
+    if data_dir is None or (task.kind in LONGBENCH_KINDS and data_dir == "fixtures"):
+        return
+    if (task.options or {}).get("source") == "hub":
+        return
+    path = Path(str(data_dir)).expanduser()
+    if not path.is_dir():
+        longbench = task.kind in LONGBENCH_KINDS
+        fixtures = " (or task.data_dir=fixtures for the shipped LongBench fixtures)" if longbench else ""
+        problem = "is not a folder" if path.exists() else "does not exist"
+        raise KVBenchError(
+            f"task.data_dir={data_dir!r} {problem}. Point it at the folder that `python scripts/prepare_data.py "
+            f"{'longbench' if longbench else task.kind} --out <dir>` wrote{fixtures}, or leave it unset "
+            "(task.data_dir=null) for the task's default source."
+        )
+
+
+def required_packages(cfg: DictConfig) -> list[tuple[str, str, str]]:
+    """Optional packages this run needs: ``(module, why, how to fix)``; ``a|b`` means either module will do."""
+    task = cfg.task
+    needs: list[tuple[str, str, str]] = []
+    if task.kind in LONGBENCH_KINDS:
+        if task.data_dir is None:
+            needs.append(
+                (
+                    "datasets",
+                    f"task={task.name} without task.data_dir (LongBench from the Hugging Face hub)",
+                    "Install it with `pip install kvbench[data]`, or set task.data_dir to a folder of the official "
+                    "jsonl files (scripts/prepare_data.py longbench), or task.data_dir=fixtures for the shipped "
+                    "fixtures.",
+                )
+            )
+        if (task.options or {}).get("code_sim_backend") == "levenshtein":
+            needs.append(
+                (
+                    "rapidfuzz|Levenshtein",
+                    "task.options.code_sim_backend=levenshtein",
+                    "Install it with `pip install kvbench[levenshtein]`, or use the official "
+                    "task.options.code_sim_backend=difflib.",
+                )
+            )
+        if _longbench_chinese_selected(task):
+            needs.append(
+                (
+                    "jieba",
+                    "scoring the Chinese LongBench datasets",
+                    "Install it with `pip install jieba==0.42.1`, or select English datasets with task.datasets=[...].",
+                )
+            )
+    return needs
+
+
+def _longbench_chinese_selected(task: Any) -> bool:
+    """Whether the selected LongBench datasets include a Chinese one (scored with jieba)."""
+    try:
+        settings = json.loads(LONGBENCH_SETTINGS.read_text(encoding="utf-8"))
+        names = list(task.datasets) if task.datasets is not None else settings["tasks"][task.kind]
+        return any(settings["datasets"].get(name, {}).get("language") == "zh" for name in names)
+    except (OSError, KeyError, ValueError):  # unreadable settings: the task builder reports it
+        return False
+
+
+def _check_writable_root(root: Path) -> None:
+    existing = root
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise KVBenchError(
+            f"run.output_root={str(root)!r}: {existing} is a file, not a folder. Point run.output_root at a folder."
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise KVBenchError(
+            f"run.output_root={str(root)!r}: {existing} is not writable by this user. Point run.output_root at a "
+            "folder you can write (e.g. run.output_root=results/runs)."
+        )
+
+
+# ---------------------------------------------------------------------------------------------------- stage 3
+def validate(cfg: DictConfig) -> tuple[Any, Any]:
+    """Stages 1 and 3 (no environment checks: a sweep plans jobs on a login node this way); imports torch.
+
+    Returns ``(EvictionMethod, Budget)``.
+    """
+    check_config(cfg)
+    from kvbench.methods.base import build_method
+    from kvbench.tasks.base import task_kinds
+
+    try:
+        method = build_method(cfg.method)
+    except ValueError as err:
+        raise KVBenchError(f"method={cfg.method.name}: {err}.") from err
+    kinds = task_kinds()
+    if cfg.task.kind not in kinds:
+        raise KVBenchError(
+            f"task.kind={cfg.task.kind!r} is not a registered task kind; valid: {', '.join(kinds)} (pick a task "
+            "preset: task=longbench, task=ruler, ...)."
+        )
+    return method, parse_budget(str(cfg.budget.spec))
+
+
+def check_samples(dataset: str, samples: Sequence[Any], source: str) -> None:
+    """A dataset's samples are usable: at least one, unique ids, a non-empty context string."""
+    if not samples:
+        raise KVBenchError(
+            f"dataset {dataset!r} has no samples (source: {source}). Check the data file, or leave the dataset out "
+            "with task.datasets=[...]."
+        )
+    seen: set[str] = set()
+    for index, sample in enumerate(samples):
+        if sample.id in seen:
+            raise KVBenchError(
+                f"dataset {dataset!r} has two samples with id {sample.id!r} (source: {source}); ids must be unique "
+                "for results to resume. Fix the data file."
+            )
+        seen.add(sample.id)
+        if not isinstance(sample.context, str) or not sample.context.strip():
+            raise KVBenchError(
+                f"dataset {dataset!r}, sample {sample.id!r} (#{index}): the context string is empty (source: "
+                f"{source}); every prompt needs a context to compress. Fix or remove that line."
+            )
