@@ -12,49 +12,87 @@ from kernels.stats import WindowStats
 ENTROPY_EPS = 1e-10
 
 
-def window_probs_reference(queries: torch.Tensor, keys: torch.Tensor, scaling: float) -> torch.Tensor:
+def round_probs(probs: torch.Tensor, prob_dtype: torch.dtype | None) -> torch.Tensor:
+    """Round float32 probabilities to ``prob_dtype`` and back (the references' cast of the softmax to the model
+    dtype); identity for ``None``."""
+    return probs if prob_dtype is None else probs.to(prob_dtype).float()
+
+
+def attention_logits(
+    queries: torch.Tensor, keys: torch.Tensor, scaling: float, row_scale: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``[H_q, R, S]`` float32 scaled logits of queries ``[H_q, R, D]`` over keys ``[H, S, D]`` (GQA: consecutive
+    query heads share a key head), bottom-right causal: query ``r`` sits at position ``S - R + r`` and its future
+    keys are ``-inf``.  ``row_scale`` (``[R]``) multiplies each row's scaled logits (AhaKV's step-gain softmax)."""
+    num_q, rows, dim = queries.shape
+    num_heads, length, _ = keys.shape
+    grouped = queries.float().reshape(num_heads, (num_q // num_heads) * rows, dim)
+    logits = torch.bmm(grouped, keys.float().transpose(1, 2)).reshape(num_q, rows, length) * scaling
+    if row_scale is not None:
+        logits = logits * row_scale.float().to(logits.device)[None, :, None]
+    future = torch.arange(length)[None, :] > torch.arange(length - rows, length)[:, None]
+    return logits.masked_fill(future.to(logits.device)[None], float("-inf"))
+
+
+def window_probs_reference(
+    queries: torch.Tensor, keys: torch.Tensor, scaling: float, row_scale: torch.Tensor | None = None
+) -> torch.Tensor:
     """``[H_q, W, S]`` float32 softmax of window queries ``[H_q, W, D]`` over keys ``[H, S, D]`` (GQA: consecutive
     query heads share a key head), causal in the window (query ``i`` sees keys ``0 .. S - W + i``)."""
-    num_q, window, _ = queries.shape
-    num_heads, length, _ = keys.shape
-    expanded = keys.float().repeat_interleave(num_q // num_heads, dim=0)
-    logits = torch.einsum("hwd,hsd->hws", queries.float(), expanded) * scaling
-    future = torch.arange(length)[None, :] > torch.arange(length - window, length)[:, None]
-    logits = logits.masked_fill(future.to(logits.device)[None], float("-inf"))
-    return torch.softmax(logits, dim=-1)
+    return torch.softmax(attention_logits(queries, keys, scaling, row_scale), dim=-1)
 
 
-def window_stats_reference(
-    queries: torch.Tensor, keys: torch.Tensor, scaling: float, eps: float = ENTROPY_EPS
+def stats_of_probs(
+    probs: torch.Tensor,
+    eps: float = ENTROPY_EPS,
+    prob_dtype: torch.dtype | None = None,
+    logits: torch.Tensor | None = None,
 ) -> WindowStats:
-    """:class:`WindowStats` computed from the materialised ``[H_q, W, S]`` matrix."""
-    probs = window_probs_reference(queries, keys, scaling)
-    num_q, window, _ = queries.shape
-    num_heads, length, _ = keys.shape
-    expanded = keys.float().repeat_interleave(num_q // num_heads, dim=0)
-    logits = torch.einsum("hwd,hsd->hws", queries.float(), expanded) * scaling
-    future = torch.arange(length)[None, :] > torch.arange(length - window, length)[:, None]
-    logits = logits.masked_fill(future.to(logits.device)[None], float("-inf"))
+    """:class:`WindowStats` of a materialised ``[H_q, W, S]`` attention matrix.
+
+    The column statistics use the probabilities rounded to ``prob_dtype`` (when given); the row statistics the
+    float32 ones.  ``row_lse`` needs the ``logits`` (NaN without them).
+    """
+    rounded = round_probs(probs, prob_dtype)
+    window = probs.shape[1]
+    mean = rounded.mean(dim=1, keepdim=True)
+    lse = torch.logsumexp(logits, dim=-1) if logits is not None else torch.full(probs.shape[:2], float("nan"))
     return WindowStats(
-        col_sum=probs.sum(dim=1),
-        col_sqsum=(probs * probs).sum(dim=1),
-        col_max=probs.amax(dim=1),
-        col_entropy=-(probs * torch.log(probs + eps)).sum(dim=1),
-        row_lse=torch.logsumexp(logits, dim=-1),
+        col_sum=rounded.sum(dim=1),
+        col_m2=((rounded - mean) ** 2).sum(dim=1),
+        col_max=rounded.amax(dim=1),
+        col_entropy=-(rounded * torch.log(rounded + eps)).sum(dim=1),
+        row_lse=lse,
         row_entropy=torch.special.entr(probs).sum(dim=-1),
         window=window,
     )
 
 
-def causal_column_sums_reference(queries: torch.Tensor, keys: torch.Tensor, scaling: float) -> torch.Tensor:
-    """``[H_q, S]`` column sums of the full causal ``[H_q, S, S]`` float32 softmax of ``queries`` ``[H_q, S, D]``
-    over ``keys`` ``[H, S, D]`` (GQA: consecutive query heads share a key head)."""
-    num_q, length, _ = queries.shape
-    expanded = keys.float().repeat_interleave(num_q // keys.shape[0], dim=0)
-    logits = torch.einsum("hqd,hsd->hqs", queries.float(), expanded) * scaling
-    future = torch.arange(length)[None, :] > torch.arange(length)[:, None]
-    probs = torch.softmax(logits.masked_fill(future.to(logits.device)[None], float("-inf")), dim=-1)
-    return probs.sum(dim=1)
+def window_stats_reference(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    scaling: float,
+    eps: float = ENTROPY_EPS,
+    prob_dtype: torch.dtype | None = None,
+    row_scale: torch.Tensor | None = None,
+) -> WindowStats:
+    """:class:`WindowStats` computed from the materialised ``[H_q, W, S]`` matrix."""
+    logits = attention_logits(queries, keys, scaling, row_scale)
+    return stats_of_probs(torch.softmax(logits, dim=-1), eps, prob_dtype, logits)
+
+
+def causal_column_sums_reference(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    scaling: float,
+    prob_dtype: torch.dtype | None = None,
+    row_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``[H_q, S]`` column sums of the materialised ``[H_q, R, S]`` float32 softmax of ``queries`` ``[H_q, R, D]``
+    (bottom-right causal; ``R = S`` is a whole causal prefill) over ``keys`` ``[H, S, D]``, each probability
+    rounded to ``prob_dtype`` first when given."""
+    probs = torch.softmax(attention_logits(queries, keys, scaling, row_scale), dim=-1)
+    return round_probs(probs, prob_dtype).sum(dim=1)
 
 
 def slots_of(block_table: torch.Tensor, head: torch.Tensor, index: torch.Tensor, page_size: int) -> torch.Tensor:

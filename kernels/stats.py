@@ -13,14 +13,16 @@ class WindowStats:
 
     The attention matrix ``A`` (``[H_q, W, S]``, causal in the window: query ``i`` sits at position ``S - W + i``)
     is never materialised; these are its reductions.  Masked (future) entries count as probability 0 in every
-    column statistic, like ``torch.softmax`` over a ``-inf``-masked row.
+    column statistic, like ``torch.softmax`` over a ``-inf``-masked row.  When the statistics were computed with a
+    ``prob_dtype`` (the model dtype, as the reference code casts its float32 softmax), every column statistic is of
+    the probabilities rounded to it; the row statistics are of the float32 ones.
 
     Attributes
     ----------
     col_sum:
         ``[H_q, S]`` float32, ``sum_i A[h, i, j]`` (H2O / SnapKV votes).
-    col_sqsum:
-        ``[H_q, S]`` float32, ``sum_i A[h, i, j] ** 2`` (for the variance).
+    col_m2:
+        ``[H_q, S]`` float32, ``sum_i (A[h, i, j] - mean_j) ** 2`` over the ``W`` rows (two-pass, no cancellation).
     col_max:
         ``[H_q, S]`` float32, ``max_i A[h, i, j]``.
     col_entropy:
@@ -35,7 +37,7 @@ class WindowStats:
     """
 
     col_sum: torch.Tensor
-    col_sqsum: torch.Tensor
+    col_m2: torch.Tensor
     col_max: torch.Tensor
     col_entropy: torch.Tensor
     row_lse: torch.Tensor
@@ -50,7 +52,6 @@ class WindowStats:
     def var(self, unbiased: bool = True) -> torch.Tensor:
         """``[H_q, S]`` variance over the window rows (``unbiased=True`` is ``torch.var``'s default, as CAKE uses)."""
         w = self.window
-        centred = (self.col_sqsum - self.col_sum * self.col_sum / w).clamp_min(0.0)
         if unbiased:
-            return centred / (w - 1) if w > 1 else torch.full_like(centred, float("nan"))
-        return centred / w
+            return self.col_m2 / (w - 1) if w > 1 else torch.full_like(self.col_m2, float("nan"))
+        return self.col_m2 / w

@@ -12,85 +12,139 @@ import triton.language as tl
 NEG_BIG = -1.0e30
 
 
-# ------------------------------------------------------------------------------------------ window statistics
+# ------------------------------------------------------------------------------------------ attention scores
 @triton.jit
-def _window_rows_kernel(
-    q_ptr, k_ptr, lse_ptr, ent_ptr,
-    W, S, D, groups, scaling,
-    sq_h, sq_w, sk_h, sk_s,
-    BLOCK_W: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+def _round_probs(p, ROUND: tl.constexpr):
+    """Round float32 probabilities to bf16 (``ROUND`` 1) or fp16 (2) and back, to nearest even as torch's cast.
+
+    bf16 is rounded with integer arithmetic (the interpreter's float cast truncates); ``p`` is finite, >= 0.
+    """
+    if ROUND == 1:
+        bits = p.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        p = bits.to(tl.float32, bitcast=True)
+    elif ROUND == 2:
+        p = p.to(tl.float16).to(tl.float32)
+    return p
+
+
+@triton.jit
+def _load_tile(ptr, index, dims, count, D, stride):
+    """Rows ``index`` (``< count``) x columns ``dims`` (``< D``) of a row-major ``[count, D]`` slab, as float32."""
+    mask = (index[:, None] < count) & (dims[None, :] < D)
+    return tl.load(ptr + index[:, None] * stride + dims[None, :], mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _scaled_logits(q, k, scaling, scale_ptr, rows, R, HAS_SCALE: tl.constexpr):
+    """``q k^T * scaling`` (float32, IEEE), times each row's factor when ``HAS_SCALE``."""
+    logits = tl.dot(q, tl.trans(k), input_precision="ieee") * scaling
+    if HAS_SCALE:
+        factor = tl.load(scale_ptr + rows, mask=rows < R, other=1.0)
+        logits = logits * factor[:, None]
+    return logits
+
+
+@triton.jit
+def _rows_lse_kernel(
+    q_ptr, k_ptr, scale_ptr, lse_ptr, ent_ptr,
+    R, S, D, groups, scaling,
+    sq_h, sq_r, sk_h, sk_s,
+    BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HAS_SCALE: tl.constexpr,
+    ENTROPY: tl.constexpr,
 ):  # fmt: skip
-    """Pass 1, one program per query head: online log-sum-exp and ``sum p*l`` per window row -> lse, entropy."""
+    """Pass 1, one program per (query head, row block): each row's online log-sum-exp over the keys it may see
+    (row ``r`` sits at position ``S - R + r``), and with ``ENTROPY`` its entropy ``lse - sum p l``."""
     hq = tl.program_id(0)
+    block = tl.program_id(1)
     hk = hq // groups
-    rows = tl.arange(0, BLOCK_W)
+    rows = block * BLOCK_R + tl.arange(0, BLOCK_R)
     dims = tl.arange(0, BLOCK_D)
-    q = tl.load(
-        q_ptr + hq * sq_h + rows[:, None] * sq_w + dims[None, :],
-        mask=(rows[:, None] < W) & (dims[None, :] < D),
-        other=0.0,
-    ).to(tl.float32)
-    m = tl.full((BLOCK_W,), NEG_BIG, tl.float32)
-    s = tl.zeros((BLOCK_W,), tl.float32)
-    t = tl.zeros((BLOCK_W,), tl.float32)
-    limit = S - W + rows  # last key each row may see
-    for start in range(0, S, BLOCK_S):
+    q = _load_tile(q_ptr + hq * sq_h, rows, dims, R, D, sq_r)
+    m = tl.full((BLOCK_R,), NEG_BIG, tl.float32)
+    s = tl.zeros((BLOCK_R,), tl.float32)
+    t = tl.zeros((BLOCK_R,), tl.float32)
+    limit = S - R + rows  # last key each row may see
+    visible = tl.minimum(S, S - R + (block + 1) * BLOCK_R)  # keys seen by the block's last row
+    for start in range(0, visible, BLOCK_S):
         cols = start + tl.arange(0, BLOCK_S)
-        k = tl.load(
-            k_ptr + hk * sk_h + cols[:, None] * sk_s + dims[None, :],
-            mask=(cols[:, None] < S) & (dims[None, :] < D),
-            other=0.0,
-        ).to(tl.float32)
-        logits = tl.dot(q, tl.trans(k), input_precision="ieee") * scaling
-        valid = (cols[None, :] < S) & (cols[None, :] <= limit[:, None]) & (rows[:, None] < W)
+        k = _load_tile(k_ptr + hk * sk_h, cols, dims, S, D, sk_s)
+        logits = _scaled_logits(q, k, scaling, scale_ptr, rows, R, HAS_SCALE)
+        valid = (cols[None, :] < S) & (cols[None, :] <= limit[:, None]) & (rows[:, None] < R)
         logits = tl.where(valid, logits, NEG_BIG)
         m_new = tl.maximum(m, tl.max(logits, axis=1))
         alpha = tl.exp(m - m_new)
         p = tl.where(valid, tl.exp(logits - m_new[:, None]), 0.0)
         s = s * alpha + tl.sum(p, axis=1)
-        t = t * alpha + tl.sum(p * tl.where(valid, logits, 0.0), axis=1)
+        if ENTROPY:
+            t = t * alpha + tl.sum(p * tl.where(valid, logits, 0.0), axis=1)
         m = m_new
-    s = tl.where(rows < W, s, 1.0)  # padded rows: keep the arithmetic finite
+    s = tl.where(rows < R, s, 1.0)  # padded rows: keep the arithmetic finite
     lse = m + tl.log(s)
-    entropy = lse - t / s
-    tl.store(lse_ptr + hq * W + rows, lse, mask=rows < W)
-    tl.store(ent_ptr + hq * W + rows, entropy, mask=rows < W)
+    tl.store(lse_ptr + hq * R + rows, lse, mask=rows < R)
+    if ENTROPY:
+        tl.store(ent_ptr + hq * R + rows, lse - t / s, mask=rows < R)
 
 
 @triton.jit
 def _window_cols_kernel(
-    q_ptr, k_ptr, lse_ptr, sum_ptr, sq_ptr, max_ptr, colent_ptr,
+    q_ptr, k_ptr, scale_ptr, lse_ptr, sum_ptr, m2_ptr, max_ptr, colent_ptr,
     W, S, D, groups, scaling, eps,
     sq_h, sq_w, sk_h, sk_s,
-    BLOCK_W: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_W: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HAS_SCALE: tl.constexpr,
+    ROUND: tl.constexpr,
 ):  # fmt: skip
-    """Pass 2, one program per (query head, key block): recompute probabilities, reduce over the window rows."""
+    """Pass 2 of the window statistics, one program per (query head, key block): recompute the (rounded)
+    probabilities of all ``W`` rows, reduce over them: sum, centred sum of squares (two-pass: every row is in the
+    block), max, entropy."""
     hq = tl.program_id(0)
     block = tl.program_id(1)
     hk = hq // groups
     rows = tl.arange(0, BLOCK_W)
     dims = tl.arange(0, BLOCK_D)
     cols = block * BLOCK_S + tl.arange(0, BLOCK_S)
-    q = tl.load(
-        q_ptr + hq * sq_h + rows[:, None] * sq_w + dims[None, :],
-        mask=(rows[:, None] < W) & (dims[None, :] < D),
-        other=0.0,
-    ).to(tl.float32)
-    k = tl.load(
-        k_ptr + hk * sk_h + cols[:, None] * sk_s + dims[None, :],
-        mask=(cols[:, None] < S) & (dims[None, :] < D),
-        other=0.0,
-    ).to(tl.float32)
+    q = _load_tile(q_ptr + hq * sq_h, rows, dims, W, D, sq_w)
+    k = _load_tile(k_ptr + hk * sk_h, cols, dims, S, D, sk_s)
     lse = tl.load(lse_ptr + hq * W + rows, mask=rows < W, other=0.0)
-    logits = tl.dot(q, tl.trans(k), input_precision="ieee") * scaling
+    logits = _scaled_logits(q, k, scaling, scale_ptr, rows, W, HAS_SCALE)
     valid = (cols[None, :] < S) & (cols[None, :] <= (S - W + rows)[:, None]) & (rows[:, None] < W)
-    p = tl.where(valid, tl.exp(logits - lse[:, None]), 0.0)
+    p = _round_probs(tl.where(valid, tl.exp(logits - lse[:, None]), 0.0), ROUND)
+    total = tl.sum(p, axis=0)
+    centred = tl.where(rows[:, None] < W, p - (total / W)[None, :], 0.0)
     out = hq * S + cols
     keep = cols < S
-    tl.store(sum_ptr + out, tl.sum(p, axis=0), mask=keep)
-    tl.store(sq_ptr + out, tl.sum(p * p, axis=0), mask=keep)
+    tl.store(sum_ptr + out, total, mask=keep)
+    tl.store(m2_ptr + out, tl.sum(centred * centred, axis=0), mask=keep)
     tl.store(max_ptr + out, tl.max(p, axis=0), mask=keep)
     tl.store(colent_ptr + out, -tl.sum(p * tl.log(p + eps), axis=0), mask=keep)
+
+
+@triton.jit
+def _causal_cols_kernel(
+    q_ptr, k_ptr, scale_ptr, lse_ptr, sum_ptr,
+    R, S, D, groups, scaling,
+    sq_h, sq_r, sk_h, sk_s,
+    BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HAS_SCALE: tl.constexpr,
+    ROUND: tl.constexpr,
+):  # fmt: skip
+    """Pass 2 of the all-rows column sums, one program per (query head, key block): loop over the row blocks that
+    may see the block's keys, recompute the (rounded) probabilities from the rows' log-sum-exp, sum them per key."""
+    hq = tl.program_id(0)
+    block = tl.program_id(1)
+    hk = hq // groups
+    cols = block * BLOCK_S + tl.arange(0, BLOCK_S)
+    dims = tl.arange(0, BLOCK_D)
+    k = _load_tile(k_ptr + hk * sk_h, cols, dims, S, D, sk_s)
+    acc = tl.zeros((BLOCK_S,), tl.float32)
+    first = tl.maximum(block * BLOCK_S - (S - R), 0)  # the first row that sees the block's first key
+    for start in range((first // BLOCK_R) * BLOCK_R, R, BLOCK_R):
+        rows = start + tl.arange(0, BLOCK_R)
+        q = _load_tile(q_ptr + hq * sq_h, rows, dims, R, D, sq_r)
+        lse = tl.load(lse_ptr + hq * R + rows, mask=rows < R, other=0.0)
+        logits = _scaled_logits(q, k, scaling, scale_ptr, rows, R, HAS_SCALE)
+        valid = (cols[None, :] < S) & (cols[None, :] <= (S - R + rows)[:, None]) & (rows[:, None] < R)
+        acc += tl.sum(_round_probs(tl.where(valid, tl.exp(logits - lse[:, None]), 0.0), ROUND), axis=0)
+    tl.store(sum_ptr + hq * S + cols, acc, mask=cols < S)
 
 
 # ------------------------------------------------------------------------------------------ paged storage

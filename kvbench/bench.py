@@ -180,6 +180,10 @@ class RunSpec:
     backend: str = "auto"
     page_size: int | None = None
     repeats: int = 1
+    #: Tokens per prefill forward (0: the whole context in one forward; ``run.prefill_chunk``).
+    prefill_chunk: int = 0
+    #: Attention-statistics kernels of the scorers (``auto``: fused; ``dense``: the materialising reference).
+    scoring_impl: str = "auto"
 
 
 @dataclass
@@ -223,7 +227,7 @@ def run_cell(
     cache = KVBenchCache(
         int(config.num_hidden_layers), expand_factor=expand, backend=spec.backend, page_size=spec.page_size
     )
-    session = EvictionSession(method, budget, cache)
+    session = EvictionSession(method, budget, cache, scoring_impl=spec.scoring_impl)
     gen = torch.Generator().manual_seed(spec.context)
     ids = torch.randint(10, int(config.vocab_size), (1, spec.context), generator=gen).to(device)
     if device.type == "cuda":
@@ -233,7 +237,9 @@ def run_cell(
     _sync(device)
     start = time.perf_counter()
     session.begin_prefill(spec.context)
-    logits = _forward(model, ids, 0, cache, session)
+    chunk = spec.prefill_chunk or spec.context
+    for first in range(0, spec.context, chunk):
+        logits = _forward(model, ids[:, first : first + chunk], first, cache, session)
     session.begin_decode()
     _sync(device)
     prefill_s = time.perf_counter() - start
@@ -356,6 +362,8 @@ def run_plan(plan: BenchPlan, out_dir: Path, log: Any = print) -> dict[str, Any]
             "method": spec.method,
             "budget": budget.spec,
             "context": spec.context,
+            "prefill_chunk": spec.prefill_chunk,
+            "scoring_impl": spec.scoring_impl,
             "decode_tokens": spec.decode_tokens,
             **{k: v for k, v in result.items() if k != "backend_used"},
             "decode_bandwidth_gbps": bytes_read / per_token_s / 1e9 if per_token_s > 0 else "",
@@ -413,10 +421,15 @@ def _median_result(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _add_prefill_overhead(rows: list[dict[str, Any]]) -> None:
-    """``prefill_vs_full``: prefill time with eviction / full-cache prefill time (same arch, backend, context)."""
-    full = {(r["arch"], r["backend"], r["context"]): r["prefill_s"] for r in rows if r["method"] == "full"}
+    """``prefill_vs_full``: prefill time with eviction / full-cache prefill time (same arch, backend, context and
+    prefill chunking)."""
+
+    def key(row: dict[str, Any]) -> tuple[Any, ...]:
+        return row["arch"], row["backend"], row["context"], row.get("prefill_chunk", 0)
+
+    full = {key(r): r["prefill_s"] for r in rows if r["method"] == "full"}
     for row in rows:
-        base = full.get((row["arch"], row["backend"], row["context"]))
+        base = full.get(key(row))
         row["prefill_vs_full"] = row["prefill_s"] / base if base else ""
 
 

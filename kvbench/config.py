@@ -159,6 +159,10 @@ class RunConfig:
     print_table: bool = True
     #: Torch intra-op threads (null = torch default).
     threads: Optional[int] = None
+    #: Tokens per forward of the compressed prefill: 0 = one forward; null = automatic (one forward on GPU; on CPU
+    #: chunks of at most 4096 for longer prompts).  Methods see what a one-shot prefill gives them (README,
+    #: Performance).
+    prefill_chunk: Optional[int] = None
     #: Where generated RULER/NeedleBench samples are stored and reused across method x budget runs: "auto"
     #: (``<output_root>/../samples``, i.e. results/samples), a folder, or null (regenerate in every run).
     sample_cache: Optional[str] = "auto"

@@ -4,6 +4,12 @@ One session per sample.  The generation loop tells it the phase (compressing pre
 passes it to the model's forward as ``kvbench_session``; kvbench's attention function calls
 :meth:`EvictionSession.after_attention` once per layer with the layer's queries.
 
+The compressed prefill may arrive in chunks (``run.prefill_chunk``): each chunk goes through the cache, and the
+session keeps per layer what the method reads from the prompt rows -- the last ``W`` queries (the observation
+window), the column sums of every row's attention when the scorer asks for them (H2O: accumulated chunk by chunk
+against the keys stored so far, which are exactly the keys each row sees), every query when it asks for them --
+and compresses the layer once its last chunk is stored, as after a one-shot prefill.
+
 Selection rule (per layer, per stored head): tokens are ranked by the method's scores; *protected* tokens (the
 observation window when ``keep_window``, the first ``sink_tokens`` positions) rank first, ties broken towards more
 recent tokens; the head keeps the top ``k_h`` where ``k_h`` comes from the head allocator.  With
@@ -21,9 +27,10 @@ from typing import Any, Literal
 
 import torch
 
+import kernels
 from kvbench.budget import Budget
 from kvbench.cache import HeadwiseLayer, KVBenchCache
-from kvbench.methods.base import EvictionMethod, WindowObservation
+from kvbench.methods.base import EvictionMethod, PromptRows, WindowObservation
 from kvbench.methods.scoring import aggregate_groups
 
 Phase = Literal["idle", "compress", "append", "decode"]
@@ -41,9 +48,12 @@ class CacheRecord:
     evicted: bool = False
     cache_bytes: int = 0
     #: Largest KV bytes held at any point of the compressed prefill (measured when each layer's attention is done,
-    #: before its eviction: earlier layers compressed so far + this layer's full cache).
+    #: before its eviction: earlier layers compressed so far + this layer's full cache; with a chunked prefill every
+    #: layer holds its full cache until its last chunk).
     peak_prefill_bytes: int = 0
     final_per_layer: list[int] = field(default_factory=list)
+    #: Tokens per forward of the compressed prefill (0: one forward; ``run.prefill_chunk``).
+    prefill_chunk: int = 0
     #: Per layer, the cache size (tokens per stored head, mean over heads) decode-time eviction keeps: the budget,
     #: also when the prompt was shorter (the cache grows to it first, as the references).
     decode_cap_per_layer: list[int] = field(default_factory=list)
@@ -83,6 +93,45 @@ def rank_tokens(scores: torch.Tensor, positions: torch.Tensor, protected: torch.
     return by_recency[by_score]
 
 
+@dataclass
+class PrefillRows:
+    """One layer's prompt rows kept across the chunks of a compressed prefill (module docstring).
+
+    Attributes
+    ----------
+    window_queries:
+        ``[H_q, <=W, D]`` the last ``W`` queries seen so far.
+    column_sums:
+        ``[H_q, S_seen]`` float32 attention each stored key received from every row so far (when asked for).
+    queries:
+        Every query chunk so far (when asked for).
+    """
+
+    window_queries: torch.Tensor | None = None
+    column_sums: torch.Tensor | None = None
+    queries: list[torch.Tensor] = field(default_factory=list)
+
+    def add(self, layer: HeadwiseLayer, query: torch.Tensor, scaling: float, window: int, needs: PromptRows,
+            impl: str) -> None:  # fmt: skip
+        """Take one chunk: ``query`` ``[H_q, q, D]``, the last ``q`` tokens stored in ``layer``."""
+        recent = query if self.window_queries is None else torch.cat([self.window_queries, query], dim=1)
+        self.window_queries = recent[:, -window:].clone()  # not a view: the chunk's queries are freed
+        if needs.column_sums:
+            keys, _ = layer.dense_kv()  # every key stored so far: exactly the keys these rows see
+            sums = kernels.causal_column_sums(query, keys, scaling, prob_dtype=needs.prob_dtype, impl=impl)
+            if self.column_sums is not None:
+                sums[:, : self.column_sums.shape[1]] += self.column_sums
+            self.column_sums = sums
+        if needs.queries:
+            self.queries.append(query)
+
+    def prompt_queries(self) -> torch.Tensor | None:
+        """``[H_q, S, D]`` every query (``None`` unless kept)."""
+        if not self.queries:
+            return None
+        return self.queries[0] if len(self.queries) == 1 else torch.cat(self.queries, dim=1)
+
+
 class EvictionSession:
     """Drives one sample's eviction (see module docstring).
 
@@ -94,9 +143,15 @@ class EvictionSession:
         The parsed budget.
     cache:
         The sample's cache (built with the method's GQA granularity).
+    scoring_impl:
+        Kernel implementation of the attention statistics (:attr:`WindowObservation.impl`): ``auto`` (default),
+        ``triton``, ``torch``, or ``dense`` (the materialising reference, for comparisons).
     """
 
-    def __init__(self, method: EvictionMethod, budget: Budget, cache: KVBenchCache) -> None:
+    def __init__(self, method: EvictionMethod, budget: Budget, cache: KVBenchCache, scoring_impl: str = "auto") -> None:
+        if scoring_impl not in kernels.SCORING_IMPLS:
+            raise ValueError(f"scoring_impl={scoring_impl!r}; valid: {', '.join(kernels.SCORING_IMPLS)}")
+        self.scoring_impl = scoring_impl
         self.method = method
         self.budget = budget
         self.cache = cache
@@ -108,6 +163,7 @@ class EvictionSession:
         self._requested: dict[int, tuple[int, list[int]]] = {}
         self._decode_caps: dict[int, list[int]] = {}
         self._allocator_started = False
+        self._rows: dict[int, PrefillRows] = {}
         self.sample_key = 0
 
     # ------------------------------------------------------------------ phases
@@ -117,7 +173,8 @@ class EvictionSession:
         return self.method.scorer is not None and not self.budget.is_full
 
     def begin_prefill(self, context_length: int, prompt_ids: Sequence[int] | None = None) -> None:
-        """The next forward is the (compressed) context prefill of ``context_length`` tokens.
+        """The next forwards are the (compressed) context prefill of ``context_length`` tokens, in one forward or
+        in chunks; each layer is compressed once all ``context_length`` tokens are stored.
 
         ``prompt_ids`` (the compressed tokens) give the sample its :attr:`WindowObservation.sample_key`.
         """
@@ -150,7 +207,7 @@ class EvictionSession:
         layer = self.cache.headwise_layers[layer_idx]
         policy = self.method.decode_policy
         if self.phase == "compress":
-            self._compress_prefill(layer_idx, layer, query[0], scaling)
+            self._prefill_chunk(layer_idx, layer, query[0], scaling)
         elif policy is None or self.budget.is_full:
             return
         elif self.phase == "decode":
@@ -160,23 +217,39 @@ class EvictionSession:
             policy.step(layer_idx, layer, query[0][:, -1:], scaling)
 
     # ------------------------------------------------------------------ prefill compression
-    def _compress_prefill(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
+    def _prefill_chunk(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
+        """One prefill forward at a layer: keep the rows the method needs; compress after the last chunk."""
         context = layer.seen_tokens
-        num_heads = layer.num_heads
         self.record.peak_prefill_bytes = max(self.record.peak_prefill_bytes, self.cache.kv_bytes())
         if not self.compresses:
-            self._requested[layer_idx] = (context, [context] * num_heads)
+            self._requested[layer_idx] = (context, [context] * layer.num_heads)
             return
+        assert self.method.scorer is not None
+        rows = self._rows.setdefault(layer_idx, PrefillRows())
+        needs = self.method.scorer.prompt_rows(query.dtype)
+        rows.add(layer, query, scaling, self.method.window, needs, self.scoring_impl)
+        if context < self.context_length:
+            return  # more chunks to come
+        del self._rows[layer_idx]
+        self._compress_prefill(layer_idx, layer, rows, scaling)
+
+    def _compress_prefill(self, layer_idx: int, layer: HeadwiseLayer, rows: PrefillRows, scaling: float) -> None:
+        context = layer.seen_tokens
+        num_heads = layer.num_heads
         keys, values = layer.dense_kv()
-        window = min(self.method.window, context, query.shape[1])
+        assert rows.window_queries is not None
+        window = min(self.method.window, context)
+        queries = rows.window_queries[:, -window:]
         observation = WindowObservation(
             layer_idx=layer_idx,
             num_layers=self.num_layers,
-            queries=query[:, -window:],
+            queries=queries,
             keys=keys,
             values=values,
             scaling=scaling,
-            prompt_queries=query,
+            prompt_queries=rows.prompt_queries(),
+            prompt_column_sums=rows.column_sums,
+            impl=self.scoring_impl,
             sample_key=self.sample_key,
         )
         # With window_in_budget=False every layer keeps its window on top of the budget: allocators see it added.
@@ -196,7 +269,7 @@ class EvictionSession:
         if scores.shape != (num_heads, context):
             raise ValueError(
                 f"scorer {type(self.method.scorer).__name__} returned shape {tuple(scores.shape)}, "
-                f"expected ({num_heads}, {context}) or ({query.shape[0]}, {context})"
+                f"expected ({num_heads}, {context}) or ({queries.shape[0]}, {context})"
             )
         self._scores[layer_idx] = list(scores.unbind(0))
         for target_layer, layer_budget in sorted(budgets.items()):

@@ -2,6 +2,11 @@
 
 Explicit ``position_ids`` everywhere: after eviction the cache holds fewer tokens than were seen, so positions
 come from the count of tokens fed, never from the cache length.
+
+The compressed prompt is fed in one forward or in chunks (``prefill_chunk``, ``run.prefill_chunk``): each chunk
+attends to everything stored before it (kvbench's bottom-right causal attention), the eviction session keeps what
+the method reads from the prompt rows, and each layer is compressed once its last chunk is stored -- the method
+sees what a one-shot prefill gives it, while the activations (MLP, attention) are bounded by the chunk.
 """
 
 from __future__ import annotations
@@ -17,6 +22,28 @@ from kvbench.cache import KVBenchCache
 from kvbench.config import QUESTION_MODES
 from kvbench.eviction import CacheRecord, EvictionSession
 from kvbench.methods.base import EvictionMethod
+
+#: ``prefill_chunk=None`` (automatic): on CPU, prompts longer than this are fed in chunks of at most this many
+#: tokens; on CUDA the prompt goes in one forward.
+CPU_PREFILL_CHUNK = 4096
+#: ... and at most this many (query x key) pairs per chunk: CPU attention over a chunk holds a buffer of about 10
+#: bytes per pair (its causal mask), so long prompts get smaller chunks (128K tokens: 1024).
+CPU_CHUNK_PAIRS = 1 << 27
+
+
+def resolve_prefill_chunk(prefill_chunk: int | None, device: torch.device, prompt_tokens: int) -> int:
+    """Tokens per prefill forward (0 = one forward) for ``run.prefill_chunk`` (``None`` = automatic: see
+    :data:`CPU_PREFILL_CHUNK` and :data:`CPU_CHUNK_PAIRS`)."""
+    if prefill_chunk is None:
+        if device.type != "cpu" or prompt_tokens <= CPU_PREFILL_CHUNK:
+            return 0
+        return max(256, min(CPU_PREFILL_CHUNK, CPU_CHUNK_PAIRS // prompt_tokens))
+    if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 0:
+        raise ValueError(
+            f"run.prefill_chunk={prefill_chunk!r}; valid: a positive number of tokens per chunk, 0 (one forward) "
+            "or null (automatic: chunks on CPU for long prompts)"
+        )
+    return prefill_chunk if 0 < prefill_chunk < prompt_tokens else 0
 
 
 @dataclass
@@ -71,6 +98,7 @@ def generate(
     stop_token_ids: set[int],
     stop_strings: tuple[str, ...] = (),
     min_new_tokens: int = 0,
+    prefill_chunk: int | None = None,
 ) -> GenerationOutput:
     """Greedy generation with ``method`` applied at ``budget``.
 
@@ -79,6 +107,7 @@ def generate(
     strings are ignored for the first ``min_new_tokens`` tokens (LongBench's ``min_length`` for samsum: the stop
     tokens' logits are masked, so the model picks another token).  A stop token ends the output and is part of it
     (as in ``generate()``); the text is decoded with ``skip_special_tokens=True``.
+    ``prefill_chunk``: tokens per forward of the compressed prefill (:func:`resolve_prefill_chunk`).
     """
     if question_mode not in QUESTION_MODES:
         raise ValueError(f"question_mode={question_mode!r}; valid: {', '.join(QUESTION_MODES)}")
@@ -91,10 +120,13 @@ def generate(
         compressed, appended = context_ids, question_ids
     if not compressed:
         raise ValueError("empty prompt")
+    chunk = resolve_prefill_chunk(prefill_chunk, device, len(compressed)) or len(compressed)
+    session.record.prefill_chunk = chunk if chunk < len(compressed) else 0
 
     start = time.perf_counter()
     session.begin_prefill(len(compressed), prompt_ids=compressed)
-    logits = _forward(model, compressed, 0, cache, session, device)
+    for first in range(0, len(compressed), chunk):
+        logits = _forward(model, compressed[first : first + chunk], first, cache, session, device)
     position = len(compressed)
     if appended:
         session.begin_append()

@@ -427,6 +427,7 @@ class Runner:
                 stop_token_ids=stops,
                 stop_strings=tuple(dataset.stop_strings),
                 min_new_tokens=int(dataset.min_new_tokens),
+                prefill_chunk=cfg.run.prefill_chunk,
             )
             row = _prediction_row(sample, dataset, output, encoded)
             with _TERMINATION.critical():

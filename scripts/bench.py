@@ -9,7 +9,8 @@ efficiency tables rebuilt beside the paper numbers.  Writes CSVs, Markdown table
         --decode-tokens 64 --out results/bench/gpu_128k      # one slice of it
 
 Filters (--archs, --methods, --contexts, --backends) keep only the matching cells of the preset; --budget,
---decode-tokens, --page-size, --repeats override every cell.  See kvbench/bench.py for what is measured.
+--decode-tokens, --page-size, --repeats, --prefill-chunk, --scoring-impl override every cell.  See kvbench/bench.py
+for what is measured.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--decode-tokens", type=int, help="tokens decoded per cell")
     parser.add_argument("--page-size", type=int, help="paged backend page size (multiple of 256 -> varlen_attn)")
     parser.add_argument("--repeats", type=int, help="timed repetitions per cell (median)")
+    parser.add_argument("--prefill-chunk", type=int, help="tokens per prefill forward (0: one forward)")
+    parser.add_argument("--scoring-impl", choices=["auto", "triton", "torch", "dense"], help="scorers' kernels")
     parser.add_argument("--device", help="cpu / cuda / cuda:N (default: the preset's)")
     parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], help="model dtype")
     parser.add_argument("--peak-gbps", type=float, help="peak memory bandwidth for the decode fraction")
@@ -78,6 +81,8 @@ def main(argv: list[str] | None = None) -> dict:
         "decode_tokens": args.decode_tokens,
         "page_size": args.page_size,
         "repeats": args.repeats,
+        "prefill_chunk": args.prefill_chunk,
+        "scoring_impl": args.scoring_impl,
     }
     overrides = {k: v for k, v in overrides.items() if v is not None}
     specs = [dataclasses.replace(s, **overrides) for s in specs]

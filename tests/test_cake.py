@@ -9,6 +9,7 @@ import pytest
 import torch
 from test_methods import _Layer, _run, method_from_yaml
 
+from kernels.reference import stats_of_probs
 from kvbench.budget import parse_budget
 from kvbench.cache import KVBenchCache
 from kvbench.eviction import EvictionSession
@@ -25,14 +26,15 @@ def test_layer_preference_matches_eq6() -> None:
     past = attention[:, :, :42].double()
     entropy = float(-(past * torch.log(past + 1e-10)).sum())
     variance = float(past.var(dim=1).sum())
-    assert layer_preference(attention, 8, 1.0, 1.0) == pytest.approx(entropy * variance)
-    assert layer_preference(attention, 8, 0.5, 2.0) == pytest.approx(entropy**2 * variance**0.5)
-    assert layer_preference(attention, 8, 0.5, 2.0, "h") == pytest.approx(entropy**2)
-    assert layer_preference(attention, 8, 0.5, 2.0, "v") == pytest.approx(variance**0.5)
+    stats = stats_of_probs(attention)
+    assert layer_preference(stats, 8, 1.0, 1.0) == pytest.approx(entropy * variance)
+    assert layer_preference(stats, 8, 0.5, 2.0) == pytest.approx(entropy**2 * variance**0.5)
+    assert layer_preference(stats, 8, 0.5, 2.0, "h") == pytest.approx(entropy**2)
+    assert layer_preference(stats, 8, 0.5, 2.0, "v") == pytest.approx(variance**0.5)
     # A dispersed, shifting layer prefers more cache than a concentrated, static one.
     static = torch.zeros(4, 8, 50)
     static[..., 3] = 1.0
-    assert layer_preference(attention, 8, 1.0, 1.0) > layer_preference(static, 8, 1.0, 1.0)
+    assert layer_preference(stats, 8, 1.0, 1.0) > layer_preference(stats_of_probs(static), 8, 1.0, 1.0)
 
 
 def test_monotone_split_is_exact_capped_and_never_grows() -> None:

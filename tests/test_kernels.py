@@ -14,7 +14,7 @@ from kernels import reference
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 IMPLS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not kernels.triton_available(), reason="no triton"))]
-STAT_FIELDS = ("col_sum", "col_sqsum", "col_max", "col_entropy", "row_lse", "row_entropy")
+STAT_FIELDS = ("col_sum", "col_m2", "col_max", "col_entropy", "row_lse", "row_entropy")
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -45,8 +45,48 @@ def test_window_stats_match_reference(impl, num_q, num_kv, window, length, dim, 
         )
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("prob_dtype", [torch.bfloat16, torch.float16])
+def test_window_stats_round_each_probability_and_scale_rows(impl, prob_dtype) -> None:
+    """``prob_dtype``: every column statistic is of the probabilities rounded to the model dtype (the references'
+    cast); ``row_scale``: each row's logits times its factor (AhaKV).  Equal to the materialised computation up to
+    one rounding step of the few probabilities that sit on a rounding boundary."""
+    gen = _gen(5)
+    queries, keys = torch.randn(4, 9, 16, generator=gen) * 2, torch.randn(2, 75, 16, generator=gen)
+    row_scale = torch.rand(9, generator=gen) + 0.5
+    expected = reference.window_stats_reference(queries, keys, 0.25, prob_dtype=prob_dtype, row_scale=row_scale)
+    got = kernels.window_stats(
+        queries.to(DEVICE), keys.to(DEVICE), 0.25, prob_dtype=prob_dtype, row_scale=row_scale.to(DEVICE), impl=impl,
+        chunk=32,
+    )  # fmt: skip
+    for name in ("col_sum", "col_m2", "col_max", "col_entropy"):
+        torch.testing.assert_close(getattr(got, name).cpu(), getattr(expected, name), rtol=1e-2, atol=2e-4, msg=name)
+    # The maxima are single rounded probabilities: representable in the model dtype, and mostly bit-equal.
+    col_max = got.col_max.cpu()
+    assert torch.equal(col_max.to(prob_dtype).float(), col_max)
+    assert (col_max == expected.col_max).float().mean() > 0.95
+    torch.testing.assert_close(got.row_lse.cpu(), expected.row_lse, rtol=1e-5, atol=1e-5)
+    unrounded = kernels.window_stats(queries.to(DEVICE), keys.to(DEVICE), 0.25, row_scale=row_scale.to(DEVICE))
+    assert not torch.equal(unrounded.col_sum.cpu(), got.col_sum.cpu())
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_window_stats_variance_is_two_pass(impl) -> None:
+    """Window rows that attend almost alike (CAKE's small-variance columns): the centred sum of squares keeps the
+    variance to float32 accuracy, where sum(A^2) - sum(A)^2 / W loses it to cancellation."""
+    gen = _gen(9)
+    queries = torch.randn(1, 1, 16, generator=gen).expand(2, 32, 16) + 1e-3 * torch.randn(2, 32, 16, generator=gen)
+    keys = torch.randn(1, 300, 16, generator=gen)
+    probs = reference.window_probs_reference(queries.double(), keys.double(), 0.25).double()
+    expected = probs.var(dim=1)[:, :268]  # candidates: every row sees them
+    got = kernels.window_stats(queries.to(DEVICE), keys.to(DEVICE), 0.25, impl=impl).var().cpu()[:, :268]
+    torch.testing.assert_close(got.double(), expected, rtol=2e-2, atol=0.0)
+    naive = ((probs.float() ** 2).sum(dim=1) - probs.float().sum(dim=1) ** 2 / 32) / 31
+    assert (naive[:, :268].double() - expected).abs().max() > (got.double() - expected).abs().max()
+
+
 def test_window_stats_matches_the_methods_window_attention() -> None:
-    """The fused statistics agree with kvbench.methods.base.window_attention (the path scorers use today)."""
+    """The fused statistics agree with the dense reference ``kvbench.methods.scoring.window_attention``."""
     from kvbench.methods.scoring import window_attention
 
     gen = _gen(7)
@@ -55,6 +95,8 @@ def test_window_stats_matches_the_methods_window_attention() -> None:
     stats = kernels.window_stats(queries, keys, 0.25)
     torch.testing.assert_close(stats.col_sum, attention.sum(dim=1), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(stats.col_max, attention.amax(dim=1), rtol=1e-5, atol=1e-6)
+    dense = kernels.window_stats(queries, keys, 0.25, impl="dense")
+    torch.testing.assert_close(dense.col_sum, attention.sum(dim=1))
 
 
 @pytest.mark.parametrize(
@@ -72,6 +114,38 @@ def test_causal_column_sums_match_the_dense_causal_softmax(num_q, num_kv, length
     rounded = kernels.causal_column_sums(queries, keys, 0.25, prob_dtype=torch.bfloat16)
     assert not torch.equal(rounded, got)
     torch.testing.assert_close(rounded, got, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize(
+    ("rows", "prob_dtype", "scaled"), [(90, None, False), (33, torch.bfloat16, True), (1, None, True)]
+)
+def test_causal_column_sums_kernel_matches_reference(impl, rows, prob_dtype, scaled) -> None:
+    """The two-pass column sums (Triton: tiles of 64 rows x 64 keys) == the materialised softmax, for a whole
+    prefill (R = S), a prefill chunk's last rows (R < S) and one row; with probability rounding and row scales."""
+    gen = _gen(rows)
+    queries, keys = torch.randn(4, rows, 16, generator=gen) * 2, torch.randn(2, 90, 16, generator=gen)
+    row_scale = torch.rand(rows, generator=gen) + 0.5 if scaled else None
+    expected = reference.causal_column_sums_reference(queries, keys, 0.25, prob_dtype, row_scale)
+    got = kernels.causal_column_sums(
+        queries.to(DEVICE), keys.to(DEVICE), 0.25, prob_dtype=prob_dtype,
+        row_scale=row_scale.to(DEVICE) if scaled else None, impl=impl, max_block_bytes=3000,
+    )  # fmt: skip
+    atol = 1e-5 if prob_dtype is None else 2e-3  # a probability on a bf16 rounding boundary may round the other way
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=atol)
+    torch.testing.assert_close(got.sum(dim=1).cpu(), expected.sum(dim=1), rtol=1e-3, atol=atol * 10)
+
+
+def test_scoring_ops_name_bad_arguments() -> None:
+    queries, keys = torch.zeros(4, 8, 16), torch.zeros(2, 20, 16)
+    with pytest.raises(ValueError, match="impl='fused'"):
+        kernels.window_stats(queries, keys, 1.0, impl="fused")
+    with pytest.raises(ValueError, match="prob_dtype"):
+        kernels.causal_column_sums(queries, keys, 1.0, prob_dtype=torch.int8)
+    with pytest.raises(ValueError, match="row_scale"):
+        kernels.window_stats(queries, keys, 1.0, row_scale=torch.ones(3))
+    with pytest.raises(ValueError, match="8 query rows but only 5 keys"):
+        kernels.causal_column_sums(queries, keys[:, :5], 1.0)
 
 
 def _paged_state(gen: torch.Generator, lengths: list[int], page_size: int, dim: int, spare_pages: int = 3):

@@ -78,8 +78,10 @@ def test_streamingllm_keeps_exactly_sinks_and_most_recent() -> None:
 def test_snapkv_scores_use_window_queries_only() -> None:
     keys, query = _dominant_case()
     observation = WindowObservation(0, 1, query[:, -32:], keys, keys, 0.25)
-    assert observation.window_attention.shape == (4, 32, 200)  # window x length, never length x length
+    stats = observation.window_stats()
+    assert stats.col_sum.shape == (4, 200) and stats.row_lse.shape == (4, 32)  # per key / per row, no matrix
     probs = window_attention(query[:, -32:], keys, 0.25)
+    torch.testing.assert_close(stats.col_sum, probs.sum(dim=1), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(probs.sum(-1), torch.ones(4, 32))
     assert probs[:, 0, 200 - 31 :].abs().max() == 0  # causal inside the window
     votes = WindowVoteScorer(ScoreOptions(kernel_size=7, pooling="max")).score(observation)

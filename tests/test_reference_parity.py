@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from test_methods import _Layer, method_from_yaml
 
+from kernels.reference import stats_of_probs
 from kvbench.budget import parse_budget
 from kvbench.cache import KVBenchCache
 from kvbench.eviction import EvictionSession
@@ -176,11 +177,12 @@ def assert_valid_topk(kept: list[int], scores: torch.Tensor, window: int, length
 
 # ============================================================================================ hand-computed rules
 def _observation_with(probs: torch.Tensor, num_heads: int) -> WindowObservation:
-    """An observation whose window attention is ``probs`` ``[H_q, W, S]`` (keys only give the shapes)."""
+    """An observation whose window attention is ``probs`` ``[H_q, W, S]`` (keys only give the shapes): its
+    statistics are set to those of ``probs`` (float32 model, so no probability rounding)."""
     num_q, window, length = probs.shape
     observation = WindowObservation(0, 1, torch.zeros(num_q, window, 4), torch.zeros(num_heads, length, 4),
                                     torch.zeros(num_heads, length, 4), 0.5)  # fmt: skip
-    observation.__dict__["window_attention"] = probs
+    observation._stats[None] = stats_of_probs(probs)
     return observation
 
 

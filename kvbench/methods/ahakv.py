@@ -3,8 +3,8 @@
 Three switchable components (Table 2's ablation):
 
 * **RA** (recent accumulation, ``params.ra``): the score of a token is the attention it receives from the last
-  ``B_r = window`` (32) queries only.  Off: accumulated over *all* prompt queries (H2O's column sum; computed in
-  row chunks, never a full ``S x S`` matrix at once).
+  ``B_r = window`` (32) queries only.  Off: accumulated over *all* prompt queries (H2O's column sum, by the
+  fused kernels, never an ``S x S`` matrix).
 * **SGS** (step-gain softmax, ``params.sgs``): the scoring softmax uses an inverse temperature from the entropy
   expectation (Eq. 12), ``lambda = sqrt(2 ln(i/k) / d)``.  Reading of what lambda multiplies
   (``params.lambda_reading``): ``unscaled`` (default, self-consistent with the derivation: lambda multiplies
@@ -35,9 +35,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+import kernels
 from kvbench.cache import HeadwiseLayer
 from kvbench.methods.base import (
     EvictionMethod,
+    PromptRows,
     TokenScorer,
     WindowObservation,
     common_knobs,
@@ -50,7 +52,6 @@ from kvbench.methods.scoring import aggregate_groups
 LAMBDA_READINGS = ("unscaled", "literal")
 LAMBDA_KS = ("budget", "selected")
 LAMBDA_IS = ("row", "total")
-_ROW_CHUNK = 512
 
 
 def sg_multiplier(visible: torch.Tensor, k: int, head_dim: int, reading: str, min_log: float) -> torch.Tensor:
@@ -64,7 +65,7 @@ def sg_multiplier(visible: torch.Tensor, k: int, head_dim: int, reading: str, mi
 
 def value_prior(values: torch.Tensor, kernel_size: int) -> torch.Tensor:
     """VPE factor ``[H, S]``: ``avgpool(||v||^2)`` normalised by its maximum over tokens, from ``[H, S, D]``."""
-    norms = values.float().pow(2).sum(dim=-1)  # [H, S]
+    norms = torch.cat([block.float().pow(2).sum(dim=-1) for block in values.split(8192, dim=1)], dim=1)  # [H, S]
     if kernel_size > 1:
         norms = F.avg_pool1d(norms[:, None], kernel_size, 1, kernel_size // 2, count_include_pad=False)[:, 0]
     return norms / norms.amax(dim=-1, keepdim=True).clamp_min(1e-30)
@@ -86,33 +87,34 @@ class AhaScorer(TokenScorer):
             budget -= self.window
         return max(budget, 1)
 
-    def row_attention(self, queries: torch.Tensor, keys: torch.Tensor, scaling: float, k: int) -> torch.Tensor:
-        """Column sums ``[H_q, S]`` of the (SG-)softmax attention of the last ``queries.shape[1]`` rows."""
-        num_q, rows, dim = queries.shape
-        heads, context, _ = keys.shape
-        groups = num_q // heads
-        total = torch.zeros(num_q, context, dtype=torch.float32, device=keys.device)
-        positions = torch.arange(context, device=keys.device)
-        for start in range(0, rows, _ROW_CHUNK):
-            chunk = queries[:, start : start + _ROW_CHUNK].float()
-            count = chunk.shape[1]
-            row_pos = torch.arange(context - rows + start, context - rows + start + count, device=keys.device)
-            logits = torch.bmm(chunk.reshape(heads, groups * count, dim), keys.float().transpose(1, 2))
-            logits = logits.reshape(num_q, count, context) * scaling
-            if self.sgs:
-                visible = row_pos + 1 if self.params.lambda_i == "row" else torch.full_like(row_pos, context)
-                factor = sg_multiplier(visible, k, dim, self.params.lambda_reading, self.params.min_log)
-                logits = logits * factor[None, :, None]
-            logits = logits.masked_fill(positions[None, None, :] > row_pos[None, :, None], float("-inf"))
-            total += torch.softmax(logits, dim=-1).sum(dim=1)
-        return total
+    def row_attention(
+        self, queries: torch.Tensor, keys: torch.Tensor, scaling: float, k: int, impl: str = "auto"
+    ) -> torch.Tensor:
+        """Column sums ``[H_q, S]`` of the (SG-)softmax attention of the last ``queries.shape[1]`` rows, fused with
+        each row's step-gain factor (never a rows x S matrix): the window's statistics for the recent rows,
+        :func:`kernels.causal_column_sums` for every prompt row."""
+        rows, dim = queries.shape[1], queries.shape[2]
+        context = keys.shape[1]
+        factor = None
+        if self.sgs:
+            positions = torch.arange(context - rows, context, device=keys.device)
+            visible = positions + 1 if self.params.lambda_i == "row" else torch.full_like(positions, context)
+            factor = sg_multiplier(visible, k, dim, self.params.lambda_reading, self.params.min_log)
+        if rows < context:
+            return kernels.window_stats(queries, keys, scaling, row_scale=factor, impl=impl).col_sum
+        return kernels.causal_column_sums(queries, keys, scaling, row_scale=factor, impl=impl)
+
+    def prompt_rows(self, model_dtype: torch.dtype) -> PromptRows:
+        """Without RA every prompt row votes with its own temperature (which needs the layer budget): the session
+        keeps every prompt query."""
+        return PromptRows(queries=not self.ra)
 
     def score(self, observation: WindowObservation) -> torch.Tensor:
         queries = observation.queries
         if not self.ra and observation.prompt_queries is not None:
             queries = observation.prompt_queries
         k = self.budget_k(observation.layer_budget, observation.context_length)
-        accumulated = self.row_attention(queries, observation.keys, observation.scaling, k)
+        accumulated = self.row_attention(queries, observation.keys, observation.scaling, k, observation.impl)
         scores = aggregate_groups(accumulated, observation.keys.shape[0], self.gqa_agg)
         if self.vpe:
             scores = scores * value_prior(observation.values, self.params.vpe_kernel)

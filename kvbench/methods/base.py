@@ -21,11 +21,11 @@ import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, TypeVar
 
 import torch
 
+import kernels
 from kvbench.cache import HeadwiseLayer
 from kvbench.config import GQA_GRANULARITIES
 from kvbench.methods.scoring import (
@@ -36,7 +36,6 @@ from kvbench.methods.scoring import (
     SCORE_DTYPES,
     ScoreOptions,
     aggregate_groups,
-    window_attention,
 )
 
 #: The common knobs (``MethodConfig`` fields) a run records in ``metrics.json``, unless the method ignores them
@@ -60,6 +59,10 @@ RECORDED_KNOBS = (
 class WindowObservation:
     """Everything a scorer or allocator may look at for one layer at the end of a compressed prefill.
 
+    The attention statistics come from the fused kernels (:mod:`kernels`): :meth:`window_stats` and
+    :meth:`column_sums` never build the ``[H_q, W, S]`` or ``[H_q, S, S]`` matrix (the dense reference is
+    ``kernels.reference``, used by the tests and by ``impl="dense"``).
+
     Attributes
     ----------
     layer_idx, num_layers:
@@ -71,11 +74,18 @@ class WindowObservation:
     scaling:
         Softmax scale of the model's attention (usually ``D ** -0.5``).
     prompt_queries:
-        ``[H_q, S, D]`` post-RoPE queries of *every* prompt token of this forward (``None`` when unavailable).
-        Only for indicators that need more rows than the window (AhaKV's "w/o RA" ablation: all-row accumulation).
+        ``[H_q, S, D]`` post-RoPE queries of *every* prompt token (``None`` unless the scorer asked for them with
+        :meth:`TokenScorer.prompt_rows`).
+    prompt_column_sums:
+        ``[H_q, S]`` float32 attention each key received from every prompt row (accumulated by the session over
+        the prefill chunks when the scorer asked for it), or ``None`` (then :meth:`column_sums` computes it from
+        ``prompt_queries``).
     layer_budget:
         The budget (tokens per head) the allocator has just set for this layer, when known before scoring
         (AhaKV's step-gain softmax derives its temperature from it); ``None`` otherwise.
+    impl:
+        Kernel implementation of the statistics: ``auto`` (Triton on CUDA, chunked torch on CPU), ``triton``,
+        ``torch``, or ``dense`` (the materialising reference; for comparisons).
     sample_key:
         A stable number identifying the sample: a hash of the compressed prompt's token ids (0 when unknown).
         Methods that draw random numbers (NACL) seed from it, so a sample's draws do not depend on which samples
@@ -89,7 +99,10 @@ class WindowObservation:
     values: torch.Tensor
     scaling: float
     prompt_queries: torch.Tensor | None = None
+    prompt_column_sums: torch.Tensor | None = None
     layer_budget: int | None = None
+    impl: str = "auto"
+    _stats: dict[Any, kernels.WindowStats] = field(default_factory=dict, repr=False, compare=False)
     sample_key: int = 0
 
     @property
@@ -115,18 +128,69 @@ class WindowObservation:
         """The dtype the model computes in (the references cast their float32 softmax back to it)."""
         return self.queries.dtype
 
-    @cached_property
-    def window_attention(self) -> torch.Tensor:
-        """``[H_q, W, S]`` float32 softmax attention of the window queries over all keys (causal in the window).
+    def window_stats(self, prob_dtype: torch.dtype | None = None) -> kernels.WindowStats:
+        """Statistics of the window's float32 softmax attention over all keys (causal in the window), each
+        probability rounded to ``prob_dtype`` first when given; computed once per ``prob_dtype`` (scorer and
+        allocator share them).  See :class:`kernels.WindowStats`."""
+        if prob_dtype not in self._stats:
+            self._stats[prob_dtype] = kernels.window_stats(
+                self.queries, self.keys, self.scaling, prob_dtype=prob_dtype, impl=self.impl
+            )
+        return self._stats[prob_dtype]
 
-        Cost is ``W x S`` per head: never a full ``S x S`` matrix.
+    def last_query_attention(self) -> torch.Tensor:
+        """``[H_q, S]`` float32 attention of the last prompt query over all keys (TOVA's prefill score)."""
+        return kernels.window_stats(self.queries[:, -1:], self.keys, self.scaling, impl=self.impl).col_sum
+
+    def column_sums(self, prob_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """``[H_q, S]`` float32 attention each key receives from every prompt row (H2O's all-rows score), each
+        probability rounded to ``prob_dtype`` first when given.
+
+        The session's accumulated sums when it has them (it rounds as :meth:`TokenScorer.prompt_rows` asked),
+        else computed from ``prompt_queries``.
         """
-        return window_attention(self.queries, self.keys, self.scaling)
+        if self.prompt_column_sums is not None:
+            return self.prompt_column_sums
+        queries = self.prompt_queries
+        if queries is None or queries.shape[1] != self.context_length:
+            raise ValueError(
+                "all-rows scores need the column sums or the queries of every prompt row; the scorer must ask for "
+                "them with TokenScorer.prompt_rows"
+            )
+        return kernels.causal_column_sums(queries, self.keys, self.scaling, prob_dtype=prob_dtype, impl=self.impl)
+
+
+@dataclass(frozen=True)
+class PromptRows:
+    """What an indicator reads from the prompt rows *before* the observation window.
+
+    The session keeps it across the chunks of a chunked prefill (``run.prefill_chunk``), so the indicator sees what
+    a one-shot prefill gives it.
+
+    Attributes
+    ----------
+    column_sums:
+        The attention each key receives from every prompt row (:attr:`WindowObservation.prompt_column_sums`),
+        accumulated chunk by chunk: ``O(H_q x S)`` floats per layer.
+    prob_dtype:
+        Rounding of each probability in those sums (``None`` = float32).
+    queries:
+        Every prompt query (:attr:`WindowObservation.prompt_queries`), kept whole across chunks: ``O(H_q x S x D)``
+        per layer (AhaKV's ``ra: false`` ablation, whose per-row temperature needs the layer budget).
+    """
+
+    column_sums: bool = False
+    prob_dtype: torch.dtype | None = None
+    queries: bool = False
 
 
 # ---------------------------------------------------------------------------------------------------- pieces
 class TokenScorer(ABC):
     """Importance of each context token at one layer."""
+
+    def prompt_rows(self, model_dtype: torch.dtype) -> PromptRows:
+        """What :meth:`score` reads from the prompt rows before the window (default: nothing)."""
+        return PromptRows()
 
     @abstractmethod
     def score(self, observation: WindowObservation) -> torch.Tensor:

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kernels import WindowStats
 from kvbench.cache import HeadwiseLayer
 from kvbench.methods.base import (
     DecodePolicy,
@@ -62,6 +63,7 @@ from kvbench.methods.scoring import (
     ScoreOptions,
     no_rounding,
     pool_scores,
+    probability_dtype,
     rounding_to,
     with_window_columns,
 )
@@ -86,27 +88,32 @@ TAU_PRESETS: dict[str, dict[int, tuple[float, float]]] = {
 
 # ---------------------------------------------------------------------------------------------------- preference
 def layer_preference(
-    attention: torch.Tensor,
+    stats: WindowStats,
     window: int,
     tau1: float,
     tau2: float,
     preference: str = "hv",
     rnd: Rounding = no_rounding,
 ) -> float:
-    """Eq. 6 from ``[H_q, W, S]`` window attention: ``H^(1/tau1) * V^(1/tau2)`` over ``A[:, :, :S-W]``.
+    """Eq. 6 from the window attention's statistics: ``H^(1/tau1) * V^(1/tau2)`` over the candidates ``A[:, :, :S-W]``.
 
-    Float32 arithmetic in the reference's order; ``rnd`` rounds the attention and the variance sums to the model
-    dtype as the reference does (its ``torch.var`` and sums run in that dtype, the entropy in float32).
+    ``H = -sum A log(A + 1e-10)`` is the sum of the column entropies (``stats`` computed with that ``eps``, the
+    kernels' default); ``V`` sums the unbiased column variances over heads, then over candidates.  ``stats`` come
+    from probabilities rounded as ``rnd`` rounds (the reference casts its softmax to the model dtype; its
+    ``torch.var`` and sums run in that dtype, the entropy in float32); float32 arithmetic otherwise.
     """
-    past = rnd(attention[:, :, : attention.shape[-1] - window])
-    if past.shape[-1] == 0:
+    candidates = stats.col_sum.shape[-1] - window
+    if candidates <= 0:
         return 1.0
     value = torch.ones((), dtype=torch.float32)
     if preference in ("hv", "h"):
-        entropy = -torch.sum(past * torch.log(past + 1e-10))
-        value = value * entropy.clamp_min(0) ** (1 / tau1)
+        entropy = stats.col_entropy[:, :candidates].sum()
+        value = value * entropy.cpu().clamp_min(0) ** (1 / tau1)
     if preference in ("hv", "v"):
-        variance = rnd(rnd(rnd(past.var(dim=1)).sum(dim=0)).sum(dim=0)) if past.shape[1] > 1 else value * 0
+        if stats.window > 1:
+            variance = rnd(rnd(rnd(stats.var()[:, :candidates]).sum(dim=0)).sum(dim=0)).cpu()
+        else:
+            variance = value * 0
         value = value * variance.clamp_min(0) ** (1 / tau2)
     return max(float(value), 1e-30)  # all preferences must be positive (Proposition 1)
 
@@ -215,10 +222,10 @@ class CakeLayerAllocator(LayerBudgetAllocator):
         if context <= average + window:  # the code's trigger: nothing is evicted at or below C + S_w
             self.below_trigger = True
             return {observation.layer_idx: context}
-        rnd = rounding_to(observation.model_dtype) if self.score_dtype == "model" else no_rounding
-        self.preferences.append(
-            layer_preference(observation.window_attention, window, self.tau1, self.tau2, self.preference, rnd)
-        )
+        dtype = observation.model_dtype
+        rnd = rounding_to(dtype) if self.score_dtype == "model" else no_rounding
+        stats = observation.window_stats(probability_dtype(dtype, self.score_dtype))
+        self.preferences.append(layer_preference(stats, window, self.tau1, self.tau2, self.preference, rnd))
         seen = len(self.preferences)
         if not self.cascading and seen < self.num_layers:
             return {}
@@ -274,9 +281,9 @@ class CakeScorer(TokenScorer):
 
     def score(self, observation: WindowObservation) -> torch.Tensor:
         rnd = self.options.rounding(observation.model_dtype)
-        attention = rnd(observation.window_attention)  # [H_q, W, S]
-        mean = rnd(attention.mean(dim=1))
-        var = rnd(attention.var(dim=1)) if attention.shape[1] > 1 else torch.zeros_like(mean)
+        stats = observation.window_stats(self.options.probability_dtype(observation.model_dtype))
+        mean = rnd(stats.mean)  # [H_q, S]
+        var = rnd(stats.var()) if stats.window > 1 else torch.zeros_like(mean)
         if self.indicator == "cake":
             raw = rnd(mean + rnd(self.gamma * var))
         elif self.indicator == "mean":

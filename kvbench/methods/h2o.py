@@ -5,9 +5,10 @@ Reproduces FMInference/H2O ``h2o_hf/utils_real_drop/modify_llama.py`` (``H2OKVCa
 ``pyramidkv/pyramidkv_utils.py`` ``H2OKVCluster``:
 
 * Prefill: each token's score is the attention it receives from **every** prompt query (column sums of the whole
-  causal attention, computed in row blocks by :func:`kernels.causal_column_sums`, never an ``S x S`` matrix), no
-  pooling; each head keeps its top ``C - W`` candidates ``[0, S - W)`` plus the last ``W`` tokens; nothing is
-  evicted when ``S < C``.  GQA as SnapKV (query-head granularity by default; with ``kv_head`` the group is reduced).
+  causal attention by :func:`kernels.causal_column_sums`, never an ``S x S`` matrix; the session accumulates them
+  chunk by chunk when the prefill is chunked), no pooling; each head keeps its top ``C - W`` candidates
+  ``[0, S - W)`` plus the last ``W`` tokens; nothing is evicted when ``S < C``.  GQA as SnapKV (query-head
+  granularity by default; with ``kv_head`` the group is reduced).
   ``params.scores: window`` is kvbench's cheaper variant that sums only the observation window's rows.
 * Decoding (``method.decode_eviction``): every new query's attention is added to the running scores
   (``params.decode_accumulate``; off = the prefill scores stay fixed and new tokens score 0); when a head exceeds
@@ -21,11 +22,11 @@ from typing import Any
 
 import torch
 
-from kernels import causal_column_sums
 from kvbench.cache import HeadwiseLayer
 from kvbench.methods.base import (
     DecodePolicy,
     EvictionMethod,
+    PromptRows,
     TokenScorer,
     WindowObservation,
     common_knobs,
@@ -35,7 +36,7 @@ from kvbench.methods.base import (
     register_method,
     score_options,
 )
-from kvbench.methods.scoring import ScoreOptions, aggregate_groups, window_row_reduction
+from kvbench.methods.scoring import ScoreOptions, aggregate_groups, window_votes
 
 SCORE_ROWS = ("all_rows", "window")
 
@@ -53,19 +54,21 @@ class AllRowsScorer(TokenScorer):
         self.options = options
         self.rows = rows
 
+    def prompt_rows(self, model_dtype: torch.dtype) -> PromptRows:
+        """All-rows scores: the session accumulates the column sums (rounded as the options say) over the prefill."""
+        if self.rows == "window":
+            return PromptRows()
+        return PromptRows(column_sums=True, prob_dtype=self.options.probability_dtype(model_dtype))
+
     def score(self, observation: WindowObservation) -> torch.Tensor:
         dtype = observation.model_dtype
         rnd = self.options.rounding(dtype)
         context = observation.context_length
+        prob_dtype = self.options.probability_dtype(dtype)
         if self.rows == "window":
-            sums = window_row_reduction(observation.window_attention, "sum", rnd)
+            sums = window_votes(observation.window_stats(prob_dtype), "sum", rnd)
         else:
-            queries = observation.prompt_queries
-            if queries is None or queries.shape[1] != context:
-                raise ValueError("H2O's all-rows scores need the queries of the whole prompt in one prefill forward")
-            rounds = self.options.score_dtype == "model" and dtype not in (torch.float32, torch.float64)
-            prob_dtype = dtype if rounds else None
-            sums = rnd(causal_column_sums(queries, observation.keys, observation.scaling, prob_dtype=prob_dtype))
+            sums = rnd(observation.column_sums(prob_dtype))
         scores = rnd(aggregate_groups(sums, observation.num_heads, self.options.gqa_agg))
         past = context - observation.window
         scores[:, :past] = self.options.to_stored_heads(sums[:, :past], observation.num_heads, dtype)

@@ -54,6 +54,7 @@ import torch
 
 from kvbench.methods.base import (
     EvictionMethod,
+    PromptRows,
     TokenScorer,
     UniformLayerAllocator,
     WindowObservation,
@@ -304,6 +305,11 @@ class NACLScorer(TokenScorer):
         self.params = params
         self.gqa_agg = gqa_agg
 
+    def prompt_rows(self, model_dtype: torch.dtype) -> PromptRows:
+        """The proxy rows are the last ``int(ratio S)`` prompt queries: the session keeps every query (across the
+        chunks of a chunked prefill) and :meth:`score` takes the tail."""
+        return PromptRows(queries=True)
+
     def stored_head_scores(self, sums: torch.Tensor, num_heads: int) -> torch.Tensor:
         """``[H_q, S]`` proxy sums -> ``[H, S]`` per stored head (``params.kv_head_scores``)."""
         if sums.shape[0] == num_heads:
@@ -321,7 +327,7 @@ class NACLScorer(TokenScorer):
             return tiers
         queries = observation.prompt_queries
         if queries is None or queries.shape[1] != context:
-            raise ValueError("NACL's proxy rows need the queries of the whole prompt in one prefill forward")
+            raise ValueError("NACL's proxy rows need the queries of the whole prompt (TokenScorer.prompt_rows)")
         rows = proxy_row_count(context, self.params.proxy_tokens_ratio)
         causal = self.params.proxy_attention == "causal"
         sums = proxy_scores(queries[:, -rows:], observation.keys, observation.scaling, causal)

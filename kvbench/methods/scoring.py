@@ -4,7 +4,9 @@ The SnapKV family (SnapKV, PyramidKV, Ada-KV, CAKE, XKV) scores the *candidates*
 observation window -- in four steps:
 
 1. the window queries' softmax attention over all keys (causal inside the window, float32 softmax);
-2. a reduction over the window rows (sum: SnapKV/PyramidKV; mean: Ada-KV; mean + gamma * var: CAKE);
+2. a reduction over the window rows (sum: SnapKV/PyramidKV; mean: Ada-KV; mean + gamma * var: CAKE) -- steps 1
+   and 2 are fused (:func:`kernels.window_stats`, via :meth:`~kvbench.methods.base.WindowObservation.window_stats`):
+   the ``[H_q, W, S]`` matrix is never built on a method's path;
 3. the slice ``[:, :S - W]`` (the window's own columns never enter the pooling);
 4. GQA reduction of the query heads sharing a stored head and 1-D pooling along the sequence, in the family's
    order (:data:`GQA_REDUCE_ORDERS`): KVCache-Factory's ``kv_cache_granularity=kv_head`` and AdaKV's
@@ -13,7 +15,9 @@ observation window -- in four steps:
 Average pooling counts the zero padding at the edges (``F.avg_pool1d``'s default ``count_include_pad=True``, as
 every reference); ``pool_padding="exclude"`` is kvbench's alternative.  The references cast the float32 softmax
 back to the model dtype and run every later step in that dtype; :class:`ScoreOptions` reproduces that rounding
-(``score_dtype="model"``) or keeps float32 (``"float32"``) -- the same thing for float32 models.
+(``score_dtype="model"``) or keeps float32 (``"float32"``) -- the same thing for float32 models.  The fused kernels
+round each probability to the model dtype before they reduce it (``prob_dtype``), so the rounding holds on the
+fused path too; the reductions accumulate in float32, as torch's bf16 reductions do.
 
 Shapes: ``H_q`` query heads, ``H`` stored heads, ``W`` window queries, ``S`` context tokens, ``C = S - W``
 candidates, ``D`` head dim.
@@ -27,37 +31,21 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels import WindowStats
+from kernels.reference import window_probs_reference
 from kvbench.config import GQA_AGGREGATIONS, GQA_REDUCE_ORDERS, POOL_PADDINGS, POOLING_TYPES, SCORE_DTYPES
 
 Rounding = Callable[[torch.Tensor], torch.Tensor]
 
 
 def window_attention(queries: torch.Tensor, keys: torch.Tensor, scaling: float) -> torch.Tensor:
-    """Softmax attention of window queries over keys.
+    """The dense reference: ``[H_q, W, S]`` float32 softmax of window queries ``[H_q, W, D]`` (query ``i`` at
+    position ``S - W + i``) over keys ``[H, S, D]``.
 
-    Parameters
-    ----------
-    queries:
-        ``[H_q, W, D]``; query ``i`` sits at position ``S - W + i``.
-    keys:
-        ``[H, S, D]`` with ``H`` dividing ``H_q`` (GQA groups are consecutive query heads).
-    scaling:
-        Logit scale.
-
-    Returns
-    -------
-    ``[H_q, W, S]`` float32 attention probabilities.
+    For tests and comparisons only -- no method calls it: scorers read the fused
+    :meth:`~kvbench.methods.base.WindowObservation.window_stats`.
     """
-    num_q_heads, window, head_dim = queries.shape
-    num_heads, context, _ = keys.shape
-    groups = num_q_heads // num_heads
-    grouped = queries.float().reshape(num_heads, groups * window, head_dim)
-    logits = torch.bmm(grouped, keys.float().transpose(1, 2)).reshape(num_q_heads, window, context) * scaling
-    positions = torch.arange(context, device=keys.device)
-    query_positions = torch.arange(context - window, context, device=keys.device)
-    future = positions[None, :] > query_positions[:, None]  # [W, S]
-    logits = logits.masked_fill(future[None], float("-inf"))
-    return torch.softmax(logits, dim=-1)
+    return window_probs_reference(queries, keys, scaling)
 
 
 def aggregate_groups(scores: torch.Tensor, num_heads: int, how: str) -> torch.Tensor:
@@ -149,6 +137,10 @@ class ScoreOptions:
         """The rounding applied after every step for a model computing in ``model_dtype``."""
         return rounding_to(model_dtype) if self.score_dtype == "model" else no_rounding
 
+    def probability_dtype(self, model_dtype: torch.dtype) -> torch.dtype | None:
+        """The dtype each attention probability is rounded to before the row reduction (``None``: float32)."""
+        return probability_dtype(model_dtype, self.score_dtype)
+
     def pool(self, scores: torch.Tensor) -> torch.Tensor:
         """:func:`pool_scores` with these options."""
         return pool_scores(scores, self.kernel_size, self.pooling, self.pool_padding == "include")
@@ -164,17 +156,23 @@ class ScoreOptions:
         return rnd(aggregate_groups(rnd(self.pool(per_query_head)), num_heads, self.gqa_agg))
 
 
-def window_row_reduction(probs: torch.Tensor, how: str, rnd: Rounding = no_rounding) -> torch.Tensor:
-    """Reduce ``[H_q, W, S]`` window attention over its rows: ``sum`` or ``mean`` -> ``[H_q, S]``.
+def probability_dtype(model_dtype: torch.dtype, score_dtype: str) -> torch.dtype | None:
+    """The rounding of each probability for ``score_dtype`` (``model``: the model's half dtype; else ``None``)."""
+    if score_dtype == "model" and model_dtype not in (torch.float32, torch.float64):
+        return model_dtype
+    return None
 
-    ``rnd`` is applied to the probabilities first (the references' cast of the float32 softmax to the model dtype)
-    and to the result.
+
+def window_votes(stats: WindowStats, how: str, rnd: Rounding = no_rounding) -> torch.Tensor:
+    """The window rows' ``sum`` or ``mean`` ``[H_q, S]`` of the (rounded) attention, rounded by ``rnd``.
+
+    ``stats`` must come from probabilities rounded as ``rnd`` rounds (the references' cast of the float32 softmax
+    to the model dtype before they reduce it).
     """
-    rows = rnd(probs)
     if how == "sum":
-        return rnd(rows.sum(dim=1))
+        return rnd(stats.col_sum)
     if how == "mean":
-        return rnd(rows.mean(dim=1))
+        return rnd(stats.mean)
     raise ValueError(f"unknown window-row reduction {how!r}; valid: sum, mean")
 
 

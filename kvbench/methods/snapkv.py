@@ -32,7 +32,7 @@ from kvbench.methods.base import (
     register_method,
     score_options,
 )
-from kvbench.methods.scoring import ScoreOptions, window_row_reduction, with_window_columns
+from kvbench.methods.scoring import ScoreOptions, window_votes, with_window_columns
 
 PYRAMID_SCHEDULES = ("kvcache_factory", "adakv", "sum_preserving")
 
@@ -54,8 +54,9 @@ class WindowVoteScorer(TokenScorer):
 
     def score(self, observation: WindowObservation) -> torch.Tensor:
         """``[H, S]`` pooled candidate scores per stored head; the window columns are 0 (always kept)."""
-        rnd = self.options.rounding(observation.model_dtype)
-        votes = window_row_reduction(observation.window_attention, self.row_reduce, rnd)  # [H_q, S]
+        dtype = observation.model_dtype
+        stats = observation.window_stats(self.options.probability_dtype(dtype))
+        votes = window_votes(stats, self.row_reduce, self.options.rounding(dtype))  # [H_q, S]
         candidates = votes[:, : observation.context_length - observation.window]
         per_head = self.options.to_stored_heads(candidates, observation.num_heads, observation.model_dtype)
         return with_window_columns(per_head, observation.context_length)

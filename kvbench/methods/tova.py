@@ -47,7 +47,7 @@ class LastQueryScorer(TokenScorer):
     def score(self, observation: WindowObservation) -> torch.Tensor:
         """``[H_q, S]`` attention of the final query."""
         rnd = rounding_to(observation.model_dtype) if self.score_dtype == "model" else no_rounding
-        last = rnd(observation.window_attention[:, -1])  # [H_q, S]
+        last = rnd(observation.last_query_attention())  # [H_q, S]
         if self.head_average:
             last = rnd(last.mean(dim=0, keepdim=True)).expand_as(last)
         return last

@@ -46,7 +46,7 @@ HEAD_MODES = ("layer_shared", "per_head")
 def importance(observation: WindowObservation, options: ScoreOptions) -> torch.Tensor:
     """``[H_q, t - ows]`` pooled window-mean attention over the past keys (``options``: kernel, pooling, padding)."""
     past = observation.context_length - observation.window
-    mean = observation.window_attention.mean(dim=1)[:, : max(past, 0)]  # [H_q, t-ows]
+    mean = observation.window_stats().mean[:, : max(past, 0)]  # [H_q, t-ows], float32 (no model-dtype rounding)
     return options.pool(mean) if past > 0 else mean
 
 
