@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import torch
 
-import kernels
+from kvbench import kernels
 from kvbench.budget import Budget
 from kvbench.cache import HeadwiseLayer, KVBenchCache
 from kvbench.methods.base import EvictionMethod, PromptRows, WindowObservation

@@ -116,7 +116,7 @@ def _compression_step(cell: dict[str, Any], context: int):
 def scoring_cell(cell: dict[str, Any]) -> dict[str, Any]:
     """The compression step of one real-size layer (module docstring), after a warm-up step on 2K tokens (imports,
     thread pools and kernels are not counted)."""
-    import kernels
+    from kvbench import kernels
 
     kernels.triton_available()
     _compression_step(cell, 2048)[1]()

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-import kernels
+from kvbench import kernels
 from kvbench.cache import HeadwiseLayer
 from kvbench.methods.base import (
     EvictionMethod,
@@ -92,7 +92,7 @@ class AhaScorer(TokenScorer):
     ) -> torch.Tensor:
         """Column sums ``[H_q, S]`` of the (SG-)softmax attention of the last ``queries.shape[1]`` rows, fused with
         each row's step-gain factor (never a rows x S matrix): the window's statistics for the recent rows,
-        :func:`kernels.causal_column_sums` for every prompt row."""
+        :func:`kvbench.kernels.causal_column_sums` for every prompt row."""
         rows, dim = queries.shape[1], queries.shape[2]
         context = keys.shape[1]
         factor = None

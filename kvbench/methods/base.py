@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import torch
 
-import kernels
+from kvbench import kernels
 from kvbench.cache import HeadwiseLayer
 from kvbench.config import GQA_GRANULARITIES
 from kvbench.methods.scoring import (
@@ -59,9 +59,9 @@ RECORDED_KNOBS = (
 class WindowObservation:
     """Everything a scorer or allocator may look at for one layer at the end of a compressed prefill.
 
-    The attention statistics come from the fused kernels (:mod:`kernels`): :meth:`window_stats` and
+    The attention statistics come from the fused kernels (:mod:`kvbench.kernels`): :meth:`window_stats` and
     :meth:`column_sums` never build the ``[H_q, W, S]`` or ``[H_q, S, S]`` matrix (the dense reference is
-    ``kernels.reference``, used by the tests and by ``impl="dense"``).
+    ``kvbench.kernels.reference``, used by the tests and by ``impl="dense"``).
 
     Attributes
     ----------
@@ -131,7 +131,7 @@ class WindowObservation:
     def window_stats(self, prob_dtype: torch.dtype | None = None) -> kernels.WindowStats:
         """Statistics of the window's float32 softmax attention over all keys (causal in the window), each
         probability rounded to ``prob_dtype`` first when given; computed once per ``prob_dtype`` (scorer and
-        allocator share them).  See :class:`kernels.WindowStats`."""
+        allocator share them).  See :class:`kvbench.kernels.WindowStats`."""
         if prob_dtype not in self._stats:
             self._stats[prob_dtype] = kernels.window_stats(
                 self.queries, self.keys, self.scaling, prob_dtype=prob_dtype, impl=self.impl

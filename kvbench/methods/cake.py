@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from kernels import WindowStats
 from kvbench.cache import HeadwiseLayer
+from kvbench.kernels import WindowStats
 from kvbench.methods.base import (
     DecodePolicy,
     EvictionMethod,

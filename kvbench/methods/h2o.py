@@ -5,8 +5,8 @@ Reproduces FMInference/H2O ``h2o_hf/utils_real_drop/modify_llama.py`` (``H2OKVCa
 ``pyramidkv/pyramidkv_utils.py`` ``H2OKVCluster``:
 
 * Prefill: each token's score is the attention it receives from **every** prompt query (column sums of the whole
-  causal attention by :func:`kernels.causal_column_sums`, never an ``S x S`` matrix; the session accumulates them
-  chunk by chunk when the prefill is chunked), no pooling; each head keeps its top ``C - W`` candidates
+  causal attention by :func:`kvbench.kernels.causal_column_sums`, never an ``S x S`` matrix; the session
+  accumulates them chunk by chunk when the prefill is chunked), no pooling; each head keeps its top ``C - W`` candidates
   ``[0, S - W)`` plus the last ``W`` tokens; nothing is evicted when ``S < C``.  GQA as SnapKV (query-head
   granularity by default; with ``kv_head`` the group is reduced).
   ``params.scores: window`` is kvbench's cheaper variant that sums only the observation window's rows.
