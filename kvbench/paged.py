@@ -40,7 +40,8 @@ from typing import Any
 import torch
 
 from kvbench import kernels
-from kvbench.cache import LogicalLengthLayer, RaggedKV, sorted_keep_indices
+from kvbench.attention_ops import dense_attention, ragged_attention
+from kvbench.cache_base import LogicalLengthLayer, RaggedKV, sorted_keep_indices
 
 log = logging.getLogger(__name__)
 
@@ -447,12 +448,10 @@ def paged_attention(
 
     See the module docstring for which implementation runs when.
     """
-    from kvbench.attention import _dense_attention, _ragged_attention
-
     layer = paged.layer
     q_len = query.shape[2]
     if paged.first_chunk:
-        return _dense_attention(module, query, paged.new_keys, paged.new_values, scaling, dropout)
+        return dense_attention(module, query, paged.new_keys, paged.new_values, scaling, dropout)
     if query.is_cuda and dropout == 0.0:
         try:
             if layer.page_size % FLASH_PAGE_MULTIPLE == 0:
@@ -478,9 +477,9 @@ def paged_attention(
                 log.warning("paged GPU attention failed (%s); falling back to the torch reference", key)
     if not layer.is_ragged:
         keys, values = layer.dense_kv()
-        return _dense_attention(module, query, keys[None], values[None], scaling, dropout)
+        return dense_attention(module, query, keys[None], values[None], scaling, dropout)
     keys, values = layer.ragged_kv()
-    return _ragged_attention(query, keys, values, scaling, dropout)
+    return ragged_attention(query, keys, values, scaling, dropout)
 
 
 def describe(layer: Any) -> dict[str, Any]:
