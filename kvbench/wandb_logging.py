@@ -54,14 +54,12 @@ class WandbLogger:
                 "wandb.mode is set but wandb is not installed (pip install kvbench[wandb]); not logging", stacklevel=2
             )
             return None
-        from kvbench.results import run_dir
+        from kvbench.results import config_hash, run_dir
 
         folder = run_dir(
             cfg.run.output_root, cfg.model.name, cfg.task.name, cfg.method.name, cfg.budget.name, cfg.run.tag
         )
         try:
-            from kvbench.runner import config_hash
-
             run = wandb.init(
                 project=cfg.wandb.project,
                 entity=cfg.wandb.entity,
