@@ -51,11 +51,11 @@ from kvbench.metrics.synthetic import (
     needlebench_single_score,
 )
 from kvbench.prompting import render_prompt
+from kvbench.resources import tasks_dir
 from kvbench.sample_cache import cached_samples, source_fingerprint, tokenizer_fingerprint
 from kvbench.tasks import provenance
 from kvbench.tasks.base import Sample, TaskDataset, register_data_preparer, register_task, select_datasets
-from kvbench.tasks.needle_grid import (
-    SHIPPED_ROOT,
+from kvbench.tasks.text_inputs import (
     TextTokenizer,
     hub_download,
     load_essays,
@@ -65,10 +65,10 @@ from kvbench.tasks.needle_grid import (
 
 log = logging.getLogger(__name__)
 
-NB_DIR = SHIPPED_ROOT / "needlebench"
+NB_DIR = tasks_dir() / "needlebench"
 _HERE = Path(__file__).resolve().parent
 #: Source files whose code generates the samples (their hash is part of the sample-cache key).
-_GENERATOR_SOURCES = (_HERE / "needlebench.py", _HERE / "needle_grid.py", _HERE / "base.py")
+_GENERATOR_SOURCES = (_HERE / "needlebench.py", _HERE / "text_inputs.py", _HERE / "base.py")
 GROUPS = ("single_retrieval", "multi_retrieval", "multi_reasoning")
 LANGUAGES = {"en": "English", "zh": "Chinese"}
 

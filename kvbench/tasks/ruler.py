@@ -48,11 +48,11 @@ import numpy as np
 
 from kvbench.metrics.synthetic import ruler_postprocess, string_match_all, string_match_part
 from kvbench.prompting import render_prompt
+from kvbench.resources import tasks_dir
 from kvbench.sample_cache import cached_samples, source_fingerprint, tokenizer_fingerprint
 from kvbench.tasks import provenance
 from kvbench.tasks.base import Sample, TaskDataset, register_data_preparer, register_task, select_datasets
-from kvbench.tasks.needle_grid import (
-    SHIPPED_ROOT,
+from kvbench.tasks.text_inputs import (
     TextTokenizer,
     download,
     hub_download,
@@ -63,7 +63,7 @@ from kvbench.tasks.needle_grid import (
 
 log = logging.getLogger(__name__)
 
-RULER_DIR = SHIPPED_ROOT / "ruler"
+RULER_DIR = tasks_dir() / "ruler"
 
 # ---- constants (scripts/data/synthetic/constants.py, scripts/synthetic.yaml) --------------------------------------
 
@@ -154,7 +154,7 @@ _OPTION_DEFAULTS: dict[str, Any] = {
     #: Where the answer prefix goes: "assistant" (official: after the chat template's assistant header) or "user"
     #: (named deviation: appended to the user message, CWE's example inline).
     "answer_prefix": "assistant",
-    #: auto | shipped | hub (see kvbench.tasks.needle_grid.resolve_input_dir).
+    #: auto | shipped | hub (see kvbench.tasks.text_inputs.resolve_input_dir).
     "source": "auto",
 }
 
@@ -810,7 +810,7 @@ class RulerInputs:
 ANSWER_PREFIX_MODES = ("assistant", "user")
 #: Source files whose code generates the samples (their hash is part of the sample-cache key).
 _HERE = Path(__file__).resolve().parent
-_GENERATOR_SOURCES = (_HERE / "ruler.py", _HERE / "needle_grid.py", _HERE / "base.py", _HERE.parent / "prompting.py")
+_GENERATOR_SOURCES = (_HERE / "ruler.py", _HERE / "text_inputs.py", _HERE / "base.py", _HERE.parent / "prompting.py")
 
 
 class RulerDataset(TaskDataset):
