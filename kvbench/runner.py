@@ -20,6 +20,10 @@ the model loaded):
 SIGTERM (SLURM preemption or time limit) raises :class:`Interrupted` at once while a sample is being generated,
 but never while a prediction row or ``metrics.json`` is being written: those writes finish first.  The run then
 records ``status: interrupted`` in ``run_meta.json`` and exits; the same command resumes it.
+
+Size: over 500 lines because the five steps above are one run's lifecycle, read in order in :class:`Runner`; the
+parts with a job of their own already live elsewhere (validation, run folder, results writers, sample cache, W&B).
+The score table and run summary are the next seam if it grows.
 """
 
 from __future__ import annotations

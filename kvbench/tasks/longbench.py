@@ -48,6 +48,10 @@ repobench-p, recorded in metrics.json.  ``hub_repo`` (default ``THUDM/LongBench`
 (default ``refs/convert/parquet``) -- where hub data comes from.  ``max_new_tokens`` (default null = official
 ``dataset2maxlen``): an integer caps every dataset's generation length (a named deviation for quick runs and tests;
 recorded in metrics.json's ``dataset_settings``).
+
+Size: just over 500 lines: the official pipeline above (settings, the three data sources with their provenance,
+the dataset, the three task kinds, the preparer) reads top to bottom in one file; its scoring already lives in
+:mod:`kvbench.metrics.longbench` and its truncation in :mod:`kvbench.prompting`.
 """
 
 from __future__ import annotations
