@@ -37,6 +37,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from kvbench.cache_base import LogicalLengthLayer, RaggedKV, sorted_keep_indices
+from kvbench.checks import check_choice
 from kvbench.paged import DEFAULT_PAGE_SIZE, PagedLayer
 
 
@@ -191,8 +192,7 @@ def resolve_backend(backend: str | None, device: torch.device) -> str:
     """
     if backend is None:
         backend = os.environ.get(BACKEND_ENV, "auto") or "auto"
-    if backend not in BACKENDS:
-        raise ValueError(f"cache backend {backend!r}; valid: {', '.join(BACKENDS)}")
+    check_choice("cache backend", backend, BACKENDS)
     if backend == "auto":
         return "paged" if device.type == "cuda" else "torch"
     return backend
@@ -224,9 +224,7 @@ class KVBenchCache(Cache):
         self.expand_factor = expand_factor
         if backend is None:
             backend = os.environ.get(BACKEND_ENV, "auto") or "auto"
-        if backend not in BACKENDS:
-            raise ValueError(f"cache backend {backend!r}; valid: {', '.join(BACKENDS)}")
-        self.backend = backend
+        self.backend = check_choice("cache backend", backend, BACKENDS)
         self.page_size = page_size
         if backend == "paged":
             self.layers = [self._paged_layer() for _ in range(num_layers)]

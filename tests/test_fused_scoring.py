@@ -126,5 +126,5 @@ def test_no_method_calls_the_dense_window_attention() -> None:
 
 
 def test_session_rejects_an_unknown_scoring_impl() -> None:
-    with pytest.raises(ValueError, match="scoring_impl='fast'; valid: auto, triton, torch, dense"):
+    with pytest.raises(ValueError, match="scoring_impl='fast' is not valid; valid: auto, triton, torch, dense"):
         EvictionSession(method_from_yaml("snapkv"), parse_budget("64L"), KVBenchCache(1), scoring_impl="fast")

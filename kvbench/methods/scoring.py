@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kvbench.checks import check_choice
 from kvbench.config import GQA_AGGREGATIONS, GQA_REDUCE_ORDERS, POOL_PADDINGS, POOLING_TYPES, SCORE_DTYPES
 from kvbench.kernels import WindowStats
 from kvbench.kernels.reference import window_probs_reference
@@ -129,8 +130,7 @@ class ScoreOptions:
             ("pool_padding", self.pool_padding, POOL_PADDINGS),
             ("score_dtype", self.score_dtype, SCORE_DTYPES),
         ):
-            if value not in valid:
-                raise ValueError(f"method.{key}={value!r}; valid: {', '.join(valid)}")
+            check_choice(f"method.{key}", value, valid)
         if self.kernel_size > 1 and self.kernel_size % 2 == 0:
             raise ValueError(f"method.kernel_size must be odd (same-length pooling), got {self.kernel_size}")
 

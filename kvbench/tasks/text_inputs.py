@@ -15,6 +15,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from kvbench.checks import check_known_keys
 from kvbench.resources import tasks_dir
 from kvbench.tasks import provenance
 from kvbench.tasks.base import data_preparers
@@ -75,11 +76,7 @@ class TextTokenizer:
 def option_values(task_cfg: Any, defaults: dict[str, Any], task_name: str) -> dict[str, Any]:
     """``task.options`` merged over ``defaults``; unknown keys raise an error that lists the valid keys."""
     given = dict(getattr(task_cfg, "options", None) or {})
-    unknown = sorted(set(given) - set(defaults))
-    if unknown:
-        raise ValueError(
-            f"unknown task.options key(s) {unknown} for task {task_name!r}; valid keys: {', '.join(sorted(defaults))}"
-        )
+    check_known_keys(given, defaults, "task.options", f"task {task_name!r}")
     merged = dict(defaults)
     merged.update(given)
     return merged

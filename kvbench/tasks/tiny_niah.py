@@ -45,6 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvbench.checks import check_known_keys
 from kvbench.tasks.base import Sample, TaskDataset, register_task, select_datasets
 from kvbench.tiny_model import FILLER_WORDS, KEY_WORDS, VALUE_WORDS
 
@@ -337,11 +338,7 @@ def _lengths(task_cfg: Any) -> list[int]:
 @register_task("tiny_niah")
 def build_tiny_niah(task_cfg: Any, tokenizer: Any, chat_template: bool = False) -> list[TaskDataset]:
     """Datasets ``<variant>_<len>`` for every variant x target length, filtered by ``task.datasets``."""
-    options = dict(getattr(task_cfg, "options", None) or {})
-    unknown = sorted(set(options) - VALID_OPTIONS)
-    if unknown:
-        valid = ", ".join(sorted(VALID_OPTIONS)) or "none"
-        raise ValueError(f"unknown task.options {unknown} for tiny_niah; valid options: {valid}")
+    check_known_keys(getattr(task_cfg, "options", None) or {}, VALID_OPTIONS, "task.options", "task 'tiny_niah'")
     num_samples = getattr(task_cfg, "num_samples", None)
     num_samples = DEFAULT_NUM_SAMPLES if num_samples is None else int(num_samples)
     by_name: dict[str, tuple[str, int]] = {}

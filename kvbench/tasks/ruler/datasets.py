@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kvbench.checks import check_choice
 from kvbench.metrics.synthetic import ruler_postprocess, string_match_all, string_match_part
 from kvbench.sample_cache import cached_samples, source_fingerprint, tokenizer_fingerprint
 from kvbench.tasks.base import Sample, TaskDataset, register_data_preparer, register_task, select_datasets
@@ -53,10 +54,7 @@ class RulerDataset(TaskDataset):
         name: str | None = None,
         use_chat_template: bool = False,
     ) -> None:
-        if answer_prefix not in ANSWER_PREFIX_MODES:
-            raise ValueError(
-                f"task.options.answer_prefix={answer_prefix!r}; valid values: {', '.join(ANSWER_PREFIX_MODES)}"
-            )
+        check_choice("task.options.answer_prefix", answer_prefix, ANSWER_PREFIX_MODES)
         self.task = task
         self.use_chat_template = use_chat_template
         self.length = length
