@@ -25,10 +25,12 @@ from typing import Any, Protocol
 
 import torch
 from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from kvbench.cache import RaggedKV
+from kvbench.attention_ops import bottom_right_causal_mask, dense_attention, ragged_attention
+from kvbench.cache_base import RaggedKV
 from kvbench.paged import PagedKV, paged_attention
+
+__all__ = ["ATTENTION_NAME", "AttentionObserver", "bottom_right_causal_mask", "kvbench_attention_forward"]
 
 #: The name to pass as ``attn_implementation`` (registered on import of this module).
 ATTENTION_NAME = "kvbench"
@@ -39,78 +41,6 @@ class AttentionObserver(Protocol):
 
     def after_attention(self, module: torch.nn.Module, query: torch.Tensor, scaling: float) -> None:
         """Called with ``query`` ``[1, H_q, q, D]`` (post-RoPE) once the layer's output is computed."""
-
-
-def bottom_right_causal_mask(query_length: int, key_length: int, device: torch.device) -> torch.Tensor:
-    """Boolean ``[q, S]`` mask, True where query ``i`` may attend key ``j``: ``j <= S - q + i``."""
-    if key_length < query_length:
-        raise ValueError(f"cache holds {key_length} tokens, fewer than the {query_length} new queries")
-    rows = torch.arange(query_length, device=device)[:, None]
-    cols = torch.arange(key_length, device=device)[None, :]
-    return cols <= rows + (key_length - query_length)
-
-
-def _dense_attention(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    scaling: float | None,
-    dropout: float,
-) -> torch.Tensor:
-    """Attention over ``[1, H_kv', S, D]`` keys (all heads the same length); returns ``[1, q, H_q, D]``."""
-    query_length, key_length = query.shape[2], key.shape[2]
-    mask = None
-    if 1 < query_length < key_length:
-        mask = bottom_right_causal_mask(query_length, key_length, query.device)[None, None]
-    groups = query.shape[1] // key.shape[1]
-    # sdpa_attention_forward reads the GQA factor from the module; the stored head count may differ from the
-    # model's (query-head granularity), so give it a view with the right factor.
-    output, _ = sdpa_attention_forward(
-        _GroupView(module, groups), query, key, value, mask, dropout=dropout, scaling=scaling, is_causal=True
-    )
-    return output
-
-
-def _ragged_attention(
-    query: torch.Tensor, keys: RaggedKV, values: RaggedKV, scaling: float | None, dropout: float
-) -> torch.Tensor:
-    """Attention over per-head sequences of different lengths; returns ``[1, q, H_q, D]``."""
-    query_length = query.shape[2]
-    groups = query.shape[1] // keys.num_heads
-    outputs = []
-    for head, (head_k, head_v) in enumerate(zip(keys.heads, values.heads, strict=True)):
-        head_q = query[:, head * groups : (head + 1) * groups]  # [1, g, q, D]
-        key_length = head_k.shape[2]
-        mask = None
-        is_causal = False
-        if query_length > 1:
-            if key_length == query_length:
-                is_causal = True
-            else:
-                mask = bottom_right_causal_mask(query_length, key_length, query.device)[None, None]
-        out = torch.nn.functional.scaled_dot_product_attention(
-            head_q,
-            head_k.expand(1, groups, key_length, head_k.shape[-1]),
-            head_v.expand(1, groups, key_length, head_v.shape[-1]),
-            attn_mask=mask,
-            dropout_p=dropout,
-            is_causal=is_causal,
-            scale=scaling,
-        )
-        outputs.append(out)
-    return torch.cat(outputs, dim=1).transpose(1, 2).contiguous()
-
-
-class _GroupView:
-    """Proxy exposing a module with a different ``num_key_value_groups`` (for sdpa_attention_forward)."""
-
-    def __init__(self, module: torch.nn.Module, groups: int) -> None:
-        self._module = module
-        self.num_key_value_groups = groups
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._module, name)
 
 
 def kvbench_attention_forward(
@@ -155,10 +85,10 @@ def kvbench_attention_forward(
         output = paged_attention(module, query, key, scaling, dropout)
     elif isinstance(key, RaggedKV):
         assert isinstance(value, RaggedKV)
-        output = _ragged_attention(query, key, value, scaling, dropout)
+        output = ragged_attention(query, key, value, scaling, dropout)
     else:
         assert isinstance(value, torch.Tensor)
-        output = _dense_attention(module, query, key, value, scaling, dropout)
+        output = dense_attention(module, query, key, value, scaling, dropout)
     session: AttentionObserver | None = kwargs.get("kvbench_session")
     if session is not None:
         effective_scaling = scaling if scaling is not None else query.shape[-1] ** -0.5

@@ -25,6 +25,7 @@ SCORE_DTYPES = ("model", "float32")
 GQA_GRANULARITIES = ("kv_head", "query_head")
 GQA_AGGREGATIONS = ("mean", "max", "sum")
 GQA_REDUCE_ORDERS = ("before_pool", "after_pool")
+WANDB_MODES = ("online", "offline", "disabled")
 
 
 @dataclass

@@ -27,9 +27,10 @@ from typing import Any, Literal
 
 import torch
 
-import kernels
+from kvbench import kernels
 from kvbench.budget import Budget
 from kvbench.cache import HeadwiseLayer, KVBenchCache
+from kvbench.checks import check_choice
 from kvbench.methods.base import EvictionMethod, PromptRows, WindowObservation
 from kvbench.methods.scoring import aggregate_groups
 
@@ -149,9 +150,7 @@ class EvictionSession:
     """
 
     def __init__(self, method: EvictionMethod, budget: Budget, cache: KVBenchCache, scoring_impl: str = "auto") -> None:
-        if scoring_impl not in kernels.SCORING_IMPLS:
-            raise ValueError(f"scoring_impl={scoring_impl!r}; valid: {', '.join(kernels.SCORING_IMPLS)}")
-        self.scoring_impl = scoring_impl
+        self.scoring_impl = check_choice("scoring_impl", scoring_impl, kernels.SCORING_IMPLS)
         self.method = method
         self.budget = budget
         self.cache = cache

@@ -19,6 +19,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from kvbench.budget import Budget
 from kvbench.cache import KVBenchCache
+from kvbench.checks import check_choice
 from kvbench.config import QUESTION_MODES
 from kvbench.eviction import CacheRecord, EvictionSession
 from kvbench.methods.base import EvictionMethod
@@ -109,8 +110,7 @@ def generate(
     (as in ``generate()``); the text is decoded with ``skip_special_tokens=True``.
     ``prefill_chunk``: tokens per forward of the compressed prefill (:func:`resolve_prefill_chunk`).
     """
-    if question_mode not in QUESTION_MODES:
-        raise ValueError(f"question_mode={question_mode!r}; valid: {', '.join(QUESTION_MODES)}")
+    check_choice("task.question_mode", question_mode, QUESTION_MODES)
     device = next(model.parameters()).device
     cache = build_cache(model, method)
     session = EvictionSession(method, budget, cache)

@@ -13,9 +13,9 @@ Layout (one :class:`PagedLayer` per decoder layer, batch size 1, ``H`` stored he
 
 Why pages rather than AdaKV's flattened ragged buffer: appending a token to a flattened buffer shifts every later
 head (AdaKV copies the whole cache at every decode step, prior-art 9.2); with pages an append writes ``H`` rows
-(:func:`kernels.paged_append`), and a new page is taken from a free list every ``page_size`` tokens.  Only when the
-free list is empty does the pool grow (by at least 1/8 of its size, so the copy is amortised O(1) per token), and
-:meth:`PagedLayer.reserve` pre-allocates decode headroom so the decode loop never grows the pool.
+(:func:`kvbench.kernels.paged_append`), and a new page is taken from a free list every ``page_size`` tokens.
+Only when the free list is empty does the pool grow (by at least 1/8 of its size, so the copy is amortised O(1)
+per token), and :meth:`PagedLayer.reserve` pre-allocates decode headroom so the decode loop never grows the pool.
 
 Compaction after eviction (:meth:`PagedLayer.keep`): kept tokens stay in position order.  When the freed memory is
 large the layer repacks into a new pool sized exactly to the kept pages (``sum_h ceil(k_h / page_size)`` pages, so
@@ -24,9 +24,9 @@ in place inside its own pages and return emptied pages to the free list.
 
 Attention (:func:`paged_attention`): a chunk that is the layer's first (plain prefill) runs dense SDPA on the new
 states; decoding on CUDA runs ``varlen_attn`` with the block table when ``page_size`` is a multiple of 256 (the
-FlashAttention-2 paged-KV constraint), else the split-K Triton kernel :func:`kernels.paged_decode_attention`; the
-rest (CPU, question chunks on a compressed cache) gathers each head and runs the same per-head SDPA as the ragged
-torch backend, so both backends give the same logits.
+FlashAttention-2 paged-KV constraint), else the split-K Triton kernel
+:func:`kvbench.kernels.paged_decode_attention`; the rest (CPU, question chunks on a compressed cache) gathers each
+head and runs the same per-head SDPA as the ragged torch backend, so both backends give the same logits.
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ from typing import Any
 
 import torch
 
-import kernels
-from kvbench.cache import LogicalLengthLayer, RaggedKV, sorted_keep_indices
+from kvbench import kernels
+from kvbench.attention_ops import dense_attention, ragged_attention
+from kvbench.cache_base import LogicalLengthLayer, RaggedKV, sorted_keep_indices
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +173,7 @@ class PagedLayer(LogicalLengthLayer):
 
     def _append_one_on_host(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """The torch decode append: slots from the host page lists (no block-table lookups on the device), then
-        three ``index_copy_`` of ``H`` rows -- same result as :func:`kernels.paged_append`."""
+        three ``index_copy_`` of ``H`` rows -- same result as :func:`kvbench.kernels.paged_append`."""
         assert self.k_pool is not None and self.v_pool is not None and self.pos_pool is not None
         size = self.page_size
         slots = torch.tensor(
@@ -447,12 +448,10 @@ def paged_attention(
 
     See the module docstring for which implementation runs when.
     """
-    from kvbench.attention import _dense_attention, _ragged_attention
-
     layer = paged.layer
     q_len = query.shape[2]
     if paged.first_chunk:
-        return _dense_attention(module, query, paged.new_keys, paged.new_values, scaling, dropout)
+        return dense_attention(module, query, paged.new_keys, paged.new_values, scaling, dropout)
     if query.is_cuda and dropout == 0.0:
         try:
             if layer.page_size % FLASH_PAGE_MULTIPLE == 0:
@@ -478,9 +477,9 @@ def paged_attention(
                 log.warning("paged GPU attention failed (%s); falling back to the torch reference", key)
     if not layer.is_ragged:
         keys, values = layer.dense_kv()
-        return _dense_attention(module, query, keys[None], values[None], scaling, dropout)
+        return dense_attention(module, query, keys[None], values[None], scaling, dropout)
     keys, values = layer.ragged_kv()
-    return _ragged_attention(query, keys, values, scaling, dropout)
+    return ragged_attention(query, keys, values, scaling, dropout)
 
 
 def describe(layer: Any) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from kvbench.checks import check_choice
 from kvbench.errors import KVBenchError
 from kvbench.tasks.base import Sample
 
@@ -208,8 +209,7 @@ def encode_sample(
     truncation: str = "middle",
 ) -> EncodedPrompt:
     """Tokenise ``sample`` following the module's rules (``truncation``: one of :data:`TRUNCATION_MODES`)."""
-    if truncation not in TRUNCATION_MODES:
-        raise ValueError(f"truncation={truncation!r}; valid: {', '.join(TRUNCATION_MODES)}")
+    check_choice("truncation", truncation, TRUNCATION_MODES)
     context, question = sample.context, sample.question
     truncated = question_lost = False
     if truncation == "middle":

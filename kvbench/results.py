@@ -44,12 +44,15 @@ Aggregation (scripts/aggregate.py) discovers runs by finding ``metrics.json`` fi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
 
 PREDICTIONS_FILE = "predictions.jsonl"
 METRICS_FILE = "metrics.json"
@@ -195,3 +198,30 @@ class TimingLog:
             "decode_s_mean": round(sum(decode) / len(rows), 4),
             "total_s": round(sum(prefill) + sum(decode), 3),
         }
+
+
+#: Config keys that do not change results (excluded from the config hash).
+NON_SEMANTIC_KEYS = (
+    "wandb",
+    "run.progress",
+    "run.print_table",
+    "run.threads",
+    "run.output_root",
+    "run.experiment",
+    "run.sample_cache",
+)
+
+
+def config_hash(cfg: DictConfig) -> str:
+    """SHA-256 (first 16 hex) of the resolved config without the non-semantic keys."""
+    container = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(container, dict)
+    for dotted in NON_SEMANTIC_KEYS:
+        node: Any = container
+        *parents, leaf = dotted.split(".")
+        for parent in parents:
+            node = node.get(parent, {})
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    blob = json.dumps(container, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

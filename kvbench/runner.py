@@ -20,12 +20,14 @@ the model loaded):
 SIGTERM (SLURM preemption or time limit) raises :class:`Interrupted` at once while a sample is being generated,
 but never while a prediction row or ``metrics.json`` is being written: those writes finish first.  The run then
 records ``status: interrupted`` in ``run_meta.json`` and exits; the same command resumes it.
+
+Size: over 500 lines because the five steps above are one run's lifecycle, read in order in :class:`Runner`; the
+parts with a job of their own already live elsewhere (validation, run folder, results writers, sample cache, W&B).
+The score table and run summary are the next seam if it grows.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
 import os
@@ -53,6 +55,7 @@ from kvbench.prompting import encode_sample
 from kvbench.results import (
     CONFIG_FILE,
     METRICS_FILE,
+    NON_SEMANTIC_KEYS,
     PREDICTIONS_FILE,
     RUN_META_FILE,
     TIMINGS_FILE,
@@ -60,6 +63,7 @@ from kvbench.results import (
     TimingLog,
     atomic_write_json,
     atomic_write_text,
+    config_hash,
     holds_results,
     read_json,
     run_dir,
@@ -72,17 +76,6 @@ from kvbench.validation import check_environment, check_samples, validate
 
 LOG = logging.getLogger(__name__)
 
-#: Config keys that do not change results (excluded from the config hash).
-NON_SEMANTIC_KEYS = (
-    "wandb",
-    "run.progress",
-    "run.print_table",
-    "run.threads",
-    "run.output_root",
-    "run.experiment",
-    "run.sample_cache",
-)
-
 
 @dataclass
 class DatasetResult:
@@ -94,21 +87,6 @@ class DatasetResult:
     n_samples: int
     mean_kept_fraction: float
     skipped: bool
-
-
-def config_hash(cfg: DictConfig) -> str:
-    """SHA-256 (first 16 hex) of the resolved config without the non-semantic keys."""
-    container = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(container, dict)
-    for dotted in NON_SEMANTIC_KEYS:
-        node: Any = container
-        *parents, leaf = dotted.split(".")
-        for parent in parents:
-            node = node.get(parent, {})
-        if isinstance(node, dict):
-            node.pop(leaf, None)
-    blob = json.dumps(container, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def git_commit() -> str | None:

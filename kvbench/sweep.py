@@ -147,8 +147,7 @@ class Composer:
 
 def classify(job: Job, cfg: Any) -> None:
     """Set ``job.state`` from its run folder: ``complete``, ``partial``, ``new`` or ``invalid`` (conflict)."""
-    from kvbench.results import METRICS_FILE, RUN_META_FILE, holds_results, read_json, run_dir
-    from kvbench.runner import config_hash
+    from kvbench.results import METRICS_FILE, RUN_META_FILE, config_hash, holds_results, read_json, run_dir
 
     cfg_hash = config_hash(cfg)
     folder = run_dir(cfg.run.output_root, cfg.model.name, cfg.task.name, cfg.method.name, cfg.budget.name, cfg.run.tag)

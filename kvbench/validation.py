@@ -30,6 +30,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from kvbench.budget import BudgetError, parse_budget
+from kvbench.checks import check_choice, check_min
 from kvbench.config import (
     DTYPE_NAMES,
     GQA_AGGREGATIONS,
@@ -39,11 +40,11 @@ from kvbench.config import (
     POOLING_TYPES,
     QUESTION_MODES,
     SCORE_DTYPES,
+    WANDB_MODES,
     KVBenchConfig,
 )
 from kvbench.errors import KVBenchError
 from kvbench.model_source import REPO_ROOT, resolve_model_source
-from kvbench.wandb_logging import WANDB_MODES
 
 #: Config values used as results folder names (``results/runs/<model>/<task>/<method>/<budget>[~<tag>]``).
 FOLDER_NAME_KEYS = ("model.name", "task.name", "method.name", "budget.name", "run.tag")
@@ -158,15 +159,11 @@ def _check_task_values(task: Any) -> None:
 
 
 def _check_choice(key: str, value: Any, valid: Sequence[str], also: str = "") -> None:
-    if value not in valid:
-        extra = f", {also}" if also else ""
-        raise KVBenchError(f"{key}={value!r} is not valid; valid: {', '.join(valid)}{extra} (e.g. {key}={valid[0]}).")
+    check_choice(key, value, valid, also, error=KVBenchError)
 
 
 def _check_min(key: str, value: Any, minimum: int, meaning: str = "") -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        note = f" ({meaning})" if meaning else ""
-        raise KVBenchError(f"{key}={value!r} is not valid: it must be an integer >= {minimum}{note}.")
+    check_min(key, value, minimum, meaning, error=KVBenchError)
 
 
 # ---------------------------------------------------------------------------------------------------- stage 2

@@ -19,7 +19,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-WANDB_MODES = ("online", "offline", "disabled")
+from kvbench.checks import check_choice
+from kvbench.config import WANDB_MODES
+from kvbench.errors import KVBenchError
+
 #: Columns of the per-dataset ``scores`` table.
 TABLE_COLUMNS = ["model", "method", "budget", "task", "dataset", "metric", "score", "n_samples", "kept_fraction"]
 
@@ -40,11 +43,7 @@ class WandbLogger:
     @classmethod
     def create(cls, cfg: DictConfig) -> WandbLogger | None:
         """Start a run, or return None when W&B is disabled or unavailable."""
-        mode = str(cfg.wandb.mode)
-        if mode not in WANDB_MODES:
-            from kvbench.errors import KVBenchError
-
-            raise KVBenchError(f"wandb.mode={mode!r}; valid: {', '.join(WANDB_MODES)}")
+        mode = check_choice("wandb.mode", str(cfg.wandb.mode), WANDB_MODES, error=KVBenchError)
         if mode == "disabled":
             return None
         try:
@@ -54,14 +53,12 @@ class WandbLogger:
                 "wandb.mode is set but wandb is not installed (pip install kvbench[wandb]); not logging", stacklevel=2
             )
             return None
-        from kvbench.results import run_dir
+        from kvbench.results import config_hash, run_dir
 
         folder = run_dir(
             cfg.run.output_root, cfg.model.name, cfg.task.name, cfg.method.name, cfg.budget.name, cfg.run.tag
         )
         try:
-            from kvbench.runner import config_hash
-
             run = wandb.init(
                 project=cfg.wandb.project,
                 entity=cfg.wandb.entity,

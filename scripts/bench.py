@@ -9,7 +9,7 @@ efficiency tables rebuilt beside the paper numbers.  Writes CSVs, Markdown table
         --decode-tokens 64 --out results/bench/gpu_128k      # one slice of it
 
 Filters (--archs, --methods, --contexts, --backends) keep only the matching cells of the preset; --budget,
---decode-tokens, --page-size, --repeats, --prefill-chunk, --scoring-impl override every cell.  See kvbench/bench.py
+--decode-tokens, --page-size, --repeats, --prefill-chunk, --scoring-impl override every cell.  See kvbench/bench/
 for what is measured.
 """
 

@@ -2,7 +2,7 @@
 """Peak extra memory and time of H2O's prefill scores: row-blocked column sums vs the dense ``S x S`` reference.
 
 H2O scores every context token by the attention it receives from *every* prompt query.  The dense computation
-materialises ``H_q x S x S`` float32 probabilities (64 GiB per head at 128K); :func:`kernels.causal_column_sums`
+materialises ``H_q x S x S`` float32 probabilities (64 GiB per head at 128K); :func:`kvbench.kernels.causal_column_sums`
 processes the query rows in blocks, so its extra memory is ``H_q x block x S`` floats (capped by
 ``--block-mib``).  Each measurement runs in a fresh subprocess; on CPU the peak is the growth of the process's
 maximum resident set size over the inputs, on CUDA ``torch.cuda.max_memory_allocated``.  Writes a CSV::
@@ -28,8 +28,8 @@ _CHILD = r"""
 import json, resource, sys, time
 import torch
 sys.path.insert(0, {repo!r})
-from kernels import causal_column_sums
-from kernels.reference import causal_column_sums_reference
+from kvbench.kernels import causal_column_sums
+from kvbench.kernels.reference import causal_column_sums_reference
 impl, context, heads, kv_heads, dim, block_mib, device = {args!r}
 torch.manual_seed(0)
 queries = torch.randn(heads, context, dim, device=device)

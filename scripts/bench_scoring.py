@@ -93,7 +93,7 @@ def _compression_step(cell: dict[str, Any], context: int):
     num_q, num_kv = config["num_attention_heads"], config["num_key_value_heads"]
     dim = config["hidden_size"] // num_q
     device = torch.device(cell["device"])
-    method = load_method(cell["method"])
+    method = load_method(cell["method"], cell["arch"])
     expand = num_q // num_kv if method.gqa_granularity == "query_head" else 1
     torch.manual_seed(0)
     cache = KVBenchCache(1, expand_factor=expand, backend="torch")
@@ -116,7 +116,7 @@ def _compression_step(cell: dict[str, Any], context: int):
 def scoring_cell(cell: dict[str, Any]) -> dict[str, Any]:
     """The compression step of one real-size layer (module docstring), after a warm-up step on 2K tokens (imports,
     thread pools and kernels are not counted)."""
-    import kernels
+    from kvbench import kernels
 
     kernels.triton_available()
     _compression_step(cell, 2048)[1]()
@@ -151,7 +151,7 @@ def prefill_cell(cell: dict[str, Any]) -> dict[str, Any]:
     memory = PeakMemory(cell["device"])
     memory.start()
     with torch.inference_mode():
-        result = run_cell(model, load_method(method_name), budget, spec, device)
+        result = run_cell(model, load_method(method_name, spec.arch), budget, spec, device)
     return {
         "peak_extra_bytes": memory.peak(),
         "prefill_s": round(result["prefill_s"], 3),

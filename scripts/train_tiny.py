@@ -2,10 +2,11 @@
 """Train the tiny retrieval model shipped in ``models/tiny-niah`` (CPU-friendly, reproducible).
 
 The model is a small Llama (GQA, tied embeddings) with the word-level tokenizer of :mod:`kvbench.tiny_model`,
-trained on the synthetic needle/question sequences of :func:`kvbench.tasks.tiny_niah.training_example` mixed with
-dense associative-recall sequences (:func:`kvbench.tasks.tiny_niah.compact_example`).  Only answer tokens are
-supervised (many per sequence), multi-value answers included (``v1 , <key> second v2 , ...``).  A fixed length
-curriculum (``--schedule``: 128 -> 4096 tokens) reaches the longest evaluation length, then drills multi-value.
+trained on the synthetic needle/question sequences of :func:`kvbench.tasks.tiny_niah_training.training_example`
+mixed with dense associative-recall sequences (:func:`kvbench.tasks.tiny_niah_training.compact_example`).  Only answer
+tokens are supervised (many per sequence), multi-value answers included (``v1 , <key> second v2 , ...``).
+A fixed length curriculum (``--schedule``: 128 -> 4096 tokens) reaches the longest evaluation length, then drills
+multi-value.
 
 Retrieval by key needs an induction circuit (a previous-token head feeding a head that matches the current token
 against those copies), and from a random initialisation that pair forms only after a long loss plateau: hours on
@@ -46,8 +47,8 @@ from kvbench.tasks.tiny_niah import (  # noqa: E402
     VARIANTS,
     TinyNiahDataset,
     evaluate_dataset,
-    training_example,
 )
+from kvbench.tasks.tiny_niah_training import training_example  # noqa: E402
 from kvbench.tiny_model import VALUE_WORDS, build_config, build_tokenizer  # noqa: E402
 
 log = logging.getLogger("train_tiny")

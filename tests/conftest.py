@@ -24,7 +24,9 @@ def _use_triton_interpreter() -> None:
         return
     os.environ["TRITON_INTERPRET"] = "1"
     os.environ["_KVBENCH_TRITON_INTERPRETER"] = "1"
-    for name in [n for n in sys.modules if n == "triton" or n.startswith("triton.") or n == "kernels.triton_kernels"]:
+    for name in [
+        n for n in sys.modules if n == "triton" or n.startswith("triton.") or n == "kvbench.kernels.triton_kernels"
+    ]:
         if not name.startswith("triton._C"):  # the native extension cannot be loaded twice
             del sys.modules[name]
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 from test_methods import _Layer, _run, method_from_yaml
 
-from kernels.reference import stats_of_probs
 from kvbench.budget import parse_budget
 from kvbench.cache import KVBenchCache
 from kvbench.eviction import EvictionSession
 from kvbench.generation import _forward, build_cache
+from kvbench.kernels.reference import stats_of_probs
 from kvbench.methods.base import StaticLayerAllocator, WindowObservation
 from kvbench.methods.cake import CakeScorer, layer_preference, resolve_tau, split_pool_monotone
 from kvbench.methods.scoring import ScoreOptions, window_attention

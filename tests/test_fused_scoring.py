@@ -1,7 +1,8 @@
 """Every scorer on the fused path == the same scorer on the dense reference computation (kvbench issue #17).
 
-The observation's statistics come from :func:`kernels.window_stats` / :func:`kernels.causal_column_sums`; with
-``impl="dense"`` they come from the materialised attention matrix of :mod:`kernels.reference` (what the scorers
+The observation's statistics come from :func:`kvbench.kernels.window_stats` /
+:func:`kvbench.kernels.causal_column_sums`; with
+``impl="dense"`` they come from the materialised attention matrix of :mod:`kvbench.kernels.reference` (what the scorers
 computed before the kernels were on their path).  On random tensors, per method preset, model dtype (float32, and
 bf16 with ``score_dtype=model``: each probability rounded before it is reduced) and implementation (chunked torch;
 Triton, in its interpreter without a GPU), the scores agree within float32 tolerance (bf16: one rounding step) and
@@ -16,7 +17,7 @@ import pytest
 import torch
 from test_methods import _Layer, method_from_yaml
 
-import kernels
+from kvbench import kernels
 from kvbench.budget import parse_budget
 from kvbench.cache import KVBenchCache
 from kvbench.eviction import EvictionSession
@@ -125,5 +126,5 @@ def test_no_method_calls_the_dense_window_attention() -> None:
 
 
 def test_session_rejects_an_unknown_scoring_impl() -> None:
-    with pytest.raises(ValueError, match="scoring_impl='fast'; valid: auto, triton, torch, dense"):
+    with pytest.raises(ValueError, match="scoring_impl='fast' is not valid; valid: auto, triton, torch, dense"):
         EvictionSession(method_from_yaml("snapkv"), parse_budget("64L"), KVBenchCache(1), scoring_impl="fast")

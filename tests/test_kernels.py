@@ -1,4 +1,4 @@
-"""Every kernel in ``kernels/`` against its pure-torch reference, on random inputs with ragged lengths.
+"""Every kernel in ``kvbench/kernels/`` against its pure-torch reference, on random inputs with ragged lengths.
 
 Without a GPU the Triton kernels run under the Triton interpreter (``TRITON_INTERPRET=1``, set below, triton
 re-imported if torch._dynamo imported it first), so CI checks them on CPU; with CUDA they run compiled on the GPU.
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels
-from kernels import reference
+from kvbench import kernels
+from kvbench.kernels import reference
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 IMPLS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not kernels.triton_available(), reason="no triton"))]

@@ -10,14 +10,8 @@ from task_config import task_config
 
 from kvbench.metrics.synthetic import needle_rouge_score, needle_set_recall, porter_stem, rouge1_f
 from kvbench.tasks.base import build_task, data_preparers
-from kvbench.tasks.needle_grid import (
-    NEEDLE,
-    TextTokenizer,
-    build_needle_grid,
-    default_depths,
-    needle_grid_rows,
-    plot_needle_heatmap,
-)
+from kvbench.tasks.needle_grid import NEEDLE, build_needle_grid, default_depths, needle_grid_rows, plot_needle_heatmap
+from kvbench.tasks.text_inputs import TextTokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 NEEDLE_SENTENCE = NEEDLE.strip()
@@ -106,7 +100,7 @@ def test_essays_from_data_dir(tokenizer, tmp_path):
 
 def test_url_list_is_not_an_essay_and_json_comes_first(tmp_path):
     """RULER's data folder holds PaulGrahamEssays_URLs.txt next to PaulGrahamEssays.json: the JSON is the haystack."""
-    from kvbench.tasks.needle_grid import load_essays
+    from kvbench.tasks.text_inputs import load_essays
 
     (tmp_path / "PaulGrahamEssays_URLs.txt").write_text("http://www.paulgraham.com/a.html\n")
     essays, record = load_essays(tmp_path, "PaulGrahamEssays.json", "prepare it")

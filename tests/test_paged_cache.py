@@ -11,7 +11,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-import kernels
+from kvbench import kernels
 from kvbench.budget import parse_budget
 from kvbench.cache import BACKEND_ENV, HeadwiseLayer, KVBenchCache
 from kvbench.config import MethodConfig

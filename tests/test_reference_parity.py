@@ -24,10 +24,10 @@ import torch
 import torch.nn.functional as F
 from test_methods import _Layer, method_from_yaml
 
-from kernels.reference import stats_of_probs
 from kvbench.budget import parse_budget
 from kvbench.cache import KVBenchCache
 from kvbench.eviction import EvictionSession
+from kvbench.kernels.reference import stats_of_probs
 from kvbench.methods.adakv import ada_capacities
 from kvbench.methods.base import WindowObservation
 from kvbench.methods.cake import CakeScorer, adjust_budgets, preference_shares

@@ -223,7 +223,7 @@ def test_max_new_tokens_metrics_and_prefix_modes(tokenizer):
     sample = inline.samples()[0]
     assert sample.answer_prefix == "" and sample.question.endswith(prefix)
     for retired in ("extra", "question"):  # "extra" used to drop the prefix silently
-        with pytest.raises(ValueError, match="valid values: assistant, user"):
+        with pytest.raises(ValueError, match=r"answer_prefix=.* is not valid; valid: assistant, user"):
             build_ruler(_cfg(datasets=["fwe"], options={"answer_prefix": retired}), tokenizer)
 
 

@@ -71,9 +71,10 @@ def test_generator_code_is_part_of_the_key(tmp_path):
     before = source_fingerprint([source])
     source.write_text("STEP = 2\n")
     assert source_fingerprint([source]) != before
-    from kvbench.tasks import ruler
+    from kvbench.tasks.ruler import datasets, niah
 
-    assert Path(ruler.__file__).resolve() in [Path(p).resolve() for p in ruler._GENERATOR_SOURCES]
+    sources = [Path(p).resolve() for p in datasets._GENERATOR_SOURCES]
+    assert Path(niah.__file__).resolve() in sources and Path(datasets.__file__).resolve() in sources
 
 
 def test_needlebench_samples_are_cached_per_dataset(tokenizer, tmp_path, monkeypatch):

@@ -25,8 +25,8 @@ from kvbench.tasks.tiny_niah import (
     evaluate_dataset,
     multivalue_answer,
     string_match_all,
-    training_example,
 )
+from kvbench.tasks.tiny_niah_training import training_example
 from kvbench.tiny_model import DEFAULT_MODEL_DIR, KEY_WORDS, VALUE_WORDS, build_tokenizer, vocabulary
 
 REPO = Path(__file__).resolve().parent.parent

@@ -34,14 +34,15 @@ from typing import Any
 
 import torch
 
+from kvbench.checks import check_choice, check_range
 from kvbench.methods.base import (
     EvictionMethod,
     HeadBudgetAllocator,
     common_knobs,
-    parse_params,
     register_method,
     score_options,
 )
+from kvbench.methods.params import bounded, choice, parse_params
 from kvbench.methods.snapkv import PYRAMID_SCHEDULES, PyramidLayerAllocator, WindowVoteScorer
 
 ALPHA_READINGS = ("floor", "adaptive")
@@ -121,12 +122,9 @@ class AdaHeadAllocator(HeadBudgetAllocator):
     """
 
     def __init__(self, alpha: float, reading: str, normalize: bool = False, rounding: str = "reference") -> None:
-        if reading not in ALPHA_READINGS:
-            raise ValueError(f"method.params.alpha_reading={reading!r}; valid: {', '.join(ALPHA_READINGS)}")
-        if rounding not in ROUNDINGS:
-            raise ValueError(f"method.params.rounding={rounding!r}; valid: {', '.join(ROUNDINGS)}")
-        if not 0.0 <= alpha <= 1.0:
-            raise ValueError(f"method.params.alpha must be in [0, 1], got {alpha}")
+        check_choice("method.params.alpha_reading", reading, ALPHA_READINGS)
+        check_choice("method.params.rounding", rounding, ROUNDINGS)
+        check_range("method.params.alpha", alpha, 0.0, 1.0)
         self.alpha = alpha
         self.reading = reading
         self.normalize = normalize
@@ -189,18 +187,19 @@ class AdaKVParams:
     """Ada-KV's safeguard and allocation switches (see module docstring)."""
 
     #: Safeguard value; null = the paper version's value (early 0.5, late 0.2).
-    alpha: float | None = None
+    alpha: float | None = bounded(None, 0.0, 1.0)
     #: ``floor`` (alpha is the uniform floor share; official code) or ``adaptive`` (paper formula).
-    alpha_reading: str = "floor"
-    #: ``early`` (arXiv v1/v2, alpha 0.5) or ``late`` (v4, alpha 0.2); a run tag containing "early" counts as early.
-    paper_version: str = "late"
+    alpha_reading: str = choice("floor", ALPHA_READINGS)
+    #: ``early`` (arXiv v1/v2, alpha 0.5) or ``late`` (v4, alpha 0.2); a run tag containing "early" counts as early,
+    #: null (the presets' default without a run tag) as late.
+    paper_version: str | None = "late"
     #: Scale each head's sorted scores by its top-base share (KVCache-Factory's AdaKV default; off in AdaKV's code).
     normalize: bool = False
     #: ``reference`` (per-head float32 rounding, total may drift) or ``largest_remainder`` (exact layer total).
-    rounding: str = "reference"
+    rounding: str = choice("reference", ROUNDINGS)
     #: PyramidKV slope and schedule (Ada-Pyramid only).
-    beta: int = 20
-    schedule: str = "adakv"
+    beta: int = bounded(20, low=1)
+    schedule: str = choice("adakv", PYRAMID_SCHEDULES)
 
 
 def resolve_alpha(params: AdaKVParams) -> float:
@@ -213,8 +212,6 @@ def resolve_alpha(params: AdaKVParams) -> float:
 
 def _build(method_cfg: Any, family: str, pyramid: bool) -> EvictionMethod:
     params = parse_params(AdaKVParams, method_cfg.params, family)
-    if params.schedule not in PYRAMID_SCHEDULES:
-        raise ValueError(f"method.params.schedule={params.schedule!r}; valid: {', '.join(PYRAMID_SCHEDULES)}")
     alpha = resolve_alpha(params)
     options = score_options(method_cfg)
     method = EvictionMethod(

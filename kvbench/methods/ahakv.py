@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-import kernels
+from kvbench import kernels
 from kvbench.cache import HeadwiseLayer
 from kvbench.methods.base import (
     EvictionMethod,
@@ -43,10 +43,10 @@ from kvbench.methods.base import (
     TokenScorer,
     WindowObservation,
     common_knobs,
-    parse_params,
     register_method,
 )
 from kvbench.methods.h2o import ScoredDecodePolicy
+from kvbench.methods.params import bounded, choice, parse_params
 from kvbench.methods.scoring import aggregate_groups
 
 LAMBDA_READINGS = ("unscaled", "literal")
@@ -92,7 +92,7 @@ class AhaScorer(TokenScorer):
     ) -> torch.Tensor:
         """Column sums ``[H_q, S]`` of the (SG-)softmax attention of the last ``queries.shape[1]`` rows, fused with
         each row's step-gain factor (never a rows x S matrix): the window's statistics for the recent rows,
-        :func:`kernels.causal_column_sums` for every prompt row."""
+        :func:`kvbench.kernels.causal_column_sums` for every prompt row."""
         rows, dim = queries.shape[1], queries.shape[2]
         context = keys.shape[1]
         factor = None
@@ -149,26 +149,18 @@ class AhaKVParams:
     ra: bool = True
     sgs: bool = True
     vpe: bool = True
-    lambda_reading: str = "unscaled"
-    lambda_k: str = "budget"
+    lambda_reading: str = choice("unscaled", LAMBDA_READINGS)
+    lambda_k: str = choice("budget", LAMBDA_KS)
     #: ``row`` (i = the row's position + 1) or ``total`` (i = the prompt length for every row).
-    lambda_i: str = "row"
+    lambda_i: str = choice("row", LAMBDA_IS)
     min_log: float = 1e-3
-    vpe_kernel: int = 7
+    vpe_kernel: int = bounded(7, low=1, odd=True)
 
 
 @register_method("ahakv")
 def build_ahakv(method_cfg: Any) -> EvictionMethod:
     """AhaKV with each component switchable."""
     params = parse_params(AhaKVParams, method_cfg.params, "ahakv")
-    if params.lambda_reading not in LAMBDA_READINGS:
-        raise ValueError(f"method.params.lambda_reading={params.lambda_reading!r}; valid: {', '.join(LAMBDA_READINGS)}")
-    if params.lambda_k not in LAMBDA_KS:
-        raise ValueError(f"method.params.lambda_k={params.lambda_k!r}; valid: {', '.join(LAMBDA_KS)}")
-    if params.lambda_i not in LAMBDA_IS:
-        raise ValueError(f"method.params.lambda_i={params.lambda_i!r}; valid: {', '.join(LAMBDA_IS)}")
-    if params.vpe_kernel < 1 or params.vpe_kernel % 2 == 0:
-        raise ValueError(f"method.params.vpe_kernel must be odd and >= 1, got {params.vpe_kernel}")
     knobs = common_knobs(method_cfg)
     scorer = AhaScorer(params.ra, params.sgs, params.vpe, params, knobs["window"], knobs["gqa_agg"])
     policy = AhaDecode(knobs["window"], params.sgs, params, knobs["gqa_agg"]) if method_cfg.decode_eviction else None

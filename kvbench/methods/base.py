@@ -17,16 +17,16 @@ Shapes use ``H_q`` query heads, ``H`` stored heads (KV heads, or query heads wit
 
 from __future__ import annotations
 
-import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
-import kernels
+from kvbench import kernels
 from kvbench.cache import HeadwiseLayer
+from kvbench.checks import check_choice, check_min
 from kvbench.config import GQA_GRANULARITIES
 from kvbench.methods.scoring import (
     GQA_AGGREGATIONS,
@@ -37,6 +37,7 @@ from kvbench.methods.scoring import (
     ScoreOptions,
     aggregate_groups,
 )
+from kvbench.registry import Registry
 
 #: The common knobs (``MethodConfig`` fields) a run records in ``metrics.json``, unless the method ignores them
 #: (``gqa_reduce`` is recorded resolved, in the method's settings, by the families that pool).
@@ -59,9 +60,9 @@ RECORDED_KNOBS = (
 class WindowObservation:
     """Everything a scorer or allocator may look at for one layer at the end of a compressed prefill.
 
-    The attention statistics come from the fused kernels (:mod:`kernels`): :meth:`window_stats` and
+    The attention statistics come from the fused kernels (:mod:`kvbench.kernels`): :meth:`window_stats` and
     :meth:`column_sums` never build the ``[H_q, W, S]`` or ``[H_q, S, S]`` matrix (the dense reference is
-    ``kernels.reference``, used by the tests and by ``impl="dense"``).
+    ``kvbench.kernels.reference``, used by the tests and by ``impl="dense"``).
 
     Attributes
     ----------
@@ -131,7 +132,7 @@ class WindowObservation:
     def window_stats(self, prob_dtype: torch.dtype | None = None) -> kernels.WindowStats:
         """Statistics of the window's float32 softmax attention over all keys (causal in the window), each
         probability rounded to ``prob_dtype`` first when given; computed once per ``prob_dtype`` (scorer and
-        allocator share them).  See :class:`kernels.WindowStats`."""
+        allocator share them).  See :class:`kvbench.kernels.WindowStats`."""
         if prob_dtype not in self._stats:
             self._stats[prob_dtype] = kernels.window_stats(
                 self.queries, self.keys, self.scaling, prob_dtype=prob_dtype, impl=self.impl
@@ -322,69 +323,48 @@ class EvictionMethod:
 
 
 MethodBuilder = Callable[[Any], EvictionMethod]
-_METHOD_FAMILIES: dict[str, MethodBuilder] = {}
+
+
+def _import_builtin_methods() -> None:
+    """Import every module under kvbench.methods so their ``@register_method`` decorators run."""
+    import importlib
+    import pkgutil
+
+    import kvbench.methods as package
+
+    for module in pkgutil.iter_modules(package.__path__):
+        if module.name != "base":
+            importlib.import_module(f"kvbench.methods.{module.name}")
+
+
+#: Method builders by ``method.family``.
+METHOD_FAMILIES: Registry[MethodBuilder] = Registry("method family", discover=_import_builtin_methods)
 
 
 def register_method(family: str) -> Callable[[MethodBuilder], MethodBuilder]:
     """Register a builder ``builder(method_cfg) -> EvictionMethod`` for ``method.family == family``."""
-
-    def decorator(builder: MethodBuilder) -> MethodBuilder:
-        if family in _METHOD_FAMILIES:
-            raise ValueError(f"method family {family!r} is registered twice")
-        _METHOD_FAMILIES[family] = builder
-        return builder
-
-    return decorator
+    return METHOD_FAMILIES.register(family)
 
 
 def method_families() -> list[str]:
     """All registered family names."""
-    _import_builtin_methods()
-    return sorted(_METHOD_FAMILIES)
+    return METHOD_FAMILIES.names()
 
 
 def build_method(method_cfg: Any) -> EvictionMethod:
     """Build the method described by ``method_cfg`` (a :class:`kvbench.config.MethodConfig`)."""
-    _import_builtin_methods()
-    family = method_cfg.family
-    if family not in _METHOD_FAMILIES:
-        raise ValueError(f"unknown method family {family!r}; valid families: {', '.join(sorted(_METHOD_FAMILIES))}")
-    if method_cfg.gqa_granularity not in GQA_GRANULARITIES:
-        raise ValueError(
-            f"method.gqa_granularity={method_cfg.gqa_granularity!r}; valid: {', '.join(GQA_GRANULARITIES)}"
+    builder = METHOD_FAMILIES.get(method_cfg.family)
+    check_choice("method.gqa_granularity", method_cfg.gqa_granularity, GQA_GRANULARITIES)
+    check_choice("method.gqa_agg", method_cfg.gqa_agg, GQA_AGGREGATIONS)
+    check_choice("method.pooling", method_cfg.pooling, POOLING_TYPES)
+    check_choice("method.pool_padding", method_cfg.pool_padding, POOL_PADDINGS)
+    check_choice("method.score_dtype", method_cfg.score_dtype, SCORE_DTYPES)
+    if method_cfg.gqa_reduce is not None:
+        check_choice(
+            "method.gqa_reduce", method_cfg.gqa_reduce, GQA_REDUCE_ORDERS, "or null for the family's reference order"
         )
-    if method_cfg.gqa_agg not in GQA_AGGREGATIONS:
-        raise ValueError(f"method.gqa_agg={method_cfg.gqa_agg!r}; valid: {', '.join(GQA_AGGREGATIONS)}")
-    for key, valid in (
-        ("pooling", POOLING_TYPES),
-        ("pool_padding", POOL_PADDINGS),
-        ("score_dtype", SCORE_DTYPES),
-    ):
-        if method_cfg[key] not in valid:
-            raise ValueError(f"method.{key}={method_cfg[key]!r}; valid: {', '.join(valid)}")
-    if method_cfg.gqa_reduce is not None and method_cfg.gqa_reduce not in GQA_REDUCE_ORDERS:
-        raise ValueError(
-            f"method.gqa_reduce={method_cfg.gqa_reduce!r}; valid: {', '.join(GQA_REDUCE_ORDERS)} or null"
-            " (the family's reference order)"
-        )
-    if method_cfg.window < 1:
-        raise ValueError(f"method.window must be >= 1, got {method_cfg.window}")
-    return _METHOD_FAMILIES[family](method_cfg)
-
-
-ParamsT = TypeVar("ParamsT")
-
-
-def parse_params(params_cls: type[ParamsT], params: Any, family: str) -> ParamsT:
-    """Build a family's hyper-parameter dataclass from ``method.params``, rejecting unknown keys by name."""
-    given = dict(params or {})
-    valid = {f.name for f in dataclasses.fields(params_cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(given) - valid)
-    if unknown:
-        raise ValueError(
-            f"unknown method.params {unknown} for family {family!r}; valid keys: {', '.join(sorted(valid)) or 'none'}"
-        )
-    return params_cls(**given)
+    check_min("method.window", method_cfg.window, 1)
+    return builder(method_cfg)
 
 
 def common_knobs(method_cfg: Any) -> dict[str, Any]:
@@ -410,17 +390,6 @@ def score_options(method_cfg: Any, reference_gqa_reduce: str = "before_pool") ->
         pool_padding=str(method_cfg.pool_padding),
         score_dtype=str(method_cfg.score_dtype),
     )
-
-
-def _import_builtin_methods() -> None:
-    import importlib
-    import pkgutil
-
-    import kvbench.methods as package
-
-    for module in pkgutil.iter_modules(package.__path__):
-        if module.name != "base":
-            importlib.import_module(f"kvbench.methods.{module.name}")
 
 
 def decode_attention(

@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from kernels import WindowStats
 from kvbench.cache import HeadwiseLayer
+from kvbench.kernels import WindowStats
 from kvbench.methods.base import (
     DecodePolicy,
     EvictionMethod,
@@ -53,11 +53,11 @@ from kvbench.methods.base import (
     common_knobs,
     decode_attention,
     evict_to_caps,
-    parse_params,
     register_method,
     score_options,
 )
 from kvbench.methods.h2o import AllRowsScorer, HeavyHitterDecode, ScoredDecodePolicy
+from kvbench.methods.params import bounded, choice, parse_params
 from kvbench.methods.scoring import (
     Rounding,
     ScoreOptions,
@@ -334,30 +334,21 @@ class CakeParams:
     #: kvbench model name for the tau table (presets fill it from ``model.name``).
     model: str | None = None
     cascading: bool = True
-    indicator: str = "cake"
-    allocation: str = "p2a"
-    preference: str = "hv"
+    indicator: str = choice("cake", INDICATORS)
+    allocation: str = choice("p2a", ALLOCATIONS)
+    preference: str = choice("hv", PREFERENCES)
     #: ``reference`` (the code's adjust_budgets) or ``monotone`` (kvbench: budgets never grow between stages).
-    adjust: str = "reference"
+    adjust: str = choice("reference", ADJUSTS)
     #: Pyramid slope (``allocation: pyramid``) and seed (``allocation: random``).
-    beta: int = 20
+    beta: int = bounded(20, low=1)
     seed: int = 0
-
-
-def _choose(value: str, valid: tuple[str, ...], key: str) -> str:
-    if value not in valid:
-        raise ValueError(f"method.params.{key}={value!r}; valid: {', '.join(valid)}")
-    return value
 
 
 @register_method("cake")
 def build_cake(method_cfg: Any) -> EvictionMethod:
     """CAKE and the allocation / indicator combinations of its Tables 2, 3 and 14."""
     params = parse_params(CakeParams, method_cfg.params, "cake")
-    indicator = _choose(params.indicator, INDICATORS, "indicator")
-    allocation = _choose(params.allocation, ALLOCATIONS, "allocation")
-    preference = _choose(params.preference, PREFERENCES, "preference")
-    adjust = _choose(params.adjust, ADJUSTS, "adjust")
+    indicator, allocation, preference, adjust = params.indicator, params.allocation, params.preference, params.adjust
     knobs = common_knobs(method_cfg)
     options = score_options(method_cfg, reference_gqa_reduce="after_pool")
     window, kernel, pooling = knobs["window"], int(method_cfg.kernel_size), str(method_cfg.pooling)

@@ -5,8 +5,8 @@ Reproduces FMInference/H2O ``h2o_hf/utils_real_drop/modify_llama.py`` (``H2OKVCa
 ``pyramidkv/pyramidkv_utils.py`` ``H2OKVCluster``:
 
 * Prefill: each token's score is the attention it receives from **every** prompt query (column sums of the whole
-  causal attention by :func:`kernels.causal_column_sums`, never an ``S x S`` matrix; the session accumulates them
-  chunk by chunk when the prefill is chunked), no pooling; each head keeps its top ``C - W`` candidates
+  causal attention by :func:`kvbench.kernels.causal_column_sums`, never an ``S x S`` matrix; the session
+  accumulates them chunk by chunk when the prefill is chunked), no pooling; each head keeps its top ``C - W`` candidates
   ``[0, S - W)`` plus the last ``W`` tokens; nothing is evicted when ``S < C``.  GQA as SnapKV (query-head
   granularity by default; with ``kv_head`` the group is reduced).
   ``params.scores: window`` is kvbench's cheaper variant that sums only the observation window's rows.
@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from kvbench.cache import HeadwiseLayer
+from kvbench.checks import check_choice
 from kvbench.methods.base import (
     DecodePolicy,
     EvictionMethod,
@@ -32,10 +33,10 @@ from kvbench.methods.base import (
     common_knobs,
     decode_attention,
     evict_to_caps,
-    parse_params,
     register_method,
     score_options,
 )
+from kvbench.methods.params import choice, parse_params
 from kvbench.methods.scoring import ScoreOptions, aggregate_groups, window_votes
 
 SCORE_ROWS = ("all_rows", "window")
@@ -49,8 +50,7 @@ class AllRowsScorer(TokenScorer):
     """
 
     def __init__(self, options: ScoreOptions, rows: str = "all_rows") -> None:
-        if rows not in SCORE_ROWS:
-            raise ValueError(f"method.params.scores={rows!r}; valid: {', '.join(SCORE_ROWS)}")
+        check_choice("method.params.scores", rows, SCORE_ROWS)
         self.options = options
         self.rows = rows
 
@@ -140,7 +140,7 @@ class H2OParams:
     """H2O's switches (module docstring); the window is the recent part."""
 
     #: ``all_rows`` (every prompt query votes, the reference) or ``window`` (only the observation window's rows).
-    scores: str = "all_rows"
+    scores: str = choice("all_rows", SCORE_ROWS)
     #: Add each decoding step's attention to the running scores (the reference); false = prefill scores only.
     decode_accumulate: bool = True
 

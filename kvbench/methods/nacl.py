@@ -59,9 +59,9 @@ from kvbench.methods.base import (
     UniformLayerAllocator,
     WindowObservation,
     common_knobs,
-    parse_params,
     register_method,
 )
+from kvbench.methods.params import bounded, choice, parse_params
 from kvbench.methods.scoring import aggregate_groups
 
 PROXY_ATTENTIONS = ("full", "causal")
@@ -240,48 +240,34 @@ class NACLParams:
     """NACL's hyper-parameters (defaults: the code's ``src/args.py``) and kvbench's switches (module docstring)."""
 
     #: Proxy queries as a fraction of the prompt: the last ``int(ratio x S)`` (at least one).
-    proxy_tokens_ratio: float = 0.01
+    proxy_tokens_ratio: float = bounded(0.01, 0.0, 1.0, low_open=True)
     #: The split of the kept tokens, as the code's ratios of the prompt (kvbench applies their proportions to B).
-    proxy_token_keep_ratio: float = 0.12
-    random_token_keep_ratio: float = 0.07
-    token_protect_ratio: float = 0.01
+    proxy_token_keep_ratio: float = bounded(0.12, low=0.0)
+    random_token_keep_ratio: float = bounded(0.07, low=0.0)
+    token_protect_ratio: float = bounded(0.01, low=0.0)
     #: Sink tokens, part of the protected share.
-    sink_tokens: int = 256
+    sink_tokens: int = bounded(256, low=0)
     #: Prompts of at most this many tokens are not compressed (the code's ``min_eviction_seqlen``; 0 = any prompt).
-    min_eviction_seqlen: int = 2048
+    min_eviction_seqlen: int = bounded(2048, low=0)
     #: ``full``: every proxy row sees all keys (the code) | ``causal``.
-    proxy_attention: str = "full"
+    proxy_attention: str = choice("full", PROXY_ATTENTIONS)
     #: ``softmax`` of the remaining candidates' proxy scores (the code) | ``uniform`` (the paper's ablation).
-    random_distribution: str = "softmax"
+    random_distribution: str = choice("softmax", RANDOM_DISTRIBUTIONS)
     #: With ``gqa_granularity: kv_head``: ``head_index`` (KV head h takes query head h's scores, the code's
     #: FlashAttention path) | ``group`` (the group's query heads reduced with ``method.gqa_agg``).
-    kv_head_scores: str = "head_index"
+    kv_head_scores: str = choice("head_index", KV_HEAD_SCORES)
     #: Seed of the random eviction (combined with the layer and the sample's prompt hash).
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for key, value, valid in (
-            ("proxy_attention", self.proxy_attention, PROXY_ATTENTIONS),
-            ("random_distribution", self.random_distribution, RANDOM_DISTRIBUTIONS),
-            ("kv_head_scores", self.kv_head_scores, KV_HEAD_SCORES),
-        ):
-            if value not in valid:
-                raise ValueError(f"method.params.{key}={value!r}; valid: {', '.join(valid)}")
-        if not 0 < self.proxy_tokens_ratio <= 1:
-            raise ValueError(f"method.params.proxy_tokens_ratio must be in (0, 1], got {self.proxy_tokens_ratio}")
+        """The one constraint across fields (each field's own range is checked by ``parse_params``)."""
         ratios = {
             "token_protect_ratio": self.token_protect_ratio,
             "proxy_token_keep_ratio": self.proxy_token_keep_ratio,
             "random_token_keep_ratio": self.random_token_keep_ratio,
         }
-        for key, value in ratios.items():
-            if value < 0:
-                raise ValueError(f"method.params.{key} must be >= 0, got {value}")
         if sum(ratios.values()) <= 0:
             raise ValueError(f"method.params ratios {ratios} must not all be 0")
-        for key in ("sink_tokens", "min_eviction_seqlen"):
-            if getattr(self, key) < 0:
-                raise ValueError(f"method.params.{key} must be >= 0, got {getattr(self, key)}")
 
     def split(self, budget: int) -> BudgetSplit:
         """This configuration's split of ``budget`` tokens per head."""

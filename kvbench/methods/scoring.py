@@ -5,7 +5,8 @@ observation window -- in four steps:
 
 1. the window queries' softmax attention over all keys (causal inside the window, float32 softmax);
 2. a reduction over the window rows (sum: SnapKV/PyramidKV; mean: Ada-KV; mean + gamma * var: CAKE) -- steps 1
-   and 2 are fused (:func:`kernels.window_stats`, via :meth:`~kvbench.methods.base.WindowObservation.window_stats`):
+   and 2 are fused (:func:`kvbench.kernels.window_stats`, via
+   :meth:`~kvbench.methods.base.WindowObservation.window_stats`):
    the ``[H_q, W, S]`` matrix is never built on a method's path;
 3. the slice ``[:, :S - W]`` (the window's own columns never enter the pooling);
 4. GQA reduction of the query heads sharing a stored head and 1-D pooling along the sequence, in the family's
@@ -31,9 +32,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels import WindowStats
-from kernels.reference import window_probs_reference
+from kvbench.checks import check_choice
 from kvbench.config import GQA_AGGREGATIONS, GQA_REDUCE_ORDERS, POOL_PADDINGS, POOLING_TYPES, SCORE_DTYPES
+from kvbench.kernels import WindowStats
+from kvbench.kernels.reference import window_probs_reference
 
 Rounding = Callable[[torch.Tensor], torch.Tensor]
 
@@ -128,8 +130,7 @@ class ScoreOptions:
             ("pool_padding", self.pool_padding, POOL_PADDINGS),
             ("score_dtype", self.score_dtype, SCORE_DTYPES),
         ):
-            if value not in valid:
-                raise ValueError(f"method.{key}={value!r}; valid: {', '.join(valid)}")
+            check_choice(f"method.{key}", value, valid)
         if self.kernel_size > 1 and self.kernel_size % 2 == 0:
             raise ValueError(f"method.kernel_size must be odd (same-length pooling), got {self.kernel_size}")
 

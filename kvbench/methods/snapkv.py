@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from kvbench.checks import check_choice, check_min
 from kvbench.methods.base import (
     EvictionMethod,
     StaticLayerAllocator,
@@ -28,10 +29,10 @@ from kvbench.methods.base import (
     UniformLayerAllocator,
     WindowObservation,
     common_knobs,
-    parse_params,
     register_method,
     score_options,
 )
+from kvbench.methods.params import bounded, choice, parse_params
 from kvbench.methods.scoring import ScoreOptions, window_votes, with_window_columns
 
 PYRAMID_SCHEDULES = ("kvcache_factory", "adakv", "sum_preserving")
@@ -79,8 +80,7 @@ def pyramid_schedule(
 
     One layer, or a budget not above the window, is uniform (the references assume ``L > 1`` and ``C > W``).
     """
-    if variant not in PYRAMID_SCHEDULES:
-        raise ValueError(f"method.params.schedule={variant!r}; valid: {', '.join(PYRAMID_SCHEDULES)}")
+    check_choice("method.params.schedule", variant, PYRAMID_SCHEDULES)
     base = average - window
     if variant != "adakv" and context_length < average:
         return [context_length] * num_layers
@@ -117,10 +117,8 @@ class PyramidLayerAllocator(StaticLayerAllocator):
     """
 
     def __init__(self, beta: int, window: int, schedule: str = "kvcache_factory") -> None:
-        if beta < 1:
-            raise ValueError(f"method.params.beta must be >= 1, got {beta}")
-        if schedule not in PYRAMID_SCHEDULES:
-            raise ValueError(f"method.params.schedule={schedule!r}; valid: {', '.join(PYRAMID_SCHEDULES)}")
+        check_min("method.params.beta", beta, 1)
+        check_choice("method.params.schedule", schedule, PYRAMID_SCHEDULES)
         self.beta = beta
         self.window = window
         self.schedule = schedule
@@ -139,8 +137,8 @@ class SnapKVParams:
 class PyramidKVParams:
     """PyramidKV's slope and schedule variant (:func:`pyramid_schedule`)."""
 
-    beta: int = 20
-    schedule: str = "kvcache_factory"
+    beta: int = bounded(20, low=1)
+    schedule: str = choice("kvcache_factory", PYRAMID_SCHEDULES)
 
 
 @register_method("snapkv")

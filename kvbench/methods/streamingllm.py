@@ -18,9 +18,9 @@ from kvbench.methods.base import (
     WindowObservation,
     common_knobs,
     evict_to_caps,
-    parse_params,
     register_method,
 )
+from kvbench.methods.params import parse_params
 
 
 class RecencyScorer(TokenScorer):

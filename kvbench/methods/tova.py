@@ -26,11 +26,11 @@ from kvbench.methods.base import (
     common_knobs,
     decode_attention,
     evict_to_caps,
-    parse_params,
     register_method,
     score_options,
 )
 from kvbench.methods.h2o import ScoredDecodePolicy
+from kvbench.methods.params import parse_params
 from kvbench.methods.scoring import no_rounding, rounding_to
 
 

@@ -34,10 +34,10 @@ from kvbench.methods.base import (
     TokenScorer,
     WindowObservation,
     common_knobs,
-    parse_params,
     register_method,
     score_options,
 )
+from kvbench.methods.params import bounded, choice, parse_params
 from kvbench.methods.scoring import ScoreOptions, aggregate_groups
 
 HEAD_MODES = ("layer_shared", "per_head")
@@ -214,11 +214,11 @@ class XKVLayerAllocator(LayerBudgetAllocator):
 class XKVParams:
     """XKV's switches (see module docstring)."""
 
-    head_mode: str = "layer_shared"
+    head_mode: str = choice("layer_shared", HEAD_MODES)
     #: Accuracy-constrained form: target mean retention (fraction); null = budget form.
-    target_retention: float | None = None
+    target_retention: float | None = bounded(None, 0.0, 1.0, low_open=True)
     sampling: bool = False
-    sample_ratio: float = 0.1
+    sample_ratio: float = bounded(0.1, 0.0, 1.0, low_open=True)
     #: Task size used for the calibration count when the runner does not call begin_task (LongBench: 200).
     task_samples: int = 200
 
@@ -227,12 +227,6 @@ class XKVParams:
 def build_xkv(method_cfg: Any) -> EvictionMethod:
     """XKV: greedy retention-maximising layer budgets over SnapKV-style window scores (avg pooling)."""
     params = parse_params(XKVParams, method_cfg.params, "xkv")
-    if params.head_mode not in HEAD_MODES:
-        raise ValueError(f"method.params.head_mode={params.head_mode!r}; valid: {', '.join(HEAD_MODES)}")
-    if not 0 < params.sample_ratio <= 1:
-        raise ValueError(f"method.params.sample_ratio must be in (0, 1], got {params.sample_ratio}")
-    if params.target_retention is not None and not 0 < params.target_retention <= 1:
-        raise ValueError(f"method.params.target_retention must be in (0, 1], got {params.target_retention}")
     knobs = common_knobs(method_cfg)
     options = score_options(method_cfg)
     allocator = XKVLayerAllocator(

@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from kvbench.checks import check_choice
+
 __all__ = [
     "CODE_SIM_BACKENDS",
     "DATASET2METRIC",
@@ -298,9 +300,7 @@ def _levenshtein_ratio() -> Callable[[str, str], float]:
 
 
 def _check_backend(backend: str) -> str:
-    if backend not in CODE_SIM_BACKENDS:
-        raise ValueError(f"unknown code_sim_backend {backend!r}; valid values: {', '.join(CODE_SIM_BACKENDS)}")
-    return backend
+    return check_choice("metrics.code_sim_backend", backend, CODE_SIM_BACKENDS)
 
 
 def fuzz_ratio(s1: str | None, s2: str | None, backend: str = DEFAULT_CODE_SIM_BACKEND) -> int:

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvbench.registry import Registry
+
 
 @dataclass(frozen=True)
 class Sample:
@@ -176,47 +178,6 @@ class TaskDataset(ABC):
 #: as RULER does): ``builder(task_cfg, tokenizer, chat_template=False)``.
 TaskBuilder = Callable[..., list[TaskDataset]]
 
-_TASK_BUILDERS: dict[str, TaskBuilder] = {}
-
-
-def register_task(kind: str) -> Callable[[TaskBuilder], TaskBuilder]:
-    """Register a task builder under ``kind`` (the ``task.kind`` value in ``conf/task/*.yaml``)."""
-
-    def decorator(builder: TaskBuilder) -> TaskBuilder:
-        if kind in _TASK_BUILDERS:
-            raise ValueError(f"task kind {kind!r} is registered twice")
-        _TASK_BUILDERS[kind] = builder
-        return builder
-
-    return decorator
-
-
-def task_kinds() -> list[str]:
-    """Names of all registered task kinds (imports the built-in task modules first)."""
-    _import_builtin_tasks()
-    return sorted(_TASK_BUILDERS)
-
-
-def build_task(task_cfg: Any, tokenizer: Any, chat_template: bool = False) -> list[TaskDataset]:
-    """Build the datasets of ``task_cfg`` (its ``kind`` selects the builder), filtered by ``task_cfg.datasets``.
-
-    ``chat_template``: whether the model's chat template will wrap the prompts (``model.chat_template``)."""
-    _import_builtin_tasks()
-    kind = task_cfg.kind
-    if kind not in _TASK_BUILDERS:
-        raise ValueError(f"unknown task kind {kind!r}; valid kinds: {', '.join(sorted(_TASK_BUILDERS))}")
-    return _TASK_BUILDERS[kind](task_cfg, tokenizer, chat_template=chat_template)
-
-
-def select_datasets(available: Sequence[str], requested: Sequence[str] | None, task_name: str) -> list[str]:
-    """Validate a ``task.datasets`` override against the task's dataset names (``None`` = all, in order)."""
-    if requested is None:
-        return list(available)
-    unknown = [name for name in requested if name not in available]
-    if unknown:
-        raise ValueError(f"unknown dataset(s) {unknown} for task {task_name!r}; valid datasets: {', '.join(available)}")
-    return list(requested)
-
 
 def _import_builtin_tasks() -> None:
     """Import every module under kvbench.tasks so their ``@register_task`` decorators run."""
@@ -230,26 +191,50 @@ def _import_builtin_tasks() -> None:
             importlib.import_module(f"kvbench.tasks.{module.name}")
 
 
+#: Task builders by ``task.kind``.
+TASK_BUILDERS: Registry[TaskBuilder] = Registry("task kind", discover=_import_builtin_tasks)
+
+
+def register_task(kind: str) -> Callable[[TaskBuilder], TaskBuilder]:
+    """Register a task builder under ``kind`` (the ``task.kind`` value in ``conf/task/*.yaml``)."""
+    return TASK_BUILDERS.register(kind)
+
+
+def task_kinds() -> list[str]:
+    """Names of all registered task kinds (imports the built-in task modules first)."""
+    return TASK_BUILDERS.names()
+
+
+def build_task(task_cfg: Any, tokenizer: Any, chat_template: bool = False) -> list[TaskDataset]:
+    """Build the datasets of ``task_cfg`` (its ``kind`` selects the builder), filtered by ``task_cfg.datasets``.
+
+    ``chat_template``: whether the model's chat template will wrap the prompts (``model.chat_template``)."""
+    return TASK_BUILDERS.get(task_cfg.kind)(task_cfg, tokenizer, chat_template=chat_template)
+
+
+def select_datasets(available: Sequence[str], requested: Sequence[str] | None, task_name: str) -> list[str]:
+    """Validate a ``task.datasets`` override against the task's dataset names (``None`` = all, in order)."""
+    if requested is None:
+        return list(available)
+    unknown = [name for name in requested if name not in available]
+    if unknown:
+        raise ValueError(f"unknown dataset(s) {unknown} for task {task_name!r}; valid datasets: {', '.join(available)}")
+    return list(requested)
+
+
 #: Downloads a benchmark's inputs into a local folder for offline compute nodes:
 #: ``preparer(target_dir: Path, **options) -> None``.  Used by scripts/prepare_data.py.
 DataPreparer = Callable[..., None]
 
-_DATA_PREPARERS: dict[str, DataPreparer] = {}
+#: Data preparers by benchmark name.
+DATA_PREPARERS: Registry[DataPreparer] = Registry("data preparer", discover=_import_builtin_tasks)
 
 
 def register_data_preparer(name: str) -> Callable[[DataPreparer], DataPreparer]:
     """Register a function that fetches benchmark ``name``'s data for offline use (scripts/prepare_data.py)."""
-
-    def decorator(preparer: DataPreparer) -> DataPreparer:
-        if name in _DATA_PREPARERS:
-            raise ValueError(f"data preparer {name!r} is registered twice")
-        _DATA_PREPARERS[name] = preparer
-        return preparer
-
-    return decorator
+    return DATA_PREPARERS.register(name)
 
 
 def data_preparers() -> dict[str, DataPreparer]:
     """All registered data preparers by benchmark name (imports the built-in task modules first)."""
-    _import_builtin_tasks()
-    return dict(_DATA_PREPARERS)
+    return DATA_PREPARERS.as_dict()

@@ -48,6 +48,10 @@ repobench-p, recorded in metrics.json.  ``hub_repo`` (default ``THUDM/LongBench`
 (default ``refs/convert/parquet``) -- where hub data comes from.  ``max_new_tokens`` (default null = official
 ``dataset2maxlen``): an integer caps every dataset's generation length (a named deviation for quick runs and tests;
 recorded in metrics.json's ``dataset_settings``).
+
+Size: just over 500 lines: the official pipeline above (settings, the three data sources with their provenance,
+the dataset, the three task kinds, the preparer) reads top to bottom in one file; its scoring already lives in
+:mod:`kvbench.metrics.longbench` and its truncation in :mod:`kvbench.prompting`.
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from kvbench.checks import check_choice, check_known_keys
+from kvbench.config import QUESTION_MODES
 from kvbench.metrics.longbench import (
     CODE_SIM_BACKENDS,
     DATASET2METRIC,
@@ -106,7 +112,6 @@ VALID_OPTIONS: dict[str, Any] = {
 }
 #: Task kinds registered by this module and whether they read LongBench-E files.
 TASK_KINDS: dict[str, bool] = {"longbench": False, "longbench_full": False, "longbench_e": True}
-_QUESTION_MODES = ("aware", "agnostic")
 _HOW_TO_GET = "python scripts/prepare_data.py longbench (writes data/longbench, read by default)"
 
 
@@ -333,12 +338,8 @@ class LongBenchDataset(TaskDataset):
         entry = dataset_settings(name)
         if longbench_e and name not in dataset_names("longbench_e"):
             raise ValueError(f"{name!r} is not in LongBench-E; valid: {', '.join(dataset_names('longbench_e'))}")
-        if code_sim_backend not in CODE_SIM_BACKENDS:
-            raise ValueError(
-                f"unknown code_sim_backend {code_sim_backend!r}; valid values: {', '.join(CODE_SIM_BACKENDS)}"
-            )
-        if question_mode not in _QUESTION_MODES:
-            raise ValueError(f"unknown question_mode {question_mode!r}; valid values: {', '.join(_QUESTION_MODES)}")
+        check_choice("task.options.code_sim_backend", code_sim_backend, CODE_SIM_BACKENDS)
+        check_choice("task.question_mode", question_mode, QUESTION_MODES)
         self.name = name
         self.max_new_tokens = int(entry["max_new_tokens"])
         self.chat_template = name not in CHAT_TEMPLATE_SKIP
@@ -433,18 +434,12 @@ class LongBenchDataset(TaskDataset):
 def _options(task_cfg: Any) -> dict[str, Any]:
     """``task.options`` merged over the defaults; unknown keys or values raise with the valid ones."""
     given = dict(getattr(task_cfg, "options", None) or {})
-    unknown = sorted(set(given) - set(VALID_OPTIONS))
-    if unknown:
-        raise ValueError(f"unknown LongBench option(s) {unknown}; valid keys: {', '.join(VALID_OPTIONS)}")
+    check_known_keys(given, VALID_OPTIONS, "task.options", "LongBench")
     merged = {**VALID_OPTIONS, **given}
     cap = merged["max_new_tokens"]
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
         raise ValueError(f"task.options.max_new_tokens must be a positive integer or null, got {cap!r}")
-    if merged["code_sim_backend"] not in CODE_SIM_BACKENDS:
-        raise ValueError(
-            f"unknown task.options.code_sim_backend {merged['code_sim_backend']!r}; "
-            f"valid values: {', '.join(CODE_SIM_BACKENDS)}"
-        )
+    check_choice("task.options.code_sim_backend", merged["code_sim_backend"], CODE_SIM_BACKENDS)
     return merged
 
 

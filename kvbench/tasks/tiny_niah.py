@@ -33,18 +33,19 @@ lets a tiny model learn content-based retrieval on a CPU budget.
 Scoring is RULER's ``string_match_all``: per sample the fraction of reference values found in the prediction,
 averaged, times 100.
 
-The same module holds the training-data generator of ``scripts/train_tiny.py`` (:func:`training_example`) and a
-plain full-cache greedy decoder (:func:`greedy_generate`) used by the training log and the tests.
+The training-data generator of ``scripts/train_tiny.py`` is :mod:`kvbench.tasks.tiny_niah_training`; this module
+holds a plain full-cache greedy decoder (:func:`greedy_generate`) used by the training log and the tests.
 """
 
 from __future__ import annotations
 
 import random
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvbench.checks import check_known_keys
 from kvbench.tasks.base import Sample, TaskDataset, register_task, select_datasets
 from kvbench.tiny_model import FILLER_WORDS, KEY_WORDS, VALUE_WORDS
 
@@ -58,7 +59,8 @@ DEFAULT_NUM_SAMPLES = 50
 NUM_MULTI_VALUES = 4
 #: Needles (distinct keys, one asked) in niah_multikey.
 MULTIKEY_NEEDLES = 16
-#: Default share of training sequences that drill multi-value answers (:func:`training_example`).
+#: Default share of training sequences that drill multi-value answers
+#: (:func:`kvbench.tasks.tiny_niah_training.training_example`).
 MULTI_FOCUS_SHARE = 0.3
 #: Option keys accepted in ``task.options`` (none today; unknown keys are rejected).
 VALID_OPTIONS: frozenset[str] = frozenset()
@@ -336,11 +338,7 @@ def _lengths(task_cfg: Any) -> list[int]:
 @register_task("tiny_niah")
 def build_tiny_niah(task_cfg: Any, tokenizer: Any, chat_template: bool = False) -> list[TaskDataset]:
     """Datasets ``<variant>_<len>`` for every variant x target length, filtered by ``task.datasets``."""
-    options = dict(getattr(task_cfg, "options", None) or {})
-    unknown = sorted(set(options) - VALID_OPTIONS)
-    if unknown:
-        valid = ", ".join(sorted(VALID_OPTIONS)) or "none"
-        raise ValueError(f"unknown task.options {unknown} for tiny_niah; valid options: {valid}")
+    check_known_keys(getattr(task_cfg, "options", None) or {}, VALID_OPTIONS, "task.options", "task 'tiny_niah'")
     num_samples = getattr(task_cfg, "num_samples", None)
     num_samples = DEFAULT_NUM_SAMPLES if num_samples is None else int(num_samples)
     by_name: dict[str, tuple[str, int]] = {}
@@ -353,161 +351,6 @@ def build_tiny_niah(task_cfg: Any, tokenizer: Any, chat_template: bool = False) 
     seed = int(getattr(task_cfg, "seed", 42))
     depths = getattr(task_cfg, "depths", None)
     return [TinyNiahDataset(*by_name[name], num_samples, seed, tokenizer, depths) for name in chosen]
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Training data (scripts/train_tiny.py)
-# --------------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class TrainingExample:
-    """One training sequence: token ids plus supervised positions.
-
-    The logits at ``positions[i]`` are trained to predict the next token, ``input_ids[positions[i] + 1]`` (every
-    supervised token is an answer token the model must generate, so the target is the teacher-forced token).
-    """
-
-    input_ids: list[int]
-    positions: list[int]
-
-    def targets(self) -> list[int]:
-        """The token id each supervised position must predict: ``input_ids[position + 1]``."""
-        return [self.input_ids[position + 1] for position in self.positions]
-
-
-class _ValuePool:
-    """Values for one training sequence: :data:`VALUE_TOKENS` number tokens each, no number token repeated."""
-
-    def __init__(self, rng: random.Random) -> None:
-        self._tokens = rng.sample(VALUE_WORDS, len(VALUE_WORDS))
-
-    def __bool__(self) -> bool:
-        return len(self._tokens) >= VALUE_TOKENS
-
-    def draw(self) -> str:
-        """The next unused value (raises ``IndexError`` when the pool is empty)."""
-        if not self:
-            raise IndexError("no unused number tokens left in this sequence")
-        value, self._tokens = self._tokens[:VALUE_TOKENS], self._tokens[VALUE_TOKENS:]
-        return " ".join(value)
-
-
-def compact_example(rng: random.Random, length: int, token_id: Callable[[str], int]) -> TrainingExample:
-    """A dense associative-recall sequence ``is <key> <value> .`` repeated, keys recurring (warm-up data).
-
-    Every recurrence of a key supervises its value tokens, so a short sequence holds many retrieval targets at
-    varied distances; the ``is <key> <value>`` core is the same as in the needles and answer prefixes of the tasks.
-    """
-    words: list[str] = []
-    supervised: list[int] = []
-    values: dict[str, str] = {}
-    pool = _ValuePool(rng)
-    free_keys = rng.sample(KEY_WORDS, len(KEY_WORDS))
-    while len(words) < length:
-        if values and (rng.random() < 0.5 or not pool):
-            key = rng.choice(list(values))
-            words.extend(["is", key])
-            _extend_supervised(words, supervised, values[key].split())
-            words.append(".")
-        else:
-            key = free_keys.pop()
-            values[key] = pool.draw()
-            words.extend(["is", key, *values[key].split(), "."])
-    return _finish(words, supervised, length, token_id)
-
-
-def _extend_supervised(words: list[str], supervised: list[int], tokens: Sequence[str]) -> None:
-    """Append answer ``tokens`` to ``words``, recording in ``supervised`` the position that predicts each one."""
-    for token in tokens:
-        supervised.append(len(words) - 1)
-        words.append(token)
-
-
-def _finish(words: list[str], supervised: list[int], length: int, token_id: Callable[[str], int]) -> TrainingExample:
-    """Cut ``words`` to ``length`` and keep the supervised positions whose next token is inside."""
-    positions = [position for position in supervised if position < length - 1]
-    return TrainingExample([token_id(w) for w in words[:length]], positions)
-
-
-def training_example(
-    rng: random.Random,
-    length: int,
-    token_id: Callable[[str], int],
-    compact: float = 0.0,
-    multi_focus: float = MULTI_FOCUS_SHARE,
-) -> TrainingExample:
-    """A random training sequence of exactly ``length`` tokens in the prompt format of the eval tasks.
-
-    With probability ``compact`` it is a :func:`compact_example` instead.  Otherwise the haystack mixes filler
-    sentences and needles at a random density, holds 0-2 multi-value keys (four needles each, labelled ``first``
-    ... ``fourth`` in order, spread over the sequence; 1-2 keys, asked most of the time, in a ``multi_focus``
-    share of the sequences), and has questions (with their answers, which are supervised) both interleaved in the
-    haystack, about earlier needles at any distance, and at the end.  Every generated answer token is supervised,
-    as the model must produce it: the value tokens, the ``.`` after a single value, and the ``, <key> <ordinal>``
-    between multi-value values (the position after the last multi-value value is not supervised).
-    """
-    if compact and rng.random() < compact:
-        return compact_example(rng, length, token_id)
-    words: list[str] = (HEADER_PLURAL if rng.random() < 0.5 else HEADER_SINGULAR).split()
-    supervised: list[int] = []  # positions in words whose next word is a supervised answer token
-    # a multi_focus share of the sequences drill multi-value answers: more multi-value keys, asked most of the time
-    focus = rng.random() < multi_focus
-    density = rng.choice((0.02, 0.05, 0.15, 0.4, 1.0))
-    query_rate = rng.choice((0.0, 0.05, 0.15))
-    num_final = max(1, length // 512) + rng.randint(0, 2)
-    body_end = max(len(words) + 20, length - 30 * num_final - 8)
-    free_keys = rng.sample(KEY_WORDS, len(KEY_WORDS))
-    pool = _ValuePool(rng)
-    answers: dict[str, list[str]] = {}  # complete keys -> values
-    pending: list[tuple[int, str, str]] = []  # (word offset, key, value) of multi-value needles not placed yet
-    partial: dict[str, list[str]] = {}
-    for _ in range(rng.choice((1, 2) if focus else (0, 1, 1, 2))):
-        key = free_keys.pop()
-        partial[key] = []
-        for _ in range(NUM_MULTI_VALUES):
-            pending.append((rng.randint(len(words), body_end), key, pool.draw()))
-    pending.sort()
-
-    def pick_key() -> str:
-        multi = [key for key, values in answers.items() if len(values) > 1]
-        if multi and rng.random() < (0.8 if focus else 0.3):
-            return rng.choice(multi)
-        return rng.choice(list(answers))
-
-    def ask(key: str) -> None:
-        values = answers[key]
-        if len(values) == 1:
-            words.extend(QUESTION_SINGULAR.format(key=key).split())
-            answer, unsupervised_end = [*values[0].split(), "."], []
-        else:  # the last value's full stop is not supervised: generation stops after MAX_NEW_TOKENS
-            words.extend(QUESTION_PLURAL.format(key=key, ordinal=ORDINALS[0]).split())
-            answer, unsupervised_end = multivalue_answer(key, values), ["."]
-        _extend_supervised(words, supervised, answer)
-        words.extend(unsupervised_end)
-
-    while len(words) < body_end:
-        if pending and pending[0][0] <= len(words):
-            _, key, value = pending.pop(0)
-            words.extend(needle_words(key, value, ORDINALS[len(partial[key])]))
-            partial[key].append(value)
-            if len(partial[key]) == NUM_MULTI_VALUES:
-                answers[key] = partial.pop(key)
-        elif answers and rng.random() < query_rate:
-            ask(pick_key())
-        elif rng.random() < density and free_keys and pool:
-            key, value = free_keys.pop(), pool.draw()
-            words.extend(needle_words(key, value))
-            answers[key] = [value]
-        else:
-            words.extend(filler_sentence(rng))
-    if not answers:  # sparse and short: make sure there is something to ask about
-        key, value = free_keys.pop(), pool.draw()
-        words.extend(needle_words(key, value))
-        answers[key] = [value]
-    while len(words) < length:
-        ask(pick_key())
-    return _finish(words, supervised, length, token_id)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from kernels import reference
+from kvbench.kernels import reference
 
 IMPLS = ("auto", "triton", "torch")
 
@@ -63,7 +63,7 @@ def paged_append(
     impl: str = "auto",
 ) -> None:
     """Append ``q`` tokens to every head of a paged layer, in place: ``O(H * q * D)`` work, independent of the
-    number of tokens already stored.  Shapes as in :func:`kernels.reference.paged_append_reference`
+    number of tokens already stored.  Shapes as in :func:`kvbench.kernels.reference.paged_append_reference`
     (pools ``[N_slots, D]`` contiguous, ``new_k``/``new_v`` ``[H, q, D]``, block table ``[H, max_pages]`` int32,
     ``lengths`` ``[H]`` int32 before the append; the caller allocates pages and then advances ``lengths``)."""
     if not use_triton(impl, k_pool, new_k):
@@ -71,7 +71,7 @@ def paged_append(
             k_pool, v_pool, pos_pool, new_k, new_v, block_table, lengths, start_position, page_size
         )
         return
-    from kernels import triton_kernels as tk
+    from kvbench.kernels import triton_kernels as tk
 
     num_heads, new_tokens, dim = new_k.shape
     if new_k.stride(-1) != 1 or new_v.stride(-1) != 1:
@@ -100,7 +100,7 @@ def copy_rows(
     if not use_triton(impl, src_k, dst_k):
         reference.copy_rows_reference(src_k, src_v, src_slots, dst_k, dst_v, dst_slots)
         return
-    from kernels import triton_kernels as tk
+    from kvbench.kernels import triton_kernels as tk
 
     dim = src_k.shape[-1]
     tk._copy_rows_kernel[(src_slots.numel(),)](
@@ -130,7 +130,7 @@ def paged_decode_attention(
         return reference.paged_decode_attention_reference(
             query, k_pool, v_pool, block_table, lengths, scaling, page_size
         )
-    from kernels import triton_kernels as tk
+    from kvbench.kernels import triton_kernels as tk
 
     query = query.contiguous()
     num_heads, groups, dim = query.shape

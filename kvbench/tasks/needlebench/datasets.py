@@ -1,45 +1,11 @@
-"""NeedleBench v1 (OpenCompass, the 2024 definition CAKE's tables use): ``task=needlebench``.
-
-Three subtasks in English and Chinese (shared/specs/benchmarks.md section 3):
-
-* ``single_retrieval`` (S-RT, ``origin.py``): one needle at each depth of each context length;
-* ``multi_retrieval`` (M-RT, ``parallel.py``): one needle per depth in the same context, all asked at once;
-* ``multi_reasoning`` (M-RS, ``multi.py``): 2-5 derivation needles, the first at the depth, the next ones 10 % of
-  the context apart; the question needs all of them.
-
-A dataset here is one (subtask, language) pair (``single_retrieval_en``, ..., ``multi_reasoning_zh``) holding every
-context length x depth x repeat (x needle count) of OpenCompass's per-cell datasets; its ``score`` equals the
-OpenCompass group mean over those cells (cells have equal sizes).  The overall score needs all six datasets:
-:func:`kvbench.metrics.synthetic.needlebench_summary` returns the group means (mean of EN and ZH) and
-``overall = 0.4 S-RT + 0.3 M-RS + 0.3 M-RT``.
-
-Haystack construction (all subtasks, OpenCompass HEAD since 2024-07): for ``counter`` in ``range(repeats)``:
-``random.seed(counter)`` (shifted by ``task.seed - 42``) and shuffle the haystack records (cumulatively over
-counters); choose the needle(s) -- S-RT and M-RS reseed with ``counter`` before their ``random.choice``, M-RT reseeds
-before shuffling a fresh copy of its unique needles; take token-ised records in that order until ``length - buffer -
-needle tokens`` tokens, cut, insert the needle tokens, decode.  Needles are wrapped in newlines.  Token arithmetic uses
-the model's tokenizer (OpenCompass used tiktoken's gpt-4 encoding).  Prompts are never truncated: one longer than the
-model's ``max_input_length`` is an error.  The buffers are OpenCompass's, sized for tiktoken: when the model's
-tokenizer spends more on the prompt text (SentencePiece on Chinese) and the whole input (chat template included) would
-exceed the context length, the haystack is shortened by the excess (``extra["haystack_trimmed"]``; 0 whenever the
-buffer suffices), so every prompt fits its length.  Samples are stored in the sample cache (kvbench.sample_cache).
-
-Inputs: ``PaulGrahamEssays.jsonl``, ``zh_finance.jsonl``, ``needles.jsonl`` and ``multi_needle_reasoning_{en,zh}.json``
-from ``task.data_dir`` or ``./data/needlebench`` (HF dataset ``opencompass/NeedleBench``; ``scripts/prepare_data.py
-needlebench`` writes there); each missing file is replaced by a shipped stand-in -- the filler essays, our own Chinese
-text (``tasks/needlebench/haystack_zh.jsonl``), our own needles (``tasks/needlebench/needles.jsonl``, same schema),
-kinship-chain reasoning records generated from ``tasks/needlebench/names.json`` -- recorded in metrics.json and
-warned about when the run starts.
-"""
+"""NeedleBench's datasets (one subtask in one language over every length, depth and repeat), the
+``needlebench`` task builder and data preparer."""
 
 from __future__ import annotations
 
-import itertools
-import json
 import logging
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,315 +18,33 @@ from kvbench.metrics.synthetic import (
 )
 from kvbench.prompting import render_prompt
 from kvbench.sample_cache import cached_samples, source_fingerprint, tokenizer_fingerprint
-from kvbench.tasks import provenance
 from kvbench.tasks.base import Sample, TaskDataset, register_data_preparer, register_task, select_datasets
-from kvbench.tasks.needle_grid import (
-    SHIPPED_ROOT,
+from kvbench.tasks.needlebench.inputs import NeedleBenchInputs, unique_needles
+from kvbench.tasks.needlebench.spec import (
+    BUFFER_ZH,
+    GROUPS,
+    LANGUAGES,
+    OPTION_DEFAULTS,
+    REASONING_DIFF,
+    REPEATS,
+    SIZE_BY_LENGTH,
+    SIZES,
+    guide_question,
+    parallel_question,
+    prompt_parts,
+)
+from kvbench.tasks.text_inputs import (
     TextTokenizer,
     hub_download,
-    load_essays,
     option_values,
     resolve_input_dir,
 )
 
 log = logging.getLogger(__name__)
 
-NB_DIR = SHIPPED_ROOT / "needlebench"
 _HERE = Path(__file__).resolve().parent
 #: Source files whose code generates the samples (their hash is part of the sample-cache key).
-_GENERATOR_SOURCES = (_HERE / "needlebench.py", _HERE / "needle_grid.py", _HERE / "base.py")
-GROUPS = ("single_retrieval", "multi_retrieval", "multi_reasoning")
-LANGUAGES = {"en": "English", "zh": "Chinese"}
-
-#: ``int(100 / 19 * i)`` for i in 0..19 (4k and 8k configs).
-DEPTHS_20 = [int(100 / 19 * i) for i in range(20)]
-#: The 11 sparse depths of the 32k and 128k configs.
-DEPTHS_11 = [0, 10, 21, 31, 42, 52, 63, 73, 84, 94, 100]
-
-
-@dataclass(frozen=True)
-class SizeConfig:
-    """One NeedleBench v1 size: context lengths, depths and the English length buffers per group."""
-
-    lengths: tuple[int, ...]
-    depths: tuple[int, ...]
-    buffer_en: dict[str, int]
-
-
-SIZES: dict[str, SizeConfig] = {
-    "4k": SizeConfig(
-        (1000, 2000, 3000, 4000),
-        tuple(DEPTHS_20),
-        {"single_retrieval": 600, "multi_retrieval": 1000, "multi_reasoning": 600},
-    ),
-    "8k": SizeConfig(
-        (5000, 6000, 7000, 8000),
-        tuple(DEPTHS_20),
-        {"single_retrieval": 800, "multi_retrieval": 1300, "multi_reasoning": 1000},
-    ),
-    "32k": SizeConfig(
-        (9000, 13000, 17000, 21000, 25000, 29000, 31000, 32000),
-        tuple(DEPTHS_11),
-        {"single_retrieval": 3000, "multi_retrieval": 3000, "multi_reasoning": 3000},
-    ),
-    "128k": SizeConfig(
-        tuple(range(16000, 128001, 16000)),
-        tuple(DEPTHS_11),
-        {"single_retrieval": 600, "multi_retrieval": 3000, "multi_reasoning": 600},
-    ),
-}
-BUFFER_ZH = 200
-REPEATS = {"single_retrieval": 10, "multi_retrieval": 25, "multi_reasoning": 10}
-#: Needle distance of M-RS in percent of the context (``diff``).
-REASONING_DIFF = 10
-
-_SIZE_BY_LENGTH = {4096: "4k", 4000: "4k", 8192: "8k", 8000: "8k", 32768: "32k", 32000: "32k"}
-_SIZE_BY_LENGTH.update({131072: "128k", 128000: "128k"})
-
-_OPTION_DEFAULTS: dict[str, Any] = {
-    #: 4k | 8k | 32k | 128k; null = from task.length (4096/8192/32768/131072), else 4k.
-    "size": None,
-    #: Repeats per cell, per group (OpenCompass: 10 / 25 / 10).
-    "repeats": None,
-    #: M-RS needle counts.
-    "needle_counts": [2, 3, 4, 5],
-    #: Length buffers override: {"en": {group: n}, "zh": n}; null = the size's values.
-    "buffers": None,
-    #: OpenCompass guide=True (adds "Before answering, please consider ...").
-    "guide": True,
-    #: Per-group output cap (OpenCompass uses the model's max_out_len); int = same for all groups.
-    "max_new_tokens": {"single_retrieval": 100, "multi_retrieval": 400, "multi_reasoning": 100},
-    "source": "auto",
-}
-
-# ---- prompts (opencompass/datasets/needlebench/{origin,parallel,multi}.py, position "End") ---------------------
-
-_EN_HEAD = (
-    "You are an intelligent AI assistant skilled in answering user questions.\n"
-    "Please keep your answers concise and clear. Do not talk about irrelevant topics or repeat your answers.\n"
-    "The document given to you by the user is "
-)
-_ZH_HEAD = (
-    "你是一个善于回答用户问题的智能AI助手\n请保持你的回答简洁清楚。不要说和下面文档中的无关的话，或重复你的回答\n"
-)
-_ZH_DOC = "用户现在给你的文档是"
-_ZH_PARALLEL_EXTRA = "请先仔细阅读下面的文档再依次回答最后提出的问题\n"
-_EN_GUIDE = "Before answering, please consider what in the document is most relevant to this question."
-_ZH_GUIDE = "在回答之前，请思考文档中与此问题最相关的内容是什么。"
-
-
-def _prompt_parts(group: str, language: str) -> tuple[str, str, str]:
-    """(text before the haystack, text between haystack and question, text after the question)."""
-    if language == "en":
-        lead = "\n\nNow, the questions are: " if group == "multi_retrieval" else "\n\nNow, the question is: "
-        return _EN_HEAD, lead, "\n" if group == "multi_retrieval" else ""
-    if group == "multi_retrieval":
-        return _ZH_HEAD + _ZH_PARALLEL_EXTRA + _ZH_DOC, "\n\n现在请问：", "\n"
-    return _ZH_HEAD + _ZH_DOC, "\n\n现在请问：", ""
-
-
-def guide_question(question: str, group: str, language: str) -> str:
-    """OpenCompass ``guide=True`` rewrite: S-RT / M-RT insert the guide before the answer-format request, M-RS
-    appends it."""
-    guide = _EN_GUIDE if language == "en" else _ZH_GUIDE
-    if group == "multi_reasoning":
-        return question + guide
-    if language == "en":
-        parts = question.split("Please answer in the format")
-        if len(parts) < 2:
-            return question
-        return parts[0] + guide + " Please answer in the format" + parts[1]
-    parts = question.split("请按照")
-    if len(parts) < 2:
-        return question
-    return parts[0] + guide + "请按照" + parts[1]
-
-
-def parallel_question(needles: Sequence[dict[str, Any]], language: str) -> str:
-    """M-RT question: all questions joined by "、" followed by the joined answer formats."""
-    if language == "en":
-        questions = "、".join(n["retrieval_question"].split("?")[0] + "?" for n in needles)
-        formats = "、".join(n["retrieval_question"].split("'")[1].split(".")[0] for n in needles)
-        return questions + "Please answer in the format of '" + formats + "'"
-    questions = "、".join(n["retrieval_question"].split("？")[0] + "？" for n in needles)
-    formats = "、".join(n["retrieval_question"].split("'")[1].split("。")[0] for n in needles)
-    return questions + "请按照'" + formats + "'的格式回答。"
-
-
-# ---- inputs -------------------------------------------------------------------------------------------------------
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    with path.open(encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
-
-
-#: Kinship statement templates (NeedleBench ATC, v1) and their Chinese renderings (ours).
-_KIN_TEMPLATES = {
-    "en": [
-        "{A} is {B}'s {r}.",
-        "{B}'s {r} is {A}.",
-        "{A}, as {B}'s {r}, has a significant impact on {B}'s upbringing.",
-        "{A} is not only {B}'s {r} but also {B}'s role model.",
-        "{B} is the child of {A}.",
-        "For {B}, {A} is not just a {r}, but also a friend.",
-        "{A} plays the role of {B}'s {r} in {B}'s life.",
-        "{B} considers {A} as their {r}.",
-    ],
-    "zh": [
-        "{A}是{B}的{r}。",
-        "{B}的{r}是{A}。",
-        "{A}作为{B}的{r}，对{B}的成长有重要影响。",
-        "{A}不仅是{B}的{r}，还是{B}的榜样。",
-        "{B}是{A}的孩子。",
-        "对于{B}来说，{A}不只是{r}，还是朋友。",
-        "{A}在{B}的生活中扮演着{r}的角色。",
-        "{B}把{A}当作自己的{r}。",
-    ],
-}
-_KIN_TERMS = {
-    "en": [
-        "father",
-        "mother",
-        "dad",
-        "mom",
-        "grandfather",
-        "grandmother",
-        "maternal grandmother",
-        "maternal grandfather",
-        "paternal grandfather",
-        "paternal grandmother",
-    ],
-    "zh": ["父亲", "母亲", "爸爸", "妈妈", "祖父", "祖母", "外祖母", "外祖父", "爷爷", "奶奶"],
-}
-_KIN_QUESTION = {
-    "en": "Given the context described above, who is the eldest relative that '{last}' can trace back to in the "
-    "context?",
-    "zh": "根据上文描述的内容，'{last}'能够向上追溯到的最年长的亲人是谁？",
-}
-
-
-def synthetic_reasoning_records(language: str, counts: Sequence[int], per_count: int = 20) -> list[dict[str, Any]]:
-    """M-RS records in the v1 schema (``derivation_count``, ``derivations``, ``answer``, ``question``), generated
-    deterministically from kinship chains over ``tasks/needlebench/names.json`` (our substitute for the R4C-based
-    ``multi_needle_reasoning_*.json``).  ``derivation_count`` statements link ``count + 1`` people; answer = eldest."""
-    names = json.loads((NB_DIR / "names.json").read_text(encoding="utf-8"))[LANGUAGES[language]].split(",")
-    records = []
-    for count in counts:
-        rng = random.Random(f"needlebench-mrs-{language}-{count}")
-        for _ in range(per_count):
-            chain = rng.sample(names, count + 1)
-            statements = [
-                rng.choice(_KIN_TEMPLATES[language]).format(A=older, B=younger, r=rng.choice(_KIN_TERMS[language]))
-                for older, younger in itertools.pairwise(chain)
-            ]
-            rng.shuffle(statements)
-            records.append(
-                {
-                    "derivation_count": count,
-                    "derivations": statements,
-                    "answer": chain[0],
-                    "question": _KIN_QUESTION[language].format(last=chain[-1]),
-                }
-            )
-    return records
-
-
-_HOW_TO_GET = "python scripts/prepare_data.py needlebench --out data (read from data/needlebench, or set task.data_dir)"
-
-
-class NeedleBenchInputs:
-    """Haystack records, needles and M-RS records for both languages (tokenised records cached)."""
-
-    def __init__(self, input_dir: Path | None, tok: TextTokenizer) -> None:
-        self.input_dir = input_dir
-        self.tok = tok
-        #: Provenance record per input (``haystack_en``, ``haystack_zh``, ``needles``, ``reasoning_{en,zh}``).
-        self.sources: dict[str, dict[str, Any]] = {}
-        self._haystack: dict[str, list[str]] = {}
-        self._tokens: dict[str, list[list[int] | None]] = {}
-        self._needles: list[dict[str, Any]] | None = None
-        self._reasoning: dict[str, list[dict[str, Any]]] = {}
-
-    def _find(self, name: str, stand_in: Path) -> tuple[Path, dict[str, Any]]:
-        """The official file ``name`` in the input folder, else ``stand_in`` (recorded as such)."""
-        if self.input_dir is not None and (self.input_dir / name).is_file():
-            return self.input_dir / name, provenance.official(self.input_dir / name)
-        return stand_in, provenance.stand_in(stand_in, name, _HOW_TO_GET)
-
-    def haystack(self, language: str) -> list[str]:
-        """Haystack record texts in file order (EN: Paul Graham essays; ZH: ``zh_finance.jsonl``)."""
-        if language not in self._haystack:
-            if language == "en":
-                texts, self.sources["haystack_en"] = load_essays(self.input_dir, "PaulGrahamEssays.jsonl", _HOW_TO_GET)
-            else:
-                path, self.sources["haystack_zh"] = self._find("zh_finance.jsonl", NB_DIR / "haystack_zh.jsonl")
-                texts = [r["text"] for r in _read_jsonl(path)]
-            self._haystack[language] = texts
-            self._tokens[language] = [None] * len(texts)
-        return self._haystack[language]
-
-    def record_tokens(self, language: str, index: int) -> list[int]:
-        """Token ids of haystack record ``index`` (tokenised once)."""
-        self.haystack(language)
-        cached = self._tokens[language][index]
-        if cached is None:
-            cached = self.tok.encode(self._haystack[language][index])
-            self._tokens[language][index] = cached
-        return cached
-
-    def all_needles(self) -> list[dict[str, Any]]:
-        """Every needle record of ``needles.jsonl`` (both languages), file order."""
-        if self._needles is None:
-            path, self.sources["needles"] = self._find("needles.jsonl", NB_DIR / "needles.jsonl")
-            self._needles = _read_jsonl(path)
-        return self._needles
-
-    def needles(self, language: str) -> list[dict[str, Any]]:
-        """Needle records of ``language`` (``needle``, ``retrieval_question``, ``arg1``, ``arg2``), file order."""
-        return [n for n in self.all_needles() if n.get("language") == LANGUAGES[language]]
-
-    def reasoning(self, language: str, counts: Sequence[int]) -> list[dict[str, Any]]:
-        """M-RS records of ``language``."""
-        if language not in self._reasoning:
-            name = f"multi_needle_reasoning_{language}.json"
-            if self.input_dir is not None and (self.input_dir / name).is_file():
-                self._reasoning[language] = json.loads((self.input_dir / name).read_text(encoding="utf-8"))
-                self.sources[f"reasoning_{language}"] = provenance.official(self.input_dir / name)
-            else:
-                self._reasoning[language] = synthetic_reasoning_records(language, counts)
-                record = provenance.stand_in(NB_DIR / "names.json", name, _HOW_TO_GET)
-                record["by"] = "kinship chains generated from names.json (synthetic_reasoning_records)"
-                self.sources[f"reasoning_{language}"] = record
-        return self._reasoning[language]
-
-
-def unique_needles(
-    needles: Sequence[dict[str, Any]], n: int, rng: random.Random, language: str
-) -> list[dict[str, Any]]:
-    """OpenCompass ``get_unique_entries``: shuffle all lines of the needle file, keep the entries of ``language``
-    with unseen arg1, unseen arg2 and unseen (arg1, arg2), stop at ``n``.  (OpenCompass shuffles with the global RNG
-    in whatever state earlier datasets left it; we use ``rng``, seeded with ``task.seed``.)"""
-    pool = list(needles)
-    rng.shuffle(pool)
-    pool = [entry for entry in pool if entry.get("language") == LANGUAGES[language]]
-    seen1: set[str] = set()
-    seen2: set[str] = set()
-    seen_pair: set[tuple[str, str]] = set()
-    out = []
-    for entry in pool:
-        a1, a2 = entry.get("arg1", ""), entry.get("arg2", "")
-        if a1 in seen1 or a2 in seen2 or (a1, a2) in seen_pair:
-            continue
-        seen1.add(a1)
-        seen2.add(a2)
-        seen_pair.add((a1, a2))
-        out.append(entry)
-        if len(out) == n:
-            break
-    if len(out) < n:
-        raise ValueError(f"only {len(out)} unique needles available, {n} depths need one each")
-    return out
+_GENERATOR_SOURCES = (*sorted(_HERE.glob("*.py")), _HERE.parent / "text_inputs.py", _HERE.parent / "base.py")
 
 
 # ---- dataset ----------------------------------------------------------------------------------------------------
@@ -552,7 +236,7 @@ class NeedleBenchDataset(TaskDataset):
             question = guide_question(question, self.group, self.language)
 
         needle_tokens = [self.tok.encode(n) for n in needles]
-        head, middle, tail = _prompt_parts(self.group, self.language)
+        head, middle, tail = prompt_parts(self.group, self.language)
         question = middle.lstrip("\n") + question + tail
         target = max(length - self.buffer - sum(len(t) for t in needle_tokens), 0)
         trimmed = 0
@@ -666,8 +350,8 @@ class NeedleBenchDataset(TaskDataset):
 def build_needlebench(task_cfg: Any, tokenizer: Any, chat_template: bool = False) -> list[TaskDataset]:
     """Builder: datasets ``{single_retrieval,multi_retrieval,multi_reasoning}_{en,zh}`` (``task.language`` keeps one
     language; ``task.lengths`` / ``task.depths`` override the size's context lengths / depths)."""
-    opts = option_values(task_cfg, _OPTION_DEFAULTS, "needlebench")
-    size = opts["size"] or _SIZE_BY_LENGTH.get(getattr(task_cfg, "length", None) or 4096)
+    opts = option_values(task_cfg, OPTION_DEFAULTS, "needlebench")
+    size = opts["size"] or SIZE_BY_LENGTH.get(getattr(task_cfg, "length", None) or 4096)
     if size not in SIZES:
         raise ValueError(
             f"NeedleBench size {size!r} unknown; set task.options.size to one of {', '.join(SIZES)} "

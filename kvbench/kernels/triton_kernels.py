@@ -1,6 +1,6 @@
 """Triton kernels (imported only when ``triton`` is installed).
 
-Every kernel has a pure-torch reference in :mod:`kernels.reference`; ``tests/test_kernels.py`` runs both under
+Every kernel has a pure-torch reference in :mod:`kvbench.kernels.reference`; ``tests/test_kernels.py`` runs both under
 ``TRITON_INTERPRET=1`` (CPU tensors), so CI without a GPU checks them.  Inputs must be contiguous where noted.
 """
 

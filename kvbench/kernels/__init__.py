@@ -1,4 +1,4 @@
-"""Hot-path kernels of kvbench, each with a pure-torch reference (:mod:`kernels.reference`).
+"""Hot-path kernels of kvbench, each with a pure-torch reference (:mod:`kvbench.kernels.reference`).
 
 * :func:`window_stats` -- fused observation-window scoring: column sum / centred sum of squares / max / entropy and
   row log-sum-exp / entropy of the window's softmax attention, without a ``W x S`` float32 matrix per head.
@@ -12,9 +12,9 @@ Triton runs automatically on CUDA tensors when ``triton`` is installed; otherwis
 The two scoring ops also take ``impl="dense"``: the materialising reference, for comparisons.
 """
 
-from kernels.ops import copy_rows, paged_append, paged_decode_attention, triton_available, use_triton
-from kernels.scoring import SCORING_IMPLS, causal_column_sums, window_stats
-from kernels.stats import WindowStats
+from kvbench.kernels.ops import copy_rows, paged_append, paged_decode_attention, triton_available, use_triton
+from kvbench.kernels.scoring import SCORING_IMPLS, causal_column_sums, window_stats
+from kvbench.kernels.stats import WindowStats
 
 __all__ = [
     "SCORING_IMPLS",

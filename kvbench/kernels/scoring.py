@@ -8,7 +8,7 @@ Both take the same options: ``prob_dtype`` rounds every probability to the model
 reference code casts its float32 softmax to bf16/fp16 and reduces in that dtype), ``row_scale`` multiplies each
 row's scaled logits (AhaKV's step-gain softmax).  Implementations (``impl``): ``triton`` (two-pass kernels from the
 rows' log-sum-exp; CUDA, or CPU tensors under ``TRITON_INTERPRET=1``), ``torch`` (the same two passes over key
-chunks / row blocks: bounded extra memory), ``dense`` (the materialising reference of :mod:`kernels.reference`,
+chunks / row blocks: bounded extra memory), ``dense`` (the materialising reference of :mod:`kvbench.kernels.reference`,
 for comparisons), ``auto`` (Triton on CUDA tensors when installed, else torch).
 
 Shapes: ``H_q`` query heads, ``H`` key heads (``H`` divides ``H_q``; consecutive query heads share a key head),
@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import torch
 
-from kernels import reference
-from kernels.ops import pow2, triton_cdiv, use_triton
-from kernels.stats import WindowStats
+from kvbench.kernels import reference
+from kvbench.kernels.ops import pow2, triton_cdiv, use_triton
+from kvbench.kernels.stats import WindowStats
 
 SCORING_IMPLS = ("auto", "triton", "torch", "dense")
 
@@ -93,7 +93,7 @@ def window_stats(
 
     Returns
     -------
-    :class:`~kernels.stats.WindowStats` (float32 ``[H_q, S]`` column and ``[H_q, W]`` row statistics).
+    :class:`~kvbench.kernels.stats.WindowStats` (float32 ``[H_q, S]`` column and ``[H_q, W]`` row statistics).
     """
     _check_shapes(queries, keys, row_scale)
     code = _rounding_code(prob_dtype)
@@ -175,7 +175,7 @@ def _window_stats_torch(
 def _window_stats_triton(
     queries: torch.Tensor, keys: torch.Tensor, scaling: float, eps: float, code: int, row_scale: torch.Tensor | None
 ) -> WindowStats:
-    from kernels import triton_kernels as tk
+    from kvbench.kernels import triton_kernels as tk
 
     queries, keys = queries.contiguous(), keys.contiguous()
     num_q, window, dim = queries.shape
@@ -279,7 +279,7 @@ def _column_sums_torch(
 def _column_sums_triton(
     queries: torch.Tensor, keys: torch.Tensor, scaling: float, code: int, row_scale: torch.Tensor | None
 ) -> torch.Tensor:
-    from kernels import triton_kernels as tk
+    from kvbench.kernels import triton_kernels as tk
 
     queries, keys = queries.contiguous(), keys.contiguous()
     num_q, rows, dim = queries.shape

@@ -1,4 +1,4 @@
-"""Pure-torch references of every kernel in :mod:`kernels`: simple, materialising, used by the tests.
+"""Pure-torch references of every kernel in :mod:`kvbench.kernels`: simple, materialising, used by the tests.
 
 Each function states the exact semantics its fast counterpart must match.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.stats import WindowStats
+from kvbench.kernels.stats import WindowStats
 
 ENTROPY_EPS = 1e-10
 

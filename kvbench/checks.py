@@ -1,0 +1,70 @@
+"""The checks every user-facing setting goes through, written once, with one message style.
+
+Each check names the key, the value and what is valid, e.g. ``method.pooling='median' is not valid; valid: max, avg
+(e.g. method.pooling=max).``  ``error`` picks the exception class: :class:`ValueError` where library code is
+called directly, :class:`kvbench.errors.KVBenchError` in :mod:`kvbench.validation` (printed without a traceback).
+The choice tuples themselves live beside the settings they constrain (:mod:`kvbench.config` for the common knobs,
+each method family's module for its parameters).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def check_choice(key: str, value: T, choices: Sequence[Any], also: str = "", error: type[Exception] = ValueError) -> T:
+    """``value`` if it is one of ``choices``; else raise ``error`` naming ``key``, the value and the choices.
+
+    ``also`` adds to the list of valid values (e.g. ``"or null for the family's reference"``)."""
+    if value not in choices:
+        extra = f", {also}" if also else ""
+        raise error(
+            f"{key}={value!r} is not valid; valid: {', '.join(map(str, choices))}{extra} (e.g. {key}={choices[0]})."
+        )
+    return value
+
+
+def check_min(key: str, value: Any, minimum: int, meaning: str = "", error: type[Exception] = ValueError) -> int:
+    """``value`` if it is an integer (not a bool) ``>= minimum``; else raise ``error`` (``meaning`` explains it)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        note = f" ({meaning})" if meaning else ""
+        raise error(f"{key}={value!r} is not valid: it must be an integer >= {minimum}{note}.")
+    return value
+
+
+def check_range(
+    key: str,
+    value: Any,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+    error: type[Exception] = ValueError,
+) -> Any:
+    """``value`` if it is a number in ``[low, high]`` (``(low, high]`` with ``low_open``; a ``None`` bound is
+    unbounded); else raise ``error`` naming the interval."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    too_low = low is not None and number and (value <= low if low_open else value < low)
+    too_high = high is not None and number and value > high
+    if not number or too_low or too_high:
+        lower = ("(" if low_open else "[") + ("-inf" if low is None else f"{low:g}")
+        upper = "inf)" if high is None else f"{high:g}]"
+        raise error(f"{key}={value!r} is not valid: it must be a number in {lower}, {upper}.")
+    return value
+
+
+def check_known_keys(
+    given: Iterable[str], valid: Iterable[str], where: str, owner: str = "", error: type[Exception] = ValueError
+) -> None:
+    """Raise ``error`` when ``given`` holds a key that is not in ``valid``, naming the unknown and the valid keys.
+
+    ``where`` is the config node (``method.params``, ``task.options``), ``owner`` what it belongs to (``family
+    'cake'``, ``task 'ruler'``)."""
+    known = sorted(valid)
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        of = f" for {owner}" if owner else ""
+        raise error(f"unknown {where} key(s) {unknown}{of}; valid keys: {', '.join(known) or 'none'}")

@@ -1,0 +1,189 @@
+"""RULER's datasets (one task at one length), the ``ruler`` task builder and data preparer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from kvbench.checks import check_choice
+from kvbench.metrics.synthetic import ruler_postprocess, string_match_all, string_match_part
+from kvbench.sample_cache import cached_samples, source_fingerprint, tokenizer_fingerprint
+from kvbench.tasks.base import Sample, TaskDataset, register_data_preparer, register_task, select_datasets
+from kvbench.tasks.ruler.aggregation import CommonWordsGenerator, FrequentWordsGenerator
+from kvbench.tasks.ruler.inputs import RulerInputs
+from kvbench.tasks.ruler.niah import NiahGenerator
+from kvbench.tasks.ruler.qa import QAGenerator
+from kvbench.tasks.ruler.spec import MAX_NEW_TOKENS, OPTION_DEFAULTS, TASKS, RulerTask
+from kvbench.tasks.ruler.variable_tracking import VariableTrackingGenerator
+from kvbench.tasks.text_inputs import TextTokenizer, download, hub_download, option_values, resolve_input_dir
+
+
+class RulerGenerator(
+    NiahGenerator, VariableTrackingGenerator, CommonWordsGenerator, FrequentWordsGenerator, QAGenerator
+):
+    """Generates the samples of one RULER task at one length: ``generate`` dispatches to the family's
+    ``_generate_<generator>`` (see :class:`~kvbench.tasks.ruler.sizing.SizedGenerator` for the settings)."""
+
+
+ANSWER_PREFIX_MODES = ("assistant", "user")
+#: Source files whose code generates the samples (their hash is part of the sample-cache key).
+_HERE = Path(__file__).resolve().parent
+_GENERATOR_SOURCES = (
+    *sorted(_HERE.glob("*.py")),
+    _HERE.parent / "text_inputs.py",
+    _HERE.parent / "base.py",
+    _HERE.parent.parent / "prompting.py",
+)
+
+
+class RulerDataset(TaskDataset):
+    """One RULER task at one target length; samples are generated on first use (or read from the sample cache)."""
+
+    def __init__(
+        self,
+        task: RulerTask,
+        length: int,
+        tokenizer: Any,
+        inputs: RulerInputs,
+        *,
+        num_samples: int,
+        seed: int,
+        max_new_tokens: int | None = None,
+        answer_prefix: str = "assistant",
+        name: str | None = None,
+        use_chat_template: bool = False,
+    ) -> None:
+        check_choice("task.options.answer_prefix", answer_prefix, ANSWER_PREFIX_MODES)
+        self.task = task
+        self.use_chat_template = use_chat_template
+        self.length = length
+        self.tok = TextTokenizer(tokenizer)
+        self.inputs = inputs
+        self.num_samples = num_samples
+        self.seed = seed
+        self.name = name or task.name
+        self.max_new_tokens = max_new_tokens or MAX_NEW_TOKENS[task.generator]
+        self.answer_prefix_mode = answer_prefix
+        self.metric_name = "string_match_part" if task.generator == "qa" else "string_match_all"
+        self._samples: list[Sample] | None = None
+
+    def describe(self) -> dict[str, Any]:
+        info = super().describe()
+        info.update(
+            task=self.task.name,
+            length=self.length,
+            seed=self.seed,
+            answer_prefix=self.answer_prefix_mode,
+            length_counts_chat_template=self.use_chat_template,
+        )
+        return info
+
+    def provenance(self) -> dict[str, dict[str, Any]]:
+        return self.inputs.used_by(self.task)
+
+    def cache_key(self) -> dict[str, Any]:
+        """Everything the samples depend on (see :mod:`kvbench.sample_cache`)."""
+        return {
+            "task": self.task.name,
+            "generator": self.task.generator,
+            "args": self.task.args,
+            "length": self.length,
+            "seed": self.seed,
+            "max_new_tokens": self.max_new_tokens,
+            "answer_prefix": self.answer_prefix_mode,
+            "chat_template": self.use_chat_template,
+            "tokenizer": tokenizer_fingerprint(self.tok.tokenizer),
+            "inputs": {name: record.get("sha256", record.get("by")) for name, record in self.provenance().items()},
+            "code": source_fingerprint(_GENERATOR_SOURCES),
+        }
+
+    def samples(self) -> list[Sample]:
+        if self._samples is None:
+            self._samples = cached_samples(
+                self.sample_cache, "ruler", self.name, self.cache_key, self.num_samples, self.generate_samples
+            )
+        return self._samples
+
+    def generate_samples(self, count: int) -> list[Sample]:
+        """Generate ``count`` samples (no cache)."""
+        generator = RulerGenerator(
+            self.task,
+            self.length,
+            self.tok,
+            self.seed,
+            self.max_new_tokens,
+            self.inputs,
+            use_chat_template=self.use_chat_template,
+            answer_prefix_mode=self.answer_prefix_mode,
+        )
+        out = []
+        for i, gen in enumerate(generator.generate(count)):
+            prompt_tokens = generator.count(gen)
+            extra = dict(gen.extra)
+            extra.update(
+                task=self.task.name,
+                target_length=self.length,
+                prompt_tokens=prompt_tokens,
+                length_with_generation=prompt_tokens + self.max_new_tokens,
+            )
+            parts = gen.as_sample_parts(self.answer_prefix_mode)
+            out.append(Sample(id=f"{self.task.name}_{self.length}_{i}", answers=gen.answers, extra=extra, **parts))
+        return out
+
+    def postprocess(self, prediction: str) -> str:
+        return ruler_postprocess(prediction)
+
+    def score(self, predictions: Sequence[str], samples: Sequence[Sample]) -> dict[str, float]:
+        """``score`` (0-100, string_match_all or _part per RULER) and ``nulls`` (empty predictions)."""
+        refs = [s.answers for s in samples]
+        fn = string_match_part if self.metric_name == "string_match_part" else string_match_all
+        return {"score": fn(predictions, refs), "nulls": float(sum(not p.strip() for p in predictions))}
+
+
+@register_task("ruler")
+def build_ruler(task_cfg: Any, tokenizer: Any, chat_template: bool = False) -> list[TaskDataset]:
+    """Builder: one dataset per selected task (``task.datasets``) and length (``task.lengths`` or ``task.length``).
+
+    With several lengths the dataset names get a ``_{length}`` suffix (``niah_single_1_4096``).
+    """
+    opts = option_values(task_cfg, OPTION_DEFAULTS, "ruler")
+    names = select_datasets(list(TASKS), getattr(task_cfg, "datasets", None), "ruler")
+    lengths = list(getattr(task_cfg, "lengths", None) or [getattr(task_cfg, "length", None) or 4096])
+    if any(int(x) < 256 for x in lengths):
+        raise ValueError(f"RULER lengths must be at least 256 tokens, got {lengths}")
+    num_samples = getattr(task_cfg, "num_samples", None) or int(opts["samples_per_task"])
+    inputs = RulerInputs(resolve_input_dir(task_cfg, "ruler", opts["source"]))
+    datasets: list[TaskDataset] = []
+    for length in lengths:
+        for name in names:
+            datasets.append(
+                RulerDataset(
+                    TASKS[name],
+                    int(length),
+                    tokenizer,
+                    inputs,
+                    num_samples=num_samples,
+                    seed=int(getattr(task_cfg, "seed", 42)),
+                    max_new_tokens=opts["max_new_tokens"],
+                    answer_prefix=opts["answer_prefix"],
+                    name=name if len(lengths) == 1 else f"{name}_{length}",
+                    use_chat_template=chat_template,
+                )
+            )
+    return datasets
+
+
+_SQUAD_URL = "https://rajpurkar.github.io/SQuAD-explorer/dataset/dev-v2.0.json"
+_HOTPOT_URL = "http://curtis.ml.cmu.edu/datasets/hotpot/hotpot_dev_distractor_v1.json"
+
+
+@register_data_preparer("ruler")
+def prepare_ruler(target_dir: Path, **options: Any) -> None:
+    """Fetch RULER's external inputs into ``target_dir``: SQuAD v2.0 dev, HotpotQA dev-distractor (the URLs of
+    RULER's ``download_qa_dataset.sh``) and Paul Graham essays (``PaulGrahamEssays.jsonl`` of the HF dataset
+    ``opencompass/NeedleBench``).  Options: ``squad_url``, ``hotpotqa_url``, ``essays_repo``."""
+    target = Path(target_dir)
+    download(options.get("squad_url", _SQUAD_URL), target / "dev-v2.0.json")
+    download(options.get("hotpotqa_url", _HOTPOT_URL), target / "hotpot_dev_distractor_v1.json")
+    hub_download(options.get("essays_repo", "opencompass/NeedleBench"), "PaulGrahamEssays.jsonl", target)

@@ -1,0 +1,128 @@
+"""One generated RULER sample (:class:`Generated`) and the generator base with RULER HEAD's size search
+(:class:`SizedGenerator`): lengths are measured on the prompt as the model will see it."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvbench.prompting import render_prompt
+from kvbench.tasks.ruler.inputs import RulerInputs
+from kvbench.tasks.ruler.spec import RulerTask
+from kvbench.tasks.text_inputs import TextTokenizer
+
+
+@dataclass
+class Generated:
+    """One generated RULER sample before it becomes a :class:`Sample` (``shots``: worked examples, each ``(task
+    text, answer prefix + answer)``, rendered as complete turns before the prompt)."""
+
+    context: str
+    question: str
+    answer_prefix: str
+    answers: list[str]
+    extra: dict[str, Any] = field(default_factory=dict)
+    shots: tuple[tuple[str, str], ...] = ()
+
+    def as_sample_parts(self, answer_prefix_mode: str) -> dict[str, Any]:
+        """``context``/``question``/``answer_prefix``/``shots`` of the :class:`Sample` for an answer-prefix mode."""
+        if answer_prefix_mode == "assistant":
+            return {"context": self.context, "question": self.question, "answer_prefix": self.answer_prefix,
+                    "shots": self.shots}  # fmt: skip
+        inline = "".join(user + reply + "\n" for user, reply in self.shots)
+        return {"context": inline + self.context, "question": self.question + self.answer_prefix,
+                "answer_prefix": "", "shots": ()}  # fmt: skip
+
+
+class SizedGenerator:
+    """What every RULER generator shares: its settings, the seeded ``rng`` and RULER's size search (the family
+    generators of :mod:`kvbench.tasks.ruler` subclass it; :class:`~kvbench.tasks.ruler.datasets.RulerGenerator`
+    combines them).  Deterministic for a seed.
+
+    Lengths are measured on the prompt as the model will see it (``use_chat_template``: the model's chat template
+    included; ``answer_prefix_mode``: where the answer prefix goes), in ``tokenizer.tokenize`` tokens.
+    """
+
+    def __init__(
+        self,
+        task: RulerTask,
+        length: int,
+        tok: TextTokenizer,
+        seed: int,
+        max_new_tokens: int,
+        inputs: RulerInputs,
+        *,
+        use_chat_template: bool = False,
+        answer_prefix_mode: str = "assistant",
+    ) -> None:
+        self.task = task
+        self.length = length
+        self.tok = tok
+        self.seed = seed
+        self.max_new_tokens = max_new_tokens
+        self.inputs = inputs
+        self.use_chat_template = use_chat_template
+        self.answer_prefix_mode = answer_prefix_mode
+        self.rng = random.Random(seed)
+        self.args = task.args
+        #: Smallest unit count a sample can be built with (VT needs one noise line per chain line).
+        self.min_units = task.args["num_hops"] + 1 if task.generator == "vt" else 1
+
+    def count(self, sample: Generated) -> int:
+        """Tokens of the full model input (chat template and answer prefix included), RULER's ``text_to_tokens``."""
+        if self.tok.tokenizer is None:
+            return self.tok.count(sample.context + sample.question + sample.answer_prefix)
+        parts = sample.as_sample_parts(self.answer_prefix_mode)
+        text = render_prompt(self.tok.tokenizer, **parts, use_chat_template=self.use_chat_template).text
+        return self.tok.count(text)
+
+    def fits(self, sample: Generated) -> bool:
+        return self.count(sample) + self.max_new_tokens <= self.length
+
+    def shrink_unit(self, build: Callable[[int], Generated], incremental: int) -> int:
+        """``incremental``, halved while a sample of that many units does not fit (only at lengths below what the
+        official unit allows, e.g. a 500-word essay unit at 1K tokens; RULER itself would fail there)."""
+        while incremental > 1 and not self.fits(build(incremental)):
+            incremental //= 2
+        return incremental
+
+    def search(self, build: Callable[[int], Generated], incremental: int, upper: int | None = None) -> int:
+        """Largest unit count (>= ``incremental``) whose freshly built sample fits (RULER HEAD's binary search)."""
+        if upper is None:
+            probe = build(incremental)
+            per_unit = max(self.count(probe) / incremental, 1e-9)
+            upper = max(int(self.length / per_unit * 3), 2 * incremental)
+        lower, best = incremental, incremental
+        while lower <= upper:
+            mid = (lower + upper) // 2
+            if self.fits(build(mid)):
+                best, lower = mid, mid + 1
+            else:
+                upper = mid - 1
+        return best
+
+    def fit_sample(self, build: Callable[[int], Generated], units: int, incremental: int) -> Generated:
+        """Build with ``units``; while too long, retry with ``units - incremental`` (error below one unit)."""
+        while True:
+            sample = build(units)
+            if self.fits(sample):
+                sample.extra["units"] = units
+                return sample
+            # Below one unit above the minimum, step by 1 (RULER itself would fail there).
+            units = units - incremental if units - incremental >= self.min_units else units - 1
+            if units < self.min_units:
+                raise ValueError(
+                    f"RULER {self.task.name}: cannot fit a sample into {self.length} tokens "
+                    f"(template + {self.max_new_tokens} new tokens are too long)"
+                )
+
+    def generate(self, num_samples: int) -> list[Generated]:
+        generator = getattr(self, f"_generate_{self.task.generator}")
+        return generator(num_samples)
+
+    def _depth(self, text: str, position: int) -> float:
+        """Depth in percent of character offset ``position`` of ``text``, measured in tokens."""
+        total = self.tok.count(text)
+        return 100.0 * self.tok.count(text[:position]) / max(total, 1)

@@ -1,0 +1,168 @@
+"""The package's shape (issue #21): imports flow one way (no cycle between kvbench modules) and every module is
+small enough to read in one sitting (at most :data:`MAX_LINES` lines unless its docstring states why, on a line
+starting ``Size:``).
+
+Both checks read the source with :mod:`ast` (nothing is imported), so they cost well under a second.
+
+Import graph: an edge ``a -> b`` for every ``import kvbench.b`` / ``from kvbench.b import x`` anywhere in module
+``a``, at module level or inside a function (a deferred import is still a dependency; deferring one only hides a
+cycle).  ``from kvbench.pkg import name`` points at the submodule ``kvbench.pkg.name`` when that is a module, else at
+the package.  Not edges: the implicit import of a parent package when a submodule is imported (a package's
+``__init__`` re-exporting its submodules is not a cycle), imports under ``if TYPE_CHECKING:`` (never executed), and
+the dynamic plug-in discovery of ``kvbench.tasks.base`` (``importlib.import_module`` on a name built at run time).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import kvbench
+
+PACKAGE_DIR = Path(kvbench.__file__).resolve().parent
+#: Longest module (in lines) that needs no stated reason.
+MAX_LINES = 500
+
+
+def module_files() -> dict[str, Path]:
+    """Dotted module name -> source file, for every ``.py`` under the kvbench package."""
+    modules = {}
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _is_type_checking_block(node: ast.AST) -> bool:
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and (
+        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    )
+
+
+def imported_modules(tree: ast.AST, modules: set[str] | dict[str, Path]) -> set[str]:
+    """The kvbench modules the ``import`` statements of ``tree`` load: ``import kvbench.m`` -> ``kvbench.m``;
+    ``from kvbench.m import x`` -> ``kvbench.m.x`` when that is a module (a submodule of a package), else
+    ``kvbench.m``."""
+    found: set[str] = set()
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if _is_type_checking_block(node):
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name in modules)
+        elif isinstance(node, ast.ImportFrom) and node.module in modules and node.level == 0:
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                found.add(submodule if submodule in modules else node.module)
+        stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the kvbench modules it imports (see the module docstring for what counts)."""
+    modules = module_files()
+    graph = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        graph[name] = imported_modules(tree, modules) - {name}
+    return graph
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each as one cycle path through it."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return [_cycle_path(graph, component) for component in components]
+
+
+def _cycle_path(graph: dict[str, set[str]], component: list[str]) -> list[str]:
+    """One closed path ``a -> b -> ... -> a`` inside a strongly connected component (breadth-first, shortest)."""
+    start, members = component[0], set(component)
+    previous: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for target in sorted(graph[node] & members):
+                if target == start:
+                    path = [node]
+                    while path[-1] != start:
+                        path.append(previous[path[-1]])
+                    return [*reversed(path), start]
+                if target not in previous:
+                    previous[target] = node
+                    following.append(target)
+        frontier = following
+    return component
+
+
+def test_cycle_finder_reports_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert find_cycles(graph) == [["a", "b", "c", "a"]]
+    assert find_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_import_graph_sees_deferred_imports() -> None:
+    source = (
+        "import torch\nfrom kvbench import kernels, __version__\n"
+        "def f():\n    from kvbench.runner import config_hash\n"
+        "if TYPE_CHECKING:\n    import kvbench.cache\n"
+    )
+    modules = {"kvbench", "kvbench.kernels", "kvbench.runner", "kvbench.cache"}
+    assert imported_modules(ast.parse(source), modules) == {"kvbench", "kvbench.kernels", "kvbench.runner"}
+
+
+def test_no_import_cycle_in_kvbench() -> None:
+    graph = import_graph()
+    assert graph.get("kvbench.attention"), "the import graph came out empty"
+    cycles = find_cycles(graph)
+    assert not cycles, "import cycles in kvbench:\n" + "\n".join("  " + " -> ".join(cycle) for cycle in cycles)
+
+
+def _docstring_states_size_reason(path: Path) -> bool:
+    docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    return any(line.strip().startswith("Size:") for line in docstring.splitlines())
+
+
+def test_no_long_module_without_a_stated_reason() -> None:
+    too_long = []
+    for name, path in module_files().items():
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        if lines > MAX_LINES and not _docstring_states_size_reason(path):
+            too_long.append(f"{name}: {lines} lines")
+    assert not too_long, (
+        f"modules over {MAX_LINES} lines without a 'Size:' line in their docstring saying why: " + ", ".join(too_long)
+    )

@@ -1,0 +1,99 @@
+"""The registry, the shared checks and method parameters validated in one place (issue #21): every error names the
+key, the value and what is valid.  Pure Python, well under a second."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from kvbench.checks import check_choice, check_known_keys, check_min, check_range
+from kvbench.errors import KVBenchError
+from kvbench.methods.base import METHOD_FAMILIES, method_families
+from kvbench.methods.params import bounded, choice, parse_params
+from kvbench.registry import Registry
+from kvbench.tasks.base import DATA_PREPARERS, TASK_BUILDERS, task_kinds
+
+
+def test_registry_registers_once_and_lists_valid_names_for_an_unknown_one() -> None:
+    discovered = []
+    registry: Registry[int] = Registry("test family", discover=lambda: discovered.append(True))
+    registry.register("b")(2)
+    registry.register("a")(1)
+    assert registry.get("a") == 1 and registry.names() == ["a", "b"] and "b" in registry
+    assert discovered == [True]  # discovery runs once, before the first lookup
+    with pytest.raises(ValueError, match="is registered twice"):
+        registry.register("a")(3)
+    with pytest.raises(ValueError, match=r"unknown test family 'c'; valid families: a, b"):
+        registry.get("c")
+
+
+def test_registry_retries_a_discovery_that_failed() -> None:
+    calls = []
+
+    def discover() -> None:
+        calls.append(True)
+        if len(calls) == 1:
+            raise ImportError("broken plug-in")
+
+    registry: Registry[int] = Registry("thing", discover=discover)
+    with pytest.raises(ImportError):
+        registry.names()
+    assert registry.names() == [] and len(calls) == 2
+
+
+def test_the_three_registries_are_one_helper() -> None:
+    assert all(isinstance(r, Registry) for r in (METHOD_FAMILIES, TASK_BUILDERS, DATA_PREPARERS))
+    assert {"snapkv", "cake", "nacl", "full"} <= set(method_families())
+    assert {"ruler", "needlebench", "longbench", "tiny_niah"} <= set(task_kinds())
+    with pytest.raises(ValueError, match=r"unknown method family 'snapk'; valid families: .*snapkv"):
+        METHOD_FAMILIES.get("snapk")
+
+
+def test_checks_name_the_key_the_value_and_what_is_valid() -> None:
+    assert check_choice("method.pooling", "avg", ("max", "avg")) == "avg"
+    with pytest.raises(KVBenchError, match=r"^method.pooling='median' is not valid; valid: max, avg, or null"):
+        check_choice("method.pooling", "median", ("max", "avg"), "or null", error=KVBenchError)
+    with pytest.raises(ValueError, match=r"task.num_samples=0 is not valid: it must be an integer >= 1"):
+        check_min("task.num_samples", 0, 1)
+    with pytest.raises(ValueError, match=r"must be an integer"):
+        check_min("run.threads", True, 1)
+    with pytest.raises(ValueError, match=r"x=0 is not valid: it must be a number in \(0, 1\]"):
+        check_range("x", 0, 0.0, 1.0, low_open=True)
+    with pytest.raises(ValueError, match=r"x=-1 is not valid: it must be a number in \[0, inf\)"):
+        check_range("x", -1, low=0)
+    with pytest.raises(ValueError, match=r"unknown task.options key\(s\) \['z'\] for task 'ruler'; valid keys: a, b"):
+        check_known_keys({"z": 1, "a": 2}, ("b", "a"), "task.options", "task 'ruler'")
+    check_known_keys({"a": 1}, ("a",), "task.options")
+
+
+@dataclass
+class _Params:
+    mode: str = choice("fast", ("fast", "exact"))
+    ratio: float | None = bounded(None, 0.0, 1.0, low_open=True)
+    kernel: int = bounded(7, low=1, odd=True)
+    flag: bool = False
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"mode": "slow"}, r"method.params.mode='slow' is not valid; valid: fast, exact"),
+        ({"ratio": 0}, r"method.params.ratio=0 is not valid: it must be a number in \(0, 1\]"),
+        ({"ratio": "half"}, r"method.params.ratio='half' is not valid: it must be a number or null"),
+        ({"kernel": 4}, r"method.params.kernel=4 is not valid: it must be odd"),
+        ({"kernel": 7.0}, r"method.params.kernel=7.0 is not valid: it must be an integer"),
+        ({"flag": "yes"}, r"method.params.flag='yes' is not valid: it must be a boolean"),
+        ({"nope": 1}, r"unknown method.params key\(s\) \['nope'\] for family 'demo'; valid keys: flag, kernel"),
+    ],
+)
+def test_parse_params_validates_every_given_value(given: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_params(_Params, given, "demo")
+
+
+def test_parse_params_accepts_valid_values_and_keeps_defaults() -> None:
+    params = parse_params(_Params, {"mode": "exact", "ratio": 1, "kernel": 3, "flag": True}, "demo")
+    assert (params.mode, params.ratio, params.kernel, params.flag) == ("exact", 1, 3, True)
+    assert parse_params(_Params, None, "demo") == _Params()
+    assert parse_params(_Params, {"ratio": None}, "demo").ratio is None
