@@ -1,8 +1,8 @@
 """Acceptance (issue #21): the wheel installs into a fresh virtual environment outside the checkout and its
 ``kvbench`` command runs the embedded default and ``kvbench list methods`` from another folder.
 
-Marked slow: about 50 s on 2 shared cores (wheel build 2 s, venv + install 5 s, ``kvbench list`` 2 x 5 s, the
-embedded default with ``task.num_samples=2`` 30 s).  The venv reuses this environment's torch and transformers
+Marked slow: about 55 s on 2 shared cores (wheel build, venv and install 12 s; ``kvbench list`` twice 10 s; the
+embedded default with ``task.num_samples=2`` 31 s).  The venv reuses this environment's torch and transformers
 (``--system-site-packages``) and installs only the wheel (``--no-deps``); nothing is downloaded.
 
 ``kvbench`` alone (the embedded default, four runs of 10 samples per dataset) takes about 2.5 min on 2 shared
