@@ -11,7 +11,7 @@ setup:  ## install kvbench (CPU torch wheel first, so pip does not pull CUDA pac
 	$(PIP) install "torch==2.13.0"
 	$(PIP) install -e ".[dev]"
 
-setup-gpu:  ## on a CUDA machine: torch from the default index plus flash-attn/triton
+setup-gpu:  ## on a CUDA machine: torch from the default index (or the one already installed) plus triton
 	$(PIP) install -e ".[dev,gpu]"
 
 setup-slurm:  ## the submitit launcher for `python run.py -m hydra/launcher=slurm ...`

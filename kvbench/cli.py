@@ -1,15 +1,18 @@
-"""How ``python run.py`` runs a job and reports errors: one exit code (2) and one paragraph per user error.
+"""The ``kvbench`` console script and ``python run.py``: one Hydra app, one exit code (2) per user error.
 
+* :func:`main` -- the entry point of both: ``kvbench list methods|tasks|models|budgets`` (:mod:`kvbench.listing`),
+  else the Hydra app over the shipped config tree (:func:`kvbench.resources.conf_dir`, an absolute path, so the
+  installed package finds it from any working directory; results go under the working directory's ``results/``).
 * :func:`run_job` -- one configuration: the checks that need no torch first (:mod:`kvbench.validation`), then the
   runner (or, for ``python run.py`` alone, the embedded demo).
 * :func:`reporting_errors` -- a :class:`~kvbench.errors.KVBenchError` becomes ``error: <message>`` on stderr and
   exit status 2, without a traceback unless ``KVBENCH_DEBUG=1``; SIGTERM/SIGINT exit 143/130 (the run resumes
   from where it stopped); anything else is a bug and keeps its traceback (exit 1).
 * :func:`hydra_error_message` -- Hydra's own errors (unknown preset, misspelt key, wrongly typed value, override
-  syntax) rewritten in the same form.  ``run.py`` sets ``HYDRA_FULL_ERROR=1`` so Hydra raises them instead of
+  syntax) rewritten in the same form.  :func:`main` sets ``HYDRA_FULL_ERROR=1`` so Hydra raises them instead of
   printing its own report, and :func:`reporting_hydra_errors` reports them, also with exit status 2.
 
-Nothing here imports torch.
+Nothing here imports torch (the runner does, once a job starts).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import difflib
 import os
 import sys
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -68,6 +71,39 @@ def reporting_errors() -> Iterator[None]:
         traceback.print_exc()
         print("kvbench: unexpected error (the traceback above); please report it", file=sys.stderr, flush=True)
         sys.exit(1)
+
+
+def main() -> None:
+    """``kvbench [overrides ...]`` / ``python run.py [overrides ...]``, or ``kvbench list <target>``.
+
+    With no arguments: the embedded default (tiny model, offline synthetic task, CPU) beside its variants."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Hydra raises its own errors instead of printing them (exit 1); reporting_hydra_errors reports them (exit 2).
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    if sys.argv[1:2] == ["list"]:
+        from kvbench.listing import main as list_main
+
+        sys.exit(list_main(sys.argv[2:]))
+    with reporting_hydra_errors(sys.argv[1:]):
+        hydra_app()()
+
+
+def hydra_app() -> Callable[[], None]:
+    """The Hydra app over the shipped config tree; Hydra reads the overrides from ``sys.argv``."""
+    import hydra
+
+    from kvbench import resources
+    from kvbench.config import register_configs
+
+    register_configs()
+
+    @hydra.main(version_base="1.3", config_path=str(resources.conf_dir()), config_name="config")
+    def app(cfg: DictConfig) -> None:
+        """Run one configuration (Hydra calls this once per job in a sweep)."""
+        # `kvbench` / `python run.py` alone: the embedded default, side by side with its variants.
+        run_job(cfg, demo=len(sys.argv) == 1)
+
+    return app
 
 
 def run_job(cfg: DictConfig, demo: bool = False) -> None:

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from kvbench import resources
 from kvbench.errors import KVBenchError
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_MODELS = ("tiny-random-llama", "tiny-random-mistral", "tiny-random-qwen2", "tiny-random-gemma")
 #: 2-layer real-architecture models with a paper model's real tokenizer (kvbench.models.REAL_VOCAB_MODELS).
@@ -43,9 +43,10 @@ class ModelSource:
 
 
 def resolve_local_path(path: str) -> Path | None:
-    """The folder ``path`` names (absolute, relative to the working dir, or to the repo root), else None."""
+    """The folder ``path`` names (absolute, relative to the working dir, or to the shipped files, where
+    ``models/tiny-niah`` lives: :func:`kvbench.resources.shipped_root`), else None."""
     expanded = Path(path).expanduser()
-    for candidate in (expanded, REPO_ROOT / expanded):
+    for candidate in (expanded, resources.shipped_root() / expanded):
         if candidate.is_dir():
             return candidate
     return None
@@ -95,7 +96,7 @@ def resolve_model_source(model_cfg: Any) -> ModelSource:
             )
         return ModelSource("local", str(local))
     if looks_like_path(path):
-        roots = dict.fromkeys([str(Path.cwd()), str(REPO_ROOT)])
+        roots = dict.fromkeys([str(Path.cwd()), str(resources.shipped_root())])
         where = "" if Path(path).is_absolute() else f" (looked in {' and '.join(roots)})"
         kind = "is a file, not a folder" if Path(path).expanduser().exists() else "no such folder"
         raise KVBenchError(

@@ -31,10 +31,11 @@ from pathlib import Path
 from tokenizers import AddedToken, Tokenizer, normalizers, processors
 from transformers import PreTrainedTokenizerFast
 
+from kvbench import resources
 from kvbench.errors import KVBenchError
 
 #: Published chat templates (Jinja), one file per model family.
-CHAT_TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "models" / "chat_templates"
+CHAT_TEMPLATE_DIR = resources.models_dir() / "chat_templates"
 
 #: Llama-3 pre-tokenizer pattern (``llama_models.llama3.tokenizer.Tokenizer.pat_str``).
 LLAMA3_PATTERN = (

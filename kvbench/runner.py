@@ -90,8 +90,13 @@ class DatasetResult:
 
 
 def git_commit() -> str | None:
-    """The repository's HEAD commit (with ``-dirty`` when there are uncommitted changes), if available."""
-    root = Path(__file__).resolve().parent.parent
+    """The repository's HEAD commit (with ``-dirty`` when there are uncommitted changes), if available; None for an
+    installed wheel (``kvbench_version`` identifies that code; never the commit of a repository it sits in)."""
+    from kvbench.resources import checkout_dir
+
+    root = checkout_dir()
+    if root is None:
+        return None
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True, timeout=10

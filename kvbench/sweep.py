@@ -32,10 +32,13 @@ from typing import Any
 
 import yaml
 
+from kvbench import resources
 from kvbench.errors import KVBenchError
 
-REPO = Path(__file__).resolve().parent.parent
-CONF_DIR = REPO / "conf"
+#: The source checkout the sweep tool works from (run.py, slurm/array.sbatch and scripts/sweep.py live there; an
+#: installed wheel ships none of them, so there the working directory stands in).
+REPO = resources.checkout_dir() or Path.cwd()
+CONF_DIR = resources.conf_dir()
 #: Default folder for manifests and SLURM logs (outside ``results/``).
 SWEEP_LOG_DIR = Path("logs") / "sweeps"
 SLURM_LOG_DIR = Path("logs") / "slurm"

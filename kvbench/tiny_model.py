@@ -18,8 +18,9 @@ retrieval emerge within a CPU budget.
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 from typing import Any
+
+from kvbench import resources
 
 #: Special tokens: padding, unknown, begin/end of sequence.
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "</s>"
@@ -154,5 +155,5 @@ def build_config(
     )
 
 
-#: Where the trained tiny model lives, relative to the repository root.
-DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "tiny-niah"
+#: Where the trained tiny model lives (``models/tiny-niah``, shipped: :mod:`kvbench.resources`).
+DEFAULT_MODEL_DIR = resources.models_dir() / "tiny-niah"

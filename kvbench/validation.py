@@ -29,6 +29,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from kvbench import resources
 from kvbench.budget import BudgetError, parse_budget
 from kvbench.checks import check_choice, check_min
 from kvbench.config import (
@@ -44,13 +45,13 @@ from kvbench.config import (
     KVBenchConfig,
 )
 from kvbench.errors import KVBenchError
-from kvbench.model_source import REPO_ROOT, resolve_model_source
+from kvbench.model_source import resolve_model_source
 
 #: Config values used as results folder names (``results/runs/<model>/<task>/<method>/<budget>[~<tag>]``).
 FOLDER_NAME_KEYS = ("model.name", "task.name", "method.name", "budget.name", "run.tag")
 #: Task kinds that read LongBench files (``task.data_dir``) or, without it, the hub through ``datasets``.
 LONGBENCH_KINDS = ("longbench", "longbench_full", "longbench_e")
-LONGBENCH_SETTINGS = REPO_ROOT / "tasks" / "longbench" / "datasets.json"
+LONGBENCH_SETTINGS = resources.tasks_dir() / "longbench" / "datasets.json"
 
 
 # ---------------------------------------------------------------------------------------------------- stage 1

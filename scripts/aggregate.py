@@ -11,10 +11,7 @@ dataset); ``--settings`` adds one ``setting.<key>`` column per method/budget set
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvbench.reporting.aggregate import expand_settings, load_runs, run_summary
 from kvbench.reporting.tables import write_runs_overview

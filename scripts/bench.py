@@ -18,15 +18,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from kvbench.bench import ARCHITECTURES, preset, rebuild_from_csv, run_plan  # noqa: E402
+from kvbench.bench import ARCHITECTURES, preset, rebuild_from_csv, run_plan
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -1,6 +1,9 @@
 #!/usr/bin/env python
 """Time to the error: how long ``python run.py <bad input>`` takes to exit, and whether torch was imported first.
 
+Timed as ``python -m kvbench <bad input>`` (the same app as ``python run.py`` and the ``kvbench`` command), run
+from the working directory; outputs go under it.
+
 Writes ``<out>/bad_input.csv`` (one row per case: median and minimum seconds over ``--repeats`` runs, exit status,
 torch imported before the error or not, the error's first 100 characters) and ``<out>/bad_input.json`` (the same
 plus the machine's load average before and after, so that numbers from a busy machine can be recognised).
@@ -23,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from kvbench import resources
 
 #: (label, overrides, stage): "config" cases must fail before torch is imported; "torch" cases need the method
 #: family or task registry (torch + transformers), "data" cases the tokenizer and the data files.
@@ -50,7 +53,7 @@ def run_once(overrides: list[str], importtime: bool, env: dict[str, str]) -> tup
     flags = ["-X", "importtime"] if importtime else []
     start = time.perf_counter()
     result = subprocess.run(
-        [sys.executable, *flags, "run.py", *overrides], cwd=REPO, capture_output=True, text=True, env=env
+        [sys.executable, *flags, "-m", "kvbench", *overrides], capture_output=True, text=True, env=env
     )
     return time.perf_counter() - start, result.returncode, result.stderr
 
@@ -63,13 +66,13 @@ def torch_imported(stderr: str) -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=REPO / "results" / "bench")
+    parser.add_argument("--out", type=Path, default=Path("results/bench"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     scratch = args.out / "bad_input_scratch"
     corrupt = scratch / "longbench"
     corrupt.mkdir(parents=True, exist_ok=True)
-    good = (REPO / "tasks" / "longbench" / "fixtures" / "qasper.jsonl").read_text().splitlines()[0]
+    good = (resources.tasks_dir() / "longbench" / "fixtures" / "qasper.jsonl").read_text().splitlines()[0]
     (corrupt / "qasper.jsonl").write_text(good + '\n{"input": "q", "context": \n')
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
     env.pop("KVBENCH_DEBUG", None)

@@ -22,12 +22,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-
 _CHILD = r"""
 import json, resource, sys, time
 import torch
-sys.path.insert(0, {repo!r})
 from kvbench.kernels import causal_column_sums
 from kvbench.kernels.reference import causal_column_sums_reference
 impl, context, heads, kv_heads, dim, block_mib, device = {args!r}
@@ -53,7 +50,7 @@ print(json.dumps({{"seconds": time.perf_counter() - start, "peak_extra_bytes": i
 
 
 def measure(impl: str, context: int, heads: int, kv_heads: int, dim: int, block_mib: int, device: str) -> dict:
-    code = _CHILD.format(repo=str(REPO), args=(impl, context, heads, kv_heads, dim, block_mib, device))
+    code = _CHILD.format(args=(impl, context, heads, kv_heads, dim, block_mib, device))
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     if result.returncode != 0:
         return {"seconds": "", "peak_extra_bytes": "", "error": result.stderr.strip().splitlines()[-1][:200]}

@@ -15,29 +15,26 @@ from __future__ import annotations
 import argparse
 import csv
 import statistics
-import sys
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from kvbench.budget import parse_budget  # noqa: E402
-from kvbench.config import MethodConfig, ModelConfig  # noqa: E402
-from kvbench.generation import generate  # noqa: E402
-from kvbench.methods.base import build_method  # noqa: E402
-from kvbench.models import load_model  # noqa: E402
+from kvbench import resources
+from kvbench.budget import parse_budget
+from kvbench.config import MethodConfig, ModelConfig
+from kvbench.generation import generate
+from kvbench.methods.base import build_method
+from kvbench.models import load_model
 
 DEFAULT_METHODS = ["full", "streamingllm", "h2o", "tova", "snapkv", "pyramidkv"]
 
 
 def load_option(group: str, name: str, schema: type) -> object:
     """An option file of ``conf/<group>/`` merged into its schema (the way Hydra composes it)."""
-    path = REPO / "conf" / group / f"{name}.yaml"
+    path = resources.conf_dir() / group / f"{name}.yaml"
     if not path.exists():
-        valid = sorted(p.stem for p in (REPO / "conf" / group).glob("*.yaml"))
+        valid = sorted(p.stem for p in (resources.conf_dir() / group).glob("*.yaml"))
         raise SystemExit(f"unknown {group} {name!r}; valid: {', '.join(valid)}")
     raw = OmegaConf.load(path)
     raw.pop("defaults", None)

@@ -33,9 +33,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
 DEFAULT_METHODS = ["snapkv", "pyramidkv", "ada_snapkv", "cake", "h2o", "tova", "ahakv", "xkv"]
 ALL_ROWS_METHODS = {"h2o", "cake_h2o", "ahakv_no_ra"}  # the dense reference materialises H_q x S x S
 

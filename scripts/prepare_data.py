@@ -14,13 +14,10 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
 # Allow `python scripts/prepare_data.py` from a source checkout without installing the package.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from kvbench.tasks.base import data_preparers
 
 

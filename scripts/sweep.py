@@ -28,8 +28,6 @@ import shlex
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from kvbench import sweep
 from kvbench.errors import KVBenchError
 

@@ -22,8 +22,6 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import pandas as pd
 
 from kvbench.reporting.aggregate import load_runs
@@ -53,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.pdf and "tex" not in args.formats:
         parser.error("--pdf needs the tex format")
     if args.synthetic is not None:
-        if Path(args.runs).resolve() == (Path(__file__).resolve().parents[1] / "results" / "runs").resolve():
+        if Path(args.runs).resolve() == Path("results/runs").resolve():  # the real runs of this working directory
             parser.error(
                 "--synthetic writes made-up runs: give them a folder of their own (--runs ...), not results/runs"
             )

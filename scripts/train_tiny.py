@@ -31,25 +31,21 @@ import argparse
 import json
 import logging
 import random
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from kvbench.tasks.tiny_niah import (  # noqa: E402
+from kvbench import resources
+from kvbench.tasks.tiny_niah import (
     MULTI_FOCUS_SHARE,
     VARIANTS,
     TinyNiahDataset,
     evaluate_dataset,
 )
-from kvbench.tasks.tiny_niah_training import training_example  # noqa: E402
-from kvbench.tiny_model import VALUE_WORDS, build_config, build_tokenizer  # noqa: E402
+from kvbench.tasks.tiny_niah_training import training_example
+from kvbench.tiny_model import VALUE_WORDS, build_config, build_tokenizer
 
 log = logging.getLogger("train_tiny")
 
@@ -96,7 +92,7 @@ def stage_at(schedule: list[tuple[int, int, float, float]], step: int) -> int:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=str(REPO_ROOT / "models" / "tiny-niah"), help="output model folder")
+    parser.add_argument("--out", default=str(resources.models_dir() / "tiny-niah"), help="output model folder")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")

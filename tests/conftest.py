@@ -34,6 +34,9 @@ def _use_triton_interpreter() -> None:
 _use_triton_interpreter()
 
 REPO = Path(__file__).resolve().parent.parent
+# Subprocesses (`python scripts/<tool>.py`, `python run.py` from another folder) import this checkout's kvbench,
+# whichever checkout pip installed in editable mode: the scripts no longer put the checkout on sys.path themselves.
+os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
 @pytest.fixture(scope="session")

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from kvbench import resources
 from kvbench.reporting.conventions import (
     LONGBENCH16,
     NEEDLEBENCH_SUBTASKS,
@@ -54,8 +55,8 @@ CELL_COLUMNS: tuple[str, ...] = (
 #: Columns of every ``results/paper/*.csv``.
 REF_COLUMNS: tuple[str, ...] = (*CELL_COLUMNS, "dataset", "kind", "value", "printed", "note")
 
-#: Default location of the reference CSVs (repository-relative).
-DEFAULT_PAPER_DIR = Path(__file__).resolve().parents[2] / "results" / "paper"
+#: Default location of the reference CSVs (``results/paper`` of the checkout, or the installed package data).
+DEFAULT_PAPER_DIR = resources.paper_dir()
 
 
 @dataclass(frozen=True)

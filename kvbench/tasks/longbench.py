@@ -62,6 +62,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from kvbench import resources
 from kvbench.checks import check_choice, check_known_keys
 from kvbench.config import QUESTION_MODES
 from kvbench.metrics.longbench import (
@@ -93,8 +94,8 @@ __all__ = [
     "truncate_prompt",
 ]
 
-#: Declarative data of this task (prompts, limits, fixtures); part of the source checkout.
-LONGBENCH_DIR = Path(__file__).resolve().parents[2] / "tasks" / "longbench"
+#: Declarative data of this task (prompts, limits, fixtures): shipped ``tasks/longbench`` (:mod:`kvbench.resources`).
+LONGBENCH_DIR = resources.tasks_dir() / "longbench"
 #: Our own tiny fixtures in the official jsonl schema (``task.data_dir=fixtures``).
 FIXTURES_DIR = LONGBENCH_DIR / "fixtures"
 #: Datasets whose prompt is not wrapped in the chat template (official ``pred.py``).
@@ -125,7 +126,7 @@ def _settings() -> dict[str, Any]:
     """``tasks/longbench/datasets.json``, validated (each split marker occurs exactly once in its prompt)."""
     path = LONGBENCH_DIR / "datasets.json"
     if not path.is_file():
-        raise FileNotFoundError(f"LongBench settings not found at {path} (run from a kvbench source checkout)")
+        raise FileNotFoundError(f"LongBench settings not found at {path} (shipped data missing: reinstall kvbench)")
     settings = json.loads(path.read_text(encoding="utf-8"))
     for name, entry in settings["datasets"].items():
         if entry["prompt"].count(entry["question_start"]) != 1:

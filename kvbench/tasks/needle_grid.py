@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from kvbench import resources
 from kvbench.metrics.synthetic import needle_rouge_score, needle_set_recall
 from kvbench.tasks import provenance
 from kvbench.tasks.base import Sample, TaskDataset, register_data_preparer, register_task, select_datasets
@@ -40,8 +41,8 @@ from kvbench.tasks.text_inputs import TextTokenizer, download, load_essays, opti
 
 log = logging.getLogger(__name__)
 
-#: Repository folder with the redistributable inputs we ship (``tasks/<benchmark>/``).
-SHIPPED_ROOT = Path(__file__).resolve().parents[2] / "tasks"
+#: Folder with the redistributable inputs we ship (``tasks/<benchmark>/``; see :mod:`kvbench.resources`).
+SHIPPED_ROOT = resources.tasks_dir()
 
 NEEDLE = "\nThe best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day.\n"
 RETRIEVAL_QUESTION = "The best thing to do in San Francisco is: "

@@ -1,0 +1,266 @@
+"""``kvbench list methods|tasks|models|budgets``: every preset of a config group with its parameters and defaults.
+
+Read from the shipped Hydra config tree (:func:`kvbench.resources.conf_dir`: each preset composed with its schema,
+so a value the preset leaves out shows the schema default) and from the registries (method families, task kinds):
+
+* methods -- family, the knobs that differ from the shared defaults (printed once above the table), the family's
+  ``params``, the paper;
+* tasks -- kind, the datasets the preset runs (``task.datasets=[...]`` selects a subset), settings and options;
+* models -- source (builtin / local / hub), architecture family, ``max_input_length``, dtype, path;
+* budgets -- the spec and what it means (:mod:`kvbench.budget`).
+
+An unknown target is a user error (exit status 2) naming the valid ones.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from kvbench import resources
+from kvbench.errors import USER_ERROR_EXIT
+
+USAGE = "usage: kvbench list {methods,tasks,models,budgets}"
+#: Budget kinds (:class:`kvbench.budget.Budget`) and what they keep (``{n}``: tokens, ``{r}``: ratio).
+BUDGET_SEMANTICS = {
+    "full": "no eviction (the full cache)",
+    "total_per_layer": "a total of {n} x num_layers tokens per stored head, spread over the layers by the method's "
+    "allocator ({n} per layer when uniform)",
+    "fixed_per_layer": "exactly {n} tokens per head in every layer (layer allocators bypassed)",
+    "ratio": "keep {r} of the context: round({r} x context) x num_layers tokens per stored head in total",
+}
+#: Method fields shown in the header (their schema defaults) and, per preset, where they differ.
+_METHOD_SKIP = ("name", "family", "params", "paper", "reference")
+_TASK_SKIP = ("name", "kind", "options", "datasets")
+
+
+def main(argv: Sequence[str]) -> int:
+    """Print the listing named by ``argv[0]``; returns the exit status (2 for a missing or unknown target)."""
+    if argv and argv[0] in ("-h", "--help"):
+        print(USAGE)
+        print(__doc__.split("\n\n")[1])
+        return 0
+    if len(argv) != 1 or argv[0] not in LISTINGS:
+        given = f"unknown list target {argv[0]!r}" if argv else "missing list target"
+        close = difflib.get_close_matches(argv[0], list(LISTINGS), n=1) if argv else []
+        given += f" (did you mean {close[0]!r}?)" if close and argv[0] not in LISTINGS else ""
+        extra = f" (one target at a time, got {len(argv)})" if len(argv) > 1 and argv[0] in LISTINGS else ""
+        print(f"error: {given}{extra}; valid: {', '.join(LISTINGS)}. {USAGE}", file=sys.stderr)
+        return USER_ERROR_EXIT
+    text = LISTINGS[argv[0]]()
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:  # `kvbench list methods | head`: the reader left, nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------- presets
+def presets(group: str) -> dict[str, DictConfig]:
+    """Every preset of a config group (``method``, ``task``, ``model``, ``budget``), composed with its schema."""
+    from hydra import compose, initialize_config_dir
+
+    from kvbench.config import register_configs
+
+    register_configs()
+    names = sorted(path.stem for path in (resources.conf_dir() / group).glob("*.yaml"))
+    with initialize_config_dir(config_dir=str(resources.conf_dir()), version_base="1.3"):
+        return {name: compose(config_name=f"{group}/{name}")[group] for name in names}
+
+
+def _value(value: Any) -> str:
+    """A config value as it would be written on the command line (``null``, ``true``, ``[a, b]``)."""
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False).replace('"', "")
+    return json.dumps(value) if value is None or isinstance(value, bool) else str(value)
+
+
+def _pairs(node: dict[str, Any], keys: Sequence[str]) -> str:
+    return " ".join(f"{key}={_value(node[key])}" for key in keys)
+
+
+def _raw(node: DictConfig) -> dict[str, Any]:
+    """The node as plain data, interpolations unresolved (``${oc.select:model.name,null}`` stays as written)."""
+    data = OmegaConf.to_container(node, resolve=False)
+    assert isinstance(data, dict)
+    return data
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    """Left-aligned columns (the last one unpadded)."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    padded = ["  ".join(cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)) for row in rows]
+    return [f"  {cells}  {row[-1]}" for cells, row in zip(padded, rows, strict=True)]
+
+
+# ---------------------------------------------------------------------------------------------------- methods
+def list_methods() -> str:
+    """Method presets: family, knobs that differ from the shared defaults, params, paper."""
+    from kvbench.config import MethodConfig
+    from kvbench.methods.base import method_families
+
+    defaults = _raw(OmegaConf.structured(MethodConfig))
+    shared = [key for key in defaults if key not in _METHOD_SKIP]
+    rows = [["preset", "family", "settings (knobs that differ from the defaults above; params: the family's)"]]
+    for name, node in presets("method").items():
+        data = _raw(node)
+        changed = [key for key in shared if data[key] != defaults[key]]
+        settings = _pairs(data, changed)
+        if data["params"]:
+            settings += ("; " if settings else "") + "params: " + _pairs(data["params"], list(data["params"]))
+        if data["paper"]:
+            settings += f" [paper: {data['paper']}]"
+        rows.append([name, str(data["family"]), settings or "(the defaults)"])
+    return "\n".join(
+        [
+            "Methods: method=<preset> (conf/method/<preset>.yaml); any knob is overridable, e.g. method.window=16.",
+            "Shared knobs and their defaults: " + _pairs(defaults, shared),
+            *_table(rows),
+            f"Registered method families: {', '.join(method_families())}",
+        ]
+    )
+
+
+# ---------------------------------------------------------------------------------------------------- tasks
+def _longbench_datasets(task: dict[str, Any]) -> list[str]:
+    from kvbench.tasks.longbench import dataset_names
+
+    return dataset_names(task["kind"])
+
+
+def _ruler_datasets(task: dict[str, Any]) -> list[str]:
+    from kvbench.tasks.ruler import TASKS
+
+    return list(TASKS)
+
+
+def _needlebench_datasets(task: dict[str, Any]) -> list[str]:
+    from kvbench.tasks.needlebench import GROUPS, LANGUAGES
+
+    languages = [task["language"]] if task["language"] else list(LANGUAGES)
+    return [f"{group}_{language}" for group in GROUPS for language in languages]
+
+
+def _needle_grid_datasets(task: dict[str, Any]) -> list[str]:
+    from kvbench.tasks.needle_grid import NeedleGridDataset
+
+    return [NeedleGridDataset.name]
+
+
+def _tiny_niah_datasets(task: dict[str, Any]) -> list[str]:
+    from kvbench.tasks.tiny_niah import DEFAULT_LENGTHS, VARIANTS, dataset_name
+
+    lengths = task["lengths"] or ([task["length"]] if task["length"] else list(DEFAULT_LENGTHS))
+    return [dataset_name(variant, int(length)) for length in lengths for variant in VARIANTS]
+
+
+#: How each built-in task kind names its datasets for a preset's settings (defaults: all of them).
+TASK_DATASETS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+    "longbench": _longbench_datasets,
+    "longbench_full": _longbench_datasets,
+    "longbench_e": _longbench_datasets,
+    "ruler": _ruler_datasets,
+    "needlebench": _needlebench_datasets,
+    "needle_grid": _needle_grid_datasets,
+    "tiny_niah": _tiny_niah_datasets,
+}
+
+
+def list_tasks() -> str:
+    """Task presets: kind, datasets, settings and options."""
+    from kvbench.config import TaskConfig
+    from kvbench.tasks.base import task_kinds
+
+    defaults = _raw(OmegaConf.structured(TaskConfig))
+    lines = [
+        "Tasks: task=<preset> (conf/task/<preset>.yaml); task.datasets=[a,b] runs a subset.",
+        "Shared settings and their defaults: " + _pairs(defaults, [k for k in defaults if k not in _TASK_SKIP]),
+    ]
+    for name, node in presets("task").items():
+        data = _raw(node)
+        selected = data["datasets"]
+        if selected is None and data["kind"] in TASK_DATASETS:
+            datasets = TASK_DATASETS[data["kind"]](data)
+        else:
+            datasets = selected or []
+        changed = [key for key in defaults if key not in _TASK_SKIP and data[key] != defaults[key]]
+        lines.append(f"  {name}  (kind {data['kind']})")
+        if datasets:
+            lines.append(f"    datasets ({len(datasets)}): {', '.join(datasets)}")
+        else:
+            lines.append("    datasets: chosen by the task's builder")
+        if changed:
+            lines.append(f"    settings: {_pairs(data, changed)}")
+        if data["options"]:
+            lines.append(f"    options: {_pairs(data['options'], list(data['options']))}")
+    lines.append(f"Registered task kinds: {', '.join(task_kinds())}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------- models
+def model_source_and_family(name: str, path: str) -> tuple[str, str]:
+    """Where ``model.path`` loads from (builtin / local / hub) and the architecture family: a local folder's
+    ``config.json`` ``model_type``, else the family in the preset's name (``llama3-8b-instruct`` -> ``llama``)."""
+    from kvbench.model_source import BUILTIN_PREFIX, resolve_local_path
+
+    if path.startswith(BUILTIN_PREFIX):
+        source = "builtin"
+    else:
+        local = resolve_local_path(path)
+        if local is not None and (local / "config.json").is_file():
+            model_type = json.loads((local / "config.json").read_text(encoding="utf-8")).get("model_type", "?")
+            return "local", str(model_type)
+        source = "hub"
+    stem = name.removeprefix("tiny-random-").removeprefix("random-")
+    family = "".join(char for char in stem.split("-")[0] if char.isalpha()) or "?"
+    return source, family
+
+
+def list_models() -> str:
+    """Model presets: source, family, maximum input length, dtype, path."""
+    rows = [["preset", "source", "family", "max_input_length", "dtype", "path"]]
+    for name, node in presets("model").items():
+        data = _raw(node)
+        source, family = model_source_and_family(name, str(data["path"]))
+        rows.append([name, source, family, str(data["max_input_length"]), str(data["dtype"]), str(data["path"])])
+    return "\n".join(
+        [
+            "Models: model=<preset> (conf/model/<preset>.yaml), or model.path=<hub id | local folder | builtin:name>.",
+            "Hub models load from the local hub cache (download them first on an offline machine).",
+            *_table(rows),
+        ]
+    )
+
+
+# ---------------------------------------------------------------------------------------------------- budgets
+def list_budgets() -> str:
+    """Budget presets: spec and meaning; any spec in the accepted forms works as budget.spec=<spec>."""
+    from kvbench.budget import ACCEPTED_FORMS, parse_budget
+
+    rows = [["preset", "spec", "meaning"]]
+    for name, node in presets("budget").items():
+        budget = parse_budget(str(node.spec))
+        meaning = BUDGET_SEMANTICS[budget.kind].format(n=int(budget.value), r=f"{budget.value:g}")
+        rows.append([name, budget.spec, meaning])
+    return "\n".join(
+        [
+            f"Budgets: budget=<preset> (conf/budget/<preset>.yaml), or budget.spec=<spec>: {ACCEPTED_FORMS}.",
+            "Budgets count tokens per stored head and include the observation window (method.window_in_budget).",
+            *_table(rows),
+        ]
+    )
+
+
+#: ``kvbench list <target>``: the function that formats each listing.
+LISTINGS: dict[str, Callable[[], str]] = {
+    "methods": list_methods,
+    "tasks": list_tasks,
+    "models": list_models,
+    "budgets": list_budgets,
+}
