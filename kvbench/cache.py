@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +57,15 @@ class RaggedKV:
     @property
     def lengths(self) -> list[int]:
         return [int(head.shape[2]) for head in self.heads]
+
+
+def on_device(device: torch.device) -> AbstractContextManager[Any]:
+    """Make ``device`` the current CUDA device (where Triton launches kernels) for a layer's work; a no-op on CPU.
+
+    With a device map (``model.device_map``) layers live on different GPUs, and a Triton kernel must run on the
+    device of the tensors it gets, not on the process's current device.
+    """
+    return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
 
 
 def sorted_keep_indices(
@@ -341,7 +351,8 @@ class KVBenchCache(Cache):
             and resolve_backend("auto", key_states.device) == "paged"
         ):
             self.layers[layer_idx] = self._paged_layer()
-        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        with on_device(key_states.device):
+            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     @property
     def headwise_layers(self) -> list[HeadwiseLayer]:
