@@ -321,10 +321,10 @@ def load_model(model_cfg: Any, seed: int = 0, tokenizer: PreTrainedTokenizerBase
     device = resolve_device(model_cfg.device) if device_map is None else None
     placement: dict[str, Any] = {}
     if device_map is not None:
-        from kvbench.validation import package_available
-
-        if not package_available("accelerate"):
-            raise KVBenchError("model.device_map needs the Python package 'accelerate': pip install accelerate")
+        try:
+            import accelerate  # noqa: F401
+        except ImportError as err:
+            raise KVBenchError("model.device_map needs the Python package accelerate: pip install accelerate") from err
         placement = {"device_map": device_map, "offload_folder": _offload_folder(model_cfg)}
     if tokenizer is None:
         tokenizer = load_tokenizer(model_cfg)
