@@ -66,7 +66,8 @@ def compose_config(
             if not isinstance(value, str):
                 cfg[group] = _group_config(group, value, schema)
         if isinstance(budget, str) and not budget_preset:
-            cfg.budget = _group_config("budget", {"name": budget, "spec": budget}, BudgetConfig)
+            name = budget.replace("/layer", "perlayer").replace("/", "_")  # a folder name, as conf/budget's presets
+            cfg.budget = _group_config("budget", {"name": name, "spec": budget}, BudgetConfig)
         elif not isinstance(budget, str):
             cfg.budget = _group_config("budget", budget, BudgetConfig)
     except (HydraException, OmegaConfBaseException) as err:
