@@ -388,6 +388,9 @@ class Runner:
                 "transformers_version": transformers.__version__,
                 "python_version": platform.python_version(),
                 "device": _device_name(cfg.model.device),
+                "device_map": OmegaConf.to_container(cfg.model.device_map)
+                if isinstance(cfg.model.get("device_map"), DictConfig)
+                else cfg.model.get("device_map"),
                 "hostname": platform.node(),
                 "command": sys.argv,
                 "start_time": _now(),
