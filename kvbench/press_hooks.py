@@ -21,7 +21,7 @@ question after it; the press must be told where the context ends, by ``context_l
 question, e.g. the question plus the chat template's closing tokens).
 
 Batch size 1 only (kvbench's cache holds one sequence): ``num_beams``, ``num_return_sequences`` and batched prompts
-are refused with a clear error.
+are refused with a clear error, as are ``inputs_embeds``, ``use_cache=False`` and a non-empty ``past_key_values``.
 """
 
 from __future__ import annotations
@@ -203,6 +203,8 @@ class Press:
             return None
         if args:
             raise ValueError("inside kvbench.press call the model with keyword arguments (input_ids=...)")
+        if kwargs.get("use_cache") is False:
+            raise ValueError("kvbench.press compresses the KV cache: use_cache=False leaves nothing to compress")
         past = kwargs.get("past_key_values")
         if past is None or past is not self._cache:
             kwargs = self._start_prompt(kwargs)

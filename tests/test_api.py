@@ -160,6 +160,8 @@ def test_press_refuses_bad_input_clearly(tiny: tuple) -> None:
     batch = {key: value.repeat(2, 1) for key, value in inputs.items()}
     with pytest.raises(ValueError, match="batch size 1"), kvbench.press(model, "snapkv", "64L"):
         model.generate(**batch, max_new_tokens=2, do_sample=False)
+    with pytest.raises(ValueError, match="use_cache=False"), kvbench.press(model, "snapkv", "64L"):
+        model.generate(**inputs, max_new_tokens=2, do_sample=False, use_cache=False)
     too_long = inputs.input_ids.shape[1]
     refused = pytest.raises(ValueError, match=f"context_length={too_long} does not split")
     with refused, kvbench.press(model, "snapkv", "64L", "agnostic", context_length=too_long):
