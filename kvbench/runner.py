@@ -353,16 +353,22 @@ class Runner:
         try:
             cache = sample_cache(cfg)
             datasets = build_task(cfg.task, tokenizer, chat_template=bool(cfg.model.chat_template))
-            bar = _progress(datasets, f"preparing {cfg.task.name}", cfg.run.progress, initial=0, total=len(datasets))
-            for dataset in bar:
-                if hasattr(bar, "set_postfix_str"):
-                    bar.set_postfix_str(dataset.name)
-                dataset.sample_cache = cache
-                samples = list(dataset.samples())
-                if cfg.task.num_samples is not None:
-                    samples = samples[: int(cfg.task.num_samples)]
-                check_samples(dataset.name, samples, str(getattr(dataset, "source", f"task={cfg.task.name}")))
-                data.append((dataset, samples))
+            # Shown once preparing takes a second (RULER/NeedleBench generation, LongBench loading): instant
+            # preparation and its errors print nothing but the error.
+            bar = _progress(datasets, f"preparing {cfg.task.name}", cfg.run.progress, 0, len(datasets), delay=1.0)
+            try:
+                for dataset in bar:
+                    if hasattr(bar, "set_postfix_str"):
+                        bar.set_postfix_str(dataset.name, refresh=False)
+                    dataset.sample_cache = cache
+                    samples = list(dataset.samples())
+                    if cfg.task.num_samples is not None:
+                        samples = samples[: int(cfg.task.num_samples)]
+                    check_samples(dataset.name, samples, str(getattr(dataset, "source", f"task={cfg.task.name}")))
+                    data.append((dataset, samples))
+            finally:
+                if hasattr(bar, "close"):
+                    bar.close()  # clears the line (leave=False) before an error is printed
         except (ValueError, OSError, ImportError, RuntimeError) as err:
             raise KVBenchError(f"task={cfg.task.name}: cannot load its data: {err}") from err
         return data
@@ -585,12 +591,15 @@ def _json_number(value: Any) -> float | None:
     return None if math.isnan(number) else number
 
 
-def _progress(items: Sequence[Any], desc: str, enabled: bool, initial: int, total: int) -> Any:
+def _progress(items: Sequence[Any], desc: str, enabled: bool, initial: int, total: int, delay: float = 0.0) -> Any:
+    """A progress bar over ``items`` on stderr (``run.progress``), shown after ``delay`` seconds."""
     if not enabled:
         return items
     from tqdm import tqdm
 
-    return tqdm(items, desc=desc, initial=initial, total=total, leave=False, dynamic_ncols=True, file=sys.stderr)
+    return tqdm(
+        items, desc=desc, initial=initial, total=total, leave=False, dynamic_ncols=True, file=sys.stderr, delay=delay
+    )
 
 
 def _slurm_job_id() -> str | None:
