@@ -278,16 +278,22 @@ def _apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
 
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
-        for override in parsed:
-            key = override.key_or_group
-            if "." not in key:
-                raise KVBenchError(
-                    f"override {override.input_line!r}: choose presets with evaluate()'s method=, budget=, task= "
-                    "and model_config= arguments; overrides set keys (group.key=value)"
-                )
+    except HydraException as err:
+        raise KVBenchError(f"overrides {list(overrides)}: {str(err).splitlines()[0]}") from err
+    for override in parsed:
+        key = override.key_or_group
+        if "." not in key:
+            raise KVBenchError(
+                f"override {override.input_line!r}: choose presets with evaluate()'s method=, budget=, task= and "
+                "model_config= arguments; overrides set keys (group.key=value)"
+            )
+        try:
             OmegaConf.update(cfg, key, override.value(), merge=True)
-    except (HydraException, OmegaConfBaseException) as err:
-        raise KVBenchError(f"overrides {list(overrides)}: {err}") from err
+        except OmegaConfBaseException as err:
+            group = key.rsplit(".", 1)[0]
+            node = OmegaConf.select(cfg, group)
+            valid = f"; the keys of {group} are: {', '.join(node)}" if isinstance(node, DictConfig) else ""
+            raise KVBenchError(f"override {override.input_line!r}: {str(err).splitlines()[0]}{valid}") from err
     return cfg
 
 

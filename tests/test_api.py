@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import kvbench
 from kvbench.budget import parse_budget
+from kvbench.errors import KVBenchError
 from kvbench.generation import generate
 from kvbench.methods.base import build_method
 from kvbench.press_hooks import kvbench_attention
@@ -153,9 +154,9 @@ def test_press_refuses_bad_input_clearly(tiny: tuple) -> None:
         kvbench.press(model, "snapkv", "64L", context_length=10)
     with pytest.raises(ValueError, match="question_mode='sideways'; valid: aware, agnostic"):
         kvbench.press(model, "snapkv", "64L", "sideways")
-    with pytest.raises(kvbench.api.KVBenchError, match="snapkvv"):
+    with pytest.raises(KVBenchError, match="snapkvv"):
         kvbench.press(model, "snapkvv", "64L")
-    with pytest.raises(kvbench.api.KVBenchError, match="budget"):
+    with pytest.raises(KVBenchError, match="budget"):
         kvbench.press(model, "snapkv", "64 tokens")
     batch = {key: value.repeat(2, 1) for key, value in inputs.items()}
     with pytest.raises(ValueError, match="batch size 1"), kvbench.press(model, "snapkv", "64L"):
@@ -178,5 +179,30 @@ def test_config_objects_and_budget_strings(tiny: tuple) -> None:
     assert record.method == "my_snapkv" and record.budget == "48/layer"
     assert kvbench.compose_config(budget="48/layer").budget.name == "48perlayer"
     assert record.achieved_per_layer == [48] * model.config.num_hidden_layers
-    with pytest.raises(kvbench.api.KVBenchError, match="windoww"):
+    with pytest.raises(KVBenchError, match="windoww"):
         kvbench.press(model, {"name": "x", "family": "snapkv", "windoww": 8}, "64L")
+
+
+def test_compose_config_inside_another_hydra_app_restores_it() -> None:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from kvbench.resources import conf_dir
+
+    with initialize_config_dir(config_dir=str(conf_dir() / "method"), version_base="1.3"):
+        cfg = kvbench.compose_config(method="h2o", budget="96L", overrides=["method.window=16"])
+        assert (cfg.method.name, cfg.method.window, cfg.budget.spec) == ("h2o", 16, "96L")
+        assert compose("tova").name == "tova"  # the surrounding app still composes from its own tree
+    assert not GlobalHydra.instance().is_initialized()
+
+
+def test_evaluate_refuses_bad_settings_before_any_work(tiny: tuple, tmp_path: Path) -> None:
+    model, tokenizer = tiny
+    before = model_state(model)
+    with pytest.raises(KVBenchError, match=r"max_input_lenght.*the keys of model are: name, path"):
+        kvbench.evaluate(model, tokenizer, overrides=["model.max_input_lenght=5"], output_dir=tmp_path)
+    with pytest.raises(KVBenchError, match=r"task\.question_mode='sideways'"):
+        kvbench.evaluate(model, tokenizer, question_mode="sideways", output_dir=tmp_path)
+    with pytest.raises(KVBenchError, match="tiny_niahh"):
+        kvbench.evaluate(model, tokenizer, task="tiny_niahh", output_dir=tmp_path)
+    assert not any(tmp_path.iterdir()) and model_state(model) == before
