@@ -10,6 +10,7 @@ different GPUs were not available here (README, Multiple devices).  About 25 s o
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ from kvbench.budget import parse_budget
 from kvbench.errors import KVBenchError
 from kvbench.generation import generate
 from kvbench.methods.base import build_method
-from kvbench.models import check_device_map, load_model
+from kvbench.models import check_device_map, input_device, load_model
 from kvbench.tiny_model import FILLER_WORDS
 
 pytest.importorskip("accelerate")
@@ -137,3 +138,32 @@ def test_bad_device_maps_are_named(value: object, message: str) -> None:
     with pytest.raises(KVBenchError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")):
         check_device_map(value)
     assert check_device_map(None) is None and check_device_map("balanced") == "balanced"
+
+
+def test_offloaded_embedding_takes_inputs_on_its_execution_device(models: tuple, tmp_path: Path) -> None:
+    """With the embedding itself offloaded (its weight on the meta device), inputs go to accelerate's execution
+    device for it."""
+    single, _ = models
+    cfg = compose_config(model="tiny")
+    cfg.model.device_map = {**TWO_PLACEMENTS, "model.embed_tokens": "disk", "lm_head": "disk"}
+    cfg.model.offload_folder = str(tmp_path)
+    spread = load_model(cfg.model)
+    assert spread.model.get_input_embeddings().weight.device.type == "meta"
+    assert input_device(spread.model) == torch.device("cpu")
+    context, question = prompt(single.tokenizer)
+    method_cfg = compose_config(method="snapkv").method
+    outputs = [
+        generate(
+            loaded.model,
+            loaded.tokenizer,
+            context,
+            question,
+            method=build_method(method_cfg),
+            budget=parse_budget("64L"),
+            question_mode="agnostic",
+            max_new_tokens=4,
+            stop_token_ids=set(),
+        )
+        for loaded in (single, spread)
+    ]
+    assert outputs[0].token_ids == outputs[1].token_ids
