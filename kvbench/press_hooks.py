@@ -20,6 +20,10 @@ question after it; the press must be told where the context ends, by ``context_l
 ``context_length`` tokens are the context) or ``question_length`` (its last ``question_length`` tokens are the
 question, e.g. the question plus the chat template's closing tokens).
 
+Direct forwards work the same way (``model(input_ids=...)`` inside the block starts a prompt); the logits they
+return are those of the segment the model's own forward ran: the whole prompt in question-aware mode unless it is
+fed in chunks (``prefill_chunk=0`` feeds it in one forward), the question in agnostic mode.
+
 Batch size 1 only (kvbench's cache holds one sequence): ``num_beams``, ``num_return_sequences`` and batched prompts
 are refused with a clear error, as are ``inputs_embeds``, ``use_cache=False`` and a non-empty ``past_key_values``.
 """
