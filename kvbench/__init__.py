@@ -1,3 +1,37 @@
-"""kvbench: a reproducible benchmark harness for KV-cache eviction research."""
+"""kvbench: a reproducible benchmark harness for KV-cache eviction research.
+
+The public Python API (README, "Python API"): :func:`evaluate` a method on a task with your own loaded model and
+tokenizer, :func:`press` a method onto your own ``model.generate`` calls, :func:`compose_config` the config
+``run.py`` would run.  They are imported on first use, so ``import kvbench`` stays cheap (no torch, no Hydra).
+(The press machinery lives in ``kvbench.press_hooks``: a submodule named ``press`` would replace the function
+``kvbench.press`` once imported.)
+"""
+
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+__all__ = ["Evaluation", "PressRecord", "__version__", "compose_config", "evaluate", "press"]
+
+#: Public name -> the module that defines it (imported lazily by :func:`__getattr__`).
+_LAZY = {
+    "evaluate": "kvbench.api",
+    "press": "kvbench.api",
+    "compose_config": "kvbench.api",
+    "Evaluation": "kvbench.api",
+    "PressRecord": "kvbench.press_hooks",
+}
+
+if TYPE_CHECKING:
+    from kvbench.api import Evaluation, compose_config, evaluate, press
+    from kvbench.press_hooks import PressRecord
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'kvbench' has no attribute {name!r}")

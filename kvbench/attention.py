@@ -27,7 +27,7 @@ import torch
 from transformers import AttentionInterface
 
 from kvbench.attention_ops import bottom_right_causal_mask, dense_attention, ragged_attention
-from kvbench.cache_base import RaggedKV
+from kvbench.cache_base import RaggedKV, on_device
 from kvbench.paged import PagedKV, paged_attention
 
 __all__ = ["ATTENTION_NAME", "AttentionObserver", "bottom_right_causal_mask", "kvbench_attention_forward"]
@@ -81,6 +81,20 @@ def kvbench_attention_forward(
         )
     if query.shape[0] != 1:
         raise ValueError(f"kvbench attention runs batch size 1, got {query.shape[0]}")
+    with on_device(query.device):  # this layer's device (a device map spreads layers over GPUs)
+        return _attend_and_observe(module, query, key, value, scaling, dropout, kwargs.get("kvbench_session"))
+
+
+def _attend_and_observe(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor | RaggedKV | PagedKV,
+    value: torch.Tensor | RaggedKV | PagedKV,
+    scaling: float | None,
+    dropout: float,
+    session: AttentionObserver | None,
+) -> tuple[torch.Tensor, None]:
+    """The attention output for the cache layer's storage kind, then the session's callback."""
     if isinstance(key, PagedKV):
         output = paged_attention(module, query, key, scaling, dropout)
     elif isinstance(key, RaggedKV):
@@ -89,7 +103,6 @@ def kvbench_attention_forward(
     else:
         assert isinstance(value, torch.Tensor)
         output = dense_attention(module, query, key, value, scaling, dropout)
-    session: AttentionObserver | None = kwargs.get("kvbench_session")
     if session is not None:
         effective_scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
         session.after_attention(module, query, effective_scaling)

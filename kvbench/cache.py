@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from kvbench.cache_base import LogicalLengthLayer, RaggedKV, sorted_keep_indices
+from kvbench.cache_base import LogicalLengthLayer, RaggedKV, on_device, sorted_keep_indices
 from kvbench.checks import check_choice
 from kvbench.paged import DEFAULT_PAGE_SIZE, PagedLayer
 
@@ -244,7 +244,8 @@ class KVBenchCache(Cache):
             and resolve_backend("auto", key_states.device) == "paged"
         ):
             self.layers[layer_idx] = self._paged_layer()
-        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        with on_device(key_states.device):
+            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     @property
     def headwise_layers(self) -> list[HeadwiseLayer]:

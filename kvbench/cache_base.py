@@ -8,7 +8,9 @@ Imports flow one way: ``cache_base`` <- ``attention_ops`` <- ``paged`` <- ``cach
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers.cache_utils import CacheLayerMixin
@@ -33,6 +35,15 @@ class RaggedKV:
     @property
     def lengths(self) -> list[int]:
         return [int(head.shape[2]) for head in self.heads]
+
+
+def on_device(device: torch.device) -> AbstractContextManager[Any]:
+    """Make ``device`` the current CUDA device (where Triton launches kernels) for a layer's work; a no-op on CPU.
+
+    With a device map (``model.device_map``) layers live on different GPUs, and a Triton kernel must run on the
+    device of the tensors it gets, not on the process's current device.
+    """
+    return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
 
 
 def sorted_keep_indices(

@@ -19,6 +19,8 @@ from omegaconf import MISSING
 #: and imported by the modules that use them (methods/base.py, methods/scoring.py, generation.py).
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
 QUESTION_MODES = ("aware", "agnostic")
+#: Named placements of ``model.device_map`` (accelerate's strategies); an explicit {module: device} map is also valid.
+DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 POOLING_TYPES = ("max", "avg")
 POOL_PADDINGS = ("include", "exclude")
 SCORE_DTYPES = ("model", "float32")
@@ -46,8 +48,14 @@ class ModelConfig:
     stop_tokens: List[str] = field(default_factory=list)
     #: Hub revision (commit or tag) to pin weights; null = default branch.
     revision: Optional[str] = None
-    #: Device: "auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:1", ...
+    #: Device: "auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:1", ...  Ignored when ``device_map`` is set.
     device: str = "auto"
+    #: Placement across devices through accelerate: null (the whole model on ``device``), "auto", "balanced",
+    #: "balanced_low_0", "sequential", or an explicit map {module name: device} (a device is a GPU index, "cuda:N",
+    #: "cpu" or "disk"); each cache layer then lives on its layer's device (README, Multiple devices).
+    device_map: Optional[Any] = None
+    #: Folder for the weights a device map places on "disk" (null: a temporary folder, removed at exit).
+    offload_folder: Optional[str] = None
     #: Paper(s) that use this model, for the README and tables.
     papers: List[str] = field(default_factory=list)
 

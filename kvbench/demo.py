@@ -46,12 +46,12 @@ def run_demo(cfg: DictConfig) -> dict[str, list[DatasetResult]]:
 def format_comparison(
     cfg: DictConfig, columns: dict[str, list[DatasetResult]], folders: dict[str, Path] | None = None
 ) -> str:
-    """A dataset x variant table of scores, with the mean kept fraction of the cache per variant, and where each
-    variant's results are."""
+    """A dataset x variant table of scores (each with its bootstrap 95 % interval, :mod:`kvbench.summary`), with the
+    mean kept fraction of the cache per variant, and where each variant's results are."""
     labels = list(columns)
     datasets = [r.dataset for r in next(iter(columns.values()))]
     width = max(len("dataset"), *(len(d) for d in datasets))
-    col = max(12, *(len(label) for label in labels))
+    col = max(14, *(len(label) for label in labels))
     lines = [
         f"model={cfg.model.name} task={cfg.task.name} budget={budget_label(cfg)} "
         f"(score: {next(iter(columns.values()))[0].metric if datasets else ''})",
@@ -60,8 +60,14 @@ def format_comparison(
     for index, dataset in enumerate(datasets):
         cells = [f"{columns[label][index].score:>{col}.1f}" for label in labels]
         lines.append(f"{dataset:<{width}}  " + "  ".join(cells))
+        intervals = [_interval_cell(columns[label][index].interval) for label in labels]
+        lines.append(f"{'  95% CI':<{width}}  " + "  ".join(f"{cell:>{col}}" for cell in intervals))
     kept = [sum(r.mean_kept_fraction for r in columns[label]) / max(len(columns[label]), 1) for label in labels]
     lines.append(f"{'cache kept':<{width}}  " + "  ".join(f"{k:>{col}.1%}" for k in kept))
     for label, folder in (folders or {}).items():
         lines.append(f"results ({label}): {folder}")
     return "\n".join(lines)
+
+
+def _interval_cell(interval: tuple[float, float] | None) -> str:
+    return "-" if interval is None else f"[{interval[0]:.1f}, {interval[1]:.1f}]"

@@ -30,6 +30,7 @@ import torch
 from kvbench import kernels
 from kvbench.budget import Budget
 from kvbench.cache import HeadwiseLayer, KVBenchCache
+from kvbench.cache_base import on_device
 from kvbench.checks import check_choice
 from kvbench.methods.base import EvictionMethod, PromptRows, WindowObservation
 from kvbench.methods.scoring import aggregate_groups
@@ -305,7 +306,8 @@ class EvictionSession:
             order = rank_tokens(scores[head], layer.positions[head], protected[head])
             keep.append(order[: counts[head]])
         kept_sorted = [torch.sort(idx).values for idx in keep]
-        layer.keep(kept_sorted)
+        with on_device(layer.positions[0].device):  # an allocator may shrink a layer on another GPU
+            layer.keep(kept_sorted)
         self._scores[layer_idx] = [s.index_select(0, idx) for s, idx in zip(scores, kept_sorted, strict=True)]
         self.record.evicted = True
 

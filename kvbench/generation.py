@@ -23,6 +23,7 @@ from kvbench.checks import check_choice
 from kvbench.config import QUESTION_MODES
 from kvbench.eviction import CacheRecord, EvictionSession
 from kvbench.methods.base import EvictionMethod
+from kvbench.models import input_device, model_devices
 
 #: ``prefill_chunk=None`` (automatic): on CPU, prompts longer than this are fed in chunks of at most this many
 #: tokens; on CUDA the prompt goes in one forward.
@@ -111,7 +112,8 @@ def generate(
     ``prefill_chunk``: tokens per forward of the compressed prefill (:func:`resolve_prefill_chunk`).
     """
     check_choice("task.question_mode", question_mode, QUESTION_MODES)
-    device = next(model.parameters()).device
+    device = input_device(model)  # with a device map each cache layer is created on its own layer's device
+    devices = model_devices(model)
     cache = build_cache(model, method)
     session = EvictionSession(method, budget, cache)
     if question_mode == "aware" or not question_ids:
@@ -133,7 +135,7 @@ def generate(
         logits = _forward(model, appended, position, cache, session, device)
         position += len(appended)
     session.begin_decode()
-    _sync(device)
+    _sync(devices)
     prefill_s = time.perf_counter() - start
 
     start = time.perf_counter()
@@ -162,7 +164,7 @@ def generate(
             break
         logits = _forward(model, [next_id], position, cache, session, device)
         position += 1
-    _sync(device)
+    _sync(devices)
     decode_s = time.perf_counter() - start
     record = session.finish()
     text = tokenizer.decode(generated, skip_special_tokens=True)
@@ -184,6 +186,8 @@ def last_token_ids(tokenizer: PreTrainedTokenizerBase, texts: tuple[str, ...] | 
     return ids
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def _sync(devices: set[torch.device]) -> None:
+    """Wait for every CUDA device the model computes on (timings)."""
+    for device in devices:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)

@@ -2,6 +2,12 @@
 
 Every model is loaded with ``attn_implementation="kvbench"`` (kvbench's registered attention function), the same
 way for a 70B checkpoint and for the tiny test models.
+
+Placement: ``model.device_map: null`` puts the whole model on ``model.device``; otherwise accelerate places it
+(``auto``, ``balanced``, ``balanced_low_0``, ``sequential``, or an explicit ``{module name: device}`` map, a device
+being a GPU index, ``cuda:N``, ``cpu`` or ``disk``): ``from_pretrained(device_map=...)`` for checkpoints,
+``accelerate.dispatch_model`` for the builtin models.  Each cache layer is created from its layer's keys, so it
+lives on that layer's device (:mod:`kvbench.cache`).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from transformers import (
 )
 
 from kvbench.attention import ATTENTION_NAME
-from kvbench.config import DTYPE_NAMES
+from kvbench.config import DEVICE_MAP_STRATEGIES, DTYPE_NAMES
 from kvbench.errors import KVBenchError
 from kvbench.model_source import BUILTIN_MODELS, ModelSource, download_hint, resolve_model_source
 
@@ -33,7 +39,8 @@ DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 @dataclass
 class LoadedModel:
-    """A model ready for kvbench: eval mode, kvbench attention, on its device."""
+    """A model ready for kvbench: eval mode, kvbench attention, on its device (``device``: where its inputs go, the
+    embedding's device, when a device map spreads it)."""
 
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
@@ -178,6 +185,103 @@ def resolve_device(spec: str) -> torch.device:
     return device
 
 
+def check_device_map(value: Any) -> str | dict[str, int | str] | None:
+    """``model.device_map`` as plain Python after checking it (raises :class:`KVBenchError` naming the bad value).
+
+    ``None``: one device (``model.device``); a strategy name (:data:`~kvbench.config.DEVICE_MAP_STRATEGIES`); or a
+    ``{module name: device}`` map whose devices are GPU indices, ``cuda:N``, ``cpu`` or ``disk``.
+    """
+    if value is None:
+        return None
+    if isinstance(value, str) and value in DEVICE_MAP_STRATEGIES:
+        return value
+    if not hasattr(value, "items") or not value:
+        raise KVBenchError(
+            f"model.device_map={value!r}; valid: null, {', '.join(DEVICE_MAP_STRATEGIES)}, or a map "
+            "{module name: device} (device: a GPU index, cuda:N, cpu or disk)."
+        )
+    return {str(module): _map_device(str(module), device) for module, device in value.items()}
+
+
+def _map_device(module: str, device: Any) -> int | str:
+    """One entry of an explicit device map, checked."""
+    bad = KVBenchError(f"model.device_map[{module!r}]={device!r}; valid devices: a GPU index, cuda:N, cpu, disk.")
+    if isinstance(device, bool) or not isinstance(device, (int, str)):
+        raise bad
+    if device in ("cpu", "disk"):
+        return device
+    try:
+        parsed = torch.device(device) if isinstance(device, str) else torch.device("cuda", device)
+    except RuntimeError as err:
+        raise bad from err
+    if parsed.type != "cuda":
+        raise bad
+    if (parsed.index or 0) >= torch.cuda.device_count():
+        raise KVBenchError(
+            f"model.device_map[{module!r}]={device!r} but this machine has {torch.cuda.device_count()} CUDA "
+            "device(s); use cpu or disk there."
+        )
+    return device
+
+
+def input_device(model: PreTrainedModel) -> torch.device:
+    """Where a model's input ids go: its input embedding's device (its execution device when accelerate offloads
+    the embedding's weights to the meta device)."""
+    embedding = model.get_input_embeddings()
+    hook = getattr(embedding, "_hf_hook", None)
+    if getattr(hook, "execution_device", None) is not None:
+        return torch.device(hook.execution_device)
+    device = embedding.weight.device
+    return torch.device("cpu") if device.type == "meta" else device
+
+
+def model_devices(model: PreTrainedModel) -> set[torch.device]:
+    """The devices a model computes on (one unless a device map spreads it; ``disk`` and ``cpu`` count as cpu)."""
+    placement = getattr(model, "hf_device_map", None)
+    if not placement:
+        return {next(model.parameters()).device}
+    devices = set()
+    for device in placement.values():
+        if isinstance(device, int):
+            devices.add(torch.device("cuda", device))
+        elif device in ("cpu", "disk"):
+            devices.add(torch.device("cpu"))
+        else:
+            devices.add(torch.device(device))
+    return devices
+
+
+def _offload_folder(model_cfg: Any) -> str:
+    """``model.offload_folder``, or a temporary folder removed when the process exits."""
+    folder = getattr(model_cfg, "offload_folder", None)
+    if folder:
+        return str(folder)
+    import atexit
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="kvbench-offload-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
+def _dispatch_builtin(model: PreTrainedModel, device_map: str | dict[str, int | str], offload_dir: str) -> None:
+    """Place a model built in memory across devices with accelerate (``from_pretrained`` does this for checkpoints)."""
+    from accelerate import dispatch_model, infer_auto_device_map
+    from accelerate.utils import get_balanced_memory
+
+    if isinstance(device_map, str):
+        no_split = list(getattr(model, "_no_split_modules", None) or [])
+        max_memory = None
+        if device_map != "sequential":
+            max_memory = get_balanced_memory(
+                model, no_split_module_classes=no_split, low_zero=device_map == "balanced_low_0"
+            )
+        device_map = infer_auto_device_map(model, max_memory=max_memory, no_split_module_classes=no_split)
+    dispatch_model(model, device_map=device_map, offload_dir=offload_dir)
+    model.hf_device_map = dict(device_map)
+
+
 def validate_model_config(model_cfg: Any) -> ModelSource:
     """The checks done before any work (dtype name, builtin name, local folder or hub cache); the resolved source."""
     if model_cfg.dtype not in DTYPES:
@@ -213,21 +317,33 @@ def load_model(model_cfg: Any, seed: int = 0, tokenizer: PreTrainedTokenizerBase
     """
     source = validate_model_config(model_cfg)
     dtype = DTYPES[model_cfg.dtype]
-    device = resolve_device(model_cfg.device)
+    device_map = check_device_map(getattr(model_cfg, "device_map", None))
+    device = resolve_device(model_cfg.device) if device_map is None else None
+    placement: dict[str, Any] = {}
+    if device_map is not None:
+        try:
+            import accelerate  # noqa: F401
+        except ImportError as err:
+            raise KVBenchError("model.device_map needs the Python package accelerate: pip install accelerate") from err
+        placement = {"device_map": device_map, "offload_folder": _offload_folder(model_cfg)}
     if tokenizer is None:
         tokenizer = load_tokenizer(model_cfg)
     if source.kind == "builtin":
         model, tokenizer = build_builtin(source.location, seed=seed, tokenizer=tokenizer)
         model = model.to(dtype=dtype)
+        if device_map is not None:
+            _dispatch_builtin(model, device_map, placement["offload_folder"])
     else:
         revision = model_cfg.revision if source.kind == "hub" else None
         try:
-            model = AutoModelForCausalLM.from_pretrained(source.location, revision=revision, dtype=dtype)
+            model = AutoModelForCausalLM.from_pretrained(source.location, revision=revision, dtype=dtype, **placement)
         except (OSError, ValueError) as err:
             raise _load_error(model_cfg, source, err) from err
     model.set_attn_implementation(ATTENTION_NAME)
-    model = model.to(device).eval()
-    return LoadedModel(model=model, tokenizer=tokenizer, device=device)
+    if device is not None:
+        model = model.to(device)
+    model = model.eval()
+    return LoadedModel(model=model, tokenizer=tokenizer, device=input_device(model))
 
 
 def stop_token_ids(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel, stop_tokens: list[str]) -> set[int]:

@@ -5,6 +5,8 @@ Layout (one *run* = one model x task x method x budget)::
     results/runs/<model>/<task>/<method>/<budget>[~<tag>]/
         config.yaml               resolved config (the whole Hydra config, resolved)
         run_meta.json             provenance: git commit, versions, device, config_hash, start/end times
+        summary.json              per-dataset scores with bootstrap 95 % intervals, paper averages, kept fraction,
+                                  timings, provenance (written when the run completes; :mod:`kvbench.summary`)
         <dataset>/predictions.jsonl   one JSON object per sample, appended as soon as it exists
         <dataset>/metrics.json        written atomically once the dataset is complete
         <dataset>/timings.jsonl       per-sample prefill/decode seconds (kept apart so predictions are deterministic)
@@ -209,6 +211,9 @@ NON_SEMANTIC_KEYS = (
     "run.output_root",
     "run.experiment",
     "run.sample_cache",
+    # Placement does not change the tokens (tests/test_device_map.py); a run may resume on another map.
+    "model.device_map",
+    "model.offload_folder",
 )
 
 

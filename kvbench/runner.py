@@ -15,7 +15,13 @@ the model loaded):
 4. per dataset: skip it if its ``metrics.json`` exists for this config; otherwise resume ``predictions.jsonl``
    (samples already there are not re-run), append each new prediction as soon as it exists, then score and write
    ``metrics.json`` atomically;
-5. print the score table; log to W&B when enabled.
+5. write the run's ``summary.json`` (:mod:`kvbench.summary`: scores with bootstrap 95 % intervals, the papers'
+   averages, kept fraction, timings, provenance), print the score table with the intervals; log to W&B when
+   enabled.
+
+A progress bar (``run.progress``) covers step 2's sample preparation (dataset by dataset: RULER/NeedleBench
+generation, LongBench loading) and step 4's inference (sample by sample).  :func:`kvbench.evaluate` runs this same
+runner on a model the caller loaded (``Runner(cfg, loaded=...)``).
 
 SIGTERM (SLURM preemption or time limit) raises :class:`Interrupted` at once while a sample is being generated,
 but never while a prediction row or ``metrics.json`` is being written: those writes finish first.  The run then
@@ -35,7 +41,7 @@ import platform
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -50,7 +56,7 @@ from kvbench import __version__
 from kvbench.errors import Interrupted, KVBenchError
 from kvbench.generation import generate, last_token_ids
 from kvbench.methods.base import RECORDED_KNOBS
-from kvbench.models import LoadedModel, load_model, load_tokenizer, resolve_device, stop_token_ids
+from kvbench.models import LoadedModel, check_device_map, load_model, load_tokenizer, resolve_device, stop_token_ids
 from kvbench.prompting import encode_sample
 from kvbench.results import (
     CONFIG_FILE,
@@ -70,6 +76,7 @@ from kvbench.results import (
 )
 from kvbench.run_folder import claim_run_folder
 from kvbench.sample_cache import SampleCache
+from kvbench.summary import SUMMARY_FILE, DatasetScores, build_summary, interval_of, sample_scores
 from kvbench.tasks.base import Sample, TaskDataset, build_task
 from kvbench.tasks.provenance import stand_in_warnings
 from kvbench.validation import check_environment, check_samples, validate
@@ -79,7 +86,8 @@ LOG = logging.getLogger(__name__)
 
 @dataclass
 class DatasetResult:
-    """One dataset's outcome, for the summary table."""
+    """One dataset's outcome, for the summary table (``interval``: bootstrap 95 % interval of the score, ``None``
+    when the score is not a mean over samples; ``details``: what :mod:`kvbench.summary` reads)."""
 
     dataset: str
     metric: str
@@ -87,6 +95,8 @@ class DatasetResult:
     n_samples: int
     mean_kept_fraction: float
     skipped: bool
+    interval: tuple[float, float] | None = None
+    details: DatasetScores | None = None
 
 
 def git_commit() -> str | None:
@@ -249,15 +259,21 @@ def _cache_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 class Runner:
     """Runs one configuration end to end (see module docstring)."""
 
-    def __init__(self, cfg: DictConfig) -> None:
+    def __init__(self, cfg: DictConfig, loaded: LoadedModel | None = None) -> None:
+        """``loaded``: a model and tokenizer the caller loaded (:func:`kvbench.evaluate`), used instead of loading
+        ``cfg.model``'s weights (whose ``path`` is then provenance only, not checked)."""
         self.cfg = cfg
+        self.loaded = loaded
         self.method, self.budget = validate(cfg)
-        check_environment(cfg)
-        resolve_device(str(cfg.model.device))
+        check_environment(cfg, check_model=loaded is None)
+        if loaded is None and check_device_map(cfg.model.get("device_map")) is None:
+            resolve_device(str(cfg.model.device))
         self.cfg_hash = config_hash(cfg)
         self.folder = run_dir(
             cfg.run.output_root, cfg.model.name, cfg.task.name, cfg.method.name, cfg.budget.name, cfg.run.tag
         )
+        #: The run's ``summary.json`` payload, once :meth:`run` completed.
+        self.summary: dict[str, Any] = {}
 
     def run(self) -> list[DatasetResult]:
         """Execute the run; returns one result per dataset."""
@@ -266,9 +282,9 @@ class Runner:
             torch.set_num_threads(int(cfg.run.threads))
         torch.manual_seed(int(cfg.seed))
         _check_existing_run(self.folder, self.cfg_hash, cfg, note_replacement=False)
-        tokenizer = load_tokenizer(cfg.model)
+        tokenizer = self.loaded.tokenizer if self.loaded else load_tokenizer(cfg.model)
         data = self._load_data(tokenizer)  # every sample checked before the weights load
-        loaded = load_model(cfg.model, seed=int(cfg.seed), tokenizer=tokenizer)
+        loaded = self.loaded or load_model(cfg.model, seed=int(cfg.seed), tokenizer=tokenizer)
         with claim_run_folder(self.folder):
             # Checked again under the lock: another job may have started this folder since the first check.
             _check_existing_run(self.folder, self.cfg_hash, cfg)
@@ -298,10 +314,12 @@ class Runner:
                         if status == "complete":
                             meta["datasets"] = [r.dataset for r in results]
                         atomic_write_json(self.folder / RUN_META_FILE, meta)
+                        if status == "complete":
+                            self.summary = self._write_summary(meta, results)
         if logger is not None:
             logger.log_results(results)
         if cfg.run.print_table:
-            print(format_table(cfg, results, self.folder))
+            print(format_table(cfg, results, self.folder, self.summary))
         return results
 
     def _load_data(self, tokenizer: Any) -> list[tuple[TaskDataset, list[Sample]]]:
@@ -314,13 +332,23 @@ class Runner:
         data = []
         try:
             cache = sample_cache(cfg)
-            for dataset in build_task(cfg.task, tokenizer, chat_template=bool(cfg.model.chat_template)):
-                dataset.sample_cache = cache
-                samples = list(dataset.samples())
-                if cfg.task.num_samples is not None:
-                    samples = samples[: int(cfg.task.num_samples)]
-                check_samples(dataset.name, samples, str(getattr(dataset, "source", f"task={cfg.task.name}")))
-                data.append((dataset, samples))
+            datasets = build_task(cfg.task, tokenizer, chat_template=bool(cfg.model.chat_template))
+            # Shown once preparing takes a second (RULER/NeedleBench generation, LongBench loading): instant
+            # preparation and its errors print nothing but the error.
+            bar = _progress(datasets, f"preparing {cfg.task.name}", cfg.run.progress, 0, len(datasets), delay=1.0)
+            try:
+                for dataset in bar:
+                    if hasattr(bar, "set_postfix_str"):
+                        bar.set_postfix_str(dataset.name, refresh=False)
+                    dataset.sample_cache = cache
+                    samples = list(dataset.samples())
+                    if cfg.task.num_samples is not None:
+                        samples = samples[: int(cfg.task.num_samples)]
+                    check_samples(dataset.name, samples, str(getattr(dataset, "source", f"task={cfg.task.name}")))
+                    data.append((dataset, samples))
+            finally:
+                if hasattr(bar, "close"):
+                    bar.close()  # clears the line (leave=False) before an error is printed
         except (ValueError, OSError, ImportError, RuntimeError) as err:
             raise KVBenchError(f"task={cfg.task.name}: cannot load its data: {err}") from err
         return data
@@ -346,6 +374,9 @@ class Runner:
                 "transformers_version": transformers.__version__,
                 "python_version": platform.python_version(),
                 "device": _device_name(cfg.model.device),
+                "device_map": OmegaConf.to_container(cfg.model.device_map)
+                if isinstance(cfg.model.get("device_map"), DictConfig)
+                else cfg.model.get("device_map"),
                 "hostname": platform.node(),
                 "command": sys.argv,
                 "start_time": _now(),
@@ -365,14 +396,8 @@ class Runner:
         if metrics_path.exists():
             existing = read_json(metrics_path)
             if existing.get("config_hash") == self.cfg_hash:
-                return DatasetResult(
-                    dataset.name,
-                    existing["metric"],
-                    existing["score"],
-                    existing["n_samples"],
-                    existing.get("cache", {}).get("mean_kept_fraction", 1.0),
-                    skipped=True,
-                )
+                rows = {row["id"]: row for row in PredictionLog(folder / PREDICTIONS_FILE).load()}
+                return self._dataset_result(dataset, samples, [rows.get(s.id) for s in samples], existing, True)
         provenance = dataset.provenance()
         for warning in stand_in_warnings(dataset.name, provenance):
             LOG.warning(warning)
@@ -456,14 +481,55 @@ class Runner:
                 f"{cfg.model.name} {cfg.method.name} {cfg.budget.name} {dataset.name}",
             )
             atomic_write_json(metrics_path, metrics)
-        return DatasetResult(
-            dataset.name,
-            dataset.metric_name,
-            metrics["score"],
-            len(rows),
-            metrics["cache"].get("mean_kept_fraction", 1.0),
-            skipped=False,
+        return self._dataset_result(dataset, samples, rows, metrics, False)
+
+    def _dataset_result(
+        self,
+        dataset: TaskDataset,
+        samples: list[Sample],
+        rows: list[dict[str, Any] | None],
+        metrics: dict[str, Any],
+        skipped: bool,
+    ) -> DatasetResult:
+        """A dataset's result from its ``metrics.json`` payload and prediction rows, with the per-sample scores and
+        the bootstrap interval (:mod:`kvbench.summary`)."""
+        score = float(metrics["score"]) if metrics.get("score") is not None else math.nan
+        if all(row is not None for row in rows):
+            predictions = [row["prediction"] for row in rows if row is not None]
+            per_sample, why = sample_scores(dataset.score, predictions, samples, score)
+        else:
+            per_sample, why = None, "predictions.jsonl lacks some samples"
+        kept = metrics.get("cache", {}).get("mean_kept_fraction", 1.0)
+        details = DatasetScores(
+            dataset=dataset.name,
+            metric=str(metrics["metric"]),
+            score=score,
+            n_samples=int(metrics["n_samples"]),
+            kept_fraction=kept,
+            sample_scores=per_sample,
+            no_interval_reason=why,
+            timing=metrics.get("timing", {}),
+            data_provenance=metrics.get("data_provenance", {}),
+            cached=skipped,
         )
+        interval = interval_of(details, int(self.cfg.seed))
+        return DatasetResult(
+            dataset.name, details.metric, score, details.n_samples, kept, skipped, interval=interval, details=details
+        )
+
+    def _write_summary(self, meta: dict[str, Any], results: list[DatasetResult]) -> dict[str, Any]:
+        """Write ``summary.json`` (:mod:`kvbench.summary`) for a complete run; returns its payload."""
+        cfg = self.cfg
+        run = {
+            **meta,
+            "question_mode": cfg.task.question_mode,
+            "budget_spec": cfg.budget.spec,
+            "results_folder": str(self.folder),
+        }
+        details = [r.details for r in results if r.details is not None]
+        summary = build_summary(run, details, int(cfg.seed))
+        atomic_write_json(self.folder / SUMMARY_FILE, summary)
+        return summary
 
 
 def sample_cache(cfg: DictConfig) -> SampleCache | None:
@@ -505,12 +571,15 @@ def _json_number(value: Any) -> float | None:
     return None if math.isnan(number) else number
 
 
-def _progress(items: list[Sample], desc: str, enabled: bool, initial: int, total: int) -> Any:
+def _progress(items: Sequence[Any], desc: str, enabled: bool, initial: int, total: int, delay: float = 0.0) -> Any:
+    """A progress bar over ``items`` on stderr (``run.progress``), shown after ``delay`` seconds."""
     if not enabled:
         return items
     from tqdm import tqdm
 
-    return tqdm(items, desc=desc, initial=initial, total=total, leave=False, dynamic_ncols=True, file=sys.stderr)
+    return tqdm(
+        items, desc=desc, initial=initial, total=total, leave=False, dynamic_ncols=True, file=sys.stderr, delay=delay
+    )
 
 
 def _slurm_job_id() -> str | None:
@@ -527,22 +596,33 @@ def _device_name(spec: str) -> str:
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
-def format_table(cfg: DictConfig, results: list[DatasetResult], folder: Path) -> str:
-    """A plain-text score table for the terminal."""
+def _interval_text(interval: Sequence[float] | None) -> str:
+    return "-" if interval is None else f"[{interval[0]:.2f}, {interval[1]:.2f}]"
+
+
+def format_table(
+    cfg: DictConfig, results: list[DatasetResult], folder: Path, summary: dict[str, Any] | None = None
+) -> str:
+    """A plain-text score table for the terminal (``summary``: the run's ``summary.json``, for the average's
+    interval)."""
     title = (
         f"model={cfg.model.name} task={cfg.task.name} method={cfg.method.name} budget={budget_label(cfg)} "
         f"question_mode={cfg.task.question_mode}" + (f" tag={cfg.run.tag}" if cfg.run.tag else "")
     )
     width = max([len("dataset"), *(len(r.dataset) for r in results)])
-    lines = [title, f"{'dataset':<{width}}  {'metric':<18} {'score':>7} {'n':>4} {'kept':>6}"]
+    header = f"{'dataset':<{width}}  {'metric':<18} {'score':>7} {'95% CI':>16} {'n':>4} {'kept':>6}"
+    lines = [title, header]
     for r in results:
         note = " (cached)" if r.skipped else ""
         lines.append(
-            f"{r.dataset:<{width}}  {r.metric:<18} {r.score:7.2f} {r.n_samples:4d} {r.mean_kept_fraction:6.1%}{note}"
+            f"{r.dataset:<{width}}  {r.metric:<18} {r.score:7.2f} {_interval_text(r.interval):>16} {r.n_samples:4d} "
+            f"{r.mean_kept_fraction:6.1%}{note}"
         )
     if results:
         mean = sum(r.score for r in results) / len(results)
-        lines.append(f"{'average':<{width}}  {'':<18} {mean:7.2f}")
+        mean_interval = (summary or {}).get("averages", {}).get("mean", {}).get("ci95")
+        lines.append(f"{'average':<{width}}  {'':<18} {mean:7.2f} {_interval_text(mean_interval):>16}")
+    lines.append("95% CI: percentile bootstrap over samples, 1000 resamples (summary.json)")
     lines.append(f"results: {folder}")
     return "\n".join(lines)
 

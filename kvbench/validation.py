@@ -168,10 +168,12 @@ def _check_min(key: str, value: Any, minimum: int, meaning: str = "") -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- stage 2
-def check_environment(cfg: DictConfig) -> None:
+def check_environment(cfg: DictConfig, check_model: bool = True) -> None:
     """Stage 2: the model's weights can be found, the data folder exists, optional packages are installed, the
-    results root can be written.  No torch; no network."""
-    resolve_model_source(cfg.model)
+    results root can be written.  No torch; no network.  ``check_model=False``: the caller loaded the model itself
+    (:func:`kvbench.evaluate`)."""
+    if check_model:
+        resolve_model_source(cfg.model)
     _check_data_dir(cfg.task)
     for module, why, fix in required_packages(cfg):
         if not any(package_available(name) for name in module.split("|")):
@@ -210,6 +212,8 @@ def required_packages(cfg: DictConfig) -> list[tuple[str, str, str]]:
     """Optional packages this run needs: ``(module, why, how to fix)``; ``a|b`` means either module will do."""
     task = cfg.task
     needs: list[tuple[str, str, str]] = []
+    if cfg.model.get("device_map") is not None:
+        needs.append(("accelerate", "model.device_map", "Install it with `pip install accelerate`."))
     if task.kind in LONGBENCH_KINDS:
         if task.data_dir is None:
             needs.append(

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from kvbench.tiny_model import DEFAULT_MODEL_DIR
 
 REPO = Path(__file__).resolve().parent.parent
@@ -50,9 +52,24 @@ def test_default_style_run_writes_all_result_files(tmp_path: Path) -> None:
         metrics = json.loads((folder / name / "metrics.json").read_text())
         assert metrics["n_samples"] == 2 and metrics["cache"]["budget_exact"] is True
     assert "average" in result.stdout and "niah_single_1k" in result.stdout
-    # A second identical run does nothing new (idempotent) and reports cached datasets.
+    # summary.json: each dataset's score (as in metrics.json) inside its bootstrap interval, the average, provenance.
+    summary = json.loads((folder / "summary.json").read_text())
+    for row in summary["datasets"]:
+        metrics = json.loads((folder / row["dataset"] / "metrics.json").read_text())
+        low, high = row["ci95"]
+        assert row["score"] == metrics["score"] and low <= row["score"] <= high
+        assert row["n_samples"] == 2 and row["kept_fraction"] == metrics["cache"]["mean_kept_fraction"]
+        assert f"[{low:.2f}, {high:.2f}]" in result.stdout  # the console table shows the interval
+    mean = sum(row["score"] for row in summary["datasets"]) / 3
+    assert summary["averages"]["mean"]["score"] == pytest.approx(mean)
+    assert summary["run"]["git_commit"] == meta["git_commit"] and summary["run"]["status"] == "complete"
+    assert summary["timing"]["n"] == 6 and summary["bootstrap"]["resamples"] == 1000
+    # A second identical run does nothing new (idempotent), reports cached datasets and the same summary.
     again = run_cli(*FAST, "task.num_samples=2", f"run.output_root={root}")
     assert again.returncode == 0 and "(cached)" in again.stdout
+    resummarised = json.loads((folder / "summary.json").read_text())
+    assert [{**row, "cached": False} for row in resummarised["datasets"]] == summary["datasets"]
+    assert resummarised["averages"] == summary["averages"]
 
 
 def test_killed_run_resumes_to_the_same_predictions(tmp_path: Path) -> None:

@@ -73,7 +73,7 @@ class XKVScorer(TokenScorer):
 def _normalised_sorted(scores: list[torch.Tensor]) -> list[torch.Tensor]:
     out = []
     for w in scores:
-        w = w.double().clamp_min(0)
+        w = w.double().cpu().clamp_min(0)  # layers may live on different devices (model.device_map)
         total = float(w.sum())
         w = w / total if total > 0 else torch.full_like(w, 1.0 / max(w.numel(), 1))
         out.append(torch.sort(w, descending=True).values)

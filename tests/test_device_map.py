@@ -1,0 +1,169 @@
+"""``model.device_map`` (kvbench/models.py): a model spread over two placements gives the same tokens and cache
+record as the same model on one device, for every method family.
+
+A CPU-only machine has one compute device, so the two placements are the ones accelerate offers there: the first
+layers resident on ``cpu``, the others offloaded to ``disk`` (their weights on the meta device, loaded by
+accelerate's hooks for each forward).  This runs accelerate's whole dispatch path (hooks moving inputs, offloaded
+parameters, the embedding's execution device) with kvbench's cache and session passed through it; layers on
+different GPUs were not available here (README, Multiple devices).  About 25 s on 2 shared cores."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvbench.api import compose_config
+from kvbench.budget import parse_budget
+from kvbench.errors import KVBenchError
+from kvbench.generation import generate
+from kvbench.methods.base import build_method
+from kvbench.models import check_device_map, input_device, load_model
+from kvbench.tiny_model import FILLER_WORDS
+
+pytest.importorskip("accelerate")
+
+#: One preset per method family (conf/method/).
+FAMILY_PRESETS = ["snapkv", "pyramidkv", "ada_snapkv", "cake", "h2o", "tova", "ahakv", "xkv", "nacl", "streamingllm"]
+#: NACL compresses prompts over 2048 tokens only, unless the budget is per layer (kvbench/methods/nacl.py).
+BUDGETS = {"nacl": "64/layer"}
+#: models/tiny-niah (3 layers): layer 0 and the ends resident, layers 1-2 offloaded to disk.
+TWO_PLACEMENTS = {
+    "model.embed_tokens": "cpu",
+    "model.rotary_emb": "cpu",
+    "model.layers.0": "cpu",
+    "model.layers.1": "disk",
+    "model.layers.2": "disk",
+    "model.norm": "cpu",
+    "lm_head": "cpu",
+}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    cfg = compose_config(model="tiny")
+    single = load_model(cfg.model)
+    cfg.model.device_map = TWO_PLACEMENTS
+    cfg.model.offload_folder = str(tmp_path_factory.mktemp("offload"))
+    spread = load_model(cfg.model)
+    return single, spread
+
+
+def prompt(tokenizer: object) -> tuple[list[int], list[int]]:
+    """Context and question ids of a tiny_niah-style prompt (~400 tokens, the needle mid-way)."""
+    rng = random.Random(7)
+    sentences = [" ".join(rng.choices(FILLER_WORDS, k=8)) + " ." for _ in range(40)]
+    context = (
+        "a special magic number is hidden within the following text . make sure to memorize it . "
+        + " ".join(sentences[:20])
+        + " one of the special magic numbers is bababa 57 83 . "
+        + " ".join(sentences[20:])
+        + "\n"
+    )
+    question = "what is the special magic number for bababa ? the special magic number is bababa"
+    return tokenizer.encode(context), tokenizer.encode(question)
+
+
+def test_the_map_places_layers_on_two_placements(models: tuple) -> None:
+    _, spread = models
+    assert spread.model.hf_device_map == TWO_PLACEMENTS
+    offloaded = {name.split(".")[2] for name, p in spread.model.named_parameters() if p.device.type == "meta"}
+    assert offloaded == {"1", "2"}
+    assert spread.device == torch.device("cpu") and spread.model.config._attn_implementation == "kvbench"
+
+
+@pytest.mark.parametrize("preset", FAMILY_PRESETS)
+def test_two_placements_give_the_single_device_tokens(models: tuple, preset: str) -> None:
+    single, spread = models
+    context, question = prompt(single.tokenizer)
+    method_cfg = compose_config(method=preset).method
+    outputs = [
+        generate(
+            loaded.model,
+            loaded.tokenizer,
+            context,
+            question,
+            method=build_method(method_cfg),
+            budget=parse_budget(BUDGETS.get(preset, "64L")),
+            question_mode="aware",
+            max_new_tokens=4,
+            stop_token_ids=set(),
+        )
+        for loaded in (single, spread)
+    ]
+    assert outputs[0].token_ids == outputs[1].token_ids
+    assert outputs[0].record.achieved_per_head == outputs[1].record.achieved_per_head
+    assert outputs[0].record.evicted  # the budget really cut the cache
+
+
+def test_named_strategies_dispatch_builtin_models() -> None:
+    cfg = compose_config(model="tiny-random-llama")
+    single = load_model(cfg.model)
+    cfg.model.device_map = "auto"
+    spread = load_model(cfg.model)
+    assert set(spread.model.hf_device_map.values()) <= {"cpu", "disk"}
+    ids = single.tokenizer.encode("kvbench " * 40)
+    method = compose_config(method="snapkv").method
+    outputs = [
+        generate(
+            loaded.model,
+            loaded.tokenizer,
+            ids,
+            [],
+            method=build_method(method),
+            budget=parse_budget("16L"),
+            question_mode="aware",
+            max_new_tokens=3,
+            stop_token_ids=set(),
+        )
+        for loaded in (single, spread)
+    ]
+    assert outputs[0].token_ids == outputs[1].token_ids
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("everywhere", "model.device_map='everywhere'; valid: null, auto, balanced"),
+        ({"model.layers.0": "tpu"}, "model.device_map['model.layers.0']='tpu'; valid devices"),
+        ({"model.layers.0": 3}, "this machine has 0 CUDA device"),
+        ({}, "valid: null, auto"),
+    ],
+)
+def test_bad_device_maps_are_named(value: object, message: str) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("the CUDA-count message depends on the machine")
+    with pytest.raises(KVBenchError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")):
+        check_device_map(value)
+    assert check_device_map(None) is None and check_device_map("balanced") == "balanced"
+
+
+def test_offloaded_embedding_takes_inputs_on_its_execution_device(models: tuple, tmp_path: Path) -> None:
+    """With the embedding itself offloaded (its weight on the meta device), inputs go to accelerate's execution
+    device for it."""
+    single, _ = models
+    cfg = compose_config(model="tiny")
+    cfg.model.device_map = {**TWO_PLACEMENTS, "model.embed_tokens": "disk", "lm_head": "disk"}
+    cfg.model.offload_folder = str(tmp_path)
+    spread = load_model(cfg.model)
+    assert spread.model.get_input_embeddings().weight.device.type == "meta"
+    assert input_device(spread.model) == torch.device("cpu")
+    context, question = prompt(single.tokenizer)
+    method_cfg = compose_config(method="snapkv").method
+    outputs = [
+        generate(
+            loaded.model,
+            loaded.tokenizer,
+            context,
+            question,
+            method=build_method(method_cfg),
+            budget=parse_budget("64L"),
+            question_mode="agnostic",
+            max_new_tokens=4,
+            stop_token_ids=set(),
+        )
+        for loaded in (single, spread)
+    ]
+    assert outputs[0].token_ids == outputs[1].token_ids
