@@ -390,6 +390,8 @@ class Runner:
                     existing.get("cache", {}).get("mean_kept_fraction", 1.0),
                     skipped=True,
                 )
+        if hasattr(dataset, "evaluate"):  # a dataset with its own evaluation loop (lm-eval tasks: kvbench/lmeval)
+            return dataset.evaluate(self, loaded, samples)
         provenance = dataset.provenance()
         for warning in stand_in_warnings(dataset.name, provenance):
             LOG.warning(warning)

@@ -54,7 +54,8 @@ def method_config(method: str, **overrides: Any) -> DictConfig:
     """The :class:`~kvbench.config.MethodConfig` of preset ``method``; ``overrides`` replace its keys."""
     cfg = load_preset("method", method, MethodConfig)
     if cfg is None:
-        raise KVBenchError(f"method={method!r} is not a kvbench method preset; valid: {', '.join(preset_names('method'))}")
+        valid = ", ".join(preset_names("method"))
+        raise KVBenchError(f"method={method!r} is not a kvbench method preset; valid: {valid}")
     for key, value in overrides.items():
         cfg[key] = value
     return cfg
