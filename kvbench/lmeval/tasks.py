@@ -32,7 +32,8 @@ def dataset_label(manager: Any, name: str) -> str:
     path, subset = cfg.get("dataset_path"), cfg.get("dataset_name")
     if not path:
         return "its dataset"
-    return f"{path}" + (f" (subset {subset})" if subset else "")
+    files = (cfg.get("dataset_kwargs") or {}).get("data_files")
+    return f"{path}" + (f" (subset {subset})" if subset else "") + (f" (data_files {files})" if files else "")
 
 
 def load_tasks(manager: Any, names: Sequence[str]) -> dict[str, Any]:
