@@ -26,6 +26,7 @@ requested and achieved sizes, the compressed cache's fingerprint before and afte
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,6 +53,7 @@ from kvbench.lmeval.scoring import cache_fingerprint, compress_context, score_co
 from kvbench.methods.base import EvictionMethod, build_method
 from kvbench.models import load_model, stop_token_ids
 
+LOG = logging.getLogger(__name__)
 #: ``max_gen_toks`` when a task does not set it (lm-eval's ``hf`` default).
 DEFAULT_MAX_GEN_TOKS = 256
 
@@ -117,6 +119,10 @@ class KVBenchLM(TemplateLM):
                 "question_mode, dtype, device, revision, max_length, max_gen_toks, add_bos_token, prefix_token_id, "
                 "prefill_chunk, seed, batch_size, and method.<knob> / method.params.<key> overrides"
             )
+        if device and str(device).startswith("cuda") and not torch.cuda.is_available():
+            # lm-eval's CLI passes --device (default cuda:0); like its hf model, fall back when there is no GPU.
+            LOG.warning("device=%s requested but CUDA is not available: running on the CPU", device)
+            device = "cpu"
         model_cfg = model_config(str(pretrained), dtype=dtype, device=device, revision=revision)
         method_cfg = method_config(str(method))
         for key, value in method_overrides.items():
