@@ -39,7 +39,7 @@ from kvbench.budget import Budget
 from kvbench.cache import KVBenchCache
 from kvbench.config import QUESTION_MODES
 from kvbench.eviction import CacheRecord, EvictionSession
-from kvbench.generation import build_cache, resolve_prefill_chunk
+from kvbench.generation import build_cache, forward_logits, resolve_prefill_chunk
 from kvbench.methods.base import EvictionMethod
 
 
@@ -90,30 +90,6 @@ def _device(model: PreTrainedModel) -> torch.device:
     return next(model.parameters()).device
 
 
-def _logits(
-    model: PreTrainedModel,
-    ids: list[int],
-    start: int,
-    cache: KVBenchCache,
-    session: EvictionSession | None,
-    keep: int,
-) -> torch.Tensor:
-    """Feed ``ids`` at positions ``start..`` on top of ``cache``; the logits of the last ``keep`` positions
-    ``[keep, vocab]``."""
-    device = _device(model)
-    input_ids = torch.tensor([ids], dtype=torch.long, device=device)
-    position_ids = torch.arange(start, start + len(ids), dtype=torch.long, device=device)[None]
-    output = model(
-        input_ids=input_ids,
-        position_ids=position_ids,
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=keep,
-        kvbench_session=session,
-    )
-    return output.logits[0, -keep:]
-
-
 @torch.inference_mode()
 def compress_context(
     model: PreTrainedModel,
@@ -141,7 +117,7 @@ def compress_context(
     session.begin_prefill(len(compressed), prompt_ids=compressed)
     logits = None
     for first in range(0, len(compressed), chunk):
-        logits = _logits(model, compressed[first : first + chunk], first, cache, session, keep=1)
+        logits = forward_logits(model, compressed[first : first + chunk], first, cache, session, device)
     record = session.finish()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -169,7 +145,7 @@ def score_continuation(
     if fed:
         cache = copy.deepcopy(context.cache)
         keep = len(continuation_ids) - len(rows)
-        rows.append(_logits(model, fed, context.position, cache, None, keep=keep))
+        rows.append(forward_logits(model, fed, context.position, cache, None, _device(model), keep=keep))
     logits = torch.cat(rows, dim=0) if len(rows) > 1 else rows[0]  # [len(continuation), vocab]
     log_probs = torch.log_softmax(logits, dim=-1)
     target = torch.tensor(continuation_ids, dtype=torch.long, device=logits.device)
