@@ -137,6 +137,8 @@ class TaskConfig:
     depths: Optional[List[float]] = None
     #: Language variant ("en", "zh"), for tasks that have several.
     language: Optional[str] = None
+    #: lm-evaluation-harness task names, for ``kind: lmeval`` (kvbench/lmeval/runner.py).
+    lm_eval_tasks: Optional[List[str]] = None
     #: Builder-specific extras (validated by the builder).
     options: Dict[str, Any] = field(default_factory=dict)
 

@@ -69,10 +69,17 @@ def build_cache(model: PreTrainedModel, method: EvictionMethod) -> KVBenchCache:
     return KVBenchCache(int(config.num_hidden_layers), expand_factor=expand)
 
 
-def _forward(
-    model: PreTrainedModel, ids: list[int], start: int, cache: KVBenchCache, session: EvictionSession, device
+def forward_logits(
+    model: PreTrainedModel,
+    ids: list[int],
+    start: int,
+    cache: KVBenchCache,
+    session: EvictionSession | None,
+    device: torch.device,
+    keep: int = 1,
 ) -> torch.Tensor:
-    """Feed ``ids`` at positions ``start..``; returns the last position's logits ``[vocab]``."""
+    """Feed ``ids`` at positions ``start..`` on top of ``cache`` (``session`` ``None``: no eviction hook); returns
+    the logits of the last ``keep`` positions ``[keep, vocab]``."""
     input_ids = torch.tensor([ids], dtype=torch.long, device=device)
     position_ids = torch.arange(start, start + len(ids), dtype=torch.long, device=device)[None]
     output = model(
@@ -80,10 +87,17 @@ def _forward(
         position_ids=position_ids,
         past_key_values=cache,
         use_cache=True,
-        logits_to_keep=1,
+        logits_to_keep=keep,
         kvbench_session=session,
     )
-    return output.logits[0, -1]
+    return output.logits[0, -keep:]
+
+
+def _forward(
+    model: PreTrainedModel, ids: list[int], start: int, cache: KVBenchCache, session: EvictionSession, device
+) -> torch.Tensor:
+    """Feed ``ids`` at positions ``start..``; returns the last position's logits ``[vocab]``."""
+    return forward_logits(model, ids, start, cache, session, device)[-1]
 
 
 @torch.inference_mode()

@@ -396,8 +396,15 @@ class Runner:
         if metrics_path.exists():
             existing = read_json(metrics_path)
             if existing.get("config_hash") == self.cfg_hash:
+                if hasattr(dataset, "evaluate"):  # lm-eval's scores: no per-sample kvbench predictions to resample
+                    kept = existing.get("cache", {}).get("mean_kept_fraction", 1.0)
+                    return DatasetResult(
+                        dataset.name, existing["metric"], existing["score"], existing["n_samples"], kept, skipped=True
+                    )
                 rows = {row["id"]: row for row in PredictionLog(folder / PREDICTIONS_FILE).load()}
                 return self._dataset_result(dataset, samples, [rows.get(s.id) for s in samples], existing, True)
+        if hasattr(dataset, "evaluate"):  # a dataset with its own evaluation loop (lm-eval tasks: kvbench/lmeval)
+            return dataset.evaluate(self, loaded, samples)
         provenance = dataset.provenance()
         for warning in stand_in_warnings(dataset.name, provenance):
             LOG.warning(warning)

@@ -71,7 +71,7 @@ def pool_scores(scores: torch.Tensor, kernel_size: int, pooling: str, include_pa
     ``kernel_size`` when ``include_padding`` (``F.avg_pool1d``'s default, as the reference code), else by the number
     of real positions in it.
     """
-    if kernel_size <= 1:
+    if kernel_size <= 1 or scores.shape[-1] == 0:  # nothing to smooth (a prompt no longer than the window)
         return scores
     if kernel_size % 2 == 0:
         raise ValueError(f"pooling kernel_size must be odd, got {kernel_size}")
