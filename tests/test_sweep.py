@@ -61,11 +61,11 @@ def test_expand_grid_cli_sweeps_win_and_fixed_overrides_are_kept() -> None:
 
 
 def test_expand_grid_range_and_glob_over_a_config_group() -> None:
-    jobs = sweep.expand_grid({}, ["seed=range(0,3)", "budget=glob(ratio*,exclude=ratio0.8)"])
+    jobs = sweep.expand_grid({}, ["seed=range(0,3)", "budget=glob(ratio0.?,exclude=ratio0.8)"])
     budgets = sorted({j[1] for j in jobs})
-    assert budgets == ["budget=ratio0.1", "budget=ratio0.2", "budget=ratio0.5"]
+    assert budgets == ["budget=ratio0.1", "budget=ratio0.2", "budget=ratio0.4", "budget=ratio0.5", "budget=ratio0.6"]
     assert sorted({j[0] for j in jobs}) == ["seed=0", "seed=1", "seed=2"]
-    assert len(jobs) == 9
+    assert len(jobs) == 15
 
 
 def test_plan_reports_missing_presets_clearly_and_keeps_the_rest(conf_copy: Path, tmp_path: Path) -> None:
