@@ -3,8 +3,9 @@
 * :func:`main` -- the entry point of both: ``kvbench list methods|tasks|models|budgets`` (:mod:`kvbench.listing`),
   else the Hydra app over the shipped config tree (:func:`kvbench.resources.conf_dir`, an absolute path, so the
   installed package finds it from any working directory; results go under the working directory's ``results/``).
-* :func:`run_job` -- one configuration: the checks that need no torch first (:mod:`kvbench.validation`), then the
-  runner (or, for ``python run.py`` alone, the embedded demo).
+* :func:`run_job` -- one configuration: the checks that need no torch first (:mod:`kvbench.validation`), the
+  method family and its parameters (torch, not transformers), then the runner (or, for ``python run.py`` alone,
+  the embedded demo).
 * :func:`reporting_errors` -- a :class:`~kvbench.errors.KVBenchError` becomes ``error: <message>`` on stderr and
   exit status 2, without a traceback unless ``KVBENCH_DEBUG=1``; SIGTERM/SIGINT exit 143/130 (the run resumes
   from where it stopped); anything else is a bug and keeps its traceback (exit 1).
@@ -12,7 +13,7 @@
   syntax) rewritten in the same form.  :func:`main` sets ``HYDRA_FULL_ERROR=1`` so Hydra raises them instead of
   printing its own report, and :func:`reporting_hydra_errors` reports them, also with exit status 2.
 
-Nothing here imports torch (the runner does, once a job starts).
+Nothing here imports torch before the config checks pass; transformers is imported by the runner.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from kvbench.errors import INTERRUPTED_EXIT, USER_ERROR_EXIT, Interrupted, KVBenchError
-from kvbench.validation import check_config, check_environment, unknown_key_message
+from kvbench.validation import check_config, check_environment, check_method, unknown_key_message
 
 #: Environment variable that adds the traceback to user-error reports.
 DEBUG_ENV = "KVBENCH_DEBUG"
@@ -111,6 +112,7 @@ def run_job(cfg: DictConfig, demo: bool = False) -> None:
     with reporting_errors():
         check_config(cfg)
         check_environment(cfg)
+        check_method(cfg)  # the family's parameters, before the runner imports transformers
         if demo:
             from kvbench.demo import run_demo
 

@@ -271,19 +271,27 @@ def _check_writable_root(root: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- stage 3
+def check_method(cfg: DictConfig) -> Any:
+    """Build the method family with its parameters (``method.family``, ``method.params.*``: the families'
+    ``parse_params``) and return the ``EvictionMethod``.  Imports torch and the method modules, not transformers
+    (the families import the cache for type hints only), so these errors come in about 1.5 s."""
+    from kvbench.methods.base import build_method
+
+    try:
+        return build_method(cfg.method)
+    except ValueError as err:
+        raise KVBenchError(f"method={cfg.method.name}: {str(err).rstrip('.')}.") from err
+
+
 def validate(cfg: DictConfig) -> tuple[Any, Any]:
     """Stages 1 and 3 (no environment checks: a sweep plans jobs on a login node this way); imports torch.
 
     Returns ``(EvictionMethod, Budget)``.
     """
     check_config(cfg)
-    from kvbench.methods.base import build_method
     from kvbench.tasks.base import task_kinds
 
-    try:
-        method = build_method(cfg.method)
-    except ValueError as err:
-        raise KVBenchError(f"method={cfg.method.name}: {err}.") from err
+    method = check_method(cfg)
     kinds = task_kinds()
     if cfg.task.kind not in kinds:
         raise KVBenchError(

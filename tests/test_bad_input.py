@@ -397,3 +397,16 @@ def test_torch_free_dtype_names_agree_with_the_loader() -> None:
     from kvbench.models import DTYPES
 
     assert tuple(DTYPES) == config.DTYPE_NAMES
+
+
+def test_method_families_build_without_importing_transformers() -> None:
+    """A bad family or family parameter is reported once the method modules load (torch), before transformers
+    (the runner's import), so it comes in about a second and a half, not five (README, bad input)."""
+    code = (
+        "import sys\n"
+        "from kvbench.methods.base import method_families\n"
+        "assert 'snapkv' in method_families() and 'cake' in method_families()\n"
+        "print(sorted(m for m in sys.modules if m == 'transformers' or m.startswith('transformers.')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == "[]"

@@ -30,13 +30,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
 from kvbench import kernels
-from kvbench.cache import HeadwiseLayer
 from kvbench.methods.base import (
     EvictionMethod,
     PromptRows,
@@ -48,6 +47,9 @@ from kvbench.methods.base import (
 from kvbench.methods.h2o import ScoredDecodePolicy
 from kvbench.methods.params import bounded, choice, parse_params
 from kvbench.methods.scoring import aggregate_groups
+
+if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
+    from kvbench.cache import HeadwiseLayer
 
 LAMBDA_READINGS = ("unscaled", "literal")
 LAMBDA_KS = ("budget", "selected")

@@ -20,12 +20,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from kvbench import kernels
-from kvbench.cache import HeadwiseLayer
 from kvbench.checks import check_choice, check_min
 from kvbench.config import GQA_GRANULARITIES
 from kvbench.methods.scoring import (
@@ -38,6 +37,9 @@ from kvbench.methods.scoring import (
     aggregate_groups,
 )
 from kvbench.registry import Registry
+
+if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
+    from kvbench.cache import HeadwiseLayer
 
 #: The common knobs (``MethodConfig`` fields) a run records in ``metrics.json``, unless the method ignores them
 #: (``gqa_reduce`` is recorded resolved, in the method's settings, by the families that pool).

@@ -35,12 +35,11 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from kvbench.cache import HeadwiseLayer
 from kvbench.kernels import WindowStats
 from kvbench.methods.base import (
     DecodePolicy,
@@ -69,6 +68,9 @@ from kvbench.methods.scoring import (
 )
 from kvbench.methods.snapkv import PyramidLayerAllocator, WindowVoteScorer
 from kvbench.methods.tova import CurrentAttentionDecode, LastQueryScorer
+
+if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
+    from kvbench.cache import HeadwiseLayer
 
 INDICATORS = ("cake", "mean", "var", "mean_x_var", "h2o", "tova", "snapkv")
 ALLOCATIONS = ("p2a", "uniform", "pyramid", "random")

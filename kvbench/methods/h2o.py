@@ -18,11 +18,10 @@ Reproduces FMInference/H2O ``h2o_hf/utils_real_drop/modify_llama.py`` (``H2OKVCa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kvbench.cache import HeadwiseLayer
 from kvbench.checks import check_choice
 from kvbench.methods.base import (
     DecodePolicy,
@@ -38,6 +37,9 @@ from kvbench.methods.base import (
 )
 from kvbench.methods.params import choice, parse_params
 from kvbench.methods.scoring import ScoreOptions, aggregate_groups, window_votes
+
+if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
+    from kvbench.cache import HeadwiseLayer
 
 SCORE_ROWS = ("all_rows", "window")
 

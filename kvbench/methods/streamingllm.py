@@ -6,11 +6,10 @@ Every head keeps the first ``sink_tokens`` positions (4 in the paper) and the mo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kvbench.cache import HeadwiseLayer
 from kvbench.methods.base import (
     DecodePolicy,
     EvictionMethod,
@@ -21,6 +20,9 @@ from kvbench.methods.base import (
     register_method,
 )
 from kvbench.methods.params import parse_params
+
+if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
+    from kvbench.cache import HeadwiseLayer
 
 
 class RecencyScorer(TokenScorer):

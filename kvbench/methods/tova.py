@@ -14,11 +14,10 @@ by ``src/convert_models/{llama,mistral}_custom.py``):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kvbench.cache import HeadwiseLayer
 from kvbench.methods.base import (
     EvictionMethod,
     TokenScorer,
@@ -32,6 +31,9 @@ from kvbench.methods.base import (
 from kvbench.methods.h2o import ScoredDecodePolicy
 from kvbench.methods.params import parse_params
 from kvbench.methods.scoring import no_rounding, rounding_to
+
+if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
+    from kvbench.cache import HeadwiseLayer
 
 
 class LastQueryScorer(TokenScorer):
