@@ -106,7 +106,7 @@ class PrefillRows:
     column_sums:
         ``[H_q, S_seen]`` float32 attention each stored key received from every row so far (when asked for).
     queries:
-        Every query chunk so far (when asked for).
+        The query chunks so far (when asked for), trimmed to the last ``needs.query_rows(S)`` rows when given.
     """
 
     window_queries: torch.Tensor | None = None
@@ -114,8 +114,9 @@ class PrefillRows:
     queries: list[torch.Tensor] = field(default_factory=list)
 
     def add(self, layer: HeadwiseLayer, query: torch.Tensor, scaling: float, window: int, needs: PromptRows,
-            impl: str) -> None:  # fmt: skip
-        """Take one chunk: ``query`` ``[H_q, q, D]``, the last ``q`` tokens stored in ``layer``."""
+            impl: str, prompt_length: int) -> None:  # fmt: skip
+        """Take one chunk: ``query`` ``[H_q, q, D]``, the last ``q`` tokens stored in ``layer`` (of a compressed
+        prompt of ``prompt_length`` tokens)."""
         recent = query if self.window_queries is None else torch.cat([self.window_queries, query], dim=1)
         self.window_queries = recent[:, -window:].clone()  # not a view: the chunk's queries are freed
         if needs.column_sums:
@@ -126,9 +127,13 @@ class PrefillRows:
             self.column_sums = sums
         if needs.queries:
             self.queries.append(query)
+            if needs.query_rows is not None:  # only the last rows: one trimmed copy, the chunks are freed
+                kept = self.prompt_queries()
+                assert kept is not None
+                self.queries = [kept[:, -needs.query_rows(prompt_length) :].clone()]
 
     def prompt_queries(self) -> torch.Tensor | None:
-        """``[H_q, S, D]`` every query (``None`` unless kept)."""
+        """``[H_q, R, D]`` the kept queries, the last ``R`` of the prompt (``None`` unless kept)."""
         if not self.queries:
             return None
         return self.queries[0] if len(self.queries) == 1 else torch.cat(self.queries, dim=1)
@@ -227,7 +232,7 @@ class EvictionSession:
         assert self.method.scorer is not None
         rows = self._rows.setdefault(layer_idx, PrefillRows())
         needs = self.method.scorer.prompt_rows(query.dtype)
-        rows.add(layer, query, scaling, self.method.window, needs, self.scoring_impl)
+        rows.add(layer, query, scaling, self.method.window, needs, self.scoring_impl, self.context_length)
         if context < self.context_length:
             return  # more chunks to come
         del self._rows[layer_idx]

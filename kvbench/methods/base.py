@@ -77,8 +77,8 @@ class WindowObservation:
     scaling:
         Softmax scale of the model's attention (usually ``D ** -0.5``).
     prompt_queries:
-        ``[H_q, S, D]`` post-RoPE queries of *every* prompt token (``None`` unless the scorer asked for them with
-        :meth:`TokenScorer.prompt_rows`).
+        ``[H_q, R, D]`` post-RoPE queries of the last ``R`` prompt tokens: every one (``R = S``) unless the scorer
+        asked for fewer (``None`` unless it asked for them with :meth:`TokenScorer.prompt_rows`).
     prompt_column_sums:
         ``[H_q, S]`` float32 attention each key received from every prompt row (accumulated by the session over
         the prefill chunks when the scorer asked for it), or ``None`` (then :meth:`column_sums` computes it from
@@ -178,13 +178,17 @@ class PromptRows:
     prob_dtype:
         Rounding of each probability in those sums (``None`` = float32).
     queries:
-        Every prompt query (:attr:`WindowObservation.prompt_queries`), kept whole across chunks: ``O(H_q x S x D)``
-        per layer (AhaKV's ``ra: false`` ablation, whose per-row temperature needs the layer budget).
+        The prompt queries (:attr:`WindowObservation.prompt_queries`), kept across chunks: every one, ``O(H_q x S x
+        D)`` per layer (AhaKV's ``ra: false`` ablation, whose per-row temperature needs the layer budget), or only
+        the last ``query_rows(S)`` of a prompt of ``S`` tokens (NACL's proxy rows).
+    query_rows:
+        ``S -> R``: how many of the last prompt queries to keep (``None`` = all ``S``).
     """
 
     column_sums: bool = False
     prob_dtype: torch.dtype | None = None
     queries: bool = False
+    query_rows: Callable[[int], int] | None = None
 
 
 # ---------------------------------------------------------------------------------------------------- pieces

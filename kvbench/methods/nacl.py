@@ -292,9 +292,10 @@ class NACLScorer(TokenScorer):
         self.gqa_agg = gqa_agg
 
     def prompt_rows(self, model_dtype: torch.dtype) -> PromptRows:
-        """The proxy rows are the last ``int(ratio S)`` prompt queries: the session keeps every query (across the
-        chunks of a chunked prefill) and :meth:`score` takes the tail."""
-        return PromptRows(queries=True)
+        """The proxy rows: the session keeps only the last ``int(ratio S)`` prompt queries (across the chunks of a
+        chunked prefill)."""
+        ratio = self.params.proxy_tokens_ratio
+        return PromptRows(queries=True, query_rows=lambda length: proxy_row_count(length, ratio))
 
     def stored_head_scores(self, sums: torch.Tensor, num_heads: int) -> torch.Tensor:
         """``[H_q, S]`` proxy sums -> ``[H, S]`` per stored head (``params.kv_head_scores``)."""
@@ -312,9 +313,9 @@ class NACLScorer(TokenScorer):
         if budget >= context:
             return tiers
         queries = observation.prompt_queries
-        if queries is None or queries.shape[1] != context:
-            raise ValueError("NACL's proxy rows need the queries of the whole prompt (TokenScorer.prompt_rows)")
         rows = proxy_row_count(context, self.params.proxy_tokens_ratio)
+        if queries is None or queries.shape[1] < rows:
+            raise ValueError(f"NACL's proxy rows need the last {rows} prompt queries (TokenScorer.prompt_rows)")
         causal = self.params.proxy_attention == "causal"
         sums = proxy_scores(queries[:, -rows:], observation.keys, observation.scaling, causal)
         scores = self.stored_head_scores(sums, observation.num_heads)
