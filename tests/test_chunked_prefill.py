@@ -23,7 +23,7 @@ from kvbench.tiny_model import DEFAULT_MODEL_DIR, build_tokenizer
 
 PRESETS = [
     "snapkv", "pyramidkv", "ada_snapkv", "ada_pyramidkv", "cake", "cake_h2o", "h2o", "tova", "ahakv", "ahakv_no_ra",
-    "xkv", "streamingllm", "full",
+    "xkv", "streamingllm", "full", "nacl_short",
 ]  # fmt: skip
 CHUNKS = [13, 100, 257]
 
@@ -141,3 +141,19 @@ def test_prefill_chunk_resolution() -> None:
     for bad in (-1, 2.5, True):
         with pytest.raises(ValueError, match=r"run\.prefill_chunk="):
             resolve_prefill_chunk(bad, cpu, 100)
+
+
+def test_prefill_rows_keep_only_the_queries_a_scorer_asks_for() -> None:
+    """``PromptRows.query_rows`` (NACL's proxy rows): across chunks the session holds the last ``R`` queries only,
+    equal to the tail of the whole prompt's queries."""
+    from kvbench.eviction import PrefillRows
+    from kvbench.methods.base import PromptRows
+
+    queries = torch.randn(4, 50, 8)
+    needs = PromptRows(queries=True, query_rows=lambda length: length // 10)
+    rows = PrefillRows()
+    for first in range(0, 50, 13):
+        rows.add(None, queries[:, first : first + 13], 1.0, 4, needs, "torch", 50)  # type: ignore[arg-type]
+        assert rows.prompt_queries().shape[1] == min(5, first + 13)  # trimmed after every chunk
+    assert torch.equal(rows.prompt_queries(), queries[:, -5:])
+    assert torch.equal(rows.window_queries, queries[:, -4:])
