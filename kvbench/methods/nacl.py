@@ -126,7 +126,8 @@ def proxy_scores(
     causal:
         Mask each row's future keys; ``False`` = the code's non-causal reduction (every row sees all ``S`` keys).
     max_block_bytes:
-        Rows are processed in blocks whose ``H_q x rows x S`` float32 logits fit this size.
+        Rows are processed per KV head in blocks whose ``groups x rows x S`` float32 logits fit this size (extra
+        memory: one head's float32 keys and a few such blocks).
 
     Returns
     -------
@@ -137,18 +138,20 @@ def proxy_scores(
     if key_dim != dim or num_q % num_heads or rows > length:
         raise ValueError(f"proxy queries {tuple(queries.shape)} do not match keys {tuple(keys.shape)}")
     groups = num_q // num_heads
-    keys_t = keys.float().transpose(1, 2)  # [H, D, S]
-    block = max(1, max_block_bytes // max(1, num_q * length * 4))
     sums = torch.zeros((num_q, length), dtype=torch.float32, device=keys.device)
-    for start in range(0, rows, block):
-        stop = min(start + block, rows)
-        grouped = queries[:, start:stop].float().reshape(num_heads, groups * (stop - start), dim)
-        logits = torch.bmm(grouped, keys_t).reshape(num_q, stop - start, length).mul_(scaling)
-        if causal:
-            positions = torch.arange(length, device=keys.device)
-            row_positions = torch.arange(length - rows + start, length - rows + stop, device=keys.device)
-            logits.masked_fill_(positions[None, :] > row_positions[:, None], float("-inf"))
-        sums += torch.softmax(logits, dim=-1).sum(dim=1)
+    block = max(1, max_block_bytes // max(1, groups * length * 4))
+    positions = torch.arange(length, device=keys.device)
+    for head in range(num_heads):  # one KV head at a time: a float32 copy of one head's keys, not of all
+        keys_t = keys[head].float().t()  # [D, S]
+        heads = slice(head * groups, (head + 1) * groups)
+        for start in range(0, rows, block):
+            stop = min(start + block, rows)
+            grouped = queries[heads, start:stop].float().reshape(groups * (stop - start), dim)
+            logits = (grouped @ keys_t).reshape(groups, stop - start, length).mul_(scaling)
+            if causal:
+                row_positions = torch.arange(length - rows + start, length - rows + stop, device=keys.device)
+                logits.masked_fill_(positions[None, :] > row_positions[:, None], float("-inf"))
+            sums[heads] += torch.softmax(logits, dim=-1).sum(dim=1)
     return sums
 
 
