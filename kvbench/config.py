@@ -15,6 +15,8 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from kvbench.checks import check_choice
+
 #: Valid values of the schema's string knobs: the one definition, checked before torch loads (kvbench/validation.py)
 #: and imported by the modules that use them (methods/base.py, methods/scoring.py, generation.py).
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
@@ -28,6 +30,21 @@ GQA_GRANULARITIES = ("kv_head", "query_head")
 GQA_AGGREGATIONS = ("mean", "max", "sum")
 GQA_REDUCE_ORDERS = ("before_pool", "after_pool")
 WANDB_MODES = ("online", "offline", "disabled")
+
+
+def check_method_choices(method: Any, error: type[Exception] = ValueError) -> None:
+    """The common method knobs that take one of a few values (``pooling``, ``pool_padding``, ``score_dtype``,
+    ``gqa_granularity``, ``gqa_agg``, ``gqa_reduce`` or null), checked by :mod:`kvbench.validation` before torch
+    loads (``error=KVBenchError``) and by :func:`kvbench.methods.base.build_method` for code that builds a method
+    directly."""
+    check_choice("method.pooling", method.pooling, POOLING_TYPES, error=error)
+    check_choice("method.pool_padding", method.pool_padding, POOL_PADDINGS, error=error)
+    check_choice("method.score_dtype", method.score_dtype, SCORE_DTYPES, error=error)
+    check_choice("method.gqa_granularity", method.gqa_granularity, GQA_GRANULARITIES, error=error)
+    check_choice("method.gqa_agg", method.gqa_agg, GQA_AGGREGATIONS, error=error)
+    if method.gqa_reduce is not None:
+        also = "or null for the family's reference order"
+        check_choice("method.gqa_reduce", method.gqa_reduce, GQA_REDUCE_ORDERS, also, error=error)
 
 
 @dataclass

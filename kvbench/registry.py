@@ -6,10 +6,25 @@ imports them on first lookup, so ``build_method`` / ``build_task`` work without 
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+
+
+def submodule_importer(package: str, skip: tuple[str, ...] = ("base",)) -> Callable[[], None]:
+    """A ``discover`` function importing every module and subpackage directly under ``package`` (but ``skip``), so
+    their ``@register`` decorators run."""
+
+    def discover() -> None:
+        path = importlib.import_module(package).__path__
+        for module in pkgutil.iter_modules(path):
+            if module.name not in skip:
+                importlib.import_module(f"{package}.{module.name}")
+
+    return discover
 
 
 class Registry(Generic[T]):

@@ -34,15 +34,10 @@ from kvbench.budget import BudgetError, parse_budget
 from kvbench.checks import check_choice, check_min
 from kvbench.config import (
     DTYPE_NAMES,
-    GQA_AGGREGATIONS,
-    GQA_GRANULARITIES,
-    GQA_REDUCE_ORDERS,
-    POOL_PADDINGS,
-    POOLING_TYPES,
     QUESTION_MODES,
-    SCORE_DTYPES,
     WANDB_MODES,
     KVBenchConfig,
+    check_method_choices,
 )
 from kvbench.errors import KVBenchError
 from kvbench.model_source import resolve_model_source
@@ -133,13 +128,7 @@ def _check_method_knobs(method: Any) -> None:
             "pooling; SnapKV uses 7, CAKE 5), so that pooled scores stay aligned with their tokens. "
             "Fix: e.g. method.kernel_size=7."
         )
-    _check_choice("method.pooling", method.pooling, POOLING_TYPES)
-    _check_choice("method.pool_padding", method.pool_padding, POOL_PADDINGS)
-    _check_choice("method.score_dtype", method.score_dtype, SCORE_DTYPES)
-    _check_choice("method.gqa_granularity", method.gqa_granularity, GQA_GRANULARITIES)
-    _check_choice("method.gqa_agg", method.gqa_agg, GQA_AGGREGATIONS)
-    if method.gqa_reduce is not None:
-        _check_choice("method.gqa_reduce", method.gqa_reduce, GQA_REDUCE_ORDERS, "or null for the family's reference")
+    check_method_choices(method, error=KVBenchError)
     _check_min("method.sink_tokens", method.sink_tokens, 0)
 
 

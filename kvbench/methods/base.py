@@ -25,18 +25,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kvbench import kernels
-from kvbench.checks import check_choice, check_min
-from kvbench.config import GQA_GRANULARITIES
-from kvbench.methods.scoring import (
-    GQA_AGGREGATIONS,
-    GQA_REDUCE_ORDERS,
-    POOL_PADDINGS,
-    POOLING_TYPES,
-    SCORE_DTYPES,
-    ScoreOptions,
-    aggregate_groups,
-)
-from kvbench.registry import Registry
+from kvbench.checks import check_min
+from kvbench.config import check_method_choices
+from kvbench.methods.scoring import ScoreOptions, aggregate_groups
+from kvbench.registry import Registry, submodule_importer
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
     from kvbench.cache import HeadwiseLayer
@@ -331,20 +323,8 @@ class EvictionMethod:
 MethodBuilder = Callable[[Any], EvictionMethod]
 
 
-def _import_builtin_methods() -> None:
-    """Import every module under kvbench.methods so their ``@register_method`` decorators run."""
-    import importlib
-    import pkgutil
-
-    import kvbench.methods as package
-
-    for module in pkgutil.iter_modules(package.__path__):
-        if module.name != "base":
-            importlib.import_module(f"kvbench.methods.{module.name}")
-
-
 #: Method builders by ``method.family``.
-METHOD_FAMILIES: Registry[MethodBuilder] = Registry("method family", discover=_import_builtin_methods)
+METHOD_FAMILIES: Registry[MethodBuilder] = Registry("method family", discover=submodule_importer("kvbench.methods"))
 
 
 def register_method(family: str) -> Callable[[MethodBuilder], MethodBuilder]:
@@ -360,15 +340,7 @@ def method_families() -> list[str]:
 def build_method(method_cfg: Any) -> EvictionMethod:
     """Build the method described by ``method_cfg`` (a :class:`kvbench.config.MethodConfig`)."""
     builder = METHOD_FAMILIES.get(method_cfg.family)
-    check_choice("method.gqa_granularity", method_cfg.gqa_granularity, GQA_GRANULARITIES)
-    check_choice("method.gqa_agg", method_cfg.gqa_agg, GQA_AGGREGATIONS)
-    check_choice("method.pooling", method_cfg.pooling, POOLING_TYPES)
-    check_choice("method.pool_padding", method_cfg.pool_padding, POOL_PADDINGS)
-    check_choice("method.score_dtype", method_cfg.score_dtype, SCORE_DTYPES)
-    if method_cfg.gqa_reduce is not None:
-        check_choice(
-            "method.gqa_reduce", method_cfg.gqa_reduce, GQA_REDUCE_ORDERS, "or null for the family's reference order"
-        )
+    check_method_choices(method_cfg)
     check_min("method.window", method_cfg.window, 1)
     return builder(method_cfg)
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvbench.registry import Registry
+from kvbench.registry import Registry, submodule_importer
 
 
 @dataclass(frozen=True)
@@ -179,20 +179,8 @@ class TaskDataset(ABC):
 TaskBuilder = Callable[..., list[TaskDataset]]
 
 
-def _import_builtin_tasks() -> None:
-    """Import every module under kvbench.tasks so their ``@register_task`` decorators run."""
-    import importlib
-    import pkgutil
-
-    import kvbench.tasks as package
-
-    for module in pkgutil.iter_modules(package.__path__):
-        if module.name != "base":
-            importlib.import_module(f"kvbench.tasks.{module.name}")
-
-
 #: Task builders by ``task.kind``.
-TASK_BUILDERS: Registry[TaskBuilder] = Registry("task kind", discover=_import_builtin_tasks)
+TASK_BUILDERS: Registry[TaskBuilder] = Registry("task kind", discover=submodule_importer("kvbench.tasks"))
 
 
 def register_task(kind: str) -> Callable[[TaskBuilder], TaskBuilder]:
@@ -227,7 +215,7 @@ def select_datasets(available: Sequence[str], requested: Sequence[str] | None, t
 DataPreparer = Callable[..., None]
 
 #: Data preparers by benchmark name.
-DATA_PREPARERS: Registry[DataPreparer] = Registry("data preparer", discover=_import_builtin_tasks)
+DATA_PREPARERS: Registry[DataPreparer] = Registry("data preparer", discover=submodule_importer("kvbench.tasks"))
 
 
 def register_data_preparer(name: str) -> Callable[[DataPreparer], DataPreparer]:
