@@ -45,13 +45,14 @@ from omegaconf import OmegaConf
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from kvbench.budget import Budget, parse_budget
+from kvbench.checks import check_choice
 from kvbench.config import QUESTION_MODES
 from kvbench.errors import KVBenchError
 from kvbench.generation import generate
 from kvbench.lmeval.presets import budget_config, method_config, model_config
 from kvbench.lmeval.scoring import cache_fingerprint, compress_context, score_continuation
 from kvbench.methods.base import EvictionMethod, build_method
-from kvbench.models import load_model, stop_token_ids
+from kvbench.models import input_device, load_model, stop_token_ids
 
 LOG = logging.getLogger(__name__)
 #: ``max_gen_toks`` when a task does not set it (lm-eval's ``hf`` default).
@@ -177,14 +178,13 @@ class KVBenchLM(TemplateLM):
         prefill_chunk: int | None = None,
     ) -> None:
         super().__init__()
-        if question_mode not in QUESTION_MODES:
-            raise KVBenchError(f"question_mode={question_mode!r}; valid: {', '.join(QUESTION_MODES)}")
+        check_choice("question_mode", question_mode, QUESTION_MODES, error=KVBenchError)
         self.model = model
         self.tokenizer = tokenizer
         self.method = method
         self.budget = budget
         self.question_mode = question_mode
-        self._device = next(model.parameters()).device
+        self._device = input_device(model)
         self._max_length = int(max_length) if max_length else None
         self._max_gen_toks = int(max_gen_toks)
         self.add_bos_token = add_bos_token

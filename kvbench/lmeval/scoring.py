@@ -37,10 +37,12 @@ from transformers import PreTrainedModel
 
 from kvbench.budget import Budget
 from kvbench.cache import KVBenchCache
+from kvbench.checks import check_choice
 from kvbench.config import QUESTION_MODES
 from kvbench.eviction import CacheRecord, EvictionSession
 from kvbench.generation import build_cache, forward_logits, resolve_prefill_chunk
 from kvbench.methods.base import EvictionMethod
+from kvbench.models import input_device
 
 
 @dataclass
@@ -86,10 +88,6 @@ def cache_fingerprint(cache: KVBenchCache) -> str:
     return digest.hexdigest()[:16]
 
 
-def _device(model: PreTrainedModel) -> torch.device:
-    return next(model.parameters()).device
-
-
 @torch.inference_mode()
 def compress_context(
     model: PreTrainedModel,
@@ -101,15 +99,14 @@ def compress_context(
     prefill_chunk: int | None = None,
 ) -> CompressedContext:
     """Prefill ``context_ids`` with ``method`` applied at ``budget`` (see the module docstring for the split)."""
-    if question_mode not in QUESTION_MODES:
-        raise ValueError(f"question_mode={question_mode!r}; valid: {', '.join(QUESTION_MODES)}")
+    check_choice("question_mode", question_mode, QUESTION_MODES)
     if not context_ids:
         raise ValueError("empty context: lm-eval passes at least the prefix token")
     compressed, tail = (context_ids, []) if question_mode == "aware" else (context_ids[:-1], context_ids[-1:])
     cache = build_cache(model, method)
     if not compressed:  # a one-token context in agnostic mode: nothing to compress
         return CompressedContext(cache, CacheRecord(), 0, tail, None, cache_fingerprint(cache))
-    device = _device(model)
+    device = input_device(model)
     session = EvictionSession(method, budget, cache)
     chunk = resolve_prefill_chunk(prefill_chunk, device, len(compressed)) or len(compressed)
     session.record.prefill_chunk = chunk if chunk < len(compressed) else 0
@@ -145,7 +142,7 @@ def score_continuation(
     if fed:
         cache = copy.deepcopy(context.cache)
         keep = len(continuation_ids) - len(rows)
-        rows.append(forward_logits(model, fed, context.position, cache, None, _device(model), keep=keep))
+        rows.append(forward_logits(model, fed, context.position, cache, None, input_device(model), keep=keep))
     logits = torch.cat(rows, dim=0) if len(rows) > 1 else rows[0]  # [len(continuation), vocab]
     log_probs = torch.log_softmax(logits, dim=-1)
     target = torch.tensor(continuation_ids, dtype=torch.long, device=logits.device)
