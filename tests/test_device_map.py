@@ -66,6 +66,26 @@ def prompt(tokenizer: object) -> tuple[list[int], list[int]]:
     return tokenizer.encode(context), tokenizer.encode(question)
 
 
+def generate_on_both(loadeds: tuple, context: list[int], question: list[int], method_name: str, budget: str,
+                     question_mode: str, max_new_tokens: int) -> list:  # fmt: skip
+    """Greedy generation of the same prompt with ``method_name`` at ``budget`` on each loaded model."""
+    method_cfg = compose_config(method=method_name).method
+    return [
+        generate(
+            loaded.model,
+            loaded.tokenizer,
+            context,
+            question,
+            method=build_method(method_cfg),
+            budget=parse_budget(budget),
+            question_mode=question_mode,
+            max_new_tokens=max_new_tokens,
+            stop_token_ids=set(),
+        )
+        for loaded in loadeds
+    ]
+
+
 def test_the_map_places_layers_on_two_placements(models: tuple) -> None:
     _, spread = models
     assert spread.model.hf_device_map == TWO_PLACEMENTS
@@ -78,21 +98,7 @@ def test_the_map_places_layers_on_two_placements(models: tuple) -> None:
 def test_two_placements_give_the_single_device_tokens(models: tuple, preset: str) -> None:
     single, spread = models
     context, question = prompt(single.tokenizer)
-    method_cfg = compose_config(method=preset).method
-    outputs = [
-        generate(
-            loaded.model,
-            loaded.tokenizer,
-            context,
-            question,
-            method=build_method(method_cfg),
-            budget=parse_budget(BUDGETS.get(preset, "64L")),
-            question_mode="aware",
-            max_new_tokens=4,
-            stop_token_ids=set(),
-        )
-        for loaded in (single, spread)
-    ]
+    outputs = generate_on_both((single, spread), context, question, preset, BUDGETS.get(preset, "64L"), "aware", 4)
     assert outputs[0].token_ids == outputs[1].token_ids
     assert outputs[0].record.achieved_per_head == outputs[1].record.achieved_per_head
     assert outputs[0].record.evicted  # the budget really cut the cache
@@ -105,21 +111,7 @@ def test_named_strategies_dispatch_builtin_models() -> None:
     spread = load_model(cfg.model)
     assert set(spread.model.hf_device_map.values()) <= {"cpu", "disk"}
     ids = single.tokenizer.encode("kvbench " * 40)
-    method = compose_config(method="snapkv").method
-    outputs = [
-        generate(
-            loaded.model,
-            loaded.tokenizer,
-            ids,
-            [],
-            method=build_method(method),
-            budget=parse_budget("16L"),
-            question_mode="aware",
-            max_new_tokens=3,
-            stop_token_ids=set(),
-        )
-        for loaded in (single, spread)
-    ]
+    outputs = generate_on_both((single, spread), ids, [], "snapkv", "16L", "aware", 3)
     assert outputs[0].token_ids == outputs[1].token_ids
 
 
@@ -151,19 +143,5 @@ def test_offloaded_embedding_takes_inputs_on_its_execution_device(models: tuple,
     assert spread.model.get_input_embeddings().weight.device.type == "meta"
     assert input_device(spread.model) == torch.device("cpu")
     context, question = prompt(single.tokenizer)
-    method_cfg = compose_config(method="snapkv").method
-    outputs = [
-        generate(
-            loaded.model,
-            loaded.tokenizer,
-            context,
-            question,
-            method=build_method(method_cfg),
-            budget=parse_budget("64L"),
-            question_mode="agnostic",
-            max_new_tokens=4,
-            stop_token_ids=set(),
-        )
-        for loaded in (single, spread)
-    ]
+    outputs = generate_on_both((single, spread), context, question, "snapkv", "64L", "agnostic", 4)
     assert outputs[0].token_ids == outputs[1].token_ids
