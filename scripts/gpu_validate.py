@@ -167,8 +167,10 @@ class Validation:
         # The tiny model runs in float32 on CPU (seconds); the 2-layer slices in bfloat16, like the real run.
         self.dtype = torch.float32 if args.small and args.small_arch == "tiny" else torch.bfloat16
         self.clock = Clock(args.deadline)
-        self.rows = {name: Rows(self.out / f"{name}.csv", [*fields, *ROW_FIELDS]) for name, fields in FILES.items()}
-        self.rows["phases"] = Rows(self.out / "phases.csv", FILES["phases"])
+        self.rows = {
+            name: Rows(self.out / f"{name}.csv", fields if name == "phases" else [*fields, *ROW_FIELDS])
+            for name, fields in FILES.items()
+        }
         self.bench_rows: Rows | None = None
         self.tests: subprocess.Popen | None = None
         self.peak_gbps = 0.0
