@@ -291,9 +291,11 @@ class Validation:
         try:
             code = self.tests.wait(timeout=max(0.0, wait))
         except subprocess.TimeoutExpired:
-            os.killpg(self.tests.pid, signal.SIGTERM)
-            code = self.tests.wait()
-            return f"stopped at the deadline (exit {code})"
+            return "stopped at the deadline (see pytest.log)"
+        finally:
+            if self.tests.poll() is None:  # never leave the tests running behind the script (a signal included)
+                os.killpg(self.tests.pid, signal.SIGTERM)
+                self.tests.wait()
         return f"exit {code} after {time.monotonic() - self._tests_started:.0f} s"
 
     def phase_kernels(self) -> str:
@@ -696,6 +698,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--device {args.device}: CUDA is not available here (use --small --device cpu for a dry run)")
     try:
         return Validation(args).run()
+    except Stop as stop:  # a second signal while the first was being handled
+        return 128 + stop.signum
     finally:
         signal.alarm(0)
 
