@@ -17,7 +17,7 @@ setup-gpu:  ## on a CUDA machine: torch from the default index (or the one alrea
 gpu-wheels:  ## the folder carried to an offline GPU machine: pinned wheels + tokenizer files -> .whl/ (~17 MB; README 'GPU validation')
 	$(PYTHON) scripts/gpu_wheels.py --out .whl
 
-gpu-dry-run:  ## scripts/gpu_validate.py on CPU (2-layer slices, Triton interpreter) -> results/bench/gpu-dry-run (~1 min)
+gpu-dry-run:  ## scripts/gpu_validate.py on CPU (2-layer slices, Triton interpreter) -> results/bench/gpu-dry-run (<= 7 min: its deadline)
 	TRITON_INTERPRET=1 $(PYTHON) scripts/gpu_validate.py --small --device cpu --out results/bench/gpu-dry-run
 
 setup-slurm:  ## the submitit launcher for `python run.py -m hydra/launcher=slurm ...`

@@ -83,7 +83,9 @@ def test_an_error_on_the_planned_path_propagates() -> None:
     layer.attention_plan = AttentionPlan("varlen_paged", "varlen_paged")
     step, _ = layer.update(keys[:, :, :1], keys[:, :, :1])
     query = torch.randn(1, 4, 1, 8, dtype=torch.bfloat16)
-    with pytest.raises(RuntimeError):  # NotImplementedError: aten::_flash_attention_forward on CPU
+    # torch 2.13: NotImplementedError (a RuntimeError), FlashAttention has no CPU kernel; torch 2.11: TypeError, its
+    # varlen_attn takes no block_table.  Either way the error reaches the caller.
+    with pytest.raises((RuntimeError, TypeError)):
         paged.paged_attention(torch.nn.Module(), query, step, None, 0.0)
 
 
