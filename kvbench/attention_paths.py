@@ -89,13 +89,20 @@ class AttentionPlan:
     chunk:
         Path of a query of several tokens.
     fallback:
-        Why the preferred GPU path is unavailable (``None``: nothing fell back).  Counted at every call that
-        takes a path because of it.
+        Why the preferred GPU path is unavailable (``None``: nothing fell back).  Counted at every call of a kind
+        in ``fallback_kinds``.
+    fallback_kinds:
+        Which queries the fallback changed the path of: ``("decode",)`` or ``("decode", "chunk")``.
     """
 
     decode: str
     chunk: str
     fallback: str | None = None
+    fallback_kinds: tuple[str, ...] = ()
+
+    def fallback_of(self, kind: str) -> str | None:
+        """The fallback reason for a ``kind`` (``decode`` / ``chunk``) query, if its path is a fallback."""
+        return self.fallback if kind in self.fallback_kinds else None
 
 
 def plan_attention(
@@ -118,7 +125,7 @@ def plan_attention(
     decode = "triton_decode" if triton else "torch_gather"
     no_triton = None if triton else "triton is not installed (no Triton decode kernel)"
     if page_size % FLASH_PAGE_MULTIPLE:
-        return AttentionPlan(decode, "torch_gather", no_triton)
+        return AttentionPlan(decode, "torch_gather", no_triton, ("decode",) if no_triton else ())
     capability = varlen_capability() if capability is None else capability
     reasons = [] if capability.paged else [capability.reason]
     if dtype not in FLASH_DTYPES:
@@ -132,7 +139,9 @@ def plan_attention(
     if not reasons:
         return AttentionPlan("varlen_paged", "varlen_paged")
     fallback = f"varlen_paged unavailable: {'; '.join(reasons)}"
-    return AttentionPlan(decode, "torch_gather", fallback if triton else f"{fallback}; {no_triton}")
+    return AttentionPlan(
+        decode, "torch_gather", fallback if triton else f"{fallback}; {no_triton}", ("decode", "chunk")
+    )
 
 
 class AttentionRecord:

@@ -454,10 +454,11 @@ def paged_attention(
         return dense_attention(module, query, paged.new_keys, paged.new_values, scaling, dropout)
     plan = layer.attention_plan
     assert plan is not None
+    kind = "decode" if q_len == 1 else "chunk"
     path = plan.decode if q_len == 1 else plan.chunk
     if dropout != 0.0:  # training-style dropout: only the torch reference has it
         path = "torch_gather"
-    ATTENTION_RECORD.note(path, plan.fallback if path != "varlen_paged" else None)
+    ATTENTION_RECORD.note(path, plan.fallback_of(kind))
     if path == "varlen_paged":
         return _varlen_paged(query, layer, scaling, causal=q_len > 1)
     if path == "triton_decode":

@@ -70,8 +70,10 @@ def test_plan_chooses_the_gpu_path_up_front_and_names_every_fallback() -> None:
     assert "float16/bfloat16" in plan(dtype=torch.float32).fallback
     assert "head dim" in plan(head_dim=512).fallback
     assert "compute capability" in plan(compute_capability=(7, 5)).fallback
+    assert torch_2_11.fallback_of("decode") == torch_2_11.fallback_of("chunk") == torch_2_11.fallback
     no_triton = plan(page_size=16, triton=False)
     assert no_triton.decode == "torch_gather" and "triton is not installed" in no_triton.fallback
+    assert no_triton.fallback_of("chunk") is None  # page 16 gathers for chunks by design, Triton or not
 
 
 def test_an_error_on_the_planned_path_propagates() -> None:
@@ -97,7 +99,7 @@ def test_calls_and_fallbacks_are_recorded_in_metrics_and_run_meta(
     reason = "varlen_paged unavailable: stand-in reason"
 
     def fallen_back_plan(*args, **kwargs) -> AttentionPlan:
-        return AttentionPlan("torch_gather", "torch_gather", reason)
+        return AttentionPlan("torch_gather", "torch_gather", reason, ("decode", "chunk"))
 
     monkeypatch.setenv(BACKEND_ENV, "paged")
     monkeypatch.setattr(paged, "plan_attention", fallen_back_plan)
