@@ -8,10 +8,11 @@ Both take the same options: ``logit_dtype`` rounds the logits as the reference c
 in bf16/fp16 does (the product ``q k^T`` rounded to the dtype, then the scaled logit, then its product with
 ``row_scale``), ``prob_dtype`` rounds every probability to the model dtype before it is reduced (the reference code
 casts its float32 softmax to bf16/fp16 and reduces in that dtype), ``row_scale`` multiplies each row's scaled
-logits (AhaKV's step-gain softmax).  The rounding is elementwise, in place on the blocks: it adds no memory.  Implementations (``impl``): ``triton`` (two-pass kernels from the
-rows' log-sum-exp; CUDA, or CPU tensors under ``TRITON_INTERPRET=1``), ``torch`` (the same two passes over key
-chunks / row blocks: bounded extra memory), ``dense`` (the materialising reference of :mod:`kvbench.kernels.reference`,
-for comparisons), ``auto`` (Triton on CUDA tensors when installed, else torch).
+logits (AhaKV's step-gain softmax).  The rounding is elementwise, in place on the blocks: it adds no memory.
+Implementations (``impl``): ``triton`` (two-pass kernels from the rows' log-sum-exp; CUDA, or CPU tensors under
+``TRITON_INTERPRET=1``), ``torch`` (the same two passes over key chunks / row blocks: bounded extra memory),
+``dense`` (the materialising reference of :mod:`kvbench.kernels.reference`, for comparisons),
+``auto`` (Triton on CUDA tensors when installed, else torch).
 
 Shapes: ``H_q`` query heads, ``H`` key heads (``H`` divides ``H_q``; consecutive query heads share a key head),
 ``W`` / ``R`` query rows, ``S`` keys, ``D`` head dim.  Query row ``r`` of ``R`` sits at position ``S - R + r``
