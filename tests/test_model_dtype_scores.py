@@ -259,3 +259,68 @@ def test_h2o_append_adds_every_row_and_evicts_at_once() -> None:
     cache.update(question[0][None], question[0][None].clone(), 0)
     session.after_attention(_Layer(0), question[1][None], DIM**-0.5)
     assert cache.headwise_layers[0].head_lengths() == [52]  # the switch keeps the earlier behaviour
+
+
+# ------------------------------------------------------------------------------------------ TOVA / CAKE / AhaKV steps
+def ref_tova_ranking(keys: list[torch.Tensor], query: torch.Tensor) -> list[torch.Tensor]:
+    """``TOVACache.reduce``: the step's attention ``[H_q, S]`` averaged over every query head (one ranking)."""
+    mean = ref_attention(query, torch.stack(keys), 1)[:, 0].mean(dim=0)
+    return [mean for _ in keys]
+
+
+def ref_cake_ranking(keys: list[torch.Tensor], query: torch.Tensor, window: int) -> list[torch.Tensor]:
+    """``CakeDecodingKVCache_LayerWise``: per KV head, the step's attention over ``[:-window]`` (mean over rows),
+    average-pooled (kernel 5) per query head, then the group mean."""
+    groups = query.shape[0] // len(keys)
+    rankings = []
+    for head, head_keys in enumerate(keys):
+        rows = query[head * groups : (head + 1) * groups]
+        probs = ref_attention(rows, head_keys[None], rows.shape[1], causal=False).mean(dim=1)  # [g, S]
+        rankings.append(pool(probs[:, :-window], 5, "avg").mean(dim=0))
+    return rankings
+
+
+def _follow_steps(method, keys, queries, steps, budget: int, protected: int, ranking, cast) -> int:
+    """Decode ``steps`` with ``method``; before each step compute the reference ranking from the cache's keys plus
+    the new key; after it, every head over the cap must keep a top-k of that ranking (and its last ``protected``
+    tokens).  Returns how many evictions the other precision's ranking would have made differently."""
+    cache, session = _session(method, f"{budget}L", keys, queries)
+    layer = cache.headwise_layers[0]
+    differ = 0
+    for new_key, query in steps:
+        before = [torch.cat([layer.head_kv(h)[0], new_key[h]]) for h in range(layer.num_heads)]
+        old_positions = [[*p.tolist(), layer.seen_tokens] for p in layer.positions]
+        rankings = ranking([cast(k) for k in before], cast(query))
+        others = ranking([k.float() for k in before], query.float()) if cast(query).dtype != torch.float32 else None
+        _decode(session, cache, new_key, query)
+        for head, ranks in enumerate(rankings):
+            if len(old_positions[head]) <= budget:
+                continue
+            now = set(layer.positions[head].tolist())
+            candidates = len(old_positions[head]) - protected
+            assert set(old_positions[head][candidates:]) <= now
+            chosen = {i for i, p in enumerate(old_positions[head][:candidates]) if p in now}
+            assert is_top(chosen, ranks[:candidates].float(), budget - protected)
+            if others is not None:
+                float32_choice = top_set(others[head][:candidates], budget - protected)
+                differ += not is_top(float32_choice, ranks[:candidates].float(), budget - protected)
+    return differ
+
+
+@pytest.mark.parametrize(("family", "seed"), [("tova", 3), ("cake", 2)])
+def test_decode_steps_rank_as_the_bf16_reference(family: str, seed: int) -> None:
+    """30 steps past the budget (GQA 2, near-uniform attention): every eviction is a top-k of the reference's bf16
+    ranking under ``score_dtype=model`` and of its float32 ranking under ``float32``; on these inputs (seeds where
+    it happens) the float32 ranking would have evicted differently from the bf16 one at some step."""
+    keys, queries = _inputs(seed, 2, 2, 48, sharp=0.05)
+    steps = _random_steps(seed + 50, 30, heads=2, groups=2, sharp=0.05)
+    budget, window = (24, 0) if family == "tova" else (40, 8)
+
+    def ranking(keys_now: list[torch.Tensor], query: torch.Tensor) -> list[torch.Tensor]:
+        return ref_tova_ranking(keys_now, query) if family == "tova" else ref_cake_ranking(keys_now, query, window)
+
+    for score_dtype, cast in (("model", lambda t: t), ("float32", lambda t: t.float())):
+        method = method_from_yaml(family, window=max(window, 1), score_dtype=score_dtype, gqa_granularity="kv_head")
+        differ = _follow_steps(method, keys, queries, steps, budget, window, ranking, cast)
+        if score_dtype == "model":
+            assert differ > 0
