@@ -169,11 +169,15 @@ class RefH2O:
     def __init__(self, positions: list[int], keys: torch.Tensor, scores: torch.Tensor, recent: int) -> None:
         self.positions, self.keys, self.scores, self.recent = positions, keys, scores, recent
 
-    def forward(self, new_positions: list[int], new_keys: torch.Tensor, queries: torch.Tensor) -> None:
-        """A forward of ``q`` rows ``[q, D]`` with their keys: ``_update_hh_score`` (column sums added)."""
+    def forward(
+        self, new_positions: list[int], new_keys: torch.Tensor, queries: torch.Tensor, factor: torch.Tensor | None
+    ) -> None:
+        """A forward of ``q`` rows ``[q, D]`` with their keys: ``_update_hh_score`` (column sums added); AhaKV's
+        ``[q]`` step gains multiply the rows' logits."""
         self.positions = self.positions + new_positions
         self.keys = torch.cat([self.keys, new_keys])
-        sums = ref_attention(queries[None], self.keys[None], queries.shape[0])[0].sum(dim=0)  # [S]
+        rows = queries.shape[0]
+        sums = ref_attention(queries[None], self.keys[None], rows, row_factor=factor)[0].sum(dim=0)  # [S]
         sums[: -queries.shape[0]] += self.scores
         self.scores = sums
 
@@ -202,14 +206,25 @@ def _random_steps(seed: int, count: int, heads: int = 1, groups: int = 1, sharp:
     return steps
 
 
-def _h2o_run(score_dtype: str, keys, queries, steps, question=None):
-    """kvbench's H2O session next to :class:`RefH2O` (in bf16 or float32), checked after every forward."""
-    method = method_from_yaml("h2o", window=8, score_dtype=score_dtype)
+def _h2o_run(score_dtype: str, keys, queries, steps, question=None, family: str = "h2o"):
+    """kvbench's H2O (or AhaKV) session next to :class:`RefH2O` (in bf16 or float32), checked after every
+    forward: budget 40, recent window 8, MHA."""
+    method = method_from_yaml(family, window=8, score_dtype=score_dtype)
     cache, session = _session(method, "40L", keys, queries)
     layer = cache.headwise_layers[0]
     cast = (lambda t: t) if score_dtype == "model" else (lambda t: t.float())
     length = keys.shape[1]
-    prefill = ref_attention(cast(queries), cast(keys), length).sum(dim=-2)[0]
+    if family == "h2o":
+        prefill = ref_attention(cast(queries), cast(keys), length).sum(dim=-2)[0]
+
+        def factor(seen: torch.Tensor) -> torch.Tensor | None:
+            return None
+    else:  # AhaKV: RA + SGS + VPE at prefill, then accumulated SG-softmax with i = the tokens each row sees
+        prefill = ref_prefill_scores("ahakv", cast(queries), cast(keys), 8, 40)[0]
+
+        def factor(seen: torch.Tensor) -> torch.Tensor | None:
+            return sg_multiplier(seen, 40, DIM, "unscaled", 1e-3)
+
     kept = layer.positions[0].tolist()
     ref = RefH2O(kept, cast(keys)[0][kept], prefill[kept], recent=8)
     if question is not None:  # a multi-token append after the prefill
@@ -217,13 +232,15 @@ def _h2o_run(score_dtype: str, keys, queries, steps, question=None):
         new_keys, rows = question
         cache.update(new_keys[None], new_keys[None].clone(), 0)
         session.after_attention(_Layer(0), rows[None], DIM**-0.5)
-        ref.forward(list(range(length, length + new_keys.shape[1])), cast(new_keys[0]), cast(rows[0]))
+        appended = torch.arange(length, length + new_keys.shape[1])
+        ref.forward(appended.tolist(), cast(new_keys[0]), cast(rows[0]), factor(appended + 1))
         ref.check_and_follow(layer.positions[0].tolist(), 40)
         session.begin_decode()
     history = []
     for new_key, query in steps:
         _decode(session, cache, new_key, query)
-        ref.forward([int(layer.positions[0][-1])], cast(new_key[0]), cast(query[0]))
+        seen = torch.tensor([layer.seen_tokens])
+        ref.forward([int(layer.positions[0][-1])], cast(new_key[0]), cast(query[0]), factor(seen))
         now = layer.positions[0].tolist()
         ref.check_and_follow(now, 40)
         running = session.method.decode_policy.scores[0][0]
@@ -243,6 +260,18 @@ def test_h2o_decoding_keeps_bf16_running_scores_as_the_reference() -> None:
     model, _ = _h2o_run("model", keys, queries, steps)
     exact, _ = _h2o_run("float32", keys, queries, steps)
     assert model != exact
+
+
+def test_ahakv_decoding_accumulates_bf16_sg_softmax_as_h2o_code() -> None:
+    """AhaKV's decoding (Algorithm 1 on H2O's code): the running scores equal the bf16 reference bit for bit, every
+    eviction is its top-k, after a 12-token append cut to the budget at once."""
+    keys, queries = _inputs(12, 1, 1, 64, sharp=2.0)
+    gen = torch.Generator().manual_seed(13)
+    question = (torch.randn(1, 12, DIM, generator=gen).bfloat16(), torch.randn(1, 12, DIM, generator=gen).bfloat16())
+    steps = _random_steps(14, 20, sharp=2.0)
+    for score_dtype in ("model", "float32"):
+        _, layer = _h2o_run(score_dtype, keys, queries, steps, question, family="ahakv")
+        assert layer.head_lengths() == [40]
 
 
 def test_h2o_append_adds_every_row_and_evicts_at_once() -> None:
@@ -324,3 +353,54 @@ def test_decode_steps_rank_as_the_bf16_reference(family: str, seed: int) -> None
         differ = _follow_steps(method, keys, queries, steps, budget, window, ranking, cast)
         if score_dtype == "model":
             assert differ > 0
+
+
+# ------------------------------------------------------------------------------------------ appends
+def _append(session, cache, new_keys: torch.Tensor, rows: torch.Tensor) -> None:
+    """Question-agnostic mode's question: ``q`` new keys ``[H, q, D]`` and their queries ``[H_q, q, D]``."""
+    session.begin_append()
+    cache.update(new_keys[None], new_keys[None].clone(), 0)
+    session.after_attention(_Layer(0), rows[None], DIM**-0.5)
+    session.begin_decode()
+
+
+@pytest.mark.parametrize("evict_on_append", [True, False])
+def test_streamingllm_append_cuts_back_to_sinks_and_recent(evict_on_append: bool) -> None:
+    """``StartRecentKVCache.__call__`` after the question's forward: 4 sinks + the 36 newest of 52 tokens (the
+    switch off: all 52 stay until decoding)."""
+    keys, queries = _inputs(15, 2, 1, 64)
+    method = method_from_yaml("streamingllm", sink_tokens=4, params={"evict_on_append": evict_on_append})
+    cache, session = _session(method, "40L", keys, queries)
+    gen = torch.Generator().manual_seed(16)
+    _append(session, cache, torch.randn(2, 12, DIM, generator=gen), torch.randn(2, 12, DIM, generator=gen))
+    positions = [p.tolist() for p in cache.headwise_layers[0].positions]
+    if evict_on_append:
+        assert positions == [[0, 1, 2, 3, *range(40, 76)]] * 2
+    else:
+        assert positions == [[0, 1, 2, 3, *range(28, 76)]] * 2
+
+
+@pytest.mark.parametrize("score_dtype", ["model", "float32"])
+def test_cake_append_ranks_by_its_last_rows_unmasked(score_dtype: str) -> None:
+    """CAKE's decoding branch on the question's forward: its last ``window`` rows' mean attention (no causal mask,
+    as the code), pooled per query head, group mean; cut to the layer budget at once."""
+    keys, queries = _inputs(17, 2, 2, 64, sharp=2.0)
+    method = method_from_yaml("cake", window=8, score_dtype=score_dtype, gqa_granularity="kv_head")
+    cache, session = _session(method, "40L", keys, queries)
+    layer = cache.headwise_layers[0]
+    cap = session.record.decode_cap_per_layer[0]
+    gen = torch.Generator().manual_seed(18)
+    new_keys = torch.randn(2, 12, DIM, generator=gen).bfloat16()
+    rows = (torch.randn(4, 12, DIM, generator=gen) * 2).bfloat16()
+    before = [torch.cat([layer.head_kv(h)[0], new_keys[h]]) for h in range(2)]
+    old_positions = [[*p.tolist(), *range(64, 76)] for p in layer.positions]
+    cast = (lambda t: t) if score_dtype == "model" else (lambda t: t.float())
+    rankings = ref_cake_ranking([cast(k) for k in before], cast(rows[:, -8:]), 8)
+    _append(session, cache, new_keys, rows)
+    assert layer.head_lengths() == [cap, cap] and len(old_positions[0]) > cap
+    for head, ranks in enumerate(rankings):
+        now = set(layer.positions[head].tolist())
+        candidates = len(old_positions[head]) - 8
+        assert set(range(68, 76)) <= now
+        chosen = {i for i, p in enumerate(old_positions[head][:candidates]) if p in now}
+        assert is_top(chosen, ranks.float(), cap - 8)
