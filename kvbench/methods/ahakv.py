@@ -49,11 +49,10 @@ from kvbench.methods.base import (
     WindowObservation,
     common_knobs,
     register_method,
-    round_to,
 )
 from kvbench.methods.h2o import ScoredDecodePolicy
 from kvbench.methods.params import bounded, choice, parse_params
-from kvbench.methods.scoring import aggregate_groups, probability_dtype
+from kvbench.methods.scoring import aggregate_groups, probability_dtype, round_to
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
     from kvbench.cache import HeadwiseLayer

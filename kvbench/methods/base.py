@@ -27,7 +27,7 @@ import torch
 from kvbench import kernels
 from kvbench.checks import check_min
 from kvbench.config import check_method_choices
-from kvbench.methods.scoring import ScoreOptions, aggregate_groups
+from kvbench.methods.scoring import ScoreOptions, aggregate_groups, round_to
 from kvbench.registry import Registry, submodule_importer
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
@@ -389,14 +389,6 @@ def score_options(method_cfg: Any, reference_gqa_reduce: str = "before_pool") ->
     )
 
 
-def round_to(values: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
-    """``values`` rounded to ``dtype`` and back to float32 (a reference step producing a ``dtype`` tensor); the
-    identity for ``None`` / float32."""
-    if dtype is None or dtype in (torch.float32, torch.float64):
-        return values
-    return values.to(dtype).float()
-
-
 def decode_attention(
     layer: HeadwiseLayer,
     query: torch.Tensor,
@@ -438,49 +430,6 @@ def decode_attention(
         rows = round_to(torch.softmax(logits, dim=-1), dtype)
         probs.append(rows if gqa_agg is None else round_to(aggregate_groups(rows, 1, gqa_agg)[0], dtype))
     return probs
-
-
-def appended_attention(
-    layer: HeadwiseLayer,
-    query: torch.Tensor,
-    scaling: float,
-    gqa_agg: str = "mean",
-    dtype: torch.dtype | None = None,
-    row_scale: torch.Tensor | None = None,
-    impl: str = "auto",
-) -> list[torch.Tensor]:
-    """Attention each stored token receives from the ``q`` rows of a multi-token append, summed over the rows
-    (causal: appended row ``r`` sees the head's slots up to its own), reduced over each head's GQA group.
-
-    The column sums of FMInference's H2O cache (``attn_score_cache.sum(0).sum(1)``) for a forward after the
-    prefill, by the fused :func:`kvbench.kernels.causal_column_sums` (never a ``q x S_h`` float32 matrix per row
-    block beyond its bound).
-
-    Parameters
-    ----------
-    layer:
-        The layer, with the ``q`` appended tokens already stored (the last ``q`` slots of every head).
-    query:
-        ``[H_q, q, D]`` the appended tokens' queries.
-    dtype:
-        Rounding as :func:`decode_attention` (logits, probabilities, the row sum and the group reduction).
-    row_scale:
-        ``[q]`` factor on each row's scaled logits (AhaKV), or ``None``.
-
-    Returns
-    -------
-    Per stored head, ``[S_h]`` float32 sums.
-    """
-    groups = query.shape[0] // layer.num_heads
-    sums = []
-    for head in range(layer.num_heads):
-        keys, _ = layer.head_kv(head)
-        head_q = query[head * groups : (head + 1) * groups]  # [g, q, D]
-        column = kernels.causal_column_sums(
-            head_q, keys[None], scaling, prob_dtype=dtype, logit_dtype=dtype, row_scale=row_scale, impl=impl
-        )
-        sums.append(round_to(aggregate_groups(round_to(column, dtype), 1, gqa_agg)[0], dtype))
-    return sums
 
 
 def evict_to_caps(

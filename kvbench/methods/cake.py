@@ -57,7 +57,6 @@ from kvbench.methods.base import (
     common_knobs,
     evict_to_caps,
     register_method,
-    round_to,
     score_options,
 )
 from kvbench.methods.h2o import AllRowsScorer, HeavyHitterDecode, ScoredDecodePolicy
@@ -68,6 +67,7 @@ from kvbench.methods.scoring import (
     no_rounding,
     pool_scores,
     probability_dtype,
+    round_to,
     rounding_to,
     with_window_columns,
 )

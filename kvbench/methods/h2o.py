@@ -37,16 +37,14 @@ from kvbench.methods.base import (
     PromptRows,
     TokenScorer,
     WindowObservation,
-    appended_attention,
     common_knobs,
     decode_attention,
     evict_to_caps,
     register_method,
-    round_to,
     score_options,
 )
 from kvbench.methods.params import choice, parse_params
-from kvbench.methods.scoring import ScoreOptions, aggregate_groups, window_votes
+from kvbench.methods.scoring import ScoreOptions, aggregate_groups, appended_attention, round_to, window_votes
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
     from kvbench.cache import HeadwiseLayer

@@ -30,12 +30,11 @@ from kvbench.methods.base import (
     decode_attention,
     evict_to_caps,
     register_method,
-    round_to,
     score_options,
 )
 from kvbench.methods.h2o import ScoredDecodePolicy
 from kvbench.methods.params import parse_params
-from kvbench.methods.scoring import no_rounding, rounding_to
+from kvbench.methods.scoring import no_rounding, round_to, rounding_to
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
     from kvbench.cache import HeadwiseLayer
