@@ -32,10 +32,27 @@ FAMILY_KEYWORDS: dict[str, tuple[str, ...]] = {
     "ada_snapkv": ("ada_", "adakv"),
     "ada_pyramidkv": ("ada_pyramid", "adakv"),
 }
+#: Family -> how the switch table of ``docs/methods/index.md`` names it (a row mentioning one is the family's).
+SWITCH_NAMES: dict[str, tuple[str, ...]] = {
+    "streamingllm": ("StreamingLLM",),
+    "h2o": ("H2O",),
+    "tova": ("TOVA",),
+    "nacl": ("NACL",),
+    "snapkv": ("SnapKV",),
+    "pyramidkv": ("`pyramidkv`", "PyramidKV"),
+    "ada_snapkv": ("Ada-KV",),
+    "ada_pyramidkv": ("Ada-KV", "ada_pyramidkv"),
+    "cake": ("CAKE",),
+    "ahakv": ("AhaKV",),
+    "xkv": ("XKV",),
+}
+#: The hand-written methods page whose tables the family pages quote.
+METHODS_PAGE = REPO / "docs" / "methods" / "index.md"
 #: Test files whose tests count as evidence for every preset they name as a string literal.
 PARITY_FILES = (
     "test_reference_parity.py",
     "test_decode_parity.py",
+    "test_model_dtype_scores.py",
     "test_methods.py",
     "test_methods_end_to_end.py",
     "test_fused_scoring.py",
@@ -63,6 +80,7 @@ class Preset:
     name: str
     settings: dict[str, Any]
     comment: str
+    reference_text: str
 
 
 @dataclass
@@ -73,6 +91,20 @@ class TestEvidence:
     name: str
     summary: str
     literals: set[str] = field(default_factory=set)
+
+
+def reference_block(yaml_text: str) -> str:
+    """The ``reference:`` block of a preset file verbatim (from its line to the next top-level key), or ``""``."""
+    lines = yaml_text.splitlines()
+    for index, line in enumerate(lines):
+        if line.startswith("reference:"):
+            block = [line]
+            for following in lines[index + 1 :]:
+                if following and not following.startswith((" ", "#")):
+                    break
+                block.append(following)
+            return "\n".join(block).rstrip()
+    return ""
 
 
 def read_presets() -> dict[str, list[Preset]]:
@@ -88,7 +120,8 @@ def read_presets() -> dict[str, list[Preset]]:
             elif comment_lines and not line.startswith("  ") and not line.startswith("-"):
                 break
         family = str(settings.get("family", path.stem))
-        families.setdefault(family, []).append(Preset(path.stem, settings, " ".join(comment_lines)))
+        preset = Preset(path.stem, settings, " ".join(comment_lines), reference_block(text))
+        families.setdefault(family, []).append(preset)
     return families
 
 
@@ -100,6 +133,7 @@ def read_tests() -> list[TestEvidence]:
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
                 doc = (ast.get_docstring(node) or "").strip().split("\n\n")[0].replace("\n", " ")
+                doc = doc or node.name.removeprefix("test_").replace("_", " ") + " (the test's name)"
                 literals = {
                     sub.value
                     for part in [*node.decorator_list, node]
@@ -123,6 +157,46 @@ def evidence_for(family: str, presets: list[Preset], tests: list[TestEvidence]) 
     return found
 
 
+def table_rows(markdown: str, header: str) -> list[str]:
+    """The body rows of the Markdown table whose header line starts with ``header``."""
+    lines = markdown.splitlines()
+    for index, line in enumerate(lines):
+        if line.startswith(header):
+            rows = []
+            for row in lines[index + 2 :]:
+                if not row.startswith("|"):
+                    break
+                rows.append(row)
+            return rows
+    raise RuntimeError(f"{METHODS_PAGE} has no table starting {header!r}")
+
+
+def _cells(row: str) -> list[str]:
+    return [cell.strip() for cell in re.split(r"(?<!\\)\|", row.strip().strip("|"))]
+
+
+def family_tables(family: str) -> list[str]:
+    """The rows of the methods page's preset table (family column = ``family``) and switch table (naming it)."""
+    markdown = METHODS_PAGE.read_text(encoding="utf-8")
+    presets = [row for row in table_rows(markdown, "| method | family |") if _cells(row)[1] == family]
+    names = SWITCH_NAMES.get(family, ())
+    switches = [row for row in table_rows(markdown, "| switch |") if any(name in _cells(row)[0] for name in names)]
+    lines = []
+    if presets:
+        lines += ["| method | family | reproduces | what it does |", "| --- | --- | --- | --- |", *presets, ""]
+    if switches:
+        lines += [
+            "kvbench's own variants of this family: named switches, off by default (`method.params.<key>` unless "
+            "noted):",
+            "",
+            "| switch | default (reference) | kvbench variant |",
+            "| --- | --- | --- |",
+            *switches,
+            "",
+        ]
+    return lines
+
+
 def _escape_pipes(text: str) -> str:
     return text.replace("|", "\\|")
 
@@ -139,8 +213,9 @@ def family_page(family: str, presets: list[Preset], tests: list[TestEvidence]) -
         f"# Method family `{family}`",
         "",
         f"Generated from `conf/method/*.yaml` (presets with `family: {family}`) and `tests/` when the site is built.",
-        "The switches shared by every family, and kvbench's own named variants, are on the [methods page](index.md).",
+        "The knobs shared by every family and the paper experiments' settings are on the [methods page](index.md).",
         "",
+        *family_tables(family),
     ]
     for preset in presets:
         lines += [f"## `{preset.name}`", ""]
@@ -156,11 +231,16 @@ def family_page(family: str, presets: list[Preset], tests: list[TestEvidence]) -
                 else:
                     lines.append(f"| `{key}` | {_markdown_cell(value)} |")
             lines.append("")
-        reference = preset.settings.get("reference")
-        if reference:
-            block = yaml.safe_dump({"reference": reference}, sort_keys=False, width=110, allow_unicode=True)
-            lines += ["Reference (`reference:` block of the preset, recorded in every `metrics.json`):", ""]
-            lines += ["```yaml", block.rstrip(), "```", ""]
+        if preset.reference_text:
+            lines += [
+                f"Reference (the `reference:` block of `conf/method/{preset.name}.yaml`, recorded in every "
+                "`metrics.json`):",
+                "",
+                "```yaml",
+                preset.reference_text,
+                "```",
+                "",
+            ]
     evidence = evidence_for(family, presets, tests)
     lines += ["## Parity evidence", ""]
     if evidence:
