@@ -26,9 +26,11 @@ from typing import Any, Protocol
 import torch
 from transformers import AttentionInterface
 
+from kvbench.attention_extras import AttentionDetails, detailed_attention, ragged_detailed_attention
 from kvbench.attention_ops import bottom_right_causal_mask, dense_attention, ragged_attention
 from kvbench.cache_base import RaggedKV, on_device
 from kvbench.paged import PagedKV, paged_attention
+from kvbench.sliding import SlidingWindowLayer, sliding_causal_mask
 
 __all__ = ["ATTENTION_NAME", "AttentionObserver", "bottom_right_causal_mask", "kvbench_attention_forward"]
 
@@ -65,8 +67,8 @@ def kvbench_attention_forward(
     attention_mask:
         Must be ``None``: kvbench runs one unpadded sequence and builds its own masks.
     kwargs:
-        ``kvbench_session`` (optional) receives the queries after the output is computed; ``sliding_window``
-        must be unset.
+        ``kvbench_session`` (optional) receives the queries after the output is computed; the per-model details
+        ``sliding_window``, ``softcap`` and ``s_aux`` (sinks) are honoured (:mod:`kvbench.attention_extras`).
 
     Returns
     -------
@@ -74,15 +76,35 @@ def kvbench_attention_forward(
     """
     if attention_mask is not None:
         raise ValueError("kvbench attention expects attention_mask=None (batch size 1, no padding)")
-    if kwargs.get("sliding_window") is not None:
-        raise NotImplementedError(
-            f"model layer {getattr(module, 'layer_idx', '?')} uses sliding-window attention "
-            f"(window {kwargs['sliding_window']}), which kvbench's cache does not implement"
-        )
     if query.shape[0] != 1:
         raise ValueError(f"kvbench attention runs batch size 1, got {query.shape[0]}")
+    details = AttentionDetails.from_kwargs(kwargs)
+    session = kwargs.get("kvbench_session")
+    if details.window is not None:
+        _check_sliding_layer(module, key, details.window, session)
     with on_device(query.device):  # this layer's device (a device map spreads layers over GPUs)
-        return _attend_and_observe(module, query, key, value, scaling, dropout, kwargs.get("kvbench_session"))
+        return _attend_and_observe(module, query, key, value, scaling, dropout, session, details)
+
+
+def _check_sliding_layer(module: torch.nn.Module, key: Any, window: int, session: Any) -> None:
+    """A sliding-window call must come with a contiguous, dense cache layer (kvbench's sliding layer, or a full
+    layer nothing was evicted from), else the window mask would hide the wrong keys."""
+    cache = getattr(session, "cache", None)
+    layer_idx = getattr(module, "layer_idx", None)
+    if cache is not None and layer_idx is not None:
+        layer = cache.layers[int(layer_idx)]
+        if not isinstance(layer, SlidingWindowLayer) and int(layer.stored_tokens()) != layer.seen_tokens * max(
+            1, layer.num_heads
+        ):
+            raise NotImplementedError(
+                f"model layer {layer_idx} uses sliding-window attention (window {window}) but its kvbench cache "
+                "layer is an evicted full-attention layer; build the cache with kvbench.generation.build_cache"
+            )
+    if not isinstance(key, torch.Tensor):
+        raise NotImplementedError(
+            f"model layer {layer_idx} uses sliding-window attention (window {window}) over per-head storage "
+            f"({type(key).__name__}); kvbench holds sliding layers in kvbench.sliding.SlidingWindowLayer"
+        )
 
 
 def _attend_and_observe(
@@ -93,9 +115,13 @@ def _attend_and_observe(
     scaling: float | None,
     dropout: float,
     session: AttentionObserver | None,
+    details: AttentionDetails,
 ) -> tuple[torch.Tensor, None]:
     """The attention output for the cache layer's storage kind, then the session's callback."""
-    if isinstance(key, PagedKV):
+    effective_scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if details.needs_eager or details.window is not None:
+        output = _detailed(module, query, key, value, effective_scaling, details)
+    elif isinstance(key, PagedKV):
         output = paged_attention(module, query, key, scaling, dropout)
     elif isinstance(key, RaggedKV):
         assert isinstance(value, RaggedKV)
@@ -104,9 +130,52 @@ def _attend_and_observe(
         assert isinstance(value, torch.Tensor)
         output = dense_attention(module, query, key, value, scaling, dropout)
     if session is not None:
-        effective_scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
         session.after_attention(module, query, effective_scaling)
     return output, None
+
+
+def _detailed(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor | RaggedKV | PagedKV,
+    value: torch.Tensor | RaggedKV | PagedKV,
+    scaling: float,
+    details: AttentionDetails,
+) -> torch.Tensor:
+    """Attention with a sliding window, soft-capping or sinks (inference: no dropout); returns ``[1, q, H_q, D]``.
+
+    A sliding layer without soft-capping or sinks keeps SDPA (a boolean window mask); the others are computed eagerly
+    (:func:`kvbench.attention_extras.detailed_attention`).  Paged storage is read back as dense or per-head tensors.
+    """
+    if isinstance(key, PagedKV):
+        if key.first_chunk:
+            key, value = key.new_keys, key.new_values
+        elif key.layer.is_ragged:
+            key, value = key.layer.ragged_kv()
+        else:
+            dense_keys, dense_values = key.layer.dense_kv()
+            key, value = dense_keys[None], dense_values[None]
+    if isinstance(key, RaggedKV):
+        assert isinstance(value, RaggedKV)
+        return ragged_detailed_attention(query, key, value, scaling, details, bottom_right_causal_mask)
+    assert isinstance(value, torch.Tensor)
+    query_length, key_length = query.shape[2], key.shape[2]
+    mask = None
+    if details.window is not None and key_length > 1:
+        mask = sliding_causal_mask(query_length, key_length, details.window, query.device)
+    elif query_length > 1:
+        mask = bottom_right_causal_mask(query_length, key_length, query.device)
+    if details.needs_eager:
+        return detailed_attention(query, key, value, scaling, mask, details)
+    groups = query.shape[1] // key.shape[1]
+    output = torch.nn.functional.scaled_dot_product_attention(
+        query,
+        key.repeat_interleave(groups, dim=1),
+        value.repeat_interleave(groups, dim=1),
+        attn_mask=mask[None, None] if mask is not None else None,
+        scale=scaling,
+    )
+    return output.transpose(1, 2).contiguous()
 
 
 AttentionInterface.register(ATTENTION_NAME, kvbench_attention_forward)

@@ -39,6 +39,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from kvbench.cache_base import LogicalLengthLayer, RaggedKV, on_device, sorted_keep_indices
 from kvbench.checks import check_choice
 from kvbench.paged import DEFAULT_PAGE_SIZE, PagedLayer
+from kvbench.sliding import SlidingWindowLayer
 
 
 class HeadwiseLayer(LogicalLengthLayer):
@@ -215,10 +216,18 @@ class KVBenchCache(Cache):
         ``None``: the ``KVBENCH_CACHE_BACKEND`` environment variable, else ``auto``.
     page_size:
         Tokens per page of the paged backend (``None``: 16; use a multiple of 256 for FlashAttention-2's paged path).
+    sliding_windows:
+        Per layer, its sliding window or ``None`` (:func:`kvbench.sliding.layer_windows`); sliding layers are held
+        in :class:`kvbench.sliding.SlidingWindowLayer` (never evicted).  ``None``: every layer is full attention.
     """
 
     def __init__(
-        self, num_layers: int, expand_factor: int = 1, backend: str | None = None, page_size: int | None = None
+        self,
+        num_layers: int,
+        expand_factor: int = 1,
+        backend: str | None = None,
+        page_size: int | None = None,
+        sliding_windows: Sequence[int | None] | None = None,
     ) -> None:
         super().__init__(layers=[HeadwiseLayer(expand_factor) for _ in range(num_layers)])
         self.expand_factor = expand_factor
@@ -228,6 +237,22 @@ class KVBenchCache(Cache):
         self.page_size = page_size
         if backend == "paged":
             self.layers = [self._paged_layer() for _ in range(num_layers)]
+        if sliding_windows is not None:
+            if len(sliding_windows) != num_layers:
+                raise ValueError(f"got {len(sliding_windows)} sliding windows for {num_layers} layers")
+            for layer_idx, window in enumerate(sliding_windows):
+                if window is not None:
+                    self.layers[layer_idx] = SlidingWindowLayer(window)
+
+    @property
+    def sliding_layers(self) -> list[int]:
+        """Indices of the sliding-window layers (not evicted)."""
+        return [idx for idx, layer in enumerate(self.layers) if isinstance(layer, SlidingWindowLayer)]
+
+    @property
+    def compressible_layers(self) -> list[int]:
+        """Indices of the layers eviction acts on (full attention)."""
+        return [idx for idx, layer in enumerate(self.layers) if not isinstance(layer, SlidingWindowLayer)]
 
     def _paged_layer(self) -> CacheLayerMixin:
         return PagedLayer(self.expand_factor, page_size=self.page_size or DEFAULT_PAGE_SIZE)
