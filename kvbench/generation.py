@@ -67,7 +67,8 @@ def build_cache(model: PreTrainedModel, method: EvictionMethod) -> KVBenchCache:
     config = model.config.get_text_config(decoder=True)
     expand = 1
     if method.gqa_granularity == "query_head":
-        expand = int(config.num_attention_heads) // int(config.num_key_value_heads)
+        heads = int(config.num_attention_heads)
+        expand = heads // int(getattr(config, "num_key_value_heads", None) or heads)
     windows = layer_windows(config)
     return KVBenchCache(len(windows), expand_factor=expand, sliding_windows=windows)
 
