@@ -21,6 +21,7 @@ layer's post-RoPE queries, and the session may compress that layer's cache (pref
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Protocol
 
 import torch
@@ -80,10 +81,21 @@ def kvbench_attention_forward(
         raise ValueError(f"kvbench attention runs batch size 1, got {query.shape[0]}")
     details = AttentionDetails.from_kwargs(kwargs)
     session = kwargs.get("kvbench_session")
+    cache_layer = _cache_layer(module, session)
+    if details.window is None and isinstance(cache_layer, SlidingWindowLayer):
+        # Some models (PhiMoE) put the window in the mask only, which kvbench builds itself: take the layer's.
+        details = replace(details, window=cache_layer.window)
     if details.window is not None:
         _check_sliding_layer(module, key, details.window, session)
     with on_device(query.device):  # this layer's device (a device map spreads layers over GPUs)
         return _attend_and_observe(module, query, key, value, scaling, dropout, session, details)
+
+
+def _cache_layer(module: torch.nn.Module, session: Any) -> Any:
+    """The session cache's layer of ``module`` (``None`` without a session)."""
+    cache = getattr(session, "cache", None)
+    layer_idx = getattr(module, "layer_idx", None)
+    return cache.layers[int(layer_idx)] if cache is not None and layer_idx is not None else None
 
 
 def _check_sliding_layer(module: torch.nn.Module, key: Any, window: int, session: Any) -> None:

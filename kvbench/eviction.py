@@ -217,8 +217,10 @@ class EvictionSession:
     def after_attention(self, module: torch.nn.Module, query: torch.Tensor, scaling: float) -> None:
         """Called by kvbench's attention for every layer with ``query`` ``[1, H_q, q, D]``."""
         layer_idx = int(module.layer_idx)
-        if layer_idx not in self._rank:
-            return  # a sliding-window layer: never evicted
+        if layer_idx not in self._rank:  # a sliding-window layer: never evicted
+            if self.phase == "compress":
+                self.record.peak_prefill_bytes = max(self.record.peak_prefill_bytes, self.cache.kv_bytes())
+            return
         layer = self.cache.headwise_layers[layer_idx]
         policy = self.method.decode_policy
         if self.phase == "compress":

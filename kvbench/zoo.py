@@ -109,16 +109,26 @@ def causal_lm_architectures() -> dict[str, str]:
     return dict(sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()))
 
 
+#: Fields of a config that takes images itself, without a vision sub-config (Fuyu's patch embedding).
+IMAGE_FIELDS = ("patch_size", "num_channels")
+
+
 def modality_configs(config: Any) -> list[str]:
-    """The sub-configs of a multimodal wrapper (vision, audio, image tokenizer...); empty for a text model."""
+    """The sub-configs (or image fields) of a multimodal model (vision, audio, image tokenizer...); empty for text."""
     names = set(getattr(type(config), "sub_configs", {}) or {})
-    return sorted(name for name in names if any(word in name for word in MODALITY_WORDS))
+    found = sorted(name for name in names if any(word in name for word in MODALITY_WORDS))
+    fields = config.to_dict()
+    return found or [f"vision: {name}" for name in IMAGE_FIELDS if name in fields]
 
 
 def _tiny_overrides(defaults: Any) -> dict[str, Any]:
     """The :data:`TINY_SIZES` fields ``defaults`` has, recursively into its (text) sub-configs."""
     fields = defaults.to_dict()
     overrides = {key: value for key, value in TINY_SIZES.items() if key in fields}
+    if fields.get("num_key_value_heads") is not None and fields.get("num_key_value_heads") == fields.get(
+        "num_attention_heads"
+    ):
+        overrides["num_key_value_heads"] = overrides["num_attention_heads"]  # multi-head by design (MLA...): kept
     if "layer_types" in fields:
         overrides["layer_types"] = None  # re-derived for the tiny layer count
     for name in getattr(type(defaults), "sub_configs", {}) or {}:
