@@ -222,7 +222,8 @@ def support_table(probes: list[Probe], transformers_version: str) -> str:
     supported = sum(p.status == "supported" for p in probes)
     lines = [
         f"transformers {transformers_version}: {len(probes)} causal-LM architectures, {supported} supported "
-        "(tiny random configuration: full cache == `model.generate`)",
+        "(tiny random configuration: full cache == `model.generate` token for token, SnapKV keeps its exact budget on "
+        'the full-attention layers; ✗ with "not built" / "too large": no tiny configuration was found, untested)',
         "",
         "| model_type | class | kvbench | layers / reason |",
         "|---|---|---|---|",

@@ -1,5 +1,5 @@
 """Sliding-window, hybrid and sink models (issue #34): Gemma-2, Gemma-3, gpt-oss, sliding-window Mistral and hybrid
-Qwen2 (plus Llama as the all-full reference) on tiny random configurations.
+Qwen2 on tiny random configurations (all-full models: the rest of the suite and ``tests/test_model_zoo.py``).
 
 * with nothing evicted, kvbench gives ``model.generate``'s tokens (eager attention: soft-capping, sinks, the
   window), in one prefill forward and in chunks;
@@ -20,7 +20,6 @@ from transformers import (
     Gemma2Config,
     Gemma3TextConfig,
     GptOssConfig,
-    LlamaConfig,
     MistralConfig,
     PreTrainedModel,
     Qwen2Config,
@@ -28,8 +27,8 @@ from transformers import (
 from transformers.cache_utils import DynamicSlidingWindowLayer
 
 import kvbench
-from kvbench.cache import KVBenchCache
 from kvbench.budget import parse_budget
+from kvbench.cache import KVBenchCache
 from kvbench.methods.base import build_method, method_families
 from kvbench.sliding import SlidingWindowLayer, UnsupportedLayers, layer_windows, sliding_causal_mask
 
@@ -58,7 +57,6 @@ CONFIGS = {
     "qwen2_hybrid": lambda: Qwen2Config(
         **COMMON, num_hidden_layers=4, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=2
     ),
-    "llama": lambda: LlamaConfig(**COMMON, num_hidden_layers=2),
 }
 #: Expected sliding layers, as transformers lays them out.
 SLIDING = {
@@ -67,7 +65,6 @@ SLIDING = {
     "gpt_oss": [0, 2],
     "mistral_sliding": [0, 1],
     "qwen2_hybrid": [2, 3],
-    "llama": [],
 }
 
 
