@@ -27,7 +27,12 @@ from typing import Any, Protocol
 import torch
 from transformers import AttentionInterface
 
-from kvbench.attention_extras import AttentionDetails, detailed_attention, ragged_detailed_attention
+from kvbench.attention_extras import (
+    AttentionDetails,
+    detailed_attention,
+    positional_window_attention,
+    ragged_detailed_attention,
+)
 from kvbench.attention_ops import bottom_right_causal_mask, dense_attention, ragged_attention
 from kvbench.cache_base import RaggedKV, on_device
 from kvbench.paged import PagedKV, paged_attention
@@ -81,42 +86,65 @@ def kvbench_attention_forward(
         raise ValueError(f"kvbench attention runs batch size 1, got {query.shape[0]}")
     details = AttentionDetails.from_kwargs(kwargs)
     session = kwargs.get("kvbench_session")
-    cache_layer = _cache_layer(module, session)
-    if details.window is None and isinstance(cache_layer, SlidingWindowLayer):
+    cache = getattr(session, "cache", None)
+    layer_idx = getattr(module, "layer_idx", None)
+    cache_layer, cache_window = None, None
+    if cache is not None and layer_idx is not None:
+        cache_layer = cache.layers[int(layer_idx)]
+        cache_window = getattr(cache, "windows", [None] * len(cache.layers))[int(layer_idx)]
+    if details.window is None and cache_window is not None:
         # Some models (PhiMoE) put the window in the mask only, which kvbench builds itself: take the layer's.
-        details = replace(details, window=cache_layer.window)
-    if details.window is not None:
-        _check_sliding_layer(module, key, details.window, session)
+        details = replace(details, window=cache_window)
     with on_device(query.device):  # this layer's device (a device map spreads layers over GPUs)
+        if details.window is not None and cache_layer is not None and not isinstance(cache_layer, SlidingWindowLayer):
+            # A sliding layer kept evictable (compress_sliding): the window is applied on the true positions.
+            output = _windowed_by_position(query, key, value, cache_layer, scaling, details)
+            if session is not None:
+                session.after_attention(module, query, scaling if scaling is not None else query.shape[-1] ** -0.5)
+            return output, None
+        if details.window is not None and not isinstance(key, torch.Tensor):
+            raise NotImplementedError(
+                f"model layer {layer_idx} uses sliding-window attention (window {details.window}) over per-head "
+                f"storage ({type(key).__name__}) without a kvbench session to read its positions from"
+            )
         return _attend_and_observe(module, query, key, value, scaling, dropout, session, details)
 
 
-def _cache_layer(module: torch.nn.Module, session: Any) -> Any:
-    """The session cache's layer of ``module`` (``None`` without a session)."""
-    cache = getattr(session, "cache", None)
-    layer_idx = getattr(module, "layer_idx", None)
-    return cache.layers[int(layer_idx)] if cache is not None and layer_idx is not None else None
+def _windowed_by_position(
+    query: torch.Tensor,
+    key: torch.Tensor | RaggedKV | PagedKV,
+    value: torch.Tensor | RaggedKV | PagedKV,
+    layer: Any,
+    scaling: float | None,
+    details: AttentionDetails,
+) -> torch.Tensor:
+    """Sliding-window attention over an evictable layer (heads may differ in length and hold non-contiguous
+    positions): per stored head, query ``p`` sees the kept keys at positions ``p - window < k <= p``."""
+    keys, values = _per_head_kv(key, value)
+    query_positions = torch.arange(layer.seen_tokens - query.shape[2], layer.seen_tokens, device=query.device)
+    assert details.window is not None
+    return positional_window_attention(
+        query, keys, values, layer.positions, query_positions, details.window, scaling, details
+    )
 
 
-def _check_sliding_layer(module: torch.nn.Module, key: Any, window: int, session: Any) -> None:
-    """A sliding-window call must come with a contiguous, dense cache layer (kvbench's sliding layer, or a full
-    layer nothing was evicted from), else the window mask would hide the wrong keys."""
-    cache = getattr(session, "cache", None)
-    layer_idx = getattr(module, "layer_idx", None)
-    if cache is not None and layer_idx is not None:
-        layer = cache.layers[int(layer_idx)]
-        if not isinstance(layer, SlidingWindowLayer) and int(layer.stored_tokens()) != layer.seen_tokens * max(
-            1, layer.num_heads
-        ):
-            raise NotImplementedError(
-                f"model layer {layer_idx} uses sliding-window attention (window {window}) but its kvbench cache "
-                "layer is an evicted full-attention layer; build the cache with kvbench.generation.build_cache"
-            )
-    if not isinstance(key, torch.Tensor):
-        raise NotImplementedError(
-            f"model layer {layer_idx} uses sliding-window attention (window {window}) over per-head storage "
-            f"({type(key).__name__}); kvbench holds sliding layers in kvbench.sliding.SlidingWindowLayer"
-        )
+def _per_head_kv(
+    key: torch.Tensor | RaggedKV | PagedKV, value: torch.Tensor | RaggedKV | PagedKV
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per stored head ``[1, 1, S_h, D]`` keys and values of a layer's ``update`` result."""
+    if isinstance(key, PagedKV):
+        if key.first_chunk:
+            key, value = key.new_keys, key.new_values
+        elif key.layer.is_ragged:
+            key, value = key.layer.ragged_kv()
+        else:
+            dense_keys, dense_values = key.layer.dense_kv()
+            key, value = dense_keys[None], dense_values[None]
+    if isinstance(key, RaggedKV):
+        assert isinstance(value, RaggedKV)
+        return key.heads, value.heads
+    assert isinstance(value, torch.Tensor)
+    return list(key.split(1, dim=1)), list(value.split(1, dim=1))
 
 
 def _attend_and_observe(

@@ -130,3 +130,43 @@ def ragged_detailed_attention(
         head_sinks = details.sinks[rows] if details.sinks is not None else None
         outputs.append(detailed_attention(query[:, rows], head_k, head_v, scaling, mask, details, head_sinks))
     return torch.cat(outputs, dim=2)
+
+
+def positional_window_attention(
+    query: torch.Tensor,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    key_positions: list[torch.Tensor],
+    query_positions: torch.Tensor,
+    window: int,
+    scaling: float | None,
+    details: AttentionDetails,
+) -> torch.Tensor:
+    """Sliding-window attention over stored heads whose kept tokens need not be contiguous (an evicted sliding layer).
+
+    Parameters
+    ----------
+    query:
+        ``[1, H_q, q, D]``; stored head ``h`` serves query heads ``h*g .. h*g+g-1``.
+    keys, values:
+        Per stored head ``[1, 1, S_h, D]``.
+    key_positions:
+        Per stored head ``[S_h]`` true positions of the stored tokens.
+    query_positions:
+        ``[q]`` true positions of the queries.
+
+    Returns
+    -------
+    ``[1, q, H_q, D]``: query at ``p`` attends the stored keys at ``p - window < k <= p``.
+    """
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    groups = query.shape[1] // len(keys)
+    outputs = []
+    for head, (head_k, head_v, positions) in enumerate(zip(keys, values, key_positions, strict=True)):
+        rows = slice(head * groups, (head + 1) * groups)
+        k_pos = positions.to(query_positions.device, torch.long)[None, :]
+        q_pos = query_positions[:, None]
+        mask = (k_pos <= q_pos) & (k_pos > q_pos - window)
+        head_sinks = details.sinks[rows] if details.sinks is not None else None
+        outputs.append(detailed_attention(query[:, rows], head_k, head_v, scale, mask, details, head_sinks))
+    return torch.cat(outputs, dim=2)

@@ -219,6 +219,9 @@ class KVBenchCache(Cache):
     sliding_windows:
         Per layer, its sliding window or ``None`` (:func:`kvbench.sliding.layer_windows`); sliding layers are held
         in :class:`kvbench.sliding.SlidingWindowLayer` (never evicted).  ``None``: every layer is full attention.
+    compress_sliding:
+        Keep the sliding layers in evictable storage instead (eviction then acts on them too; attention applies
+        their window on the kept tokens' true positions).  Off by default.
     """
 
     def __init__(
@@ -228,6 +231,7 @@ class KVBenchCache(Cache):
         backend: str | None = None,
         page_size: int | None = None,
         sliding_windows: Sequence[int | None] | None = None,
+        compress_sliding: bool = False,
     ) -> None:
         super().__init__(layers=[HeadwiseLayer(expand_factor) for _ in range(num_layers)])
         self.expand_factor = expand_factor
@@ -237,17 +241,20 @@ class KVBenchCache(Cache):
         self.page_size = page_size
         if backend == "paged":
             self.layers = [self._paged_layer() for _ in range(num_layers)]
+        #: Per layer, its sliding window (``None``: full attention).
+        self.windows: list[int | None] = [None] * num_layers
         if sliding_windows is not None:
             if len(sliding_windows) != num_layers:
                 raise ValueError(f"got {len(sliding_windows)} sliding windows for {num_layers} layers")
+            self.windows = list(sliding_windows)
             for layer_idx, window in enumerate(sliding_windows):
-                if window is not None:
+                if window is not None and not compress_sliding:
                     self.layers[layer_idx] = SlidingWindowLayer(window)
 
     @property
     def sliding_layers(self) -> list[int]:
-        """Indices of the sliding-window layers (not evicted)."""
-        return [idx for idx, layer in enumerate(self.layers) if isinstance(layer, SlidingWindowLayer)]
+        """Indices of the sliding-window layers (evicted only with ``compress_sliding``)."""
+        return [idx for idx, window in enumerate(self.windows) if window is not None]
 
     @property
     def compressible_layers(self) -> list[int]:

@@ -63,14 +63,17 @@ class GenerationOutput:
 
 def build_cache(model: PreTrainedModel, method: EvictionMethod) -> KVBenchCache:
     """An empty cache with the method's GQA granularity; the model's sliding-window layers (as transformers reads
-    its config, :func:`kvbench.sliding.layer_windows`) are held in sliding layers."""
+    its config, :func:`kvbench.sliding.layer_windows`) are held in sliding layers, or kept evictable when the method
+    says ``compress_sliding`` (:class:`~kvbench.methods.base.EvictionMethod`, off by default)."""
     config = model.config.get_text_config(decoder=True)
     expand = 1
     if method.gqa_granularity == "query_head":
         heads = int(config.num_attention_heads)
         expand = heads // int(getattr(config, "num_key_value_heads", None) or heads)
     windows = layer_windows(config)
-    return KVBenchCache(len(windows), expand_factor=expand, sliding_windows=windows)
+    return KVBenchCache(
+        len(windows), expand_factor=expand, sliding_windows=windows, compress_sliding=method.compress_sliding
+    )
 
 
 def forward_logits(

@@ -167,3 +167,25 @@ def test_a_model_with_recurrent_layers_is_refused_by_name() -> None:
         layer_windows(config)
     with pytest.raises(ValueError, match="1 sliding windows for 2 layers"):
         KVBenchCache(2, sliding_windows=[None])
+
+
+@pytest.mark.parametrize("name", ["gemma2", "gpt_oss"])
+def test_compress_sliding_switch_evicts_sliding_layers_too(name: str, method_configs: dict[str, Any]) -> None:
+    """``EvictionMethod.compress_sliding``: sliding layers are kept evictable and join the compressible layers; the
+    window is applied on the kept tokens' true positions, so with nothing evicted the tokens are still transformers'."""
+    torch.manual_seed(0)
+    built = AutoModelForCausalLM.from_config(CONFIGS[name](), attn_implementation="eager").eval()
+    reference = generate(built)
+    full = build_method(method_configs["full"])
+    full.compress_sliding = True
+    with kvbench.press(built, full, parse_budget("full")):
+        assert generate(built) == reference
+    snapkv = build_method(method_configs["snapkv"])
+    snapkv.compress_sliding = True
+    with kvbench.press(built, snapkv, parse_budget(f"{BUDGET}L"), "agnostic", context_length=CONTEXT) as record:
+        generate(built)
+    last = record.last
+    assert last.sliding_layers == SLIDING[name]
+    assert last.compressible_layers == list(range(len(last.achieved_per_head)))
+    assert last.requested_per_head == last.achieved_per_head
+    assert last.requested_per_layer == [BUDGET] * len(last.requested_per_layer)
