@@ -73,7 +73,8 @@ def kvbench_attention_forward(
     attention_mask:
         Must be ``None``: kvbench runs one unpadded sequence and builds its own masks.
     kwargs:
-        ``kvbench_session`` (optional) receives the queries after the output is computed; the per-model details
+        ``kvbench_session`` (optional) receives the queries after the output is computed; ``kvbench_cache``
+        (optional, else the session's) gives each layer's sliding window and positions; the per-model details
         ``sliding_window``, ``softcap`` and ``s_aux`` (sinks) are honoured (:mod:`kvbench.attention_extras`).
 
     Returns
@@ -86,7 +87,7 @@ def kvbench_attention_forward(
         raise ValueError(f"kvbench attention runs batch size 1, got {query.shape[0]}")
     details = AttentionDetails.from_kwargs(kwargs)
     session = kwargs.get("kvbench_session")
-    cache = getattr(session, "cache", None)
+    cache = getattr(session, "cache", None) or kwargs.get("kvbench_cache")
     layer_idx = getattr(module, "layer_idx", None)
     cache_layer, cache_window = None, None
     if cache is not None and layer_idx is not None:

@@ -96,6 +96,7 @@ def forward_logits(
         use_cache=True,
         logits_to_keep=keep,
         kvbench_session=session,
+        kvbench_cache=cache,  # the attention reads sliding windows from it, also without a session
     )
     return output.logits[0, -keep:]
 

@@ -189,3 +189,19 @@ def test_compress_sliding_switch_evicts_sliding_layers_too(name: str, method_con
     assert last.compressible_layers == list(range(len(last.achieved_per_head)))
     assert last.requested_per_head == last.achieved_per_head
     assert last.requested_per_layer == [BUDGET] * len(last.requested_per_layer)
+
+
+def test_window_only_in_the_mask_is_applied_without_a_session(method_configs: dict[str, Any]) -> None:
+    """PhiMoE puts its window in the mask only (no ``sliding_window`` argument): kvbench's attention reads it from the
+    cache, also in session-less forwards (lm-eval continuation scoring)."""
+    from kvbench.generation import build_cache, forward_logits
+    from kvbench.press_hooks import kvbench_attention
+    from kvbench.zoo import tiny_model
+
+    built = tiny_model("phimoe")
+    assert built.config.sliding_window is not None and len(PROMPT) > built.config.sliding_window
+    reference = built(torch.tensor([PROMPT])).logits[0, -1]
+    with kvbench_attention(built):
+        cache = build_cache(built, build_method(method_configs["full"]))
+        logits = forward_logits(built, PROMPT, 0, cache, None, torch.device("cpu"))[-1]
+    torch.testing.assert_close(logits, reference)
