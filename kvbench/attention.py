@@ -29,8 +29,8 @@ from transformers import AttentionInterface
 
 from kvbench.attention_extras import (
     AttentionDetails,
+    attend_within_window_by_position,
     detailed_attention,
-    positional_window_attention,
     ragged_detailed_attention,
 )
 from kvbench.attention_ops import bottom_right_causal_mask, dense_attention, ragged_attention
@@ -124,7 +124,7 @@ def _windowed_by_position(
     keys, values = _per_head_kv(key, value)
     query_positions = torch.arange(layer.seen_tokens - query.shape[2], layer.seen_tokens, device=query.device)
     assert details.window is not None
-    return positional_window_attention(
+    return attend_within_window_by_position(
         query, keys, values, layer.positions, query_positions, details.window, scaling, details
     )
 

@@ -132,7 +132,7 @@ def ragged_detailed_attention(
     return torch.cat(outputs, dim=2)
 
 
-def positional_window_attention(
+def attend_within_window_by_position(
     query: torch.Tensor,
     keys: list[torch.Tensor],
     values: list[torch.Tensor],
