@@ -15,6 +15,7 @@ unreadable ``metrics.json`` (naming the file), an experiment no run belongs to (
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,10 +50,10 @@ def run_id(row: Any) -> str:
     return f"{row['model']}/{row['task']}/{row['method']}/{row['budget']}{suffix}/{row['question_mode']}"
 
 
-def _metrics_error(root: Path, err: Exception) -> KVBenchError:
+def _metrics_error(root: Path, problems: str) -> KVBenchError:
     return KVBenchError(
-        f"cannot read the runs under {root}: {err}. Fix or delete that metrics.json (a run rewrites it when rerun); "
-        "nothing was written."
+        f"cannot read the runs under {root}: {problems}. Fix or delete the unreadable metrics.json (a run rewrites "
+        "it when rerun); nothing was written."
     )
 
 
@@ -67,10 +68,14 @@ def load_dashboard_runs(
         raise KVBenchError(
             f"no runs: {root} is not a folder (give the folder holding the run folders, e.g. results/runs)"
         )
-    try:
-        scores = load_runs(root, strict=True)
-    except (OSError, ValueError) as err:
-        raise _metrics_error(root, err) from err
+    with warnings.catch_warnings(record=True) as caught:  # load_runs names each unreadable file in a warning
+        warnings.simplefilter("always")
+        scores = load_runs(root)
+    unreadable = [str(w.message) for w in caught if str(w.message).startswith("skipping ")]
+    if unreadable:
+        raise _metrics_error(root, "; ".join(m.removeprefix("skipping ") for m in unreadable))
+    for w in caught:  # anything else (duplicate runs): passed on
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     if scores.empty:
         raise KVBenchError(
             f"no runs under {root}: no <model>/<task>/<method>/<budget>/<dataset>/metrics.json in it; run kvbench "
@@ -122,7 +127,10 @@ def paper_values(scores: pd.DataFrame) -> dict[tuple[str, ...], str]:
             continue
         cmp = compare_table(spec, ref, scores)
         hit = cmp[(cmp["kind"] == "dataset") & cmp["ours"].notna()]
+        cells = ref[ref["kind"] == "dataset"]
+        dataset_of = dict(zip(zip(cells["row"], cells["column"], strict=True), cells["dataset"], strict=True))
         for rec in hit.to_dict("records"):
+            rec["dataset"] = dataset_of[(rec["row"], rec["column"])]
             modes = (
                 [rec["question_mode"]] if rec["question_mode"] and rec["method"] != "full" else ["aware", "agnostic"]
             )
