@@ -152,14 +152,14 @@ def _mean(values: list[float] | None) -> float | None:
 
 
 def budget_tokens_per_layer(budget: str, context_length: float | None, requested: list[float] | None) -> float | None:
-    """Tokens per layer a budget asks for: the mean of the run's requested per-layer budgets when recorded, else
-    ``n`` of ``<n>L`` / ``<n>/layer``, ``ratio × context`` of ``<r>x``, the context length for ``full``."""
-    if requested:
-        return float(sum(requested) / len(requested))
+    """Tokens per layer a budget asks for: ``n`` of ``<n>L`` / ``<n>/layer``; for ``<r>x`` the mean of the run's
+    requested per-layer budgets when recorded, else ``ratio × context``; the context length for ``full``."""
     try:
         parsed = parse_budget(budget)
     except BudgetError:
-        return None
+        return float(sum(requested) / len(requested)) if requested else None
+    if parsed.kind == "ratio" and requested:
+        return float(sum(requested) / len(requested))
     if parsed.is_full or parsed.kind == "ratio":
         return None if context_length is None else float(parsed.mean_per_layer(round(context_length)))
     return float(parsed.value)

@@ -39,7 +39,7 @@ td.best .value { font-weight: bold; }
 .paper { color: #1f5fa8; }
 .flag { background: #c62828; color: #fff; border-radius: 3px; padding: 0 .3em; font-size: .75em; margin-left: .3em; }
 #banner { background: #fff3e0; border: 1px solid #c62828; padding: .4em; margin: .5em 0; }
-.plot { display: inline-block; width: 560px; height: 360px; }
+.plot { display: inline-block; width: 600px; height: 460px; }
 details pre { text-align: left; font-size: .8em; white-space: pre-wrap; }
 .muted { color: #777; }
 </style>
@@ -76,7 +76,20 @@ function el(tag, attrs, ...children) {
 function fmt(x, d) { return x === null || x === undefined ? "–" : Number(x).toFixed(d); }
 function flags(list) { return (list || []).map(f => el("span", {class: "flag", title: f === "stand-in" ?
   "scored on stand-in data: not comparable with published numbers" : "made-up numbers, not a measurement"}, "⚠ " + f)); }
-function label(run) { return run.method + (run.tag ? "~" + run.tag : "") + (run.question_mode !== "aware" ? " (" + run.question_mode + ")" : ""); }
+function label(run) {
+  const tag = run.tag && run.tag !== run.question_mode ? "~" + run.tag : "";
+  return run.method + tag + (run.question_mode !== "aware" ? " (" + run.question_mode + ")" : "");
+}
+const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
+const METHODS = [...new Set(DATA.runs.map(r => r.method))].sort();
+function lineStyle(run) {  // one colour per method; dotted: question-agnostic, dashed: another tag
+  return {color: PALETTE[METHODS.indexOf(run.method) % PALETTE.length],
+          dash: run.question_mode !== "aware" ? "dot" : (run.tag ? "dashdot" : "solid")};
+}
+function budgetAxis(xs) {
+  const ticks = [...new Set(xs)].sort((a, b) => a - b);
+  return {title: {text: "tokens per layer"}, type: "log", tickvals: ticks, ticktext: ticks.map(t => String(+t.toFixed(1)))};
+}
 function visible(run) { return FILTERS.every(f => !state[f] || run[f] === state[f]); }
 function visibleRuns() { return DATA.runs.filter(visible); }
 
@@ -127,7 +140,8 @@ function renderLeaderboards() {
 function plot(box, traces, layout) {
   const div = el("div", {class: "plot"});
   box.append(div);
-  Plotly.newPlot(div, traces, Object.assign({margin: {t: 40, r: 10}, legend: {font: {size: 10}}}, layout),
+  Plotly.newPlot(div, traces, Object.assign({margin: {t: 40, r: 10, b: 40},
+    legend: {font: {size: 10}, orientation: "h", y: -0.25}}, layout),
     {displaylogo: false, displayModeBar: false, responsive: true});
 }
 
@@ -151,7 +165,7 @@ function renderBudgetPlots(runs) {
         const pts = series.filter(r => (ds === "mean" ? r.mean : r.scores[ds]) !== undefined);
         const val = r => ds === "mean" ? r.mean : r.scores[ds];
         const stand = pts.some(r => r.flags.length) ? " ⚠" : "";
-        traces.push({type: "scatter", mode: "lines+markers", name: name + stand, x: pts.map(r => r.x),
+        traces.push({type: "scatter", mode: "lines+markers", name: name + stand, x: pts.map(r => r.x), line: lineStyle(series[0]),
           y: pts.map(r => val(r).score), text: pts.map(r => r.budget + (r.flags.length ? " ⚠ " + r.flags.join(", ") : "")),
           error_y: {type: "data", symmetric: false, array: pts.map(r => val(r).ci95 ? val(r).ci95[1] - val(r).score : 0),
             arrayminus: pts.map(r => val(r).ci95 ? val(r).score - val(r).ci95[0] : 0)},
@@ -165,7 +179,7 @@ function renderBudgetPlots(runs) {
           hovertemplate: "full cache: %{y:.2f}<extra></extra>"});
       }
       if (traces.length) plot(box, traces, {title: {text: key + " · " + ds, font: {size: 13}},
-        xaxis: {title: {text: "tokens per layer"}, type: "log"}, yaxis: {title: {text: "score"}}});
+        xaxis: budgetAxis(xs), yaxis: {title: {text: "score"}}});
     }
   }
 }
@@ -178,16 +192,16 @@ function renderMemoryPlots(runs) {
     for (const [name, series] of groupBy(group, label)) {
       series.sort((a, b) => (a.x || 0) - (b.x || 0));
       const k = series.filter(r => r.kept_fraction !== null && r.mean);
-      kept.push({type: "scatter", mode: "lines+markers", name: name, x: k.map(r => r.kept_fraction), y: k.map(r => r.mean.score),
+      kept.push({type: "scatter", mode: "lines+markers", name: name, line: lineStyle(series[0]), x: k.map(r => r.kept_fraction), y: k.map(r => r.mean.score),
         text: k.map(r => r.budget + (r.flags.length ? " ⚠ " + r.flags.join(", ") : "")), hovertemplate: "%{text}: kept %{x:.1%}, score %{y:.2f}"});
       const b = series.filter(r => r.cache_bytes !== null && r.x !== null);
-      bytes.push({type: "scatter", mode: "lines+markers", name: name, x: b.map(r => r.x), y: b.map(r => r.cache_bytes / 1048576),
+      bytes.push({type: "scatter", mode: "lines+markers", name: name, line: lineStyle(series[0]), x: b.map(r => r.x), y: b.map(r => r.cache_bytes / 1048576),
         text: b.map(r => r.budget), hovertemplate: "%{text}: %{y:.2f} MiB"});
     }
     plot(box, kept, {title: {text: key + " · mean score vs kept fraction", font: {size: 13}},
       xaxis: {title: {text: "kept fraction of the cache"}, tickformat: ".0%"}, yaxis: {title: {text: "mean score"}}});
     plot(box, bytes, {title: {text: key + " · cache size vs budget", font: {size: 13}},
-      xaxis: {title: {text: "tokens per layer"}, type: "log"}, yaxis: {title: {text: "cache MiB (mean per sample)"}}});
+      xaxis: budgetAxis(group.filter(r => r.x !== null).map(r => r.x)), yaxis: {title: {text: "cache MiB (mean per sample)"}}});
   }
 }
 
