@@ -5,8 +5,8 @@
     python scripts/site_screenshot.py results/tiny_grid/site --out docs/results_site.png
 
 Opens ``<site>/index.html`` from disk (``make setup-browser`` installs Chromium), fails if the page logs a console
-error, optionally scrolls to a section (``--section budget-plots``) and writes the viewport as a PNG reduced to
-``--colours`` colours (small enough to commit).
+error, optionally sets filters (``--filter question_mode=aware``) and scrolls to a section (``--section
+budget-plots``), and writes the viewport as a PNG reduced to ``--colours`` colours (small enough to commit).
 """
 
 from __future__ import annotations
@@ -28,11 +28,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="docs/results_site.png")
     parser.add_argument("--width", type=int, default=1280)
     parser.add_argument("--height", type=int, default=900)
+    parser.add_argument(
+        "--filter", action="append", default=[], help="KEY=VALUE: set a filter (e.g. question_mode=aware)"
+    )
     parser.add_argument("--section", default=None, help="id of the section to scroll to (e.g. budget-plots)")
     parser.add_argument("--colours", type=int, default=64, help="palette size of the written PNG (0: full colour)")
     args = parser.parse_args(argv)
     with HeadlessChromium(width=args.width, height=args.height) as browser:
         browser.open(Path(args.site) / "index.html")
+        for item in args.filter:
+            key, _, value = item.partition("=")
+            select = f"document.getElementById({json.dumps('filter-' + key)})"
+            change = "s.dispatchEvent(new Event('change'))"
+            browser.evaluate(f"(() => {{ const s = {select}; s.value = {json.dumps(value)}; {change}; }})()")
         if args.section:
             browser.evaluate(f"document.getElementById({json.dumps(args.section)}).scrollIntoView()")
         png = browser.screenshot()

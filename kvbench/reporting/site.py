@@ -17,6 +17,7 @@ anything is written.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -33,8 +34,16 @@ from kvbench.results import atomic_write_text
 
 CACHE_FILE = ".kvbench-site-cache.json"
 PLOTLY_FILE = "plotly.min.js"
-#: Bumped when the cached extras change shape, so an old cache is ignored.
+#: Bumped when the cached extras change shape, so an old cache is ignored (the code reading them is hashed too).
 CACHE_VERSION = 1
+
+
+def cache_version() -> str:
+    """:data:`CACHE_VERSION` and a hash of :mod:`kvbench.reporting.run_views` (which computes the cached extras):
+    a cache written by other code is ignored."""
+    from kvbench.reporting import run_views
+
+    return f"{CACHE_VERSION}-{hashlib.sha256(Path(run_views.__file__).read_bytes()).hexdigest()[:16]}"
 
 
 @dataclass
@@ -64,7 +73,7 @@ def _read_cache(out: Path) -> dict[str, Any]:
         payload = json.loads((out / CACHE_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
-    if not isinstance(payload, dict) or payload.get("version") != CACHE_VERSION:
+    if not isinstance(payload, dict) or payload.get("version") != cache_version():
         return {}
     return payload.get("runs") or {}
 
@@ -172,5 +181,5 @@ def build_site(
     if _head(bundle, len(stamp)) != stamp:
         atomic_write_text(bundle, stamp + get_plotlyjs())
     atomic_write_text(out / "index.html", page)
-    atomic_write_text(out / CACHE_FILE, json.dumps({"version": CACHE_VERSION, "runs": cache}))
+    atomic_write_text(out / CACHE_FILE, json.dumps({"version": cache_version(), "runs": cache}))
     return SiteResult(out / "index.html", len(data["runs"]), runs.cache_hits, time.perf_counter() - start)
