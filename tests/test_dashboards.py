@@ -9,6 +9,7 @@ The browser test starts Chromium once and is skipped only where no Chromium is i
 from __future__ import annotations
 
 import csv
+import importlib.util
 import io
 import json
 import subprocess
@@ -63,11 +64,9 @@ def grid(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def aggregate_summary(runs: Path, out: Path) -> dict[str, dict[str, float]]:
     """``scripts/aggregate.py``'s ``runs_summary.csv`` for ``runs``: run id -> column -> value."""
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import aggregate
-    finally:
-        sys.path.pop(0)
+    spec = importlib.util.spec_from_file_location("aggregate_script", REPO / "scripts" / "aggregate.py")
+    aggregate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(aggregate)
     assert aggregate.main(["--runs", str(runs), "--out", str(out / "runs.csv")]) == 0
     rows = {}
     for row in csv.DictReader(io.StringIO((out / "runs_summary.csv").read_text())):
