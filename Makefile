@@ -21,7 +21,7 @@ setup-latex:  ## Debian/Ubuntu, as root: pdflatex + booktabs/graphicx/amssymb fo
 	apt-get update -qq
 	apt-get install -y -qq --no-install-recommends texlive-latex-base texlive-latex-recommended
 
-setup-browser:  ## Debian/Ubuntu, as root: headless Chromium for the results-site browser test (tests/test_site_browser.py)
+setup-browser:  ## Debian/Ubuntu, as root: headless Chromium (~77 MB package) for the results-site test in tests/test_dashboards.py
 	apt-get update -qq
 	apt-get install -y -qq --no-install-recommends chromium
 
