@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import json
 import os
 import select
@@ -74,11 +75,12 @@ class HeadlessChromium:
         self._profile = tempfile.TemporaryDirectory(prefix="kvbench-chromium-")
         to_browser_read, self._to_browser = os.pipe()
         self._from_browser, from_browser_write = os.pipe()
-        # The child's descriptors 3 and 4 must be exactly these pipe ends; move them out of the way first.
-        child_in, child_out = os.dup(to_browser_read), os.dup(from_browser_write)
-        high_in, high_out = os.dup2(child_in, 100), os.dup2(child_out, 101)
-        for fd in (to_browser_read, from_browser_write, child_in, child_out):
-            os.close(fd)
+        # The child's descriptors 3 and 4 must be exactly these pipe ends: copy them to free numbers >= 10 first,
+        # so that moving them to 3 and 4 in the child cannot overwrite one with the other.
+        high_in = fcntl.fcntl(to_browser_read, fcntl.F_DUPFD_CLOEXEC, 10)
+        high_out = fcntl.fcntl(from_browser_write, fcntl.F_DUPFD_CLOEXEC, 10)
+        os.close(to_browser_read)
+        os.close(from_browser_write)
 
         def attach_pipes() -> None:
             os.dup2(high_in, 3)
