@@ -83,8 +83,10 @@ def load_dashboard_runs(
         )
     runs = DashboardRuns(root, scores)
     cache = cache if cache is not None else {}
+    seen: set[str] = set()
     for rid, group in scores.groupby(scores.apply(run_id, axis=1), sort=True):
         folder = run_folder_of(group["path"].iloc[0])
+        seen.add(str(folder))
         datasets = list(group["dataset"])
         signature = file_signature(folder, datasets)
         cached = cache.get(str(folder))
@@ -96,6 +98,8 @@ def load_dashboard_runs(
         extras["synthetic"] = extras["synthetic"] or bool(group["synthetic"].astype(bool).any())
         cache[str(folder)] = {"signature": signature, "extras": extras}
         runs.extras[rid] = extras
+    for gone in set(cache) - seen:  # run folders deleted since the cache was written
+        del cache[gone]
     known = sorted({e.get("experiment") or NO_EXPERIMENT for e in runs.extras.values()})
     if experiment is not None:
         if experiment not in known:
