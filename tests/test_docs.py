@@ -140,13 +140,13 @@ def test_shown_make_targets_and_scripts_exist() -> None:
 
 
 def run_commands() -> list[tuple[str, list[str]]]:
-    """(page, overrides) for every ``python run.py`` / ``kvbench`` run command shown."""
+    """(page, overrides) for every ``python run.py`` / ``kvbench`` run command shown (not ``kvbench <subcommand>``)."""
     found = []
     for page, argv in shown_commands():
         if argv[:2] == ["python", "run.py"]:
             found.append((page, argv[2:]))
-        elif argv[0] == "kvbench" and (len(argv) == 1 or argv[1] != "list"):
-            found.append((page, argv[1:]))
+        elif argv[0] == "kvbench" and (len(argv) == 1 or "=" in argv[1] or argv[1].startswith("-")):
+            found.append((page, argv[1:]))  # not a subcommand (list, report, wandb-report)
     return found
 
 
