@@ -202,8 +202,11 @@ class TimingLog:
         }
 
 
-#: Config keys that do not change results (excluded from the config hash).
+#: Config keys that do not change results (excluded from the config hash).  ``task.num_samples`` is the run's
+#: extent, not its identity: sample i never depends on it, so a run asked for more samples continues the same folder
+#: and one asked for fewer reports on the first N (:class:`kvbench.runner.Runner`).
 NON_SEMANTIC_KEYS = (
+    "task.num_samples",
     "wandb",
     "run.progress",
     "run.print_table",
@@ -230,3 +233,40 @@ def config_hash(cfg: DictConfig) -> str:
             node.pop(leaf, None)
     blob = json.dumps(container, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def config_differences(folder: Path, cfg: DictConfig) -> list[str]:
+    """``key: old -> new`` for every setting that changes results (:data:`NON_SEMANTIC_KEYS` and ``wandb`` aside)
+    between the run stored in ``folder`` (its ``config.yaml``) and ``cfg``; empty when they are the same run."""
+    old_cfg = OmegaConf.load(folder / CONFIG_FILE) if (folder / CONFIG_FILE).exists() else OmegaConf.create()
+    old, new = OmegaConf.to_container(old_cfg, resolve=True), OmegaConf.to_container(cfg, resolve=True)
+    return _differences(old, new, prefix="")
+
+
+def _differences(old: Any, new: Any, prefix: str) -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        diffs = []
+        for key in sorted(set(old) | set(new)):
+            if f"{prefix}{key}" in NON_SEMANTIC_KEYS or (key == "wandb" and not prefix):
+                continue
+            diffs += _differences(old.get(key), new.get(key), f"{prefix}{key}.")
+        return diffs
+    return [] if old == new else [f"{prefix.rstrip('.')}: {old!r} -> {new!r}"]
+
+
+def same_run(folder: Path, recorded_hash: str | None, cfg: DictConfig, cfg_hash: str) -> bool:
+    """Whether the run recorded in ``folder`` (``run_meta.json``'s ``recorded_hash``) is the run ``cfg`` describes:
+    the same hash, or -- for a folder written when the hash still covered ``task.num_samples`` -- a stored
+    ``config.yaml`` that differs from ``cfg`` in nothing that changes results."""
+    if recorded_hash == cfg_hash:
+        return True
+    return recorded_hash is not None and (folder / CONFIG_FILE).exists() and not config_differences(folder, cfg)
+
+
+def extent_covered(metrics: dict[str, Any], num_samples: int | None) -> bool:
+    """Whether a dataset's ``metrics.json`` was computed over at least the first ``num_samples`` samples (``None``:
+    all of them); files written before ``num_samples_requested`` was recorded count as covering any extent."""
+    if "num_samples_requested" not in metrics:
+        return True
+    requested = metrics["num_samples_requested"]
+    return requested is None or (num_samples is not None and num_samples <= int(requested))
