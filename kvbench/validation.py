@@ -65,7 +65,7 @@ def check_config(cfg: DictConfig) -> None:
     for key in FOLDER_NAME_KEYS:
         _check_folder_name(key, OmegaConf.select(cfg, key))
     _check_budget(str(cfg.budget.spec))
-    _check_method_knobs(cfg.method)
+    check_method_values(cfg.method)
     _check_task_values(cfg.task)
     _check_choice("model.dtype", cfg.model.dtype, DTYPE_NAMES)
     _check_min("model.max_input_length", cfg.model.max_input_length, 2)
@@ -129,7 +129,8 @@ def _check_budget(spec: str) -> None:
         ) from err
 
 
-def _check_method_knobs(method: Any) -> None:
+def check_method_values(method: Any) -> None:
+    """The common method knobs (``method.window``, ``kernel_size``, the choice knobs, ``sink_tokens``)."""
     _check_min("method.window", method.window, 1, "the observation window's length in tokens; the presets use 8 or 32")
     kernel = method.kernel_size
     if not isinstance(kernel, int) or kernel < 1 or kernel % 2 == 0:
