@@ -56,6 +56,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from kvbench.checks import json_error_text
+
 PREDICTIONS_FILE = "predictions.jsonl"
 METRICS_FILE = "metrics.json"
 CONFIG_FILE = "config.yaml"
@@ -136,7 +138,7 @@ class PredictionLog:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
-                raise ValueError(f"{self.path}:{line_no}: corrupt prediction row ({err})") from err
+                raise ValueError(f"{self.path}:{line_no}: corrupt prediction row ({json_error_text(err)})") from err
             if row["id"] in seen:
                 raise ValueError(f"{self.path}:{line_no}: duplicate sample id {row['id']!r}")
             seen.add(row["id"])
