@@ -37,7 +37,7 @@ _HOLDER = re.compile(r"^pid (\d+) on (\S+?)(?:, SLURM job (\S+?))?, since")
 #: How many times the lock loop re-creates a folder that vanished between ``mkdir`` and ``open`` (a run that wrote
 #: nothing removing it concurrently) before giving up: a vanishing that repeats is not a race but a place where
 #: folders cannot be made (``/proc``), and the loop must not spin forever.
-MAX_VANISHED_RETRIES = 50
+MAX_VANISHED_RETRIES = 20
 LOCK_WAIT_ENV = "KVBENCH_LOCK_WAIT"
 
 
@@ -136,7 +136,7 @@ def run_folder_lock(folder: Path, wait_s: float | None = None) -> Iterator[Path]
                     "does not keep new folders. Point run.output_root at an ordinary writable folder (e.g. "
                     "run.output_root=results/runs)."
                 ) from err
-            time.sleep(min(0.01 * vanished, 0.1))
+            time.sleep(0.01)
             continue
         try:
             locked = _try_flock(fd)

@@ -180,6 +180,21 @@ def _graceful_termination() -> Iterator[None]:
         _TERMINATION.fired = False
 
 
+def _with_folder_extent(folder: Path, cfg: DictConfig) -> DictConfig:
+    """``cfg`` with ``task.num_samples`` raised to what the folder's ``config.yaml`` already covers (``None``: all
+    samples), so a run that reports on fewer samples leaves the folder's recorded extent as it was."""
+    path = folder / CONFIG_FILE
+    if not path.exists():
+        return cfg
+    recorded = OmegaConf.select(OmegaConf.load(path), "task.num_samples", default=-1)
+    requested = cfg.task.num_samples
+    if requested is None or recorded == -1 or (recorded is not None and recorded <= requested):
+        return cfg
+    widened = cfg.copy()
+    widened.task.num_samples = recorded
+    return widened
+
+
 def _check_existing_run(folder: Path, cfg_hash: str, cfg: DictConfig, note_replacement: bool = True) -> None:
     """Refuse to mix two different configs in one results folder (one whose run wrote no prediction is replaced)."""
     meta_path = folder / RUN_META_FILE
@@ -347,7 +362,9 @@ class Runner:
 
     def _write_run_files(self) -> dict[str, Any]:
         cfg = self.cfg
-        atomic_write_text(self.folder / CONFIG_FILE, OmegaConf.to_yaml(cfg, resolve=True))
+        atomic_write_text(
+            self.folder / CONFIG_FILE, OmegaConf.to_yaml(_with_folder_extent(self.folder, cfg), resolve=True)
+        )
         meta_path = self.folder / RUN_META_FILE
         meta = read_json(meta_path) if meta_path.exists() else {}
         if not same_run(self.folder, meta.get("config_hash"), cfg, self.cfg_hash):  # a replaced run: start afresh
