@@ -121,7 +121,9 @@ class PrefillRows:
         self.window_queries = recent[:, -window:].clone()  # not a view: the chunk's queries are freed
         if needs.column_sums:
             keys, _ = layer.dense_kv()  # every key stored so far: exactly the keys these rows see
-            sums = kernels.causal_column_sums(query, keys, scaling, prob_dtype=needs.prob_dtype, impl=impl)
+            sums = kernels.causal_column_sums(
+                query, keys, scaling, prob_dtype=needs.prob_dtype, logit_dtype=needs.prob_dtype, impl=impl
+            )
             if self.column_sums is not None:
                 sums[:, : self.column_sums.shape[1]] += self.column_sums
             self.column_sums = sums
@@ -217,9 +219,10 @@ class EvictionSession:
             return
         elif self.phase == "decode":
             policy.step(layer_idx, layer, query[0], scaling)
-        elif self.phase == "append" and policy.evicts_on_append:
-            # A policy that reduces after every forward (TOVA) scores the appended tokens' last query.
-            policy.step(layer_idx, layer, query[0][:, -1:], scaling)
+        elif self.phase == "append":
+            # A multi-token forward after the prefill: each policy does what its reference does with one
+            # (TOVA scores the last query; H2O adds every new row's attention; both then evict to the caps).
+            policy.append(layer_idx, layer, query[0], scaling)
 
     # ------------------------------------------------------------------ prefill compression
     def _prefill_chunk(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
