@@ -4,7 +4,10 @@
   the process ends, even on SIGKILL.  On file systems without ``flock`` (some NFS/Lustre mounts) it falls back to
   an ``O_EXCL`` lock file, ``<folder>/.kvbench.lock.excl``, holding the owner (pid, host, SLURM job); an owner that
   is provably gone (same host and dead pid, or an earlier attempt of this SLURM job) is replaced.  A second process
-  fails with a :class:`KVBenchError` naming the holder, after waiting up to ``$KVBENCH_LOCK_WAIT`` seconds.
+  fails with a :class:`KVBenchError` naming the holder, after waiting up to ``$KVBENCH_LOCK_WAIT`` seconds.  Every
+  retry loop is bounded: a folder that vanishes after each ``mkdir`` (``/proc``) ends in an error, not a spin.
+* :func:`check_not_locked` -- the same "in use" error before any heavy work (data, model), without creating anything,
+  when the run would not wait (``$KVBENCH_LOCK_WAIT`` is 0); :func:`lock_wait_seconds` checks that variable.
 * :func:`claim_run_folder` -- creates the folder, takes the lock, and if the run fails before the folder holds any
   prediction or metrics, removes everything kvbench wrote there (and the parent folders it created), so that a
   failed run never blocks the next command (``results/`` is as it was).

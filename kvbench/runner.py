@@ -3,8 +3,8 @@
 Order of work (nothing is written under ``results/`` until every input has been validated, the data checked and
 the model loaded):
 
-1. validate the config, the environment (model, data folder, packages), method, budget and task kind
-   (:mod:`kvbench.validation`);
+1. validate the config, the environment (model, data folder, packages, results root, and that no other process
+   holds the run folder), method, budget and task kind (:mod:`kvbench.validation`);
 2. load the tokenizer, build the task's datasets and load and check every sample of every selected dataset, then
    load the model's weights;
 3. claim the run folder (:mod:`kvbench.run_folder`): create it and take its lock (``.kvbench.lock``: two processes
@@ -12,7 +12,9 @@ the model loaded):
    seconds), check that an existing run there has the same config (else refuse, naming the differences and
    ``run.tag``; a folder whose run wrote no prediction is replaced, with a note), write ``config.yaml`` and
    ``run_meta.json``.  If the run fails before the folder holds any prediction, what it wrote is removed again;
-4. per dataset: skip it if its ``metrics.json`` exists for this config; otherwise resume ``predictions.jsonl``
+4. per dataset: skip it if its ``metrics.json`` exists for this config and sample count; report on the first N
+   without writing when it covers more samples (``task.num_samples`` is the run's extent, not its identity);
+   otherwise resume ``predictions.jsonl``
    (samples already there are not re-run), append each new prediction as soon as it exists, then score and write
    ``metrics.json`` atomically;
 5. write the run's ``summary.json`` (:mod:`kvbench.summary`: scores with bootstrap 95 % intervals, the papers'

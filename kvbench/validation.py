@@ -1,11 +1,13 @@
 """Every check that can run before any work, in three stages of rising cost.
 
 1. :func:`check_config` -- the composed config alone: no unknown keys (``+method.windw=8`` included), no missing
-   values, names usable as folder names, budget string, knob ranges and choices.  Imports neither torch nor
+   values, names usable as folder names, budget string, knob ranges and choices, ``task.datasets`` against the
+   task's dataset names, ``run.prefill_chunk``.  Imports neither torch nor
    transformers, so ``python run.py`` reports a bad value in well under a second (``scripts/bench_errors.py``).
 2. :func:`check_environment` -- what the config points at, still without torch: the model (builtin, an existing
    local folder, or a hub id -- in the local cache when offline), the data folder, the optional packages the
-   run needs, a writable results root.
+   run needs, a results root where a folder can be made (probed by making one), ``$KVBENCH_LOCK_WAIT``, and that
+   no other process holds the run folder.
 3. :func:`validate` -- needs torch (lazily imported): the method family builds with its parameters (the families'
    ``parse_params``), the task kind is registered.  The runner then checks the device, loads the tokenizer and
    reads every selected dataset, :func:`check_samples`, before the model's weights load and before anything is
