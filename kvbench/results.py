@@ -209,7 +209,8 @@ class TimingLog:
 
 #: Config keys that do not change results (excluded from the config hash).  ``task.num_samples`` is the run's
 #: extent, not its identity: sample i never depends on it, so a run asked for more samples continues the same folder
-#: and one asked for fewer reports on the first N (:class:`kvbench.runner.Runner`).
+#: and one asked for fewer reports on the first N (:class:`kvbench.runner.Runner`) -- unless the method calibrates
+#: on a share of the samples (:func:`count_is_identity`).
 NON_SEMANTIC_KEYS = (
     "task.num_samples",
     "wandb",
@@ -225,11 +226,23 @@ NON_SEMANTIC_KEYS = (
 )
 
 
+def count_is_identity(cfg: DictConfig) -> bool:
+    """Whether the method's results depend on how many samples a dataset has: a method that calibrates on a share
+    of the task's samples (``method.params.sampling``, XKV's sampled mode) keeps ``task.num_samples`` in the run's
+    identity, since sample i of a 10-sample run and of a 50-sample run are compressed differently."""
+    return bool(OmegaConf.select(cfg, "method.params.sampling", default=False))
+
+
+def ignored_keys(cfg: DictConfig) -> tuple[str, ...]:
+    """:data:`NON_SEMANTIC_KEYS`, less ``task.num_samples`` where :func:`count_is_identity`."""
+    return tuple(key for key in NON_SEMANTIC_KEYS if key != "task.num_samples" or not count_is_identity(cfg))
+
+
 def config_hash(cfg: DictConfig) -> str:
-    """SHA-256 (first 16 hex) of the resolved config without the non-semantic keys."""
+    """SHA-256 (first 16 hex) of the resolved config without the non-semantic keys (:func:`ignored_keys`)."""
     container = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(container, dict)
-    for dotted in NON_SEMANTIC_KEYS:
+    for dotted in ignored_keys(cfg):
         node: Any = container
         *parents, leaf = dotted.split(".")
         for parent in parents:
@@ -245,16 +258,16 @@ def config_differences(folder: Path, cfg: DictConfig) -> list[str]:
     between the run stored in ``folder`` (its ``config.yaml``) and ``cfg``; empty when they are the same run."""
     old_cfg = OmegaConf.load(folder / CONFIG_FILE) if (folder / CONFIG_FILE).exists() else OmegaConf.create()
     old, new = OmegaConf.to_container(old_cfg, resolve=True), OmegaConf.to_container(cfg, resolve=True)
-    return _differences(old, new, prefix="")
+    return _differences(old, new, prefix="", ignored=ignored_keys(cfg))
 
 
-def _differences(old: Any, new: Any, prefix: str) -> list[str]:
+def _differences(old: Any, new: Any, prefix: str, ignored: tuple[str, ...]) -> list[str]:
     if isinstance(old, dict) and isinstance(new, dict):
         diffs = []
         for key in sorted(set(old) | set(new)):
-            if f"{prefix}{key}" in NON_SEMANTIC_KEYS or (key == "wandb" and not prefix):
+            if f"{prefix}{key}" in ignored or (key == "wandb" and not prefix):
                 continue
-            diffs += _differences(old.get(key), new.get(key), f"{prefix}{key}.")
+            diffs += _differences(old.get(key), new.get(key), f"{prefix}{key}.", ignored)
         return diffs
     return [] if old == new else [f"{prefix.rstrip('.')}: {old!r} -> {new!r}"]
 

@@ -713,3 +713,15 @@ def test_lmeval_bridge_checks_model_args_before_lm_eval_runs(capsys, monkeypatch
     with pytest.raises(SystemExit) as exited:
         bridge_main()
     assert_clean_failure(int(exited.value.code), capsys.readouterr().err, expected)
+
+
+def test_num_samples_stays_in_the_identity_of_a_method_that_calibrates_on_a_share_of_them(tmp_path: Path) -> None:
+    """XKV's sampled mode calibrates on the first ceil(ratio x N) samples: sample i depends on N, so N is part of its
+    run's identity (another count is refused, naming it), while it is not for the others."""
+    from kvbench.results import config_hash
+
+    def hashes(*overrides: str) -> set[str]:
+        return {config_hash(tiny_cfg(tmp_path, *overrides, f"task.num_samples={n}")) for n in (2, 4)}
+
+    assert len(hashes("method=snapkv")) == 1
+    assert len(hashes("method=xkv_sampled")) == 2
