@@ -2,7 +2,7 @@
 ``kvbench`` command runs the embedded default and ``kvbench list methods`` from another folder.
 
 Marked slow: about 55 s on 2 shared cores (wheel build, venv and install 12 s; ``kvbench list`` twice 10 s; the
-embedded default with ``task.num_samples=1`` 31 s).  The venv reuses this environment's torch and transformers
+embedded default with ``task.num_samples=1`` 34 s).  The venv reuses this environment's torch and transformers
 (``--system-site-packages``) and installs only the wheel (``--no-deps``); nothing is downloaded.
 
 ``kvbench`` alone (the embedded default, four runs of 10 samples per dataset) takes about 2.5 min on 2 shared
