@@ -329,6 +329,8 @@ class EvictionMethod:
     sink_tokens: int = 0
     gqa_granularity: str = "kv_head"
     gqa_agg: str = "mean"
+    #: Also evict sliding-window layers (kvbench.sliding; off: they hold their window and budgets go to full layers).
+    compress_sliding: bool = False
     settings: dict[str, Any] = field(default_factory=dict)
     #: Common knobs (``MethodConfig`` fields) this method never reads: left out of the recorded settings.
     ignored_knobs: frozenset[str] = frozenset()
