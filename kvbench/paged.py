@@ -41,7 +41,7 @@ import torch
 
 from kvbench import kernels
 from kvbench.attention_ops import dense_attention, ragged_attention
-from kvbench.cache_base import LogicalLengthLayer, RaggedKV, sorted_keep_indices
+from kvbench.cache_base import LogicalLengthLayer, RaggedKV, StorageStats, sorted_keep_indices
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +112,8 @@ class PagedLayer(LogicalLengthLayer):
         self.rows_appended = 0
         self.rows_compacted = 0
         self.rows_moved_by_growth = 0
+        #: Pool rebuilds (growth, repack) and rows they, compaction and one-token evictions copied.
+        self.stats = StorageStats()
         self._positions_cache: list[torch.Tensor] | None = None
         self._slot_cache: torch.Tensor | None = None
 
@@ -216,6 +218,8 @@ class PagedLayer(LogicalLengthLayer):
         grown_pos[: old * self.page_size] = self.pos_pool
         self.k_pool, self.v_pool, self.pos_pool = grown_k, grown_v, grown_pos
         self.rows_moved_by_growth += old * self.page_size
+        self.stats.reallocations += 1
+        self.stats.rows_copied += self.stored_tokens()
         self.free_pages.extend(range(old + extra - 1, old - 1, -1))  # pop() hands out low pages first
 
     def _ensure_pages(self, target_lengths: list[int]) -> None:
@@ -326,6 +330,23 @@ class PagedLayer(LogicalLengthLayer):
         keys = self._flat(self.k_pool).index_select(0, slots).view(shape)
         return keys, self._flat(self.v_pool).index_select(0, slots).view(shape)
 
+    def padded_kv(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Keys ``[H, S_max, D]``, values ``[H, S_max, D]`` and positions ``[H, S_max]`` (gathered in one
+        vectorised lookup; slots past a head's length hold stale data: mask them with :attr:`lengths`)."""
+        assert self.k_pool is not None and self.v_pool is not None and self.pos_pool is not None
+        slots = self.slot_matrix()
+        shape = (self.num_stored_heads, slots.shape[1], self.head_dim)
+        flat = slots.reshape(-1)
+        keys = self._flat(self.k_pool).index_select(0, flat).view(shape)
+        values = self._flat(self.v_pool).index_select(0, flat).view(shape)
+        return keys, values, self.pos_pool.index_select(0, flat).view(slots.shape)
+
+    def padded_positions(self) -> torch.Tensor:
+        """``[H, S_max]`` int32 positions by slot (entries past a head's length are stale)."""
+        assert self.pos_pool is not None
+        slots = self.slot_matrix()
+        return self.pos_pool.index_select(0, slots.reshape(-1)).view(slots.shape)
+
     def ragged_kv(self) -> tuple[RaggedKV, RaggedKV]:
         """Per-head ``[1, 1, S_h, D]`` copies (what the torch reference attention runs on)."""
         pairs = [self.head_kv(head) for head in range(self.num_stored_heads)]
@@ -368,7 +389,53 @@ class PagedLayer(LogicalLengthLayer):
         self.host_lengths = new_lengths
         self.lengths = torch.tensor(new_lengths, dtype=torch.int32, device=self.device)
         self.rows_compacted += int(src.numel())
+        self.stats.rows_copied += sum(new_lengths)
         self._positions_cache = self._slot_cache = None
+
+    def evict_slots(self, slots: torch.Tensor, heads: Sequence[int] | None = None) -> torch.Tensor:
+        """Evict one token from each of ``heads`` in place: its last stored token moves into slot ``slots[i]``
+        (same contract as :meth:`kvbench.cache.HeadwiseLayer.evict_slots`).
+
+        One vectorised copy of ``n`` rows inside the pool, no rebuild and no host synchronisation; a head whose
+        last page empties returns it to the free list.
+
+        Parameters
+        ----------
+        slots:
+            ``[n]`` int64 logical slot to evict of each evicting head.
+        heads:
+            The ``n`` evicting heads, ascending (default: every head).
+
+        Returns
+        -------
+        ``[n]`` the logical slot each evicting head's last token came from.
+        """
+        assert self.k_pool is not None and self.v_pool is not None and self.pos_pool is not None
+        assert self.block_table is not None and self.lengths is not None
+        host_heads = list(range(self.num_stored_heads)) if heads is None else list(heads)
+        rows = torch.arange(self.num_stored_heads, device=self.device)
+        if heads is not None:
+            rows = torch.tensor(host_heads, dtype=torch.long, device=self.device)
+        last = self.lengths[rows].long() - 1
+        size = self.page_size
+
+        def flat(logical: torch.Tensor) -> torch.Tensor:
+            return self.block_table[rows, logical // size].long() * size + logical % size  # type: ignore[index]
+
+        dst, src = flat(slots.long()), flat(last)
+        for pool in (self._flat(self.k_pool), self._flat(self.v_pool), self.pos_pool):
+            pool[dst] = pool[src]
+        if heads is None:
+            self.lengths -= 1
+        else:
+            self.lengths[rows] -= 1
+        for head in host_heads:
+            self.host_lengths[head] -= 1
+            if len(self.pages[head]) > math.ceil(self.host_lengths[head] / size):
+                self.free_pages.append(self.pages[head].pop())
+        self.stats.rows_copied += len(host_heads)
+        self._positions_cache = self._slot_cache = None
+        return last
 
     def _repack(self, src: torch.Tensor, new_lengths: list[int], new_pages: int) -> None:
         """Copy the kept rows ``src`` into a new pool of exactly ``new_pages`` pages; the old pool is freed."""
@@ -387,6 +454,7 @@ class PagedLayer(LogicalLengthLayer):
             impl=self.impl,
         )  # fmt: skip
         self.pos_pool.index_copy_(0, dst, old_pos.index_select(0, src))
+        self.stats.reallocations += 1
         self.free_pages = []
         width = max(1, max(len(pages) for pages in self.pages))
         table = torch.zeros((self.num_stored_heads, width), dtype=torch.int32)

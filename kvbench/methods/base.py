@@ -427,3 +427,72 @@ def evict_to_caps(
     ]
     layer.keep(keep)
     return keep
+
+
+def padded_decode_attention(
+    layer: HeadwiseLayer, query: torch.Tensor, scaling: float, gqa_agg: str = "mean"
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`decode_attention` vectorised over heads: one batched product, no loop and no host synchronisation.
+
+    Parameters
+    ----------
+    layer:
+        The layer, with the new token already stored.
+    query:
+        ``[H_q, 1, D]`` the new token's queries.
+    gqa_agg:
+        mean | max | sum over the query heads sharing a stored head.
+
+    Returns
+    -------
+    ``[H, S_max]`` float32 probabilities (slot-aligned; 0 past a head's length) and the ``[H, S_max]`` mask of
+    stored slots (``None`` when every head holds ``S_max`` tokens).
+    """
+    keys, _, _ = layer.padded_kv()  # [H, S_max, D]
+    heads, width, dim = keys.shape
+    grouped = query[:, 0].float().reshape(heads, query.shape[0] // heads, dim)  # [H, g, D]
+    logits = torch.bmm(grouped, keys.float().transpose(1, 2)) * scaling  # [H, g, S_max]
+    stored = None
+    if layer.is_ragged:
+        assert layer.lengths is not None
+        stored = torch.arange(width, device=keys.device) < layer.lengths[:, None]  # [H, S_max]
+        logits = logits.masked_fill(~stored[:, None], float("-inf"))
+    probs = torch.softmax(logits, dim=-1).reshape(-1, width)  # [H * g, S_max]
+    return aggregate_groups(probs, heads, gqa_agg), stored
+
+
+def one_token_evictions(lengths: Sequence[int], caps: Sequence[int]) -> list[int] | None:
+    """The heads that exceed their cap, when each exceeds it by exactly one token (the decode-step case that
+    :meth:`~kvbench.cache.HeadwiseLayer.evict_slots` handles in place); ``None`` when some head is further over
+    (a multi-token append, a lowered cap): then the general :func:`evict_to_caps` applies."""
+    over = [head for head, (length, cap) in enumerate(zip(lengths, caps, strict=True)) if length > cap]
+    if any(lengths[head] != caps[head] + 1 for head in over):
+        return None
+    return over
+
+
+def evict_lowest(
+    layer: HeadwiseLayer, heads: list[int], ranked: torch.Tensor, stored: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Evict, in place, the lowest-ranked slot of each of ``heads`` (each exactly one token over its cap).
+
+    Parameters
+    ----------
+    ranked:
+        ``[H, S_max]`` slot ranks (higher = keep; protected slots ``+inf``).
+    stored:
+        ``[H, S_max]`` mask of stored slots, or ``None`` when every head holds ``S_max`` tokens.
+
+    Returns
+    -------
+    The evicted slots ``[n]``, the slots their heads' last tokens came from ``[n]``, and the ``[n]`` head rows
+    (``None`` = every head), for moving per-slot state the same way.
+    """
+    every_head = len(heads) == layer.num_heads
+    rows = None if every_head else torch.tensor(heads, device=ranked.device)
+    if stored is not None:
+        ranked = ranked.masked_fill(~stored, float("inf"))
+    candidates = ranked if rows is None else ranked.index_select(0, rows)
+    slots = torch.argmin(candidates, dim=1)
+    last = layer.evict_slots(slots, None if every_head else heads)
+    return slots, last, rows

@@ -50,8 +50,10 @@ from kvbench.methods.base import (
     UniformLayerAllocator,
     WindowObservation,
     common_knobs,
-    decode_attention,
+    evict_lowest,
     evict_to_caps,
+    one_token_evictions,
+    padded_decode_attention,
     register_method,
     score_options,
 )
@@ -309,20 +311,32 @@ class CakeDecode(ScoredDecodePolicy):
 
     def step(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
         caps = self.caps[layer_idx]
-        if all(length <= cap for length, cap in zip(layer.head_lengths(), caps, strict=True)):
+        lengths = layer.head_lengths()
+        heads = one_token_evictions(lengths, caps)
+        if heads == []:
             return  # skip the attention computation when nothing is over budget
-        attention = decode_attention(layer, query, scaling)  # per head [S_h], GQA-averaged
+        attention, stored = padded_decode_attention(layer, query, scaling)  # [H, S_max], GQA-averaged
+        # Slots are not in position order once decoding has evicted in place: pool in position order.
+        order = torch.argsort(layer.padded_positions(), dim=1)  # [H, S_max] slots by position
+        if heads is not None and stored is None and all(cap > self.recent_window for cap in caps):
+            # Every head one over its cap, all the same length: one batched pooling, evict the lowest pooled slot
+            # outside the recent window of each head, in place.
+            past = lengths[0] - self.recent_window
+            by_position = attention.gather(1, order[:, :past])
+            pooled = pool_scores(by_position, self.kernel_size, self.pooling)
+            ranked = torch.full_like(attention, float("inf")).scatter(1, order[:, :past], pooled)
+            evict_lowest(layer, heads, ranked)
+            return
 
         def pooled_top_and_window(head: int, length: int, cap: int) -> torch.Tensor:
             recent = min(self.recent_window, cap)
             past = length - recent
-            scores = pool_scores(attention[head][None, :past], self.kernel_size, self.pooling)[0]
+            slots = order[head][order[head] < length] if stored is not None else order[head]
+            scores = pool_scores(attention[head, slots[:past]][None], self.kernel_size, self.pooling)[0]
             chosen = torch.topk(scores, cap - recent).indices
-            return torch.cat([chosen, torch.arange(past, length, device=chosen.device)])
+            return torch.cat([slots[chosen], slots[past:]])
 
-        keep = evict_to_caps(layer, caps, pooled_top_and_window)
-        assert keep is not None
-        self.scores[layer_idx] = [torch.zeros(len(k)) for k in keep]
+        evict_to_caps(layer, caps, pooled_top_and_window)
 
 
 # ---------------------------------------------------------------------------------------------------- builder

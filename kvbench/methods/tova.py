@@ -23,8 +23,7 @@ from kvbench.methods.base import (
     TokenScorer,
     WindowObservation,
     common_knobs,
-    decode_attention,
-    evict_to_caps,
+    padded_decode_attention,
     register_method,
     score_options,
 )
@@ -68,27 +67,12 @@ class CurrentAttentionDecode(ScoredDecodePolicy):
         return attention
 
     def step(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
+        attention, stored = padded_decode_attention(layer, query, scaling, self.gqa_agg)
         if self.head_average and not layer.is_ragged:
-            # All heads hold the same tokens: average the current attention over heads, evict the same tokens.
-            self._aligned_scores(layer_idx, layer)
-            attention = torch.stack(decode_attention(layer, query, scaling)).mean(dim=0)
-            self.scores[layer_idx] = [attention.clone() for _ in range(layer.num_heads)]
-            self._evict_to_caps(layer_idx, layer)
-            return
-        super().step(layer_idx, layer, query, scaling)
-
-    def _evict_to_caps(self, layer_idx: int, layer: HeadwiseLayer) -> None:
-        scores = self.scores[layer_idx]
-
-        def most_attended(head: int, length: int, cap: int) -> torch.Tensor:
-            ranked = scores[head].clone()
-            if self.recent_window:
-                ranked[length - 1] = torch.inf  # protect_recent: the token just generated stays
-            return torch.topk(ranked, cap).indices
-
-        keep = evict_to_caps(layer, self.caps[layer_idx], most_attended)
-        if keep is not None:
-            self.scores[layer_idx] = [s.index_select(0, idx) for s, idx in zip(scores, keep, strict=True)]
+            # All heads hold the same tokens in the same slots: average the current attention over every query
+            # head, so every head evicts the same slot.
+            attention = attention.mean(dim=0, keepdim=True).expand_as(attention)
+        self._score_and_evict(layer_idx, layer, attention, stored)
 
 
 @dataclass
