@@ -29,6 +29,7 @@ the budget the lowest-scoring token outside the recent ``B_r`` is evicted.  Pape
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +64,15 @@ def sg_multiplier(visible: torch.Tensor, k: int, head_dim: int, reading: str, mi
     if reading == "literal":
         factor = factor / math.sqrt(head_dim)
     return factor.float()
+
+
+def sg_multiplier_scalar(visible: int, k: int, head_dim: int, reading: str, min_log: float) -> float:
+    """:func:`sg_multiplier` of one row, on the host (a decoding step's factor: no tensor, no device round trip);
+    rounded to float32 like the tensor version."""
+    factor = math.sqrt(2.0 * max(math.log(visible / max(k, 1)), min_log))
+    if reading == "literal":
+        factor = factor / math.sqrt(head_dim)
+    return struct.unpack("f", struct.pack("f", factor))[0]
 
 
 def value_prior(values: torch.Tensor, kernel_size: int) -> torch.Tensor:
@@ -135,8 +145,9 @@ class AhaDecode(ScoredDecodePolicy):
         if self.sgs:
             caps = self.caps[layer_idx]
             k = max(round(sum(caps) / len(caps)) - (self.recent_window if self.params.lambda_k == "selected" else 0), 1)
-            visible = torch.tensor([layer.seen_tokens])
-            factor = float(sg_multiplier(visible, k, query.shape[-1], self.params.lambda_reading, self.params.min_log))
+            factor = sg_multiplier_scalar(
+                layer.seen_tokens, k, query.shape[-1], self.params.lambda_reading, self.params.min_log
+            )
             scaling = scaling * factor
         super().step(layer_idx, layer, query, scaling)
 

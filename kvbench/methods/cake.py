@@ -316,22 +316,26 @@ class CakeDecode(ScoredDecodePolicy):
         if heads == []:
             return  # skip the attention computation when nothing is over budget
         attention, stored = padded_decode_attention(layer, query, scaling)  # [H, S_max], GQA-averaged
+        positions = layer.padded_positions()
+        if stored is not None:
+            positions = positions.masked_fill(~stored, torch.iinfo(positions.dtype).max)
         # Slots are not in position order once decoding has evicted in place: pool in position order.
-        order = torch.argsort(layer.padded_positions(), dim=1)  # [H, S_max] slots by position
-        if heads is not None and stored is None and all(cap > self.recent_window for cap in caps):
-            # Every head one over its cap, all the same length: one batched pooling, evict the lowest pooled slot
-            # outside the recent window of each head, in place.
-            past = lengths[0] - self.recent_window
-            by_position = attention.gather(1, order[:, :past])
-            pooled = pool_scores(by_position, self.kernel_size, self.pooling)
-            ranked = torch.full_like(attention, float("inf")).scatter(1, order[:, :past], pooled)
-            evict_lowest(layer, heads, ranked)
+        order = torch.argsort(positions, dim=1)  # [H, S_max] slots by position, unused slots last
+        if heads is not None and all(cap > self.recent_window for cap in caps):
+            # Every over-cap head one token over: one batched pooling over each head's tokens outside its recent
+            # window (zeros past them, exactly the pooling's own padding), evict the lowest pooled slot in place.
+            assert layer.lengths is not None
+            past = (layer.lengths - self.recent_window)[:, None]  # [H, 1]
+            candidate = torch.arange(order.shape[1], device=order.device) < past  # [H, S_max] in position order
+            by_position = attention.gather(1, order).masked_fill(~candidate, 0.0)
+            pooled = pool_scores(by_position, self.kernel_size, self.pooling).masked_fill(~candidate, float("inf"))
+            evict_lowest(layer, heads, torch.empty_like(pooled).scatter_(1, order, pooled))
             return
 
         def pooled_top_and_window(head: int, length: int, cap: int) -> torch.Tensor:
             recent = min(self.recent_window, cap)
             past = length - recent
-            slots = order[head][order[head] < length] if stored is not None else order[head]
+            slots = order[head, :length]
             scores = pool_scores(attention[head, slots[:past]][None], self.kernel_size, self.pooling)[0]
             chosen = torch.topk(scores, cap - recent).indices
             return torch.cat([slots[chosen], slots[past:]])
