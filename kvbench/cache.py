@@ -244,6 +244,12 @@ class HeadwiseLayer(LogicalLengthLayer):
         assert self.key_buffer is not None
         return self.stored_tokens() * self.key_buffer.shape[-1] * 2 * self.key_buffer.element_size()
 
+    def token_head_bytes(self) -> int:
+        """Key + value bytes of one token of one head (``2 * D * itemsize``; 0 before the first update)."""
+        if self.key_buffer is None:
+            return 0
+        return self.key_buffer.shape[-1] * 2 * self.key_buffer.element_size()
+
     def capacity_bytes(self) -> int:
         """Bytes the key and value buffers hold, slack included."""
         if not self.is_initialized:
@@ -399,3 +405,15 @@ class KVBenchCache(Cache):
     def kv_bytes(self) -> int:
         """Bytes held by keys and values over all layers."""
         return sum(layer.kv_bytes() for layer in self.headwise_layers)
+
+    def stored_token_bytes(self) -> int:
+        """Key + value bytes of the stored tokens alone (a paged pool's free slots excluded)."""
+        return sum(layer.stored_tokens() * layer.token_head_bytes() for layer in self.headwise_layers)
+
+    def full_cache_bytes(self) -> int:
+        """Bytes a full cache (one sequence per KV head, nothing evicted) would hold for the tokens seen so far:
+        what :meth:`kv_bytes` is compared with (query-head storage can exceed it, ``expand_factor`` times at most)."""
+        return sum(
+            layer.seen_tokens * (layer.num_heads // self.expand_factor) * layer.token_head_bytes()
+            for layer in self.headwise_layers
+        )

@@ -352,6 +352,12 @@ class PagedLayer(LogicalLengthLayer):
         pairs = [self.head_kv(head) for head in range(self.num_stored_heads)]
         return RaggedKV([k[None, None] for k, _ in pairs]), RaggedKV([v[None, None] for _, v in pairs])
 
+    def token_head_bytes(self) -> int:
+        """Key + value bytes of one token of one head (``2 * D * itemsize``; 0 before the first update)."""
+        if self.k_pool is None:
+            return 0
+        return self.head_dim * 2 * self.k_pool.element_size()
+
     def token_bytes(self) -> int:
         """Bytes of the stored tokens alone: ``sum_h S_h * D * 2 * itemsize``."""
         if not self.is_initialized:

@@ -10,13 +10,18 @@ rows come from the layers' public :class:`~kvbench.cache_base.StorageStats`.
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
-from test_methods import method_from_yaml
+from omegaconf import OmegaConf
+from test_methods import _run, method_from_yaml
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from kvbench import runner
 from kvbench.cache import KVBenchCache
+from kvbench.models import build_builtin
 
 #: aten ops that read a device value back to the host (or whose output size depends on data): a sync on CUDA.
 SYNC_OPS = {"_local_scalar_dense", "nonzero", "unique_dim", "_unique2", "masked_select", "item"}
@@ -187,3 +192,34 @@ def test_h2o_in_place_keeps_what_the_rule_spelled_out_keeps(backend: str) -> Non
     for head in range(2):  # every slot still holds its own token's key
         stored_keys, _ = layer.head_kv(head)
         assert torch.equal(stored_keys, keys[head, layer.positions[head].long()])
+
+
+# ------------------------------------------------------------------------------------------ the query-head storage trap
+@pytest.fixture(scope="module")
+def tiny_llama():
+    model, tokenizer = build_builtin("tiny-random-llama", seed=7)
+    model.set_attn_implementation("kvbench")
+    return model.eval(), tokenizer
+
+
+def test_query_head_storage_above_the_full_cache_is_recorded_and_warned_once(tiny_llama, caplog) -> None:
+    """SnapKV's reference layout (a cache per query head, GQA 2:1 here) at budget 0.75x stores 1.5x the full cache:
+    the record says so, and a run warns once; the kv-head switch stays below the full cache."""
+    model, tokenizer = tiny_llama
+    query_heads = _run(model, tokenizer, method_from_yaml("snapkv"), "0.75x", context=200, new=4).record
+    assert (query_heads.stored_heads, query_heads.kv_heads) == (4, 2)
+    assert query_heads.exceeds_full_cache
+    assert query_heads.cache_bytes == pytest.approx(1.5 * query_heads.full_cache_bytes, rel=0.02)
+    kv_heads = _run(
+        model, tokenizer, method_from_yaml("snapkv", gqa_granularity="kv_head"), "0.75x", context=200, new=4
+    ).record
+    assert (kv_heads.stored_heads, kv_heads.kv_heads) == (2, 2)
+    assert not kv_heads.exceeds_full_cache
+    assert kv_heads.cache_bytes == pytest.approx(0.75 * kv_heads.full_cache_bytes, rel=0.02)
+    cfg = OmegaConf.create({"model": {"name": "tiny"}, "method": {"name": "snapkv"}, "budget": {"name": "r075"}})
+    with caplog.at_level(logging.WARNING, logger="kvbench"):
+        for record in (query_heads, query_heads, kv_heads):
+            runner._warn_if_above_full(record, cfg)
+    warnings = [r.message for r in caplog.records if "exceeds the full cache" in r.message]
+    assert len(warnings) == 1 and "gqa_granularity=kv_head" in warnings[0]
+
