@@ -222,4 +222,3 @@ def test_query_head_storage_above_the_full_cache_is_recorded_and_warned_once(tin
             runner._warn_if_above_full(record, cfg)
     warnings = [r.message for r in caplog.records if "exceeds the full cache" in r.message]
     assert len(warnings) == 1 and "gqa_granularity=kv_head" in warnings[0]
-
