@@ -57,6 +57,7 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "streamingllm": ("streamingllm", {}),
     "h2o": ("h2o", {}),
     "tova": ("tova", {}),
+    "cake": ("cake", {}),
 }
 
 
@@ -195,23 +196,63 @@ def decode_run(
     }
 
 
+def profile_steps(model: torch.nn.Module, prefill: PrefillRecorder, first_token: int, label: str, ratio: float) -> str:
+    """torch profiler summary of one decode step (after two warm-up steps) of ``label`` at ``ratio``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    method = build_config(label)
+    budget = parse_budget("full" if label == "full" else f"{1 - ratio:g}x")
+    config = model.config
+    expand = int(config.num_attention_heads) // int(config.num_key_value_heads)
+    cache = KVBenchCache(
+        int(config.num_hidden_layers), expand_factor=expand if method.gqa_granularity == "query_head" else 1
+    )
+    session = EvictionSession(method, budget, cache)
+    length = int(prefill.layers[0][1].shape[1])
+    session.begin_prefill(length)
+    for index, (query, keys, values, scaling) in enumerate(prefill.layers):
+        cache.update(keys[None], values[None], index)
+        session.after_attention(_LayerIndex(index), query[None], scaling)
+    session.begin_decode()
+    token = first_token
+    for step in range(2):
+        token = int(torch.argmax(forward(model, token, length + step, cache, session)))
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        forward(model, token, length + 2, cache, session)
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=40)
+    return f"### {label} ratio {ratio:g} (context {length})\n{table}\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=[SMOLLM2], help=f"{SMOLLM2} or a kvbench.bench architecture")
     parser.add_argument("--lengths", nargs="+", type=int, default=[2048, 8192], help="prompt lengths")
     parser.add_argument("--ratios", nargs="+", type=float, default=[0.5, 0.75], help="compression ratios (removed)")
-    parser.add_argument("--methods", nargs="+", default=list(CONFIGS), choices=list(CONFIGS), help="configurations")
+    parser.add_argument(
+        "--methods", nargs="+", default=[c for c in CONFIGS if c != "cake"], choices=list(CONFIGS), help="configs"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per configuration (median reported)")
     parser.add_argument("--decode-tokens", type=int, default=24, help="tokens decoded per run")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--backend", default="torch", help="cache backend: auto | torch | paged")
     parser.add_argument("--out", default="results/bench/decode.csv", help="CSV of every timed run")
+    parser.add_argument("--profile", action="store_true", help="instead of timing: one profiled step per config")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     machine = f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}"
 
+    if args.profile:
+        with torch.inference_mode():
+            for model_name in args.models:
+                model = load_bench_model(model_name)
+                for length in args.lengths:
+                    prefill, first_token = record_prefill(model, length)
+                    for label in args.methods:
+                        for ratio in [0.0] if label == "full" else args.ratios:
+                            print(profile_steps(model, prefill, first_token, label, ratio), flush=True)
+        return
     runs: list[dict[str, Any]] = []
     with out.open("w", newline="") as handle, torch.inference_mode():
         writer: csv.DictWriter | None = None
