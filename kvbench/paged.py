@@ -233,14 +233,16 @@ class PagedLayer(LogicalLengthLayer):
             return
         if needed > len(self.free_pages):
             self._grow_pool(needed - len(self.free_pages))
-        rows, cols, values = [], [], []
-        for head, count in enumerate(wanted):
-            for _ in range(max(0, count)):
-                page = self.free_pages.pop()
-                rows.append(head)
-                cols.append(len(self.pages[head]))
-                values.append(page)
-                self.pages[head].append(page)
+        # Hand out the last ``needed`` free pages in pop() order, head after head: list slices on the host (a loop
+        # over heads, not pages) and one vectorised block-table write.
+        counts = [max(0, w) for w in wanted]
+        taken = self.free_pages[len(self.free_pages) - needed :][::-1]
+        del self.free_pages[len(self.free_pages) - needed :]
+        starts, offset = [], 0
+        for head, count in enumerate(counts):
+            starts.append(len(self.pages[head]))
+            self.pages[head].extend(taken[offset : offset + count])
+            offset += count
         assert self.block_table is not None
         width = max(len(pages) for pages in self.pages)
         if width > self.block_table.shape[1]:
@@ -251,8 +253,12 @@ class PagedLayer(LogicalLengthLayer):
             )
             table[:, : self.block_table.shape[1]] = self.block_table
             self.block_table = table
-        index = (torch.tensor(rows, device=self.device), torch.tensor(cols, device=self.device))
-        self.block_table.index_put_(index, torch.tensor(values, dtype=torch.int32, device=self.device))
+        per_head = torch.tensor(counts)
+        rows = torch.repeat_interleave(torch.arange(self.num_stored_heads), per_head)
+        first = torch.cumsum(per_head, 0) - per_head  # index in ``taken`` of each head's first new page
+        cols = torch.arange(needed) - torch.repeat_interleave(first - torch.tensor(starts), per_head)
+        index = (rows.to(self.device), cols.to(self.device))
+        self.block_table.index_put_(index, torch.tensor(taken, dtype=torch.int32).to(self.device))
 
     def reserve(self, extra_tokens: int) -> None:
         """Pre-allocate pages so every head can take ``extra_tokens`` more tokens without growing the pool."""

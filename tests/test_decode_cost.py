@@ -222,3 +222,20 @@ def test_query_head_storage_above_the_full_cache_is_recorded_and_warned_once(tin
             runner._warn_if_above_full(record, cfg)
     warnings = [r.message for r in caplog.records if "exceeds the full cache" in r.message]
     assert len(warnings) == 1 and "gqa_granularity=kv_head" in warnings[0]
+
+
+def test_paged_prefill_allocates_its_pages_in_a_fixed_number_of_operations() -> None:
+    """A prefill of 40 or of 4000 tokens (3 or 250 pages per head) runs the same operations: the page table is
+    written in one vectorised step, not page by page."""
+    counts = []
+    for tokens in (40, 4000):
+        cache = KVBenchCache(1, backend="paged")
+        keys = torch.zeros(1, 4, tokens, 8)
+        with OpCounter() as counter:
+            cache.update(keys, keys, 0)
+        counts.append(counter.ops)
+        layer = cache.headwise_layers[0]
+        assert layer.head_lengths() == [tokens] * 4 and layer.stats.reallocations == 1
+        pages = [page for head in layer.pages for page in head]
+        assert sorted(pages) == list(range(len(pages)))  # every page handed out once
+    assert counts[0] == counts[1]
