@@ -3,14 +3,18 @@
 A :class:`KVBenchCache` is a transformers :class:`~transformers.cache_utils.Cache` whose layers are
 :class:`HeadwiseLayer`.  Each layer holds, for batch size 1, one key and one value sequence per *stored head*:
 
-* while every head has the same length the layer is **dense**: ``keys``/``values`` are ``[1, H, S, D]`` tensors,
-  exactly like transformers' ``DynamicLayer`` (so attention can take the stock SDPA path);
+* while every head has the same length the layer is **dense**: ``keys``/``values`` are ``[1, H, S, D]`` views,
+  like transformers' ``DynamicLayer`` tensors (so attention can take the stock SDPA path);
 * after a per-head eviction leaves heads with different lengths the layer is **ragged**: ``head_keys[h]`` /
-  ``head_values[h]`` are ``[1, 1, S_h, D]`` tensors, one per head (:class:`RaggedKV` is what ``update`` returns).
+  ``head_values[h]`` are ``[1, 1, S_h, D]`` views, one per head (:class:`RaggedKV` is what ``update`` returns).
 
-Only kept tokens are stored (no masks, no "fake" keys): :meth:`HeadwiseLayer.kv_bytes` is exactly
-``sum_h S_h * D * 2 * itemsize``.  Each head also records the true positions of its kept tokens (int32), which
-decode-time policies use (StreamingLLM's sinks) and which runs report.
+Both are views of one ``[1, H, C, D]`` buffer per layer with spare capacity, so a decoding step appends without
+copying the layer, and decode-time eviction replaces a slot in place (:meth:`HeadwiseLayer.evict_slots`): a step
+costs what is kept, not a copy of it.  Only kept tokens count (no masks, no "fake" keys):
+:meth:`HeadwiseLayer.kv_bytes` is exactly ``sum_h S_h * D * 2 * itemsize`` (the spare capacity, at most 1/8 of it
+after growth, is :meth:`HeadwiseLayer.capacity_bytes`; an eviction by ``keep`` reallocates to the exact size).
+Each head also records the true positions of its kept tokens (int32), which decode-time policies use (StreamingLLM's
+sinks, the recent windows) and which runs report; after in-place evictions slots are no longer in position order.
 
 Positions: :meth:`HeadwiseLayer.get_seq_length` returns the number of tokens *seen* (not stored), so anything in
 transformers that derives positions from the cache length stays correct after eviction; kvbench's generation loop
