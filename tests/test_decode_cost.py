@@ -239,3 +239,26 @@ def test_paged_prefill_allocates_its_pages_in_a_fixed_number_of_operations() -> 
         pages = [page for head in layer.pages for page in head]
         assert sorted(pages) == list(range(len(pages)))  # every page handed out once
     assert counts[0] == counts[1]
+
+
+@pytest.mark.parametrize("backend", ["torch", "paged"])
+@pytest.mark.parametrize("name", ["streamingllm", "h2o"])
+def test_generation_at_the_cap_never_rebuilds_the_storage(tiny_llama, monkeypatch, name: str, backend: str) -> None:
+    """End to end (tiny model, 4 layers, 30 steps at the cap): after the first step made room, no layer's storage is
+    rebuilt again (#26: the paged pool was rebuilt and regrown at every layer on every step)."""
+    monkeypatch.setenv("KVBENCH_CACHE_BACKEND", backend)
+    model, tokenizer = tiny_llama
+    method = method_from_yaml(name)
+    rebuilds: list[list[int]] = []
+    policy, original = method.decode_policy, method.decode_policy.step
+
+    def step(layer_idx, layer, query, scaling):
+        original(layer_idx, layer, query, scaling)
+        if layer_idx == 0:
+            rebuilds.append([])
+        rebuilds[-1].append(layer.stats.reallocations)
+
+    policy.step = step
+    out = _run(model, tokenizer, method, "64L", context=200, new=32)
+    assert out.record.final_per_layer == [64] * 4
+    assert len(rebuilds) == 31 and rebuilds[1] == rebuilds[-1]
