@@ -219,8 +219,15 @@ def profile_steps(model: torch.nn.Module, prefill: PrefillRecorder, first_token:
         token = int(torch.argmax(forward(model, token, length + step, cache, session)))
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         forward(model, token, length + 2, cache, session)
-    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=40)
-    return f"### {label} ratio {ratio:g} (context {length})\n{table}\n"
+    averages = prof.key_averages()
+    calls = sum(event.count for event in averages)
+    allocated = sum(max(event.self_cpu_memory_usage, 0) for event in averages)
+    by_time = averages.table(sort_by="self_cpu_time_total", row_limit=10, max_name_column_width=40)
+    by_memory = averages.table(sort_by="self_cpu_memory_usage", row_limit=6, max_name_column_width=40)
+    return (
+        f"### {label} ratio {ratio:g} (context {length}): {calls} op calls, {allocated / 2**20:.2f} MiB allocated "
+        f"in one decode step\n{by_time}\n{by_memory}\n"
+    )
 
 
 def main() -> None:
