@@ -27,6 +27,10 @@ states; decoding on CUDA runs ``varlen_attn`` with the block table when ``page_s
 FlashAttention-2 paged-KV constraint), else the split-K Triton kernel
 :func:`kvbench.kernels.paged_decode_attention`; the rest (CPU, question chunks on a compressed cache) gathers each
 head and runs the same per-head SDPA as the ragged torch backend, so both backends give the same logits.
+
+Size: over 500 lines because :class:`PagedLayer` is one invariant (pool, free list, host page lists, block table
+and lengths kept in step) that appends, growth, repacking, compaction and in-place eviction all maintain; splitting
+it would spread that invariant over modules.
 """
 
 from __future__ import annotations
