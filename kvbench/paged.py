@@ -19,8 +19,9 @@ per token), and :meth:`PagedLayer.reserve` pre-allocates decode headroom so the 
 
 Compaction after eviction (:meth:`PagedLayer.keep`): kept tokens stay in position order.  When the freed memory is
 large the layer repacks into a new pool sized exactly to the kept pages (``sum_h ceil(k_h / page_size)`` pages, so
-held bytes <= kept bytes + ``H * (page_size - 1)`` token slots); small decode-time evictions compact each head
-in place inside its own pages and return emptied pages to the free list.
+held bytes <= kept bytes + ``H * (page_size - 1)`` token slots); smaller evictions compact each head in place inside
+its own pages and return emptied pages to the free list.  A decoding step's one-token eviction
+(:meth:`PagedLayer.evict_slots`) moves each head's last token into its evicted slot: ``H`` rows, no rebuild.
 
 Attention (:func:`paged_attention`): a chunk that is the layer's first (plain prefill) runs dense SDPA on the new
 states; decoding on CUDA runs ``varlen_attn`` with the block table when ``page_size`` is a multiple of 256 (the
