@@ -25,8 +25,13 @@ it (``--compress --cascading --window_size 32``, gamma 200, tau from ``config/mo
   (``h2o``, ``tova``, ``snapkv``: CAKE's allocation under other indicators).
 * Allocation switch for Table 2: ``params.allocation`` = ``p2a`` (default), ``uniform``, ``pyramid``, ``random``.
 * Decoding (official code): layer budgets stay fixed; at every step the newest query's attention over the cache
-  except the last ``S_w`` tokens (average-pooled, kernel 5, GQA mean) ranks the tokens and the lowest one goes.
-  H2O/TOVA indicators keep their own decode rules.
+  except the last ``S_w`` tokens (average-pooled per query head, kernel 5, then the GQA mean) ranks the tokens and
+  the lowest one goes.  The code runs this after *every* forward past the prefill: a multi-token append (question-
+  agnostic mode's question) is ranked by the mean attention of its last ``S_w`` rows -- unmasked, as the code
+  computes it (each row sees every appended token) -- and cut to the budget at once (``params.evict_on_append:
+  false``: kvbench's earlier behaviour, the appended tokens wait for decoding).  With ``method.score_dtype=model``
+  the logits, probabilities, row mean, pooling and GQA mean are rounded to the model dtype as the code's tensors
+  are.  H2O/TOVA indicators keep their own decode rules.
 * tau: ``params.tau1/tau2`` (null = the official per-model table at 128L / 1024L when ``params.model`` matches,
   else 1.0, as the code falls back).
 """
@@ -50,13 +55,11 @@ from kvbench.methods.base import (
     UniformLayerAllocator,
     WindowObservation,
     common_knobs,
-    evict_lowest,
     evict_to_caps,
-    one_token_evictions,
-    padded_decode_attention,
     register_method,
     score_options,
 )
+from kvbench.methods.decoding import evict_lowest, one_token_evictions
 from kvbench.methods.h2o import AllRowsScorer, HeavyHitterDecode, ScoredDecodePolicy
 from kvbench.methods.params import bounded, choice, parse_params
 from kvbench.methods.scoring import (
@@ -65,6 +68,7 @@ from kvbench.methods.scoring import (
     no_rounding,
     pool_scores,
     probability_dtype,
+    round_to,
     rounding_to,
     with_window_columns,
 )
@@ -302,20 +306,66 @@ class CakeScorer(TokenScorer):
 
 
 class CakeDecode(ScoredDecodePolicy):
-    """CAKE's decode eviction: rank by the newest query's pooled attention, keep the last ``window`` tokens."""
+    """CAKE's decode eviction: rank by the newest query's pooled attention, keep the last ``window`` tokens; after
+    an append, rank by its last ``window`` rows' mean attention (module docstring)."""
 
-    def __init__(self, window: int, kernel_size: int, pooling: str) -> None:
-        super().__init__(recent_window=window)
+    def __init__(
+        self, window: int, kernel_size: int, pooling: str, gqa_reduce: str = "after_pool", score_dtype: str = "model",
+        evict_on_append: bool = True,
+    ) -> None:  # fmt: skip
+        super().__init__(recent_window=window, score_dtype=score_dtype)
         self.kernel_size = kernel_size
         self.pooling = pooling
+        self.gqa_reduce = gqa_reduce
+        self.evicts_on_append = evict_on_append
 
     def step(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
+        self._evict_by_rows(layer_idx, layer, query, scaling)
+
+    def append(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
+        """The code's decoding branch on a multi-token forward: the last ``window`` rows, unmasked, row mean."""
+        if self.evicts_on_append:
+            self._evict_by_rows(layer_idx, layer, query[:, -self.recent_window :], scaling)
+
+    def row_mean_attention(
+        self, layer: HeadwiseLayer, rows: torch.Tensor, scaling: float
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``[H, g, S_max]``: per stored head and query head of its group, the mean over ``rows`` ``[H_q, r, D]`` of
+        their softmax attention over the head's keys (no mask, as the code's decoding branch), rounded as the code's
+        tensors when ``score_dtype`` is ``model``; batched over heads (0 past a head's length), with the ``[H, S_max]``
+        mask of stored slots (``None`` when every head holds ``S_max``)."""
+        dtype = self.rounding_dtype(rows)
+        keys, _, _ = layer.padded_kv()  # [H, S_max, D]
+        heads, width, dim = keys.shape
+        groups, count = rows.shape[0] // heads, rows.shape[1]
+        grouped = rows.float().reshape(heads, groups * count, dim)  # [H, g*r, D]
+        logits = round_to(round_to(torch.bmm(grouped, keys.float().transpose(1, 2)), dtype) * scaling, dtype)
+        stored = None
+        if layer.is_ragged:
+            assert layer.lengths is not None
+            stored = torch.arange(width, device=keys.device) < layer.lengths[:, None]  # [H, S_max]
+            logits = logits.masked_fill(~stored[:, None], float("-inf"))
+        probs = round_to(torch.softmax(logits, dim=-1), dtype).reshape(heads, groups, count, width)
+        return round_to(probs.mean(dim=2), dtype), stored
+
+    def _pooled(self, by_position: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+        """``[H, g, n]`` attention in position order -> ``[H, n]`` pooled scores (the code's order: pool each query
+        head, then the group mean; ``before_pool``: the mean first)."""
+        heads, groups, width = by_position.shape
+        if self.gqa_reduce == "after_pool":
+            flat = by_position.reshape(heads * groups, width)
+            pooled = round_to(pool_scores(flat, self.kernel_size, self.pooling), dtype)
+            return round_to(pooled.reshape(heads, groups, width).mean(dim=1), dtype)
+        reduced = round_to(by_position.mean(dim=1), dtype)
+        return round_to(pool_scores(reduced, self.kernel_size, self.pooling), dtype)
+
+    def _evict_by_rows(self, layer_idx: int, layer: HeadwiseLayer, rows: torch.Tensor, scaling: float) -> None:
         caps = self.caps[layer_idx]
-        lengths = layer.head_lengths()
-        heads = one_token_evictions(lengths, caps)
+        heads = one_token_evictions(layer.head_lengths(), caps)
         if heads == []:
             return  # skip the attention computation when nothing is over budget
-        attention, stored = padded_decode_attention(layer, query, scaling)  # [H, S_max], GQA-averaged
+        dtype = self.rounding_dtype(rows)
+        attention, stored = self.row_mean_attention(layer, rows, scaling)  # [H, g, S_max]
         positions = layer.padded_positions()
         if stored is not None:
             positions = positions.masked_fill(~stored, torch.iinfo(positions.dtype).max)
@@ -327,16 +377,17 @@ class CakeDecode(ScoredDecodePolicy):
             assert layer.lengths is not None
             past = (layer.lengths - self.recent_window)[:, None]  # [H, 1]
             candidate = torch.arange(order.shape[1], device=order.device) < past  # [H, S_max] in position order
-            by_position = attention.gather(1, order).masked_fill(~candidate, 0.0)
-            pooled = pool_scores(by_position, self.kernel_size, self.pooling).masked_fill(~candidate, float("inf"))
-            evict_lowest(layer, heads, torch.empty_like(pooled).scatter_(1, order, pooled))
+            by_position = attention.gather(2, order[:, None].expand_as(attention))
+            pooled = self._pooled(by_position.masked_fill(~candidate[:, None], 0.0), dtype)
+            ranked = torch.empty_like(pooled).scatter_(1, order, pooled.masked_fill(~candidate, float("inf")))
+            evict_lowest(layer, heads, ranked)
             return
 
         def pooled_top_and_window(head: int, length: int, cap: int) -> torch.Tensor:
             recent = min(self.recent_window, cap)
             past = length - recent
             slots = order[head, :length]
-            scores = pool_scores(attention[head, slots[:past]][None], self.kernel_size, self.pooling)[0]
+            scores = self._pooled(attention[head][None][:, :, slots[:past]], dtype)[0]
             chosen = torch.topk(scores, cap - recent).indices
             return torch.cat([slots[chosen], slots[past:]])
 
@@ -362,6 +413,9 @@ class CakeParams:
     #: Pyramid slope (``allocation: pyramid``) and seed (``allocation: random``).
     beta: int = bounded(20, low=1)
     seed: int = 0
+    #: Rank and cut a multi-token append at once, as the code's decoding branch (module docstring); false = the
+    #: appended tokens wait for decoding (kvbench's earlier behaviour).
+    evict_on_append: bool = True
 
 
 @register_method("cake")
@@ -374,18 +428,19 @@ def build_cake(method_cfg: Any) -> EvictionMethod:
     window, kernel, pooling = knobs["window"], int(method_cfg.kernel_size), str(method_cfg.pooling)
     scorer: TokenScorer
     policy: DecodePolicy | None = None
+    dtype, on_append = options.score_dtype, params.evict_on_append
     if indicator == "h2o":
         scorer = AllRowsScorer(options)
-        policy = HeavyHitterDecode(window)
+        policy = HeavyHitterDecode(window, score_dtype=dtype, evict_on_append=on_append)
     elif indicator == "tova":
-        scorer = LastQueryScorer(head_average=True)
-        policy = CurrentAttentionDecode(head_average=True)
+        scorer = LastQueryScorer(head_average=True, score_dtype=dtype)
+        policy = CurrentAttentionDecode(head_average=True, score_dtype=dtype)
     elif indicator == "snapkv":
         scorer = WindowVoteScorer(options)
-        policy = CakeDecode(window, kernel, pooling)
+        policy = CakeDecode(window, kernel, pooling, options.gqa_reduce, dtype, on_append)
     else:
         scorer = CakeScorer(float(params.gamma), options, indicator)
-        policy = CakeDecode(window, kernel, pooling)
+        policy = CakeDecode(window, kernel, pooling, options.gqa_reduce, dtype, on_append)
     allocator: LayerBudgetAllocator
     if allocation == "p2a":
         allocator = CakeLayerAllocator(
@@ -407,6 +462,7 @@ def build_cake(method_cfg: Any) -> EvictionMethod:
             "cascading": params.cascading,
             "adjust": adjust,
             "gqa_reduce": options.gqa_reduce,
+            "evict_on_append": on_append,
         },
         **knobs,
     )
