@@ -23,6 +23,7 @@ from kvbench.methods.base import (
     evict_to_caps,
     register_method,
 )
+from kvbench.methods.decoding import evict_lowest, one_token_evictions
 from kvbench.methods.params import parse_params
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
@@ -53,13 +54,31 @@ class SinkWindowDecode(DecodePolicy):
         self.caps[layer_idx] = list(head_budgets)
 
     def step(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
-        def sinks_and_recent(head: int, length: int, cap: int) -> torch.Tensor:
-            positions = layer.positions[head]
-            sinks = torch.nonzero(positions < self.sink_tokens).flatten()[:cap]
-            recent = torch.arange(length - (cap - sinks.numel()), length, device=positions.device)
-            return torch.unique(torch.cat([sinks, recent]))
+        """Evict the oldest non-sink token of each head over its cap, in place (one slot per head, vectorised);
+        a head further over its cap (a lowered cap) keeps its sinks and most recent tokens by position."""
+        caps = self.caps[layer_idx]
+        lengths = layer.head_lengths()
+        heads = one_token_evictions(lengths, caps)
+        if heads == []:
+            return
+        if heads is not None and all(caps[head] > self.sink_tokens for head in heads):
+            positions = layer.padded_positions()  # [H, S_max]
+            # The slot of the oldest token that is not a sink: the lowest rank once sinks rank +inf.
+            ranked = positions.float().masked_fill(positions < self.sink_tokens, float("inf"))
+            stored = None
+            if layer.is_ragged:
+                assert layer.lengths is not None
+                stored = torch.arange(positions.shape[1], device=positions.device) < layer.lengths[:, None]
+            evict_lowest(layer, heads, ranked, stored)
+            return
 
-        evict_to_caps(layer, self.caps[layer_idx], sinks_and_recent)
+        def sinks_and_recent(head: int, length: int, cap: int) -> torch.Tensor:
+            positions = layer.positions[head].long()
+            # Sinks first (earliest first, at most ``cap`` of them), then the most recent tokens.
+            ranked = torch.where(positions < self.sink_tokens, 2 * layer.seen_tokens - positions, positions)
+            return torch.topk(ranked, cap).indices
+
+        evict_to_caps(layer, caps, sinks_and_recent)
 
 
 @dataclass
