@@ -16,7 +16,8 @@ Reproduces FMInference/H2O ``h2o_hf/utils_real_drop/modify_llama.py`` (``H2OKVCa
 * A multi-token forward after the prefill (question-agnostic mode's question), as ``H2OKVCache_LayerWise`` does
   with any forward: every new row's attention (causal) is added to the running scores -- the new tokens start
   from their column sums -- and each head is evicted to its cap at once.  ``params.evict_on_append: false`` is
-  kvbench's earlier behaviour: the appended tokens are kept whole, score 0, and decoding evicts one per step.
+  kvbench's earlier behaviour: the appended tokens are kept whole, score 0, until the first decoding step cuts
+  each head back to its cap.
 * Rounding (``method.score_dtype=model``, the default): as the reference code in a bf16/fp16 model -- logits of
   ``matmul(q, k^T) / sqrt(d)`` rounded after the product and after the scaling, the float32 softmax cast back,
   the row sums and the running scores kept in the model dtype (each addition rounded).  ``float32``: kvbench's
@@ -248,7 +249,7 @@ class H2OParams:
     #: Add each decoding step's attention to the running scores (the reference); false = prefill scores only.
     decode_accumulate: bool = True
     #: After a multi-token append, add its rows' attention and evict at once (the reference); false = kvbench's
-    #: earlier behaviour (the appended tokens stay, scored 0, until decoding evicts one per step).
+    #: earlier behaviour (the appended tokens stay, scored 0, until the first decoding step cuts to the cap).
     evict_on_append: bool = True
 
 

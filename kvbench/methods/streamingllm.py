@@ -4,7 +4,7 @@ Every head keeps the first ``sink_tokens`` positions (4 in the paper) and the mo
 With ``method.decode_eviction`` the cache is cut back to that after every later forward, as mit-han-lab/streaming-llm's
 ``StartRecentKVCache.__call__`` does after each model call: a decoding step, and a multi-token forward after the
 prefill (question-agnostic mode's question) at once.  ``params.evict_on_append: false`` is kvbench's earlier
-behaviour: the appended tokens stay and decoding cuts back one token per step.
+behaviour: the appended tokens stay until the first decoding step, which cuts back to the cap at once.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class StreamingParams:
     """StreamingLLM's hyper-parameters are ``method.sink_tokens`` and the budget; one switch (module docstring)."""
 
     #: Cut back to sinks + recent right after a multi-token append (the reference); false = kvbench's earlier
-    #: behaviour (decoding cuts back one token per step).
+    #: behaviour (the first decoding step cuts back to the cap).
     evict_on_append: bool = True
 
 
