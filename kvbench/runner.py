@@ -429,6 +429,7 @@ class Runner:
                 max_input_length=int(cfg.model.max_input_length),
                 use_chat_template=use_template,
                 truncation=dataset.truncation,
+                bos=dataset.bos,
             )
             output = generate(
                 loaded.model,

@@ -22,7 +22,7 @@ class VariableTrackingGenerator(SizedGenerator):
 
     @property
     def np_rng(self) -> np.random.RandomState:
-        """numpy's legacy generator seeded with the seed (RULER: ``np.random.seed(seed)`` then ``np.random.randint``)."""
+        """numpy's legacy generator seeded with the seed (RULER: ``np.random.seed(seed)``, ``np.random.randint``)."""
         if self._np_rng is None:
             self._np_rng = np.random.RandomState(self.seed)
         return self._np_rng
