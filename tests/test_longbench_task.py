@@ -239,7 +239,7 @@ def test_unknown_dataset_lists_valid_ones():
 
 
 def test_options_are_validated():
-    with pytest.raises(ValueError, match="valid keys: .*code_sim_backend, hub_repo, hub_revision, max_new_tokens"):
+    with pytest.raises(ValueError, match=r"valid keys: .*code_sim_backend, hub_repo, hub_revision, max_new_tokens"):
         build_task(task_cfg(options={"backend": "difflib"}), None)
     with pytest.raises(ValueError, match=r"code_sim_backend=.fuzzy. is not valid; valid: difflib, levenshtein"):
         build_task(task_cfg(options={"code_sim_backend": "fuzzy"}), None)
