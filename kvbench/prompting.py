@@ -35,7 +35,8 @@ from kvbench.errors import KVBenchError
 from kvbench.tasks.base import Sample
 
 TRUNCATION_MODES = ("middle", "none")
-#: BOS of a chat-templated prompt: ``single`` (the template carries its BOS; no second one is added) or
+#: BOS of a chat-templated prompt: ``single`` (the template carries its BOS; no second one is added, nor to a text
+#: that starts with the BOS text, e.g. RULER's ``meta-llama3`` template) or
 #: ``reference_double`` (the templated text is tokenised with special tokens, as Ada-KV's and CAKE's LongBench
 #: ``pred.py``: a template starting with the BOS text then yields two BOS ids).  Untemplated prompts always get the
 #: tokenizer's special tokens.
@@ -194,6 +195,9 @@ def _tokenize_split(
     """Tokenise the rendered text once and split the ids where the question starts (token offsets); ``bos``: one of
     :data:`BOS_MODES`."""
     add_special = not rendered.templated or bos == "reference_double"
+    bos_text = getattr(tokenizer, "bos_token", None)
+    if bos == "single" and bos_text and rendered.text.startswith(bos_text):
+        add_special = False  # the text writes its own BOS (RULER's meta-llama3 template): never a second one
     encoding = tokenizer(rendered.text, add_special_tokens=add_special, return_offsets_mapping=True)
     ids: list[int] = encoding.input_ids
     offsets: list[tuple[int, int]] = encoding.offset_mapping
