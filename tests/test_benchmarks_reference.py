@@ -28,6 +28,11 @@ from kvbench.tasks.ruler.templates import RULER_TEMPLATES, auto_ruler_template, 
 from kvbench.tasks.text_inputs import TextTokenizer
 
 
+@pytest.fixture(scope="module")
+def llama31(real_tokenizer):
+    return real_tokenizer("llama3", "llama3.1")
+
+
 def _generator(task: str, length: int = 4096, tokenizer=None, template: str = "base") -> RulerGenerator:
     return RulerGenerator(
         TASKS[task], length, TextTokenizer(tokenizer), 42, 0, RulerInputs(None),
@@ -117,14 +122,13 @@ def test_vt_example_precedes_the_instruction_inside_the_template(tokenizer):
 # ---- RULER, item 6: RULER's per-model templates ------------------------------------------------------------------
 
 
-def test_ruler_template_chosen_from_the_model(real_tokenizer):
-    llama31 = real_tokenizer("llama3", "llama3.1")
-    assert auto_ruler_template(llama31, True) == "meta-llama3"
+def test_ruler_template_chosen_from_the_model(llama31):
+    assert auto_ruler_template(llama31, True) == "meta-llama3"  # from its published template (no hub name)
     assert auto_ruler_template(llama31, False) == "base"  # model.chat_template=false: the task text alone
     mistral = SimpleNamespace(name_or_path="mistralai/Mistral-7B-Instruct-v0.2", chat_template="[INST] ... [/INST]")
     assert auto_ruler_template(mistral, True) == "base"  # RULER has no template for it
-    llama31.name_or_path = "meta-llama/Llama-2-7b-chat-hf"
-    assert auto_ruler_template(llama31, True) == "meta-chat"
+    llama2 = SimpleNamespace(name_or_path="meta-llama/Llama-2-7b-chat-hf", chat_template="")
+    assert auto_ruler_template(llama2, True) == "meta-chat"
     with pytest.raises(KVBenchError, match=r"ruler_template='llama3' is not a RULER template; valid: auto, base"):
         ruler_template("llama3", llama31, True)
 
@@ -152,8 +156,8 @@ def test_chat_template_option_is_validated(tokenizer):
 
 
 @pytest.mark.parametrize(("bos", "expected"), [("single", 1), ("reference_double", 2)])
-def test_longbench_bos_modes(real_tokenizer, bos, expected):
-    tokenizer = real_tokenizer("llama3", "llama3.1")
+def test_longbench_bos_modes(llama31, bos, expected):
+    tokenizer = llama31
     sample = Sample(id="s", context="Read this.\n\n", question="Question: why?\nAnswer:", answers=["x"])
     encoded = encode_sample(tokenizer, sample, max_input_length=1000, use_chat_template=True, bos=bos)
     ids = encoded.input_ids
@@ -177,13 +181,16 @@ def test_longbench_bos_is_recorded_and_validated():
 # sha256 of RULER's ``input + answer_prefix`` (first sample, seed 42), produced by NVIDIA/RULER c3f5e3b
 # ``scripts/data/prepare.py --tokenizer_type hf`` with the Llama-3.1 tokenizer of kvbench.real_tokenizers, fed the
 # shipped word lists, essays and QA fixtures (nltk's sentence splitter replaced by kvbench's, which agrees on them).
-OFFICIAL_RULER = {}
+OFFICIAL_RULER = {
+    "niah_single_2:4096:base": "1693a68e97c7e5c23cad3c2c72ea6ed54ba37490e2f72c759de2ce8d5a022ee6",
+    "vt:4096:base": "3b69ba2cb3b69e37cb5a838f4dd8ad6a641a637a3f4a81d612968c5e8526afcd",
+}
 
 
 @pytest.mark.parametrize("case", sorted(OFFICIAL_RULER))
-def test_ruler_bytes_match_the_official_generator(real_tokenizer, case):
+def test_ruler_bytes_match_the_official_generator(llama31, case):
     task, length, template = case.split(":")
-    tokenizer = real_tokenizer("llama3", "llama3.1")
+    tokenizer = llama31
     options = {"source": "shipped", "ruler_template": template}
     cfg = task_config("ruler", datasets=[task], length=int(length), num_samples=1, options=options)
     (ds,) = build_ruler(cfg, tokenizer, chat_template=True)
