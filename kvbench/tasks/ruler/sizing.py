@@ -114,7 +114,7 @@ class SizedGenerator:
         at 1K tokens, where RULER itself would loop forever) is ``incremental`` halved and the probe rebuilt: extra
         draws RULER never makes, at lengths RULER cannot generate."""
         probe = build(probe_units or incremental)
-        while probe_units is None and incremental > 1 and not self.fits(probe, extra_tokens):
+        while probe_units is None and incremental // 2 >= self.min_units and not self.fits(probe, extra_tokens):
             incremental //= 2
             probe = build(incremental)
         per_unit = max(self.count(probe) / (probe_units or incremental), 1e-9)
