@@ -84,6 +84,15 @@ def test_cwe_pool_is_the_sorted_words_shuffled_by_the_seed():
     assert generator._cwe_pool(40) == expected
 
 
+def test_cwe_pool_beyond_the_word_lists_is_rulers_english_words(tmp_path):
+    (tmp_path / "json").mkdir()
+    (tmp_path / "json" / "english_words.json").write_text(json.dumps({"a": "alpha", "b": "beta", "c": "gamma"}))
+    generator = RulerGenerator(TASKS["cwe"], 4096, TextTokenizer(None), 42, 0, RulerInputs(tmp_path))
+    # RULER: random.sample(randle_words, n) with randle_words = list(json.load(f).values()) once n > len(words)
+    assert generator._cwe_pool(10**6) == ["alpha", "beta", "gamma"]
+    assert "english_words" in generator.inputs.used_by(TASKS["cwe"])
+
+
 # ---- RULER, item 4: variable tracking ---------------------------------------------------------------------------
 
 

@@ -205,6 +205,8 @@ class RulerInputs:
                 names.append("words")
         elif task.generator == "cwe":
             names.append("words")
+            if self.english_words is not None:
+                names.append("english_words")
         elif task.generator == "qa":
             self.qa_corpus(task.args["dataset"])
             names.append(task.args["dataset"])
