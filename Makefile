@@ -2,7 +2,7 @@
 PYTHON ?= python
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: help setup setup-gpu setup-slurm setup-latex test test-quick test-slurm sweep lint format run tables tables-pdf tables-demo bench bench-methods clean-results
+.PHONY: help setup setup-gpu gpu-wheels gpu-dry-run setup-slurm setup-latex test test-quick test-slurm sweep lint format run tables tables-pdf tables-demo bench bench-methods clean-results
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-14s %s\n", $$1, $$2}'
@@ -13,6 +13,12 @@ setup:  ## install kvbench (CPU torch wheel first, so pip does not pull CUDA pac
 
 setup-gpu:  ## on a CUDA machine: torch from the default index (or the one already installed) plus triton
 	$(PIP) install -e ".[dev,gpu]"
+
+gpu-wheels:  ## the folder carried to an offline GPU machine: pinned wheels + tokenizer files -> .whl/ (~17 MB; README 'GPU validation')
+	$(PYTHON) scripts/gpu_wheels.py --out .whl
+
+gpu-dry-run:  ## scripts/gpu_validate.py on CPU (2-layer slices, Triton interpreter) -> results/bench/gpu-dry-run (<= 7 min: its deadline)
+	TRITON_INTERPRET=1 $(PYTHON) scripts/gpu_validate.py --small --device cpu --out results/bench/gpu-dry-run
 
 setup-slurm:  ## the submitit launcher for `python run.py -m hydra/launcher=slurm ...`
 	$(PIP) install -e ".[slurm]"
