@@ -20,7 +20,7 @@ from kvbench.prompting import encode_sample, render_prompt
 from kvbench.tasks.base import Sample, build_task
 from kvbench.tasks.ruler import build_ruler
 from kvbench.tasks.ruler.datasets import RulerGenerator
-from kvbench.tasks.ruler.inputs import RulerInputs
+from kvbench.tasks.ruler.inputs import RulerInputs, pseudo_words
 from kvbench.tasks.ruler.niah import join_at_depths
 from kvbench.tasks.ruler.sizing import Generated
 from kvbench.tasks.ruler.spec import TASKS
@@ -190,20 +190,49 @@ def test_longbench_bos_is_recorded_and_validated():
 # sha256 of RULER's ``input + answer_prefix`` (first sample, seed 42), produced by NVIDIA/RULER c3f5e3b
 # ``scripts/data/prepare.py --tokenizer_type hf`` with the Llama-3.1 tokenizer of kvbench.real_tokenizers, fed the
 # shipped word lists, essays and QA fixtures (nltk's sentence splitter replaced by kvbench's, which agrees on them).
+# CWE's 4096-word size probe needs more words than the shipped lists hold, so RULER reads english_words.json: both
+# sides were given the same one (kvbench's 30,000 pseudo-words as its values, in the test's input folder).
 OFFICIAL_RULER = {
+    "niah_single_1:4096:meta-llama3": "71fdaaf26fe75e2ed2d7570ae92b6f385a014e11bd1f14e72985250d95e4e9e2",
     "niah_single_2:4096:base": "1693a68e97c7e5c23cad3c2c72ea6ed54ba37490e2f72c759de2ce8d5a022ee6",
     "vt:4096:base": "3b69ba2cb3b69e37cb5a838f4dd8ad6a641a637a3f4a81d612968c5e8526afcd",
+    "cwe:4096:base": "77563be74c158bd60e69c5abba3440490418692ecbaa2e30cbd3d3c96ee2aa2a",
 }
 
 
 @pytest.mark.parametrize("case", sorted(OFFICIAL_RULER))
-def test_ruler_bytes_match_the_official_generator(llama31, case):
+def test_ruler_bytes_match_the_official_generator(llama31, case, tmp_path):
     task, length, template = case.split(":")
     tokenizer = llama31
-    options = {"source": "shipped", "ruler_template": template}
-    cfg = task_config("ruler", datasets=[task], length=int(length), num_samples=1, options=options)
+    (tmp_path / "json").mkdir()
+    english = {str(i): word for i, word in enumerate(pseudo_words(30000, set()))}
+    (tmp_path / "json" / "english_words.json").write_text(json.dumps(english))
+    options = {"ruler_template": template}
+    cfg = task_config("ruler", datasets=[task], length=int(length), num_samples=1, data_dir=str(tmp_path),
+                      options=options)  # fmt: skip
     (ds,) = build_ruler(cfg, tokenizer, chat_template=True)
     (sample,) = ds.generate_samples(1)
     text = render_prompt(tokenizer, sample.context, sample.question, answer_prefix=sample.answer_prefix,
                          shots=sample.shots, use_chat_template=False).text  # fmt: skip
     assert hashlib.sha256(text.encode()).hexdigest() == OFFICIAL_RULER[case]
+
+
+# sha256 of the prompt OpenCompass a5acc4bb ``NeedleBenchOriginDataset.load`` / ``NeedleBenchParallelDataset.load``
+# builds from the shipped needles and Chinese haystack (as ``needles.jsonl`` / ``zh_finance.jsonl``), tiktoken
+# replaced by the Llama-3.1 tokenizer; the parallel load after ``random.seed(42)`` (see README: its needle draw).
+# Chinese 3000: the corpus ends before the target (no cycling); 1000: the prompt overshoots (no trimming).
+OFFICIAL_NEEDLEBENCH = {
+    ("single_retrieval_zh", 3000, (50,)): "b8f3448470b2b9c5d8edf4d4a8e1a42aea34260bcb35f30a614b1a988e4dc991",
+    ("multi_retrieval_zh", 1000, (0, 25, 50, 75)): "29fa3e293ac236ab5610e93c2c8f4cd4f2249e024c89389cbc3b5bae77f46a62",
+}
+
+
+@pytest.mark.parametrize("case", sorted(OFFICIAL_NEEDLEBENCH))
+def test_needlebench_bytes_match_opencompass(llama31, case):
+    name, length, depths = case
+    options = {"size": "4k", "repeats": 1, "source": "shipped"}
+    cfg = task_config("needlebench", datasets=[name], lengths=[length], depths=list(depths), options=options)
+    (ds,) = build_task(cfg, llama31)
+    sample = ds.samples()[0]
+    prompt = sample.context + sample.question
+    assert hashlib.sha256(prompt.encode()).hexdigest() == OFFICIAL_NEEDLEBENCH[case]
