@@ -154,6 +154,13 @@ def test_singular_rewrite_covers_the_model_template(tokenizer):
     assert ds.chat_template is False  # the model's own template is not applied on top
 
 
+def test_chat_model_without_a_ruler_template_gets_base_with_a_warning(caplog):
+    mistral = SimpleNamespace(name_or_path="mistralai/Mistral-7B-Instruct-v0.2", chat_template="[INST] ... [/INST]")
+    with caplog.at_level("WARNING"):
+        (ds,) = build_ruler(task_config("ruler", datasets=["vt"]), mistral, chat_template=True)
+    assert ds.ruler_template == "base" and "task.options.chat_template=model" in caplog.text
+
+
 def test_chat_template_option_is_validated(tokenizer):
     with pytest.raises(ValueError, match=r"task.options.chat_template='jinja' is not valid; valid: ruler, model"):
         build_ruler(task_config("ruler", datasets=["vt"], options={"chat_template": "jinja"}), tokenizer)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,8 @@ from kvbench.tasks.ruler.spec import GENERATOR_VERSION, MAX_NEW_TOKENS, OPTION_D
 from kvbench.tasks.ruler.templates import CHAT_TEMPLATE_MODES, RULER_TEMPLATES, ruler_template
 from kvbench.tasks.ruler.variable_tracking import VariableTrackingGenerator
 from kvbench.tasks.text_inputs import TextTokenizer, download, hub_download, option_values, resolve_input_dir
+
+log = logging.getLogger(__name__)
 
 
 class RulerGenerator(
@@ -173,6 +176,12 @@ def build_ruler(task_cfg: Any, tokenizer: Any, chat_template: bool = False) -> l
     num_samples = getattr(task_cfg, "num_samples", None) or int(opts["samples_per_task"])
     mode = check_choice("task.options.chat_template", opts["chat_template"], CHAT_TEMPLATE_MODES)
     template = ruler_template(opts["ruler_template"], tokenizer, chat_template) if mode == "ruler" else None
+    if template == "base" and chat_template and opts["ruler_template"] in (None, "auto"):
+        log.warning(
+            "RULER has no template for this chat model (%s): its prompts are the task text alone, as RULER runs "
+            "such models; task.options.chat_template=model renders the model's chat template instead",
+            getattr(tokenizer, "name_or_path", "") or "unnamed tokenizer",
+        )
     inputs = RulerInputs(resolve_input_dir(task_cfg, "ruler", opts["source"]))
     datasets: list[TaskDataset] = []
     for length in lengths:
