@@ -32,6 +32,9 @@ def _zeta(s: float, terms: int = 1000) -> float:
 class CommonWordsGenerator(SizedGenerator):
     """Common words extraction: the 10 words repeated most often in a numbered list."""
 
+    #: The word lists' words in RULER's order (shuffled with the seed), made on first use.
+    _cwe_words: list[str] | None = None
+
     def _cwe_pool(self, needed: int) -> list[str]:
         """RULER's pools: the word lists' sorted unique words shuffled by ``random.Random(seed)``; when more words
         are needed than they hold, RULER's ``english_words.json`` (if found in the input folder), else our
@@ -76,8 +79,6 @@ class CommonWordsGenerator(SizedGenerator):
             shots=((CWE_INSTRUCTION + shot_ctx + "\n" + CWE_QUESTION, shot_reply),),
         )
         return self._wrap(sample)
-
-    _cwe_words: list[str] | None = None
 
     def _generate_cwe(self, num_samples: int) -> list[Generated]:
         # RULER: a 4096-word probe, upper bound int(length // tokens_per_word) * 2, steps of 10 words.
