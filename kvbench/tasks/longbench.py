@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbench import resources
-from kvbench.checks import check_choice, check_known_keys
+from kvbench.checks import check_choice, check_known_keys, json_error_text
 from kvbench.config import QUESTION_MODES
 from kvbench.metrics.longbench import (
     CODE_SIM_BACKENDS,
@@ -211,7 +211,7 @@ def load_jsonl(path: Path) -> list[dict[str, Any]]:
             try:
                 obj = json.loads(raw)
             except json.JSONDecodeError as err:
-                raise ValueError(f"{where}: invalid JSON ({err.msg} at column {err.colno})") from err
+                raise ValueError(f"{where}: invalid JSON ({json_error_text(err)}); fix or remove that line") from err
             lines.append(_check_line(obj, where))
     return lines
 
