@@ -482,6 +482,7 @@ class Runner:
                 max_input_length=int(cfg.model.max_input_length),
                 use_chat_template=use_template,
                 truncation=dataset.truncation,
+                bos=dataset.bos,
             )
             output = generate(
                 loaded.model,
