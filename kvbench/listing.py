@@ -148,7 +148,8 @@ def list_methods() -> str:
 
     defaults = _raw(OmegaConf.structured(MethodConfig))
     shared = [key for key in defaults if key not in _METHOD_SKIP]
-    rows = [["preset", "family", "settings (knobs that differ from the defaults above; params: the family's)"]]
+    settings_header = "settings (knobs that differ from the defaults above; params: the family's)"
+    rows = [["preset", "family", "stores", settings_header]]
     for name, node in presets("method").items():
         data = _raw(node)
         changed = [key for key in shared if data[key] != defaults[key]]
@@ -157,11 +158,15 @@ def list_methods() -> str:
             settings += ("; " if settings else "") + "params: " + _pairs(data["params"], list(data["params"]))
         if data["paper"]:
             settings += f" [paper: {data['paper']}]"
-        rows.append([name, str(data["family"]), settings or "(the defaults)"])
+        stores = "query heads" if data["gqa_granularity"] == "query_head" else "KV heads"
+        rows.append([name, str(data["family"]), stores, settings or "(the defaults)"])
     return "\n".join(
         [
             "Methods: method=<preset> (conf/method/<preset>.yaml); any knob is overridable, e.g. method.window=16.",
             "Shared knobs and their defaults: " + _pairs(defaults, shared),
+            "Memory: a budget keeping r of the context holds r x the full cache when a preset stores KV heads, and "
+            "r x H_q/H_kv x the full cache when it stores query heads (the reference code's layout: at GQA 3:1, "
+            "r=0.5 holds 1.5x the full cache); method.gqa_granularity=kv_head switches to KV heads.",
             *_table(rows),
             f"Registered method families: {', '.join(method_families())}",
         ]

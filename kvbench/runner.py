@@ -260,11 +260,38 @@ def _cache_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "mean_achieved_per_layer": [round(v, 2) for v in achieved.mean(dim=0).tolist()],
         "mean_kept_fraction": round(float(kept_fraction), 4),
         "mean_cache_bytes": round(sum(r["cache"]["cache_bytes"] for r in rows) / len(rows), 1),
+        # Memory beside accuracy: stored bytes / the full cache's bytes for the same tokens (> 1: query-head storage).
+        "mean_stored_vs_full": round(
+            sum(r["cache"]["cache_bytes"] / max(r["cache"].get("full_cache_bytes", 0), 1) for r in rows) / len(rows), 4
+        )
+        if all(r["cache"].get("full_cache_bytes") for r in rows)
+        else None,
+        "samples_exceeding_full_cache": sum(1 for r in rows if r["cache"].get("exceeds_full_cache")),
         "budget_exact": bool(torch.equal(requested, achieved)),
         # Every head kept what the method allocated it (Ada-KV's per-head rounding may drift from the layer budget).
         "allocation_exact": all(r["cache"]["requested_per_head"] == r["cache"]["achieved_per_head"] for r in rows),
         "samples_evicted": sum(1 for r in rows if r["cache"]["evicted"]),
     }
+
+
+_WARNED_ABOVE_FULL: set[str] = set()
+
+
+def _warn_if_above_full(record: Any, cfg: DictConfig) -> None:
+    """One warning per run (method x budget x model) when the stored cache exceeds the full cache's size."""
+    key = f"{cfg.model.name}/{cfg.method.name}/{cfg.budget.name}"
+    if record.exceeds_full_cache and key not in _WARNED_ABOVE_FULL:
+        _WARNED_ABOVE_FULL.add(key)
+        LOG.warning(
+            "%s stores %d heads per layer (gqa_granularity=query_head, %d KV heads): its cache (%d bytes) exceeds "
+            "the full cache's (%d bytes) at budget %s; method.gqa_granularity=kv_head stores one per KV head",
+            cfg.method.name,
+            record.stored_heads,
+            record.kv_heads,
+            record.cache_bytes,
+            record.full_cache_bytes,
+            cfg.budget.name,
+        )
 
 
 class Runner:
@@ -455,6 +482,7 @@ class Runner:
                 max_input_length=int(cfg.model.max_input_length),
                 use_chat_template=use_template,
                 truncation=dataset.truncation,
+                bos=dataset.bos,
             )
             output = generate(
                 loaded.model,
@@ -471,6 +499,7 @@ class Runner:
                 prefill_chunk=cfg.run.prefill_chunk,
             )
             row = _prediction_row(sample, dataset, output, encoded)
+            _warn_if_above_full(output.record, self.cfg)
             with _TERMINATION.critical():
                 log.append(row)
                 timing_log.append({"id": sample.id, "prefill_s": output.prefill_s, "decode_s": output.decode_s})

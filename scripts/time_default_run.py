@@ -23,7 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from kvbench.resources import checkout_dir
+
+REPO = checkout_dir() or Path.cwd()
 FIELDS = ["label", "checkout", "wall_s", "cpu_s", "load1_before", "load1_after", "cores", "exit_status"]
 
 
