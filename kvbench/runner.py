@@ -82,13 +82,13 @@ from kvbench.run_results import (
     settings_record,
     write_metrics,
 )
-from kvbench.run_table import budget_label, format_table  # noqa: F401  (budget_label: the runner's public name)
+from kvbench.run_table import format_table
 from kvbench.sample_cache import SampleCache
 from kvbench.summary import SUMMARY_FILE, DatasetScores, build_summary, interval_of, sample_scores
 from kvbench.tasks.base import Sample, TaskDataset, build_task
 from kvbench.tasks.provenance import stand_in_warnings
 from kvbench.termination import TERMINATION, graceful_termination
-from kvbench.validation import check_environment, check_samples, validate
+from kvbench.validation import ValidatedRun, check_samples, validate_run
 
 LOG = logging.getLogger(__name__)
 
@@ -138,13 +138,19 @@ def _warn_if_above_full(record: Any, cfg: DictConfig) -> None:
 class Runner:
     """Runs one configuration end to end (see module docstring)."""
 
-    def __init__(self, cfg: DictConfig, loaded: LoadedModel | None = None) -> None:
+    def __init__(
+        self, cfg: DictConfig, loaded: LoadedModel | None = None, validated: ValidatedRun | None = None
+    ) -> None:
         """``loaded``: a model and tokenizer the caller loaded (:func:`kvbench.evaluate`), used instead of loading
-        ``cfg.model``'s weights (whose ``path`` is then provenance only, not checked)."""
+        ``cfg.model``'s weights (whose ``path`` is then provenance only, not checked).  ``validated``: ``cfg``
+        already validated (:func:`kvbench.validation.validate_run`, as ``run.py`` does), whose method and budget
+        the runner uses instead of validating and building again."""
+        if validated is not None and validated.cfg is not cfg:
+            raise ValueError("validated holds another config than cfg: pass validate_run(cfg) of this cfg")
         self.cfg = cfg
         self.loaded = loaded
-        self.method, self.budget = validate(cfg)
-        check_environment(cfg, check_model=loaded is None)
+        validated = validated or validate_run(cfg, check_model=loaded is None)
+        self.method, self.budget = validated.method, validated.budget
         if loaded is None and check_device_map(cfg.model.get("device_map")) is None:
             resolve_device(str(cfg.model.device))
         self.cfg_hash = config_hash(cfg)
