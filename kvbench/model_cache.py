@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -35,6 +36,7 @@ from pathlib import Path
 from kvbench.errors import KVBenchError
 
 PACKAGE_PREFIX = "package:"
+LOG = logging.getLogger(__name__)
 #: Environment variable overriding the cache folder.
 CACHE_ENV = "KVBENCH_MODEL_CACHE"
 #: Marker written last into a converted folder: its presence means the folder is complete.
@@ -141,6 +143,7 @@ def ensure_converted(path: str) -> Path:
         staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
         try:
             started = time.perf_counter()
+            LOG.warning("converting %s into %s (once; later runs load the converted folder)", gguf_file, folder)
             convert_gguf(gguf_file, staging)
             provenance = {
                 "source": path,

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MODEL = "smollm2-135m-instruct"
-METHODS = ("streamingllm", "h2o", "tova", "snapkv", "pyramidkv", "ada_snapkv", "cake", "ahakv", "xkv", "nacl")
+#: NACL as nacl_short: the nacl preset (the reference) compresses no prompt of 2,048 tokens or fewer, i.e. none here.
+METHODS = ("streamingllm", "h2o", "tova", "snapkv", "pyramidkv", "ada_snapkv", "cake", "ahakv", "xkv", "nacl_short")
 BUDGETS = ("64L", "256L")
 MODES = ("aware", "agnostic")
 #: Samples per dataset (RULER, LongBench) and needle depths (NeedleBench, one repeat each).
@@ -213,7 +214,7 @@ def collect(out: Path) -> list[dict]:
                     "score": entry["score"],
                     "ci95_low": entry["ci95"][0],
                     "ci95_high": entry["ci95"][1],
-                    "n": entry.get("n", len(seconds)),
+                    "n": entry.get("n_samples", len(seconds)),
                     "seconds_per_sample": round(per_sample, 1),
                 }
             )
