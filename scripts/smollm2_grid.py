@@ -85,6 +85,7 @@ CELLS = (
         "needlebench",
         (
             "task.datasets=[single_retrieval_en]",
+            "task.options.size=4k",
             "task.lengths=[2000]",
             f"task.depths=[{','.join(map(str, NEEDLE_DEPTHS))}]",
             "task.options.repeats=1",
@@ -97,6 +98,7 @@ CELLS = (
         "needlebench",
         (
             "task.datasets=[single_retrieval_en]",
+            "task.options.size=4k",
             "task.lengths=[4000]",
             f"task.depths=[{','.join(map(str, NEEDLE_DEPTHS))}]",
             "task.options.repeats=1",
