@@ -177,12 +177,14 @@ def test_full_cache_answers_at_2k(family_runs) -> None:
 
 @pytest.mark.parametrize("method", FAMILIES)
 def test_each_family_keeps_exactly_its_budget_per_head(family_runs, method: str) -> None:
-    """Every head keeps exactly what its method allocated it (the run's allocation_exact and budget_exact); the
-    uniform families allocate 64 to every head; every head evicted something."""
+    """Every head keeps exactly what its method allocated it (the run's allocation_exact; budget_exact too, except
+    for Ada-KV, whose per-head rounding, as in its code, may drift from the layer budget); the uniform families
+    allocate 64 to every head; every head evicted something."""
     run = family_runs[method]
     cache = run["prediction"]["cache"]
     assert cache["evicted"], method
-    assert run["metrics"]["cache"]["allocation_exact"] and run["metrics"]["cache"]["budget_exact"]
+    assert run["metrics"]["cache"]["allocation_exact"]
+    assert run["metrics"]["cache"]["budget_exact"] or method == "ada_snapkv"
     assert cache["achieved_per_head"] == cache["requested_per_head"]
     assert len(cache["requested_per_head"]) == 30
     assert {len(layer) for layer in cache["requested_per_head"]} <= {3, 9}  # KV heads, or query heads (reference)
