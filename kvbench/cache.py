@@ -39,6 +39,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from kvbench.cache_base import LogicalLengthLayer, RaggedKV, on_device, sorted_keep_indices
 from kvbench.checks import check_choice
 from kvbench.paged import DEFAULT_PAGE_SIZE, PagedLayer
+from kvbench.sliding import SlidingWindowLayer
 
 
 class HeadwiseLayer(LogicalLengthLayer):
@@ -215,10 +216,22 @@ class KVBenchCache(Cache):
         ``None``: the ``KVBENCH_CACHE_BACKEND`` environment variable, else ``auto``.
     page_size:
         Tokens per page of the paged backend (``None``: 16; use a multiple of 256 for FlashAttention-2's paged path).
+    sliding_windows:
+        Per layer, its sliding window or ``None`` (:func:`kvbench.sliding.layer_windows`); sliding layers are held
+        in :class:`kvbench.sliding.SlidingWindowLayer` (never evicted).  ``None``: every layer is full attention.
+    compress_sliding:
+        Keep the sliding layers in evictable storage instead (eviction then acts on them too; attention applies
+        their window on the kept tokens' true positions).  Off by default.
     """
 
     def __init__(
-        self, num_layers: int, expand_factor: int = 1, backend: str | None = None, page_size: int | None = None
+        self,
+        num_layers: int,
+        expand_factor: int = 1,
+        backend: str | None = None,
+        page_size: int | None = None,
+        sliding_windows: Sequence[int | None] | None = None,
+        compress_sliding: bool = False,
     ) -> None:
         super().__init__(layers=[HeadwiseLayer(expand_factor) for _ in range(num_layers)])
         self.expand_factor = expand_factor
@@ -228,6 +241,25 @@ class KVBenchCache(Cache):
         self.page_size = page_size
         if backend == "paged":
             self.layers = [self._paged_layer() for _ in range(num_layers)]
+        #: Per layer, its sliding window (``None``: full attention).
+        self.windows: list[int | None] = [None] * num_layers
+        if sliding_windows is not None:
+            if len(sliding_windows) != num_layers:
+                raise ValueError(f"got {len(sliding_windows)} sliding windows for {num_layers} layers")
+            self.windows = list(sliding_windows)
+            for layer_idx, window in enumerate(sliding_windows):
+                if window is not None and not compress_sliding:
+                    self.layers[layer_idx] = SlidingWindowLayer(window)
+
+    @property
+    def sliding_layers(self) -> list[int]:
+        """Indices of the sliding-window layers (evicted only with ``compress_sliding``)."""
+        return [idx for idx, window in enumerate(self.windows) if window is not None]
+
+    @property
+    def compressible_layers(self) -> list[int]:
+        """Indices of the layers eviction acts on (full attention)."""
+        return [idx for idx, layer in enumerate(self.layers) if not isinstance(layer, SlidingWindowLayer)]
 
     def _paged_layer(self) -> CacheLayerMixin:
         return PagedLayer(self.expand_factor, page_size=self.page_size or DEFAULT_PAGE_SIZE)

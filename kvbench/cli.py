@@ -85,6 +85,11 @@ def main() -> None:
         from kvbench.listing import main as list_main
 
         sys.exit(list_main(sys.argv[2:]))
+    if sys.argv[1:2] in (["report"], ["wandb-report"]):  # the dashboards (kvbench/dashboards.py)
+        from kvbench.dashboards import main as dashboards_main
+
+        with reporting_errors():
+            sys.exit(dashboards_main(sys.argv[1:]))
     with reporting_hydra_errors(sys.argv[1:]):
         hydra_app()()
 

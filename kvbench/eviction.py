@@ -62,6 +62,11 @@ class CacheRecord:
     #: What a stateful layer allocator records about this sample (XKV's sampled mode: its calibration shares), so a
     #: resumed run can replay it; ``None`` for the others.
     allocator_state: dict[str, Any] | None = None
+    #: The model layers eviction acts on (full attention): budgets are stated per compressible layer and the layer
+    #: allocators distribute over these only.
+    compressible_layers: list[int] = field(default_factory=list)
+    #: The sliding-window layers (:mod:`kvbench.sliding`): never evicted, each holds at most its window.
+    sliding_layers: list[int] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -121,7 +126,9 @@ class PrefillRows:
         self.window_queries = recent[:, -window:].clone()  # not a view: the chunk's queries are freed
         if needs.column_sums:
             keys, _ = layer.dense_kv()  # every key stored so far: exactly the keys these rows see
-            sums = kernels.causal_column_sums(query, keys, scaling, prob_dtype=needs.prob_dtype, impl=impl)
+            sums = kernels.causal_column_sums(
+                query, keys, scaling, prob_dtype=needs.prob_dtype, logit_dtype=needs.prob_dtype, impl=impl
+            )
             if self.column_sums is not None:
                 sums[:, : self.column_sums.shape[1]] += self.column_sums
             self.column_sums = sums
@@ -161,8 +168,11 @@ class EvictionSession:
         self.budget = budget
         self.cache = cache
         self.num_layers = len(cache.layers)
+        #: Model layer index -> its rank among the compressible layers (what allocators and scorers see).
+        self.compressible = cache.compressible_layers
+        self._rank = {layer_idx: rank for rank, layer_idx in enumerate(self.compressible)}
         self.phase: Phase = "idle"
-        self.record = CacheRecord()
+        self.record = CacheRecord(compressible_layers=list(self.compressible), sliding_layers=cache.sliding_layers)
         self.context_length = 0
         self._scores: dict[int, list[torch.Tensor]] = {}
         self._requested: dict[int, tuple[int, list[int]]] = {}
@@ -209,6 +219,10 @@ class EvictionSession:
     def after_attention(self, module: torch.nn.Module, query: torch.Tensor, scaling: float) -> None:
         """Called by kvbench's attention for every layer with ``query`` ``[1, H_q, q, D]``."""
         layer_idx = int(module.layer_idx)
+        if layer_idx not in self._rank:  # a sliding-window layer: never evicted
+            if self.phase == "compress":
+                self.record.peak_prefill_bytes = max(self.record.peak_prefill_bytes, self.cache.kv_bytes())
+            return
         layer = self.cache.headwise_layers[layer_idx]
         policy = self.method.decode_policy
         if self.phase == "compress":
@@ -217,9 +231,10 @@ class EvictionSession:
             return
         elif self.phase == "decode":
             policy.step(layer_idx, layer, query[0], scaling)
-        elif self.phase == "append" and policy.evicts_on_append:
-            # A policy that reduces after every forward (TOVA) scores the appended tokens' last query.
-            policy.step(layer_idx, layer, query[0][:, -1:], scaling)
+        elif self.phase == "append":
+            # A multi-token forward after the prefill: each policy does what its reference does with one
+            # (TOVA scores the last query; H2O adds every new row's attention; both then evict to the caps).
+            policy.append(layer_idx, layer, query[0], scaling)
 
     # ------------------------------------------------------------------ prefill compression
     def _prefill_chunk(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
@@ -245,9 +260,11 @@ class EvictionSession:
         assert rows.window_queries is not None
         window = min(self.method.window, context)
         queries = rows.window_queries[:, -window:]
+        # Allocators and scorers see the compressible layers only, numbered 0..L_c-1 (sliding layers skipped).
+        rank, num_compressible = self._rank[layer_idx], len(self.compressible)
         observation = WindowObservation(
-            layer_idx=layer_idx,
-            num_layers=self.num_layers,
+            layer_idx=rank,
+            num_layers=num_compressible,
             queries=queries,
             keys=keys,
             values=values,
@@ -260,15 +277,15 @@ class EvictionSession:
         # With window_in_budget=False every layer keeps its window on top of the budget: allocators see it added.
         off_budget = 0 if self.method.window_in_budget else window
         if self.budget.fixed_per_layer:
-            budgets = {layer_idx: int(self.budget.value) + off_budget}
+            budgets = {rank: int(self.budget.value) + off_budget}
         else:
             if not self._allocator_started:
-                total = self.budget.total(context, self.num_layers) + self.num_layers * off_budget
-                self.method.layer_allocator.start(total, self.num_layers, context)
+                total = self.budget.total(context, num_compressible) + num_compressible * off_budget
+                self.method.layer_allocator.start(total, num_compressible, context)
                 self._allocator_started = True
             budgets = self.method.layer_allocator.on_layer(observation)
-        if layer_idx in budgets:
-            observation.layer_budget = int(budgets[layer_idx])
+        if rank in budgets:
+            observation.layer_budget = int(budgets[rank])
         assert self.method.scorer is not None
         scores = aggregate_groups(self.method.scorer.score(observation).float(), num_heads, self.method.gqa_agg)
         if scores.shape != (num_heads, context):
@@ -277,8 +294,8 @@ class EvictionSession:
                 f"expected ({num_heads}, {context}) or ({queries.shape[0]}, {context})"
             )
         self._scores[layer_idx] = list(scores.unbind(0))
-        for target_layer, layer_budget in sorted(budgets.items()):
-            self._shrink_layer(target_layer, int(layer_budget), window)
+        for target_rank, layer_budget in sorted(budgets.items()):
+            self._shrink_layer(self.compressible[target_rank], int(layer_budget), window)
 
     def _shrink_layer(self, layer_idx: int, keep_total: int, window: int) -> None:
         """Evict ``layer_idx`` down to ``keep_total`` tokens per head (window and sinks included)."""
@@ -299,7 +316,7 @@ class EvictionSession:
         self._requested[layer_idx] = (keep_total, counts)
         # While decoding, a head that was cut keeps its allocation; one that was not grows to the layer budget before
         # evicting -- unless the allocator sets its own decode budget (CAKE's, when its prefill trigger did not fire).
-        decode_budget = method.layer_allocator.decode_budget(layer_idx)
+        decode_budget = method.layer_allocator.decode_budget(self._rank[layer_idx])
         self._decode_caps[layer_idx] = [
             decode_budget if decode_budget is not None else count if count < length else max(keep_total, length)
             for count, length in zip(counts, lengths, strict=True)
@@ -323,15 +340,14 @@ class EvictionSession:
         self.phase = "idle"
         record = self.record
         for layer_idx, layer in enumerate(self.cache.headwise_layers):
-            requested_total, requested_heads = self._requested.get(
-                layer_idx, (layer.seen_tokens, [layer.seen_tokens] * layer.num_heads)
-            )
+            seen = layer.seen_tokens if layer_idx in self._rank else max(layer.head_lengths(), default=0)
+            requested_total, requested_heads = self._requested.get(layer_idx, (seen, [seen] * layer.num_heads))
             record.requested_per_layer.append(min(requested_total, layer.seen_tokens))
             record.requested_per_head.append(requested_heads)
             record.achieved_per_head.append(layer.head_lengths())
             caps = self._decode_caps.get(layer_idx, requested_heads)
             record.decode_cap_per_layer.append(round(sum(caps) / len(caps)) if caps else 0)
-            if self.method.decode_policy is not None and not self.budget.is_full:
+            if self.method.decode_policy is not None and not self.budget.is_full and layer_idx in self._rank:
                 self.method.decode_policy.start_layer(layer_idx, layer, caps, self._scores.get(layer_idx))
         record.achieved_per_layer = self.cache.layer_lengths()
         record.cache_bytes = self.cache.kv_bytes()

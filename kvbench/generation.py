@@ -24,6 +24,7 @@ from kvbench.config import QUESTION_MODES
 from kvbench.eviction import CacheRecord, EvictionSession
 from kvbench.methods.base import EvictionMethod
 from kvbench.models import input_device, model_devices
+from kvbench.sliding import layer_windows
 
 #: ``prefill_chunk=None`` (automatic): on CPU, prompts longer than this are fed in chunks of at most this many
 #: tokens; on CUDA the prompt goes in one forward.
@@ -61,12 +62,18 @@ class GenerationOutput:
 
 
 def build_cache(model: PreTrainedModel, method: EvictionMethod) -> KVBenchCache:
-    """An empty cache with the method's GQA granularity."""
-    config = model.config
+    """An empty cache with the method's GQA granularity; the model's sliding-window layers (as transformers reads
+    its config, :func:`kvbench.sliding.layer_windows`) are held in sliding layers, or kept evictable when the method
+    says ``compress_sliding`` (:class:`~kvbench.methods.base.EvictionMethod`, off by default)."""
+    config = model.config.get_text_config(decoder=True)
     expand = 1
     if method.gqa_granularity == "query_head":
-        expand = int(config.num_attention_heads) // int(config.num_key_value_heads)
-    return KVBenchCache(int(config.num_hidden_layers), expand_factor=expand)
+        heads = int(config.num_attention_heads)
+        expand = heads // int(getattr(config, "num_key_value_heads", None) or heads)
+    windows = layer_windows(config)
+    return KVBenchCache(
+        len(windows), expand_factor=expand, sliding_windows=windows, compress_sliding=method.compress_sliding
+    )
 
 
 def forward_logits(
@@ -89,6 +96,7 @@ def forward_logits(
         use_cache=True,
         logits_to_keep=keep,
         kvbench_session=session,
+        kvbench_cache=cache,  # the attention reads sliding windows from it, also without a session
     )
     return output.logits[0, -keep:]
 

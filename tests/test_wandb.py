@@ -94,6 +94,50 @@ def test_offline_mode_logs_group_name_table_and_summary(tmp_path: Path) -> None:
     kept = [metrics[name]["cache"]["mean_kept_fraction"] for name in DATASETS]
     assert summary["kept_fraction"] == pytest.approx(sum(kept) / 3)
 
+    # What the report's panels read (issue #35): config panel.*, intervals and averages in the summary, one history
+    # row with the numeric axes and the scores, and a needle heatmap image per dataset.
+    config: dict[str, Any] = {}
+    history: dict[tuple[str, ...], Any] = {}
+    for record in records:
+        if record.WhichOneof("record_type") == "config":
+            config.update({item.key: json.loads(item.value_json) for item in record.config.update if item.key})
+        if record.WhichOneof("record_type") == "history":
+            history.update({tuple(item.nested_key): json.loads(item.value_json) for item in record.history.item})
+    run_summary = json.loads((folder / "summary.json").read_text())
+    panel = config["panel"]
+    assert {k: panel[k] for k in ("method", "family", "model", "task", "question_mode", "experiment", "budget")} == {
+        "method": "snapkv",
+        "family": "snapkv",
+        "model": "tiny",
+        "task": "tiny_niah",
+        "question_mode": "aware",
+        "experiment": "table_x",
+        "budget": "64L",
+    }
+    assert panel["budget_tokens_per_layer"] == 64.0
+    assert panel["kept_fraction"] == pytest.approx(sum(kept) / 3)
+    predictions = [json.loads(line) for name in DATASETS for line in (folder / name / "predictions.jsonl").open()]
+    context = {name: [] for name in DATASETS}
+    for row in predictions:
+        context[row["id"].rsplit("-", 1)[0]].append(row["input_tokens"])
+    mean_context = sum(sum(v) / len(v) for v in context.values()) / 3
+    assert panel["context_length"] == pytest.approx(mean_context)
+    for row in run_summary["datasets"]:
+        low, high = row["ci95"]
+        assert summary[f"tiny_niah/{row['dataset']}/ci95_low"] == pytest.approx(low)
+        assert summary[f"tiny_niah/{row['dataset']}/ci95_high"] == pytest.approx(high)
+    mean = run_summary["averages"]["mean"]
+    assert summary["tiny_niah/avg/mean"] == pytest.approx(mean["score"])
+    assert [summary["tiny_niah/avg/mean/ci95_low"], summary["tiny_niah/avg/mean/ci95_high"]] == pytest.approx(
+        mean["ci95"]
+    )
+    assert history[("budget_tokens_per_layer",)] == 64
+    assert history[("kept_fraction",)] == pytest.approx(sum(kept) / 3)
+    for name in DATASETS:
+        assert history[(f"tiny_niah/{name}",)] == pytest.approx(metrics[name]["score"])
+        assert history[(f"needle/{name}", "_type")] == "image-file"
+        assert (offline[0] / "files" / history[(f"needle/{name}", "path")]).stat().st_size > 1000
+
     # The per-dataset table: logged in history and stored as a table file, one row per dataset.
     logged = [
         item

@@ -13,33 +13,50 @@ ENTROPY_EPS = 1e-10
 
 
 def round_probs(probs: torch.Tensor, prob_dtype: torch.dtype | None) -> torch.Tensor:
-    """Round float32 probabilities to ``prob_dtype`` and back (the references' cast of the softmax to the model
-    dtype); identity for ``None``."""
-    return probs if prob_dtype is None else probs.to(prob_dtype).float()
+    """Round float32 values (probabilities, logits) to ``prob_dtype`` and back (the references' cast of the softmax
+    to the model dtype, or a matmul's output in it); identity for ``None`` and float32/float64."""
+    if prob_dtype is None or prob_dtype in (torch.float32, torch.float64):
+        return probs
+    return probs.to(prob_dtype).float()
 
 
 def attention_logits(
-    queries: torch.Tensor, keys: torch.Tensor, scaling: float, row_scale: torch.Tensor | None = None
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    scaling: float,
+    row_scale: torch.Tensor | None = None,
+    logit_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """``[H_q, R, S]`` float32 scaled logits of queries ``[H_q, R, D]`` over keys ``[H, S, D]`` (GQA: consecutive
     query heads share a key head), bottom-right causal: query ``r`` sits at position ``S - R + r`` and its future
-    keys are ``-inf``.  ``row_scale`` (``[R]``) multiplies each row's scaled logits (AhaKV's step-gain softmax)."""
+    keys are ``-inf``.  ``row_scale`` (``[R]``) multiplies each row's scaled logits (AhaKV's step-gain softmax).
+
+    ``logit_dtype`` rounds as a matmul in that dtype does: the product ``q k^T``, then the scaled logits, then
+    their product with ``row_scale`` (the reference code's ``matmul(q, k^T) / sqrt(d)`` in bf16/fp16: each op's
+    result is rounded to the dtype; the division by a scalar runs as a multiplication by its reciprocal on CUDA).
+    """
     num_q, rows, dim = queries.shape
     num_heads, length, _ = keys.shape
     grouped = queries.float().reshape(num_heads, (num_q // num_heads) * rows, dim)
-    logits = torch.bmm(grouped, keys.float().transpose(1, 2)).reshape(num_q, rows, length) * scaling
+    products = round_probs(torch.bmm(grouped, keys.float().transpose(1, 2)), logit_dtype)
+    logits = round_probs(products.reshape(num_q, rows, length) * scaling, logit_dtype)
     if row_scale is not None:
-        logits = logits * row_scale.float().to(logits.device)[None, :, None]
+        logits = round_probs(logits * row_scale.float().to(logits.device)[None, :, None], logit_dtype)
     future = torch.arange(length)[None, :] > torch.arange(length - rows, length)[:, None]
     return logits.masked_fill(future.to(logits.device)[None], float("-inf"))
 
 
 def window_probs_reference(
-    queries: torch.Tensor, keys: torch.Tensor, scaling: float, row_scale: torch.Tensor | None = None
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    scaling: float,
+    row_scale: torch.Tensor | None = None,
+    logit_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """``[H_q, W, S]`` float32 softmax of window queries ``[H_q, W, D]`` over keys ``[H, S, D]`` (GQA: consecutive
-    query heads share a key head), causal in the window (query ``i`` sees keys ``0 .. S - W + i``)."""
-    return torch.softmax(attention_logits(queries, keys, scaling, row_scale), dim=-1)
+    query heads share a key head), causal in the window (query ``i`` sees keys ``0 .. S - W + i``); logits rounded
+    to ``logit_dtype`` as :func:`attention_logits` says."""
+    return torch.softmax(attention_logits(queries, keys, scaling, row_scale, logit_dtype), dim=-1)
 
 
 def stats_of_probs(
@@ -75,9 +92,11 @@ def window_stats_reference(
     eps: float = ENTROPY_EPS,
     prob_dtype: torch.dtype | None = None,
     row_scale: torch.Tensor | None = None,
+    logit_dtype: torch.dtype | None = None,
 ) -> WindowStats:
-    """:class:`WindowStats` computed from the materialised ``[H_q, W, S]`` matrix."""
-    logits = attention_logits(queries, keys, scaling, row_scale)
+    """:class:`WindowStats` computed from the materialised ``[H_q, W, S]`` matrix (logits rounded to
+    ``logit_dtype`` as :func:`attention_logits` says)."""
+    logits = attention_logits(queries, keys, scaling, row_scale, logit_dtype)
     return stats_of_probs(torch.softmax(logits, dim=-1), eps, prob_dtype, logits)
 
 
@@ -87,11 +106,12 @@ def causal_column_sums_reference(
     scaling: float,
     prob_dtype: torch.dtype | None = None,
     row_scale: torch.Tensor | None = None,
+    logit_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """``[H_q, S]`` column sums of the materialised ``[H_q, R, S]`` float32 softmax of ``queries`` ``[H_q, R, D]``
     (bottom-right causal; ``R = S`` is a whole causal prefill) over ``keys`` ``[H, S, D]``, each probability
-    rounded to ``prob_dtype`` first when given."""
-    probs = torch.softmax(attention_logits(queries, keys, scaling, row_scale), dim=-1)
+    rounded to ``prob_dtype`` first when given (logits rounded to ``logit_dtype`` as :func:`attention_logits`)."""
+    probs = torch.softmax(attention_logits(queries, keys, scaling, row_scale, logit_dtype), dim=-1)
     return round_probs(probs, prob_dtype).sum(dim=1)
 
 

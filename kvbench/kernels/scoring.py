@@ -4,12 +4,15 @@
 * :func:`causal_column_sums` -- the attention each key receives from ``R`` causal query rows (H2O's all-rows scores,
   ``R = S``; a prefill chunk's rows when the prefill is fed in chunks).
 
-Both take the same options: ``prob_dtype`` rounds every probability to the model dtype before it is reduced (the
-reference code casts its float32 softmax to bf16/fp16 and reduces in that dtype), ``row_scale`` multiplies each
-row's scaled logits (AhaKV's step-gain softmax).  Implementations (``impl``): ``triton`` (two-pass kernels from the
-rows' log-sum-exp; CUDA, or CPU tensors under ``TRITON_INTERPRET=1``), ``torch`` (the same two passes over key
-chunks / row blocks: bounded extra memory), ``dense`` (the materialising reference of :mod:`kvbench.kernels.reference`,
-for comparisons), ``auto`` (Triton on CUDA tensors when installed, else torch).
+Both take the same options: ``logit_dtype`` rounds the logits as the reference code's ``matmul(q, k^T) / sqrt(d)``
+in bf16/fp16 does (the product ``q k^T`` rounded to the dtype, then the scaled logit, then its product with
+``row_scale``), ``prob_dtype`` rounds every probability to the model dtype before it is reduced (the reference code
+casts its float32 softmax to bf16/fp16 and reduces in that dtype), ``row_scale`` multiplies each row's scaled
+logits (AhaKV's step-gain softmax).  The rounding is elementwise, in place on the blocks: it adds no memory.
+Implementations (``impl``): ``triton`` (two-pass kernels from the rows' log-sum-exp; CUDA, or CPU tensors under
+``TRITON_INTERPRET=1``), ``torch`` (the same two passes over key chunks / row blocks: bounded extra memory),
+``dense`` (the materialising reference of :mod:`kvbench.kernels.reference`, for comparisons),
+``auto`` (Triton on CUDA tensors when installed, else torch).
 
 Shapes: ``H_q`` query heads, ``H`` key heads (``H`` divides ``H_q``; consecutive query heads share a key head),
 ``W`` / ``R`` query rows, ``S`` keys, ``D`` head dim.  Query row ``r`` of ``R`` sits at position ``S - R + r``
@@ -69,6 +72,7 @@ def window_stats(
     row_scale: torch.Tensor | None = None,
     impl: str = "auto",
     chunk: int = 2048,
+    logit_dtype: torch.dtype | None = None,
 ) -> WindowStats:
     """Fused observation-window scoring: reductions of ``softmax(q k^T * scaling)`` without the ``W x S`` matrix.
 
@@ -84,6 +88,8 @@ def window_stats(
         The ``eps`` of the column entropy ``-sum A log(A + eps)`` (CAKE uses 1e-10).
     prob_dtype:
         Round each probability to this dtype before the column statistics (module docstring); ``None`` = float32.
+    logit_dtype:
+        Round the logits to this dtype after each op (module docstring); ``None`` = float32 logits.
     row_scale:
         ``[W]`` factor on each row's scaled logits, or ``None``.
     impl:
@@ -96,28 +102,36 @@ def window_stats(
     :class:`~kvbench.kernels.stats.WindowStats` (float32 ``[H_q, S]`` column and ``[H_q, W]`` row statistics).
     """
     _check_shapes(queries, keys, row_scale)
-    code = _rounding_code(prob_dtype)
+    code, logit_code = _rounding_code(prob_dtype), _rounding_code(logit_dtype)
     which = _resolve(impl, queries, keys)
     if which == "dense":
-        return reference.window_stats_reference(queries, keys, scaling, eps, prob_dtype, row_scale)
+        return reference.window_stats_reference(queries, keys, scaling, eps, prob_dtype, row_scale, logit_dtype)
     if which == "triton":
-        return _window_stats_triton(queries, keys, scaling, eps, code, row_scale)
-    return _window_stats_torch(queries, keys, scaling, eps, prob_dtype, row_scale, chunk)
+        return _window_stats_triton(queries, keys, scaling, eps, code, row_scale, logit_code)
+    return _window_stats_torch(queries, keys, scaling, eps, prob_dtype, row_scale, chunk, logit_dtype)
+
+
+def _round_(values: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """Round float32 ``values`` to ``dtype`` and back, in place (no-op for ``None``)."""
+    if dtype is not None and dtype not in (torch.float32, torch.float64):
+        values.copy_(values.to(dtype))
+    return values
 
 
 def _block_logits(
     grouped: torch.Tensor, keys: torch.Tensor, start: int, stop: int, scaling: float, positions: torch.Tensor,
-    scale: torch.Tensor | None,
+    scale: torch.Tensor | None, logit_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Scaled, causally masked float32 logits ``[H_q, R, stop-start]`` of keys ``start:stop`` and the validity mask.
 
-    ``grouped`` is ``[H, G*R, D]`` float32 queries, ``positions`` ``[R]`` the rows' positions, ``scale`` ``[R]``.
+    ``grouped`` is ``[H, G*R, D]`` float32 queries, ``positions`` ``[R]`` the rows' positions, ``scale`` ``[R]``;
+    ``logit_dtype`` rounds the product, the scaled logit and its product with ``scale`` (module docstring).
     """
     rows = positions.shape[0]
-    logits = torch.bmm(grouped, keys[:, start:stop].float().transpose(1, 2)) * scaling
-    logits = logits.reshape(-1, rows, stop - start)
+    logits = _round_(torch.bmm(grouped, keys[:, start:stop].float().transpose(1, 2)), logit_dtype)
+    logits = _round_(logits.mul_(scaling), logit_dtype).reshape(-1, rows, stop - start)
     if scale is not None:
-        logits = logits * scale[None, :, None]
+        logits = _round_(logits.mul_(scale[None, :, None]), logit_dtype)
     cols = torch.arange(start, stop, device=keys.device)
     valid = cols[None, :] <= positions[:, None]  # [R, c]
     return logits.masked_fill(~valid[None], float("-inf")), valid
@@ -125,7 +139,7 @@ def _block_logits(
 
 def _row_softmax_terms(
     grouped: torch.Tensor, keys: torch.Tensor, scaling: float, positions: torch.Tensor, scale: torch.Tensor | None,
-    chunk: int,
+    chunk: int, logit_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Pass 1 over key chunks: online log-sum-exp ``[H_q, R]`` per row and the row entropy ``lse - sum p l``."""
     rows = positions.shape[0]
@@ -135,7 +149,7 @@ def _row_softmax_terms(
     row_dot = torch.zeros(shape, device=keys.device)  # sum exp(l - m) * l
     for start in range(0, keys.shape[1], chunk):
         stop = min(start + chunk, keys.shape[1])
-        logits, valid = _block_logits(grouped, keys, start, stop, scaling, positions, scale)
+        logits, valid = _block_logits(grouped, keys, start, stop, scaling, positions, scale, logit_dtype)
         new_max = torch.maximum(row_max, logits.amax(dim=-1))
         alpha = torch.where(torch.isinf(row_max), 0.0, torch.exp(row_max - new_max))
         probs = torch.exp(logits - new_max[..., None])  # masked -> 0 (every row sees key 0: finite after chunk 0)
@@ -148,7 +162,7 @@ def _row_softmax_terms(
 
 def _window_stats_torch(
     queries: torch.Tensor, keys: torch.Tensor, scaling: float, eps: float, prob_dtype: torch.dtype | None,
-    row_scale: torch.Tensor | None, chunk: int,
+    row_scale: torch.Tensor | None, chunk: int, logit_dtype: torch.dtype | None = None,
 ) -> WindowStats:  # fmt: skip
     """Two passes over key chunks: online log-sum-exp per row, then column reductions of the recomputed block."""
     num_q, window, dim = queries.shape
@@ -156,12 +170,12 @@ def _window_stats_torch(
     grouped = queries.float().reshape(num_heads, (num_q // num_heads) * window, dim)
     positions = torch.arange(length - window, length, device=keys.device)
     scale = row_scale.float().to(keys.device) if row_scale is not None else None
-    lse, row_entropy = _row_softmax_terms(grouped, keys, scaling, positions, scale, chunk)
+    lse, row_entropy = _row_softmax_terms(grouped, keys, scaling, positions, scale, chunk, logit_dtype)
     col_sum = torch.empty((num_q, length), device=keys.device)
     col_m2, col_max, col_ent = torch.empty_like(col_sum), torch.empty_like(col_sum), torch.empty_like(col_sum)
     for start in range(0, length, chunk):
         stop = min(start + chunk, length)
-        logits, _ = _block_logits(grouped, keys, start, stop, scaling, positions, scale)
+        logits, _ = _block_logits(grouped, keys, start, stop, scaling, positions, scale, logit_dtype)
         probs = reference.round_probs(torch.exp(logits - lse[..., None]), prob_dtype)
         del logits
         sums = probs.sum(dim=1)
@@ -173,8 +187,9 @@ def _window_stats_torch(
 
 
 def _window_stats_triton(
-    queries: torch.Tensor, keys: torch.Tensor, scaling: float, eps: float, code: int, row_scale: torch.Tensor | None
-) -> WindowStats:
+    queries: torch.Tensor, keys: torch.Tensor, scaling: float, eps: float, code: int, row_scale: torch.Tensor | None,
+    logit_code: int = 0,
+) -> WindowStats:  # fmt: skip
     from kvbench.kernels import triton_kernels as tk
 
     queries, keys = queries.contiguous(), keys.contiguous()
@@ -185,7 +200,7 @@ def _window_stats_triton(
     row_entropy = torch.empty_like(lse)
     col = [torch.empty((num_q, length), device=device, dtype=torch.float32) for _ in range(4)]
     scale = row_scale.float().contiguous().to(device) if row_scale is not None else lse  # dummy pointer when unused
-    blocks = dict(BLOCK_S=64, BLOCK_D=pow2(dim), HAS_SCALE=row_scale is not None)
+    blocks = dict(BLOCK_S=64, BLOCK_D=pow2(dim), HAS_SCALE=row_scale is not None, LOGIT_ROUND=logit_code)
     strides = (queries.stride(0), queries.stride(1), keys.stride(0), keys.stride(1))
     groups = num_q // num_heads
     tk._rows_lse_kernel[(num_q, 1)](
@@ -209,6 +224,7 @@ def causal_column_sums(
     row_scale: torch.Tensor | None = None,
     impl: str = "auto",
     max_block_bytes: int = 64 << 20,
+    logit_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Attention each key receives from every causal query row: column sums of ``softmax(q k^T * scaling)``.
 
@@ -229,6 +245,8 @@ def causal_column_sums(
     prob_dtype:
         When given, each probability is rounded to this dtype before it is summed (the reference code casts its
         float32 softmax to the model dtype); the sums themselves stay float32.
+    logit_dtype:
+        Round the logits to this dtype after each op (module docstring); ``None`` = float32 logits.
     row_scale:
         ``[R]`` factor on each row's scaled logits, or ``None``.
     impl:
@@ -239,18 +257,18 @@ def causal_column_sums(
     ``[H_q, S]`` float32 column sums (column ``j`` sums the rows at positions ``>= j``).
     """
     _check_shapes(queries, keys, row_scale)
-    code = _rounding_code(prob_dtype)
+    code, logit_code = _rounding_code(prob_dtype), _rounding_code(logit_dtype)
     which = _resolve(impl, queries, keys)
     if which == "dense":
-        return reference.causal_column_sums_reference(queries, keys, scaling, prob_dtype, row_scale)
+        return reference.causal_column_sums_reference(queries, keys, scaling, prob_dtype, row_scale, logit_dtype)
     if which == "triton":
-        return _column_sums_triton(queries, keys, scaling, code, row_scale)
-    return _column_sums_torch(queries, keys, scaling, prob_dtype, row_scale, max_block_bytes)
+        return _column_sums_triton(queries, keys, scaling, code, row_scale, logit_code)
+    return _column_sums_torch(queries, keys, scaling, prob_dtype, row_scale, max_block_bytes, logit_dtype)
 
 
 def _column_sums_torch(
     queries: torch.Tensor, keys: torch.Tensor, scaling: float, prob_dtype: torch.dtype | None,
-    row_scale: torch.Tensor | None, max_block_bytes: int,
+    row_scale: torch.Tensor | None, max_block_bytes: int, logit_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:  # fmt: skip
     num_q, rows, dim = queries.shape
     num_heads, length, _ = keys.shape
@@ -264,9 +282,10 @@ def _column_sums_torch(
         stop = min(start + rows_per_block, rows)
         count, visible = stop - start, offset + stop
         block = queries[:, start:stop].float().reshape(num_heads, groups * count, dim)
-        logits = torch.bmm(block, keys32[:, :visible].transpose(1, 2)).view(num_q, count, visible).mul_(scaling)
+        logits = _round_(torch.bmm(block, keys32[:, :visible].transpose(1, 2)), logit_dtype)
+        logits = _round_(logits.view(num_q, count, visible).mul_(scaling), logit_dtype)
         if row_scale is not None:
-            logits.mul_(row_scale[start:stop].float().to(device)[None, :, None])
+            _round_(logits.mul_(row_scale[start:stop].float().to(device)[None, :, None]), logit_dtype)
         positions = torch.arange(visible, device=device)
         future = positions[None, :] > positions[offset + start : offset + stop, None]  # [count, visible]
         logits.masked_fill_(future[None], float("-inf"))
@@ -277,8 +296,9 @@ def _column_sums_torch(
 
 
 def _column_sums_triton(
-    queries: torch.Tensor, keys: torch.Tensor, scaling: float, code: int, row_scale: torch.Tensor | None
-) -> torch.Tensor:
+    queries: torch.Tensor, keys: torch.Tensor, scaling: float, code: int, row_scale: torch.Tensor | None,
+    logit_code: int = 0,
+) -> torch.Tensor:  # fmt: skip
     from kvbench.kernels import triton_kernels as tk
 
     queries, keys = queries.contiguous(), keys.contiguous()
@@ -288,7 +308,7 @@ def _column_sums_triton(
     lse = torch.empty((num_q, rows), device=device, dtype=torch.float32)
     sums = torch.empty((num_q, length), device=device, dtype=torch.float32)
     scale = row_scale.float().contiguous().to(device) if row_scale is not None else lse  # dummy pointer when unused
-    blocks = dict(BLOCK_R=64, BLOCK_S=64, BLOCK_D=pow2(dim), HAS_SCALE=row_scale is not None)
+    blocks = dict(BLOCK_R=64, BLOCK_S=64, BLOCK_D=pow2(dim), HAS_SCALE=row_scale is not None, LOGIT_ROUND=logit_code)
     strides = (queries.stride(0), queries.stride(1), keys.stride(0), keys.stride(1))
     groups = num_q // num_heads
     tk._rows_lse_kernel[(num_q, triton_cdiv(rows, 64))](

@@ -15,9 +15,11 @@ NEG_BIG = -1.0e30
 # ------------------------------------------------------------------------------------------ attention scores
 @triton.jit
 def _round_probs(p, ROUND: tl.constexpr):
-    """Round float32 probabilities to bf16 (``ROUND`` 1) or fp16 (2) and back, to nearest even as torch's cast.
+    """Round float32 values (probabilities, logits) to bf16 (``ROUND`` 1) or fp16 (2) and back, to nearest even as
+    torch's cast.
 
-    bf16 is rounded with integer arithmetic (the interpreter's float cast truncates); ``p`` is finite, >= 0.
+    bf16 is rounded with integer arithmetic on the bits (the interpreter's float cast truncates): adding
+    ``0x7FFF`` plus the kept lowest bit rounds the magnitude, whatever the sign; ``p`` is finite.
     """
     if ROUND == 1:
         bits = p.to(tl.uint32, bitcast=True)
@@ -36,12 +38,14 @@ def _load_tile(ptr, index, dims, count, D, stride):
 
 
 @triton.jit
-def _scaled_logits(q, k, scaling, scale_ptr, rows, R, HAS_SCALE: tl.constexpr):
-    """``q k^T * scaling`` (float32, IEEE), times each row's factor when ``HAS_SCALE``."""
-    logits = tl.dot(q, tl.trans(k), input_precision="ieee") * scaling
+def _scaled_logits(q, k, scaling, scale_ptr, rows, R, HAS_SCALE: tl.constexpr, LOGIT_ROUND: tl.constexpr):
+    """``q k^T * scaling`` (float32, IEEE), times each row's factor when ``HAS_SCALE``; with ``LOGIT_ROUND`` (codes
+    of :func:`_round_probs`) each op's result is rounded to the model dtype, as the reference's dtype matmul."""
+    logits = _round_probs(tl.dot(q, tl.trans(k), input_precision="ieee"), LOGIT_ROUND)
+    logits = _round_probs(logits * scaling, LOGIT_ROUND)
     if HAS_SCALE:
         factor = tl.load(scale_ptr + rows, mask=rows < R, other=1.0)
-        logits = logits * factor[:, None]
+        logits = _round_probs(logits * factor[:, None], LOGIT_ROUND)
     return logits
 
 
@@ -51,7 +55,7 @@ def _rows_lse_kernel(
     R, S, D, groups, scaling,
     sq_h, sq_r, sk_h, sk_s,
     BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HAS_SCALE: tl.constexpr,
-    ENTROPY: tl.constexpr,
+    ENTROPY: tl.constexpr, LOGIT_ROUND: tl.constexpr,
 ):  # fmt: skip
     """Pass 1, one program per (query head, row block): each row's online log-sum-exp over the keys it may see
     (row ``r`` sits at position ``S - R + r``), and with ``ENTROPY`` its entropy ``lse - sum p l``."""
@@ -69,7 +73,7 @@ def _rows_lse_kernel(
     for start in range(0, visible, BLOCK_S):
         cols = start + tl.arange(0, BLOCK_S)
         k = _load_tile(k_ptr + hk * sk_h, cols, dims, S, D, sk_s)
-        logits = _scaled_logits(q, k, scaling, scale_ptr, rows, R, HAS_SCALE)
+        logits = _scaled_logits(q, k, scaling, scale_ptr, rows, R, HAS_SCALE, LOGIT_ROUND)
         valid = (cols[None, :] < S) & (cols[None, :] <= limit[:, None]) & (rows[:, None] < R)
         logits = tl.where(valid, logits, NEG_BIG)
         m_new = tl.maximum(m, tl.max(logits, axis=1))
@@ -92,7 +96,7 @@ def _window_cols_kernel(
     W, S, D, groups, scaling, eps,
     sq_h, sq_w, sk_h, sk_s,
     BLOCK_W: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HAS_SCALE: tl.constexpr,
-    ROUND: tl.constexpr,
+    ROUND: tl.constexpr, LOGIT_ROUND: tl.constexpr,
 ):  # fmt: skip
     """Pass 2 of the window statistics, one program per (query head, key block): recompute the (rounded)
     probabilities of all ``W`` rows, reduce over them: sum, centred sum of squares (two-pass: every row is in the
@@ -106,7 +110,7 @@ def _window_cols_kernel(
     q = _load_tile(q_ptr + hq * sq_h, rows, dims, W, D, sq_w)
     k = _load_tile(k_ptr + hk * sk_h, cols, dims, S, D, sk_s)
     lse = tl.load(lse_ptr + hq * W + rows, mask=rows < W, other=0.0)
-    logits = _scaled_logits(q, k, scaling, scale_ptr, rows, W, HAS_SCALE)
+    logits = _scaled_logits(q, k, scaling, scale_ptr, rows, W, HAS_SCALE, LOGIT_ROUND)
     valid = (cols[None, :] < S) & (cols[None, :] <= (S - W + rows)[:, None]) & (rows[:, None] < W)
     p = _round_probs(tl.where(valid, tl.exp(logits - lse[:, None]), 0.0), ROUND)
     total = tl.sum(p, axis=0)
@@ -125,7 +129,7 @@ def _causal_cols_kernel(
     R, S, D, groups, scaling,
     sq_h, sq_r, sk_h, sk_s,
     BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HAS_SCALE: tl.constexpr,
-    ROUND: tl.constexpr,
+    ROUND: tl.constexpr, LOGIT_ROUND: tl.constexpr,
 ):  # fmt: skip
     """Pass 2 of the all-rows column sums, one program per (query head, key block): loop over the row blocks that
     may see the block's keys, recompute the (rounded) probabilities from the rows' log-sum-exp, sum them per key."""
@@ -141,7 +145,7 @@ def _causal_cols_kernel(
         rows = start + tl.arange(0, BLOCK_R)
         q = _load_tile(q_ptr + hq * sq_h, rows, dims, R, D, sq_r)
         lse = tl.load(lse_ptr + hq * R + rows, mask=rows < R, other=0.0)
-        logits = _scaled_logits(q, k, scaling, scale_ptr, rows, R, HAS_SCALE)
+        logits = _scaled_logits(q, k, scaling, scale_ptr, rows, R, HAS_SCALE, LOGIT_ROUND)
         valid = (cols[None, :] < S) & (cols[None, :] <= (S - R + rows)[:, None]) & (rows[:, None] < R)
         acc += tl.sum(_round_probs(tl.where(valid, tl.exp(logits - lse[:, None]), 0.0), ROUND), axis=0)
     tl.store(sum_ptr + hq * S + cols, acc, mask=cols < S)

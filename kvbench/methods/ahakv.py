@@ -23,7 +23,13 @@ Prefill keeps the ``B_r`` most recent tokens plus the top ``B - B_r`` by score (
 averaged per KV group with ``method.gqa_agg`` before VPE, which is per KV head).  Decoding (Algorithm 1): each new
 query's SG-softmax attention (reduced per KV group with ``method.gqa_agg``) is added to the running scores
 (initialised with the prefill's enhanced scores, new tokens start at 0, increments are not value-weighted); above
-the budget the lowest-scoring token outside the recent ``B_r`` is evicted.  Paper-only: no code was released.
+the budget the lowest-scoring token outside the recent ``B_r`` is evicted.  A multi-token forward after the prefill
+(question-agnostic mode's question) is handled as H2O's code, which AhaKV modifies, handles one: every appended row's
+SG-softmax attention (``i`` = the tokens that row sees) is added, then each head is cut to its budget at once
+(``params.evict_on_append: false``: kvbench's earlier behaviour, the appended tokens wait for decoding).
+Paper-only: no code was released.  Rounding follows ``method.score_dtype`` as H2O's code: ``model`` (default) rounds
+the logits (product, scaling, step gain), the float32 softmax, the sums, the GQA reduction, the value-prior product
+and the running scores to the model dtype; ``float32`` is the spec sketch's float32 scoring.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ from kvbench.methods.base import (
 )
 from kvbench.methods.h2o import ScoredDecodePolicy
 from kvbench.methods.params import bounded, choice, parse_params
-from kvbench.methods.scoring import aggregate_groups
+from kvbench.methods.scoring import aggregate_groups, probability_dtype, round_to
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
     from kvbench.cache import HeadwiseLayer
@@ -76,11 +82,15 @@ def value_prior(values: torch.Tensor, kernel_size: int) -> torch.Tensor:
 class AhaScorer(TokenScorer):
     """RA + SGS + VPE score, ``[H, S]`` per stored head (see module docstring)."""
 
-    def __init__(self, ra: bool, sgs: bool, vpe: bool, params: AhaKVParams, window: int, gqa_agg: str) -> None:
+    def __init__(
+        self, ra: bool, sgs: bool, vpe: bool, params: AhaKVParams, window: int, gqa_agg: str,
+        score_dtype: str = "model",
+    ) -> None:  # fmt: skip
         self.ra, self.sgs, self.vpe = ra, sgs, vpe
         self.params = params
         self.window = window
         self.gqa_agg = gqa_agg
+        self.score_dtype = score_dtype
 
     def budget_k(self, layer_budget: int | None, context: int) -> int:
         """``k`` of Eq. 12 for this layer."""
@@ -94,7 +104,9 @@ class AhaScorer(TokenScorer):
     ) -> torch.Tensor:
         """Column sums ``[H_q, S]`` of the (SG-)softmax attention of the last ``queries.shape[1]`` rows, fused with
         each row's step-gain factor (never a rows x S matrix): the window's statistics for the recent rows,
-        :func:`kvbench.kernels.causal_column_sums` for every prompt row."""
+        :func:`kvbench.kernels.causal_column_sums` for every prompt row.  Rounded to the queries' dtype (logits,
+        probabilities, the sums) under ``score_dtype=model``."""
+        dtype = probability_dtype(queries.dtype, self.score_dtype)
         rows, dim = queries.shape[1], queries.shape[2]
         context = keys.shape[1]
         factor = None
@@ -102,9 +114,10 @@ class AhaScorer(TokenScorer):
             positions = torch.arange(context - rows, context, device=keys.device)
             visible = positions + 1 if self.params.lambda_i == "row" else torch.full_like(positions, context)
             factor = sg_multiplier(visible, k, dim, self.params.lambda_reading, self.params.min_log)
+        rounding = dict(prob_dtype=dtype, logit_dtype=dtype, row_scale=factor, impl=impl)
         if rows < context:
-            return kernels.window_stats(queries, keys, scaling, row_scale=factor, impl=impl).col_sum
-        return kernels.causal_column_sums(queries, keys, scaling, row_scale=factor, impl=impl)
+            return round_to(kernels.window_stats(queries, keys, scaling, **rounding).col_sum, dtype)
+        return round_to(kernels.causal_column_sums(queries, keys, scaling, **rounding), dtype)
 
     def prompt_rows(self, model_dtype: torch.dtype) -> PromptRows:
         """Without RA every prompt row votes with its own temperature (which needs the layer budget): the session
@@ -117,28 +130,43 @@ class AhaScorer(TokenScorer):
             queries = observation.prompt_queries
         k = self.budget_k(observation.layer_budget, observation.context_length)
         accumulated = self.row_attention(queries, observation.keys, observation.scaling, k, observation.impl)
-        scores = aggregate_groups(accumulated, observation.keys.shape[0], self.gqa_agg)
+        dtype = probability_dtype(observation.model_dtype, self.score_dtype)
+        scores = round_to(aggregate_groups(accumulated, observation.keys.shape[0], self.gqa_agg), dtype)
         if self.vpe:
-            scores = scores * value_prior(observation.values, self.params.vpe_kernel)
+            scores = round_to(scores * value_prior(observation.values, self.params.vpe_kernel), dtype)
         return scores
 
 
 class AhaDecode(ScoredDecodePolicy):
     """Algorithm 1's generation: accumulate SG-softmax attention, evict the lowest outside the recent window."""
 
-    def __init__(self, recent_window: int, sgs: bool, params: AhaKVParams, gqa_agg: str = "mean") -> None:
-        super().__init__(recent_window, gqa_agg)
+    def __init__(
+        self, recent_window: int, sgs: bool, params: AhaKVParams, gqa_agg: str = "mean", score_dtype: str = "model",
+    ) -> None:  # fmt: skip
+        super().__init__(recent_window, gqa_agg, score_dtype)
         self.sgs = sgs
         self.params = params
+        self.evicts_on_append = params.evict_on_append
 
-    def step(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
-        if self.sgs:
-            caps = self.caps[layer_idx]
-            k = max(round(sum(caps) / len(caps)) - (self.recent_window if self.params.lambda_k == "selected" else 0), 1)
-            visible = torch.tensor([layer.seen_tokens])
-            factor = float(sg_multiplier(visible, k, query.shape[-1], self.params.lambda_reading, self.params.min_log))
-            scaling = scaling * factor
-        super().step(layer_idx, layer, query, scaling)
+    def _step_gain(self, layer_idx: int, visible: torch.Tensor, head_dim: int) -> torch.Tensor:
+        """SG factors for rows seeing ``visible`` tokens, ``k`` from the layer's decode caps."""
+        caps = self.caps[layer_idx]
+        k = max(round(sum(caps) / len(caps)) - (self.recent_window if self.params.lambda_k == "selected" else 0), 1)
+        return sg_multiplier(visible, k, head_dim, self.params.lambda_reading, self.params.min_log)
+
+    def logit_factor(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor) -> float | None:
+        """The new token's step gain: ``i`` = every token seen so far."""
+        if not self.sgs:
+            return None
+        return float(self._step_gain(layer_idx, torch.tensor([layer.seen_tokens]), query.shape[-1]))
+
+    def append_row_scale(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor) -> torch.Tensor | None:
+        """Each appended row's step gain: ``i`` = the tokens that row sees."""
+        if not self.sgs:
+            return None
+        rows = query.shape[1]
+        visible = torch.arange(layer.seen_tokens - rows + 1, layer.seen_tokens + 1)
+        return self._step_gain(layer_idx, visible, query.shape[-1])
 
     def update_scores(self, old: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
         return old + attention
@@ -157,6 +185,9 @@ class AhaKVParams:
     lambda_i: str = choice("row", LAMBDA_IS)
     min_log: float = 1e-3
     vpe_kernel: int = bounded(7, low=1, odd=True)
+    #: After a multi-token append, add its rows' attention and cut to the budget at once (H2O's code); false =
+    #: kvbench's earlier behaviour (the appended tokens wait for decoding).
+    evict_on_append: bool = True
 
 
 @register_method("ahakv")
@@ -164,8 +195,11 @@ def build_ahakv(method_cfg: Any) -> EvictionMethod:
     """AhaKV with each component switchable."""
     params = parse_params(AhaKVParams, method_cfg.params, "ahakv")
     knobs = common_knobs(method_cfg)
-    scorer = AhaScorer(params.ra, params.sgs, params.vpe, params, knobs["window"], knobs["gqa_agg"])
-    policy = AhaDecode(knobs["window"], params.sgs, params, knobs["gqa_agg"]) if method_cfg.decode_eviction else None
+    score_dtype = str(method_cfg.score_dtype)
+    scorer = AhaScorer(params.ra, params.sgs, params.vpe, params, knobs["window"], knobs["gqa_agg"], score_dtype)
+    policy = None
+    if method_cfg.decode_eviction:
+        policy = AhaDecode(knobs["window"], params.sgs, params, knobs["gqa_agg"], score_dtype)
     return EvictionMethod(
         scorer=scorer,
         decode_policy=policy,
@@ -175,8 +209,9 @@ def build_ahakv(method_cfg: Any) -> EvictionMethod:
             "vpe": params.vpe,
             "lambda_reading": params.lambda_reading,
             "lambda_i": params.lambda_i,
+            "evict_on_append": params.evict_on_append,
         },
-        # AhaKV scores in float32 with its own softmax and pools only the value prior (vpe_kernel).
-        ignored_knobs=frozenset({"kernel_size", "pooling", "pool_padding", "gqa_reduce", "score_dtype"}),
+        # AhaKV has its own softmax and pools only the value prior (vpe_kernel).
+        ignored_knobs=frozenset({"kernel_size", "pooling", "pool_padding", "gqa_reduce"}),
         **knobs,
     )

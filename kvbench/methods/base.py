@@ -27,7 +27,7 @@ import torch
 from kvbench import kernels
 from kvbench.checks import check_min
 from kvbench.config import check_method_choices
-from kvbench.methods.scoring import ScoreOptions, aggregate_groups
+from kvbench.methods.scoring import ScoreOptions, aggregate_groups, round_to
 from kvbench.registry import Registry, submodule_importer
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
@@ -124,22 +124,29 @@ class WindowObservation:
         return self.queries.dtype
 
     def window_stats(self, prob_dtype: torch.dtype | None = None) -> kernels.WindowStats:
-        """Statistics of the window's float32 softmax attention over all keys (causal in the window), each
-        probability rounded to ``prob_dtype`` first when given; computed once per ``prob_dtype`` (scorer and
-        allocator share them).  See :class:`kvbench.kernels.WindowStats`."""
+        """Statistics of the window's float32 softmax attention over all keys (causal in the window); computed once
+        per ``prob_dtype`` (scorer and allocator share them).  See :class:`kvbench.kernels.WindowStats`.
+
+        ``prob_dtype`` (the model dtype under ``score_dtype=model``) rounds as the reference code does: the logits
+        of its ``matmul(q, k^T) / sqrt(d)`` in that dtype, then each probability of its float32 softmax cast back.
+        """
         if prob_dtype not in self._stats:
             self._stats[prob_dtype] = kernels.window_stats(
-                self.queries, self.keys, self.scaling, prob_dtype=prob_dtype, impl=self.impl
+                self.queries, self.keys, self.scaling, prob_dtype=prob_dtype, logit_dtype=prob_dtype, impl=self.impl
             )
         return self._stats[prob_dtype]
 
-    def last_query_attention(self) -> torch.Tensor:
-        """``[H_q, S]`` float32 attention of the last prompt query over all keys (TOVA's prefill score)."""
-        return kernels.window_stats(self.queries[:, -1:], self.keys, self.scaling, impl=self.impl).col_sum
+    def last_query_attention(self, prob_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """``[H_q, S]`` float32 attention of the last prompt query over all keys (TOVA's prefill score), logits and
+        probabilities rounded to ``prob_dtype`` when given (as :meth:`window_stats`)."""
+        last = self.queries[:, -1:]
+        return kernels.window_stats(
+            last, self.keys, self.scaling, prob_dtype=prob_dtype, logit_dtype=prob_dtype, impl=self.impl
+        ).col_sum
 
     def column_sums(self, prob_dtype: torch.dtype | None = None) -> torch.Tensor:
-        """``[H_q, S]`` float32 attention each key receives from every prompt row (H2O's all-rows score), each
-        probability rounded to ``prob_dtype`` first when given.
+        """``[H_q, S]`` float32 attention each key receives from every prompt row (H2O's all-rows score), logits
+        and probabilities rounded to ``prob_dtype`` first when given (as :meth:`window_stats`).
 
         The session's accumulated sums when it has them (it rounds as :meth:`TokenScorer.prompt_rows` asked),
         else computed from ``prompt_queries``.
@@ -152,7 +159,9 @@ class WindowObservation:
                 "all-rows scores need the column sums or the queries of every prompt row; the scorer must ask for "
                 "them with TokenScorer.prompt_rows"
             )
-        return kernels.causal_column_sums(queries, self.keys, self.scaling, prob_dtype=prob_dtype, impl=self.impl)
+        return kernels.causal_column_sums(
+            queries, self.keys, self.scaling, prob_dtype=prob_dtype, logit_dtype=prob_dtype, impl=self.impl
+        )
 
 
 @dataclass(frozen=True)
@@ -168,7 +177,7 @@ class PromptRows:
         The attention each key receives from every prompt row (:attr:`WindowObservation.prompt_column_sums`),
         accumulated chunk by chunk: ``O(H_q x S)`` floats per layer.
     prob_dtype:
-        Rounding of each probability in those sums (``None`` = float32).
+        Rounding of the logits and of each probability in those sums (``None`` = float32).
     queries:
         The prompt queries (:attr:`WindowObservation.prompt_queries`), kept across chunks: every one, ``O(H_q x S x
         D)`` per layer (AhaKV's ``ra: false`` ablation, whose per-row temperature needs the layer budget), or only
@@ -269,8 +278,9 @@ class UniformHeadAllocator(HeadBudgetAllocator):
 class DecodePolicy(ABC):
     """Eviction while generating.  Called after each decoding step's attention at every layer."""
 
-    #: Whether the policy also reduces after a multi-token append (question-agnostic mode's question), scoring with
-    #: the appended tokens' last query: TOVA's reference reduces after every forward.
+    #: Whether the policy also reduces after a multi-token append (question-agnostic mode's question); what it
+    #: scores the appended rows with is :meth:`append`'s business (default: the last appended query, as TOVA's
+    #: reference, which reduces after every forward).
     evicts_on_append: bool = False
 
     def start_layer(  # noqa: B027
@@ -288,6 +298,15 @@ class DecodePolicy(ABC):
 
         May call ``layer.keep(...)`` to evict.
         """
+
+    def append(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
+        """A multi-token forward after the prefill (question-agnostic mode's question) at ``layer``: the ``q`` new
+        tokens are already stored (the last ``q`` slots of every head); ``query`` is ``[H_q, q, D]``.
+
+        Default: when :attr:`evicts_on_append`, one :meth:`step` with the last appended query; else nothing.
+        """
+        if self.evicts_on_append:
+            self.step(layer_idx, layer, query[:, -1:], scaling)
 
 
 # ---------------------------------------------------------------------------------------------------- method
@@ -310,6 +329,8 @@ class EvictionMethod:
     sink_tokens: int = 0
     gqa_granularity: str = "kv_head"
     gqa_agg: str = "mean"
+    #: Also evict sliding-window layers (kvbench.sliding; off: they hold their window and budgets go to full layers).
+    compress_sliding: bool = False
     settings: dict[str, Any] = field(default_factory=dict)
     #: Common knobs (``MethodConfig`` fields) this method never reads: left out of the recorded settings.
     ignored_knobs: frozenset[str] = frozenset()
@@ -371,7 +392,12 @@ def score_options(method_cfg: Any, reference_gqa_reduce: str = "before_pool") ->
 
 
 def decode_attention(
-    layer: HeadwiseLayer, query: torch.Tensor, scaling: float, gqa_agg: str = "mean"
+    layer: HeadwiseLayer,
+    query: torch.Tensor,
+    scaling: float,
+    gqa_agg: str | None = "mean",
+    dtype: torch.dtype | None = None,
+    logit_factor: float | None = None,
 ) -> list[torch.Tensor]:
     """Attention of the newest query over each stored head, reduced over the head's GQA group.
 
@@ -382,19 +408,29 @@ def decode_attention(
     query:
         ``[H_q, 1, D]`` the new token's queries.
     gqa_agg:
-        mean | max | sum over the query heads sharing a stored head.
+        mean | max | sum over the query heads sharing a stored head; ``None`` keeps the group's rows.
+    dtype:
+        The model dtype to round to as the reference code (``score_dtype=model``): the logits of its
+        ``matmul(q, k^T) / sqrt(d)`` after each op, the float32 softmax cast back, the group reduction; ``None``
+        = float32 throughout.
+    logit_factor:
+        A factor on the scaled logits (AhaKV's step-gain softmax), applied (and rounded) after the scaling.
 
     Returns
     -------
-    Per stored head, ``[S_h]`` float32 probabilities.
+    Per stored head, ``[S_h]`` float32 probabilities (``[g, S_h]`` with ``gqa_agg=None``), holding ``dtype``
+    values when ``dtype`` is given.
     """
     groups = query.shape[0] // layer.num_heads
     probs = []
     for head in range(layer.num_heads):
         keys, _ = layer.head_kv(head)
         head_q = query[head * groups : (head + 1) * groups, 0].float()  # [g, D]
-        logits = head_q @ keys.float().T * scaling  # [g, S_h]
-        probs.append(aggregate_groups(torch.softmax(logits, dim=-1), 1, gqa_agg)[0])
+        logits = round_to(round_to(head_q @ keys.float().T, dtype) * scaling, dtype)  # [g, S_h]
+        if logit_factor is not None:
+            logits = round_to(logits * logit_factor, dtype)
+        rows = round_to(torch.softmax(logits, dim=-1), dtype)
+        probs.append(rows if gqa_agg is None else round_to(aggregate_groups(rows, 1, gqa_agg)[0], dtype))
     return probs
 
 

@@ -25,8 +25,13 @@ it (``--compress --cascading --window_size 32``, gamma 200, tau from ``config/mo
   (``h2o``, ``tova``, ``snapkv``: CAKE's allocation under other indicators).
 * Allocation switch for Table 2: ``params.allocation`` = ``p2a`` (default), ``uniform``, ``pyramid``, ``random``.
 * Decoding (official code): layer budgets stay fixed; at every step the newest query's attention over the cache
-  except the last ``S_w`` tokens (average-pooled, kernel 5, GQA mean) ranks the tokens and the lowest one goes.
-  H2O/TOVA indicators keep their own decode rules.
+  except the last ``S_w`` tokens (average-pooled per query head, kernel 5, then the GQA mean) ranks the tokens and
+  the lowest one goes.  The code runs this after *every* forward past the prefill: a multi-token append (question-
+  agnostic mode's question) is ranked by the mean attention of its last ``S_w`` rows -- unmasked, as the code
+  computes it (each row sees every appended token) -- and cut to the budget at once (``params.evict_on_append:
+  false``: kvbench's earlier behaviour, the appended tokens wait for decoding).  With ``method.score_dtype=model``
+  the logits, probabilities, row mean, pooling and GQA mean are rounded to the model dtype as the code's tensors
+  are.  H2O/TOVA indicators keep their own decode rules.
 * tau: ``params.tau1/tau2`` (null = the official per-model table at 128L / 1024L when ``params.model`` matches,
   else 1.0, as the code falls back).
 """
@@ -50,7 +55,6 @@ from kvbench.methods.base import (
     UniformLayerAllocator,
     WindowObservation,
     common_knobs,
-    decode_attention,
     evict_to_caps,
     register_method,
     score_options,
@@ -63,6 +67,7 @@ from kvbench.methods.scoring import (
     no_rounding,
     pool_scores,
     probability_dtype,
+    round_to,
     rounding_to,
     with_window_columns,
 )
@@ -300,23 +305,58 @@ class CakeScorer(TokenScorer):
 
 
 class CakeDecode(ScoredDecodePolicy):
-    """CAKE's decode eviction: rank by the newest query's pooled attention, keep the last ``window`` tokens."""
+    """CAKE's decode eviction: rank by the newest query's pooled attention, keep the last ``window`` tokens; after
+    an append, rank by its last ``window`` rows' mean attention (module docstring)."""
 
-    def __init__(self, window: int, kernel_size: int, pooling: str) -> None:
-        super().__init__(recent_window=window)
+    def __init__(
+        self, window: int, kernel_size: int, pooling: str, gqa_reduce: str = "after_pool", score_dtype: str = "model",
+        evict_on_append: bool = True,
+    ) -> None:  # fmt: skip
+        super().__init__(recent_window=window, score_dtype=score_dtype)
         self.kernel_size = kernel_size
         self.pooling = pooling
+        self.gqa_reduce = gqa_reduce
+        self.evicts_on_append = evict_on_append
 
     def step(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
+        self._evict_by_rows(layer_idx, layer, query, scaling)
+
+    def append(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
+        """The code's decoding branch on a multi-token forward: the last ``window`` rows, unmasked, row mean."""
+        if self.evicts_on_append:
+            self._evict_by_rows(layer_idx, layer, query[:, -self.recent_window :], scaling)
+
+    def row_mean_attention(self, layer: HeadwiseLayer, rows: torch.Tensor, scaling: float) -> list[torch.Tensor]:
+        """Per stored head ``[g, S_h]``: the mean over ``rows`` ``[H_q, r, D]`` of their softmax attention over the
+        head's keys (no mask, as the code's decoding branch), rounded as the code's tensors when ``score_dtype`` is
+        ``model``."""
+        dtype = self.rounding_dtype(rows)
+        groups = rows.shape[0] // layer.num_heads
+        means = []
+        for head in range(layer.num_heads):
+            keys, _ = layer.head_kv(head)
+            head_rows = rows[head * groups : (head + 1) * groups].float()  # [g, r, D]
+            logits = round_to(round_to(head_rows @ keys.float().T, dtype) * scaling, dtype)  # [g, r, S_h]
+            means.append(round_to(round_to(torch.softmax(logits, dim=-1), dtype).mean(dim=1), dtype))
+        return means
+
+    def _evict_by_rows(self, layer_idx: int, layer: HeadwiseLayer, rows: torch.Tensor, scaling: float) -> None:
         caps = self.caps[layer_idx]
         if all(length <= cap for length, cap in zip(layer.head_lengths(), caps, strict=True)):
             return  # skip the attention computation when nothing is over budget
-        attention = decode_attention(layer, query, scaling)  # per head [S_h], GQA-averaged
+        dtype = self.rounding_dtype(rows)
+        attention = self.row_mean_attention(layer, rows, scaling)  # per head [g, S_h]
 
         def pooled_top_and_window(head: int, length: int, cap: int) -> torch.Tensor:
             recent = min(self.recent_window, cap)
             past = length - recent
-            scores = pool_scores(attention[head][None, :past], self.kernel_size, self.pooling)[0]
+            per_query_head = attention[head][:, :past]
+            if self.gqa_reduce == "after_pool":  # the code: pool each query head, then the group mean
+                pooled = round_to(pool_scores(per_query_head, self.kernel_size, self.pooling), dtype)
+                scores = round_to(pooled.mean(dim=0), dtype)
+            else:
+                reduced = round_to(per_query_head.mean(dim=0, keepdim=True), dtype)
+                scores = round_to(pool_scores(reduced, self.kernel_size, self.pooling), dtype)[0]
             chosen = torch.topk(scores, cap - recent).indices
             return torch.cat([chosen, torch.arange(past, length, device=chosen.device)])
 
@@ -344,6 +384,9 @@ class CakeParams:
     #: Pyramid slope (``allocation: pyramid``) and seed (``allocation: random``).
     beta: int = bounded(20, low=1)
     seed: int = 0
+    #: Rank and cut a multi-token append at once, as the code's decoding branch (module docstring); false = the
+    #: appended tokens wait for decoding (kvbench's earlier behaviour).
+    evict_on_append: bool = True
 
 
 @register_method("cake")
@@ -356,18 +399,19 @@ def build_cake(method_cfg: Any) -> EvictionMethod:
     window, kernel, pooling = knobs["window"], int(method_cfg.kernel_size), str(method_cfg.pooling)
     scorer: TokenScorer
     policy: DecodePolicy | None = None
+    dtype, on_append = options.score_dtype, params.evict_on_append
     if indicator == "h2o":
         scorer = AllRowsScorer(options)
-        policy = HeavyHitterDecode(window)
+        policy = HeavyHitterDecode(window, score_dtype=dtype, evict_on_append=on_append)
     elif indicator == "tova":
-        scorer = LastQueryScorer(head_average=True)
-        policy = CurrentAttentionDecode(head_average=True)
+        scorer = LastQueryScorer(head_average=True, score_dtype=dtype)
+        policy = CurrentAttentionDecode(head_average=True, score_dtype=dtype)
     elif indicator == "snapkv":
         scorer = WindowVoteScorer(options)
-        policy = CakeDecode(window, kernel, pooling)
+        policy = CakeDecode(window, kernel, pooling, options.gqa_reduce, dtype, on_append)
     else:
         scorer = CakeScorer(float(params.gamma), options, indicator)
-        policy = CakeDecode(window, kernel, pooling)
+        policy = CakeDecode(window, kernel, pooling, options.gqa_reduce, dtype, on_append)
     allocator: LayerBudgetAllocator
     if allocation == "p2a":
         allocator = CakeLayerAllocator(
@@ -389,6 +433,7 @@ def build_cake(method_cfg: Any) -> EvictionMethod:
             "cascading": params.cascading,
             "adjust": adjust,
             "gqa_reduce": options.gqa_reduce,
+            "evict_on_append": on_append,
         },
         **knobs,
     )

@@ -13,6 +13,14 @@ Reproduces FMInference/H2O ``h2o_hf/utils_real_drop/modify_llama.py`` (``H2OKVCa
 * Decoding (``method.decode_eviction``): every new query's attention is added to the running scores
   (``params.decode_accumulate``; off = the prefill scores stay fixed and new tokens score 0); when a head exceeds
   its cap, the lowest-scoring token outside the most recent ``window`` tokens is evicted.
+* A multi-token forward after the prefill (question-agnostic mode's question), as ``H2OKVCache_LayerWise`` does
+  with any forward: every new row's attention (causal) is added to the running scores -- the new tokens start
+  from their column sums -- and each head is evicted to its cap at once.  ``params.evict_on_append: false`` is
+  kvbench's earlier behaviour: the appended tokens are kept whole, score 0, and decoding evicts one per step.
+* Rounding (``method.score_dtype=model``, the default): as the reference code in a bf16/fp16 model -- logits of
+  ``matmul(q, k^T) / sqrt(d)`` rounded after the product and after the scaling, the float32 softmax cast back,
+  the row sums and the running scores kept in the model dtype (each addition rounded).  ``float32``: kvbench's
+  float32 scores throughout.
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ from kvbench.methods.base import (
     score_options,
 )
 from kvbench.methods.params import choice, parse_params
-from kvbench.methods.scoring import ScoreOptions, aggregate_groups, window_votes
+from kvbench.methods.scoring import ScoreOptions, aggregate_groups, appended_attention, round_to, window_votes
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
     from kvbench.cache import HeadwiseLayer
@@ -78,13 +86,33 @@ class AllRowsScorer(TokenScorer):
 
 
 class ScoredDecodePolicy(DecodePolicy):
-    """Shared machinery of score-driven decode policies: per-head running scores aligned with the storage."""
+    """Shared machinery of score-driven decode policies: per-head running scores aligned with the storage.
 
-    def __init__(self, recent_window: int, gqa_agg: str = "mean") -> None:
+    ``score_dtype`` (``model`` / ``float32``, :data:`kvbench.config.SCORE_DTYPES`): ``model`` rounds the step's
+    logits, probabilities and every running score to the dtype of the queries (the model's), as the reference
+    code keeps them; ``float32`` keeps float32 throughout.
+    """
+
+    def __init__(self, recent_window: int, gqa_agg: str = "mean", score_dtype: str = "model") -> None:
         self.recent_window = recent_window
         self.gqa_agg = gqa_agg
+        self.score_dtype = score_dtype
         self.caps: dict[int, list[int]] = {}
         self.scores: dict[int, list[torch.Tensor]] = {}
+
+    def rounding_dtype(self, query: torch.Tensor) -> torch.dtype | None:
+        """The dtype scores are rounded to for queries ``query`` (``None``: float32)."""
+        if self.score_dtype == "model" and query.dtype not in (torch.float32, torch.float64):
+            return query.dtype
+        return None
+
+    def logit_factor(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor) -> float | None:
+        """A factor on the decoding step's scaled logits (AhaKV's step-gain softmax); ``None`` = none."""
+        return None
+
+    def append_row_scale(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor) -> torch.Tensor | None:
+        """``[q]`` factors on an append's scaled logits, one per appended row; ``None`` = none."""
+        return None
 
     def start_layer(
         self, layer_idx: int, layer: HeadwiseLayer, head_budgets: list[int], scores: list[torch.Tensor] | None = None
@@ -110,9 +138,30 @@ class ScoredDecodePolicy(DecodePolicy):
 
     def step(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
         scores = self._aligned_scores(layer_idx, layer)
-        attention = decode_attention(layer, query, scaling, self.gqa_agg)
-        scores = [self.update_scores(s, a) for s, a in zip(scores, attention, strict=True)]
-        self.scores[layer_idx] = scores
+        dtype = self.rounding_dtype(query)
+        factor = self.logit_factor(layer_idx, layer, query)
+        attention = decode_attention(layer, query, scaling, self.gqa_agg, dtype, factor)
+        updated = [round_to(self.update_scores(s, a), dtype) for s, a in zip(scores, attention, strict=True)]
+        self.scores[layer_idx] = updated
+        self._evict_lowest(layer_idx, layer)
+
+    def append(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
+        """With :attr:`evicts_on_append`, FMInference H2O's handling of a multi-token forward: the appended rows'
+        attention sums (:func:`~kvbench.methods.base.appended_attention`) go into the running scores, then every
+        head is evicted to its cap at once; without, the appended tokens wait (score 0) for the next step."""
+        if not self.evicts_on_append:
+            return
+        scores = self._aligned_scores(layer_idx, layer)
+        dtype = self.rounding_dtype(query)
+        row_scale = self.append_row_scale(layer_idx, layer, query)
+        sums = appended_attention(layer, query, scaling, self.gqa_agg, dtype, row_scale)
+        updated = [round_to(self.update_scores(s, a), dtype) for s, a in zip(scores, sums, strict=True)]
+        self.scores[layer_idx] = updated
+        self._evict_lowest(layer_idx, layer)
+
+    def _evict_lowest(self, layer_idx: int, layer: HeadwiseLayer) -> None:
+        """Evict every over-cap head to its cap: the top scores plus the ``recent_window`` newest tokens."""
+        scores = self.scores[layer_idx]
 
         def top_scores_and_recent(head: int, length: int, cap: int) -> torch.Tensor:
             ranked = scores[head].clone()
@@ -127,11 +176,16 @@ class ScoredDecodePolicy(DecodePolicy):
 
 
 class HeavyHitterDecode(ScoredDecodePolicy):
-    """H2O decoding: accumulate attention, evict the lightest token outside the recent window."""
+    """H2O decoding: accumulate attention, evict the lightest token outside the recent window (after an append
+    too, when ``evict_on_append``: module docstring)."""
 
-    def __init__(self, recent_window: int, accumulate: bool = True, gqa_agg: str = "mean") -> None:
-        super().__init__(recent_window, gqa_agg)
+    def __init__(
+        self, recent_window: int, accumulate: bool = True, gqa_agg: str = "mean", score_dtype: str = "model",
+        evict_on_append: bool = True,
+    ) -> None:  # fmt: skip
+        super().__init__(recent_window, gqa_agg, score_dtype)
         self.accumulate = accumulate
+        self.evicts_on_append = evict_on_append
 
     def update_scores(self, old: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
         return old + attention if self.accumulate else old
@@ -145,6 +199,9 @@ class H2OParams:
     scores: str = choice("all_rows", SCORE_ROWS)
     #: Add each decoding step's attention to the running scores (the reference); false = prefill scores only.
     decode_accumulate: bool = True
+    #: After a multi-token append, add its rows' attention and evict at once (the reference); false = kvbench's
+    #: earlier behaviour (the appended tokens stay, scored 0, until decoding evicts one per step).
+    evict_on_append: bool = True
 
 
 @register_method("h2o")
@@ -155,12 +212,18 @@ def build_h2o(method_cfg: Any) -> EvictionMethod:
     options = score_options(method_cfg)
     policy = None
     if method_cfg.decode_eviction:
-        policy = HeavyHitterDecode(knobs["window"], params.decode_accumulate, knobs["gqa_agg"])
+        policy = HeavyHitterDecode(
+            knobs["window"], params.decode_accumulate, knobs["gqa_agg"], options.score_dtype, params.evict_on_append
+        )
     unpooled = frozenset({"pooling", "pool_padding", "gqa_reduce"}) if options.kernel_size <= 1 else frozenset()
     return EvictionMethod(
         scorer=AllRowsScorer(options, params.scores),
         decode_policy=policy,
-        settings={"scores": params.scores, "decode_accumulate": params.decode_accumulate},
+        settings={
+            "scores": params.scores,
+            "decode_accumulate": params.decode_accumulate,
+            "evict_on_append": params.evict_on_append,
+        },
         ignored_knobs=unpooled,
         **knobs,
     )

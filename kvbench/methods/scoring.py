@@ -28,14 +28,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
+from kvbench import kernels
 from kvbench.checks import check_choice
 from kvbench.config import GQA_AGGREGATIONS, GQA_REDUCE_ORDERS, POOL_PADDINGS, POOLING_TYPES, SCORE_DTYPES
 from kvbench.kernels import WindowStats
 from kvbench.kernels.reference import window_probs_reference
+
+if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
+    from kvbench.cache import HeadwiseLayer
 
 Rounding = Callable[[torch.Tensor], torch.Tensor]
 
@@ -182,3 +187,54 @@ def with_window_columns(candidates: torch.Tensor, context_length: int, fill: flo
     out = candidates.new_full((candidates.shape[0], context_length), fill)
     out[:, : candidates.shape[1]] = candidates
     return out
+
+
+def round_to(values: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """``values`` rounded to ``dtype`` and back to float32 (a reference step producing a ``dtype`` tensor); the
+    identity for ``None`` / float32."""
+    if dtype is None or dtype in (torch.float32, torch.float64):
+        return values
+    return values.to(dtype).float()
+
+
+def appended_attention(
+    layer: HeadwiseLayer,
+    query: torch.Tensor,
+    scaling: float,
+    gqa_agg: str = "mean",
+    dtype: torch.dtype | None = None,
+    row_scale: torch.Tensor | None = None,
+    impl: str = "auto",
+) -> list[torch.Tensor]:
+    """Attention each stored token receives from the ``q`` rows of a multi-token append, summed over the rows
+    (causal: appended row ``r`` sees the head's slots up to its own), reduced over each head's GQA group.
+
+    The column sums of FMInference's H2O cache (``attn_score_cache.sum(0).sum(1)``) for a forward after the
+    prefill, by the fused :func:`kvbench.kernels.causal_column_sums` (never a ``q x S_h`` float32 matrix per row
+    block beyond its bound).
+
+    Parameters
+    ----------
+    layer:
+        The layer, with the ``q`` appended tokens already stored (the last ``q`` slots of every head).
+    query:
+        ``[H_q, q, D]`` the appended tokens' queries.
+    dtype:
+        Rounding as :func:`decode_attention` (logits, probabilities, the row sum and the group reduction).
+    row_scale:
+        ``[q]`` factor on each row's scaled logits (AhaKV), or ``None``.
+
+    Returns
+    -------
+    Per stored head, ``[S_h]`` float32 sums.
+    """
+    groups = query.shape[0] // layer.num_heads
+    sums = []
+    for head in range(layer.num_heads):
+        keys, _ = layer.head_kv(head)
+        head_q = query[head * groups : (head + 1) * groups]  # [g, q, D]
+        column = kernels.causal_column_sums(
+            head_q, keys[None], scaling, prob_dtype=dtype, logit_dtype=dtype, row_scale=row_scale, impl=impl
+        )
+        sums.append(round_to(aggregate_groups(round_to(column, dtype), 1, gqa_agg)[0], dtype))
+    return sums

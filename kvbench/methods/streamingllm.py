@@ -1,6 +1,10 @@
 """StreamingLLM (Xiao et al., 2023): attention sinks plus a recent window, in prefill and in decoding.
 
 Every head keeps the first ``sink_tokens`` positions (4 in the paper) and the most recent ``budget - sinks``.
+With ``method.decode_eviction`` the cache is cut back to that after every later forward, as mit-han-lab/streaming-llm's
+``StartRecentKVCache.__call__`` does after each model call: a decoding step, and a multi-token forward after the
+prefill (question-agnostic mode's question) at once.  ``params.evict_on_append: false`` is kvbench's earlier
+behaviour: the appended tokens stay and decoding cuts back one token per step.
 """
 
 from __future__ import annotations
@@ -35,10 +39,12 @@ class RecencyScorer(TokenScorer):
 
 
 class SinkWindowDecode(DecodePolicy):
-    """While decoding, keep each head at its cap: the sinks plus the most recent tokens."""
+    """While decoding (and after an append, when ``evict_on_append``), keep each head at its cap: the sinks plus
+    the most recent tokens."""
 
-    def __init__(self, sink_tokens: int) -> None:
+    def __init__(self, sink_tokens: int, evict_on_append: bool = True) -> None:
         self.sink_tokens = sink_tokens
+        self.evicts_on_append = evict_on_append
         self.caps: dict[int, list[int]] = {}
 
     def start_layer(
@@ -58,18 +64,23 @@ class SinkWindowDecode(DecodePolicy):
 
 @dataclass
 class StreamingParams:
-    """StreamingLLM has no hyper-parameters besides ``method.sink_tokens`` and the budget."""
+    """StreamingLLM's hyper-parameters are ``method.sink_tokens`` and the budget; one switch (module docstring)."""
+
+    #: Cut back to sinks + recent right after a multi-token append (the reference); false = kvbench's earlier
+    #: behaviour (decoding cuts back one token per step).
+    evict_on_append: bool = True
 
 
 @register_method("streamingllm")
 def build_streamingllm(method_cfg: Any) -> EvictionMethod:
     """Sinks + recent window; evicts in decoding too when ``method.decode_eviction``."""
-    parse_params(StreamingParams, method_cfg.params, "streamingllm")
+    params = parse_params(StreamingParams, method_cfg.params, "streamingllm")
     knobs = common_knobs(method_cfg)
-    policy = SinkWindowDecode(knobs["sink_tokens"]) if method_cfg.decode_eviction else None
+    policy = SinkWindowDecode(knobs["sink_tokens"], params.evict_on_append) if method_cfg.decode_eviction else None
     return EvictionMethod(
         scorer=RecencyScorer(),
         decode_policy=policy,
+        settings={"evict_on_append": params.evict_on_append},
         # Position alone decides: no attention score, pooling or GQA reduction (the window is the recency itself).
         ignored_knobs=frozenset(
             {"window", "kernel_size", "pooling", "pool_padding", "gqa_agg", "gqa_reduce", "score_dtype"}

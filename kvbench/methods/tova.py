@@ -9,6 +9,9 @@ by ``src/convert_models/{llama,mistral}_custom.py``):
   head keeps the same tokens.  No token is protected: the newest one is kept only if it ranks.
 * ``params.protect_recent`` is kvbench's earlier variant: the last prompt token at prefill and the newest token
   while decoding always stay.
+* Rounding (``method.score_dtype=model``, the default): as the reference in a bf16/fp16 model -- the logits of
+  ``matmul(q, k^T) / sqrt(d)`` rounded after the product and after the scaling, the float32 softmax cast back,
+  the mean over the query heads rounded; ``float32`` keeps float32 throughout.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kvbench.methods.base import (
+    DecodePolicy,
     EvictionMethod,
     TokenScorer,
     WindowObservation,
@@ -30,7 +34,7 @@ from kvbench.methods.base import (
 )
 from kvbench.methods.h2o import ScoredDecodePolicy
 from kvbench.methods.params import parse_params
-from kvbench.methods.scoring import no_rounding, rounding_to
+from kvbench.methods.scoring import no_rounding, round_to, rounding_to
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
     from kvbench.cache import HeadwiseLayer
@@ -48,8 +52,9 @@ class LastQueryScorer(TokenScorer):
 
     def score(self, observation: WindowObservation) -> torch.Tensor:
         """``[H_q, S]`` attention of the final query."""
-        rnd = rounding_to(observation.model_dtype) if self.score_dtype == "model" else no_rounding
-        last = rnd(observation.last_query_attention())  # [H_q, S]
+        model = self.score_dtype == "model"
+        rnd = rounding_to(observation.model_dtype) if model else no_rounding
+        last = rnd(observation.last_query_attention(observation.model_dtype if model else None))  # [H_q, S]
         if self.head_average:
             last = rnd(last.mean(dim=0, keepdim=True)).expand_as(last)
         return last
@@ -60,8 +65,8 @@ class CurrentAttentionDecode(ScoredDecodePolicy):
 
     evicts_on_append = True
 
-    def __init__(self, head_average: bool, protect_recent: bool = False) -> None:
-        super().__init__(recent_window=1 if protect_recent else 0)
+    def __init__(self, head_average: bool, protect_recent: bool = False, score_dtype: str = "model") -> None:
+        super().__init__(recent_window=1 if protect_recent else 0, score_dtype=score_dtype)
         self.head_average = head_average
 
     def update_scores(self, old: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
@@ -71,11 +76,17 @@ class CurrentAttentionDecode(ScoredDecodePolicy):
         if self.head_average and not layer.is_ragged:
             # All heads hold the same tokens: average the current attention over heads, evict the same tokens.
             self._aligned_scores(layer_idx, layer)
-            attention = torch.stack(decode_attention(layer, query, scaling)).mean(dim=0)
+            dtype = self.rounding_dtype(query)
+            per_query_head = torch.cat(decode_attention(layer, query, scaling, None, dtype))  # [H_q, S]
+            attention = round_to(per_query_head.mean(dim=0), dtype)  # the reference's mean over query heads
             self.scores[layer_idx] = [attention.clone() for _ in range(layer.num_heads)]
             self._evict_to_caps(layer_idx, layer)
             return
         super().step(layer_idx, layer, query, scaling)
+
+    def append(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
+        """The reference reduces after every forward with its last query: one :meth:`step` with it."""
+        DecodePolicy.append(self, layer_idx, layer, query, scaling)
 
     def _evict_to_caps(self, layer_idx: int, layer: HeadwiseLayer) -> None:
         scores = self.scores[layer_idx]
@@ -107,7 +118,9 @@ def build_tova(method_cfg: Any) -> EvictionMethod:
     params = parse_params(TOVAParams, method_cfg.params, "tova")
     knobs = common_knobs(method_cfg)
     options = score_options(method_cfg)
-    policy = CurrentAttentionDecode(params.head_average, params.protect_recent) if method_cfg.decode_eviction else None
+    policy = None
+    if method_cfg.decode_eviction:
+        policy = CurrentAttentionDecode(params.head_average, params.protect_recent, options.score_dtype)
     method = EvictionMethod(
         scorer=LastQueryScorer(params.head_average, options.score_dtype),
         decode_policy=policy,

@@ -1,0 +1,234 @@
+"""What the dashboards show of each run: the tidy scores of :mod:`kvbench.reporting.aggregate` plus, per run folder,
+the 95 % intervals, the numeric axes, the provenance and the needle grids.
+
+The scores come from :func:`~kvbench.reporting.aggregate.load_runs` (the same discovery and rows as
+``scripts/aggregate.py``); :func:`read_run_extras` adds what a dashboard needs from the run folder itself
+(``<model>/<task>/<method>/<budget>[~<tag>]/``, the parent of the datasets' folders):
+
+* ``summary.json``: each dataset's bootstrap 95 % interval and the paper averages with theirs;
+* ``config.yaml``: the experiment (``run.experiment``) and the method's family;
+* ``run_meta.json``: provenance (git commit, versions, device, command, status, times);
+* each dataset's ``metrics.json``: the kept fraction, cache bytes, requested tokens per layer, data provenance
+  (a ``stand-in`` input, or a made-up ``synthetic`` run, flags the run on every view);
+* each dataset's ``predictions.jsonl``: the mean context length and, where the samples carry a needle depth and
+  length, the needle grid (mean score per length × depth cell, 0-100).
+
+Every file is optional (made-up runs have only ``metrics.json``).  :func:`file_signature` lists the files read with
+their size and modification time, so a caller can keep the extras of unchanged runs (the site's incremental cache).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kvbench.budget import BudgetError, parse_budget
+from kvbench.results import METRICS_FILE, PREDICTIONS_FILE, read_json
+
+SUMMARY_FILE = "summary.json"
+RUN_META_FILE = "run_meta.json"
+CONFIG_FILE = "config.yaml"
+#: run_meta.json fields shown as a run's provenance.
+PROVENANCE_KEYS = (
+    "config_hash",
+    "git_commit",
+    "kvbench_version",
+    "torch_version",
+    "transformers_version",
+    "python_version",
+    "device",
+    "hostname",
+    "command",
+    "status",
+    "start_time",
+    "end_time",
+    "slurm_job",
+)
+_DEPTH_KEYS = ("depth", "depth_percent", "needle_depth")
+_LENGTH_KEYS = ("target_length", "context_length", "length")
+
+
+def run_folder_of(metrics_path: str | Path) -> Path:
+    """The run folder holding a dataset's ``metrics.json`` (``<run>/<dataset>/metrics.json``)."""
+    return Path(metrics_path).parent.parent
+
+
+def file_signature(folder: Path, datasets: Iterable[str]) -> list[list[Any]]:
+    """``[name, size, mtime_ns]`` of every file :func:`read_run_extras` reads (absent files: size -1)."""
+    names = [SUMMARY_FILE, RUN_META_FILE, CONFIG_FILE]
+    for dataset in sorted(datasets):
+        names += [f"{dataset}/{METRICS_FILE}", f"{dataset}/{PREDICTIONS_FILE}"]
+    signature = []
+    for name in names:
+        try:
+            stat = (folder / name).stat()
+            signature.append([name, stat.st_size, stat.st_mtime_ns])
+        except OSError:
+            signature.append([name, -1, 0])
+    return signature
+
+
+def _optional_json(path: Path) -> dict[str, Any]:
+    try:
+        payload = read_json(path)
+    except (OSError, ValueError):
+        return {}
+    return payload if isinstance(payload, dict) else {}
+
+
+def _optional_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return {}
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        payload = yaml.load(text, Loader=loader)
+    except yaml.YAMLError:
+        return {}
+    return payload if isinstance(payload, dict) else {}
+
+
+def _first(extra: dict[str, Any], keys: Iterable[str]) -> Any:
+    return next((extra[k] for k in keys if extra.get(k) is not None), None)
+
+
+def _sample_score(row: dict[str, Any]) -> float | None:
+    """A prediction row's own score (0-100) when it records one, else RULER's ``string_match_all`` × 100."""
+    extra = row.get("extra") or {}
+    score = row.get("score", extra.get("score"))
+    if score is not None:
+        return float(score)
+    answers = [str(a).lower() for a in row.get("answers") or []]
+    if not answers:
+        return None
+    prediction = str(row.get("prediction", "")).lower()
+    return 100.0 * sum(a in prediction for a in answers) / len(answers)
+
+
+def read_predictions_view(path: Path) -> tuple[float | None, dict[str, Any] | None]:
+    """The mean prompt length (``input_tokens``) of a dataset's predictions and its needle grid, if it has one.
+
+    The grid is ``{"lengths": [int], "depths": [float], "z": [[score or None per length] per depth]}``, each cell
+    the mean score (0-100) of the samples with that context length and needle depth.  A torn last line (a killed
+    run) is skipped.
+    """
+    lengths: list[float] = []
+    cells: dict[tuple[int, float], list[float]] = {}
+    try:
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if not isinstance(row, dict):
+                    continue
+                if isinstance(row.get("input_tokens"), (int, float)):
+                    lengths.append(float(row["input_tokens"]))
+                extra = row.get("extra") or {}
+                depth, length = _first(extra, _DEPTH_KEYS), _first(extra, _LENGTH_KEYS)
+                score = _sample_score(row) if depth is not None and length is not None else None
+                if score is not None:
+                    cells.setdefault((int(length), float(depth)), []).append(score)
+    except OSError:
+        return None, None
+    context = sum(lengths) / len(lengths) if lengths else None
+    if not cells:
+        return context, None
+    xs = sorted({k[0] for k in cells})
+    ys = sorted({k[1] for k in cells})
+    z = [[_mean(cells.get((x, y))) for x in xs] for y in ys]
+    return context, {"lengths": xs, "depths": ys, "z": z}
+
+
+def _mean(values: list[float] | None) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def budget_tokens_per_layer(budget: str, context_length: float | None, requested: list[float] | None) -> float | None:
+    """Tokens per layer a budget asks for: ``n`` of ``<n>L`` / ``<n>/layer``; for ``<r>x`` the mean of the run's
+    requested per-layer budgets when recorded, else ``ratio × context``; the context length for ``full``."""
+    try:
+        parsed = parse_budget(budget)
+    except BudgetError:
+        return float(sum(requested) / len(requested)) if requested else None
+    if parsed.kind == "ratio" and requested:
+        return float(sum(requested) / len(requested))
+    if parsed.is_full or parsed.kind == "ratio":
+        return None if context_length is None else float(parsed.mean_per_layer(round(context_length)))
+    return float(parsed.value)
+
+
+def _finite(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def read_run_extras(folder: Path, datasets: Iterable[str]) -> dict[str, Any]:
+    """Everything a dashboard shows of one run folder beyond its tidy scores (see the module docstring).
+
+    Returns a JSON-ready dict: ``experiment``, ``family``, ``provenance``, ``stand_in`` (names of stand-in inputs),
+    ``synthetic``, ``context_length``, ``budget_tokens_per_layer``, ``kept_fraction``, ``cache_bytes`` (means over
+    the datasets), ``datasets`` (per dataset: ``ci95``, ``kept_fraction``, ``cache_bytes``, ``context_length``,
+    ``data_provenance``), ``averages`` (summary.json's paper averages with their ``ci95``) and ``needles``
+    (dataset -> grid, see :func:`read_predictions_view`).
+    """
+    summary = _optional_json(folder / SUMMARY_FILE)
+    meta = _optional_json(folder / RUN_META_FILE) or dict(summary.get("run") or {})
+    config = _optional_yaml(folder / CONFIG_FILE)
+    intervals = {row.get("dataset"): row.get("ci95") for row in summary.get("datasets") or [] if isinstance(row, dict)}
+    per_dataset: dict[str, dict[str, Any]] = {}
+    needles: dict[str, Any] = {}
+    stand_in: list[str] = []
+    synthetic = False
+    family = None
+    requested: list[float] = []
+    budget = str(meta.get("budget") or "")
+    for dataset in sorted(datasets):
+        metrics = _optional_json(folder / dataset / METRICS_FILE)
+        budget = budget or str(metrics.get("budget") or "")
+        cache = metrics.get("cache") or {}
+        provenance = metrics.get("data_provenance") or {}
+        synthetic = synthetic or bool(metrics.get("synthetic", False))
+        family = family or (metrics.get("settings") or {}).get("method_family")
+        stand_in += [f"{dataset}: {name}" for name, p in provenance.items() if (p or {}).get("source") == "stand-in"]
+        requested += [float(v) for v in cache.get("mean_requested_per_layer") or []]
+        context, grid = read_predictions_view(folder / dataset / PREDICTIONS_FILE)
+        if grid is not None:
+            needles[dataset] = grid
+        per_dataset[dataset] = {
+            "ci95": intervals.get(dataset),
+            "kept_fraction": _finite(cache.get("mean_kept_fraction")),
+            "cache_bytes": _finite(cache.get("mean_cache_bytes")),
+            "context_length": context,
+            "data_provenance": provenance,
+        }
+    run_cfg = config.get("run") or {}
+    method_cfg = config.get("method") or {}
+    contexts = [d["context_length"] for d in per_dataset.values() if d["context_length"] is not None]
+    context_length = sum(contexts) / len(contexts) if contexts else None
+    kept = [d["kept_fraction"] for d in per_dataset.values() if d["kept_fraction"] is not None]
+    cache_bytes = [d["cache_bytes"] for d in per_dataset.values() if d["cache_bytes"] is not None]
+    return {
+        "experiment": run_cfg.get("experiment") or None,
+        "family": family or method_cfg.get("family") or None,
+        "provenance": {k: meta.get(k) for k in PROVENANCE_KEYS if k in meta},
+        "stand_in": stand_in,
+        "synthetic": synthetic,
+        "context_length": context_length,
+        "budget_tokens_per_layer": budget_tokens_per_layer(budget, context_length, requested),
+        "kept_fraction": sum(kept) / len(kept) if kept else None,
+        "cache_bytes": sum(cache_bytes) / len(cache_bytes) if cache_bytes else None,
+        "datasets": per_dataset,
+        "averages": summary.get("averages") or {},
+        "needles": needles,
+    }

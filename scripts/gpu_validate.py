@@ -1,0 +1,708 @@
+#!/usr/bin/env python
+"""Validate kvbench's CUDA path in ONE call on a lent GPU machine (issue #26): phases in order of value under an
+internal deadline, every row written and flushed as soon as it exists, at most 8 files under ``--out``.
+
+Phases (each gets a share of the time left when it starts; a unit that would overrun its phase's share is written
+as ``skipped``, so later phases still run):
+
+1. ``env``      -> ``env.json``: versions, GPU, ``varlen_attn`` paged-KV capability and the attention plans it
+   gives, measured copy bandwidth and the peak used for bandwidth fractions.
+2. ``tests``    -> ``pytest.log``: the GPU-relevant tests in a background subprocess (compiled Triton on CUDA),
+   started at once and collected at the end.
+3. ``kernels``  -> ``kernels.csv``: every Triton kernel against its torch implementation at real sizes (32K / 128K
+   tokens, head dim 128, ragged per-head lengths, keys in the model's transposed ``[S, H, D] -> [H, S, D]`` layout).
+4. ``parity``   -> ``parity.csv``: paged vs torch backend logits on the Mistral-7B architecture (random bf16
+   weights), teacher-forced on the same tokens: SnapKV prefill eviction, a question chunk, decoding.
+5. ``e2e``      -> ``e2e.csv``: every method family end to end through :func:`kvbench.evaluate` (RULER at 32K and
+   1024L; a LongBench fixture at a budget that evicts).
+6. ``decode``   -> ``bench.csv`` (``scripts/bench.py --from-csv`` reads it): decode ms/token, bandwidth fraction,
+   prefill with eviction / full prefill and peak memory at 32K and 128K for full, SnapKV, Ada-SnapKV, CAKE.
+7. ``llama``    -> rows in ``parity.csv`` / ``e2e.csv``: the Llama-3.1-8B architecture, last.
+
+``phases.csv`` logs each phase (status, seconds, why skipped or stopped).  Every row records whether all logits were
+finite and the paged attention's calls per path and fallbacks (:mod:`kvbench.attention_paths`).  SIGINT, SIGTERM and
+the script's own SIGALRM (``--deadline`` + 20 s) stop it cleanly: the files keep every row written so far.
+
+On the GPU machine (README "GPU validation")::
+
+    bash scripts/gpu_session.sh            # installs the carried .whl/ folder, then runs this script
+
+CPU dry run (2-layer slices, Triton interpreter; ``make gpu-dry-run``), and the seconds-long one of the tests::
+
+    python scripts/gpu_validate.py --small --device cpu --out results/bench/gpu-dry-run
+    python scripts/gpu_validate.py --small --device cpu --small-arch tiny --methods snapkv cake --out /tmp/dry
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+#: Phases in order of value, with their weight in the time split.
+PHASES = {"env": 0.02, "kernels": 0.12, "parity": 0.12, "e2e": 0.3, "decode": 0.3, "llama": 0.14}
+#: One conf/method preset per family.
+FAMILIES = ["streamingllm", "h2o", "tova", "snapkv", "pyramidkv", "ada_snapkv", "cake", "ahakv", "xkv", "nacl"]
+DECODE_METHODS = ["full", "snapkv", "ada_snapkv", "cake"]
+#: Context lengths of the kernel and decode phases (``--contexts`` replaces both).
+REAL_CONTEXTS, SMALL_CONTEXTS = [32768, 131072], [256, 512]
+GPU_TESTS = ["tests/test_kernels.py", "tests/test_paged_cache.py", "tests/test_fused_scoring.py",
+             "tests/test_cache_attention.py", "tests/test_attention_paths.py"]  # fmt: skip
+#: Architecture -> (tokenizer family, chat template, conf/model preset) for kvbench.evaluate.
+ARCH_PROMPTS: dict[str, tuple[str, str | None, str | None]] = {
+    "mistral-7b": ("mistral-v3", "mistral-v0.3", "mistral-7b-instruct-v0.3"),
+    "mistral-7b-2l": ("mistral-v3", "mistral-v0.3", "mistral-7b-instruct-v0.3"),
+    "llama3.1-8b": ("llama3", "llama3.1", "llama3.1-8b-instruct"),
+    "llama3.1-8b-2l": ("mistral-v1", None, None),  # the slice's 32K vocabulary is too small for Llama-3's
+    "tiny": ("byte", None, None),
+}
+ROW_FIELDS = ["status", "seconds", "finite", "attention_calls", "fallbacks", "error"]
+FILES = {
+    "kernels": ["kernel", "tokens", "shape", "dtype", "max_rel_err", "tolerance", "ok", "triton_ms", "torch_ms"],
+    "parity": ["arch", "backend", "page_size", "context", "steps", "max_abs_diff", "logit_scale", "argmax_agree", "ok"],
+    "e2e": ["arch", "method", "task", "budget", "samples", "context_tokens", "allocation_exact", "kept_fraction",
+            "evicted"],
+    "phases": ["phase", "status", "seconds", "detail"],
+}  # fmt: skip
+
+
+class Stop(BaseException):
+    """A signal asked the script to stop (the rows written so far stay); a BaseException, like KeyboardInterrupt,
+    so no library's ``except Exception`` swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stop(signum: int, frame: Any) -> None:
+    raise Stop(signum)
+
+
+class Rows:
+    """One CSV file, each row written, flushed and fsynced at once (a kill loses no finished row)."""
+
+    def __init__(self, path: Path, fields: list[str]) -> None:
+        self.handle = path.open("w", newline="", encoding="utf-8")
+        self.writer = csv.DictWriter(self.handle, fieldnames=fields, extrasaction="ignore")
+        self.writer.writeheader()
+        self.count = 0
+
+    def write(self, row: dict[str, Any]) -> None:
+        self.writer.writerow({k: (json.dumps(v) if isinstance(v, dict | list) else v) for k, v in row.items()})
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+        self.count += 1
+
+
+class Clock:
+    """The internal deadline and each phase's share of it."""
+
+    def __init__(self, seconds: float) -> None:
+        self.start = time.monotonic()
+        self.end = self.start + seconds
+        self.phase_end = self.end
+        self.longest_unit = 0.0
+
+    def begin_phase(self, name: str, remaining_phases: list[str]) -> None:
+        left = max(0.0, self.end - time.monotonic())
+        weight = sum(PHASES[p] for p in remaining_phases)
+        self.phase_end = time.monotonic() + left * PHASES[name] / weight
+        self.longest_unit = 0.0
+
+    def fits(self) -> bool:
+        """Whether one more unit as long as the phase's longest so far ends within the phase's share."""
+        return time.monotonic() + self.longest_unit <= self.phase_end
+
+    def note_unit(self, seconds: float) -> None:
+        self.longest_unit = max(self.longest_unit, seconds)
+
+
+class FiniteLogits:
+    """Whether every logit the model produced since :meth:`reset` was finite (a forward hook on the LM head; the
+    flag stays on the device, so no host synchronisation per forward)."""
+
+    def __init__(self, model: Any) -> None:
+        import torch
+
+        self.flag = torch.ones((), dtype=torch.bool, device=model.get_output_embeddings().weight.device)
+        self.handle = model.get_output_embeddings().register_forward_hook(self._hook)
+
+    def _hook(self, module: Any, inputs: Any, output: Any) -> None:
+        import torch
+
+        self.flag &= torch.isfinite(output).all()
+
+    def reset(self) -> None:
+        self.flag.fill_(True)
+
+    def value(self) -> bool:
+        return bool(self.flag.item())
+
+    def remove(self) -> None:
+        self.handle.remove()
+
+
+class Validation:
+    """The phases; see the module docstring."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        import torch
+
+        self.args = args
+        self.out: Path = args.out
+        self.device = torch.device(args.device)
+        # The tiny model runs in float32 on CPU (seconds); the 2-layer slices in bfloat16, like the real run.
+        self.dtype = torch.float32 if args.small and args.small_arch == "tiny" else torch.bfloat16
+        self.clock = Clock(args.deadline)
+        self.rows = {
+            name: Rows(self.out / f"{name}.csv", fields if name == "phases" else [*fields, *ROW_FIELDS])
+            for name, fields in FILES.items()
+        }
+        self.bench_rows: Rows | None = None
+        self.tests: subprocess.Popen | None = None
+        self.peak_gbps = 0.0
+        self.mistral = "mistral-7b" if not args.small else args.small_arch
+        self.llama = "llama3.1-8b" if not args.small else ("tiny" if args.small_arch == "tiny" else "llama3.1-8b-2l")
+        self.contexts = SMALL_CONTEXTS if args.small else REAL_CONTEXTS
+        self.models: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ helpers
+    @contextmanager
+    def unit(self, rows: Rows, row: dict[str, Any], watch: FiniteLogits | None = None) -> Iterator[dict[str, Any]]:
+        """Run one unit: skipped if it would overrun the phase's share; its row is written whatever happens (an
+        error is a result: the next unit still runs; a Stop is re-raised after the row is written)."""
+        from kvbench.attention_paths import ATTENTION_RECORD
+
+        if not self.clock.fits():
+            rows.write({**row, "status": "skipped", "error": "would overrun the phase's share of the deadline"})
+            yield {"skip": True}
+            return
+        ATTENTION_RECORD.reset()
+        if watch is not None:
+            watch.reset()
+        start = time.monotonic()
+        result: dict[str, Any] = {"skip": False}
+        status, error = "ok", ""
+        try:
+            yield result
+        except Stop:
+            status, error = "stopped", "stopped by a signal"
+            raise
+        except Exception as err:  # a failing unit is a result; the next units still run
+            status, error = "error", f"{type(err).__name__}: {err}"[:400]
+            traceback.print_exc()
+        finally:
+            seconds = time.monotonic() - start
+            self.clock.note_unit(seconds)
+            record = ATTENTION_RECORD.summary()
+            finite = result.get("finite", watch.value() if watch is not None and status == "ok" else "")
+            final = {**row, **{k: v for k, v in result.items() if k not in ("skip", "finite")}}
+            final.update(status=status, seconds=round(seconds, 3), finite=finite, error=error)
+            final.update(attention_calls=record["calls"], fallbacks=record["fallbacks"])
+            rows.write(final)
+            print(json.dumps({k: final.get(k) for k in [*list(row)[:4], "status", "seconds", "error"]}), flush=True)
+
+    def model(self, arch: str) -> Any:
+        """The random-weight model of ``arch`` (one at a time on the device)."""
+        import torch
+
+        from kvbench.bench.models import build_random_model
+
+        if arch not in self.models:
+            self.models.clear()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            self.models[arch] = build_random_model(arch, self.device, self.dtype)
+        return self.models[arch]
+
+    # ------------------------------------------------------------------ phases
+    def phase_env(self) -> str:
+        import torch
+        import transformers
+
+        from kvbench.attention_paths import capability_summary, plan_attention
+        from kvbench.bench.timing import device_name, measure_copy_bandwidth, peak_bandwidth
+
+        try:
+            import triton
+
+            triton_version = triton.__version__
+        except ImportError:
+            triton_version = None
+        cuda = self.device.type == "cuda"
+        copy = measure_copy_bandwidth(self.device, megabytes=1024 if cuda else 64)
+        self.peak_gbps, source = peak_bandwidth(self.device, self.args.peak_gbps)
+        plans = {
+            f"page{page}_{str(dtype)[6:]}": vars(plan_attention(self.device, dtype, page, 128))
+            for page in (16, 256)
+            for dtype in (torch.bfloat16, torch.float32)
+        }
+        env = {
+            "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "argv": sys.argv,
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "triton": triton_version,
+            "triton_interpret": os.environ.get("TRITON_INTERPRET"),
+            "device": device_name(self.device),
+            "gpu_memory_gib": round(torch.cuda.get_device_properties(self.device).total_memory / 2**30, 1)
+            if cuda
+            else None,
+            "compute_capability": list(torch.cuda.get_device_capability(self.device)) if cuda else None,
+            "attention_capability": capability_summary(),
+            "attention_plans_head_dim_128": plans,
+            "copy_bandwidth_gbps": round(copy, 1),
+            "peak_bandwidth_gbps": round(self.peak_gbps, 1),
+            "peak_bandwidth_source": source,
+        }
+        (self.out / "env.json").write_text(json.dumps(env, indent=2) + "\n")
+        return (
+            f"{env['device']}, torch {torch.__version__}, varlen paged {env['attention_capability']['varlen_paged_kv']}"
+        )
+
+    def start_tests(self) -> None:
+        """The GPU tests in the background (``tests`` phase), their output to ``pytest.log``."""
+        targets = self.args.pytest or (GPU_TESTS if not self.args.small else ["tests/test_attention_paths.py"])
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu or not slow", *targets]
+        log = (self.out / "pytest.log").open("w")
+        log.write(" ".join(command) + "\n")
+        log.flush()
+        self.tests = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self._tests_started = time.monotonic()
+
+    def finish_tests(self, wait: float) -> str:
+        """Wait up to ``wait`` s for the tests, then stop them; the phase's status from pytest's exit."""
+        if self.tests is None:
+            return "not started"
+        try:
+            code = self.tests.wait(timeout=max(0.0, wait))
+        except subprocess.TimeoutExpired:
+            return "stopped at the deadline (see pytest.log)"
+        finally:
+            if self.tests.poll() is None:  # never leave the tests running behind the script (a signal included)
+                os.killpg(self.tests.pid, signal.SIGTERM)
+                self.tests.wait()
+        return f"exit {code} after {time.monotonic() - self._tests_started:.0f} s"
+
+    def phase_kernels(self) -> str:
+        from kvbench import kernels
+
+        if not kernels.triton_available():
+            return "skipped: triton is not installed"
+        small = self.args.small
+        heads_q, heads, dim, window = (4, 2, 16, 8) if small else (32, 8, 128, 32)
+        for tokens in self.contexts:
+            for name, check in KERNEL_CHECKS.items():
+                row = {"kernel": name, "tokens": tokens, "dtype": str(self.dtype)[6:]}
+                with self.unit(self.rows["kernels"], row) as result:
+                    if not result["skip"]:
+                        result.update(check(tokens, heads_q, heads, dim, window, self.dtype, self.device))
+        return f"{self.rows['kernels'].count} rows"
+
+    def parity(self, arch: str, page_sizes: list[int]) -> None:
+        """Teacher-forced logits of the paged backend (each page size) against the torch backend's."""
+        import torch
+
+        from kvbench.bench.models import load_method
+        from kvbench.budget import parse_budget
+        from kvbench.cache import KVBenchCache
+        from kvbench.eviction import EvictionSession
+        from kvbench.generation import forward_logits
+
+        context, question, steps = (300, 16, 8) if self.args.small else (8192, 32, 32)
+        budget = "64L" if self.args.small else "1024L"
+        model = self.model(arch)
+        config = model.config
+        gen = torch.Generator().manual_seed(0)
+        ids = torch.randint(10, int(config.vocab_size), (context + question + steps,), generator=gen).tolist()
+        reference: torch.Tensor | None = None
+        for backend, page in [("torch", None), *[("paged", p) for p in page_sizes]]:
+            row = {"arch": arch, "backend": backend, "page_size": page or "", "context": context, "steps": steps}
+            with self.unit(self.rows["parity"], row) as result, torch.inference_mode():
+                if result["skip"]:
+                    continue
+                cache = KVBenchCache(int(config.num_hidden_layers), backend=backend, page_size=page)
+                session = EvictionSession(load_method("snapkv", arch), parse_budget(budget), cache)
+                session.begin_prefill(context)
+                forward_logits(model, ids[:context], 0, cache, session, self.device)
+                session.begin_append()
+                logits = [forward_logits(model, ids[context : context + question], context, cache, session,
+                                         self.device)[-1]]  # fmt: skip
+                session.begin_decode()
+                for step in range(context + question, context + question + steps):
+                    logits.append(forward_logits(model, ids[step : step + 1], step, cache, session, self.device)[-1])
+                stacked = torch.stack(logits).float().cpu()
+                result["finite"] = bool(torch.isfinite(stacked).all())
+                if reference is None:
+                    reference = stacked
+                    result["logit_scale"] = float(stacked.abs().max())
+                    continue
+                diff = float((stacked - reference).abs().max())
+                scale = float(reference.abs().max())
+                agree = float((stacked.argmax(-1) == reference.argmax(-1)).float().mean())
+                result.update(max_abs_diff=diff, logit_scale=scale, argmax_agree=agree)
+                result["ok"] = result["finite"] and diff <= 0.1 * scale + 1e-3
+
+    def phase_parity(self) -> str:
+        self.parity(self.mistral, [16, 256])
+        return f"{self.rows['parity'].count} rows"
+
+    def e2e(self, arch: str, methods: list[str]) -> None:
+        """Each family through kvbench.evaluate on a RULER sample and a LongBench fixture sample."""
+        import kvbench
+        from kvbench.models import builtin_tokenizer
+        from kvbench.real_tokenizers import build_tokenizer
+
+        family, template, preset = ARCH_PROMPTS[arch]
+        tokenizer = builtin_tokenizer("tiny-random-llama") if family == "byte" else build_tokenizer(family, template)
+        model = self.model(arch)
+        watch = FiniteLogits(model)
+        small = self.args.small
+        tasks = {
+            "ruler": ("ruler", "128L" if small else "1024L",
+                      [f"task.length={1024 if small else 32768}", "task.datasets=[niah_single_1]"]),
+            "longbench": ("longbench", "64L" if small else "128L",
+                          ["task.data_dir=fixtures", "task.datasets=[qasper]"]),
+        }  # fmt: skip
+        try:
+            for method in methods:
+                for name, (task, budget, overrides) in tasks.items():
+                    row = {"arch": arch, "method": method, "task": name, "budget": budget}
+                    with self.unit(self.rows["e2e"], row, watch) as result:
+                        if result["skip"]:
+                            continue
+                        evaluation = kvbench.evaluate(
+                            model, tokenizer, method=method, budget=budget, task=task, limit=1, model_config=preset,
+                            overrides=overrides, progress=False,
+                        )  # fmt: skip
+                        cached = [r["cache"] for rows in evaluation.predictions.values() for r in rows]
+                        kept = [r.mean_kept_fraction for r in evaluation.results]
+                        result.update(
+                            samples=len(cached),
+                            context_tokens=max((c.get("context_tokens", 0) for c in cached), default=0),
+                            allocation_exact=bool(cached)
+                            and all(c["requested_per_head"] == c["achieved_per_head"] for c in cached),
+                            kept_fraction=round(sum(kept) / max(1, len(kept)), 4),
+                            evicted=any(c.get("evicted") for c in cached),
+                        )
+        finally:
+            watch.remove()
+
+    def phase_e2e(self) -> str:
+        self.e2e(self.mistral, self.args.methods or FAMILIES)
+        return f"{self.rows['e2e'].count} rows"
+
+    def phase_decode(self) -> str:
+        import torch
+
+        from kvbench.bench.cells import RunSpec, run_cell
+        from kvbench.bench.models import load_method
+        from kvbench.budget import parse_budget
+
+        small = self.args.small
+        arch, tokens, budget = self.mistral, (4 if small else 32), ("32L" if small else "1024L")
+        model = self.model(arch)
+        watch = FiniteLogits(model)
+        fields = ["arch", "device", "dtype", "backend", "method", "budget", "context", "prefill_chunk",
+                  "scoring_impl", "decode_tokens", "prefill_s", "decode_s", "decode_ms_per_token",
+                  "cache_bytes_after_prefill", "kept_tokens_after_prefill", "cache_bytes_final", "kept_tokens_final",
+                  "stored_bytes_ratio", "peak_prefill_cache_bytes", "peak_mem_bytes", "weight_bytes_read",
+                  "cache_bytes_read_per_token", "decode_bandwidth_gbps", "decode_bandwidth_fraction",
+                  "prefill_vs_full"]  # fmt: skip
+        self.bench_rows = Rows(self.out / "bench.csv", [*fields, *ROW_FIELDS])
+        from kvbench.bench.timing import device_name
+
+        with torch.inference_mode():  # warm-up: compile the kernels before anything is timed
+            warm = RunSpec(arch, "snapkv", 256, "32L", 2, backend="paged")
+            run_cell(model, load_method("snapkv", arch), parse_budget("32L"), warm, self.device)
+        full_prefill: dict[int, float] = {}
+        try:
+            for context in self.contexts:
+                for method in DECODE_METHODS:
+                    spec = RunSpec(arch, method, context, budget, tokens, backend="paged")
+                    row = {"arch": arch, "method": method, "context": context, "device": device_name(self.device),
+                           "dtype": str(self.dtype)[6:], "budget": "full" if method == "full" else budget}  # fmt: skip
+                    with self.unit(self.bench_rows, row, watch) as result, torch.inference_mode():
+                        if result["skip"]:
+                            continue
+                        cell = run_cell(model, load_method(method, arch), parse_budget(row["budget"]), spec,
+                                        self.device)  # fmt: skip
+                        bytes_read = cell["weight_bytes_read"] + cell["cache_bytes_read_per_token"]
+                        per_token_s = cell["decode_ms_per_token"] / 1000
+                        gbps = bytes_read / per_token_s / 1e9 if per_token_s > 0 else 0.0
+                        if method == "full":
+                            full_prefill[context] = cell["prefill_s"]
+                        result.update({k: v for k, v in cell.items() if k != "backend_used"})
+                        result.update(
+                            backend=cell["backend_used"], decode_tokens=tokens, prefill_chunk=0, scoring_impl="auto",
+                            decode_bandwidth_gbps=gbps, decode_bandwidth_fraction=gbps / self.peak_gbps,
+                            prefill_vs_full=cell["prefill_s"] / full_prefill.get(context, math.nan),
+                        )  # fmt: skip
+        finally:
+            watch.remove()
+        return f"{self.bench_rows.count} rows"
+
+    def phase_llama(self) -> str:
+        self.parity(self.llama, [16])
+        self.e2e(self.llama, ["snapkv", "cake", "xkv"] if not self.args.methods else self.args.methods[:2])
+        return "parity + e2e rows"
+
+    # ------------------------------------------------------------------ driver
+    def run(self) -> int:
+        phases = [p for p in PHASES if p not in self.args.skip]
+        code = 0
+        if "tests" not in self.args.skip:
+            self.start_tests()
+        try:
+            for index, name in enumerate(phases):
+                self.clock.begin_phase(name, phases[index:])
+                start = time.monotonic()
+                if time.monotonic() >= self.clock.end:
+                    self.rows["phases"].write({"phase": name, "status": "skipped", "detail": "deadline reached"})
+                    continue
+                try:
+                    detail = getattr(self, f"phase_{name}")()
+                    status = "ok"
+                except Stop:
+                    raise
+                except Exception as err:  # a failing phase is a result; the next phases still run
+                    traceback.print_exc()
+                    status, detail = "error", f"{type(err).__name__}: {err}"[:400]
+                seconds = round(time.monotonic() - start, 1)
+                self.rows["phases"].write({"phase": name, "status": status, "seconds": seconds, "detail": detail})
+                print(f"== {name}: {status} in {seconds} s: {detail}", flush=True)
+        except Stop as stop:
+            self.rows["phases"].write({"phase": "all", "status": "stopped", "detail": f"{stop} received"})
+            code = 128 + stop.signum
+        finally:
+            self.models.clear()
+            left = self.clock.end - time.monotonic() if code == 0 else 0.0
+            detail = self.finish_tests(left)
+            self.rows["phases"].write({"phase": "tests", "status": "done", "detail": detail})
+        return code
+
+
+# ---------------------------------------------------------------------------------------------------- kernels
+def _paged_state(lengths: list[int], page: int, dim: int, dtype: Any, device: Any, extra: int) -> tuple:
+    """Pools ``[N, D]``, positions, a shuffled block table ``[H, P]`` and lengths for ragged heads, with room for
+    ``extra`` more tokens per head."""
+    import torch
+
+    gen = torch.Generator().manual_seed(sum(lengths))
+    pages = [-(-(n + extra) // page) for n in lengths]
+    order = torch.randperm(sum(pages), generator=gen).to(torch.int32)
+    table = torch.zeros(len(lengths), max(pages), dtype=torch.int32)
+    first = 0
+    for head, count in enumerate(pages):
+        table[head, :count] = order[first : first + count]
+        first += count
+    slots = sum(pages) * page
+    k_pool = torch.randn(slots, dim, generator=gen).to(device=device, dtype=dtype)
+    v_pool = torch.randn(slots, dim, generator=gen).to(device=device, dtype=dtype)
+    pos_pool = torch.zeros(slots, dtype=torch.int32, device=device)
+    return k_pool, v_pool, pos_pool, table.to(device), torch.tensor(lengths, dtype=torch.int32, device=device)
+
+
+def _ragged(tokens: int, heads: int) -> list[int]:
+    import torch
+
+    gen = torch.Generator().manual_seed(tokens)
+    return [tokens - int(x) for x in torch.randint(0, max(1, tokens // 4), (heads,), generator=gen)]
+
+
+#: Time a kernel's second call (the first compiles it); off in the CPU dry run, where the interpreter is slow.
+WARM_TIMING = {"enabled": True}
+
+
+def _timed(device: Any, function: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
+    """``function(*args, **kwargs)`` and its wall time in ms (device synchronised before and after); the kernels
+    checked are idempotent (same inputs, same writes), so the warm call's result is the one returned."""
+    from kvbench.bench.timing import synchronize
+
+    if WARM_TIMING["enabled"]:
+        function(*args, **kwargs)
+    synchronize(device)
+    start = time.perf_counter()
+    out = function(*args, **kwargs)
+    synchronize(device)
+    return out, 1000 * (time.perf_counter() - start)
+
+
+def _rel_err(got: Any, want: Any) -> float:
+    got, want = got.float(), want.float()
+    finite = want.isfinite()
+    scale = float(want[finite].abs().max()) if finite.any() else 1.0
+    return float((got[finite] - want[finite]).abs().max()) / max(scale, 1e-12)
+
+
+def _tolerance(dtype: Any) -> float:
+    import torch
+
+    return 1e-4 if dtype == torch.float32 else 2e-2
+
+
+def _states(tokens: int, heads_q: int, heads: int, dim: int, rows: int, dtype: Any, device: Any) -> tuple:
+    """Queries ``[H_q, rows, D]`` and keys ``[H, S, D]`` as transposed views of ``[S, H, D]`` (the model's layout)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(tokens + rows)
+    keys = torch.randn(tokens, heads, dim, generator=gen).to(device=device, dtype=dtype).transpose(0, 1)
+    queries = (torch.randn(rows, heads_q, dim, generator=gen) * 1.5).to(device=device, dtype=dtype).transpose(0, 1)
+    return queries, keys
+
+
+def check_window_stats(tokens, heads_q, heads, dim, window, dtype, device) -> dict[str, Any]:
+    from kvbench import kernels
+
+    queries, keys = _states(tokens, heads_q, heads, dim, window, dtype, device)
+    prob = None if str(dtype) == "torch.float32" else dtype
+    got, triton_ms = _timed(device, kernels.window_stats, queries, keys, dim**-0.5, prob_dtype=prob, impl="triton")
+    want, torch_ms = _timed(device, kernels.window_stats, queries, keys, dim**-0.5, prob_dtype=prob, impl="torch")
+    fields = ("col_sum", "col_m2", "col_max", "col_entropy", "row_lse", "row_entropy")
+    err = max(_rel_err(getattr(got, f), getattr(want, f)) for f in fields)
+    finite = all(bool(getattr(got, f).isfinite().all()) for f in ("col_sum", "col_max", "row_lse"))
+    return _kernel_row(f"q[{heads_q},{window},{dim}] k[{heads},{tokens},{dim}]T", err, dtype, triton_ms, torch_ms,
+                       finite)  # fmt: skip
+
+
+def check_causal_column_sums(tokens, heads_q, heads, dim, window, dtype, device) -> dict[str, Any]:
+    from kvbench import kernels
+
+    rows = tokens if tokens <= 32768 else 4096  # 128K: one prefill chunk's rows against every key
+    queries, keys = _states(tokens, heads_q, heads, dim, rows, dtype, device)
+    got, triton_ms = _timed(device, kernels.causal_column_sums, queries, keys, dim**-0.5, impl="triton")
+    want, torch_ms = _timed(device, kernels.causal_column_sums, queries, keys, dim**-0.5, impl="torch")
+    return _kernel_row(f"q[{heads_q},{rows},{dim}] k[{heads},{tokens},{dim}]T", _rel_err(got, want), dtype, triton_ms,
+                       torch_ms, bool(got.isfinite().all()))  # fmt: skip
+
+
+def check_paged_append(tokens, heads_q, heads, dim, window, dtype, device) -> dict[str, Any]:
+    import torch
+
+    from kvbench import kernels
+
+    lengths, new = _ragged(tokens, heads), 256
+    errors, times = [], [0.0, 0.0]
+    for count in (1, new):
+        states = [list(_paged_state(lengths, 16, dim, dtype, device, new)) for _ in range(2)]
+        gen = torch.Generator().manual_seed(count)
+        new_k = torch.randn(heads, count, dim, generator=gen).to(device=device, dtype=dtype)
+        new_v = torch.randn(heads, count, dim, generator=gen).to(device=device, dtype=dtype)
+        for index, impl in enumerate(("triton", "torch")):
+            k, v, pos, table, lens = states[index]
+            _, ms = _timed(device, kernels.paged_append, k, v, pos, new_k, new_v, table, lens, tokens, 16, impl=impl)
+            times[index] += ms
+        errors += [_rel_err(a, b) for a, b in zip(states[0][:3], states[1][:3], strict=True)]
+    return _kernel_row(f"H={heads} ragged ~{tokens}, +1 and +{new} tokens, page 16", max(errors), dtype, *times,
+                       bool(states[0][0].isfinite().all()))  # fmt: skip
+
+
+def check_copy_rows(tokens, heads_q, heads, dim, window, dtype, device) -> dict[str, Any]:
+    import torch
+
+    from kvbench import kernels
+
+    gen = torch.Generator().manual_seed(tokens)
+    count = tokens * heads
+    src_k = torch.randn(count, dim, generator=gen).to(device=device, dtype=dtype)
+    src_v = torch.randn(count, dim, generator=gen).to(device=device, dtype=dtype)
+    src = torch.randperm(count, generator=gen)[: count // 2].to(device)
+    dst = torch.randperm(count, generator=gen)[: count // 2].to(device)
+    outs = []
+    times = []
+    for impl in ("triton", "torch"):
+        dst_k, dst_v = torch.zeros_like(src_k), torch.zeros_like(src_v)
+        _, ms = _timed(device, kernels.copy_rows, src_k, src_v, src, dst_k, dst_v, dst, impl=impl)
+        outs.append((dst_k, dst_v))
+        times.append(ms)
+    err = max(_rel_err(outs[0][0], outs[1][0]), _rel_err(outs[0][1], outs[1][1]))
+    return _kernel_row(f"{count // 2} of {count} rows x {dim}", err, dtype, *times, bool(outs[0][0].isfinite().all()))
+
+
+def check_paged_decode(tokens, heads_q, heads, dim, window, dtype, device) -> dict[str, Any]:
+    import torch
+
+    from kvbench import kernels
+
+    lengths = _ragged(tokens, heads)
+    k, v, _, table, lens = _paged_state(lengths, 16, dim, dtype, device, 0)
+    groups = heads_q // heads
+    query = torch.randn(heads, groups, dim, generator=torch.Generator().manual_seed(1)).to(device=device, dtype=dtype)
+    args = (query, k, v, table, lens, dim**-0.5, 16, max(lengths))
+    got, triton_ms = _timed(device, kernels.paged_decode_attention, *args, impl="triton")
+    want, torch_ms = _timed(device, kernels.paged_decode_attention, *args, impl="torch")
+    return _kernel_row(f"q[{heads},{groups},{dim}] ragged ~{tokens}, page 16", _rel_err(got, want), dtype, triton_ms,
+                       torch_ms, bool(got.isfinite().all()))  # fmt: skip
+
+
+def _kernel_row(shape: str, err: float, dtype: Any, triton_ms: float, torch_ms: float, finite: bool) -> dict:
+    tolerance = _tolerance(dtype)
+    return {"shape": shape, "max_rel_err": f"{err:.3g}", "tolerance": tolerance, "ok": finite and err <= tolerance,
+            "triton_ms": round(triton_ms, 3), "torch_ms": round(torch_ms, 3), "finite": finite}  # fmt: skip
+
+
+KERNEL_CHECKS: dict[str, Callable[..., dict[str, Any]]] = {
+    "paged_decode_attention": check_paged_decode,
+    "window_stats": check_window_stats,
+    "causal_column_sums": check_causal_column_sums,
+    "paged_append": check_paged_append,
+    "copy_rows": check_copy_rows,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="folder for the (at most 8) files")
+    parser.add_argument("--device", default="cuda", help="cuda (the real run) or cpu (the dry run)")
+    parser.add_argument("--deadline", type=float, default=420.0, help="internal deadline in seconds (default 420)")
+    parser.add_argument("--small", action="store_true", help="small sizes: 2-layer slices, short contexts")
+    parser.add_argument("--small-arch", default="mistral-7b-2l", choices=["mistral-7b-2l", "tiny"],
+                        help="--small's model (tiny: the 4-layer test model, seconds on CPU)")  # fmt: skip
+    parser.add_argument("--methods", nargs="+", choices=FAMILIES, help="only these families in e2e (default: all)")
+    parser.add_argument("--skip", nargs="+", default=[], choices=[*PHASES, "tests"], help="phases to leave out")
+    parser.add_argument("--contexts", nargs="+", type=int, help="context lengths of the kernels and decode phases")
+    parser.add_argument("--pytest", nargs="+", help="test files of the background tests phase")
+    parser.add_argument("--peak-gbps", type=float, help="peak memory bandwidth (default: datasheet or measured)")
+    args = parser.parse_args(argv)
+    if args.device.startswith("cpu"):
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # read when triton is first imported (below)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("WANDB_MODE", "disabled")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.small and args.device.startswith("cpu"):
+        os.environ.setdefault("KVBENCH_CACHE_BACKEND", "paged")  # the dry run goes through the paged cache too
+        WARM_TIMING["enabled"] = False
+    if args.contexts:
+        SMALL_CONTEXTS[:] = REAL_CONTEXTS[:] = args.contexts
+    args.out.mkdir(parents=True, exist_ok=True)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM):
+        signal.signal(signum, _raise_stop)
+    signal.alarm(int(args.deadline) + 20)
+    import torch
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: CUDA is not available here (use --small --device cpu for a dry run)")
+    try:
+        return Validation(args).run()
+    except Stop as stop:  # a second signal while the first was being handled
+        return 128 + stop.signum
+    finally:
+        signal.alarm(0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
