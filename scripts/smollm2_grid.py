@@ -11,8 +11,8 @@ Usage::
 and calls :func:`kvbench.evaluate` for each cell in phase order (each cell is an ordinary resumable run folder under
 ``<out>/runs``; a finished one is skipped in a second).  The phases are ordered by value, so a grid stopped early
 still has the most useful cells: 1 = the full cache on every 2K task (what the model can do at all); 2 = every
-method at 64L question-aware on the cheap cells (RULER 2K, LongBench fixtures); 3 = the same question-agnostic;
-4 = 256L aware, 5 = 256L agnostic; 6 = the full cache at 4K, then every method on the 4K and NeedleBench cells.
+method at 64L question-aware on the cheap cells (RULER 2K, LongBench fixtures); 3 = the same at 256L; 4 = 256L
+question-agnostic; 5 = 64L question-agnostic; 6 = the full cache at 4K, then every method on the 4K and NeedleBench cells.
 ``table`` writes ``<out>/grid.md`` and ``<out>/grid.csv`` from the summaries found (score, 95 % interval, samples,
 seconds per sample from the runs' ``timings.jsonl``).
 
@@ -223,6 +223,57 @@ def collect(out: Path) -> list[dict]:
     return rows
 
 
+def _run_summaries(out: Path) -> dict[tuple[str, str, str, str], dict]:
+    """(cell, method, budget, mode) -> that run's summary.json."""
+    found = {}
+    for path in (out / "runs" / MODEL).glob("*/*/*/summary.json"):
+        summary = json.loads(path.read_text())
+        budget, _, tag = Path(summary["run"]["results_folder"]).name.partition("~")
+        cell, _, mode = tag.rpartition("-")
+        found[(cell, summary["run"]["method"], budget, mode)] = summary
+    return found
+
+
+def _cell_text(summary: dict | None, dataset: str | None) -> str:
+    """``score [low, high]`` of one dataset (``None``: the run's mean over its datasets); ``-`` when not run."""
+    if summary is None:
+        return "-"
+    if dataset is None:
+        entry = summary["averages"]["mean"]
+    else:
+        entry = next((d for d in summary["datasets"] if d["dataset"] == dataset), None)
+        if entry is None:
+            return "-"
+    low, high = entry["ci95"]
+    return f"{entry['score']:.0f} [{low:.0f}, {high:.0f}]"
+
+
+def readme_table(out: Path) -> str:
+    """The README's grid: one row per method, budget and mode; RULER 2K's two NIAH tasks and the LongBench fixtures'
+    mean, each with its 95 % interval, and the seconds per sample over those runs."""
+    found = _run_summaries(out)
+    lines = [
+        "| method | budget | mode | RULER 2K niah_single_2 | RULER 2K niah_multikey_1 | LongBench fixtures (mean of 6) "
+        "| s/sample |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    rows = [("full", "full", "aware")] + [(m, b, mode) for b in BUDGETS for mode in MODES for m in METHODS]
+    for method, budget, mode in rows:
+        ruler = found.get(("ruler2k", method, budget, mode))
+        longbench = found.get(("longbench_fixtures", method, budget, mode))
+        if ruler is None and longbench is None:
+            continue
+        timed = [s["timing"] for s in (ruler, longbench) if s is not None]
+        seconds = sum(t["total_s"] for t in timed) / max(sum(t["n"] for t in timed), 1)
+        cells = [
+            _cell_text(ruler, "niah_single_2"),
+            _cell_text(ruler, "niah_multikey_1"),
+            _cell_text(longbench, None),
+        ]
+        lines.append(f"| {method} | {budget} | {mode} | {' | '.join(cells)} | {seconds:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
 def write_table(out: Path) -> str:
     """``grid.csv`` (every row) and ``grid.md`` (one line per run: each dataset's score [95 % interval], seconds per
     sample); returns the Markdown."""
@@ -248,7 +299,7 @@ def write_table(out: Path) -> str:
         cost = sum(r["seconds_per_sample"] for r in grouped[key]) / len(grouped[key])
         lines.append(f"| {cell} | {budget} | {mode} | {method} | {'; '.join(parts)} | {cost:.1f} |")
     markdown = "\n".join(lines) + "\n"
-    (out / "grid.md").write_text(markdown)
+    (out / "grid.md").write_text(markdown + "\nREADME table:\n\n" + readme_table(out))
     return markdown
 
 
@@ -260,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.action == "run":
         run_grid(args.out, args.phases)
-    print(write_table(args.out), end="")
+    write_table(args.out)
+    print((args.out / "grid.md").read_text(), end="")
     return 0
 
 
