@@ -12,7 +12,8 @@ and calls :func:`kvbench.evaluate` for each cell in phase order (each cell is an
 ``<out>/runs``; a finished one is skipped in a second).  The phases are ordered by value, so a grid stopped early
 still has the most useful cells: 1 = the full cache on every 2K task (what the model can do at all); 2 = every
 method at 64L question-aware on the cheap cells (RULER 2K, LongBench fixtures); 3 = the same at 256L; 4 = 256L
-question-agnostic; 5 = 64L question-agnostic; 6 = the full cache at 4K, then every method on the 4K and NeedleBench cells.
+question-agnostic; 5 = 64L question-agnostic; 6 = the full cache at 4K, then every method on the 4K and NeedleBench
+cells.
 ``table`` writes ``<out>/grid.md`` and ``<out>/grid.csv`` from the summaries found (score, 95 % interval, samples,
 seconds per sample from the runs' ``timings.jsonl``).
 
