@@ -130,9 +130,9 @@ def planned_runs(phases: list[int]) -> list[tuple[int, Cell, str, str, str]]:
         runs += [(1, cell, "full", "full", "aware") for cell in CELLS + FULL_ONLY_CELLS if "4k" not in cell.name]
     for phase, budget, mode in (
         (2, "64L", "aware"),
-        (3, "64L", "agnostic"),
-        (4, "256L", "aware"),
-        (5, "256L", "agnostic"),
+        (3, "256L", "aware"),
+        (4, "256L", "agnostic"),
+        (5, "64L", "agnostic"),
     ):
         if phase in phases:
             runs += [(phase, cell, m, budget, mode) for cell in CELLS if cell.cheap for m in METHODS]
