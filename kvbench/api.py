@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-from kvbench.config import BudgetConfig, MethodConfig, ModelConfig, TaskConfig, register_configs
+from kvbench.checks import check_choice, check_min
+from kvbench.config import QUESTION_MODES, BudgetConfig, MethodConfig, ModelConfig, TaskConfig, register_configs
 from kvbench.errors import KVBenchError
 from kvbench.resources import conf_dir
 
@@ -214,6 +215,11 @@ def evaluate(
     The model's attention implementation is set to kvbench's for the run and restored after, as is its
     training flag.
     """
+    # The caller's own argument names, before they become task.* keys (and before transformers is imported).
+    if limit is not None:
+        check_min("limit", limit, 1, "samples per dataset, the first N; None for all", error=KVBenchError)
+    if question_mode is not None:
+        check_choice("question_mode", question_mode, QUESTION_MODES, error=KVBenchError)
     from kvbench.models import LoadedModel, input_device
     from kvbench.press_hooks import kvbench_attention
     from kvbench.runner import Runner
@@ -288,13 +294,30 @@ def _apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
                 "model_config= arguments; overrides set keys (group.key=value)"
             )
         try:
-            OmegaConf.update(cfg, key, override.value(), merge=True)
+            if key.rpartition(".")[0] in ("method.params", "task.options"):  # free-form: the family checks its keys
+                with open_dict(cfg):
+                    OmegaConf.update(cfg, key, override.value(), merge=True)
+            else:
+                OmegaConf.update(cfg, key, override.value(), merge=True)
         except OmegaConfBaseException as err:
-            group = key.rsplit(".", 1)[0]
-            node = OmegaConf.select(cfg, group)
-            valid = f"; the keys of {group} are: {', '.join(node)}" if isinstance(node, DictConfig) else ""
-            raise KVBenchError(f"override {override.input_line!r}: {str(err).splitlines()[0]}{valid}") from err
+            raise KVBenchError(_override_error(cfg, override.input_line, key, err)) from err
     return cfg
+
+
+def _override_error(cfg: DictConfig, line: str, key: str, err: Exception) -> str:
+    """The message for an override that cannot be applied: an unknown key (with the CLI's "did you mean"), else
+    OmegaConf's reason (a wrongly typed value) with the keys of its group."""
+    from kvbench.validation import unknown_key_message
+
+    parent, _, leaf = key.rpartition(".")
+    while parent and not isinstance(OmegaConf.select(cfg, parent), DictConfig):  # an unknown group: its parent
+        parent, _, leaf = parent.rpartition(".")
+    node = OmegaConf.select(cfg, parent) if parent else cfg
+    if isinstance(node, DictConfig) and leaf not in node:
+        prefix = f"{parent}." if parent else ""
+        return f"override {line!r}: " + unknown_key_message(f"{prefix}{leaf}", leaf, list(node), prefix, added=False)
+    valid = f"; the keys of {parent} are: {', '.join(node)}" if isinstance(node, DictConfig) and parent else ""
+    return f"override {line!r}: {str(err).splitlines()[0]}{valid}"
 
 
 def _read_predictions(folder: Path, datasets: Sequence[str]) -> dict[str, list[dict[str, Any]]]:

@@ -37,6 +37,23 @@ class RaggedKV:
         return [int(head.shape[2]) for head in self.heads]
 
 
+@dataclass
+class StorageStats:
+    """What a cache layer's storage has done so far (both backends), for cost checks and the bench.
+
+    Attributes
+    ----------
+    reallocations:
+        Times the layer's buffers / page pool were replaced by new ones (growth, or a rebuild after eviction).
+    rows_copied:
+        Token rows (one token of one head: its key, value and position) copied by those rebuilds, by growth, by
+        compaction and by in-place one-token evictions (appends of new tokens are not counted).
+    """
+
+    reallocations: int = 0
+    rows_copied: int = 0
+
+
 def on_device(device: torch.device) -> AbstractContextManager[Any]:
     """Make ``device`` the current CUDA device (where Triton launches kernels) for a layer's work; a no-op on CPU.
 

@@ -68,3 +68,15 @@ def check_known_keys(
     if unknown:
         of = f" for {owner}" if owner else ""
         raise error(f"unknown {where} key(s) {unknown}{of}; valid keys: {', '.join(known) or 'none'}")
+
+
+def json_error_text(err: Any) -> str:
+    """A :class:`json.JSONDecodeError` in words: ``invalid control character (a raw tab, newline or other character
+    below U+0020 inside a string; JSON needs it escaped, e.g. \\t) at column 243``."""
+    msg = str(err.msg).removesuffix(" at").rstrip(":")
+    if msg.lower().startswith("invalid control character"):
+        msg = (
+            "invalid control character (a raw tab, newline or other character below U+0020 inside a string; JSON "
+            "needs it escaped, e.g. \\t or \\n)"
+        )
+    return f"{msg} at column {err.colno}"

@@ -106,14 +106,28 @@ def hydra_app() -> Callable[[], None]:
     @hydra.main(version_base="1.3", config_path=str(resources.conf_dir()), config_name="config")
     def app(cfg: DictConfig) -> None:
         """Run one configuration (Hydra calls this once per job in a sweep)."""
-        # `kvbench` / `python run.py` alone: the embedded default, side by side with its variants.
-        run_job(cfg, demo=len(sys.argv) == 1)
+        # `kvbench` / `python run.py` alone (or with extent/run settings only): the embedded default beside its
+        # variants.
+        overrides = sys.argv[1:]
+        run_job(cfg, demo=demo_overrides(overrides), overrides=overrides)
 
     return app
 
 
-def run_job(cfg: DictConfig, demo: bool = False) -> None:
-    """Run one configuration as ``run.py`` does; exits with status 2 on a user error."""
+#: Overrides that keep ``kvbench`` / ``python run.py`` on the embedded default's comparison: they change how much
+#: is run and where, not what (``python run.py task.num_samples=2`` is the comparison on 2 samples per dataset).
+DEMO_KEEPING_PREFIXES = ("task.num_samples=", "seed=", "run.", "wandb.")
+
+
+def demo_overrides(overrides: Sequence[str]) -> bool:
+    """Whether these command-line overrides still run the embedded default's comparison (see
+    :data:`DEMO_KEEPING_PREFIXES`; ``run.tag`` names a variant, so it does not)."""
+    return all(o.startswith(DEMO_KEEPING_PREFIXES) and not o.startswith("run.tag=") for o in overrides)
+
+
+def run_job(cfg: DictConfig, demo: bool = False, overrides: Sequence[str] = ()) -> None:
+    """Run one configuration as ``run.py`` does; exits with status 2 on a user error.  ``demo``: the embedded
+    default's comparison, its variants composed with ``overrides`` too."""
     with reporting_errors():
         check_config(cfg)
         check_environment(cfg)
@@ -121,7 +135,7 @@ def run_job(cfg: DictConfig, demo: bool = False) -> None:
         if demo:
             from kvbench.demo import run_demo
 
-            run_demo(cfg)
+            run_demo(cfg, overrides)
         else:
             from kvbench.runner import Runner
 
@@ -157,6 +171,11 @@ def hydra_error_message(err: BaseException, overrides: Sequence[str] = ()) -> st
         group, _, name = err.missing_cfg_file.rpartition("/")
         close = difflib.get_close_matches(name, err.options, n=1, cutoff=0.6)
         hint = f" Did you mean {group}={close[0]}?" if close else ""
+        if group == "budget":
+            hint += (
+                " A budget that is not a preset is set with budget.spec=<spec> (e.g. budget.spec=96L, named after "
+                "the budget preset it replaces; forms: full, <n>L, <n>/layer, <r>x with 0<r<=1)."
+            )
         return (
             f"unknown {group} {name!r} (there is no conf/{err.missing_cfg_file}.yaml); valid: "
             f"{', '.join(err.options)}.{hint}"

@@ -8,6 +8,7 @@ ordinary run with its own results folder, composed by Hydra from the same defaul
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -22,10 +23,11 @@ DEMO_VARIANTS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
-def run_demo(cfg: DictConfig) -> dict[str, list[DatasetResult]]:
+def run_demo(cfg: DictConfig, overrides: Sequence[str] = ()) -> dict[str, list[DatasetResult]]:
     """Run the default configuration and its variants; print and return the side-by-side scores.
 
-    Must be called inside the Hydra app (variants are composed with ``hydra.compose``).
+    ``overrides``: the command line's (extent and run settings, e.g. ``task.num_samples=2``), applied to every
+    variant.  Must be called inside the Hydra app (variants are composed with ``hydra.compose``).
     """
     from hydra import compose
 
@@ -33,8 +35,8 @@ def run_demo(cfg: DictConfig) -> dict[str, list[DatasetResult]]:
     runs = [(f"{cfg.method.name} q-{cfg.task.question_mode}", ()), *DEMO_VARIANTS]
     columns: dict[str, list[DatasetResult]] = {}
     folders: dict[str, Path] = {}
-    for label, overrides in runs:
-        run_cfg = compose(config_name="config", overrides=[*overrides, *quiet])
+    for label, variant in runs:
+        run_cfg = compose(config_name="config", overrides=[*overrides, *variant, *quiet])
         print(f"[{label}] method={run_cfg.method.name} question_mode={run_cfg.task.question_mode}", flush=True)
         runner = Runner(run_cfg)
         columns[label] = runner.run()

@@ -59,6 +59,13 @@ class CacheRecord:
     #: Per layer, the cache size (tokens per stored head, mean over heads) decode-time eviction keeps: the budget,
     #: also when the prompt was shorter (the cache grows to it first, as the references).
     decode_cap_per_layer: list[int] = field(default_factory=list)
+    #: Heads stored per layer (KV heads, or query heads with ``gqa_granularity=query_head``) and the model's KV heads.
+    stored_heads: int = 0
+    kv_heads: int = 0
+    #: Bytes the full cache (KV heads, nothing evicted) holds for the same tokens, when ``cache_bytes`` was measured,
+    #: and whether the stored cache exceeded it then or at the end (query-head storage at a generous budget).
+    full_cache_bytes: int = 0
+    exceeds_full_cache: bool = False
     #: What a stateful layer allocator records about this sample (XKV's sampled mode: its calibration shares), so a
     #: resumed run can replay it; ``None`` for the others.
     allocator_state: dict[str, Any] | None = None
@@ -212,6 +219,8 @@ class EvictionSession:
         """End of the sample: fill the final sizes and return the record."""
         self._finish_prefill()
         self.record.final_per_layer = self.cache.layer_lengths()
+        if self.cache.stored_token_bytes() > self.cache.full_cache_bytes():
+            self.record.exceeds_full_cache = True
         self.record.allocator_state = self.method.layer_allocator.sample_state()
         return self.record
 
@@ -351,6 +360,11 @@ class EvictionSession:
                 self.method.decode_policy.start_layer(layer_idx, layer, caps, self._scores.get(layer_idx))
         record.achieved_per_layer = self.cache.layer_lengths()
         record.cache_bytes = self.cache.kv_bytes()
+        record.full_cache_bytes = self.cache.full_cache_bytes()
+        layers = [self.cache.headwise_layers[idx] for idx in self.compressible]
+        record.stored_heads = layers[0].num_heads if layers else 0
+        record.kv_heads = record.stored_heads // self.cache.expand_factor
+        record.exceeds_full_cache = self.cache.stored_token_bytes() > record.full_cache_bytes
 
 
 def _pad_scores(scores: list[torch.Tensor], protected: list[torch.Tensor]) -> torch.Tensor:

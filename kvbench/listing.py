@@ -15,8 +15,10 @@ An unknown target is a user error (exit status 2) naming the valid ones.
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -74,8 +76,47 @@ def presets(group: str) -> dict[str, DictConfig]:
         return {name: compose(config_name=f"{group}/{name}")[group] for name in names}
 
 
+#: ``${oc.select:<key>,<default>}``: a value that follows another setting, with a default when that one is unset.
+_SELECT = re.compile(r"^\$\{oc\.select:([^,}]+),([^}]*)\}$")
+_REFERENCE = re.compile(r"^\$\{([A-Za-z0-9_.]+)\}$")
+
+
+def _interpolation(value: str) -> str | None:
+    """What an interpolated value resolves to in the default run config (``python run.py``) and the setting it
+    follows: ``null (follows run.tag; adakv_late where no run.tag exists)``; ``None`` for a plain value."""
+    select, reference = _SELECT.match(value), _REFERENCE.match(value)
+    if select is None and reference is None:
+        return None
+    key = (select or reference).group(1).strip()  # type: ignore[union-attr]
+    found = OmegaConf.select(_default_root(), key, default=_ABSENT)
+    fallback = select.group(2).strip() or "null" if select else None
+    resolved = _value(fallback if found is _ABSENT else found)
+    absent = f"; {fallback} where no {key} exists" if fallback is not None else ""
+    return f"{resolved} (follows {key}{absent})"
+
+
+_ABSENT = object()
+
+
+@functools.lru_cache(maxsize=1)
+def _default_root() -> DictConfig:
+    """The root config ``python run.py`` composes with no overrides (what interpolations see by default)."""
+    from hydra import compose, initialize_config_dir
+
+    from kvbench.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(resources.conf_dir()), version_base="1.3"):
+        return compose(config_name="config")
+
+
 def _value(value: Any) -> str:
-    """A config value as it would be written on the command line (``null``, ``true``, ``[a, b]``)."""
+    """A config value as it would be written on the command line (``null``, ``true``, ``[a, b]``); an interpolation
+    as its default and the setting it follows (:func:`_interpolation`)."""
+    if isinstance(value, str) and value.startswith("${"):
+        described = _interpolation(value)
+        if described is not None:
+            return described
     if isinstance(value, (dict, list)):
         return json.dumps(value, ensure_ascii=False).replace('"', "")
     return json.dumps(value) if value is None or isinstance(value, bool) else str(value)
@@ -107,7 +148,8 @@ def list_methods() -> str:
 
     defaults = _raw(OmegaConf.structured(MethodConfig))
     shared = [key for key in defaults if key not in _METHOD_SKIP]
-    rows = [["preset", "family", "settings (knobs that differ from the defaults above; params: the family's)"]]
+    settings_header = "settings (knobs that differ from the defaults above; params: the family's)"
+    rows = [["preset", "family", "stores", settings_header]]
     for name, node in presets("method").items():
         data = _raw(node)
         changed = [key for key in shared if data[key] != defaults[key]]
@@ -116,11 +158,15 @@ def list_methods() -> str:
             settings += ("; " if settings else "") + "params: " + _pairs(data["params"], list(data["params"]))
         if data["paper"]:
             settings += f" [paper: {data['paper']}]"
-        rows.append([name, str(data["family"]), settings or "(the defaults)"])
+        stores = "query heads" if data["gqa_granularity"] == "query_head" else "KV heads"
+        rows.append([name, str(data["family"]), stores, settings or "(the defaults)"])
     return "\n".join(
         [
             "Methods: method=<preset> (conf/method/<preset>.yaml); any knob is overridable, e.g. method.window=16.",
             "Shared knobs and their defaults: " + _pairs(defaults, shared),
+            "Memory: a budget keeping r of the context holds r x the full cache when a preset stores KV heads, and "
+            "r x H_q/H_kv x the full cache when it stores query heads (the reference code's layout: at GQA 3:1, "
+            "r=0.5 holds 1.5x the full cache); method.gqa_granularity=kv_head switches to KV heads.",
             *_table(rows),
             f"Registered method families: {', '.join(method_families())}",
         ]

@@ -19,8 +19,9 @@ per token), and :meth:`PagedLayer.reserve` pre-allocates decode headroom so the 
 
 Compaction after eviction (:meth:`PagedLayer.keep`): kept tokens stay in position order.  When the freed memory is
 large the layer repacks into a new pool sized exactly to the kept pages (``sum_h ceil(k_h / page_size)`` pages, so
-held bytes <= kept bytes + ``H * (page_size - 1)`` token slots); small decode-time evictions compact each head
-in place inside its own pages and return emptied pages to the free list.
+held bytes <= kept bytes + ``H * (page_size - 1)`` token slots); smaller evictions compact each head in place inside
+its own pages and return emptied pages to the free list.  A decoding step's one-token eviction
+(:meth:`PagedLayer.evict_slots`) moves each head's last token into its evicted slot: ``H`` rows, no rebuild.
 
 Attention (:func:`paged_attention`): a chunk that is the layer's first (plain prefill) runs dense SDPA on the new
 states; later chunks run the path :func:`kvbench.attention_paths.plan_attention` chose when the layer was allocated:
@@ -30,6 +31,10 @@ constraint) and this torch's ``varlen_attn`` takes a block table, else the split
 cache) gathers each head and runs the same per-head SDPA as the ragged torch backend, so both backends give the same
 logits.  A kernel's error propagates (no silent fallback); each call and fallback is counted in
 :data:`kvbench.attention_paths.ATTENTION_RECORD`.
+
+Size: over 500 lines because :class:`PagedLayer` is one invariant (pool, free list, host page lists, block table
+and lengths kept in step) that appends, growth, repacking, compaction and in-place eviction all maintain; splitting
+it would spread that invariant over modules.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ import torch
 from kvbench import kernels
 from kvbench.attention_ops import dense_attention, ragged_attention
 from kvbench.attention_paths import ATTENTION_RECORD, AttentionPlan, plan_attention
-from kvbench.cache_base import LogicalLengthLayer, RaggedKV, sorted_keep_indices
+from kvbench.cache_base import LogicalLengthLayer, RaggedKV, StorageStats, sorted_keep_indices
 
 #: Default page size on CPU and for the Triton decode kernel (vLLM's default block size).
 DEFAULT_PAGE_SIZE = 16
@@ -111,6 +116,8 @@ class PagedLayer(LogicalLengthLayer):
         self.rows_appended = 0
         self.rows_compacted = 0
         self.rows_moved_by_growth = 0
+        #: Pool rebuilds (growth, repack) and rows they, compaction and one-token evictions copied.
+        self.stats = StorageStats()
         self._positions_cache: list[torch.Tensor] | None = None
         self._slot_cache: torch.Tensor | None = None
         #: Attention paths after the first chunk, chosen when the pools are allocated (:func:`plan_attention`).
@@ -218,6 +225,8 @@ class PagedLayer(LogicalLengthLayer):
         grown_pos[: old * self.page_size] = self.pos_pool
         self.k_pool, self.v_pool, self.pos_pool = grown_k, grown_v, grown_pos
         self.rows_moved_by_growth += old * self.page_size
+        self.stats.reallocations += 1
+        self.stats.rows_copied += self.stored_tokens()
         self.free_pages.extend(range(old + extra - 1, old - 1, -1))  # pop() hands out low pages first
 
     def _ensure_pages(self, target_lengths: list[int]) -> None:
@@ -231,14 +240,16 @@ class PagedLayer(LogicalLengthLayer):
             return
         if needed > len(self.free_pages):
             self._grow_pool(needed - len(self.free_pages))
-        rows, cols, values = [], [], []
-        for head, count in enumerate(wanted):
-            for _ in range(max(0, count)):
-                page = self.free_pages.pop()
-                rows.append(head)
-                cols.append(len(self.pages[head]))
-                values.append(page)
-                self.pages[head].append(page)
+        # Hand out the last ``needed`` free pages in pop() order, head after head: list slices on the host (a loop
+        # over heads, not pages) and one vectorised block-table write.
+        counts = [max(0, w) for w in wanted]
+        taken = self.free_pages[len(self.free_pages) - needed :][::-1]
+        del self.free_pages[len(self.free_pages) - needed :]
+        starts, offset = [], 0
+        for head, count in enumerate(counts):
+            starts.append(len(self.pages[head]))
+            self.pages[head].extend(taken[offset : offset + count])
+            offset += count
         assert self.block_table is not None
         width = max(len(pages) for pages in self.pages)
         if width > self.block_table.shape[1]:
@@ -249,8 +260,12 @@ class PagedLayer(LogicalLengthLayer):
             )
             table[:, : self.block_table.shape[1]] = self.block_table
             self.block_table = table
-        index = (torch.tensor(rows, device=self.device), torch.tensor(cols, device=self.device))
-        self.block_table.index_put_(index, torch.tensor(values, dtype=torch.int32, device=self.device))
+        per_head = torch.tensor(counts)
+        rows = torch.repeat_interleave(torch.arange(self.num_stored_heads), per_head)
+        first = torch.cumsum(per_head, 0) - per_head  # index in ``taken`` of each head's first new page
+        cols = torch.arange(needed) - torch.repeat_interleave(first - torch.tensor(starts), per_head)
+        index = (rows.to(self.device), cols.to(self.device))
+        self.block_table.index_put_(index, torch.tensor(taken, dtype=torch.int32).to(self.device))
 
     def reserve(self, extra_tokens: int) -> None:
         """Pre-allocate pages so every head can take ``extra_tokens`` more tokens without growing the pool."""
@@ -328,10 +343,33 @@ class PagedLayer(LogicalLengthLayer):
         keys = self._flat(self.k_pool).index_select(0, slots).view(shape)
         return keys, self._flat(self.v_pool).index_select(0, slots).view(shape)
 
+    def padded_kv(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Keys ``[H, S_max, D]``, values ``[H, S_max, D]`` and positions ``[H, S_max]`` (gathered in one
+        vectorised lookup; slots past a head's length hold stale data: mask them with :attr:`lengths`)."""
+        assert self.k_pool is not None and self.v_pool is not None and self.pos_pool is not None
+        slots = self.slot_matrix()
+        shape = (self.num_stored_heads, slots.shape[1], self.head_dim)
+        flat = slots.reshape(-1)
+        keys = self._flat(self.k_pool).index_select(0, flat).view(shape)
+        values = self._flat(self.v_pool).index_select(0, flat).view(shape)
+        return keys, values, self.pos_pool.index_select(0, flat).view(slots.shape)
+
+    def padded_positions(self) -> torch.Tensor:
+        """``[H, S_max]`` int32 positions by slot (entries past a head's length are stale)."""
+        assert self.pos_pool is not None
+        slots = self.slot_matrix()
+        return self.pos_pool.index_select(0, slots.reshape(-1)).view(slots.shape)
+
     def ragged_kv(self) -> tuple[RaggedKV, RaggedKV]:
         """Per-head ``[1, 1, S_h, D]`` copies (what the torch reference attention runs on)."""
         pairs = [self.head_kv(head) for head in range(self.num_stored_heads)]
         return RaggedKV([k[None, None] for k, _ in pairs]), RaggedKV([v[None, None] for _, v in pairs])
+
+    def token_head_bytes(self) -> int:
+        """Key + value bytes of one token of one head (``2 * D * itemsize``; 0 before the first update)."""
+        if self.k_pool is None:
+            return 0
+        return self.head_dim * 2 * self.k_pool.element_size()
 
     def token_bytes(self) -> int:
         """Bytes of the stored tokens alone: ``sum_h S_h * D * 2 * itemsize``."""
@@ -370,7 +408,53 @@ class PagedLayer(LogicalLengthLayer):
         self.host_lengths = new_lengths
         self.lengths = torch.tensor(new_lengths, dtype=torch.int32, device=self.device)
         self.rows_compacted += int(src.numel())
+        self.stats.rows_copied += sum(new_lengths)
         self._positions_cache = self._slot_cache = None
+
+    def evict_slots(self, slots: torch.Tensor, heads: Sequence[int] | None = None) -> torch.Tensor:
+        """Evict one token from each of ``heads`` in place: its last stored token moves into slot ``slots[i]``
+        (same contract as :meth:`kvbench.cache.HeadwiseLayer.evict_slots`).
+
+        One vectorised copy of ``n`` rows inside the pool, no rebuild and no host synchronisation; a head whose
+        last page empties returns it to the free list.
+
+        Parameters
+        ----------
+        slots:
+            ``[n]`` int64 logical slot to evict of each evicting head.
+        heads:
+            The ``n`` evicting heads, ascending (default: every head).
+
+        Returns
+        -------
+        ``[n]`` the logical slot each evicting head's last token came from.
+        """
+        assert self.k_pool is not None and self.v_pool is not None and self.pos_pool is not None
+        assert self.block_table is not None and self.lengths is not None
+        host_heads = list(range(self.num_stored_heads)) if heads is None else list(heads)
+        rows = torch.arange(self.num_stored_heads, device=self.device)
+        if heads is not None:
+            rows = torch.tensor(host_heads, dtype=torch.long, device=self.device)
+        last = self.lengths[rows].long() - 1
+        size = self.page_size
+
+        def flat(logical: torch.Tensor) -> torch.Tensor:
+            return self.block_table[rows, logical // size].long() * size + logical % size  # type: ignore[index]
+
+        dst, src = flat(slots.long()), flat(last)
+        for pool in (self._flat(self.k_pool), self._flat(self.v_pool), self.pos_pool):
+            pool[dst] = pool[src]
+        if heads is None:
+            self.lengths -= 1
+        else:
+            self.lengths[rows] -= 1
+        for head in host_heads:
+            self.host_lengths[head] -= 1
+            if len(self.pages[head]) > math.ceil(self.host_lengths[head] / size):
+                self.free_pages.append(self.pages[head].pop())
+        self.stats.rows_copied += len(host_heads)
+        self._positions_cache = self._slot_cache = None
+        return last
 
     def _repack(self, src: torch.Tensor, new_lengths: list[int], new_pages: int) -> None:
         """Copy the kept rows ``src`` into a new pool of exactly ``new_pages`` pages; the old pool is freed."""
@@ -389,6 +473,7 @@ class PagedLayer(LogicalLengthLayer):
             impl=self.impl,
         )  # fmt: skip
         self.pos_pool.index_copy_(0, dst, old_pos.index_select(0, src))
+        self.stats.reallocations += 1
         self.free_pages = []
         width = max(1, max(len(pages) for pages in self.pages))
         table = torch.zeros((self.num_stored_heads, width), dtype=torch.int32)

@@ -42,6 +42,7 @@ from kvbench.attention import ATTENTION_NAME
 from kvbench.budget import Budget
 from kvbench.cache import KVBenchCache
 from kvbench.config import QUESTION_MODES
+from kvbench.errors import KVBenchError
 from kvbench.eviction import CacheRecord, EvictionSession
 from kvbench.generation import build_cache, resolve_prefill_chunk
 from kvbench.methods.base import EvictionMethod
@@ -60,6 +61,26 @@ def kvbench_attention(model: PreTrainedModel) -> Iterator[PreTrainedModel]:
     finally:
         model.set_attn_implementation(previous)
         model.train(training)
+
+
+class PressUsageError(KVBenchError, ValueError):
+    """A ``kvbench.press`` call kvbench cannot serve (a bad argument, or a ``generate`` call it does not support)."""
+
+
+def batch_message(input_ids: torch.Tensor) -> str:
+    """Why ``input_ids`` of more than one row is refused: several prompts, or -- rows that are copies of one prompt
+    -- the expansion ``model.generate`` makes for ``num_beams`` / ``num_return_sequences`` > 1."""
+    shape = tuple(input_ids.shape)
+    rows = shape[0] if input_ids.dim() == 2 else None
+    if rows is not None and rows > 1 and bool((input_ids == input_ids[:1]).all()):
+        why = (
+            f"{rows} copies of one prompt, which is how model.generate runs num_beams={rows} (beam search) or "
+            f"num_return_sequences={rows}: kvbench's cache holds one sequence, so use num_beams=1 and "
+            "num_return_sequences=1 (greedy or sampled decoding)"
+        )
+    else:
+        why = "pass one prompt per generate call (no padding batch); num_beams and num_return_sequences must be 1"
+    return f"kvbench.press runs one sequence at a time (batch size 1), got input_ids of shape {shape}: {why}."
 
 
 @dataclass
@@ -141,22 +162,22 @@ class Press:
         budget_name: str = "",
     ) -> None:
         if question_mode not in QUESTION_MODES:
-            raise ValueError(f"question_mode={question_mode!r}; valid: {', '.join(QUESTION_MODES)}")
+            raise PressUsageError(f"question_mode={question_mode!r}; valid: {', '.join(QUESTION_MODES)}")
         given = {"context_length": context_length, "question_length": question_length}
         given = {key: value for key, value in given.items() if value is not None}
         if question_mode == "aware" and given:
-            raise ValueError(
+            raise PressUsageError(
                 f"{', '.join(given)} only applies to question_mode='agnostic' (question-aware compresses the whole "
                 "prompt)"
             )
         if question_mode == "agnostic" and len(given) != 1:
-            raise ValueError(
+            raise PressUsageError(
                 "question_mode='agnostic' needs where the context ends: pass exactly one of context_length= (the "
                 "prompt's first N tokens are the context) or question_length= (its last N tokens are the question)"
             )
         for key, value in given.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{key}={value!r}; valid: a positive number of tokens")
+                raise PressUsageError(f"{key}={value!r}; valid: a positive number of tokens")
         self.model = model
         self.method = method
         self.budget = budget
@@ -206,9 +227,9 @@ class Press:
         if self._nested:
             return None
         if args:
-            raise ValueError("inside kvbench.press call the model with keyword arguments (input_ids=...)")
+            raise PressUsageError("inside kvbench.press call the model with keyword arguments (input_ids=...)")
         if kwargs.get("use_cache") is False:
-            raise ValueError("kvbench.press compresses the KV cache: use_cache=False leaves nothing to compress")
+            raise PressUsageError("kvbench.press compresses the KV cache: use_cache=False leaves nothing to compress")
         past = kwargs.get("past_key_values")
         if past is None or past is not self._cache:
             kwargs = self._start_prompt(kwargs)
@@ -230,15 +251,12 @@ class Press:
         arguments of the model's own forward for that last segment."""
         input_ids = kwargs.get("input_ids")
         if input_ids is None:
-            raise ValueError("kvbench.press needs input_ids (inputs_embeds are not supported)")
+            raise PressUsageError("kvbench.press needs input_ids (inputs_embeds are not supported)")
         if input_ids.dim() != 2 or input_ids.shape[0] != 1:
-            raise ValueError(
-                f"kvbench.press runs one sequence at a time (batch size 1), got input_ids of shape "
-                f"{tuple(input_ids.shape)}; num_beams and num_return_sequences must be 1"
-            )
+            raise PressUsageError(batch_message(input_ids))
         past = kwargs.get("past_key_values")
         if past is not None and past.get_seq_length() > 0:
-            raise ValueError(
+            raise PressUsageError(
                 f"kvbench.press starts every prompt from an empty cache, got past_key_values holding "
                 f"{past.get_seq_length()} tokens; do not pass past_key_values inside a press"
             )
@@ -278,7 +296,7 @@ class Press:
                 if self.context_length is not None
                 else f"question_length={self.question_length}"
             )
-            raise ValueError(
+            raise PressUsageError(
                 f"{given} does not split this {len(prompt)}-token prompt into a context and a question: the "
                 f"context must hold 1 to {len(prompt) - 1} tokens"
             )

@@ -35,6 +35,12 @@ from kvbench.errors import KVBenchError
 from kvbench.tasks.base import Sample
 
 TRUNCATION_MODES = ("middle", "none")
+#: BOS of a chat-templated prompt: ``single`` (the template carries its BOS; no second one is added, nor to a text
+#: that starts with the BOS text, e.g. RULER's ``meta-llama3`` template) or
+#: ``reference_double`` (the templated text is tokenised with special tokens, as Ada-KV's and CAKE's LongBench
+#: ``pred.py``: a template starting with the BOS text then yields two BOS ids).  Untemplated prompts always get the
+#: tokenizer's special tokens.
+BOS_MODES = ("single", "reference_double")
 #: Marks the question boundary while the chat template renders (private-use characters, never in benchmark text).
 _MARK = "\ue000kvbench-question-starts\ue001"
 
@@ -183,9 +189,16 @@ def render_sample(tokenizer: PreTrainedTokenizerBase, sample: Sample, use_chat_t
     )
 
 
-def _tokenize_split(tokenizer: PreTrainedTokenizerBase, rendered: RenderedPrompt) -> tuple[list[int], list[int]]:
-    """Tokenise the rendered text once and split the ids where the question starts (token offsets)."""
-    encoding = tokenizer(rendered.text, add_special_tokens=not rendered.templated, return_offsets_mapping=True)
+def _tokenize_split(
+    tokenizer: PreTrainedTokenizerBase, rendered: RenderedPrompt, bos: str = "single"
+) -> tuple[list[int], list[int]]:
+    """Tokenise the rendered text once and split the ids where the question starts (token offsets); ``bos``: one of
+    :data:`BOS_MODES`."""
+    add_special = not rendered.templated or bos == "reference_double"
+    bos_text = getattr(tokenizer, "bos_token", None)
+    if bos == "single" and bos_text and rendered.text.startswith(bos_text):
+        add_special = False  # the text writes its own BOS (RULER's meta-llama3 template): never a second one
+    encoding = tokenizer(rendered.text, add_special_tokens=add_special, return_offsets_mapping=True)
     ids: list[int] = encoding.input_ids
     offsets: list[tuple[int, int]] = encoding.offset_mapping
     boundary = rendered.question_start
@@ -207,9 +220,12 @@ def encode_sample(
     max_input_length: int,
     use_chat_template: bool,
     truncation: str = "middle",
+    bos: str = "single",
 ) -> EncodedPrompt:
-    """Tokenise ``sample`` following the module's rules (``truncation``: one of :data:`TRUNCATION_MODES`)."""
+    """Tokenise ``sample`` following the module's rules (``truncation``: one of :data:`TRUNCATION_MODES`; ``bos``:
+    one of :data:`BOS_MODES`)."""
     check_choice("truncation", truncation, TRUNCATION_MODES)
+    check_choice("bos", bos, BOS_MODES)
     context, question = sample.context, sample.question
     truncated = question_lost = False
     if truncation == "middle":
@@ -227,7 +243,7 @@ def encode_sample(
         shots=sample.shots,
         use_chat_template=use_chat_template,
     )
-    context_ids, question_ids = _tokenize_split(tokenizer, rendered)
+    context_ids, question_ids = _tokenize_split(tokenizer, rendered, bos)
     length = len(context_ids) + len(question_ids)
     if truncation == "none" and length > max_input_length:
         raise PromptTooLong(

@@ -59,6 +59,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from kvbench.checks import json_error_text
+
 PREDICTIONS_FILE = "predictions.jsonl"
 METRICS_FILE = "metrics.json"
 CONFIG_FILE = "config.yaml"
@@ -139,7 +141,7 @@ class PredictionLog:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
-                raise ValueError(f"{self.path}:{line_no}: corrupt prediction row ({err})") from err
+                raise ValueError(f"{self.path}:{line_no}: corrupt prediction row ({json_error_text(err)})") from err
             if row["id"] in seen:
                 raise ValueError(f"{self.path}:{line_no}: duplicate sample id {row['id']!r}")
             seen.add(row["id"])
@@ -205,8 +207,12 @@ class TimingLog:
         }
 
 
-#: Config keys that do not change results (excluded from the config hash).
+#: Config keys that do not change results (excluded from the config hash).  ``task.num_samples`` is the run's
+#: extent, not its identity: sample i never depends on it, so a run asked for more samples continues the same folder
+#: and one asked for fewer reports on the first N (:class:`kvbench.runner.Runner`) -- unless the method calibrates
+#: on a share of the samples (:func:`count_is_identity`).
 NON_SEMANTIC_KEYS = (
+    "task.num_samples",
     "wandb",
     "run.progress",
     "run.print_table",
@@ -220,11 +226,23 @@ NON_SEMANTIC_KEYS = (
 )
 
 
+def count_is_identity(cfg: DictConfig) -> bool:
+    """Whether the method's results depend on how many samples a dataset has: a method that calibrates on a share
+    of the task's samples (``method.params.sampling``, XKV's sampled mode) keeps ``task.num_samples`` in the run's
+    identity, since sample i of a 10-sample run and of a 50-sample run are compressed differently."""
+    return bool(OmegaConf.select(cfg, "method.params.sampling", default=False))
+
+
+def ignored_keys(cfg: DictConfig) -> tuple[str, ...]:
+    """:data:`NON_SEMANTIC_KEYS`, less ``task.num_samples`` where :func:`count_is_identity`."""
+    return tuple(key for key in NON_SEMANTIC_KEYS if key != "task.num_samples" or not count_is_identity(cfg))
+
+
 def config_hash(cfg: DictConfig) -> str:
-    """SHA-256 (first 16 hex) of the resolved config without the non-semantic keys."""
+    """SHA-256 (first 16 hex) of the resolved config without the non-semantic keys (:func:`ignored_keys`)."""
     container = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(container, dict)
-    for dotted in NON_SEMANTIC_KEYS:
+    for dotted in ignored_keys(cfg):
         node: Any = container
         *parents, leaf = dotted.split(".")
         for parent in parents:
@@ -233,3 +251,40 @@ def config_hash(cfg: DictConfig) -> str:
             node.pop(leaf, None)
     blob = json.dumps(container, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def config_differences(folder: Path, cfg: DictConfig) -> list[str]:
+    """``key: old -> new`` for every setting that changes results (:data:`NON_SEMANTIC_KEYS` and ``wandb`` aside)
+    between the run stored in ``folder`` (its ``config.yaml``) and ``cfg``; empty when they are the same run."""
+    old_cfg = OmegaConf.load(folder / CONFIG_FILE) if (folder / CONFIG_FILE).exists() else OmegaConf.create()
+    old, new = OmegaConf.to_container(old_cfg, resolve=True), OmegaConf.to_container(cfg, resolve=True)
+    return _differences(old, new, prefix="", ignored=ignored_keys(cfg))
+
+
+def _differences(old: Any, new: Any, prefix: str, ignored: tuple[str, ...]) -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        diffs = []
+        for key in sorted(set(old) | set(new)):
+            if f"{prefix}{key}" in ignored or (key == "wandb" and not prefix):
+                continue
+            diffs += _differences(old.get(key), new.get(key), f"{prefix}{key}.", ignored)
+        return diffs
+    return [] if old == new else [f"{prefix.rstrip('.')}: {old!r} -> {new!r}"]
+
+
+def same_run(folder: Path, recorded_hash: str | None, cfg: DictConfig, cfg_hash: str) -> bool:
+    """Whether the run recorded in ``folder`` (``run_meta.json``'s ``recorded_hash``) is the run ``cfg`` describes:
+    the same hash, or -- for a folder written when the hash still covered ``task.num_samples`` -- a stored
+    ``config.yaml`` that differs from ``cfg`` in nothing that changes results."""
+    if recorded_hash == cfg_hash:
+        return True
+    return recorded_hash is not None and (folder / CONFIG_FILE).exists() and not config_differences(folder, cfg)
+
+
+def extent_covered(metrics: dict[str, Any], num_samples: int | None) -> bool:
+    """Whether a dataset's ``metrics.json`` was computed over at least the first ``num_samples`` samples (``None``:
+    all of them); files written before ``num_samples_requested`` was recorded count as covering any extent."""
+    if "num_samples_requested" not in metrics:
+        return True
+    requested = metrics["num_samples_requested"]
+    return requested is None or (num_samples is not None and num_samples <= int(requested))

@@ -4,7 +4,10 @@
   the process ends, even on SIGKILL.  On file systems without ``flock`` (some NFS/Lustre mounts) it falls back to
   an ``O_EXCL`` lock file, ``<folder>/.kvbench.lock.excl``, holding the owner (pid, host, SLURM job); an owner that
   is provably gone (same host and dead pid, or an earlier attempt of this SLURM job) is replaced.  A second process
-  fails with a :class:`KVBenchError` naming the holder, after waiting up to ``$KVBENCH_LOCK_WAIT`` seconds.
+  fails with a :class:`KVBenchError` naming the holder, after waiting up to ``$KVBENCH_LOCK_WAIT`` seconds.  Every
+  retry loop is bounded: a folder that vanishes after each ``mkdir`` (``/proc``) ends in an error, not a spin.
+* :func:`check_not_locked` -- the same "in use" error before any heavy work (data, model), without creating anything,
+  when the run would not wait (``$KVBENCH_LOCK_WAIT`` is 0); :func:`lock_wait_seconds` checks that variable.
 * :func:`claim_run_folder` -- creates the folder, takes the lock, and if the run fails before the folder holds any
   prediction or metrics, removes everything kvbench wrote there (and the parent folders it created), so that a
   failed run never blocks the next command (``results/`` is as it was).
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import math
 import os
 import platform
 import re
@@ -33,6 +37,11 @@ EXCL_LOCK_FILE = ".kvbench.lock.excl"
 _NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS}
 _BUSY = {errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK}
 _HOLDER = re.compile(r"^pid (\d+) on (\S+?)(?:, SLURM job (\S+?))?, since")
+#: How many times the lock loop re-creates a folder that vanished between ``mkdir`` and ``open`` (a run that wrote
+#: nothing removing it concurrently) before giving up: a vanishing that repeats is not a race but a place where
+#: folders cannot be made (``/proc``), and the loop must not spin forever.
+MAX_VANISHED_RETRIES = 20
+LOCK_WAIT_ENV = "KVBENCH_LOCK_WAIT"
 
 
 def holder_line() -> str:
@@ -64,28 +73,73 @@ def _read_holder(path: Path, patience_s: float = 1.0) -> str:
         time.sleep(0.05)
 
 
-def _wait_seconds(wait_s: float | None) -> float:
+def lock_wait_seconds(wait_s: float | None = None) -> float:
+    """``wait_s``, else ``$KVBENCH_LOCK_WAIT`` (default 0): how long to wait for a busy run folder.
+
+    Raises :class:`KVBenchError` for a value that is not a finite number of seconds >= 0 (checked before any work
+    by :func:`kvbench.validation.check_environment`)."""
     if wait_s is not None:
         return wait_s
-    raw = os.environ.get("KVBENCH_LOCK_WAIT", "0") or "0"
+    raw = os.environ.get(LOCK_WAIT_ENV, "0") or "0"
     try:
-        return float(raw)
+        seconds = float(raw)
     except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < 0:
         raise KVBenchError(
-            f"KVBENCH_LOCK_WAIT={raw!r} is not a number of seconds (e.g. KVBENCH_LOCK_WAIT=600)."
-        ) from None
+            f"{LOCK_WAIT_ENV}={raw!r} is not a number of seconds >= 0: it is how long a run waits for another "
+            f"process to release its run folder (0, the default, fails at once). Fix: e.g. {LOCK_WAIT_ENV}=600, "
+            f"or unset it."
+        )
+    return seconds
+
+
+def check_not_locked(folder: Path) -> None:
+    """Fail at once, before any heavy work, when another process holds ``folder``'s lock and the run would not wait
+    for it (``$KVBENCH_LOCK_WAIT`` is 0).  Creates nothing: it only opens an existing lock file to probe it (the
+    lock itself is taken later, by :func:`claim_run_folder`, when the run is ready to write)."""
+    if lock_wait_seconds() > 0:
+        return
+    for name in (LOCK_FILE, EXCL_LOCK_FILE):
+        path = folder / name
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:  # no lock file (or unreadable): nobody to wait for, or the claim reports it
+            continue
+        try:
+            if name == EXCL_LOCK_FILE:
+                holder = _read_holder(path, patience_s=0)
+                if not _holder_is_gone(holder):
+                    raise _busy_error(folder, holder, lock_path=path)
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError as err:
+                if err.errno in _BUSY:
+                    raise _busy_error(folder, _read_holder(path)) from None
+        finally:
+            os.close(fd)  # releases the shared probe lock, if taken
 
 
 @contextmanager
 def run_folder_lock(folder: Path, wait_s: float | None = None) -> Iterator[Path]:
     """Hold the run folder's exclusive lock (see the module docstring); yields the lock file's path."""
-    deadline = time.monotonic() + _wait_seconds(wait_s)
+    deadline = time.monotonic() + lock_wait_seconds(wait_s)
+    vanished = 0
     while True:
         path = folder / LOCK_FILE
         try:
             folder.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        except FileNotFoundError:  # a run that wrote nothing removed the folder meanwhile: make it again
+        except FileNotFoundError as err:  # a run that wrote nothing removed the folder meanwhile: make it again
+            vanished += 1
+            if vanished > MAX_VANISHED_RETRIES:
+                raise KVBenchError(
+                    f"cannot create the run folder {folder} ({err.strerror or err}, {vanished} tries): its parent "
+                    "does not keep new folders. Point run.output_root at an ordinary writable folder (e.g. "
+                    "run.output_root=results/runs)."
+                ) from err
+            time.sleep(0.01)
             continue
         try:
             locked = _try_flock(fd)
@@ -100,6 +154,9 @@ def run_folder_lock(folder: Path, wait_s: float | None = None) -> Iterator[Path]
             break
         os.close(fd)
         if locked:  # we locked a lock file that a finished run had just removed: take the new one
+            vanished += 1
+            if vanished > MAX_VANISHED_RETRIES:
+                raise KVBenchError(f"cannot keep a lock file in {folder}: it vanishes as soon as it is made.")
             continue
         if time.monotonic() >= deadline:
             raise _busy_error(folder, _read_holder(path))

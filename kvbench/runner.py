@@ -3,8 +3,8 @@
 Order of work (nothing is written under ``results/`` until every input has been validated, the data checked and
 the model loaded):
 
-1. validate the config, the environment (model, data folder, packages), method, budget and task kind
-   (:mod:`kvbench.validation`);
+1. validate the config, the environment (model, data folder, packages, results root, and that no other process
+   holds the run folder), method, budget and task kind (:mod:`kvbench.validation`);
 2. load the tokenizer, build the task's datasets and load and check every sample of every selected dataset, then
    load the model's weights;
 3. claim the run folder (:mod:`kvbench.run_folder`): create it and take its lock (``.kvbench.lock``: two processes
@@ -12,7 +12,9 @@ the model loaded):
    seconds), check that an existing run there has the same config (else refuse, naming the differences and
    ``run.tag``; a folder whose run wrote no prediction is replaced, with a note), write ``config.yaml`` and
    ``run_meta.json``.  If the run fails before the folder holds any prediction, what it wrote is removed again;
-4. per dataset: skip it if its ``metrics.json`` exists for this config; otherwise resume ``predictions.jsonl``
+4. per dataset: skip it if its ``metrics.json`` exists for this config and sample count; report on the first N
+   without writing when it covers more samples (``task.num_samples`` is the run's extent, not its identity);
+   otherwise resume ``predictions.jsonl``
    (samples already there are not re-run), append each new prediction as soon as it exists, then score and write
    ``metrics.json`` atomically;
 5. write the run's ``summary.json`` (:mod:`kvbench.summary`: scores with bootstrap 95 % intervals, the papers'
@@ -63,7 +65,6 @@ from kvbench.prompting import encode_sample
 from kvbench.results import (
     CONFIG_FILE,
     METRICS_FILE,
-    NON_SEMANTIC_KEYS,
     PREDICTIONS_FILE,
     RUN_META_FILE,
     TIMINGS_FILE,
@@ -71,10 +72,12 @@ from kvbench.results import (
     TimingLog,
     atomic_write_json,
     atomic_write_text,
+    config_differences,
     config_hash,
     holds_results,
     read_json,
     run_dir,
+    same_run,
 )
 from kvbench.run_folder import claim_run_folder
 from kvbench.sample_cache import SampleCache
@@ -99,6 +102,9 @@ class DatasetResult:
     skipped: bool
     interval: tuple[float, float] | None = None
     details: DatasetScores | None = None
+    #: Set when the folder holds more samples than the run asked for: how many (the score covers the first
+    #: ``n_samples``; the folder's ``metrics.json`` and ``summary.json`` keep covering all ``first_of``).
+    first_of: int | None = None
 
 
 def git_commit() -> str | None:
@@ -178,13 +184,30 @@ def _graceful_termination() -> Iterator[None]:
         _TERMINATION.fired = False
 
 
+def _with_folder_extent(folder: Path, cfg: DictConfig) -> DictConfig:
+    """``cfg`` with ``task.num_samples`` raised to what the folder's ``config.yaml`` already covers (``None``: all
+    samples), so a run that reports on fewer samples leaves the folder's recorded extent as it was."""
+    path = folder / CONFIG_FILE
+    if not path.exists():
+        return cfg
+    recorded = OmegaConf.select(OmegaConf.load(path), "task.num_samples", default=-1)
+    requested = cfg.task.num_samples
+    if requested is None or recorded == -1 or (recorded is not None and recorded <= requested):
+        return cfg
+    widened = cfg.copy()
+    widened.task.num_samples = recorded
+    return widened
+
+
 def _check_existing_run(folder: Path, cfg_hash: str, cfg: DictConfig, note_replacement: bool = True) -> None:
     """Refuse to mix two different configs in one results folder (one whose run wrote no prediction is replaced)."""
     meta_path = folder / RUN_META_FILE
     if not meta_path.exists():
         return
     existing = read_json(meta_path).get("config_hash")
-    if existing and existing != cfg_hash and not holds_results(folder):
+    if same_run(folder, existing, cfg, cfg_hash):
+        return
+    if existing and not holds_results(folder):
         if not note_replacement:
             return
         print(
@@ -193,27 +216,13 @@ def _check_existing_run(folder: Path, cfg_hash: str, cfg: DictConfig, note_repla
             file=sys.stderr,
         )
         return
-    if existing and existing != cfg_hash:
-        old_cfg = OmegaConf.load(folder / CONFIG_FILE) if (folder / CONFIG_FILE).exists() else OmegaConf.create()
-        diffs = _config_diff(
-            OmegaConf.to_container(old_cfg, resolve=True), OmegaConf.to_container(cfg, resolve=True), prefix=""
-        )
+    if existing:
+        diffs = config_differences(folder, cfg)
         shown = "; ".join(diffs[:8]) + (" ..." if len(diffs) > 8 else "")
         raise KVBenchError(
             f"{folder} already holds a run with a different config (hash {existing} != {cfg_hash}): {shown}. "
             "Nothing was changed. Pass run.tag=<name> to store this variant separately, or remove that folder."
         )
-
-
-def _config_diff(old: Any, new: Any, prefix: str) -> list[str]:
-    if isinstance(old, dict) and isinstance(new, dict):
-        diffs = []
-        for key in sorted(set(old) | set(new)):
-            if f"{prefix}{key}" in NON_SEMANTIC_KEYS or (key == "wandb" and not prefix):
-                continue
-            diffs += _config_diff(old.get(key), new.get(key), f"{prefix}{key}.")
-        return diffs
-    return [] if old == new else [f"{prefix.rstrip('.')}: {old!r} -> {new!r}"]
 
 
 def _prediction_row(sample: Sample, dataset: TaskDataset, output: Any, encoded: Any) -> dict[str, Any]:
@@ -251,11 +260,38 @@ def _cache_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "mean_achieved_per_layer": [round(v, 2) for v in achieved.mean(dim=0).tolist()],
         "mean_kept_fraction": round(float(kept_fraction), 4),
         "mean_cache_bytes": round(sum(r["cache"]["cache_bytes"] for r in rows) / len(rows), 1),
+        # Memory beside accuracy: stored bytes / the full cache's bytes for the same tokens (> 1: query-head storage).
+        "mean_stored_vs_full": round(
+            sum(r["cache"]["cache_bytes"] / max(r["cache"].get("full_cache_bytes", 0), 1) for r in rows) / len(rows), 4
+        )
+        if all(r["cache"].get("full_cache_bytes") for r in rows)
+        else None,
+        "samples_exceeding_full_cache": sum(1 for r in rows if r["cache"].get("exceeds_full_cache")),
         "budget_exact": bool(torch.equal(requested, achieved)),
         # Every head kept what the method allocated it (Ada-KV's per-head rounding may drift from the layer budget).
         "allocation_exact": all(r["cache"]["requested_per_head"] == r["cache"]["achieved_per_head"] for r in rows),
         "samples_evicted": sum(1 for r in rows if r["cache"]["evicted"]),
     }
+
+
+_WARNED_ABOVE_FULL: set[str] = set()
+
+
+def _warn_if_above_full(record: Any, cfg: DictConfig) -> None:
+    """One warning per run (method x budget x model) when the stored cache exceeds the full cache's size."""
+    key = f"{cfg.model.name}/{cfg.method.name}/{cfg.budget.name}"
+    if record.exceeds_full_cache and key not in _WARNED_ABOVE_FULL:
+        _WARNED_ABOVE_FULL.add(key)
+        LOG.warning(
+            "%s stores %d heads per layer (gqa_granularity=query_head, %d KV heads): its cache (%d bytes) exceeds "
+            "the full cache's (%d bytes) at budget %s; method.gqa_granularity=kv_head stores one per KV head",
+            cfg.method.name,
+            record.stored_heads,
+            record.kv_heads,
+            record.cache_bytes,
+            record.full_cache_bytes,
+            cfg.budget.name,
+        )
 
 
 class Runner:
@@ -360,10 +396,12 @@ class Runner:
 
     def _write_run_files(self) -> dict[str, Any]:
         cfg = self.cfg
-        atomic_write_text(self.folder / CONFIG_FILE, OmegaConf.to_yaml(cfg, resolve=True))
+        atomic_write_text(
+            self.folder / CONFIG_FILE, OmegaConf.to_yaml(_with_folder_extent(self.folder, cfg), resolve=True)
+        )
         meta_path = self.folder / RUN_META_FILE
         meta = read_json(meta_path) if meta_path.exists() else {}
-        if meta.get("config_hash") != self.cfg_hash:  # a replaced run that wrote nothing: start afresh
+        if not same_run(self.folder, meta.get("config_hash"), cfg, self.cfg_hash):  # a replaced run: start afresh
             meta = {}
         meta.update(
             {
@@ -401,7 +439,8 @@ class Runner:
         metrics_path = folder / METRICS_FILE
         if metrics_path.exists():
             existing = read_json(metrics_path)
-            if existing.get("config_hash") == self.cfg_hash:
+            same_extent = existing.get("n_samples") == len(samples)
+            if existing.get("config_hash") == self.cfg_hash and same_extent:
                 if hasattr(dataset, "evaluate"):  # lm-eval's scores: no per-sample kvbench predictions to resample
                     kept = existing.get("cache", {}).get("mean_kept_fraction", 1.0)
                     return DatasetResult(
@@ -409,6 +448,10 @@ class Runner:
                     )
                 rows = {row["id"]: row for row in PredictionLog(folder / PREDICTIONS_FILE).load()}
                 return self._dataset_result(dataset, samples, [rows.get(s.id) for s in samples], existing, True)
+            if existing.get("config_hash") == self.cfg_hash and len(samples) < int(existing.get("n_samples", 0)):
+                report = self._report_on_first(dataset, samples, existing)
+                if report is not None:
+                    return report
         if hasattr(dataset, "evaluate"):  # a dataset with its own evaluation loop (lm-eval tasks: kvbench/lmeval)
             return dataset.evaluate(self, loaded, samples)
         provenance = dataset.provenance()
@@ -417,7 +460,10 @@ class Runner:
         log = PredictionLog(folder / PREDICTIONS_FILE)
         done = {row["id"]: row for row in log.load()}
         timing_log = TimingLog(folder / TIMINGS_FILE)
-        _check_resumable(log.path, done, samples)
+        # Rows past the requested extent (an earlier run asked for more samples) stay in the log, unscored.
+        truncated = cfg.task.num_samples is not None and len(samples) == int(cfg.task.num_samples)
+        _check_resumable(log.path, done, samples, beyond_extent_ok=truncated)
+        done = {sample.id: done[sample.id] for sample in samples if sample.id in done}
         use_template = bool(cfg.model.chat_template and dataset.chat_template)
         stops = stop_token_ids(loaded.tokenizer, loaded.model, list(cfg.model.stop_tokens))
         stops |= last_token_ids(loaded.tokenizer, dataset.stop_token_texts)
@@ -436,6 +482,7 @@ class Runner:
                 max_input_length=int(cfg.model.max_input_length),
                 use_chat_template=use_template,
                 truncation=dataset.truncation,
+                bos=dataset.bos,
             )
             output = generate(
                 loaded.model,
@@ -452,6 +499,7 @@ class Runner:
                 prefill_chunk=cfg.run.prefill_chunk,
             )
             row = _prediction_row(sample, dataset, output, encoded)
+            _warn_if_above_full(output.record, self.cfg)
             with _TERMINATION.critical():
                 log.append(row)
                 timing_log.append({"id": sample.id, "prefill_s": output.prefill_s, "decode_s": output.decode_s})
@@ -471,6 +519,7 @@ class Runner:
             "score": float(scores["score"]),
             "scores": {k: _json_number(v) for k, v in scores.items()},
             "n_samples": len(rows),
+            "num_samples_requested": cfg.task.num_samples,
             "config_hash": self.cfg_hash,
             "question_mode": cfg.task.question_mode,
             "dataset_settings": dataset.describe(),
@@ -499,6 +548,36 @@ class Runner:
             )
             atomic_write_json(metrics_path, metrics)
         return self._dataset_result(dataset, samples, rows, metrics, False)
+
+    def _report_on_first(
+        self, dataset: TaskDataset, samples: list[Sample], metrics: dict[str, Any]
+    ) -> DatasetResult | None:
+        """The scores of the first ``len(samples)`` samples of a dataset whose ``metrics.json`` covers more (a run
+        asked for fewer samples than its folder holds), computed from ``predictions.jsonl`` and written nowhere:
+        nothing is deleted or overwritten.  ``None`` when a requested sample has no prediction yet."""
+        by_id = {row["id"]: row for row in PredictionLog(self.folder / dataset.name / PREDICTIONS_FILE).load()}
+        rows = [by_id.get(sample.id) for sample in samples]
+        if any(row is None for row in rows):
+            return None
+        kept_rows = [row for row in rows if row is not None]
+        _check_resumable(self.folder / dataset.name / PREDICTIONS_FILE, by_id, samples, beyond_extent_ok=True)
+        scores = dataset.score([row["prediction"] for row in kept_rows], samples)
+        LOG.info(
+            "%s: reporting on the first %d of the %d samples in %s",
+            dataset.name,
+            len(samples),
+            metrics["n_samples"],
+            self.folder,
+        )
+        view = {
+            **metrics,
+            "score": float(scores["score"]),
+            "n_samples": len(kept_rows),
+            "cache": _cache_summary(kept_rows),
+        }
+        result = self._dataset_result(dataset, samples, rows, view, skipped=True)
+        result.first_of = int(metrics["n_samples"])
+        return result
 
     def _dataset_result(
         self,
@@ -535,7 +614,9 @@ class Runner:
         )
 
     def _write_summary(self, meta: dict[str, Any], results: list[DatasetResult]) -> dict[str, Any]:
-        """Write ``summary.json`` (:mod:`kvbench.summary`) for a complete run; returns its payload."""
+        """Write ``summary.json`` (:mod:`kvbench.summary`) for a complete run; returns its payload.  A run that
+        reports on fewer samples than its folder holds leaves the folder's summary as it was (returned, not
+        written)."""
         cfg = self.cfg
         run = {
             **meta,
@@ -545,7 +626,8 @@ class Runner:
         }
         details = [r.details for r in results if r.details is not None]
         summary = build_summary(run, details, int(cfg.seed))
-        atomic_write_json(self.folder / SUMMARY_FILE, summary)
+        if all(result.first_of is None for result in results):
+            atomic_write_json(self.folder / SUMMARY_FILE, summary)
         return summary
 
 
@@ -559,12 +641,15 @@ def sample_cache(cfg: DictConfig) -> SampleCache | None:
     return SampleCache(root)
 
 
-def _check_resumable(path: Path, done: dict[str, dict[str, Any]], samples: list[Sample]) -> None:
+def _check_resumable(
+    path: Path, done: dict[str, dict[str, Any]], samples: list[Sample], beyond_extent_ok: bool = False
+) -> None:
     """Rows already in ``predictions.jsonl`` must belong to this dataset's samples, with the same prompt (rows
-    written before prompt hashes were recorded are accepted by id)."""
+    written before prompt hashes were recorded are accepted by id).  ``beyond_extent_ok``: ``samples`` are the first
+    N of the dataset, so rows of other ids may be later samples that an earlier, larger run made."""
     by_id = {sample.id: sample for sample in samples}
     stale = sorted(set(done) - set(by_id))
-    if stale:
+    if stale and not beyond_extent_ok:
         raise KVBenchError(
             f"{path} holds predictions for samples not in this dataset ({stale[:3]}...); "
             "the task definition changed: remove the folder or use run.tag"
@@ -572,7 +657,9 @@ def _check_resumable(path: Path, done: dict[str, dict[str, Any]], samples: list[
     changed = sorted(
         sample_id
         for sample_id, row in done.items()
-        if row.get("prompt_sha256") is not None and row["prompt_sha256"] != by_id[sample_id].prompt_sha256()
+        if sample_id in by_id
+        and row.get("prompt_sha256") is not None
+        and row["prompt_sha256"] != by_id[sample_id].prompt_sha256()
     )
     if changed:
         raise KVBenchError(
@@ -630,7 +717,7 @@ def format_table(
     header = f"{'dataset':<{width}}  {'metric':<18} {'score':>7} {'95% CI':>16} {'n':>4} {'kept':>6}"
     lines = [title, header]
     for r in results:
-        note = " (cached)" if r.skipped else ""
+        note = f" (first {r.n_samples} of {r.first_of})" if r.first_of else " (cached)" if r.skipped else ""
         lines.append(
             f"{r.dataset:<{width}}  {r.metric:<18} {r.score:7.2f} {_interval_text(r.interval):>16} {r.n_samples:4d} "
             f"{r.mean_kept_fraction:6.1%}{note}"

@@ -150,7 +150,16 @@ class Composer:
 
 def classify(job: Job, cfg: Any) -> None:
     """Set ``job.state`` from its run folder: ``complete``, ``partial``, ``new`` or ``invalid`` (conflict)."""
-    from kvbench.results import METRICS_FILE, RUN_META_FILE, config_hash, holds_results, read_json, run_dir
+    from kvbench.results import (
+        METRICS_FILE,
+        RUN_META_FILE,
+        config_hash,
+        extent_covered,
+        holds_results,
+        read_json,
+        run_dir,
+        same_run,
+    )
 
     cfg_hash = config_hash(cfg)
     folder = run_dir(cfg.run.output_root, cfg.model.name, cfg.task.name, cfg.method.name, cfg.budget.name, cfg.run.tag)
@@ -161,10 +170,11 @@ def classify(job: Job, cfg: Any) -> None:
         job.state = "partial" if folder.exists() and any(folder.iterdir()) else "new"
         return
     meta = read_json(meta_path)
-    if meta.get("config_hash") != cfg_hash and not holds_results(folder):
+    same = same_run(folder, meta.get("config_hash"), cfg, cfg_hash)
+    if not same and not holds_results(folder):
         job.state = "new"  # the folder's run wrote no prediction: the job replaces it
         return
-    if meta.get("config_hash") != cfg_hash:
+    if not same:
         job.state = "invalid"
         job.reason = (
             f"{folder} holds a run with a different config (hash {meta.get('config_hash')} != {cfg_hash}); "
@@ -175,7 +185,8 @@ def classify(job: Job, cfg: Any) -> None:
     if meta.get("status") == "complete" and datasets:
         for name in datasets:
             path = folder / name / METRICS_FILE
-            if not path.exists() or read_json(path).get("config_hash") != cfg_hash:
+            metrics = read_json(path) if path.exists() else {}
+            if metrics.get("config_hash") != cfg_hash or not extent_covered(metrics, cfg.task.num_samples):
                 job.state = "partial"
                 return
         job.state = "complete"

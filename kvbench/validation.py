@@ -1,11 +1,13 @@
 """Every check that can run before any work, in three stages of rising cost.
 
 1. :func:`check_config` -- the composed config alone: no unknown keys (``+method.windw=8`` included), no missing
-   values, names usable as folder names, budget string, knob ranges and choices.  Imports neither torch nor
+   values, names usable as folder names, budget string, knob ranges and choices, ``task.datasets`` against the
+   task's dataset names, ``run.prefill_chunk``.  Imports neither torch nor
    transformers, so ``python run.py`` reports a bad value in well under a second (``scripts/bench_errors.py``).
 2. :func:`check_environment` -- what the config points at, still without torch: the model (builtin, an existing
    local folder, or a hub id -- in the local cache when offline), the data folder, the optional packages the
-   run needs, a writable results root.
+   run needs, a results root where a folder can be made (probed by making one), ``$KVBENCH_LOCK_WAIT``, and that
+   no other process holds the run folder.
 3. :func:`validate` -- needs torch (lazily imported): the method family builds with its parameters (the families'
    ``parse_params``), the task kind is registered.  The runner then checks the device, loads the tokenizer and
    reads every selected dataset, :func:`check_samples`, before the model's weights load and before anything is
@@ -22,6 +24,7 @@ import difflib
 import importlib.util
 import json
 import os
+import tempfile
 import typing
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,6 +44,8 @@ from kvbench.config import (
 )
 from kvbench.errors import KVBenchError
 from kvbench.model_source import resolve_model_source
+from kvbench.results import run_dir
+from kvbench.run_folder import check_not_locked
 
 #: Config values used as results folder names (``results/runs/<model>/<task>/<method>/<budget>[~<tag>]``).
 FOLDER_NAME_KEYS = ("model.name", "task.name", "method.name", "budget.name", "run.tag")
@@ -62,13 +67,20 @@ def check_config(cfg: DictConfig) -> None:
     for key in FOLDER_NAME_KEYS:
         _check_folder_name(key, OmegaConf.select(cfg, key))
     _check_budget(str(cfg.budget.spec))
-    _check_method_knobs(cfg.method)
+    check_method_values(cfg.method)
     _check_task_values(cfg.task)
     _check_choice("model.dtype", cfg.model.dtype, DTYPE_NAMES)
     _check_min("model.max_input_length", cfg.model.max_input_length, 2)
     _check_choice("wandb.mode", cfg.wandb.mode, WANDB_MODES)
     if cfg.run.threads is not None:
         _check_min("run.threads", cfg.run.threads, 1)
+    if cfg.run.prefill_chunk is not None:
+        _check_min(
+            "run.prefill_chunk",
+            cfg.run.prefill_chunk,
+            0,
+            "tokens per forward of the compressed prefill; 0 = one forward, null = automatic",
+        )
 
 
 def _check_keys(node: Any, schema: type, prefix: str) -> None:
@@ -119,7 +131,8 @@ def _check_budget(spec: str) -> None:
         ) from err
 
 
-def _check_method_knobs(method: Any) -> None:
+def check_method_values(method: Any) -> None:
+    """The common method knobs (``method.window``, ``kernel_size``, the choice knobs, ``sink_tokens``)."""
     _check_min("method.window", method.window, 1, "the observation window's length in tokens; the presets use 8 or 32")
     kernel = method.kernel_size
     if not isinstance(kernel, int) or kernel < 1 or kernel % 2 == 0:
@@ -133,6 +146,7 @@ def _check_method_knobs(method: Any) -> None:
 
 
 def _check_task_values(task: Any) -> None:
+    _check_datasets(task)
     _check_choice("task.question_mode", task.question_mode, QUESTION_MODES)
     if task.num_samples is not None:
         _check_min("task.num_samples", task.num_samples, 1, "or null for all samples")
@@ -146,6 +160,33 @@ def _check_task_values(task: Any) -> None:
                 f"task.depths contains {depth!r}: needle depths are percentages in [0, 100] (e.g. "
                 "task.depths=[0,50,100])."
             )
+
+
+def _check_datasets(task: Any) -> None:
+    """``task.datasets`` names datasets of the task (for the built-in kinds, whose names are known without building
+    the task: :data:`kvbench.listing.TASK_DATASETS`); other kinds check their names when they build."""
+    from kvbench.listing import TASK_DATASETS
+
+    if task.datasets is None or task.kind not in TASK_DATASETS:
+        return
+    settings = {"kind": task.kind, "language": task.language, "length": task.length, "lengths": task.lengths}
+    try:
+        available = TASK_DATASETS[task.kind](settings)
+    except (ValueError, KeyError):  # a bad setting the task builder reports with its own message
+        return
+    unknown = [str(name) for name in task.datasets if name not in available]
+    if unknown:
+        close = [match for name in unknown for match in difflib.get_close_matches(name, available, n=1)]
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise KVBenchError(
+            f"task.datasets={unknown} are not datasets of task={task.name} (kind {task.kind}); valid datasets: "
+            f"{', '.join(available)}.{hint} Or leave task.datasets=null for all of them (`kvbench list tasks`)."
+        )
+    if not task.datasets:
+        raise KVBenchError(
+            f"task.datasets=[] selects no dataset of task={task.name}; valid datasets: {', '.join(available)}, or "
+            "task.datasets=null for all of them."
+        )
 
 
 def _check_choice(key: str, value: Any, valid: Sequence[str], also: str = "") -> None:
@@ -170,6 +211,12 @@ def check_environment(cfg: DictConfig, check_model: bool = True) -> None:
                 f"{why} needs the Python package {module.split('|')[0]!r}, which is not installed. {fix}"
             )
     _check_writable_root(Path(str(cfg.run.output_root)))
+    check_not_locked(run_folder(cfg))  # also checks $KVBENCH_LOCK_WAIT
+
+
+def run_folder(cfg: DictConfig) -> Path:
+    """The run's results folder (:func:`kvbench.results.run_dir`)."""
+    return run_dir(cfg.run.output_root, cfg.model.name, cfg.task.name, cfg.method.name, cfg.budget.name, cfg.run.tag)
 
 
 def package_available(module: str) -> bool:
@@ -245,6 +292,10 @@ def _longbench_chinese_selected(task: Any) -> bool:
 
 
 def _check_writable_root(root: Path) -> None:
+    """``run.output_root`` (or its nearest existing parent) is a folder in which this process can make a folder.
+
+    Checked by making (and removing) an empty folder there, not by ``os.access``: root passes ``os.access`` for
+    places that refuse new folders (``/proc``), read-only mounts and full disks included."""
     existing = root
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
@@ -252,11 +303,14 @@ def _check_writable_root(root: Path) -> None:
         raise KVBenchError(
             f"run.output_root={str(root)!r}: {existing} is a file, not a folder. Point run.output_root at a folder."
         )
-    if not os.access(existing, os.W_OK | os.X_OK):
+    try:
+        probe = tempfile.mkdtemp(prefix=".kvbench-probe-", dir=existing)
+    except OSError as err:
         raise KVBenchError(
-            f"run.output_root={str(root)!r}: {existing} is not writable by this user. Point run.output_root at a "
-            "folder you can write (e.g. run.output_root=results/runs)."
-        )
+            f"run.output_root={str(root)!r}: cannot create a folder in {existing} ({err.strerror or err}). Point "
+            "run.output_root at a folder you can write (e.g. run.output_root=results/runs)."
+        ) from None
+    os.rmdir(probe)
 
 
 # ---------------------------------------------------------------------------------------------------- stage 3

@@ -156,7 +156,8 @@ def test_decoding_accumulates_and_keeps_the_recent_window(tiny_llama) -> None:
     out = _run(model, tokenizer, method, "64L", context=300, new=10)
     assert out.record.final_per_layer == [64] * 4
     policy = method.decode_policy
-    for layer, scores in policy.scores.items():
+    for layer in policy.scores:
+        scores = policy.head_scores(layer)
         # Running scores: prefill's enhanced scores plus one probability mass per decoding step, minus evictions.
         assert all(s.shape[0] == 64 for s in scores), layer
         assert all(float(s.sum()) > 0 for s in scores)

@@ -25,7 +25,7 @@ from hydra import compose, initialize_config_dir
 
 from kvbench.config import register_configs
 from kvbench.models import REAL_VOCAB_MODELS
-from kvbench.prompting import encode_sample
+from kvbench.prompting import encode_sample, render_sample
 from kvbench.real_tokenizers import build_tokenizer
 from kvbench.runner import Runner, sample_cache
 from kvbench.tasks.base import build_task
@@ -99,8 +99,11 @@ def check_ruler(cfg, rows, tokenizer):
     for name, (dataset, encoded) in final_prompts(cfg, tokenizer).items():
         for (sample, ids), row in zip(encoded, rows[name], strict=True):
             assert row["id"] == sample.id and row["input_tokens"] == len(ids) and not row["truncated"]
-            # RULER's check: the templated prompt (its BOS written by the template) + tokens to generate fit.
-            assert len(ids) + dataset.max_new_tokens <= dataset.length, (name, len(ids))
+            # RULER's check: the prompt text in tokenize() tokens (a BOS only where the template writes one) + tokens
+            # to generate fit; the ids hold one BOS at most.
+            text = render_sample(tokenizer, sample, dataset.chat_template).text
+            assert len(tokenizer.tokenize(text)) + dataset.max_new_tokens <= dataset.length, (name, len(ids))
+            assert ids[1] != tokenizer.bos_token_id, name
             assert len(ids) >= 0.5 * dataset.length, (name, len(ids))  # and the haystack fills the length
             text = tokenizer.decode(ids)
             for needle in sample.extra.get("needles", []):
@@ -111,10 +114,12 @@ def check_ruler(cfg, rows, tokenizer):
 
 
 def check_needlebench(cfg, rows, tokenizer):
-    for name, (_dataset, encoded) in final_prompts(cfg, tokenizer).items():
+    for name, (dataset, encoded) in final_prompts(cfg, tokenizer).items():
         for (sample, ids), row in zip(encoded, rows[name], strict=True):
             assert row["input_tokens"] == len(ids) and not row["truncated"]
-            assert len(ids) <= sample.extra["context_length"], (name, len(ids), sample.extra["context_length"])
+            # OpenCompass never trims: the haystack (needles included) is the length minus the buffer at most, the
+            # prompt around it may overshoot the nominal length
+            assert sample.extra["haystack_tokens"] <= sample.extra["context_length"] - dataset.buffer, name
             text = tokenizer.decode(ids)
             assert all(needle in text for needle in sample.extra["needles"]), name
 

@@ -197,7 +197,7 @@ def test_copy_rows_matches_reference(impl: str) -> None:
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize(("groups", "chunk"), [(1, 1024), (4, 16), (3, 40)])
+@pytest.mark.parametrize(("groups", "chunk"), [(1, 1024), (4, 16), (3, 40), (16, 64)])  # 16: the tl.dot path
 def test_paged_decode_attention_matches_reference_and_sdpa(impl: str, groups: int, chunk: int) -> None:
     """Split-K paged decode == gather + softmax reference == SDPA over each head's contiguous keys."""
     gen = _gen(groups)

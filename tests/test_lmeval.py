@@ -143,7 +143,9 @@ def test_refusals_and_bad_arguments(manager) -> None:
         lm.loglikelihood_rolling([])
     with pytest.raises(KVBenchError, match="unknown --model_args"):
         KVBenchLM(pretrained=MODEL, method="snapkv", windw=8)
-    with pytest.raises(KVBenchError, match=r"not a kvbench method preset; valid: .*snapkv"):
+    with pytest.raises(
+        KVBenchError, match=r"unknown method 'snapkvv' \(there is no conf/method/snapkvv.yaml\); valid: .*snapkv"
+    ):
         KVBenchLM(pretrained=MODEL, method="snapkvv")
     with pytest.raises(KVBenchError, match="budget='20%'"):
         KVBenchLM(pretrained=MODEL, method="snapkv", budget="20%")

@@ -239,10 +239,12 @@ def test_unknown_dataset_lists_valid_ones():
 
 
 def test_options_are_validated():
-    with pytest.raises(ValueError, match="valid keys: code_sim_backend, hub_repo, hub_revision, max_new_tokens"):
+    with pytest.raises(ValueError, match=r"valid keys: .*code_sim_backend, hub_repo, hub_revision, max_new_tokens"):
         build_task(task_cfg(options={"backend": "difflib"}), None)
     with pytest.raises(ValueError, match=r"code_sim_backend=.fuzzy. is not valid; valid: difflib, levenshtein"):
         build_task(task_cfg(options={"code_sim_backend": "fuzzy"}), None)
+    with pytest.raises(ValueError, match=r"task.options.bos='double' is not valid; valid: single, reference_double"):
+        build_task(task_cfg(options={"bos": "double"}), None)
     with pytest.raises(ValueError, match=r"question_mode=.blind. is not valid; valid: aware, agnostic"):
         build_task(task_cfg(question_mode="blind"), None)
 

@@ -240,10 +240,12 @@ def _h2o_run(score_dtype: str, keys, queries, steps, question=None, family: str 
     for new_key, query in steps:
         _decode(session, cache, new_key, query)
         seen = torch.tensor([layer.seen_tokens])
-        ref.forward([int(layer.positions[0][-1])], cast(new_key[0]), cast(query[0]), factor(seen))
-        now = layer.positions[0].tolist()
+        ref.forward([layer.seen_tokens - 1], cast(new_key[0]), cast(query[0]), factor(seen))
+        now = sorted(layer.positions[0].tolist())
         ref.check_and_follow(now, 40)
-        running = session.method.decode_policy.scores[0][0]
+        # kvbench's slots leave position order once decoding evicts in place (#32): compare in position order.
+        order = torch.argsort(layer.positions[0])
+        running = session.method.decode_policy.head_scores(0)[0][order]
         if score_dtype == "model":
             assert torch.equal(running, ref.scores.float())  # bit for bit: bf16 sums, each addition rounded
         else:
@@ -317,8 +319,10 @@ def _follow_steps(method, keys, queries, steps, budget: int, protected: int, ran
     layer = cache.headwise_layers[0]
     differ = 0
     for new_key, query in steps:
-        before = [torch.cat([layer.head_kv(h)[0], new_key[h]]) for h in range(layer.num_heads)]
-        old_positions = [[*p.tolist(), layer.seen_tokens] for p in layer.positions]
+        # The reference keeps its cache in position order; kvbench's slots leave it once decoding evicts in place.
+        orders = [torch.argsort(p) for p in layer.positions]
+        before = [torch.cat([layer.head_kv(h)[0][orders[h]], new_key[h]]) for h in range(layer.num_heads)]
+        old_positions = [[*p[orders[h]].tolist(), layer.seen_tokens] for h, p in enumerate(layer.positions)]
         rankings = ranking([cast(k) for k in before], cast(query))
         others = ranking([k.float() for k in before], query.float()) if cast(query).dtype != torch.float32 else None
         _decode(session, cache, new_key, query)
@@ -336,7 +340,7 @@ def _follow_steps(method, keys, queries, steps, budget: int, protected: int, ran
     return differ
 
 
-@pytest.mark.parametrize(("family", "seed"), [("tova", 3), ("cake", 2)])
+@pytest.mark.parametrize(("family", "seed"), [("tova", 8), ("cake", 2)])
 def test_decode_steps_rank_as_the_bf16_reference(family: str, seed: int) -> None:
     """30 steps past the budget (GQA 2, near-uniform attention): every eviction is a top-k of the reference's bf16
     ranking under ``score_dtype=model`` and of its float32 ranking under ``float32``; on these inputs (seeds where

@@ -52,8 +52,10 @@ def _ntok(tokenizer, text: str) -> int:
 # ------------------------------------------------------------------------------------------------ generation
 
 
-def test_datasets_and_sizes(tokenizer):
-    datasets = build_needlebench(_cfg(), tokenizer)
+@pytest.mark.parametrize("fit_length", [False, True])
+def test_datasets_and_sizes(tokenizer, fit_length):
+    options = {"size": "4k", "repeats": 2, "needle_counts": [2, 3], "fit_length": fit_length}
+    datasets = build_needlebench(_cfg(options=options), tokenizer)
     assert [d.name for d in datasets] == [
         "single_retrieval_en",
         "single_retrieval_zh",
@@ -80,9 +82,13 @@ def test_datasets_and_sizes(tokenizer):
             length, trimmed = sample.extra["context_length"], sample.extra["haystack_trimmed"]
             doc_tokens = _ntok(tokenizer, _document(sample))
             # re-tokenising decoded text (cut CJK bytes, merges across the needle borders) moves a few tokens
-            assert abs(doc_tokens - (length - ds.buffer - trimmed)) <= 5 + 0.01 * length, (ds.name, doc_tokens)
-            assert sample.extra["haystack_tokens"] == length - ds.buffer - trimmed
-            # the whole prompt fits its length: the haystack is trimmed only where the buffer does not cover it
+            assert abs(doc_tokens - sample.extra["haystack_tokens"]) <= 5 + 0.01 * length, (ds.name, doc_tokens)
+            # the shipped Chinese corpus is short: OpenCompass's haystack stops at its end (no cycling)
+            assert sample.extra["haystack_tokens"] <= length - ds.buffer - trimmed
+            if not fit_length:  # OpenCompass never trims: the prompt may overshoot its nominal length
+                assert trimmed == 0
+                continue
+            # fit_length: the whole prompt fits its length, the haystack trimmed only where the buffer falls short
             assert len(tokenizer(sample.context + sample.question).input_ids) <= length
             assert trimmed == 0 or ds.name == "multi_retrieval_zh", ds.name
 
@@ -122,7 +128,10 @@ def test_multi_retrieval_places_one_needle_per_depth(tokenizer):
 
 
 def test_multi_reasoning_needles_are_spaced(tokenizer):
-    (ds,) = build_needlebench(_cfg(datasets=["multi_reasoning_zh"], lengths=[3000], depths=[20]), tokenizer)
+    # cycle_haystack: the shipped Chinese corpus is shorter than 2,000 tokens of this tokenizer
+    options = {"size": "4k", "repeats": 2, "needle_counts": [2, 3], "cycle_haystack": True}
+    cfg = _cfg(datasets=["multi_reasoning_zh"], lengths=[3000], depths=[20], options=options)
+    (ds,) = build_needlebench(cfg, tokenizer)
     for sample in ds.samples():
         starts = sample.extra["needle_token_starts"]
         assert len(starts) == sample.extra["num_needles"]
@@ -337,3 +346,18 @@ def test_unique_needles_shuffle_the_whole_file_then_keep_the_language():
     random.Random(3).shuffle(shuffled)
     expected = [n for n in shuffled if n["language"] == "English"][:4]
     assert unique_needles(needles, 4, random.Random(3), "en") == expected
+
+
+@pytest.mark.parametrize("cycle", [False, True])
+def test_short_corpus_stops_at_its_end_unless_cycled(tokenizer, cycle):
+    """OpenCompass appends records until the target and stops at the corpus end (a shorter haystack); the named
+    deviation ``cycle_haystack`` repeats the records instead."""
+    options = {"size": "4k", "repeats": 1, "cycle_haystack": cycle}
+    (ds,) = build_needlebench(
+        _cfg(lengths=[20000], depths=[50], datasets=["single_retrieval_zh"], options=options), tokenizer
+    )
+    corpus = sum(len(ds.inputs.record_tokens("zh", i)) for i in range(len(ds.inputs.haystack("zh"))))
+    (sample,) = ds.samples()
+    needle = len(ds.tok.encode(sample.extra["needle"]))
+    expected = 20000 - ds.buffer if cycle else corpus + needle
+    assert sample.extra["haystack_tokens"] == expected

@@ -160,6 +160,10 @@ def test_list_contents(capsys: pytest.CaptureFixture[str]) -> None:
     cake = next(line for line in methods.splitlines() if line.split()[:2] == ["cake", "cake"])
     assert "kernel_size=5" in cake and "gamma=200.0" in cake and "allocation=p2a" in cake
     assert "window=32" in next(line for line in methods.splitlines() if line.startswith("Shared knobs"))
+    # Which heads each preset stores, and what a budget then means in memory (the query-head storage trap, #32).
+    rows = {line.split()[0]: line for line in methods.splitlines() if line.startswith("  ")}
+    assert "query heads" in rows["snapkv"] and "KV heads" in rows["streamingllm"]
+    assert "r x H_q/H_kv x the full cache" in methods
     listing.main(["tasks"])
     tasks = capsys.readouterr().out
     assert "datasets (16): narrativeqa, qasper" in tasks and "niah_single_2k, niah_multikey_2k" in tasks

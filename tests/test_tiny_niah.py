@@ -314,5 +314,6 @@ def test_full_cache_accuracy_target(model, tokenizer, variant, length):
     """Greedy full-cache retrieval >= 95 % on fresh samples (task seed 2024, 20 needle depths 0-100 %; measured
     100/100/98.75 at 1K and 100/95/97.5 at 4K: the one multi-key miss has its needle at depth 0 of 4K)."""
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
-    dataset = TinyNiahDataset(variant, length, 20, 2024, tokenizer, None)
+    depths = [round(100.0 * index / 19, 2) for index in range(20)]  # 20 evenly spaced depths, as measured
+    dataset = TinyNiahDataset(variant, length, 20, 2024, tokenizer, depths)
     assert evaluate_dataset(model, tokenizer, dataset)["score"] >= 95.0

@@ -38,6 +38,10 @@ def use_triton(impl: str, *tensors: torch.Tensor) -> bool:
     return triton_available() and all(t.is_cuda for t in tensors)
 
 
+#: ``tl.dot`` needs at least 16 rows: the decode kernel uses it only for GQA groups this large.
+DOT_MIN_ROWS = 16
+
+
 def pow2(n: int, floor: int = 16) -> int:
     """The smallest power of two >= ``n`` and >= ``floor`` (Triton block sizes)."""
     return max(floor, 1 << max(0, math.ceil(math.log2(max(n, 1)))))
@@ -142,7 +146,7 @@ def paged_decode_attention(
     tk._paged_decode_kernel[(num_heads, splits)](
         query, k_pool, v_pool, block_table, lengths, part_m, part_l, part_acc,
         groups, dim, int(page_size), int(chunk), splits, float(scaling), block_table.stride(0),
-        BLOCK_G=pow2(groups), BLOCK_N=32, BLOCK_D=pow2(dim),
+        BLOCK_G=pow2(groups, 1), BLOCK_N=32, BLOCK_D=pow2(dim), USE_DOT=groups >= DOT_MIN_ROWS,
     )  # fmt: skip
     top = part_m.amax(dim=1, keepdim=True)
     weight = torch.exp(part_m - top)  # [H, splits, G]

@@ -188,12 +188,15 @@ def _copy_rows_kernel(src_k, src_v, src_slots, dst_k, dst_v, dst_slots, D, BLOCK
 def _paged_decode_kernel(
     q_ptr, k_pool, v_pool, block_table, lengths, m_out, l_out, acc_out,
     G, D, page_size, chunk, num_splits, scaling, sbt_h,
-    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, USE_DOT: tl.constexpr,
 ):  # fmt: skip
     """Split-K decode attention: program (head, split) covers tokens ``[split*chunk, (split+1)*chunk)`` of the head
     and writes its partial max ``m``, normaliser ``l`` and unnormalised output ``acc`` (combined on the host side).
 
     ``q_ptr`` is ``[H, G, D]`` contiguous; partials are ``[H, splits, G]`` and ``[H, splits, G, D]`` float32.
+    ``BLOCK_G`` is the group rounded up to a power of two (not to 16): below 16 rows (``USE_DOT`` false) ``q k^T``
+    and ``p v`` are float32 broadcast products summed over the block, so a GQA group of 4 does 4 rows of work, not 16;
+    ``tl.dot`` (float32 IEEE, as the reference) runs from 16 rows up.
     """
     head = tl.program_id(0)
     split = tl.program_id(1)
@@ -217,13 +220,19 @@ def _paged_decode_kernel(
         slot = page.to(tl.int64) * page_size + index % page_size
         k = tl.load(k_pool + slot[:, None] * D + dims[None, :], mask=inside[:, None] & (dims[None, :] < D), other=0.0)
         v = tl.load(v_pool + slot[:, None] * D + dims[None, :], mask=inside[:, None] & (dims[None, :] < D), other=0.0)
-        logits = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee") * scaling
+        if USE_DOT:
+            logits = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee") * scaling
+        else:
+            logits = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2) * scaling
         logits = tl.where(inside[None, :], logits, NEG_BIG)
         m_new = tl.maximum(m, tl.max(logits, axis=1))
         alpha = tl.exp(m - m_new)
         p = tl.where(inside[None, :], tl.exp(logits - m_new[:, None]), 0.0)
         s = s * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        if USE_DOT:
+            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
         m = m_new
     base = (head * num_splits + split) * G
     tl.store(m_out + base + groups, m, mask=groups < G)

@@ -10,15 +10,28 @@ does not know ``kvbench``; this entry registers it and hands every argument to l
 
 from __future__ import annotations
 
+import sys
+
+from kvbench.errors import USER_ERROR_EXIT, KVBenchError
 from kvbench.lmeval import register
 
 
 def main() -> None:
-    """Register the model, then run lm-eval's CLI on ``sys.argv``."""
-    register()
-    from lm_eval.__main__ import cli_evaluate
+    """Check ``--model_args`` of ``--model kvbench`` (:mod:`kvbench.lmeval.args`), register the model, then run
+    lm-eval's CLI on ``sys.argv``.  A bad value -- found before lm-eval loads a task or the model, or by kvbench
+    later -- is one paragraph on stderr and exit status 2, as with ``run.py``."""
+    from kvbench.cli import report_user_error
+    from kvbench.lmeval.args import precheck_argv
 
-    cli_evaluate()
+    try:
+        precheck_argv(sys.argv[1:])
+        register()
+        from lm_eval.__main__ import cli_evaluate
+
+        cli_evaluate()
+    except KVBenchError as err:
+        report_user_error(str(err))
+        sys.exit(USER_ERROR_EXIT)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ from kvbench.checks import check_choice
 from kvbench.config import QUESTION_MODES
 from kvbench.errors import KVBenchError
 from kvbench.generation import generate
+from kvbench.lmeval.args import check_model_args
 from kvbench.lmeval.presets import budget_config, method_config, model_config
 from kvbench.lmeval.scoring import cache_fingerprint, compress_context, score_continuation
 from kvbench.methods.base import EvictionMethod, build_method
@@ -113,13 +114,10 @@ class KVBenchLM(TemplateLM):
         max_batch_size: Any = None,
         **method_overrides: Any,
     ) -> None:
-        unknown = [key for key in method_overrides if not key.startswith("method.")]
-        if unknown:
-            raise KVBenchError(
-                f"unknown --model_args key(s) {unknown} for --model kvbench; valid: pretrained, method, budget, "
-                "question_mode, dtype, device, revision, max_length, max_gen_toks, add_bos_token, prefix_token_id, "
-                "prefill_chunk, seed, batch_size, and method.<knob> / method.params.<key> overrides"
-            )
+        given = {"pretrained": pretrained, "method": method, "budget": budget, "question_mode": question_mode}
+        options = {"dtype": dtype, "max_length": max_length, "max_gen_toks": max_gen_toks}
+        options |= {"prefill_chunk": prefill_chunk, "seed": seed}
+        check_model_args({**given, **{k: v for k, v in options.items() if v is not None}, **method_overrides})
         if device and str(device).startswith("cuda") and not torch.cuda.is_available():
             # lm-eval's CLI passes --device (default cuda:0); like its hf model, fall back when there is no GPU.
             LOG.warning("device=%s requested but CUDA is not available: running on the CPU", device)

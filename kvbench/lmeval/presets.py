@@ -8,6 +8,7 @@ as a budget string (``0.2x``, ``128L``, ``64/layer``, ``full``).  ``method`` mus
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +55,12 @@ def method_config(method: str, **overrides: Any) -> DictConfig:
     """The :class:`~kvbench.config.MethodConfig` of preset ``method``; ``overrides`` replace its keys."""
     cfg = load_preset("method", method, MethodConfig)
     if cfg is None:
-        valid = ", ".join(preset_names("method"))
-        raise KVBenchError(f"method={method!r} is not a kvbench method preset; valid: {valid}")
+        names = preset_names("method")
+        close = difflib.get_close_matches(method, names, n=1, cutoff=0.6)
+        hint = f" Did you mean method={close[0]}?" if close else ""
+        raise KVBenchError(
+            f"unknown method {method!r} (there is no conf/method/{method}.yaml); valid: {', '.join(names)}.{hint}"
+        )
     for key, value in overrides.items():
         cfg[key] = value
     return cfg
@@ -69,5 +74,8 @@ def budget_config(budget: str) -> DictConfig:
     try:
         parse_budget(str(cfg.spec))
     except BudgetError as err:
-        raise KVBenchError(f"budget={budget!r}: {err}; or a preset: {', '.join(preset_names('budget'))}") from err
+        raise KVBenchError(
+            f"budget={budget!r}: {err}. Pick a preset ({', '.join(preset_names('budget'))}) or one of the accepted "
+            "forms."
+        ) from err
     return cfg

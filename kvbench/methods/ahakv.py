@@ -35,6 +35,7 @@ and the running scores to the model dtype; ``float32`` is the spec sketch's floa
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -69,6 +70,15 @@ def sg_multiplier(visible: torch.Tensor, k: int, head_dim: int, reading: str, mi
     if reading == "literal":
         factor = factor / math.sqrt(head_dim)
     return factor.float()
+
+
+def sg_multiplier_scalar(visible: int, k: int, head_dim: int, reading: str, min_log: float) -> float:
+    """:func:`sg_multiplier` of one row, on the host (a decoding step's factor: no tensor, no device round trip);
+    rounded to float32 like the tensor version."""
+    factor = math.sqrt(2.0 * max(math.log(visible / max(k, 1)), min_log))
+    if reading == "literal":
+        factor = factor / math.sqrt(head_dim)
+    return struct.unpack("f", struct.pack("f", factor))[0]
 
 
 def value_prior(values: torch.Tensor, kernel_size: int) -> torch.Tensor:
@@ -155,10 +165,14 @@ class AhaDecode(ScoredDecodePolicy):
         return sg_multiplier(visible, k, head_dim, self.params.lambda_reading, self.params.min_log)
 
     def logit_factor(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor) -> float | None:
-        """The new token's step gain: ``i`` = every token seen so far."""
+        """The new token's step gain: ``i`` = every token seen so far (computed on the host: no device round trip)."""
         if not self.sgs:
             return None
-        return float(self._step_gain(layer_idx, torch.tensor([layer.seen_tokens]), query.shape[-1]))
+        caps = self.caps[layer_idx]
+        k = max(round(sum(caps) / len(caps)) - (self.recent_window if self.params.lambda_k == "selected" else 0), 1)
+        return sg_multiplier_scalar(
+            layer.seen_tokens, k, query.shape[-1], self.params.lambda_reading, self.params.min_log
+        )
 
     def append_row_scale(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor) -> torch.Tensor | None:
         """Each appended row's step gain: ``i`` = the tokens that row sees."""

@@ -59,6 +59,7 @@ from kvbench.methods.base import (
     register_method,
     score_options,
 )
+from kvbench.methods.decoding import evict_lowest, one_token_evictions
 from kvbench.methods.h2o import AllRowsScorer, HeavyHitterDecode, ScoredDecodePolicy
 from kvbench.methods.params import bounded, choice, parse_params
 from kvbench.methods.scoring import (
@@ -326,43 +327,71 @@ class CakeDecode(ScoredDecodePolicy):
         if self.evicts_on_append:
             self._evict_by_rows(layer_idx, layer, query[:, -self.recent_window :], scaling)
 
-    def row_mean_attention(self, layer: HeadwiseLayer, rows: torch.Tensor, scaling: float) -> list[torch.Tensor]:
-        """Per stored head ``[g, S_h]``: the mean over ``rows`` ``[H_q, r, D]`` of their softmax attention over the
-        head's keys (no mask, as the code's decoding branch), rounded as the code's tensors when ``score_dtype`` is
-        ``model``."""
+    def row_mean_attention(
+        self, layer: HeadwiseLayer, rows: torch.Tensor, scaling: float
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``[H, g, S_max]``: per stored head and query head of its group, the mean over ``rows`` ``[H_q, r, D]`` of
+        their softmax attention over the head's keys (no mask, as the code's decoding branch), rounded as the code's
+        tensors when ``score_dtype`` is ``model``; batched over heads (0 past a head's length), with the ``[H, S_max]``
+        mask of stored slots (``None`` when every head holds ``S_max``)."""
         dtype = self.rounding_dtype(rows)
-        groups = rows.shape[0] // layer.num_heads
-        means = []
-        for head in range(layer.num_heads):
-            keys, _ = layer.head_kv(head)
-            head_rows = rows[head * groups : (head + 1) * groups].float()  # [g, r, D]
-            logits = round_to(round_to(head_rows @ keys.float().T, dtype) * scaling, dtype)  # [g, r, S_h]
-            means.append(round_to(round_to(torch.softmax(logits, dim=-1), dtype).mean(dim=1), dtype))
-        return means
+        keys, _, _ = layer.padded_kv()  # [H, S_max, D]
+        heads, width, dim = keys.shape
+        groups, count = rows.shape[0] // heads, rows.shape[1]
+        grouped = rows.float().reshape(heads, groups * count, dim)  # [H, g*r, D]
+        logits = round_to(round_to(torch.bmm(grouped, keys.float().transpose(1, 2)), dtype) * scaling, dtype)
+        stored = None
+        if layer.is_ragged:
+            assert layer.lengths is not None
+            stored = torch.arange(width, device=keys.device) < layer.lengths[:, None]  # [H, S_max]
+            logits = logits.masked_fill(~stored[:, None], float("-inf"))
+        probs = round_to(torch.softmax(logits, dim=-1), dtype).reshape(heads, groups, count, width)
+        return round_to(probs.mean(dim=2), dtype), stored
+
+    def _pooled(self, by_position: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+        """``[H, g, n]`` attention in position order -> ``[H, n]`` pooled scores (the code's order: pool each query
+        head, then the group mean; ``before_pool``: the mean first)."""
+        heads, groups, width = by_position.shape
+        if self.gqa_reduce == "after_pool":
+            flat = by_position.reshape(heads * groups, width)
+            pooled = round_to(pool_scores(flat, self.kernel_size, self.pooling), dtype)
+            return round_to(pooled.reshape(heads, groups, width).mean(dim=1), dtype)
+        reduced = round_to(by_position.mean(dim=1), dtype)
+        return round_to(pool_scores(reduced, self.kernel_size, self.pooling), dtype)
 
     def _evict_by_rows(self, layer_idx: int, layer: HeadwiseLayer, rows: torch.Tensor, scaling: float) -> None:
         caps = self.caps[layer_idx]
-        if all(length <= cap for length, cap in zip(layer.head_lengths(), caps, strict=True)):
+        heads = one_token_evictions(layer.head_lengths(), caps)
+        if heads == []:
             return  # skip the attention computation when nothing is over budget
         dtype = self.rounding_dtype(rows)
-        attention = self.row_mean_attention(layer, rows, scaling)  # per head [g, S_h]
+        attention, stored = self.row_mean_attention(layer, rows, scaling)  # [H, g, S_max]
+        positions = layer.padded_positions()
+        if stored is not None:
+            positions = positions.masked_fill(~stored, torch.iinfo(positions.dtype).max)
+        # Slots are not in position order once decoding has evicted in place: pool in position order.
+        order = torch.argsort(positions, dim=1)  # [H, S_max] slots by position, unused slots last
+        if heads is not None and all(cap > self.recent_window for cap in caps):
+            # Every over-cap head one token over: one batched pooling over each head's tokens outside its recent
+            # window (zeros past them, exactly the pooling's own padding), evict the lowest pooled slot in place.
+            assert layer.lengths is not None
+            past = (layer.lengths - self.recent_window)[:, None]  # [H, 1]
+            candidate = torch.arange(order.shape[1], device=order.device) < past  # [H, S_max] in position order
+            by_position = attention.gather(2, order[:, None].expand_as(attention))
+            pooled = self._pooled(by_position.masked_fill(~candidate[:, None], 0.0), dtype)
+            ranked = torch.empty_like(pooled).scatter_(1, order, pooled.masked_fill(~candidate, float("inf")))
+            evict_lowest(layer, heads, ranked)
+            return
 
         def pooled_top_and_window(head: int, length: int, cap: int) -> torch.Tensor:
             recent = min(self.recent_window, cap)
             past = length - recent
-            per_query_head = attention[head][:, :past]
-            if self.gqa_reduce == "after_pool":  # the code: pool each query head, then the group mean
-                pooled = round_to(pool_scores(per_query_head, self.kernel_size, self.pooling), dtype)
-                scores = round_to(pooled.mean(dim=0), dtype)
-            else:
-                reduced = round_to(per_query_head.mean(dim=0, keepdim=True), dtype)
-                scores = round_to(pool_scores(reduced, self.kernel_size, self.pooling), dtype)[0]
+            slots = order[head, :length]
+            scores = self._pooled(attention[head][None][:, :, slots[:past]], dtype)[0]
             chosen = torch.topk(scores, cap - recent).indices
-            return torch.cat([chosen, torch.arange(past, length, device=chosen.device)])
+            return torch.cat([slots[chosen], slots[past:]])
 
-        keep = evict_to_caps(layer, caps, pooled_top_and_window)
-        assert keep is not None
-        self.scores[layer_idx] = [torch.zeros(len(k)) for k in keep]
+        evict_to_caps(layer, caps, pooled_top_and_window)
 
 
 # ---------------------------------------------------------------------------------------------------- builder

@@ -16,7 +16,8 @@ Reproduces FMInference/H2O ``h2o_hf/utils_real_drop/modify_llama.py`` (``H2OKVCa
 * A multi-token forward after the prefill (question-agnostic mode's question), as ``H2OKVCache_LayerWise`` does
   with any forward: every new row's attention (causal) is added to the running scores -- the new tokens start
   from their column sums -- and each head is evicted to its cap at once.  ``params.evict_on_append: false`` is
-  kvbench's earlier behaviour: the appended tokens are kept whole, score 0, and decoding evicts one per step.
+  kvbench's earlier behaviour: the appended tokens are kept whole, score 0, until the first decoding step cuts
+  each head back to its cap.
 * Rounding (``method.score_dtype=model``, the default): as the reference code in a bf16/fp16 model -- logits of
   ``matmul(q, k^T) / sqrt(d)`` rounded after the product and after the scaling, the float32 softmax cast back,
   the row sums and the running scores kept in the model dtype (each addition rounded).  ``float32``: kvbench's
@@ -38,11 +39,11 @@ from kvbench.methods.base import (
     TokenScorer,
     WindowObservation,
     common_knobs,
-    decode_attention,
     evict_to_caps,
     register_method,
     score_options,
 )
+from kvbench.methods.decoding import evict_lowest, one_token_evictions, padded_decode_attention
 from kvbench.methods.params import choice, parse_params
 from kvbench.methods.scoring import ScoreOptions, aggregate_groups, appended_attention, round_to, window_votes
 
@@ -86,7 +87,11 @@ class AllRowsScorer(TokenScorer):
 
 
 class ScoredDecodePolicy(DecodePolicy):
-    """Shared machinery of score-driven decode policies: per-head running scores aligned with the storage.
+    """Shared machinery of score-driven decode policies: per-head running scores aligned with the storage slots.
+
+    The scores of a layer are one ``[H, C]`` float32 tensor (``C`` >= the longest head; slot ``s`` of head ``h`` at
+    ``[h, s]``), so a step is a handful of vectorised operations over heads: score, then evict the lowest slot of
+    each over-cap head in place (:func:`~kvbench.methods.base.evict_lowest`) and move the scores the same way.
 
     ``score_dtype`` (``model`` / ``float32``, :data:`kvbench.config.SCORE_DTYPES`): ``model`` rounds the step's
     logits, probabilities and every running score to the dtype of the queries (the model's), as the reference
@@ -98,7 +103,10 @@ class ScoredDecodePolicy(DecodePolicy):
         self.gqa_agg = gqa_agg
         self.score_dtype = score_dtype
         self.caps: dict[int, list[int]] = {}
-        self.scores: dict[int, list[torch.Tensor]] = {}
+        #: Per layer ``[H, C]`` running scores by slot; ``_scored`` ``[H]``: slots scored so far (the rest are
+        #: tokens appended since the last step, which start at 0).
+        self.scores: dict[int, torch.Tensor] = {}
+        self._scored: dict[int, torch.Tensor] = {}
 
     def rounding_dtype(self, query: torch.Tensor) -> torch.dtype | None:
         """The dtype scores are rounded to for queries ``query`` (``None``: float32)."""
@@ -119,60 +127,101 @@ class ScoredDecodePolicy(DecodePolicy):
     ) -> None:
         self.caps[layer_idx] = list(head_budgets)
         lengths = layer.head_lengths()
-        if scores is None:
-            scores = [torch.zeros(length, device=layer.positions[0].device) for length in lengths]
-        self.scores[layer_idx] = [s.float().clone() for s in scores]
+        device = layer.positions[0].device
+        padded = torch.zeros((len(lengths), max(lengths, default=0)), dtype=torch.float32, device=device)
+        if scores is not None:
+            for head, score in enumerate(scores):
+                padded[head, : score.shape[0]] = score.float()
+        self.scores[layer_idx] = padded
+        self._scored[layer_idx] = torch.tensor(lengths, device=device)
 
-    def _aligned_scores(self, layer_idx: int, layer: HeadwiseLayer) -> list[torch.Tensor]:
-        """Running scores, extended with zeros for tokens appended since the last step (question, new token)."""
+    def head_scores(self, layer_idx: int) -> list[torch.Tensor]:
+        """The running scores of a layer's stored tokens, per head ``[S_h]`` by slot (for inspection)."""
         scores = self.scores[layer_idx]
-        for head, length in enumerate(layer.head_lengths()):
-            missing = length - scores[head].shape[0]
-            if missing > 0:
-                scores[head] = torch.cat([scores[head], scores[head].new_zeros(missing)])
-        return scores
+        return [scores[head, :length] for head, length in enumerate(self._scored[layer_idx].tolist())]
+
+    def _aligned_scores(self, layer_idx: int, layer: HeadwiseLayer) -> torch.Tensor:
+        """``[H, S_max]`` view of the running scores, zero for tokens appended since the last step (the buffer
+        grows by 1/8 when a head outgrows it, so this is amortised O(H) per step)."""
+        scores = self.scores[layer_idx]
+        width = max(layer.head_lengths(), default=0)
+        if width > scores.shape[1]:
+            grown = scores.new_zeros((scores.shape[0], max(width, scores.shape[1] + scores.shape[1] // 8 + 1)))
+            grown[:, : scores.shape[1]] = scores
+            self.scores[layer_idx] = scores = grown
+        view = scores[:, :width]
+        fresh = torch.arange(width, device=scores.device) >= self._scored[layer_idx][:, None]
+        view.masked_fill_(fresh, 0.0)
+        return view
 
     def update_scores(self, old: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
-        """New running score of one head from its old scores and this step's attention ``[S_h]``."""
+        """New running scores ``[H, S_max]`` from the old ones and this step's attention ``[H, S_max]``."""
         raise NotImplementedError
 
+    def protected(self, layer: HeadwiseLayer, positions: torch.Tensor, caps: list[int]) -> torch.Tensor | None:
+        """``[H, S_max]`` mask of slots no eviction may take: each head's ``min(recent_window, cap)`` newest tokens
+        (by position: the most recent tokens are always stored, decoding never evicts them)."""
+        if not self.recent_window:
+            return None
+        recent = torch.tensor([min(self.recent_window, cap) for cap in caps], device=positions.device)
+        return positions >= layer.seen_tokens - recent[:, None]
+
     def step(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
-        scores = self._aligned_scores(layer_idx, layer)
         dtype = self.rounding_dtype(query)
         factor = self.logit_factor(layer_idx, layer, query)
-        attention = decode_attention(layer, query, scaling, self.gqa_agg, dtype, factor)
-        updated = [round_to(self.update_scores(s, a), dtype) for s, a in zip(scores, attention, strict=True)]
-        self.scores[layer_idx] = updated
-        self._evict_lowest(layer_idx, layer)
+        attention, stored = padded_decode_attention(layer, query, scaling, self.gqa_agg, dtype, factor)
+        self._score_and_evict(layer_idx, layer, attention, stored, dtype)
 
     def append(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
         """With :attr:`evicts_on_append`, FMInference H2O's handling of a multi-token forward: the appended rows'
-        attention sums (:func:`~kvbench.methods.base.appended_attention`) go into the running scores, then every
+        attention sums (:func:`~kvbench.methods.scoring.appended_attention`) go into the running scores, then every
         head is evicted to its cap at once; without, the appended tokens wait (score 0) for the next step."""
         if not self.evicts_on_append:
             return
-        scores = self._aligned_scores(layer_idx, layer)
         dtype = self.rounding_dtype(query)
         row_scale = self.append_row_scale(layer_idx, layer, query)
         sums = appended_attention(layer, query, scaling, self.gqa_agg, dtype, row_scale)
-        updated = [round_to(self.update_scores(s, a), dtype) for s, a in zip(scores, sums, strict=True)]
-        self.scores[layer_idx] = updated
-        self._evict_lowest(layer_idx, layer)
+        padded = torch.nn.utils.rnn.pad_sequence(sums, batch_first=True)  # [H, S_max], 0 past each head
+        self._score_and_evict(layer_idx, layer, padded, None, dtype)
 
-    def _evict_lowest(self, layer_idx: int, layer: HeadwiseLayer) -> None:
-        """Evict every over-cap head to its cap: the top scores plus the ``recent_window`` newest tokens."""
-        scores = self.scores[layer_idx]
+    def _score_and_evict(
+        self,
+        layer_idx: int,
+        layer: HeadwiseLayer,
+        attention: torch.Tensor,
+        stored: torch.Tensor | None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        """Fold this step's ``[H, S_max]`` attention into the scores (rounded to ``dtype`` as the reference keeps
+        them), then evict every head down to its cap: in place when each over-cap head is one token over."""
+        view = self._aligned_scores(layer_idx, layer)
+        view.copy_(round_to(self.update_scores(view, attention), dtype))
+        assert layer.lengths is not None
+        self._scored[layer_idx] = layer.lengths.clone()
+        caps = self.caps[layer_idx]
+        heads = one_token_evictions(layer.head_lengths(), caps)
+        if heads == []:
+            return
+        positions = layer.padded_positions()
+        protected = self.protected(layer, positions, caps)
+        ranked = view if protected is None else view.masked_fill(protected, float("inf"))
+        if heads is not None:
+            slots, last, rows = evict_lowest(layer, heads, ranked, stored)
+            scores = self.scores[layer_idx]
+            if rows is None:
+                rows = torch.arange(scores.shape[0], device=scores.device)
+            scores[rows, slots] = scores[rows, last]
+            self._scored[layer_idx] = layer.lengths.clone()
+            return
 
-        def top_scores_and_recent(head: int, length: int, cap: int) -> torch.Tensor:
-            ranked = scores[head].clone()
-            protected = min(self.recent_window, cap)
-            if protected:
-                ranked[length - protected :] = torch.inf
-            return torch.topk(ranked, cap).indices
+        def top_ranked(head: int, length: int, cap: int) -> torch.Tensor:
+            return torch.topk(ranked[head, :length], cap).indices
 
-        keep = evict_to_caps(layer, self.caps[layer_idx], top_scores_and_recent)
-        if keep is not None:
-            self.scores[layer_idx] = [s.index_select(0, idx) for s, idx in zip(scores, keep, strict=True)]
+        keep = evict_to_caps(layer, caps, top_ranked)
+        assert keep is not None
+        index = torch.nn.utils.rnn.pad_sequence(keep, batch_first=True)
+        self.scores[layer_idx] = view.gather(1, index)
+        self._scored[layer_idx] = layer.lengths.clone()
 
 
 class HeavyHitterDecode(ScoredDecodePolicy):
@@ -200,7 +249,7 @@ class H2OParams:
     #: Add each decoding step's attention to the running scores (the reference); false = prefill scores only.
     decode_accumulate: bool = True
     #: After a multi-token append, add its rows' attention and evict at once (the reference); false = kvbench's
-    #: earlier behaviour (the appended tokens stay, scored 0, until decoding evicts one per step).
+    #: earlier behaviour (the appended tokens stay, scored 0, until the first decoding step cuts to the cap).
     evict_on_append: bool = True
 
 

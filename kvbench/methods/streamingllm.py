@@ -4,7 +4,7 @@ Every head keeps the first ``sink_tokens`` positions (4 in the paper) and the mo
 With ``method.decode_eviction`` the cache is cut back to that after every later forward, as mit-han-lab/streaming-llm's
 ``StartRecentKVCache.__call__`` does after each model call: a decoding step, and a multi-token forward after the
 prefill (question-agnostic mode's question) at once.  ``params.evict_on_append: false`` is kvbench's earlier
-behaviour: the appended tokens stay and decoding cuts back one token per step.
+behaviour: the appended tokens stay until the first decoding step, which cuts back to the cap at once.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from kvbench.methods.base import (
     evict_to_caps,
     register_method,
 )
+from kvbench.methods.decoding import evict_lowest, one_token_evictions
 from kvbench.methods.params import parse_params
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
@@ -53,13 +54,31 @@ class SinkWindowDecode(DecodePolicy):
         self.caps[layer_idx] = list(head_budgets)
 
     def step(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
-        def sinks_and_recent(head: int, length: int, cap: int) -> torch.Tensor:
-            positions = layer.positions[head]
-            sinks = torch.nonzero(positions < self.sink_tokens).flatten()[:cap]
-            recent = torch.arange(length - (cap - sinks.numel()), length, device=positions.device)
-            return torch.unique(torch.cat([sinks, recent]))
+        """Evict the oldest non-sink token of each head over its cap, in place (one slot per head, vectorised);
+        a head further over its cap (a lowered cap) keeps its sinks and most recent tokens by position."""
+        caps = self.caps[layer_idx]
+        lengths = layer.head_lengths()
+        heads = one_token_evictions(lengths, caps)
+        if heads == []:
+            return
+        if heads is not None and all(caps[head] > self.sink_tokens for head in heads):
+            positions = layer.padded_positions()  # [H, S_max]
+            # The slot of the oldest token that is not a sink: the lowest rank once sinks rank +inf.
+            ranked = positions.float().masked_fill(positions < self.sink_tokens, float("inf"))
+            stored = None
+            if layer.is_ragged:
+                assert layer.lengths is not None
+                stored = torch.arange(positions.shape[1], device=positions.device) < layer.lengths[:, None]
+            evict_lowest(layer, heads, ranked, stored)
+            return
 
-        evict_to_caps(layer, self.caps[layer_idx], sinks_and_recent)
+        def sinks_and_recent(head: int, length: int, cap: int) -> torch.Tensor:
+            positions = layer.positions[head].long()
+            # Sinks first (earliest first, at most ``cap`` of them), then the most recent tokens.
+            ranked = torch.where(positions < self.sink_tokens, 2 * layer.seen_tokens - positions, positions)
+            return torch.topk(ranked, cap).indices
+
+        evict_to_caps(layer, caps, sinks_and_recent)
 
 
 @dataclass
@@ -67,7 +86,7 @@ class StreamingParams:
     """StreamingLLM's hyper-parameters are ``method.sink_tokens`` and the budget; one switch (module docstring)."""
 
     #: Cut back to sinks + recent right after a multi-token append (the reference); false = kvbench's earlier
-    #: behaviour (decoding cuts back one token per step).
+    #: behaviour (the first decoding step cuts back to the cap).
     evict_on_append: bool = True
 
 

@@ -27,11 +27,10 @@ from kvbench.methods.base import (
     TokenScorer,
     WindowObservation,
     common_knobs,
-    decode_attention,
-    evict_to_caps,
     register_method,
     score_options,
 )
+from kvbench.methods.decoding import padded_decode_attention
 from kvbench.methods.h2o import ScoredDecodePolicy
 from kvbench.methods.params import parse_params
 from kvbench.methods.scoring import no_rounding, round_to, rounding_to
@@ -74,32 +73,18 @@ class CurrentAttentionDecode(ScoredDecodePolicy):
 
     def step(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
         if self.head_average and not layer.is_ragged:
-            # All heads hold the same tokens: average the current attention over heads, evict the same tokens.
-            self._aligned_scores(layer_idx, layer)
+            # All heads hold the same tokens in the same slots: the reference's mean of the current attention over
+            # every query head, so every head evicts the same slot.
             dtype = self.rounding_dtype(query)
-            per_query_head = torch.cat(decode_attention(layer, query, scaling, None, dtype))  # [H_q, S]
-            attention = round_to(per_query_head.mean(dim=0), dtype)  # the reference's mean over query heads
-            self.scores[layer_idx] = [attention.clone() for _ in range(layer.num_heads)]
-            self._evict_to_caps(layer_idx, layer)
+            per_query_head, stored = padded_decode_attention(layer, query, scaling, None, dtype)  # [H_q, S]
+            attention = round_to(per_query_head.mean(dim=0, keepdim=True), dtype).expand(layer.num_heads, -1)
+            self._score_and_evict(layer_idx, layer, attention, stored, dtype)
             return
         super().step(layer_idx, layer, query, scaling)
 
     def append(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
         """The reference reduces after every forward with its last query: one :meth:`step` with it."""
         DecodePolicy.append(self, layer_idx, layer, query, scaling)
-
-    def _evict_to_caps(self, layer_idx: int, layer: HeadwiseLayer) -> None:
-        scores = self.scores[layer_idx]
-
-        def most_attended(head: int, length: int, cap: int) -> torch.Tensor:
-            ranked = scores[head].clone()
-            if self.recent_window:
-                ranked[length - 1] = torch.inf  # protect_recent: the token just generated stays
-            return torch.topk(ranked, cap).indices
-
-        keep = evict_to_caps(layer, self.caps[layer_idx], most_attended)
-        if keep is not None:
-            self.scores[layer_idx] = [s.index_select(0, idx) for s, idx in zip(scores, keep, strict=True)]
 
 
 @dataclass

@@ -120,6 +120,10 @@ class TaskDataset(ABC):
     #: Texts whose token id ends generation like an end-of-sequence token: the id of the *last* token of
     #: ``tokenizer.encode(text, add_special_tokens=False)`` (LongBench pred.py's newline stop for samsum).
     stop_token_texts: tuple[str, ...] = ()
+    #: BOS of a chat-templated prompt: "single" (the template's own BOS only) or "reference_double" (the templated
+    #: text tokenised with special tokens, so a template that starts with the BOS text gets a second one, as the
+    #: Ada-KV and CAKE LongBench pipelines do).  See :data:`kvbench.prompting.BOS_MODES`.
+    bos: str = "single"
     #: Stop tokens/strings are ignored for this many first tokens (LongBench's ``min_length`` for samsum).
     min_new_tokens: int = 0
     #: What happens to a prompt longer than the model's ``max_input_length``: "middle" (LongBench's middle
@@ -169,6 +173,7 @@ class TaskDataset(ABC):
             "stop_token_texts": list(self.stop_token_texts),
             "min_new_tokens": self.min_new_tokens,
             "truncation": self.truncation,
+            "bos": self.bos,
             "metric": self.metric_name,
         }
 

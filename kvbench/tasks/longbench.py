@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbench import resources
-from kvbench.checks import check_choice, check_known_keys
+from kvbench.checks import check_choice, check_known_keys, json_error_text
 from kvbench.config import QUESTION_MODES
 from kvbench.metrics.longbench import (
     CODE_SIM_BACKENDS,
@@ -73,7 +73,7 @@ from kvbench.metrics.longbench import (
     scorer,
     scorer_e,
 )
-from kvbench.prompting import split_truncated_prompt, truncate_middle, truncate_prompt
+from kvbench.prompting import BOS_MODES, split_truncated_prompt, truncate_middle, truncate_prompt
 from kvbench.tasks import provenance
 from kvbench.tasks.base import Sample, TaskDataset, register_data_preparer, register_task, select_datasets
 
@@ -110,6 +110,9 @@ VALID_OPTIONS: dict[str, Any] = {
     "hub_revision": DEFAULT_HUB_REVISION,
     # null = the official dataset2maxlen; an integer caps every dataset's generation (named deviation, recorded).
     "max_new_tokens": None,
+    # BOS of templated prompts: single (kvbench, THUDM's pred.py has no Llama-3 branch) | reference_double (Ada-KV's
+    # and CAKE's pred.py tokenise the templated text with special tokens: two BOS ids); set by their presets.
+    "bos": "single",
 }
 #: Task kinds registered by this module and whether they read LongBench-E files.
 TASK_KINDS: dict[str, bool] = {"longbench": False, "longbench_full": False, "longbench_e": True}
@@ -208,7 +211,7 @@ def load_jsonl(path: Path) -> list[dict[str, Any]]:
             try:
                 obj = json.loads(raw)
             except json.JSONDecodeError as err:
-                raise ValueError(f"{where}: invalid JSON ({err.msg} at column {err.colno})") from err
+                raise ValueError(f"{where}: invalid JSON ({json_error_text(err)}); fix or remove that line") from err
             lines.append(_check_line(obj, where))
     return lines
 
@@ -335,8 +338,10 @@ class LongBenchDataset(TaskDataset):
         code_sim_backend: str = DEFAULT_CODE_SIM_BACKEND,
         hub_repo: str = DEFAULT_HUB_REPO,
         hub_revision: str | None = DEFAULT_HUB_REVISION,
+        bos: str = "single",
     ) -> None:
         entry = dataset_settings(name)
+        self.bos = check_choice("task.options.bos", bos, BOS_MODES)
         if longbench_e and name not in dataset_names("longbench_e"):
             raise ValueError(f"{name!r} is not in LongBench-E; valid: {', '.join(dataset_names('longbench_e'))}")
         check_choice("task.options.code_sim_backend", code_sim_backend, CODE_SIM_BACKENDS)
@@ -441,6 +446,7 @@ def _options(task_cfg: Any) -> dict[str, Any]:
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
         raise ValueError(f"task.options.max_new_tokens must be a positive integer or null, got {cap!r}")
     check_choice("task.options.code_sim_backend", merged["code_sim_backend"], CODE_SIM_BACKENDS)
+    check_choice("task.options.bos", merged["bos"], BOS_MODES)
     return merged
 
 
@@ -460,6 +466,7 @@ def _build(kind: str, task_cfg: Any) -> list[TaskDataset]:
             code_sim_backend=options["code_sim_backend"],
             hub_repo=options["hub_repo"],
             hub_revision=options["hub_revision"],
+            bos=options["bos"],
         )
         for name in names
     ]

@@ -45,7 +45,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvbench import tiny_model
 from kvbench.checks import check_known_keys
+from kvbench.sample_cache import cached_samples, source_fingerprint, tokenizer_fingerprint
 from kvbench.tasks.base import Sample, TaskDataset, register_task, select_datasets
 from kvbench.tiny_model import FILLER_WORDS, KEY_WORDS, VALUE_WORDS
 
@@ -248,6 +250,28 @@ def string_match_all(prediction: str, references: Sequence[str]) -> float:
     return sum(reference.lower() in lowered for reference in references) / len(references)
 
 
+#: Needle depths of the first samples when ``task.depths`` is null: 0..100 % in this many evenly spaced points.
+DEPTH_GRID_POINTS = 10
+
+
+def spread_depth(index: int) -> float:
+    """Needle depth (percent) of sample ``index`` when ``task.depths`` is null, independent of ``task.num_samples``.
+
+    Samples 0..9 sit at ``0, 11.11, ..., 100`` (10 evenly spaced depths: the default run's samples); later ones fill
+    the midpoints of the grid so far, level by level (samples 10..18 at ``5.56, 16.67, ..., 94.44``, then the 18
+    midpoints of that 18-interval grid, ...).  So the first N samples of a longer run are exactly the samples of a
+    run with ``task.num_samples=N``: a run folder grows (10 samples, then 50) without regenerating anything
+    (README, Results: the sample count is a run's extent)."""
+    intervals = DEPTH_GRID_POINTS - 1
+    if index < DEPTH_GRID_POINTS:
+        return round(100.0 * index / intervals, 2)
+    index -= DEPTH_GRID_POINTS
+    while index >= intervals:  # each level adds one midpoint per interval of the grid before it
+        index -= intervals
+        intervals *= 2
+    return round(100.0 * (2 * index + 1) / (2 * intervals), 2)
+
+
 class TinyNiahDataset(TaskDataset):
     """One variant of tiny NIAH at one target length."""
 
@@ -269,41 +293,56 @@ class TinyNiahDataset(TaskDataset):
         self._samples: list[Sample] | None = None
 
     def sample_depth(self, index: int) -> float:
-        """Needle depth of sample ``index``: cycles through ``task.depths``, else spreads 0..100 evenly."""
+        """Needle depth of sample ``index``: cycles through ``task.depths``, else :func:`spread_depth`."""
         if self.depths:
             return float(self.depths[index % len(self.depths)])
-        if self.num_samples <= 1:
-            return 50.0
-        return round(100.0 * index / (self.num_samples - 1), 2)
+        return spread_depth(index)
+
+    def cache_key(self) -> dict[str, Any]:
+        """Everything the samples depend on (:mod:`kvbench.sample_cache`): not ``num_samples`` (sample i never
+        depends on it), so one stored generation serves every shorter request."""
+        return {
+            "dataset": self.name,
+            "seed": self.seed,
+            "depths": self.depths,
+            "tokenizer": tokenizer_fingerprint(self._tokenizer),
+            "code": source_fingerprint([__file__, tiny_model.__file__]),
+        }
 
     def samples(self) -> list[Sample]:
-        """Generate (once) and return the samples."""
+        """Generate (once; read back from ``run.sample_cache`` when stored there) and return the samples."""
         if self._samples is None:
-            samples = []
-            for index in range(self.num_samples):
-                depth = self.sample_depth(index)
-                seed = f"tiny_niah-{self.seed}-{self.variant}-{self.length}-{index}"
-                instance, num_tokens = sized_instance(self.variant, self.length, depth, seed, self._tokenizer)
-                context, question = _texts(instance)
-                samples.append(
-                    Sample(
-                        id=f"{self.name}-{index}",
-                        context=context,
-                        question=question,
-                        answers=list(instance.answers),
-                        length=num_tokens,
-                        extra={
-                            "variant": self.variant,
-                            "target_length": self.length,
-                            "prompt_tokens": num_tokens,
-                            "depth": depth,
-                            "needle_depths": instance.depths,
-                            "key": instance.key,
-                        },
-                    )
-                )
-            self._samples = samples
+            self._samples = cached_samples(
+                self.sample_cache, "tiny_niah", self.name, self.cache_key, self.num_samples, self._generate
+            )
         return self._samples
+
+    def _generate(self, count: int) -> list[Sample]:
+        """The first ``count`` samples, generated."""
+        samples = []
+        for index in range(count):
+            depth = self.sample_depth(index)
+            seed = f"tiny_niah-{self.seed}-{self.variant}-{self.length}-{index}"
+            instance, num_tokens = sized_instance(self.variant, self.length, depth, seed, self._tokenizer)
+            context, question = _texts(instance)
+            samples.append(
+                Sample(
+                    id=f"{self.name}-{index}",
+                    context=context,
+                    question=question,
+                    answers=list(instance.answers),
+                    length=num_tokens,
+                    extra={
+                        "variant": self.variant,
+                        "target_length": self.length,
+                        "prompt_tokens": num_tokens,
+                        "depth": depth,
+                        "needle_depths": instance.depths,
+                        "key": instance.key,
+                    },
+                )
+            )
+        return samples
 
     def postprocess(self, prediction: str) -> str:
         """RULER post-processing (strip, control characters to newlines)."""

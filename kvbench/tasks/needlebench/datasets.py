@@ -22,6 +22,7 @@ from kvbench.tasks.base import Sample, TaskDataset, register_data_preparer, regi
 from kvbench.tasks.needlebench.inputs import NeedleBenchInputs, unique_needles
 from kvbench.tasks.needlebench.spec import (
     BUFFER_ZH,
+    GENERATOR_VERSION,
     GROUPS,
     LANGUAGES,
     OPTION_DEFAULTS,
@@ -69,6 +70,8 @@ class NeedleBenchDataset(TaskDataset):
         needle_counts: Sequence[int] = (2, 3, 4, 5),
         num_samples: int | None = None,
         use_chat_template: bool = False,
+        fit_length: bool = False,
+        cycle_haystack: bool = False,
     ) -> None:
         if group not in GROUPS or language not in LANGUAGES:
             raise ValueError(f"unknown NeedleBench subtask {group!r}/{language!r}")
@@ -87,6 +90,9 @@ class NeedleBenchDataset(TaskDataset):
         self.max_new_tokens = max_new_tokens
         self.needle_counts = list(needle_counts)
         self.num_samples = num_samples
+        #: Named deviations (off = OpenCompass): trim an overshooting haystack; cycle a corpus shorter than needed.
+        self.fit_length = fit_length
+        self.cycle_haystack = cycle_haystack
         self.metric_name = {
             "single_retrieval": "needlebench_origin",
             "multi_retrieval": "needlebench_parallel",
@@ -105,6 +111,8 @@ class NeedleBenchDataset(TaskDataset):
             buffer=self.buffer,
             repeats=self.repeats,
             guide=self.guide,
+            fit_length=self.fit_length,
+            cycle_haystack=self.cycle_haystack,
         )
         return info
 
@@ -133,6 +141,9 @@ class NeedleBenchDataset(TaskDataset):
             "guide": self.guide,
             "needle_counts": self.needle_counts,
             "chat_template": self.use_chat_template,
+            "fit_length": self.fit_length,
+            "cycle_haystack": self.cycle_haystack,
+            "generator_version": GENERATOR_VERSION,
             "tokenizer": tokenizer_fingerprint(self.tok.tokenizer),
             "inputs": {name: record.get("sha256") for name, record in self.provenance().items()},
             "code": source_fingerprint(_GENERATOR_SOURCES),
@@ -157,12 +168,14 @@ class NeedleBenchDataset(TaskDataset):
         return self._states
 
     def _haystack(self, order: Sequence[int], target: int) -> list[int]:
+        """The first ``target`` tokens of the records in ``order`` (OpenCompass: records appended until the target
+        is reached; a shorter corpus gives a shorter haystack unless ``cycle_haystack``)."""
         tokens: list[int] = []
         for index in order:
             if len(tokens) >= target:
                 break
             tokens.extend(self.inputs.record_tokens(self.language, index))
-        if len(tokens) < target:  # our short shipped haystacks: cycle the shuffled records
+        if len(tokens) < target and self.cycle_haystack:  # deviation: cycle the shuffled records
             while len(tokens) < target:
                 for index in order:
                     tokens.extend(self.inputs.record_tokens(self.language, index))
@@ -244,11 +257,13 @@ class NeedleBenchDataset(TaskDataset):
             tokens = self._haystack(order, target - trimmed)
             tokens, starts = self._insert(tokens, needle_tokens, points_pct)
             context = head + self.tok.decode(tokens) + "\n\n"
+            if not self.fit_length:
+                break
             excess = self._prompt_tokens(context, question) - length
             if excess <= 0 or target - trimmed <= 0:
                 break
-            # OpenCompass's length buffer is sized for tiktoken; a tokenizer that spends more tokens on the prompt
-            # text (e.g. SentencePiece on Chinese) would overshoot the context length: trim the haystack to fit.
+            # fit_length (deviation): OpenCompass's length buffer is sized for tiktoken; a tokenizer that spends more
+            # tokens on the prompt text (e.g. SentencePiece on Chinese) overshoots the context length: trim to fit.
             trimmed = min(trimmed + excess, target)
         extra["needle_token_starts"] = starts
         extra["needles"] = [needle.strip("\n") for needle in needles]
@@ -405,6 +420,8 @@ def build_needlebench(task_cfg: Any, tokenizer: Any, chat_template: bool = False
                 needle_counts=opts["needle_counts"],
                 num_samples=getattr(task_cfg, "num_samples", None),
                 use_chat_template=chat_template,
+                fit_length=bool(opts["fit_length"]),
+                cycle_haystack=bool(opts["cycle_haystack"]),
             )
         )
     return datasets

@@ -69,7 +69,17 @@ OPTION_DEFAULTS: dict[str, Any] = {
     #: Per-group output cap (OpenCompass uses the model's max_out_len); int = same for all groups.
     "max_new_tokens": {"single_retrieval": 100, "multi_retrieval": 400, "multi_reasoning": 100},
     "source": "auto",
+    #: Named deviation: trim the haystack when the finished prompt overshoots the nominal length (OpenCompass's
+    #: buffer is sized for tiktoken; official: never trimmed, the prompt may be longer than the length).
+    "fit_length": False,
+    #: Named deviation: cycle the haystack records when the corpus is shorter than the target (official: the
+    #: haystack stops at the end of the corpus, a shorter prompt).
+    "cycle_haystack": False,
 }
+
+#: Version of the sample generator, part of the sample-cache key: bump it whenever generated samples change.
+#: 2: no trimming, no cycling by default (issue #27).
+GENERATOR_VERSION = 2
 
 # ---- prompts (opencompass/datasets/needlebench/{origin,parallel,multi}.py, position "End") ---------------------
 

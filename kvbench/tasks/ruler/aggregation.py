@@ -32,12 +32,26 @@ def _zeta(s: float, terms: int = 1000) -> float:
 class CommonWordsGenerator(SizedGenerator):
     """Common words extraction: the 10 words repeated most often in a numbered list."""
 
+    #: The word lists' words in RULER's order (shuffled with the seed), made on first use.
+    _cwe_words: list[str] | None = None
+
     def _cwe_pool(self, needed: int) -> list[str]:
-        words = self.inputs.cwe_words
+        """RULER's pools: the word lists' sorted unique words shuffled by ``random.Random(seed)``; when more words
+        are needed than they hold, RULER's ``english_words.json`` (if found in the input folder), else our
+        pseudo-words after the list words (a named stand-in)."""
+        if self._cwe_words is None:
+            self._cwe_words = list(self.inputs.cwe_words)
+            random.Random(self.seed).shuffle(self._cwe_words)
+        words = self._cwe_words
         if needed <= len(words):
             return words
+        english = self.inputs.english_words
+        if english is not None:
+            return english
         if len(self.inputs.cwe_extra) < needed:
-            self.inputs.cwe_extra = words + pseudo_words(needed - len(words), set(words))
+            self.inputs.cwe_extra = list(self.inputs.cwe_words) + pseudo_words(
+                needed - len(words), set(self.inputs.cwe_words)
+            )
         return self.inputs.cwe_extra
 
     def _cwe_example(self, num_words: int, common_repeats: int, uncommon_repeats: int, common_nums: int):
@@ -57,18 +71,20 @@ class CommonWordsGenerator(SizedGenerator):
             shot_ctx, shot_answer = self._cwe_example(40, 10, 3, a["num_cw"])
             ctx, answer = self._cwe_example(num_words, a["freq_cw"], a["freq_ucw"], a["num_cw"])
         shot_reply = CWE_PREFIX + " " + " ".join(f"{i + 1}. {w}" for i, w in enumerate(shot_answer))
-        return Generated(
+        sample = Generated(
             context=CWE_INSTRUCTION + ctx + "\n",
             question=CWE_QUESTION,
             answer_prefix=CWE_PREFIX,
             answers=answer,
             shots=((CWE_INSTRUCTION + shot_ctx + "\n" + CWE_QUESTION, shot_reply),),
         )
+        return self._wrap(sample)
 
     def _generate_cwe(self, num_samples: int) -> list[Generated]:
-        probe_words = 4096
-        per_word = max(self.count(self._build_cwe(probe_words)) / probe_words, 1e-9)
-        units = self.search(self._build_cwe, 10, upper=int(self.length // per_word) * 2)
+        # RULER: a 4096-word probe, upper bound int(length // tokens_per_word) * 2, steps of 10 words.
+        _, units = self.search(
+            self._build_cwe, 10, probe_units=4096, estimate=lambda per_word: int(self.length // per_word) * 2
+        )
         return [self.fit_sample(self._build_cwe, units, 10) for _ in range(num_samples)]
 
 
@@ -90,12 +106,13 @@ class FrequentWordsGenerator(SizedGenerator):
         counts = (num_words * ranks ** (-alpha) / _zeta(alpha)).astype(int)
         words = [w for w, c in zip(vocab, counts, strict=True) for _ in range(int(c))]
         random.Random(self.seed).shuffle(words)
-        return Generated(
+        sample = Generated(
             context=FWE_INSTRUCTION + " ".join(words) + "\n",
             question=FWE_QUESTION,
             answer_prefix=FWE_PREFIX,
             answers=vocab[1:4],
         )
+        return self._wrap(sample)
 
     def _generate_fwe(self, num_samples: int) -> list[Generated]:
         budget = self.length - self.max_new_tokens

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,9 +15,12 @@ from kvbench.tasks.ruler.aggregation import CommonWordsGenerator, FrequentWordsG
 from kvbench.tasks.ruler.inputs import RulerInputs
 from kvbench.tasks.ruler.niah import NiahGenerator
 from kvbench.tasks.ruler.qa import QAGenerator
-from kvbench.tasks.ruler.spec import MAX_NEW_TOKENS, OPTION_DEFAULTS, TASKS, RulerTask
+from kvbench.tasks.ruler.spec import GENERATOR_VERSION, MAX_NEW_TOKENS, OPTION_DEFAULTS, TASKS, RulerTask
+from kvbench.tasks.ruler.templates import CHAT_TEMPLATE_MODES, RULER_TEMPLATES, ruler_template
 from kvbench.tasks.ruler.variable_tracking import VariableTrackingGenerator
 from kvbench.tasks.text_inputs import TextTokenizer, download, hub_download, option_values, resolve_input_dir
+
+log = logging.getLogger(__name__)
 
 
 class RulerGenerator(
@@ -53,10 +57,18 @@ class RulerDataset(TaskDataset):
         answer_prefix: str = "assistant",
         name: str | None = None,
         use_chat_template: bool = False,
+        template: str | None = None,
     ) -> None:
+        """``template``: a RULER template name (:data:`RULER_TEMPLATES`; ``task.options.chat_template=ruler``): its
+        text is part of every sample and the model's chat template is not applied (``self.chat_template`` False);
+        ``None``: the model's chat template when ``use_chat_template`` (``chat_template=model``)."""
         check_choice("task.options.answer_prefix", answer_prefix, ANSWER_PREFIX_MODES)
+        if template is not None:
+            check_choice("task.options.ruler_template", template, list(RULER_TEMPLATES))
         self.task = task
-        self.use_chat_template = use_chat_template
+        self.ruler_template = template
+        self.chat_template = template is None
+        self.use_chat_template = use_chat_template and template is None
         self.length = length
         self.tok = TextTokenizer(tokenizer)
         self.inputs = inputs
@@ -76,6 +88,8 @@ class RulerDataset(TaskDataset):
             seed=self.seed,
             answer_prefix=self.answer_prefix_mode,
             length_counts_chat_template=self.use_chat_template,
+            prompt_template="model" if self.ruler_template is None else "ruler",
+            ruler_template=self.ruler_template,
         )
         return info
 
@@ -93,6 +107,8 @@ class RulerDataset(TaskDataset):
             "max_new_tokens": self.max_new_tokens,
             "answer_prefix": self.answer_prefix_mode,
             "chat_template": self.use_chat_template,
+            "ruler_template": self.ruler_template,
+            "generator_version": GENERATOR_VERSION,
             "tokenizer": tokenizer_fingerprint(self.tok.tokenizer),
             "inputs": {name: record.get("sha256", record.get("by")) for name, record in self.provenance().items()},
             "code": source_fingerprint(_GENERATOR_SOURCES),
@@ -116,6 +132,7 @@ class RulerDataset(TaskDataset):
             self.inputs,
             use_chat_template=self.use_chat_template,
             answer_prefix_mode=self.answer_prefix_mode,
+            ruler_template=RULER_TEMPLATES[self.ruler_template or "base"],
         )
         out = []
         for i, gen in enumerate(generator.generate(count)):
@@ -145,6 +162,10 @@ class RulerDataset(TaskDataset):
 def build_ruler(task_cfg: Any, tokenizer: Any, chat_template: bool = False) -> list[TaskDataset]:
     """Builder: one dataset per selected task (``task.datasets``) and length (``task.lengths`` or ``task.length``).
 
+    ``task.options.chat_template``: ``ruler`` (default) wraps the task text in RULER's template for the model
+    (``task.options.ruler_template``, ``auto``: :func:`~kvbench.tasks.ruler.templates.auto_ruler_template`);
+    ``model`` renders the model's chat template when ``chat_template`` (``model.chat_template``) is true.
+
     With several lengths the dataset names get a ``_{length}`` suffix (``niah_single_1_4096``).
     """
     opts = option_values(task_cfg, OPTION_DEFAULTS, "ruler")
@@ -153,6 +174,14 @@ def build_ruler(task_cfg: Any, tokenizer: Any, chat_template: bool = False) -> l
     if any(int(x) < 256 for x in lengths):
         raise ValueError(f"RULER lengths must be at least 256 tokens, got {lengths}")
     num_samples = getattr(task_cfg, "num_samples", None) or int(opts["samples_per_task"])
+    mode = check_choice("task.options.chat_template", opts["chat_template"], CHAT_TEMPLATE_MODES)
+    template = ruler_template(opts["ruler_template"], tokenizer, chat_template) if mode == "ruler" else None
+    if template == "base" and chat_template and opts["ruler_template"] in (None, "auto"):
+        log.warning(
+            "RULER has no template for this chat model (%s): its prompts are the task text alone, as RULER runs "
+            "such models; task.options.chat_template=model renders the model's chat template instead",
+            getattr(tokenizer, "name_or_path", "") or "unnamed tokenizer",
+        )
     inputs = RulerInputs(resolve_input_dir(task_cfg, "ruler", opts["source"]))
     datasets: list[TaskDataset] = []
     for length in lengths:
@@ -169,6 +198,7 @@ def build_ruler(task_cfg: Any, tokenizer: Any, chat_template: bool = False) -> l
                     answer_prefix=opts["answer_prefix"],
                     name=name if len(lengths) == 1 else f"{name}_{length}",
                     use_chat_template=chat_template,
+                    template=template,
                 )
             )
     return datasets

@@ -163,15 +163,29 @@ class RulerInputs:
         #: Provenance record per input name (``words``, ``essays``, ``squad``, ``hotpotqa``), filled as loaded.
         self.records: dict[str, dict[str, Any]] = {"words": words_record}
         self._essay_words: list[str] | None = None
+        self._english_words: list[str] | None = None
         self._qa: dict[str, QACorpus] = {}
 
     @property
     def essay_words(self) -> list[str]:
-        """Whitespace-normalised words of all essays (RULER: ``re.sub(r"\\s+", " ", text).split(" ")``)."""
+        """Whitespace-normalised words of all essays, RULER's ``re.sub(r"\\s+", " ", text).split(" ")`` (no strip: a
+        text ending in whitespace gives a last empty word, as officially)."""
         if self._essay_words is None:
             essays, self.records["essays"] = load_essays(self.input_dir, "PaulGrahamEssays.json", _HOW_TO_GET)
-            self._essay_words = re.sub(r"\s+", " ", " ".join(essays)).strip().split(" ")
+            self._essay_words = re.sub(r"\s+", " ", " ".join(essays)).split(" ")
         return self._essay_words
+
+    @property
+    def english_words(self) -> list[str] | None:
+        """RULER's ``english_words.json`` values (CWE's pool beyond the word lists) when the input folder has it
+        (``english_words.json`` or ``json/english_words.json``), else ``None``."""
+        if self._english_words is None and self.input_dir is not None:
+            for path in (self.input_dir / "english_words.json", self.input_dir / "json" / "english_words.json"):
+                if path.is_file():
+                    self._english_words = list(json.loads(path.read_text(encoding="utf-8")).values())
+                    self.records["english_words"] = provenance.official(path)
+                    break
+        return self._english_words
 
     def qa_corpus(self, dataset: str) -> QACorpus:
         """The SQuAD (``squad``) or HotpotQA (``hotpotqa``) corpus, loaded on first use."""
@@ -191,6 +205,8 @@ class RulerInputs:
                 names.append("words")
         elif task.generator == "cwe":
             names.append("words")
+            if self.english_words is not None:
+                names.append("english_words")
         elif task.generator == "qa":
             self.qa_corpus(task.args["dataset"])
             names.append(task.args["dataset"])

@@ -24,6 +24,20 @@ def _sentences(text: str) -> list[str]:
     return [s for s in re.split(r"(?<=[.!?])[\"')\]]*\s+", text.strip()) if s]
 
 
+def join_at_depths(sentences: list[str], points: list[int], needles: list[str]) -> str:
+    """RULER's essay insertion: the sentences between consecutive insertion points (``0``, the sorted ``points``,
+    ``len(sentences)``) joined by spaces, each run followed by its needle, everything joined by spaces.  An empty run
+    (a needle at depth 0 or 100, two needles at one point) stays an empty piece, so the text gets a leading,
+    trailing or double space exactly as RULER's."""
+    bounds = [0, *points, len(sentences)]
+    pieces: list[str] = []
+    for i in range(1, len(bounds)):
+        pieces.append(" ".join(sentences[bounds[i - 1] : bounds[i]]))
+        if i - 1 < len(needles):
+            pieces.append(needles[i - 1])
+    return " ".join(pieces)
+
+
 class NiahGenerator(SizedGenerator):
     """The NIAH tasks: needles (key -> value sentences) inserted in a haystack; the question asks for the values
     of the queried keys."""
@@ -37,20 +51,22 @@ class NiahGenerator(SizedGenerator):
             return str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
         raise ValueError(f"unknown needle type {kind!r}")
 
-    def _niah_templates(self) -> tuple[str, str, str, str]:
-        """(instruction, question, answer prefix, value type) with RULER's singular rewrite when q*v == 1."""
+    def _niah_templates(self) -> tuple[str, str, str, str, str, str]:
+        """(instruction, question, answer prefix, value type, template head, template tail) with RULER's singular
+        rewrite when q*v == 1 (applied, as officially, to the whole template: the model template's text too)."""
         a = self.args
         instruction, question, prefix = NIAH_INSTRUCTION, NIAH_QUESTION, NIAH_PREFIX
+        head, tail = self.template_head, self.template_tail
         type_v = a["type_needle_v"]
         if a["num_needle_q"] * a["num_needle_v"] == 1:
             rewritten = []
-            for text in (instruction, question, prefix):
+            for text in (instruction, question, prefix, head, tail):
                 for old, new in (("Some", "A"), ("are all", "is"), ("are", "is"), ("answers", "answer")):
                     text = text.replace(old, new)
                 rewritten.append(text)
-            instruction, question, prefix = rewritten
+            instruction, question, prefix, head, tail = rewritten
             type_v = type_v[:-1]
-        return instruction, question, prefix, type_v
+        return instruction, question, prefix, type_v, head, tail
 
     def _build_niah(self, num_haystack: int) -> Generated:
         a = self.args
@@ -71,12 +87,7 @@ class NiahGenerator(SizedGenerator):
                 words = words * math.ceil(num_haystack / len(words))
             sentences = _sentences(" ".join(words[:num_haystack]))
             points = sorted(int(len(sentences) * d / 100) for d in rng.sample(ESSAY_DEPTHS, len(needles)))
-            pieces, last = [], 0
-            for point, needle in zip(points, needles, strict=True):
-                pieces += [*sentences[last:point], needle]
-                last = point
-            pieces += sentences[last:]
-            haystack = " ".join(pieces)
+            haystack = join_at_depths(sentences, points, needles)
         else:
             if kind == "noise":
                 lines = [NOISE_LINE] * num_haystack
@@ -103,20 +114,19 @@ class NiahGenerator(SizedGenerator):
         answers = [v for i in queried for v in values[i]]
         query_keys = [keys[i] for i in queried]
         query = query_keys[0] if len(query_keys) == 1 else ", ".join(query_keys[:-1]) + ", and " + query_keys[-1]
-        instruction, question, prefix, type_v = self._niah_templates()
-        head = instruction.format(type_needle_v=type_v)
-        return Generated(
-            context=head + haystack + "\n",
+        instruction, question, prefix, type_v, head, tail = self._niah_templates()
+        sample = Generated(
+            context=instruction.format(type_needle_v=type_v) + haystack + "\n",
             question=question.format(type_needle_v=type_v, query=query),
             answer_prefix=prefix.format(type_needle_v=type_v, query=query),
             answers=answers,
             extra={"needles": needles, "query_keys": query_keys, "_haystack": haystack},
         )
+        return self._wrap(sample, head, tail)
 
     def _generate_niah(self, num_samples: int) -> list[Generated]:
         incremental = 500 if self.args["type_haystack"] == "essay" else (25 if self.length >= 4096 else 5)
-        incremental = self.shrink_unit(self._build_niah, incremental)
-        units = self.search(self._build_niah, incremental)
+        incremental, units = self.search(self._build_niah, incremental)
         out = []
         for _ in range(num_samples):
             sample = self.fit_sample(self._build_niah, units, incremental)

@@ -35,13 +35,14 @@ class QAGenerator(SizedGenerator):
         docs = [corpus.docs[i] for i in chosen]
         random.Random(self.seed).shuffle(docs)
         documents = "\n\n".join(f"Document {i + 1}:\n{d}" for i, d in enumerate(docs))
-        return Generated(
+        sample = Generated(
             context=QA_INSTRUCTION + "\n\nThe following are given documents.\n\n" + documents + "\n\n",
             question=QA_INSTRUCTION + "\n\nQuestion: " + record["query"],
             answer_prefix=QA_PREFIX,
             answers=list(record["outputs"]),
             extra={"num_docs": num_docs, "question_index": index},
         )
+        return self._wrap(sample)
 
     def _generate_qa(self, num_samples: int) -> list[Generated]:
         corpus = self.inputs.qa_corpus(self.args["dataset"])
@@ -54,6 +55,5 @@ class QAGenerator(SizedGenerator):
                 len(corpus.questions),
             )
             num_samples = len(corpus.questions)
-        incremental = self.shrink_unit(lambda n: self._build_qa(0, n), 10)
-        units = self.search(lambda n: self._build_qa(0, n), incremental)
+        incremental, units = self.search(lambda n: self._build_qa(0, n), 10)
         return [self.fit_sample(lambda n, i=i: self._build_qa(i, n), units, incremental) for i in range(num_samples)]

@@ -56,6 +56,7 @@ class SizedGenerator:
         *,
         use_chat_template: bool = False,
         answer_prefix_mode: str = "assistant",
+        ruler_template: str = "{task_template}",
     ) -> None:
         self.task = task
         self.length = length
@@ -65,10 +66,23 @@ class SizedGenerator:
         self.inputs = inputs
         self.use_chat_template = use_chat_template
         self.answer_prefix_mode = answer_prefix_mode
+        #: RULER's model template (``scripts/data/template.py``) around the task text: what comes before and after.
+        self.template_head, self.template_tail = ruler_template.split("{task_template}")
         self.rng = random.Random(seed)
         self.args = task.args
         #: Smallest unit count a sample can be built with (VT needs one noise line per chain line).
         self.min_units = task.args["num_hops"] + 1 if task.generator == "vt" else 1
+
+    def _wrap(self, sample: Generated, head: str | None = None, tail: str | None = None) -> Generated:
+        """``sample`` inside RULER's model template (``head``/``tail``: default the generator's): the head before the
+        context, the tail after the question, each worked example's task text wrapped alike (RULER formats its
+        few-shot examples with the full template).  The base template is a no-op."""
+        head = self.template_head if head is None else head
+        tail = self.template_tail if tail is None else tail
+        sample.context = head + sample.context
+        sample.question = sample.question + tail
+        sample.shots = tuple((head + user + tail, reply) for user, reply in sample.shots)
+        return sample
 
     def count(self, sample: Generated) -> int:
         """Tokens of the full model input (chat template and answer prefix included), RULER's ``text_to_tokens``."""
@@ -78,30 +92,42 @@ class SizedGenerator:
         text = render_prompt(self.tok.tokenizer, **parts, use_chat_template=self.use_chat_template).text
         return self.tok.count(text)
 
-    def fits(self, sample: Generated) -> bool:
-        return self.count(sample) + self.max_new_tokens <= self.length
+    def fits(self, sample: Generated, extra_tokens: int = 0) -> bool:
+        return self.count(sample) + extra_tokens + self.max_new_tokens <= self.length
 
-    def shrink_unit(self, build: Callable[[int], Generated], incremental: int) -> int:
-        """``incremental``, halved while a sample of that many units does not fit (only at lengths below what the
-        official unit allows, e.g. a 500-word essay unit at 1K tokens; RULER itself would fail there)."""
-        while incremental > 1 and not self.fits(build(incremental)):
+    def search(
+        self,
+        build: Callable[[int], Generated],
+        incremental: int,
+        *,
+        extra_tokens: int = 0,
+        probe_units: int | None = None,
+        estimate: Callable[[float], int] | None = None,
+    ) -> tuple[int, int]:
+        """``(incremental, units)``: RULER HEAD's size search, with RULER's draws.
+
+        One probe of ``probe_units`` (default ``incremental``) units estimates the tokens per unit; a binary search
+        between ``incremental`` and ``max(estimate(per_unit), 2 * incremental)`` (default estimate
+        ``int(length / per_unit * 3)``) finds the largest unit count whose freshly built sample fits
+        (``extra_tokens``: tokens counted on top of each sample, VT's worked example).  Only when a probe of
+        ``incremental`` units does not fit (lengths below what the official unit allows, e.g. a 500-word essay unit
+        at 1K tokens, where RULER itself would loop forever) is ``incremental`` halved and the probe rebuilt: extra
+        draws RULER never makes, at lengths RULER cannot generate."""
+        probe = build(probe_units or incremental)
+        while probe_units is None and incremental // 2 >= self.min_units and not self.fits(probe, extra_tokens):
             incremental //= 2
-        return incremental
-
-    def search(self, build: Callable[[int], Generated], incremental: int, upper: int | None = None) -> int:
-        """Largest unit count (>= ``incremental``) whose freshly built sample fits (RULER HEAD's binary search)."""
-        if upper is None:
             probe = build(incremental)
-            per_unit = max(self.count(probe) / incremental, 1e-9)
-            upper = max(int(self.length / per_unit * 3), 2 * incremental)
+        per_unit = max(self.count(probe) / (probe_units or incremental), 1e-9)
+        guess = estimate(per_unit) if estimate is not None else int(self.length / per_unit * 3)
+        upper = max(guess, 2 * incremental)
         lower, best = incremental, incremental
         while lower <= upper:
             mid = (lower + upper) // 2
-            if self.fits(build(mid)):
+            if self.fits(build(mid), extra_tokens):
                 best, lower = mid, mid + 1
             else:
                 upper = mid - 1
-        return best
+        return incremental, best
 
     def fit_sample(self, build: Callable[[int], Generated], units: int, incremental: int) -> Generated:
         """Build with ``units``; while too long, retry with ``units - incremental`` (error below one unit)."""

@@ -97,4 +97,13 @@ OPTION_DEFAULTS: dict[str, Any] = {
     "answer_prefix": "assistant",
     #: auto | shipped | hub (see kvbench.tasks.text_inputs.resolve_input_dir).
     "source": "auto",
+    #: "ruler" (official): RULER's own per-model template (kvbench.tasks.ruler.templates) is part of the sample text
+    #: and the model's chat template is not applied; "model" (named deviation): the model's published chat template.
+    "chat_template": "ruler",
+    #: With chat_template=ruler: "auto" (from the model, as RULER's config_models.sh) or a RULER template name.
+    "ruler_template": "auto",
 }
+
+#: Version of the sample generators, part of the sample-cache key: bump it whenever generated samples change.
+#: 2: RULER's draws, essay words, CWE pool, VT, essay joining and per-model templates reproduced (issue #27).
+GENERATOR_VERSION = 2

@@ -1,94 +1,118 @@
 """RULER's variable tracking (``vt``): chains of ``VAR X = VAR Y`` assignments hidden in noise, with a one-shot
-in-context example."""
+in-context example -- RULER's ``variable_tracking.py`` draw for draw (names from the seeded ``random``, values from
+numpy's legacy global generator seeded alike)."""
 
 from __future__ import annotations
 
 import string
 
+import numpy as np
+
 from kvbench.tasks.ruler.sizing import Generated, SizedGenerator
 from kvbench.tasks.ruler.spec import NOISE_LINE, VT_INSTRUCTION, VT_PREFIX, VT_QUESTION
+
+#: The one-shot example's placeholder value (RULER: ``12345``, replaced by a random value in every sample).
+ICL_VALUE = "12345"
 
 
 class VariableTrackingGenerator(SizedGenerator):
     """Variable tracking: which variables end up holding the queried value."""
 
-    def _names(self, count: int, size: int, taken: set[str]) -> list[str]:
-        names: list[str] = []
-        while len(names) < count:
-            name = "".join(self.rng.choices(string.ascii_uppercase, k=size))
-            if name not in taken and name != "VAR":
-                taken.add(name)
-                names.append(name)
-        return names
+    _np_rng: np.random.RandomState | None = None
 
-    def _vt_text(self, num_noises: int, size: int, value: str | None) -> tuple[str, list[str], str]:
-        """(haystack with the chain(s), names of chain 0, value of chain 0)."""
+    @property
+    def np_rng(self) -> np.random.RandomState:
+        """numpy's legacy generator seeded with the seed (RULER: ``np.random.seed(seed)``, ``np.random.randint``)."""
+        if self._np_rng is None:
+            self._np_rng = np.random.RandomState(self.seed)
+        return self._np_rng
+
+    def _name(self, size: int) -> str:
+        return "".join(self.rng.choices(string.ascii_uppercase, k=size))
+
+    def _chains(self, is_icl: bool) -> tuple[list[list[str]], list[list[str]]]:
+        """``(names per chain, lines per chain)``, RULER's ``generate_chains``: ``(hops + 1) * chains`` names drawn at
+        once (duplicates kept), more appended while not all distinct (an appended name starts a chain of its own, as
+        officially); the first line holds the value (``12345`` in the example), each next line copies the previous
+        variable (with RULER's trailing space)."""
         a = self.args
-        taken: set[str] = set()
-        chains: list[list[str]] = []
-        first_names: list[str] = []
-        first_value = ""
-        for j in range(a["num_chains"]):
-            names = self._names(a["num_hops"] + 1, size, taken)
-            chain_value = value if value is not None else str(self.rng.randint(10000, 99998))
-            lines = [f"VAR {names[0]} = {chain_value}"]
-            lines += [f"VAR {names[i + 1]} = VAR {names[i]} " for i in range(a["num_hops"])]
-            chains.append(lines)
-            if j == 0:
-                first_names, first_value = names, chain_value
+        size = 3 if is_icl else 5
+        hops = min(10, a["num_hops"]) if is_icl else a["num_hops"]
+        wanted = (hops + 1) * a["num_chains"]
+        names = [self._name(size) for _ in range(wanted)]
+        while len(set(names)) < wanted:
+            names.append(self._name(size))
+        all_names, all_lines = [], []
+        for start in range(0, len(names), hops + 1):
+            chain = names[start : start + hops + 1]
+            value = ICL_VALUE if is_icl else str(self.np_rng.randint(10000, 99999))
+            lines = [f"VAR {chain[0]} = {value}"]
+            lines += [f"VAR {chain[j + 1]} = VAR {chain[j]} " for j in range(hops)]
+            all_names.append(chain)
+            all_lines.append(lines)
+        return all_names, all_lines
+
+    def _build_vt_text(self, num_noises: int, is_icl: bool) -> Generated:
+        """One sample without the worked example: chains inserted among ``num_noises`` noise lines."""
+        names, chains = self._chains(is_icl)
+        value = chains[0][0].split("=")[-1].strip()
         sentences = [NOISE_LINE] * num_noises
         for chain in chains:
             positions = sorted(self.rng.sample(range(len(sentences)), len(chain)))
             for offset, (pos, line) in enumerate(zip(positions, chain, strict=True)):
                 sentences.insert(pos + offset, line)
         haystack = "\n".join(sentences).replace(". \n", ".\n")
-        return haystack, first_names, first_value
-
-    def _build_vt_icl_probe(self, num_noises: int) -> Generated:
-        haystack, names, value = self._vt_text(num_noises, 3, "12345")
-        num_v = self.args["num_hops"] + 1
         return Generated(
             context=VT_INSTRUCTION + haystack + "\n",
             question=VT_QUESTION.format(query=value),
-            answer_prefix=VT_PREFIX.format(num_v=num_v, query=value),
-            answers=names,
+            answer_prefix=VT_PREFIX.format(num_v=self.args["num_hops"] + 1, query=value),
+            answers=names[0],
+            extra={"_haystack": haystack, "_first_line": chains[0][0]},
         )
 
-    def _randomized_icl(self) -> str:
-        text = self._icl
-        for name in self._icl_names:
-            text = text.replace(name, "".join(self.rng.choices(string.ascii_uppercase, k=len(name))))
-        return text.replace("12345", str(self.rng.randint(10000, 99998)))
+    def _randomized_icl(self, example: str) -> str:
+        """RULER's ``randomize_icl``: the example's last ``hops + 1`` words (the answer names) each replaced, all
+        occurrences, by as many random capitals; then ``12345`` by a random value."""
+        for item in example.strip().split()[-self.args["num_hops"] - 1 :]:
+            example = example.replace(item, self._name(len(item)))
+        return example.replace(ICL_VALUE, str(self.np_rng.randint(10000, 99999)))
 
     def _build_vt(self, num_noises: int) -> Generated:
-        icl = self._randomized_icl() + "\n"
-        haystack, names, value = self._vt_text(num_noises, 5, None)
-        num_v = self.args["num_hops"] + 1
-        return Generated(
-            context=icl + VT_INSTRUCTION + haystack + "\n",
-            question=VT_QUESTION.format(query=value),
-            answer_prefix=VT_PREFIX.format(num_v=num_v, query=value),
-            answers=names,
-            extra={"_haystack": haystack, "_first_line": f"VAR {names[0]} = {value}"},
-        )
+        """A sample with the randomised worked example before the task instruction (inside the user turn)."""
+        sample = self._wrap(self._build_vt_text(num_noises, False))
+        icl = self._randomized_icl(self._icl) + "\n"
+        head = self.template_head
+        sample.context = head + icl + sample.context[len(head) :]
+        return sample
 
-    def _generate_vt(self, num_samples: int) -> list[Generated]:
-        # One-shot example: a 500-token sample (5-noise-line units, no answer budget), 3-letter names, value 12345.
-        # A tokenizer too verbose for even 5 noise lines in 500 tokens (e.g. byte-level) gets the minimal example.
-        # The example is sized with the raw task template (no model template), as officially.
+    def _icl_example(self) -> str:
+        """RULER's first pass: a 500-token example (5-noise-line steps, nothing to generate, the raw task template
+        with its answer prefix whatever the model template), as ``input + " " + names + "\\n"``."""
         outer = self.length, self.max_new_tokens, self.use_chat_template, self.answer_prefix_mode
         self.length, self.max_new_tokens, self.use_chat_template, self.answer_prefix_mode = 500, 0, False, "user"
         try:
-            icl_units = self.search(self._build_vt_icl_probe, 5)
-            probe = self.fit_sample(self._build_vt_icl_probe, icl_units, 5)
-        except ValueError:
-            probe = self._build_vt_icl_probe(self.min_units)
+
+            def build(n: int) -> Generated:
+                return self._build_vt_text(n, True)
+
+            incremental, units = self.search(build, 5)
+            try:
+                example = self.fit_sample(build, units, incremental)
+            except ValueError:  # a tokenizer too verbose for 5 noise lines in 500 tokens (byte-level)
+                example = build(self.min_units)
         finally:
             self.length, self.max_new_tokens, self.use_chat_template, self.answer_prefix_mode = outer
-        self._icl = probe.context + probe.question + probe.answer_prefix + " " + " ".join(probe.answers) + "\n"
-        self._icl_names = probe.answers
+        text = example.context + example.question + example.answer_prefix
+        return text + " " + " ".join(example.answers) + "\n"
+
+    def _generate_vt(self, num_samples: int) -> list[Generated]:
+        self._icl = self._icl_example()
+        example_tokens = self.tok.count(self._icl)
         incremental = 10 if self.length >= 4096 else 5
-        units = self.search(self._build_vt, incremental)
+        # The size search counts the example's tokens separately from a sample built without it (as RULER).
+        incremental, units = self.search(
+            lambda n: self._wrap(self._build_vt_text(n, False)), incremental, extra_tokens=example_tokens
+        )
         out = []
         for _ in range(num_samples):
             sample = self.fit_sample(self._build_vt, units, incremental)

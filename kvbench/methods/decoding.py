@@ -1,0 +1,102 @@
+"""Decode-time eviction vectorised over heads: what a decoding step of StreamingLLM, H2O, TOVA, AhaKV and CAKE runs.
+
+* :func:`padded_decode_attention` -- the new query's attention over every stored head in one batched product
+  (``[H, S_max]``, slot-aligned), rounded as :func:`kvbench.methods.base.decode_attention` rounds;
+* :func:`one_token_evictions` -- whether a step's eviction is the common one-token-per-head case;
+* :func:`evict_lowest` -- evict the lowest-ranked slot of each over-cap head in place
+  (:meth:`kvbench.cache.HeadwiseLayer.evict_slots`: the head's last token moves into it).
+
+No loop over heads and no host synchronisation: a step costs what the cache keeps (issue #32).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from kvbench.methods.scoring import aggregate_groups, round_to
+
+if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
+    from kvbench.cache import HeadwiseLayer
+
+
+def padded_decode_attention(
+    layer: HeadwiseLayer,
+    query: torch.Tensor,
+    scaling: float,
+    gqa_agg: str | None = "mean",
+    dtype: torch.dtype | None = None,
+    logit_factor: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`decode_attention` vectorised over heads: one batched product, no loop and no host synchronisation.
+
+    Parameters
+    ----------
+    layer:
+        The layer, with the new token already stored.
+    query:
+        ``[H_q, 1, D]`` the new token's queries.
+    gqa_agg:
+        mean | max | sum over the query heads sharing a stored head; ``None`` keeps every query head's row.
+    dtype, logit_factor:
+        Rounding to the model dtype and the factor on the scaled logits, exactly as :func:`decode_attention`.
+
+    Returns
+    -------
+    ``[H, S_max]`` float32 probabilities (``[H_q, S_max]`` with ``gqa_agg=None``; slot-aligned, 0 past a head's
+    length) and the ``[H, S_max]`` mask of stored slots (``None`` when every head holds ``S_max`` tokens).
+    """
+    keys, _, _ = layer.padded_kv()  # [H, S_max, D]
+    heads, width, dim = keys.shape
+    grouped = query[:, 0].float().reshape(heads, query.shape[0] // heads, dim)  # [H, g, D]
+    logits = round_to(round_to(torch.bmm(grouped, keys.float().transpose(1, 2)), dtype) * scaling, dtype)
+    if logit_factor is not None:
+        logits = round_to(logits * logit_factor, dtype)
+    stored = None
+    if layer.is_ragged:
+        assert layer.lengths is not None
+        stored = torch.arange(width, device=keys.device) < layer.lengths[:, None]  # [H, S_max]
+        logits = logits.masked_fill(~stored[:, None], float("-inf"))
+    probs = round_to(torch.softmax(logits, dim=-1), dtype).reshape(-1, width)  # [H * g, S_max]
+    if gqa_agg is None:
+        return probs, stored
+    return round_to(aggregate_groups(probs, heads, gqa_agg), dtype), stored
+
+
+def one_token_evictions(lengths: Sequence[int], caps: Sequence[int]) -> list[int] | None:
+    """The heads that exceed their cap, when each exceeds it by exactly one token (the decode-step case that
+    :meth:`~kvbench.cache.HeadwiseLayer.evict_slots` handles in place); ``None`` when some head is further over
+    (a multi-token append, a lowered cap): then the general :func:`evict_to_caps` applies."""
+    over = [head for head, (length, cap) in enumerate(zip(lengths, caps, strict=True)) if length > cap]
+    if any(lengths[head] != caps[head] + 1 for head in over):
+        return None
+    return over
+
+
+def evict_lowest(
+    layer: HeadwiseLayer, heads: list[int], ranked: torch.Tensor, stored: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Evict, in place, the lowest-ranked slot of each of ``heads`` (each exactly one token over its cap).
+
+    Parameters
+    ----------
+    ranked:
+        ``[H, S_max]`` slot ranks (higher = keep; protected slots ``+inf``).
+    stored:
+        ``[H, S_max]`` mask of stored slots, or ``None`` when every head holds ``S_max`` tokens.
+
+    Returns
+    -------
+    The evicted slots ``[n]``, the slots their heads' last tokens came from ``[n]``, and the ``[n]`` head rows
+    (``None`` = every head), for moving per-slot state the same way.
+    """
+    every_head = len(heads) == layer.num_heads
+    rows = None if every_head else torch.tensor(heads, device=ranked.device)
+    if stored is not None:
+        ranked = ranked.masked_fill(~stored, float("inf"))
+    candidates = ranked if rows is None else ranked.index_select(0, rows)
+    slots = torch.argmin(candidates, dim=1)
+    last = layer.evict_slots(slots, None if every_head else heads)
+    return slots, last, rows
