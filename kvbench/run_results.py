@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from kvbench.methods.base import RECORDED_KNOBS, EvictionMethod
+from kvbench.methods.base import EvictionMethod
+from kvbench.methods.knobs import RECORDED_KNOBS
 from kvbench.results import METRICS_FILE, atomic_write_json
 from kvbench.summary import DatasetScores
 from kvbench.termination import TERMINATION

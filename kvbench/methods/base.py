@@ -19,34 +19,20 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from kvbench import kernels
 from kvbench.checks import check_min
-from kvbench.config import MethodConfig, check_method_choices
+from kvbench.config import check_method_choices
+from kvbench.methods.knobs import check_unused_knobs
 from kvbench.methods.scoring import ScoreOptions, aggregate_groups, round_to
 from kvbench.registry import Registry, submodule_importer
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
     from kvbench.cache import HeadwiseLayer
-
-#: The common knobs (``MethodConfig`` fields) a run records in ``metrics.json``, unless the method ignores them
-#: (``gqa_reduce`` is recorded resolved, in the method's settings, by the families that pool).
-RECORDED_KNOBS = (
-    "window",
-    "kernel_size",
-    "pooling",
-    "pool_padding",
-    "window_in_budget",
-    "gqa_granularity",
-    "gqa_agg",
-    "score_dtype",
-    "sink_tokens",
-    "decode_eviction",
-)
 
 
 # ---------------------------------------------------------------------------------------------------- observation
@@ -371,37 +357,6 @@ def build_method(method_cfg: Any) -> EvictionMethod:
     method = builder(method_cfg)
     check_unused_knobs(method_cfg, method)
     return method
-
-
-#: Values of a common knob that say "off" (``kernel_size: 1`` = no pooling), accepted where the family does not use
-#: the knob (the TOVA preset states it does not pool).
-KNOB_OFF_VALUES: dict[str, tuple[Any, ...]] = {"kernel_size": (1,)}
-#: ``MethodConfig``'s default of every common knob.
-KNOB_DEFAULTS: dict[str, Any] = {
-    f.name: f.default for f in fields(MethodConfig) if f.default is not MISSING and f.name not in ("paper",)
-}
-
-
-def check_unused_knobs(method_cfg: Any, method: EvictionMethod) -> None:
-    """Raise ``ValueError`` naming the family when ``method_cfg`` sets a common knob the family does not use
-    (:attr:`EvictionMethod.unused_knobs`) to anything but its default or an "off" value (:data:`KNOB_OFF_VALUES`):
-    ``method=streamingllm method.pooling=avg`` would otherwise be accepted and change nothing."""
-    unused = method.unused_knobs
-    if unused is None:
-        unused = method.ignored_knobs | ({"gqa_reduce"} if "pooling" in method.ignored_knobs else frozenset())
-    set_knobs = [
-        f"method.{knob}={method_cfg[knob]!r}"
-        for knob in sorted(unused)
-        if knob in KNOB_DEFAULTS
-        and method_cfg[knob] != KNOB_DEFAULTS[knob]
-        and method_cfg[knob] not in KNOB_OFF_VALUES.get(knob, ())
-    ]
-    if set_knobs:
-        used = [knob for knob in KNOB_DEFAULTS if knob in RECORDED_KNOBS and knob not in unused]
-        raise ValueError(
-            f"{', '.join(set_knobs)} is not used by the {method_cfg.family} family (it would change nothing); the "
-            f"common knobs it uses: {', '.join(used) or 'none'}. Remove the override, or pick a family that uses it"
-        )
 
 
 def common_knobs(method_cfg: Any) -> dict[str, Any]:
