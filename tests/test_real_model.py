@@ -21,11 +21,11 @@ import kvbench
 from kvbench.api import compose_config
 from kvbench.budget import parse_budget
 from kvbench.errors import KVBenchError
-from kvbench.eviction import EvictionSession
-from kvbench.generation import _forward, build_cache, generate
+from kvbench.generation import generate
 from kvbench.methods.base import build_method
 from kvbench.model_cache import PROVENANCE_FILE, ensure_converted, locate_package_file
 from kvbench.models import load_model, stop_token_ids
+from kvbench.prefill import prefill
 from kvbench.press_hooks import kvbench_attention
 
 pytestmark = pytest.mark.skipif(
@@ -221,14 +221,12 @@ def test_chunked_prefill_equals_one_forward(smollm2) -> None:
     method_cfg = compose_config(method="snapkv").method
 
     def kept(chunk: int) -> list:
-        cache = build_cache(model, build_method(method_cfg))
-        session = EvictionSession(build_method(method_cfg), parse_budget("64L"), cache)
-        session.begin_prefill(len(ids))
         with torch.no_grad():
-            for first in range(0, len(ids), chunk or len(ids)):
-                _forward(model, ids[first : first + (chunk or len(ids))], first, cache, session, torch.device("cpu"))
-        session.finish()
-        return [[p.tolist() for p in layer.positions] for layer in cache.headwise_layers]
+            state = prefill(
+                model, ids, method=build_method(method_cfg), budget=parse_budget("64L"), prefill_chunk=chunk
+            )
+        state.session.finish()
+        return [[p.tolist() for p in layer.positions] for layer in state.cache.headwise_layers]
 
     assert kept(128) == kept(0)
 
