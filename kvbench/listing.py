@@ -251,12 +251,14 @@ def list_tasks() -> str:
 
 # ---------------------------------------------------------------------------------------------------- models
 def model_source_and_family(name: str, path: str) -> tuple[str, str]:
-    """Where ``model.path`` loads from (builtin / local / hub) and the architecture family: a local folder's
+    """Where ``model.path`` loads from (builtin / package / local / hub) and the architecture family: a local folder's
     ``config.json`` ``model_type``, else the family in the preset's name (``llama3-8b-instruct`` -> ``llama``)."""
     from kvbench.model_source import BUILTIN_PREFIX, resolve_local_path
 
     if path.startswith(BUILTIN_PREFIX):
         source = "builtin"
+    elif path.startswith("package:"):  # a GGUF file in an installed package (kvbench.model_cache)
+        source = "package"
     else:
         local = resolve_local_path(path)
         if local is not None and (local / "config.json").is_file():
@@ -277,7 +279,8 @@ def list_models() -> str:
         rows.append([name, source, family, str(data["max_input_length"]), str(data["dtype"]), str(data["path"])])
     return "\n".join(
         [
-            "Models: model=<preset> (conf/model/<preset>.yaml), or model.path=<hub id | local folder | builtin:name>.",
+            "Models: model=<preset> (conf/model/<preset>.yaml), or model.path=<hub id | local folder | builtin:name | "
+            "package:module/file.gguf>.",
             "Hub models load from the local hub cache (download them first on an offline machine).",
             *_table(rows),
         ]

@@ -3,6 +3,8 @@
 ``model.path`` is read, in this order, as:
 
 * ``builtin:<name>`` -- a tiny random-weight model built in code (:data:`BUILTIN_MODELS`);
+* ``package:<module>/<file>.gguf`` -- a GGUF file shipped inside an installed Python package, converted once into
+  kvbench's model cache (:mod:`kvbench.model_cache`); here only its presence is checked;
 * an existing folder (absolute, relative to the working directory, or to the repository root) -- it must hold a
   Hugging Face ``config.json``;
 * a string that looks like a path but names no folder -- an error ("no such folder"), never a hub lookup.  It
@@ -24,6 +26,7 @@ from typing import Any, Literal
 
 from kvbench import resources
 from kvbench.errors import KVBenchError
+from kvbench.model_cache import PACKAGE_PREFIX, locate_package_file
 
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_MODELS = ("tiny-random-llama", "tiny-random-mistral", "tiny-random-qwen2", "tiny-random-gemma")
@@ -38,7 +41,7 @@ _HUB_ID = re.compile(rf"^(?:{_HUB_PART}/)?{_HUB_PART}$")
 class ModelSource:
     """A resolved ``model.path``: ``kind`` and what to load (builtin name, local folder, or hub id)."""
 
-    kind: Literal["builtin", "local", "hub"]
+    kind: Literal["builtin", "package", "local", "hub"]
     location: str
 
 
@@ -87,6 +90,8 @@ def resolve_model_source(model_cfg: Any) -> ModelSource:
             valid = ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS + REAL_VOCAB_BUILTINS)
             raise KVBenchError(f"model.path={path!r}: unknown builtin model {name!r}; valid: {valid}.")
         return ModelSource("builtin", name)
+    if path.startswith(PACKAGE_PREFIX):
+        return ModelSource("package", str(locate_package_file(path)))
     local = resolve_local_path(path)
     if local is not None:
         if not (local / "config.json").is_file():

@@ -1,4 +1,5 @@
-"""Model and tokenizer loading: hub ids, local folders, and tiny models built in code (``builtin:<name>``).
+"""Model and tokenizer loading: hub ids, local folders, GGUF files shipped in a package (``package:...``, converted
+once by :mod:`kvbench.model_cache`), and tiny models built in code (``builtin:<name>``).
 
 Every model is loaded with ``attn_implementation="kvbench"`` (kvbench's registered attention function), the same
 way for a 70B checkpoint and for the tiny test models.
@@ -32,6 +33,7 @@ from transformers import (
 from kvbench.attention import ATTENTION_NAME
 from kvbench.config import DEVICE_MAP_STRATEGIES, DTYPE_NAMES
 from kvbench.errors import KVBenchError
+from kvbench.model_cache import ensure_converted
 from kvbench.model_source import BUILTIN_MODELS, ModelSource, download_hint, resolve_model_source
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
@@ -302,6 +304,8 @@ def load_tokenizer(model_cfg: Any) -> PreTrainedTokenizerBase:
     source = validate_model_config(model_cfg)
     if source.kind == "builtin":
         return builtin_tokenizer(source.location)
+    if source.kind == "package":
+        source = ModelSource("local", str(ensure_converted(str(model_cfg.path))))
     revision = model_cfg.revision if source.kind == "hub" else None
     try:
         return AutoTokenizer.from_pretrained(source.location, revision=revision)
@@ -316,6 +320,8 @@ def load_model(model_cfg: Any, seed: int = 0, tokenizer: PreTrainedTokenizerBase
     and how to provide its weights when they cannot be found.
     """
     source = validate_model_config(model_cfg)
+    if source.kind == "package":  # converted by load_tokenizer when it ran first; a cache hit then
+        source = ModelSource("local", str(ensure_converted(str(model_cfg.path))))
     dtype = DTYPES[model_cfg.dtype]
     device_map = check_device_map(getattr(model_cfg, "device_map", None))
     device = resolve_device(model_cfg.device) if device_map is None else None

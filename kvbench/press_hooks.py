@@ -9,7 +9,7 @@ only (nothing in transformers is patched):
   attention implementation is set again, so the model is as it was;
 * each forward call that does not continue the press's current cache starts a new *prompt* (``generate`` begins
   with an empty cache of its own): the pre-hook builds a :class:`~kvbench.cache.KVBenchCache` and an
-  :class:`~kvbench.eviction.EvictionSession`, feeds the prompt as :func:`kvbench.generation.generate` does (the
+  :class:`~kvbench.eviction.EvictionSession`, feeds the prompt through :func:`kvbench.prefill.prefill` (the
   compressed part in one forward or in chunks, then, question-agnostic, the question on top of the compressed
   cache) and hands the model the last segment with the cache as ``past_key_values`` and the session as
   ``kvbench_session``; the forward hook then switches the session to decoding.  Later forwards of the same
@@ -44,9 +44,8 @@ from kvbench.cache import KVBenchCache
 from kvbench.config import QUESTION_MODES
 from kvbench.errors import KVBenchError
 from kvbench.eviction import CacheRecord, EvictionSession
-from kvbench.generation import build_cache, resolve_prefill_chunk
 from kvbench.methods.base import EvictionMethod
-from kvbench.models import input_device
+from kvbench.prefill import prefill
 
 
 @contextmanager
@@ -261,32 +260,35 @@ class Press:
                 f"{past.get_seq_length()} tokens; do not pass past_key_values inside a press"
             )
         prompt = input_ids[0].tolist()
-        compressed, appended = self._split(prompt)
-        cache = build_cache(self.model, self.method)
-        session = EvictionSession(self.method, self.budget, cache)
-        self._cache, self._session = cache, session
-        self.record.prompts.append(session.record)
-        device = input_device(self.model)
-        chunk = resolve_prefill_chunk(self.prefill_chunk, device, len(compressed)) or len(compressed)
-        session.record.prefill_chunk = chunk if chunk < len(compressed) else 0
-        segments = [(start, compressed[start : start + chunk]) for start in range(0, len(compressed), chunk)]
-        if appended:
-            segments.append((len(compressed), appended))
-        session.begin_prefill(len(compressed), prompt_ids=compressed)
-        for start, ids in segments[:-1]:
-            self._feed(start, ids, len(compressed), device)
-        start, ids = segments[-1]
-        if start >= len(compressed):
-            session.begin_append()
+        context, question = self._split(prompt)
+        self._nested = True  # the segments fed here run outside the hooks
+        try:
+            state = prefill(
+                self.model,
+                context,
+                question,
+                method=self.method,
+                budget=self.budget,
+                question_mode=self.question_mode,
+                prefill_chunk=self.prefill_chunk,
+                hold_last=True,
+            )
+        finally:
+            self._nested = False
+        self._cache, self._session = state.cache, state.session
+        self.record.prompts.append(state.session.record)
+        last = state.held
+        assert last is not None
         kwargs = dict(kwargs)
-        kwargs["input_ids"] = torch.tensor([ids], dtype=torch.long, device=input_ids.device)
-        kwargs["position_ids"] = torch.arange(start, len(prompt), dtype=torch.long, device=input_ids.device)[None]
+        positions = torch.arange(last.start, len(prompt), dtype=torch.long, device=input_ids.device)
+        kwargs["input_ids"] = torch.tensor([last.ids], dtype=torch.long, device=input_ids.device)
+        kwargs["position_ids"] = positions[None]
         if kwargs.get("cache_position") is not None:
-            kwargs["cache_position"] = torch.arange(start, len(prompt), dtype=torch.long, device=input_ids.device)
+            kwargs["cache_position"] = positions
         return kwargs
 
     def _split(self, prompt: list[int]) -> tuple[list[int], list[int]]:
-        """(compressed, appended) token ids of a prompt for the question mode."""
+        """(context, question) token ids of a prompt (``aware``: the whole prompt is the context)."""
         if self.question_mode == "aware":
             return prompt, []
         context = self.context_length if self.context_length is not None else len(prompt) - int(self.question_length)
@@ -301,21 +303,3 @@ class Press:
                 f"context must hold 1 to {len(prompt) - 1} tokens"
             )
         return prompt[:context], prompt[context:]
-
-    def _feed(self, start: int, ids: list[int], compressed_length: int, device: torch.device) -> None:
-        """One prompt segment through the model, outside the hooks (as kvbench.generation does)."""
-        assert self._session is not None
-        if start >= compressed_length:
-            self._session.begin_append()
-        self._nested = True
-        try:
-            self.model(
-                input_ids=torch.tensor([ids], dtype=torch.long, device=device),
-                position_ids=torch.arange(start, start + len(ids), dtype=torch.long, device=device)[None],
-                past_key_values=self._cache,
-                use_cache=True,
-                logits_to_keep=1,
-                kvbench_session=self._session,
-            )
-        finally:
-            self._nested = False

@@ -9,9 +9,10 @@
    run needs, a results root where a folder can be made (probed by making one), ``$KVBENCH_LOCK_WAIT``, and that
    no other process holds the run folder.
 3. :func:`validate` -- needs torch (lazily imported): the method family builds with its parameters (the families'
-   ``parse_params``), the task kind is registered.  The runner then checks the device, loads the tokenizer and
-   reads every selected dataset, :func:`check_samples`, before the model's weights load and before anything is
-   written under ``results/``.
+   ``parse_params``), the task kind is registered.  :func:`validate_run` runs the three stages once and returns a
+   :class:`ValidatedRun` (the config with the method and budget it built), which ``run.py`` passes to the runner.
+   The runner then checks the device, loads the tokenizer and reads every selected dataset, :func:`check_samples`,
+   before the model's weights load and before anything is written under ``results/``.
 
 Every failure is a :class:`~kvbench.errors.KVBenchError` whose message names the key and value, the valid
 choices and the fix, in one paragraph.
@@ -332,9 +333,35 @@ def validate(cfg: DictConfig) -> tuple[Any, Any]:
     Returns ``(EvictionMethod, Budget)``.
     """
     check_config(cfg)
+    return _build_run(cfg)
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidatedRun:
+    """A config that passed every stage, with what validation built from it: the
+    :class:`~kvbench.methods.base.EvictionMethod` (fresh: no sample has run through it) and the
+    :class:`~kvbench.budget.Budget`.  The runner takes these instead of validating and building again."""
+
+    cfg: DictConfig
+    method: Any
+    budget: Any
+
+
+def validate_run(cfg: DictConfig, check_model: bool = True) -> ValidatedRun:
+    """Stages 1, 2 and 3 once, in that order (``python run.py``'s; ``check_model=False``: the caller loaded the
+    model itself, :func:`kvbench.evaluate`); returns the validated config with the method and budget it built."""
+    check_config(cfg)
+    check_environment(cfg, check_model=check_model)
+    method, budget = _build_run(cfg)
+    return ValidatedRun(cfg, method, budget)
+
+
+def _build_run(cfg: DictConfig) -> tuple[Any, Any]:
+    """Stage 3: the method family builds with its parameters (before anything imports transformers), the task kind
+    is registered, the budget parses; returns ``(EvictionMethod, Budget)``."""
+    method = check_method(cfg)
     from kvbench.tasks.base import task_kinds
 
-    method = check_method(cfg)
     kinds = task_kinds()
     if cfg.task.kind not in kinds:
         raise KVBenchError(

@@ -20,9 +20,8 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-METHOD_DIR = REPO / "conf" / "method"
-TESTS_DIR = REPO / "tests"
+#: The checkout being documented: the folder of ``mkdocs.yml`` (set by :func:`on_config`).
+REPO = Path.cwd()
 
 #: Family -> words a test's name may contain to be evidence for it (besides the family's own name).
 FAMILY_KEYWORDS: dict[str, tuple[str, ...]] = {
@@ -46,8 +45,8 @@ SWITCH_NAMES: dict[str, tuple[str, ...]] = {
     "ahakv": ("AhaKV",),
     "xkv": ("XKV",),
 }
-#: The hand-written methods page whose tables the family pages quote.
-METHODS_PAGE = REPO / "docs" / "methods" / "index.md"
+#: The hand-written methods page whose tables the family pages quote (relative to the checkout).
+METHODS_PAGE = Path("docs") / "methods" / "index.md"
 #: Test files whose tests count as evidence for every preset they name as a string literal.
 PARITY_FILES = (
     "test_reference_parity.py",
@@ -110,7 +109,7 @@ def reference_block(yaml_text: str) -> str:
 def read_presets() -> dict[str, list[Preset]]:
     """Family -> its presets, in file-name order."""
     families: dict[str, list[Preset]] = {}
-    for path in sorted(METHOD_DIR.glob("*.yaml")):
+    for path in sorted((REPO / "conf" / "method").glob("*.yaml")):
         text = path.read_text(encoding="utf-8")
         settings = yaml.safe_load(text) or {}
         comment_lines = []
@@ -128,7 +127,7 @@ def read_presets() -> dict[str, list[Preset]]:
 def read_tests() -> list[TestEvidence]:
     """Every ``test_*`` function in ``tests/*.py`` with its docstring summary and string literals."""
     tests = []
-    for path in sorted(TESTS_DIR.glob("test_*.py")):
+    for path in sorted((REPO / "tests").glob("test_*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
@@ -177,7 +176,7 @@ def _cells(row: str) -> list[str]:
 
 def family_tables(family: str) -> list[str]:
     """The rows of the methods page's preset table (family column = ``family``) and switch table (naming it)."""
-    markdown = METHODS_PAGE.read_text(encoding="utf-8")
+    markdown = (REPO / METHODS_PAGE).read_text(encoding="utf-8")
     presets = [row for row in table_rows(markdown, "| method | family |") if _cells(row)[1] == family]
     names = SWITCH_NAMES.get(family, ())
     switches = [row for row in table_rows(markdown, "| switch |") if any(name in _cells(row)[0] for name in names)]
@@ -255,6 +254,13 @@ def family_page(family: str, presets: list[Preset], tests: list[TestEvidence]) -
     else:
         lines.append("No test names this family.")
     return "\n".join(lines) + "\n"
+
+
+def on_config(config: Any) -> Any:
+    """Document the checkout that holds ``mkdocs.yml``, wherever ``mkdocs`` is started (MkDocs hook)."""
+    global REPO
+    REPO = Path(config.config_file_path).resolve().parent
+    return config
 
 
 def on_files(files: Any, config: Any) -> Any:

@@ -12,7 +12,7 @@ from test_methods import _Layer, _run, method_from_yaml
 from kvbench.budget import parse_budget
 from kvbench.cache import KVBenchCache
 from kvbench.eviction import EvictionSession
-from kvbench.generation import _forward, build_cache
+from kvbench.generation import build_cache, forward_logits
 from kvbench.kernels.reference import stats_of_probs
 from kvbench.methods.base import StaticLayerAllocator, WindowObservation
 from kvbench.methods.cake import CakeScorer, layer_preference, resolve_tau, split_pool_monotone
@@ -181,7 +181,7 @@ def _prefill_model(model, method, budget: str, ids: list[int]):
     session = EvictionSession(method, parse_budget(budget), cache)
     session.begin_prefill(len(ids))
     with torch.no_grad():
-        _forward(model, ids, 0, cache, session, next(model.parameters()).device)
+        forward_logits(model, ids, 0, cache, session, next(model.parameters()).device)
     record = session.finish()
     return cache, record
 

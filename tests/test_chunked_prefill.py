@@ -15,9 +15,9 @@ from test_methods import method_from_yaml
 from transformers import AutoModelForCausalLM
 
 from kvbench.budget import parse_budget
-from kvbench.eviction import EvictionSession
-from kvbench.generation import CPU_PREFILL_CHUNK, _forward, build_cache, generate, resolve_prefill_chunk
+from kvbench.generation import CPU_PREFILL_CHUNK, generate, resolve_prefill_chunk
 from kvbench.models import build_builtin
+from kvbench.prefill import prefill
 from kvbench.tasks.tiny_niah import build_instance
 from kvbench.tiny_model import DEFAULT_MODEL_DIR, build_tokenizer
 
@@ -59,14 +59,9 @@ def random_tiny_bf16(random_tiny):
 
 def _kept_after_prefill(model, method, budget: str, ids: list[int], chunk: int):
     """Prefill ``ids`` in chunks of ``chunk`` tokens (0 = one forward); kept positions per layer and head."""
-    cache = build_cache(model, method)
-    session = EvictionSession(method, parse_budget(budget), cache)
-    session.begin_prefill(len(ids))
-    step = chunk or len(ids)
     with torch.no_grad():
-        for first in range(0, len(ids), step):
-            _forward(model, ids[first : first + step], first, cache, session, torch.device("cpu"))
-    record = session.finish()
+        state = prefill(model, ids, method=method, budget=parse_budget(budget), prefill_chunk=chunk)
+    record, cache = state.session.finish(), state.cache
     return [[p.tolist() for p in layer.positions] for layer in cache.headwise_layers], record
 
 

@@ -208,17 +208,18 @@ def test_sigterm_mid_dataset_then_requeue_loses_and_duplicates_nothing(tmp_path:
 
 
 def test_sigterm_during_a_write_is_deferred_until_the_write_is_done() -> None:
-    from kvbench.runner import _TERMINATION, Interrupted, _graceful_termination
+    from kvbench.errors import Interrupted
+    from kvbench.termination import TERMINATION, graceful_termination
 
     written = []
-    with _graceful_termination():
-        with pytest.raises(Interrupted), _TERMINATION.critical():
+    with graceful_termination():
+        with pytest.raises(Interrupted), TERMINATION.critical():
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.05)  # the handler runs here: deferred, not raised
             written.append("row")
         assert written == ["row"]
     # Outside a critical section the signal interrupts at once.
-    with _graceful_termination(), pytest.raises(Interrupted):
+    with graceful_termination(), pytest.raises(Interrupted):
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(1)
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL

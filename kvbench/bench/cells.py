@@ -13,9 +13,9 @@ import torch
 from kvbench.bench.timing import synchronize
 from kvbench.budget import Budget
 from kvbench.cache import KVBenchCache
-from kvbench.eviction import EvictionSession
 from kvbench.methods.base import EvictionMethod
 from kvbench.paged import PagedLayer
+from kvbench.prefill import forward_logits, prefill
 
 
 @dataclass
@@ -36,18 +36,6 @@ class RunSpec:
     scoring_impl: str = "auto"
 
 
-def _forward(model: torch.nn.Module, ids: torch.Tensor, start: int, cache: KVBenchCache, session: EvictionSession):
-    position_ids = torch.arange(start, start + ids.shape[1], device=ids.device)[None]
-    return model(
-        input_ids=ids,
-        position_ids=position_ids,
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-        kvbench_session=session,
-    ).logits[0, -1]
-
-
 def run_cell(
     model: torch.nn.Module, method: EvictionMethod, budget: Budget, spec: RunSpec, device: torch.device
 ) -> dict[str, Any]:
@@ -63,7 +51,6 @@ def run_cell(
     cache = KVBenchCache(
         int(config.num_hidden_layers), expand_factor=expand, backend=spec.backend, page_size=spec.page_size
     )
-    session = EvictionSession(method, budget, cache, scoring_impl=spec.scoring_impl)
     gen = torch.Generator().manual_seed(spec.context)
     ids = torch.randint(10, int(config.vocab_size), (1, spec.context), generator=gen).to(device)
     if device.type == "cuda":
@@ -71,14 +58,19 @@ def run_cell(
         torch.cuda.reset_peak_memory_stats(device)
     base_mem = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
     synchronize(device)
-    start = time.perf_counter()
-    session.begin_prefill(spec.context)
-    chunk = spec.prefill_chunk or spec.context
-    for first in range(0, spec.context, chunk):
-        logits = _forward(model, ids[:, first : first + chunk], first, cache, session)
+    state = prefill(
+        model,
+        ids[0].tolist(),
+        method=method,
+        budget=budget,
+        prefill_chunk=spec.prefill_chunk,
+        cache=cache,
+        scoring_impl=spec.scoring_impl,
+    )
+    session, logits = state.session, state.logits
     session.begin_decode()
     synchronize(device)
-    prefill_s = time.perf_counter() - start
+    prefill_s = time.perf_counter() - state.started
     bytes_after_prefill = cache.kv_bytes()
     kept_after_prefill = sum(map(sum, cache.head_lengths()))
     cache.reserve(spec.decode_tokens)  # paged: decode headroom, so no pool growth inside the timed loop
@@ -87,7 +79,7 @@ def run_cell(
     for step in range(spec.decode_tokens):
         synchronize(device)
         start = time.perf_counter()
-        logits = _forward(model, next_id, spec.context + step, cache, session)
+        logits = forward_logits(model, next_id, spec.context + step, cache, session, device)[-1]
         next_id = torch.argmax(logits).view(1, 1)
         synchronize(device)
         decode_times.append(time.perf_counter() - start)

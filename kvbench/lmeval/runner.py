@@ -31,7 +31,7 @@ from omegaconf import OmegaConf
 from kvbench.errors import KVBenchError
 from kvbench.lmeval import LM_EVAL_VERSION, require_lm_eval
 from kvbench.lmeval.tasks import dataset_label, load_tasks, task_manager
-from kvbench.results import METRICS_FILE, PREDICTIONS_FILE, atomic_write_json, atomic_write_text
+from kvbench.results import PREDICTIONS_FILE, atomic_write_text
 from kvbench.tasks.base import Sample, TaskDataset, select_datasets
 
 #: ``task.options`` keys and their defaults.
@@ -46,6 +46,8 @@ OPTIONS = {
 #: Metrics on a 0-1 scale that ``score`` reports in percent (others as lm-eval reports them).
 PERCENT_METRICS = ("acc", "acc_norm", "acc_mutual_info", "exact_match", "em", "f1", "mcc")
 RECORDS_FILE = "cache_records.jsonl"
+#: How continuations are scored, recorded in ``metrics.json``'s settings.
+LOGLIKELIHOOD_PROTOCOL = "compress once per context, each continuation on a copy (kvbench.lmeval.scoring)"
 #: ``dataset_path`` values that read local files (``dataset_kwargs.data_files``) instead of a hub dataset.
 LOCAL_BUILDERS = ("json", "csv", "parquet", "text", "arrow")
 
@@ -81,6 +83,7 @@ class LMEvalDataset(TaskDataset):
 
     max_new_tokens = 0
     truncation = "none"
+    evaluates_itself = True
 
     def __init__(self, name: str, task: Any, manager: Any, options: dict[str, Any]) -> None:
         self.name = name
@@ -121,11 +124,11 @@ class LMEvalDataset(TaskDataset):
 
     def evaluate(self, runner: Any, loaded: Any, samples: Sequence[Sample]) -> Any:
         """Run lm-eval on this task with the runner's model, method and budget; write the dataset's files and
-        return its :class:`~kvbench.runner.DatasetResult`."""
+        return its :class:`~kvbench.run_results.DatasetResult`."""
         import lm_eval
 
         from kvbench.lmeval.model import KVBenchLM
-        from kvbench.runner import _TERMINATION, DatasetResult, _cache_summary
+        from kvbench.run_results import DatasetResult, cache_summary, metrics_record, settings_record, write_metrics
 
         cfg = runner.cfg
         folder = runner.folder / self.name
@@ -164,35 +167,31 @@ class LMEvalDataset(TaskDataset):
         rows = [_sample_row(row) for row in output["samples"][self.name]]
         records = lm.records
         compressed = [r for r in records if r["cache"]["achieved_per_layer"]]  # one-token contexts compress nothing
-        metrics = {
-            "model": cfg.model.name,
-            "task": cfg.task.name,
-            "dataset": self.name,
-            "method": cfg.method.name,
-            "budget": cfg.budget.name,
-            "tag": cfg.run.tag,
-            "metric": self.metric_name,
-            "score": float(score),
-            "scores": numbers,
-            "n_samples": len(rows),
-            "config_hash": runner.cfg_hash,
-            "question_mode": cfg.task.question_mode,
-            "dataset_settings": self.describe(),
-            "data_provenance": self.provenance(),
-            "cache": {**_cache_summary(compressed), "contexts": len(records)},
-            "settings": _settings(runner),
-            "timing": _timing(records),
-            "lm_eval": {
+        metrics = metrics_record(
+            cfg,
+            runner.cfg_hash,
+            self,
+            score=score,
+            scores=numbers,
+            n_samples=len(rows),
+            provenance=self.provenance(),
+            cache={**cache_summary(compressed), "contexts": len(records)},
+            settings=settings_record(cfg, runner.method, extra={"loglikelihood_protocol": LOGLIKELIHOOD_PROTOCOL}),
+            timing=_timing(records),
+            record_extent=False,
+            lm_eval={
                 "version": _lm_eval_version(),
                 "n_shot": _jsonable(output.get("n-shot", {}).get(self.name)),
                 "higher_is_better": _jsonable(output.get("higher_is_better", {}).get(self.name)),
                 "headline": headline,
             },
-        }
-        with _TERMINATION.critical():
+        )
+
+        def write_files() -> None:
             atomic_write_text(folder / PREDICTIONS_FILE, "".join(json.dumps(r, default=str) + "\n" for r in rows))
             atomic_write_text(folder / RECORDS_FILE, "".join(json.dumps(r) + "\n" for r in records))
-            atomic_write_json(folder / METRICS_FILE, metrics)
+
+        write_metrics(folder, metrics, write_files)
         kept = metrics["cache"].get("mean_kept_fraction", 1.0)
         return DatasetResult(self.name, self.metric_name, metrics["score"], len(rows), kept, skipped=False)
 
@@ -246,20 +245,3 @@ def _timing(records: list[dict[str, Any]]) -> dict[str, Any]:
         return {}
     prefill = [r["prefill_s"] for r in records]
     return {"prefill_s_mean": sum(prefill) / len(prefill), "prefill_s_total": sum(prefill), "contexts": len(records)}
-
-
-def _settings(runner: Any) -> dict[str, Any]:
-    """The method and model settings recorded with every kvbench run (as :mod:`kvbench.runner` records them)."""
-    from kvbench.methods.base import RECORDED_KNOBS
-
-    cfg, method = runner.cfg, runner.method
-    return {
-        "method_family": cfg.method.family,
-        "budget_spec": cfg.budget.spec,
-        **{knob: cfg.method[knob] for knob in RECORDED_KNOBS if knob not in method.ignored_knobs},
-        "params": OmegaConf.to_container(cfg.method.params, resolve=True),
-        "resolved": dict(method.settings),
-        "reference": OmegaConf.to_container(cfg.method.reference, resolve=True),
-        "dtype": cfg.model.dtype,
-        "loglikelihood_protocol": "compress once per context, each continuation on a copy (kvbench.lmeval.scoring)",
-    }

@@ -5,7 +5,7 @@ This is the torch side of the lm-eval bridge (:mod:`kvbench.lmeval.model`); it d
 Protocol, for one context and any number of continuations (the choices of a multiple-choice question):
 
 1. the *compressed prompt* is prefilled through kvbench's eviction session (the method applied at the budget,
-   exactly as the first phase of :func:`kvbench.generation.generate`) -- once per distinct context;
+   through :func:`kvbench.prefill.prefill`, as the runner) -- once per distinct context;
 2. each continuation is scored on a copy of that compressed cache (``copy.deepcopy``: the compressed cache itself
    is never written to, never recomputed), in one forward of the *tail* + ``continuation[:-1]``; the log-softmax of
    the logits gives the continuation tokens' log-probabilities and the greedy check, as lm-eval's ``hf`` model.
@@ -39,10 +39,10 @@ from kvbench.budget import Budget
 from kvbench.cache import KVBenchCache
 from kvbench.checks import check_choice
 from kvbench.config import QUESTION_MODES
-from kvbench.eviction import CacheRecord, EvictionSession
-from kvbench.generation import build_cache, forward_logits, resolve_prefill_chunk
+from kvbench.eviction import CacheRecord
 from kvbench.methods.base import EvictionMethod
 from kvbench.models import input_device
+from kvbench.prefill import build_cache, forward_logits, prefill
 
 
 @dataclass
@@ -106,21 +106,15 @@ def compress_context(
     cache = build_cache(model, method)
     if not compressed:  # a one-token context in agnostic mode: nothing to compress
         return CompressedContext(cache, CacheRecord(), 0, tail, None, cache_fingerprint(cache))
+    state = prefill(model, compressed, method=method, budget=budget, prefill_chunk=prefill_chunk, cache=cache)
+    record = state.session.finish()
     device = input_device(model)
-    session = EvictionSession(method, budget, cache)
-    chunk = resolve_prefill_chunk(prefill_chunk, device, len(compressed)) or len(compressed)
-    session.record.prefill_chunk = chunk if chunk < len(compressed) else 0
-    start = time.perf_counter()
-    session.begin_prefill(len(compressed), prompt_ids=compressed)
-    logits = None
-    for first in range(0, len(compressed), chunk):
-        logits = forward_logits(model, compressed[first : first + chunk], first, cache, session, device)
-    record = session.finish()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    elapsed = time.perf_counter() - start
+    elapsed = time.perf_counter() - state.started
+    logits = state.logits
     assert logits is not None
-    first_logits = logits[-1] if not tail else None
+    first_logits = logits if not tail else None
     return CompressedContext(
         cache, record, len(compressed), tail, first_logits, cache_fingerprint(cache), prefill_s=elapsed
     )

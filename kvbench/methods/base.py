@@ -27,26 +27,12 @@ import torch
 from kvbench import kernels
 from kvbench.checks import check_min
 from kvbench.config import check_method_choices
+from kvbench.methods.knobs import check_unused_knobs
 from kvbench.methods.scoring import ScoreOptions, aggregate_groups, round_to
 from kvbench.registry import Registry, submodule_importer
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
     from kvbench.cache import HeadwiseLayer
-
-#: The common knobs (``MethodConfig`` fields) a run records in ``metrics.json``, unless the method ignores them
-#: (``gqa_reduce`` is recorded resolved, in the method's settings, by the families that pool).
-RECORDED_KNOBS = (
-    "window",
-    "kernel_size",
-    "pooling",
-    "pool_padding",
-    "window_in_budget",
-    "gqa_granularity",
-    "gqa_agg",
-    "score_dtype",
-    "sink_tokens",
-    "decode_eviction",
-)
 
 
 # ---------------------------------------------------------------------------------------------------- observation
@@ -334,6 +320,10 @@ class EvictionMethod:
     settings: dict[str, Any] = field(default_factory=dict)
     #: Common knobs (``MethodConfig`` fields) this method never reads: left out of the recorded settings.
     ignored_knobs: frozenset[str] = frozenset()
+    #: Common knobs that may not be set for this method (:func:`check_unused_knobs`); ``None``: ``ignored_knobs``
+    #: and ``gqa_reduce`` when ignored.  Narrower than ``ignored_knobs`` where the machinery still reads a knob the
+    #: scores do not (StreamingLLM's ``window`` sizes the protected window and ``window_in_budget=false``'s extra).
+    unused_knobs: frozenset[str] | None = None
 
     @property
     def evicts(self) -> bool:
@@ -359,11 +349,14 @@ def method_families() -> list[str]:
 
 
 def build_method(method_cfg: Any) -> EvictionMethod:
-    """Build the method described by ``method_cfg`` (a :class:`kvbench.config.MethodConfig`)."""
+    """Build the method described by ``method_cfg`` (a :class:`kvbench.config.MethodConfig`); a common knob the
+    family does not use, set away from its default, is an error (:func:`check_unused_knobs`)."""
     builder = METHOD_FAMILIES.get(method_cfg.family)
     check_method_choices(method_cfg)
     check_min("method.window", method_cfg.window, 1)
-    return builder(method_cfg)
+    method = builder(method_cfg)
+    check_unused_knobs(method_cfg, method)
+    return method
 
 
 def common_knobs(method_cfg: Any) -> dict[str, Any]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvbench.methods.base import RECORDED_KNOBS, EvictionMethod, common_knobs, register_method
+from kvbench.methods.base import EvictionMethod, common_knobs, register_method
+from kvbench.methods.knobs import RECORDED_KNOBS
 from kvbench.methods.params import parse_params
 
 

@@ -104,5 +104,7 @@ def build_streamingllm(method_cfg: Any) -> EvictionMethod:
         ignored_knobs=frozenset(
             {"window", "kernel_size", "pooling", "pool_padding", "gqa_agg", "gqa_reduce", "score_dtype"}
         ),
+        # The window still sizes the protected recent tokens (and window_in_budget=false's extra): settable.
+        unused_knobs=frozenset({"kernel_size", "pooling", "pool_padding", "gqa_agg", "gqa_reduce", "score_dtype"}),
         **knobs,
     )

@@ -134,6 +134,10 @@ class TaskDataset(ABC):
     sample_cache: Any = None
     #: Name of the headline metric, recorded in metrics.json (e.g. "qa_f1_score", "string_match_all").
     metric_name: str = "score"
+    #: Whether the dataset runs its own evaluation loop (:meth:`evaluate`, e.g. lm-eval tasks) instead of the
+    #: runner's generate-and-score loop; such a dataset writes its own ``metrics.json``, with no per-sample kvbench
+    #: predictions to resample.
+    evaluates_itself: bool = False
 
     @abstractmethod
     def samples(self) -> Sequence[Sample]:
@@ -158,6 +162,13 @@ class TaskDataset(ABC):
 
         Called by the runner after scoring, with the post-processed predictions in sample order.
         """
+
+    def evaluate(self, runner: Any, loaded: Any, samples: Sequence[Sample]) -> Any:
+        """The dataset's own evaluation loop, for a dataset that sets :attr:`evaluates_itself`: run ``samples``
+        with the runner's (:class:`kvbench.runner.Runner`) method and budget on the ``loaded`` model, write the
+        dataset's files (:func:`kvbench.run_results.write_metrics`) and return its
+        :class:`~kvbench.run_results.DatasetResult`."""
+        raise NotImplementedError(f"{type(self).__name__} does not evaluate itself (evaluates_itself is False)")
 
     def provenance(self) -> dict[str, dict[str, Any]]:
         """Where each input came from, recorded in metrics.json (see :mod:`kvbench.tasks.provenance`): per input

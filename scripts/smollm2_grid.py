@@ -1,0 +1,321 @@
+"""The real-model grid of the README ("A real model"): SmolLM2-135M-Instruct on CPU, every method family, two budgets,
+question-aware and question-agnostic, on RULER NIAH (2K/4K), NeedleBench single-needle (2K/4K) and the LongBench
+fixtures.
+
+Usage::
+
+    nice -n 5 python scripts/smollm2_grid.py run [--out results/smollm2_grid] [--phases 1 2 3]   # resumable
+    python scripts/smollm2_grid.py table [--out results/smollm2_grid]                            # Markdown + CSV
+
+``run`` loads the model once (``model=smollm2-135m-instruct``, converted into kvbench's model cache on first use)
+and calls :func:`kvbench.evaluate` for each cell in phase order (each cell is an ordinary resumable run folder under
+``<out>/runs``; a finished one is skipped in a second).  The phases are ordered by value, so a grid stopped early
+still has the most useful cells: 1 = the full cache on every 2K task (what the model can do at all); 2 = every
+method at 64L question-aware on the cheap cells (RULER 2K, LongBench fixtures); 3 = the same at 256L; 4 = 256L
+question-agnostic; 5 = 64L question-agnostic; 6 = the full cache at 4K, then every method on the 4K and NeedleBench
+cells.
+``table`` writes ``<out>/grid.md`` and ``<out>/grid.csv`` from the summaries found (score, 95 % interval, samples,
+seconds per sample from the runs' ``timings.jsonl``).
+
+The inputs are kvbench's shipped stand-ins (RULER's essays/words, NeedleBench's needles and haystacks, the LongBench
+fixtures -- not the benchmarks' own data), with very few samples per dataset; see the README for what that shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+MODEL = "smollm2-135m-instruct"
+#: NACL as nacl_short: the nacl preset (the reference) compresses no prompt of 2,048 tokens or fewer, i.e. none here.
+METHODS = ("streamingllm", "h2o", "tova", "snapkv", "pyramidkv", "ada_snapkv", "cake", "ahakv", "xkv", "nacl_short")
+BUDGETS = ("64L", "256L")
+MODES = ("aware", "agnostic")
+#: Samples per dataset (RULER, LongBench) and needle depths (NeedleBench, one repeat each).
+SAMPLES = 2
+NEEDLE_DEPTHS = (25, 75)
+MAX_NEW_TOKENS = 24
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One task setting of the grid: a name (the run tag), the task preset and its overrides."""
+
+    name: str
+    task: str
+    overrides: tuple[str, ...]
+    #: Whether the method rows run it in phases 2-5 (else only phase 6).
+    cheap: bool
+
+
+LONGBENCH_FIXTURES = ("qasper", "hotpotqa", "multifieldqa_en", "samsum", "trec", "passage_retrieval_en")
+CELLS = (
+    Cell(
+        "ruler2k",
+        "ruler",
+        (
+            "task.length=2048",
+            "task.datasets=[niah_single_2,niah_multikey_1]",
+            f"task.options.max_new_tokens={MAX_NEW_TOKENS}",
+        ),
+        True,
+    ),
+    Cell(
+        "longbench_fixtures",
+        "longbench",
+        (
+            "task.data_dir=fixtures",
+            f"task.datasets=[{','.join(LONGBENCH_FIXTURES)}]",
+            f"task.options.max_new_tokens={MAX_NEW_TOKENS}",
+        ),
+        True,
+    ),
+    Cell(
+        "ruler4k",
+        "ruler",
+        ("task.length=4096", "task.datasets=[niah_single_2]", f"task.options.max_new_tokens={MAX_NEW_TOKENS}"),
+        False,
+    ),
+    Cell(
+        "needle2k",
+        "needlebench",
+        (
+            "task.datasets=[single_retrieval_en]",
+            "task.options.size=4k",
+            "task.lengths=[2000]",
+            f"task.depths=[{','.join(map(str, NEEDLE_DEPTHS))}]",
+            "task.options.repeats=1",
+            f"task.options.max_new_tokens={MAX_NEW_TOKENS}",
+        ),
+        False,
+    ),
+    Cell(
+        "needle4k",
+        "needlebench",
+        (
+            "task.datasets=[single_retrieval_en]",
+            "task.options.size=4k",
+            "task.lengths=[4000]",
+            f"task.depths=[{','.join(map(str, NEEDLE_DEPTHS))}]",
+            "task.options.repeats=1",
+            f"task.options.max_new_tokens={MAX_NEW_TOKENS}",
+        ),
+        False,
+    ),
+)
+#: Full-cache only (phase 1): RULER tasks beyond NIAH, to show what the model cannot do even with every token.
+FULL_ONLY_CELLS = (
+    Cell(
+        "ruler2k_other",
+        "ruler",
+        (
+            "task.length=2048",
+            "task.datasets=[vt,cwe]",
+            f"task.options.max_new_tokens={MAX_NEW_TOKENS}",
+        ),
+        False,
+    ),
+)
+
+
+def planned_runs(phases: list[int]) -> list[tuple[int, Cell, str, str, str]]:
+    """(phase, cell, method, budget, question mode) in run order."""
+    runs: list[tuple[int, Cell, str, str, str]] = []
+    if 1 in phases:
+        runs += [(1, cell, "full", "full", "aware") for cell in CELLS + FULL_ONLY_CELLS if "4k" not in cell.name]
+    for phase, budget, mode in (
+        (2, "64L", "aware"),
+        (3, "256L", "aware"),
+        (4, "256L", "agnostic"),
+        (5, "64L", "agnostic"),
+    ):
+        if phase in phases:
+            runs += [(phase, cell, m, budget, mode) for cell in CELLS if cell.cheap for m in METHODS]
+    if 6 in phases:
+        runs += [(6, cell, "full", "full", "aware") for cell in CELLS if "4k" in cell.name]
+        runs += [
+            (6, cell, m, budget, mode)
+            for cell in CELLS
+            if not cell.cheap
+            for budget in BUDGETS
+            for mode in MODES
+            for m in METHODS
+        ]
+        runs += [(6, cell, "full", "full", "agnostic") for cell in CELLS]
+    return runs
+
+
+def run_grid(out: Path, phases: list[int]) -> None:
+    """Run the planned cells in order, skipping finished ones (each an ordinary resumable run)."""
+    import kvbench
+    from kvbench.api import compose_config
+    from kvbench.errors import Interrupted
+    from kvbench.models import load_model
+
+    model_cfg = compose_config(model=MODEL).model
+    started = time.perf_counter()
+    loaded = load_model(model_cfg)
+    print(f"model loaded in {time.perf_counter() - started:.1f} s", flush=True)
+    for phase, cell, method, budget, mode in planned_runs(phases):
+        tag = f"{cell.name}-{mode}"
+        label = f"phase {phase}: {cell.name} {method} {budget} {mode}"
+        folder = out / "runs" / MODEL / cell.task / method / f"{budget}~{tag}"
+        if _finished(folder):
+            continue
+        started = time.perf_counter()
+        try:
+            kvbench.evaluate(
+                loaded.model,
+                loaded.tokenizer,
+                method,
+                budget,
+                cell.task,
+                question_mode=mode,
+                limit=None if cell.task == "needlebench" else SAMPLES,
+                output_dir=out,
+                model_config=MODEL,
+                overrides=[*cell.overrides, f"run.tag={tag}"],
+                progress=False,
+            )
+        except Interrupted:  # SIGTERM/SIGINT: stop here; rerunning resumes
+            raise
+        except Exception as err:  # a batch: report the cell and go on with the next one
+            print(f"{label}: error: {err.__class__.__name__}: {err}", flush=True)
+            continue
+        print(f"{label}: {time.perf_counter() - started:.0f} s", flush=True)
+
+
+def _finished(folder: Path) -> bool:
+    meta = folder / "run_meta.json"
+    return meta.is_file() and json.loads(meta.read_text()).get("status") == "complete"
+
+
+def collect(out: Path) -> list[dict]:
+    """One row per (cell, method, budget, mode, dataset) from the run folders' summary.json and timings.jsonl."""
+    rows = []
+    for summary_path in sorted((out / "runs" / MODEL).glob("*/*/*/summary.json")):
+        summary = json.loads(summary_path.read_text())
+        run = summary["run"]
+        budget, _, tag = Path(run["results_folder"]).name.partition("~")
+        cell, _, mode = tag.rpartition("-")
+        for entry in summary["datasets"]:
+            timings_path = summary_path.parent / entry["dataset"] / "timings.jsonl"
+            seconds = [json.loads(line) for line in timings_path.read_text().splitlines() if line.strip()]
+            per_sample = sum(t.get("prefill_s", 0) + t.get("decode_s", 0) for t in seconds) / max(len(seconds), 1)
+            rows.append(
+                {
+                    "cell": cell,
+                    "method": run["method"],
+                    "budget": budget,
+                    "mode": mode,
+                    "dataset": entry["dataset"],
+                    "score": entry["score"],
+                    "ci95_low": entry["ci95"][0],
+                    "ci95_high": entry["ci95"][1],
+                    "n": entry.get("n_samples", len(seconds)),
+                    "seconds_per_sample": round(per_sample, 1),
+                }
+            )
+    return rows
+
+
+def _run_summaries(out: Path) -> dict[tuple[str, str, str, str], dict]:
+    """(cell, method, budget, mode) -> that run's summary.json."""
+    found = {}
+    for path in (out / "runs" / MODEL).glob("*/*/*/summary.json"):
+        summary = json.loads(path.read_text())
+        budget, _, tag = Path(summary["run"]["results_folder"]).name.partition("~")
+        cell, _, mode = tag.rpartition("-")
+        found[(cell, summary["run"]["method"], budget, mode)] = summary
+    return found
+
+
+def _cell_text(summary: dict | None, dataset: str | None) -> str:
+    """``score [low, high]`` of one dataset (``None``: the run's mean over its datasets); ``-`` when not run."""
+    if summary is None:
+        return "-"
+    if dataset is None:
+        entry = summary["averages"]["mean"]
+    else:
+        entry = next((d for d in summary["datasets"] if d["dataset"] == dataset), None)
+        if entry is None:
+            return "-"
+    low, high = entry["ci95"]
+    return f"{entry['score']:.0f} [{low:.0f}, {high:.0f}]"
+
+
+def readme_table(out: Path) -> str:
+    """The README's grid: one row per method, budget and mode; RULER 2K's two NIAH tasks and the LongBench fixtures'
+    mean, each with its 95 % interval, and the seconds per sample over those runs."""
+    found = _run_summaries(out)
+    lines = [
+        "| method | budget | mode | RULER 2K niah_single_2 | RULER 2K niah_multikey_1 | LongBench fixtures (mean of 6) "
+        "| s/sample |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    rows = [("full", "full", "aware")] + [(m, b, mode) for b in BUDGETS for mode in MODES for m in METHODS]
+    for method, budget, mode in rows:
+        ruler = found.get(("ruler2k", method, budget, mode))
+        longbench = found.get(("longbench_fixtures", method, budget, mode))
+        if ruler is None and longbench is None:
+            continue
+        timed = [s["timing"] for s in (ruler, longbench) if s is not None]
+        seconds = sum(t["total_s"] for t in timed) / max(sum(t["n"] for t in timed), 1)
+        cells = [
+            _cell_text(ruler, "niah_single_2"),
+            _cell_text(ruler, "niah_multikey_1"),
+            _cell_text(longbench, None),
+        ]
+        lines.append(f"| {method} | {budget} | {mode} | {' | '.join(cells)} | {seconds:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_table(out: Path) -> str:
+    """``grid.csv`` (every row) and ``grid.md`` (one line per run: each dataset's score [95 % interval], seconds per
+    sample); returns the Markdown."""
+    rows = collect(out)
+    with (out / "grid.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]) if rows else ["cell"])
+        writer.writeheader()
+        writer.writerows(rows)
+    order = {m: i for i, m in enumerate(("full", *METHODS))}
+    grouped: dict[tuple, list[dict]] = {}
+    for row in rows:
+        grouped.setdefault((row["cell"], row["budget"], row["mode"], row["method"]), []).append(row)
+    lines = [
+        "| cell | budget | mode | method | scores (95 % interval), n per dataset | s/sample |",
+        "|---|---|---|---|---|---|",
+    ]
+    for key in sorted(grouped, key=lambda k: (k[0], k[1] != "full", k[1], k[2], order.get(k[3], 99))):
+        cell, budget, mode, method = key
+        parts = [
+            f"{r['dataset']} {r['score']:.0f} [{r['ci95_low']:.0f}, {r['ci95_high']:.0f}] n={r['n']}"
+            for r in grouped[key]
+        ]
+        cost = sum(r["seconds_per_sample"] for r in grouped[key]) / len(grouped[key])
+        lines.append(f"| {cell} | {budget} | {mode} | {method} | {'; '.join(parts)} | {cost:.1f} |")
+    markdown = "\n".join(lines) + "\n"
+    (out / "grid.md").write_text(markdown + "\nREADME table:\n\n" + readme_table(out))
+    return markdown
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("action", choices=("run", "table"))
+    parser.add_argument("--out", type=Path, default=Path("results/smollm2_grid"))
+    parser.add_argument("--phases", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6], choices=range(1, 7))
+    args = parser.parse_args(argv)
+    if args.action == "run":
+        run_grid(args.out, args.phases)
+    write_table(args.out)
+    print((args.out / "grid.md").read_text(), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
