@@ -2,7 +2,7 @@
 PYTHON ?= python
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: help setup setup-real-model setup-gpu gpu-wheels gpu-dry-run setup-slurm setup-latex setup-browser site test test-quick test-slurm sweep lint format run tables tables-pdf tables-demo bench bench-methods clean-results
+.PHONY: help setup setup-real-model setup-gpu gpu-wheels gpu-dry-run setup-slurm setup-latex setup-browser site test test-quick test-slurm sweep lint format run tables tables-pdf tables-demo bench bench-methods docs docs-serve clean-results
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-14s %s\n", $$1, $$2}'
@@ -78,6 +78,12 @@ bench:  ## performance bench -> results/bench (CPU preset here; on a GPU: make b
 
 bench-methods:  ## prefill-with-eviction time and cache bytes per method on the tiny model (CPU)
 	$(PYTHON) scripts/bench_methods.py --out results/bench/methods.csv
+
+docs:  ## build the documentation site into site/ (mkdocs --strict: a broken link or missing page fails; pip install -e ".[docs]")
+	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict
+
+docs-serve:  ## preview the documentation site at http://127.0.0.1:8000 (rebuilds on change)
+	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs serve
 
 clean-results:  ## delete results/runs (asks first)
 	@read -p "Delete results/runs? [y/N] " answer && [ "$$answer" = y ] && rm -rf results/runs || echo kept

@@ -23,7 +23,7 @@ as ``skipped``, so later phases still run):
 finite and the paged attention's calls per path and fallbacks (:mod:`kvbench.attention_paths`).  SIGINT, SIGTERM and
 the script's own SIGALRM (``--deadline`` + 20 s) stop it cleanly: the files keep every row written so far.
 
-On the GPU machine (README "GPU validation")::
+On the GPU machine (docs/performance.md, "GPU validation")::
 
     bash scripts/gpu_session.sh            # installs the carried .whl/ folder, then runs this script
 

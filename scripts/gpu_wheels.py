@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     copy_tokenizer_files(args.out / "tokenizer_files")
     total = write_manifest(args.out, args.limit_mib)
     print((args.out / "MANIFEST.txt").read_text(), end="")
-    print(f"{args.out}: {total / 2**20:.1f} MiB, ready to carry (see README 'GPU validation')")
+    print(f"{args.out}: {total / 2**20:.1f} MiB, ready to carry (see docs/performance.md, 'GPU validation')")
     return 0
 
 

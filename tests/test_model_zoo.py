@@ -5,8 +5,8 @@ meta device first; multimodal wrappers listed, not built) and checks that kvbenc
 ``model.generate``'s tokens and really runs through kvbench's attention (the eviction session saw every layer), then
 that SnapKV keeps exactly its budget on the full-attention layers.  The
 result is the support table: ``docs/support_table.md`` must equal it (``KVBENCH_WRITE_SUPPORT_TABLE=1`` rewrites
-the file) and the README embeds that file between its ``support-table`` markers.  The method-family sweep runs on the
-sliding / sink / hybrid models and Llama in ``tests/test_sliding_models.py``.
+the file) and docs/models.md embeds that file between its ``support-table`` markers.  The method-family sweep runs
+on the sliding / sink / hybrid models and Llama in ``tests/test_sliding_models.py``.
 """
 
 from __future__ import annotations
@@ -77,13 +77,14 @@ def test_support_table_is_generated_from_every_architecture(probes: list[zoo.Pro
     if os.environ.get("KVBENCH_WRITE_SUPPORT_TABLE") == "1":
         TABLE.write_text(table, encoding="utf-8")
     assert TABLE.read_text(encoding="utf-8") == table, (
-        "docs/support_table.md is stale: rerun with KVBENCH_WRITE_SUPPORT_TABLE=1 (and copy it into the README)"
+        "docs/support_table.md is stale: rerun with KVBENCH_WRITE_SUPPORT_TABLE=1 (and copy it into docs/models.md)"
     )
 
 
 def test_readme_embeds_the_support_table() -> None:
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    block = readme[readme.index(README_START) + len(README_START) : readme.index(README_END)]
+    """The documentation's model-support page (docs/models.md) embeds the generated table."""
+    page = (REPO / "docs" / "models.md").read_text(encoding="utf-8")
+    block = page[page.index(README_START) + len(README_START) : page.index(README_END)]
     assert block.strip() == TABLE.read_text(encoding="utf-8").strip()
 
 

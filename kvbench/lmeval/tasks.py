@@ -59,7 +59,7 @@ def load_tasks(manager: Any, names: Sequence[str]) -> dict[str, Any]:
                 f"lm-eval task {name!r}: cannot load {dataset_label(manager, name)}: {type(err).__name__}: "
                 f"{str(err).splitlines()[0] if str(err) else ''}. Offline machines: download it where there is "
                 "network (lm-eval fills $HF_DATASETS_CACHE on first use), copy that cache here and set "
-                "HF_DATASETS_OFFLINE=1 (README, lm-evaluation-harness tasks)."
+                "HF_DATASETS_OFFLINE=1 (docs/benchmarks/lmeval.md, 'Offline')."
             ) from err
         tasks.update(loaded["tasks"])
     return tasks

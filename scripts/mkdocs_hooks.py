@@ -1,0 +1,280 @@
+"""MkDocs hooks for kvbench's documentation site (``mkdocs.yml``: ``hooks: [scripts/mkdocs_hooks.py]``).
+
+Two things are generated at build time, so they cannot drift from the code:
+
+* every page opens with the kvbench version it documents (``kvbench/__init__.py``'s ``__version__``);
+* one page per method family, ``methods/<family>.md``, from ``conf/method/*.yaml``: for each preset its header
+  comment, its settings, its ``reference:`` block (repo, commit, file, what it reproduces) and the parity evidence
+  (the tests that check the family or name the preset, found by reading ``tests/*.py`` with :mod:`ast`).
+
+The module reads files only (no kvbench import), so ``mkdocs build`` works without torch.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+#: The checkout being documented: the folder of ``mkdocs.yml`` (set by :func:`on_config`).
+REPO = Path.cwd()
+
+#: Family -> words a test's name may contain to be evidence for it (besides the family's own name).
+FAMILY_KEYWORDS: dict[str, tuple[str, ...]] = {
+    "full": ("full_cache", "nothing_evicted", "no_eviction"),
+    "streamingllm": ("streaming",),
+    "pyramidkv": ("pyramid",),
+    "ada_snapkv": ("ada_", "adakv"),
+    "ada_pyramidkv": ("ada_pyramid", "adakv"),
+}
+#: Family -> how the switch table of ``docs/methods/index.md`` names it (a row mentioning one is the family's).
+SWITCH_NAMES: dict[str, tuple[str, ...]] = {
+    "streamingllm": ("StreamingLLM",),
+    "h2o": ("H2O",),
+    "tova": ("TOVA",),
+    "nacl": ("NACL",),
+    "snapkv": ("SnapKV",),
+    "pyramidkv": ("`pyramidkv`", "PyramidKV"),
+    "ada_snapkv": ("Ada-KV",),
+    "ada_pyramidkv": ("Ada-KV", "ada_pyramidkv"),
+    "cake": ("CAKE",),
+    "ahakv": ("AhaKV",),
+    "xkv": ("XKV",),
+}
+#: The hand-written methods page whose tables the family pages quote (relative to the checkout).
+METHODS_PAGE = Path("docs") / "methods" / "index.md"
+#: Test files whose tests count as evidence for every preset they name as a string literal.
+PARITY_FILES = (
+    "test_reference_parity.py",
+    "test_decode_parity.py",
+    "test_model_dtype_scores.py",
+    "test_methods.py",
+    "test_methods_end_to_end.py",
+    "test_fused_scoring.py",
+    "test_chunked_prefill.py",
+    "test_paged_cache.py",
+    "test_device_map.py",
+)
+#: Settings shown per preset (``reference`` has its own block; these describe the preset file itself).
+HIDDEN_KEYS = {"defaults", "reference", "name", "family"}
+
+
+def kvbench_version() -> str:
+    """``__version__`` from ``kvbench/__init__.py`` (read as text: building the docs imports nothing)."""
+    text = (REPO / "kvbench" / "__init__.py").read_text(encoding="utf-8")
+    match = re.search(r'^__version__ = "([^"]+)"', text, flags=re.MULTILINE)
+    if not match:
+        raise RuntimeError("kvbench/__init__.py has no __version__ line")
+    return match.group(1)
+
+
+@dataclass
+class Preset:
+    """One ``conf/method/<name>.yaml``: its settings and the comment lines above ``name:``."""
+
+    name: str
+    settings: dict[str, Any]
+    comment: str
+    reference_text: str
+
+
+@dataclass
+class TestEvidence:
+    """A test function: ``tests/<file>::<name>`` and the first sentence of its docstring."""
+
+    file: str
+    name: str
+    summary: str
+    literals: set[str] = field(default_factory=set)
+
+
+def reference_block(yaml_text: str) -> str:
+    """The ``reference:`` block of a preset file verbatim (from its line to the next top-level key), or ``""``."""
+    lines = yaml_text.splitlines()
+    for index, line in enumerate(lines):
+        if line.startswith("reference:"):
+            block = [line]
+            for following in lines[index + 1 :]:
+                if following and not following.startswith((" ", "#")):
+                    break
+                block.append(following)
+            return "\n".join(block).rstrip()
+    return ""
+
+
+def read_presets() -> dict[str, list[Preset]]:
+    """Family -> its presets, in file-name order."""
+    families: dict[str, list[Preset]] = {}
+    for path in sorted((REPO / "conf" / "method").glob("*.yaml")):
+        text = path.read_text(encoding="utf-8")
+        settings = yaml.safe_load(text) or {}
+        comment_lines = []
+        for line in text.splitlines():
+            if line.startswith("#"):
+                comment_lines.append(line.lstrip("#").strip())
+            elif comment_lines and not line.startswith("  ") and not line.startswith("-"):
+                break
+        family = str(settings.get("family", path.stem))
+        preset = Preset(path.stem, settings, " ".join(comment_lines), reference_block(text))
+        families.setdefault(family, []).append(preset)
+    return families
+
+
+def read_tests() -> list[TestEvidence]:
+    """Every ``test_*`` function in ``tests/*.py`` with its docstring summary and string literals."""
+    tests = []
+    for path in sorted((REPO / "tests").glob("test_*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+                doc = (ast.get_docstring(node) or "").strip().split("\n\n")[0].replace("\n", " ")
+                doc = doc or node.name.removeprefix("test_").replace("_", " ") + " (the test's name)"
+                literals = {
+                    sub.value
+                    for part in [*node.decorator_list, node]
+                    for sub in ast.walk(part)
+                    if isinstance(sub, ast.Constant) and isinstance(sub.value, str)
+                }
+                tests.append(TestEvidence(path.name, node.name, doc, literals))
+    return tests
+
+
+def evidence_for(family: str, presets: list[Preset], tests: list[TestEvidence]) -> list[TestEvidence]:
+    """Tests named after the family, every test in ``tests/test_<family>.py``, and parity tests naming a preset."""
+    words = (family, *FAMILY_KEYWORDS.get(family, ()))
+    names = {preset.name for preset in presets}
+    found = []
+    for test in tests:
+        by_name = any(word in test.name for word in words) or test.file == f"test_{family}.py"
+        by_literal = test.file in PARITY_FILES and bool(names & test.literals)
+        if by_name or by_literal:
+            found.append(test)
+    return found
+
+
+def table_rows(markdown: str, header: str) -> list[str]:
+    """The body rows of the Markdown table whose header line starts with ``header``."""
+    lines = markdown.splitlines()
+    for index, line in enumerate(lines):
+        if line.startswith(header):
+            rows = []
+            for row in lines[index + 2 :]:
+                if not row.startswith("|"):
+                    break
+                rows.append(row)
+            return rows
+    raise RuntimeError(f"{METHODS_PAGE} has no table starting {header!r}")
+
+
+def _cells(row: str) -> list[str]:
+    return [cell.strip() for cell in re.split(r"(?<!\\)\|", row.strip().strip("|"))]
+
+
+def family_tables(family: str) -> list[str]:
+    """The rows of the methods page's preset table (family column = ``family``) and switch table (naming it)."""
+    markdown = (REPO / METHODS_PAGE).read_text(encoding="utf-8")
+    presets = [row for row in table_rows(markdown, "| method | family |") if _cells(row)[1] == family]
+    names = SWITCH_NAMES.get(family, ())
+    switches = [row for row in table_rows(markdown, "| switch |") if any(name in _cells(row)[0] for name in names)]
+    lines = []
+    if presets:
+        lines += ["| method | family | reproduces | what it does |", "| --- | --- | --- | --- |", *presets, ""]
+    if switches:
+        lines += [
+            "kvbench's own variants of this family: named switches, off by default (`method.params.<key>` unless "
+            "noted):",
+            "",
+            "| switch | default (reference) | kvbench variant |",
+            "| --- | --- | --- |",
+            *switches,
+            "",
+        ]
+    return lines
+
+
+def _escape_pipes(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _markdown_cell(value: Any) -> str:
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip() if not isinstance(value, str) else value
+    text = text.removesuffix("\n...").strip()
+    return "`" + text.replace("|", "\\|").replace("`", "'") + "`"
+
+
+def family_page(family: str, presets: list[Preset], tests: list[TestEvidence]) -> str:
+    """The Markdown of ``methods/<family>.md``."""
+    lines = [
+        f"# Method family `{family}`",
+        "",
+        f"Generated from `conf/method/*.yaml` (presets with `family: {family}`) and `tests/` when the site is built.",
+        "The knobs shared by every family and the paper experiments' settings are on the [methods page](index.md).",
+        "",
+        *family_tables(family),
+    ]
+    for preset in presets:
+        lines += [f"## `{preset.name}`", ""]
+        if preset.comment:
+            lines += [preset.comment, ""]
+        lines += [f"Run it: `python run.py method={preset.name}`.", ""]
+        shown = {key: value for key, value in preset.settings.items() if key not in HIDDEN_KEYS}
+        if shown:
+            lines += ["| setting | value |", "| --- | --- |"]
+            for key, value in shown.items():
+                if isinstance(value, dict):
+                    lines += [f"| `{key}.{sub}` | {_markdown_cell(sub_value)} |" for sub, sub_value in value.items()]
+                else:
+                    lines.append(f"| `{key}` | {_markdown_cell(value)} |")
+            lines.append("")
+        if preset.reference_text:
+            lines += [
+                f"Reference (the `reference:` block of `conf/method/{preset.name}.yaml`, recorded in every "
+                "`metrics.json`):",
+                "",
+                "```yaml",
+                preset.reference_text,
+                "```",
+                "",
+            ]
+    evidence = evidence_for(family, presets, tests)
+    lines += ["## Parity evidence", ""]
+    if evidence:
+        lines += [
+            "Tests that check this family (named after it, in its own test file, or parity tests running one of "
+            "its presets):",
+            "",
+            "| test | what it checks |",
+            "| --- | --- |",
+        ]
+        lines += [f"| `tests/{test.file}::{test.name}` | {_escape_pipes(test.summary)} |" for test in evidence]
+    else:
+        lines.append("No test names this family.")
+    return "\n".join(lines) + "\n"
+
+
+def on_config(config: Any) -> Any:
+    """Document the checkout that holds ``mkdocs.yml``, wherever ``mkdocs`` is started (MkDocs hook)."""
+    global REPO
+    REPO = Path(config.config_file_path).resolve().parent
+    return config
+
+
+def on_files(files: Any, config: Any) -> Any:
+    """Add ``methods/<family>.md`` for every method family (MkDocs hook)."""
+    from mkdocs.structure.files import File
+
+    tests = read_tests()
+    for family, presets in read_presets().items():
+        files.append(File.generated(config, f"methods/{family}.md", content=family_page(family, presets, tests)))
+    return files
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    """Open every page with the version it documents (MkDocs hook)."""
+    note = f'!!! note "kvbench {kvbench_version()}"\n    This page documents kvbench {kvbench_version()}.\n\n'
+    title_end = markdown.find("\n", markdown.find("# ")) + 1 if markdown.startswith("# ") else 0
+    return markdown[:title_end] + "\n" + note + markdown[title_end:]
