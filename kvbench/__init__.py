@@ -1,6 +1,6 @@
 """kvbench: a reproducible benchmark harness for KV-cache eviction research.
 
-The public Python API (README, "Python API"): :func:`evaluate` a method on a task with your own loaded model and
+The public Python API (docs/api.md): :func:`evaluate` a method on a task with your own loaded model and
 tokenizer, :func:`press` a method onto your own ``model.generate`` calls, :func:`compose_config` the config
 ``run.py`` would run.  They are imported on first use, so ``import kvbench`` stays cheap (no torch, no Hydra).
 (The press machinery lives in ``kvbench.press_hooks``: a submodule named ``press`` would replace the function

@@ -69,7 +69,7 @@ class ModelConfig:
     device: str = "auto"
     #: Placement across devices through accelerate: null (the whole model on ``device``), "auto", "balanced",
     #: "balanced_low_0", "sequential", or an explicit map {module name: device} (a device is a GPU index, "cuda:N",
-    #: "cpu" or "disk"); each cache layer then lives on its layer's device (README, Multiple devices).
+    #: "cpu" or "disk"); each cache layer then lives on its layer's device (docs/devices.md).
     device_map: Optional[Any] = None
     #: Folder for the weights a device map places on "disk" (null: a temporary folder, removed at exit).
     offload_folder: Optional[str] = None

@@ -434,7 +434,7 @@ def test_torch_free_dtype_names_agree_with_the_loader() -> None:
 
 def test_method_families_build_without_importing_transformers() -> None:
     """A bad family or family parameter is reported once the method modules load (torch), before transformers
-    (the runner's import), so it comes in about a second and a half, not five (README, bad input)."""
+    (the runner's import), so it comes in about a second and a half, not five (docs/results.md, bad input)."""
     code = (
         "import sys\n"
         "from kvbench.methods.base import method_families\n"

@@ -5,7 +5,7 @@ A CPU-only machine has one compute device, so the two placements are the ones ac
 layers resident on ``cpu``, the others offloaded to ``disk`` (their weights on the meta device, loaded by
 accelerate's hooks for each forward).  This runs accelerate's whole dispatch path (hooks moving inputs, offloaded
 parameters, the embedding's execution device) with kvbench's cache and session passed through it; layers on
-different GPUs were not available here (README, Multiple devices).  About 25 s on 2 shared cores."""
+different GPUs were not available here (docs/devices.md).  About 25 s on 2 shared cores."""
 
 from __future__ import annotations
 

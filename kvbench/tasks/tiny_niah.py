@@ -261,7 +261,7 @@ def spread_depth(index: int) -> float:
     the midpoints of the grid so far, level by level (samples 10..18 at ``5.56, 16.67, ..., 94.44``, then the 18
     midpoints of that 18-interval grid, ...).  So the first N samples of a longer run are exactly the samples of a
     run with ``task.num_samples=N``: a run folder grows (10 samples, then 50) without regenerating anything
-    (README, Results: the sample count is a run's extent)."""
+    (docs/results.md: the sample count is a run's extent)."""
     intervals = DEPTH_GRID_POINTS - 1
     if index < DEPTH_GRID_POINTS:
         return round(100.0 * index / intervals, 2)
