@@ -129,18 +129,27 @@ def _windowed_by_position(
     )
 
 
+def _read_back(
+    key: torch.Tensor | RaggedKV | PagedKV, value: torch.Tensor | RaggedKV | PagedKV
+) -> tuple[torch.Tensor | RaggedKV, torch.Tensor | RaggedKV]:
+    """Paged storage as dense ``[1, H, S, D]`` or per-head (:class:`RaggedKV`) keys and values (the first chunk's
+    new states as they are); other storage unchanged."""
+    if isinstance(key, PagedKV):
+        if key.first_chunk:
+            return key.new_keys, key.new_values
+        if key.layer.is_ragged:
+            return key.layer.ragged_kv()
+        dense_keys, dense_values = key.layer.dense_kv()
+        return dense_keys[None], dense_values[None]
+    assert not isinstance(value, PagedKV)
+    return key, value
+
+
 def _per_head_kv(
     key: torch.Tensor | RaggedKV | PagedKV, value: torch.Tensor | RaggedKV | PagedKV
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Per stored head ``[1, 1, S_h, D]`` keys and values of a layer's ``update`` result."""
-    if isinstance(key, PagedKV):
-        if key.first_chunk:
-            key, value = key.new_keys, key.new_values
-        elif key.layer.is_ragged:
-            key, value = key.layer.ragged_kv()
-        else:
-            dense_keys, dense_values = key.layer.dense_kv()
-            key, value = dense_keys[None], dense_values[None]
+    key, value = _read_back(key, value)
     if isinstance(key, RaggedKV):
         assert isinstance(value, RaggedKV)
         return key.heads, value.heads
@@ -188,14 +197,7 @@ def _detailed(
     A sliding layer without soft-capping or sinks keeps SDPA (a boolean window mask); the others are computed eagerly
     (:func:`kvbench.attention_extras.detailed_attention`).  Paged storage is read back as dense or per-head tensors.
     """
-    if isinstance(key, PagedKV):
-        if key.first_chunk:
-            key, value = key.new_keys, key.new_values
-        elif key.layer.is_ragged:
-            key, value = key.layer.ragged_kv()
-        else:
-            dense_keys, dense_values = key.layer.dense_kv()
-            key, value = dense_keys[None], dense_values[None]
+    key, value = _read_back(key, value)
     if isinstance(key, RaggedKV):
         assert isinstance(value, RaggedKV)
         return ragged_detailed_attention(query, key, value, scaling, details, bottom_right_causal_mask)
