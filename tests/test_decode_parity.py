@@ -24,7 +24,7 @@ from kvbench.budget import parse_budget
 from kvbench.cache import KVBenchCache
 from kvbench.eviction import EvictionSession
 from kvbench.methods.ahakv import AhaScorer, sg_multiplier
-from kvbench.methods.base import decode_attention
+from kvbench.methods.decoding import padded_decode_attention
 from kvbench.models import build_builtin
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -153,7 +153,7 @@ def test_decode_attention_reduces_groups_with_gqa_agg() -> None:
     query = torch.randn(4, 1, 8, generator=gen)
     per_query = torch.stack([torch.softmax(query[h, 0] @ keys[0, h // 2].T * 0.5, -1) for h in range(4)])
     for how, reduce in (("mean", lambda x: x.mean(0)), ("max", lambda x: x.amax(0)), ("sum", lambda x: x.sum(0))):
-        got = decode_attention(layer, query, 0.5, how)
+        got, _ = padded_decode_attention(layer, query, 0.5, how)  # [H, S]: every head holds all 10 tokens
         for head in range(2):
             torch.testing.assert_close(got[head], reduce(per_query[2 * head : 2 * head + 2]))
     assert method_from_yaml("ahakv", gqa_agg="max").decode_policy.gqa_agg == "max"

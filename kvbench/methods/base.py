@@ -28,7 +28,7 @@ from kvbench import kernels
 from kvbench.checks import check_min
 from kvbench.config import check_method_choices
 from kvbench.methods.knobs import check_unused_knobs
-from kvbench.methods.scoring import ScoreOptions, aggregate_groups, round_to
+from kvbench.methods.scoring import ScoreOptions
 from kvbench.registry import Registry, submodule_importer
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
@@ -382,49 +382,6 @@ def score_options(method_cfg: Any, reference_gqa_reduce: str = "before_pool") ->
         pool_padding=str(method_cfg.pool_padding),
         score_dtype=str(method_cfg.score_dtype),
     )
-
-
-def decode_attention(
-    layer: HeadwiseLayer,
-    query: torch.Tensor,
-    scaling: float,
-    gqa_agg: str | None = "mean",
-    dtype: torch.dtype | None = None,
-    logit_factor: float | None = None,
-) -> list[torch.Tensor]:
-    """Attention of the newest query over each stored head, reduced over the head's GQA group.
-
-    Parameters
-    ----------
-    layer:
-        The layer, with the new token already stored.
-    query:
-        ``[H_q, 1, D]`` the new token's queries.
-    gqa_agg:
-        mean | max | sum over the query heads sharing a stored head; ``None`` keeps the group's rows.
-    dtype:
-        The model dtype to round to as the reference code (``score_dtype=model``): the logits of its
-        ``matmul(q, k^T) / sqrt(d)`` after each op, the float32 softmax cast back, the group reduction; ``None``
-        = float32 throughout.
-    logit_factor:
-        A factor on the scaled logits (AhaKV's step-gain softmax), applied (and rounded) after the scaling.
-
-    Returns
-    -------
-    Per stored head, ``[S_h]`` float32 probabilities (``[g, S_h]`` with ``gqa_agg=None``), holding ``dtype``
-    values when ``dtype`` is given.
-    """
-    groups = query.shape[0] // layer.num_heads
-    probs = []
-    for head in range(layer.num_heads):
-        keys, _ = layer.head_kv(head)
-        head_q = query[head * groups : (head + 1) * groups, 0].float()  # [g, D]
-        logits = round_to(round_to(head_q @ keys.float().T, dtype) * scaling, dtype)  # [g, S_h]
-        if logit_factor is not None:
-            logits = round_to(logits * logit_factor, dtype)
-        rows = round_to(torch.softmax(logits, dim=-1), dtype)
-        probs.append(rows if gqa_agg is None else round_to(aggregate_groups(rows, 1, gqa_agg)[0], dtype))
-    return probs
 
 
 def evict_to_caps(

@@ -1,7 +1,7 @@
 """Decode-time eviction vectorised over heads: what a decoding step of StreamingLLM, H2O, TOVA, AhaKV and CAKE runs.
 
 * :func:`padded_decode_attention` -- the new query's attention over every stored head in one batched product
-  (``[H, S_max]``, slot-aligned), rounded as :func:`kvbench.methods.base.decode_attention` rounds;
+  (``[H, S_max]``, slot-aligned), rounded where the reference code rounds;
 * :func:`one_token_evictions` -- whether a step's eviction is the common one-token-per-head case;
 * :func:`evict_lowest` -- evict the lowest-ranked slot of each over-cap head in place
   (:meth:`kvbench.cache.HeadwiseLayer.evict_slots`: the head's last token moves into it).
@@ -30,7 +30,8 @@ def padded_decode_attention(
     dtype: torch.dtype | None = None,
     logit_factor: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`decode_attention` vectorised over heads: one batched product, no loop and no host synchronisation.
+    """Attention of the newest query over each stored head, reduced over the head's GQA group, vectorised over heads:
+    one batched product, no loop and no host synchronisation.
 
     Parameters
     ----------
@@ -40,8 +41,12 @@ def padded_decode_attention(
         ``[H_q, 1, D]`` the new token's queries.
     gqa_agg:
         mean | max | sum over the query heads sharing a stored head; ``None`` keeps every query head's row.
-    dtype, logit_factor:
-        Rounding to the model dtype and the factor on the scaled logits, exactly as :func:`decode_attention`.
+    dtype:
+        The model dtype to round to as the reference code (``score_dtype=model``): the logits of its
+        ``matmul(q, k^T) / sqrt(d)`` after each op, the float32 softmax cast back, the group reduction; ``None``
+        = float32 throughout.
+    logit_factor:
+        A factor on the scaled logits (AhaKV's step-gain softmax), applied (and rounded) after the scaling.
 
     Returns
     -------

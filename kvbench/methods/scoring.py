@@ -220,7 +220,8 @@ def appended_attention(
     query:
         ``[H_q, q, D]`` the appended tokens' queries.
     dtype:
-        Rounding as :func:`decode_attention` (logits, probabilities, the row sum and the group reduction).
+        Rounding as :func:`~kvbench.methods.decoding.padded_decode_attention` (logits, probabilities, the row sum
+        and the group reduction).
     row_scale:
         ``[q]`` factor on each row's scaled logits (AhaKV), or ``None``.
 
