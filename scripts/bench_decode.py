@@ -48,6 +48,7 @@ from kvbench.cache import KVBenchCache
 from kvbench.config import MethodConfig
 from kvbench.eviction import EvictionSession
 from kvbench.methods.base import EvictionMethod, build_method
+from kvbench.prefill import forward_logits
 
 SMOLLM2 = "smollm2-135m"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -62,6 +63,9 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "tova": ("tova", {}),
     "cake": ("cake", {}),
 }
+
+
+CPU = torch.device("cpu")
 
 
 def load_smollm2() -> torch.nn.Module:
@@ -133,14 +137,8 @@ class _LayerIndex(torch.nn.Module):
 
 
 def forward(model: torch.nn.Module, token: int, position: int, cache: KVBenchCache, session: Any) -> torch.Tensor:
-    return model(
-        input_ids=torch.tensor([[token]]),
-        position_ids=torch.tensor([[position]]),
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-        kvbench_session=session,
-    ).logits[0, -1]
+    """``[vocab]`` logits of one decoding step (kvbench's model-forward wrapper, on the CPU)."""
+    return forward_logits(model, [token], position, cache, session, CPU)[-1]
 
 
 def record_prefill(model: torch.nn.Module, length: int) -> tuple[PrefillRecorder, int]:
@@ -149,21 +147,15 @@ def record_prefill(model: torch.nn.Module, length: int) -> tuple[PrefillRecorder
     ids = torch.randint(10, int(model.config.vocab_size), (1, length), generator=gen)
     cache = KVBenchCache(int(model.config.num_hidden_layers), backend="torch")
     recorder = PrefillRecorder(cache)
-    logits = model(
-        input_ids=ids,
-        position_ids=torch.arange(length)[None],
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-        kvbench_session=recorder,
-    ).logits[0, -1]
+    logits = forward_logits(model, ids, 0, cache, recorder, CPU)[-1]  # type: ignore[arg-type]  # a recording observer
     return recorder, int(torch.argmax(logits))
 
 
-def decode_run(
-    model: torch.nn.Module, prefill: PrefillRecorder, first_token: int, label: str, ratio: float, args: Any
-) -> dict[str, Any]:
-    """Replay the recorded prefill into ``label``'s cache and session, then time ``args.decode_tokens`` steps."""
+def replay_prefill(
+    model: torch.nn.Module, prefill: PrefillRecorder, label: str, ratio: float, backend: str | None = None
+) -> tuple[EvictionMethod, Any, KVBenchCache, EvictionSession, int]:
+    """``label``'s method and budget at ``ratio``, and a cache + session holding the recorded prefill compressed as
+    the method compresses it (ready to decode); the prompt length last."""
     method = build_config(label)
     budget = parse_budget("full" if label == "full" else f"{1 - ratio:g}x")
     config = model.config
@@ -171,7 +163,7 @@ def decode_run(
     cache = KVBenchCache(
         int(config.num_hidden_layers),
         expand_factor=expand if method.gqa_granularity == "query_head" else 1,
-        backend=args.backend,
+        backend=backend,
     )
     session = EvictionSession(method, budget, cache)
     length = int(prefill.layers[0][1].shape[1])
@@ -180,6 +172,14 @@ def decode_run(
         cache.update(keys[None], values[None], index)
         session.after_attention(_LayerIndex(index), query[None], scaling)
     session.begin_decode()
+    return method, budget, cache, session, length
+
+
+def decode_run(
+    model: torch.nn.Module, prefill: PrefillRecorder, first_token: int, label: str, ratio: float, args: Any
+) -> dict[str, Any]:
+    """Replay the recorded prefill into ``label``'s cache and session, then time ``args.decode_tokens`` steps."""
+    method, budget, cache, session, length = replay_prefill(model, prefill, label, ratio, args.backend)
     stored_after_prefill = cache.kv_bytes()
     wall, cpu = [], []
     token = first_token
@@ -203,20 +203,7 @@ def profile_steps(model: torch.nn.Module, prefill: PrefillRecorder, first_token:
     """torch profiler summary of one decode step (after two warm-up steps) of ``label`` at ``ratio``."""
     from torch.profiler import ProfilerActivity, profile
 
-    method = build_config(label)
-    budget = parse_budget("full" if label == "full" else f"{1 - ratio:g}x")
-    config = model.config
-    expand = int(config.num_attention_heads) // int(config.num_key_value_heads)
-    cache = KVBenchCache(
-        int(config.num_hidden_layers), expand_factor=expand if method.gqa_granularity == "query_head" else 1
-    )
-    session = EvictionSession(method, budget, cache)
-    length = int(prefill.layers[0][1].shape[1])
-    session.begin_prefill(length)
-    for index, (query, keys, values, scaling) in enumerate(prefill.layers):
-        cache.update(keys[None], values[None], index)
-        session.after_attention(_LayerIndex(index), query[None], scaling)
-    session.begin_decode()
+    _, _, cache, session, length = replay_prefill(model, prefill, label, ratio)
     token = first_token
     for step in range(2):
         token = int(torch.argmax(forward(model, token, length + step, cache, session)))
