@@ -53,6 +53,9 @@ class Cell:
     cheap: bool
 
 
+#: RULER has no template for SmolLM2 (its default, ``chat_template=ruler``, would feed the bare task text to this
+#: instruct model): the grid renders the model's own ChatML template.
+RULER_CHAT = "task.options.chat_template=model"
 LONGBENCH_FIXTURES = ("qasper", "hotpotqa", "multifieldqa_en", "samsum", "trec", "passage_retrieval_en")
 CELLS = (
     Cell(
@@ -61,6 +64,7 @@ CELLS = (
         (
             "task.length=2048",
             "task.datasets=[niah_single_2,niah_multikey_1]",
+            RULER_CHAT,
             f"task.options.max_new_tokens={MAX_NEW_TOKENS}",
         ),
         True,
@@ -78,7 +82,12 @@ CELLS = (
     Cell(
         "ruler4k",
         "ruler",
-        ("task.length=4096", "task.datasets=[niah_single_2]", f"task.options.max_new_tokens={MAX_NEW_TOKENS}"),
+        (
+            "task.length=4096",
+            "task.datasets=[niah_single_2]",
+            RULER_CHAT,
+            f"task.options.max_new_tokens={MAX_NEW_TOKENS}",
+        ),
         False,
     ),
     Cell(
@@ -116,6 +125,7 @@ FULL_ONLY_CELLS = (
         (
             "task.length=2048",
             "task.datasets=[vt,cwe]",
+            RULER_CHAT,
             f"task.options.max_new_tokens={MAX_NEW_TOKENS}",
         ),
         False,
