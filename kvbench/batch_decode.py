@@ -1,0 +1,228 @@
+"""Prefill alone, decode together: greedy generation of many samples with ``run.decode_batch`` > 1 (issue #33).
+
+Each sample is prefilled and compressed on its own by :func:`kvbench.prefill.prefill`, exactly as at batch 1 (same
+kept tokens, same cache record); its cache then joins the decode batch.  Every step feeds one token of every active
+sample through one model forward (:class:`kvbench.batch_cache.BatchedCache`: the dense parts run on the ``[B, 1]``
+batch, attention and the decode-time policy run per sample over its own storage).  A sample that stops (stop token,
+``max_new_tokens``, stop strings: :class:`kvbench.generation.GreedyStream`, the rules of batch 1) leaves the batch
+and the next sample is prefilled and takes its place (continuous batching).  Outputs come back as samples finish,
+with their index; the caller restores the order (:class:`ReorderBuffer`).
+
+Per-sample state: each sample gets its own copy of the method's decode policy (policies keep per-layer caps and
+running scores), taken from a pristine copy made before the first sample; the scorer and the allocators are shared,
+as at batch 1, since only the prefill (one sample at a time) uses them.  A stateful allocator's record
+(``allocator_state``) is read right after the sample's prefill, where batch 1's equals it.
+
+Exactness: on CPU in float32 the tokens and cache records equal batch 1's (``tests/test_batch_decode.py``); the
+batched matrix products of the dense parts may round differently from batch 1's in the last bits on some backends
+(the tests state the tolerance of the logits).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from kvbench.batch_cache import BatchedCache
+from kvbench.budget import Budget
+from kvbench.errors import KVBenchError
+from kvbench.eviction import EvictionSession
+from kvbench.generation import GenerationOutput, GreedyStream
+from kvbench.methods.base import EvictionMethod
+from kvbench.models import input_device, model_devices
+from kvbench.prefill import prefill
+
+#: ``run.decode_batch``: an integer >= 1, or ``auto`` (CUDA: from free memory; CPU: 1).
+AUTO = "auto"
+
+
+def check_decode_batch(value: Any, name: str = "run.decode_batch") -> int | str:
+    """``value`` as a decode batch setting: an integer >= 1 or ``"auto"``; anything else raises
+    :class:`~kvbench.errors.KVBenchError` naming the value and the valid choices."""
+    if isinstance(value, str) and value.strip().lower() == AUTO:
+        return AUTO
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise KVBenchError(
+            f"{name}={value!r} is not a decode batch size; valid: an integer >= 1 (1 = one sample at a time, "
+            f"the default) or 'auto' (CUDA: as many as fit the free memory; CPU: 1)"
+        )
+    return value
+
+
+@dataclass
+class DecodeRequest:
+    """One sample to generate: its prompt and its own stop rules (:class:`~kvbench.generation.GreedyStream`)."""
+
+    context_ids: list[int]
+    question_ids: list[int]
+    max_new_tokens: int
+    stop_token_ids: set[int]
+    stop_strings: tuple[str, ...] = ()
+    min_new_tokens: int = 0
+
+
+@dataclass
+class _Slot:
+    """One sample in the decode batch."""
+
+    index: int
+    session: EvictionSession
+    stream: GreedyStream
+    position: int
+    next_id: int
+    prefill_s: float
+    allocator_state: Any
+    decode_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def output(self) -> GenerationOutput:
+        record = self.session.finish()
+        record.allocator_state = self.allocator_state  # read after this sample's prefill (module docstring)
+        text = self.stream.text()
+        return GenerationOutput(
+            self.stream.generated, text, record, self.prefill_s, self.decode_s, self.stream.stop_reason
+        )
+
+
+@torch.inference_mode()
+def generate_batched(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    requests: Iterable[DecodeRequest],
+    *,
+    method: EvictionMethod,
+    budget: Budget,
+    question_mode: str,
+    decode_batch: int,
+    prefill_chunk: int | None = None,
+) -> Iterator[tuple[int, GenerationOutput]]:
+    """Greedy generation of ``requests`` with up to ``decode_batch`` samples decoded per model forward.
+
+    Yields ``(index, output)`` as samples finish (not in request order); each output is what
+    :func:`kvbench.generation.generate` returns for that request alone, except ``decode_s``: the sample's share of
+    the batched steps it took part in (each step's time divided by the samples in it), so the shares of a run add
+    up to its decoding time.  Requests are read lazily: one is prefilled when a place in the batch frees up.
+    """
+    if isinstance(decode_batch, bool) or not isinstance(decode_batch, int) or decode_batch < 1:
+        raise KVBenchError(f"decode_batch={decode_batch!r}; valid: an integer >= 1")
+    devices = model_devices(model)
+    device = input_device(model)
+    pristine_policy = copy.deepcopy(method.decode_policy)
+    pending = enumerate(requests)
+    active: list[_Slot] = []
+    exhausted = False
+    while True:
+        while not exhausted and len(active) < decode_batch:
+            item = next(pending, None)
+            if item is None:
+                exhausted = True
+                break
+            slot = _start(model, tokenizer, item[0], item[1], method, pristine_policy, budget, question_mode,
+                          prefill_chunk, devices)  # fmt: skip
+            if slot.stream.done:
+                yield slot.index, slot.output()
+            else:
+                active.append(slot)
+        if not active:
+            return
+        started = time.perf_counter()
+        logits = _batched_step(model, active, device)
+        for slot, row in zip(active, logits, strict=True):
+            slot.position += 1
+            slot.next_id = slot.stream.push(row)
+        _sync(devices)
+        share = (time.perf_counter() - started) / len(active)
+        still: list[_Slot] = []
+        for slot in active:
+            slot.decode_s += share
+            if slot.stream.done:
+                yield slot.index, slot.output()
+            else:
+                still.append(slot)
+        active = still
+
+
+def _start(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    index: int,
+    request: DecodeRequest,
+    method: EvictionMethod,
+    pristine_policy: Any,
+    budget: Budget,
+    question_mode: str,
+    prefill_chunk: int | None,
+    devices: set[torch.device],
+) -> _Slot:
+    """Prefill one request alone (as batch 1 does) and choose its first token."""
+    own_method = replace(method, decode_policy=copy.deepcopy(pristine_policy))
+    state = prefill(
+        model,
+        request.context_ids,
+        request.question_ids,
+        method=own_method,
+        budget=budget,
+        question_mode=question_mode,
+        prefill_chunk=prefill_chunk,
+    )
+    state.session.begin_decode()
+    _sync(devices)
+    prefill_s = time.perf_counter() - state.started
+    allocator_state = copy.deepcopy(method.layer_allocator.sample_state())
+    stream = GreedyStream(
+        tokenizer, request.max_new_tokens, request.stop_token_ids, request.stop_strings, request.min_new_tokens
+    )
+    next_id = -1
+    if not stream.done:
+        assert state.logits is not None
+        next_id = stream.push(state.logits)
+    return _Slot(index, state.session, stream, state.position, next_id, prefill_s, allocator_state)
+
+
+def _batched_step(model: PreTrainedModel, active: list[_Slot], device: torch.device) -> torch.Tensor:
+    """One forward of every active sample's next token at its own position; returns ``[B, vocab]`` logits."""
+    input_ids = torch.tensor([[slot.next_id] for slot in active], dtype=torch.long, device=device)
+    position_ids = torch.tensor([[slot.position] for slot in active], dtype=torch.long, device=device)
+    sessions = [slot.session for slot in active]
+    batched = BatchedCache([session.cache for session in sessions], sessions)
+    output = model(
+        input_ids=input_ids,
+        position_ids=position_ids,
+        past_key_values=batched,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    return output.logits[:, -1]
+
+
+def _sync(devices: set[torch.device]) -> None:
+    """Wait for every CUDA device the model computes on (timings)."""
+    for device in devices:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+
+class ReorderBuffer:
+    """Holds outputs that finish out of order and releases them in index order (``predictions.jsonl`` keeps the
+    samples' order).  At most ``decode_batch`` outputs wait: a sample finishes at most once per join."""
+
+    def __init__(self, first: int = 0) -> None:
+        self.next = first
+        self.waiting: dict[int, Any] = {}
+
+    def add(self, index: int, item: Any) -> list[Any]:
+        """Take ``item`` number ``index``; return the items now ready, in order."""
+        self.waiting[index] = item
+        ready = []
+        while self.next in self.waiting:
+            ready.append(self.waiting.pop(self.next))
+            self.next += 1
+        return ready
