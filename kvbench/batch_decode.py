@@ -31,30 +31,12 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from kvbench.batch_cache import BatchedCache
 from kvbench.budget import Budget
-from kvbench.errors import KVBenchError
+from kvbench.checks import DECODE_BATCH_AUTO, check_decode_batch
 from kvbench.eviction import EvictionSession
 from kvbench.generation import GenerationOutput, GreedyStream
 from kvbench.methods.base import EvictionMethod
 from kvbench.models import input_device, model_devices
 from kvbench.prefill import prefill
-
-#: ``run.decode_batch``: an integer >= 1, or ``auto`` (CUDA: from free memory; CPU: 1).
-AUTO = "auto"
-
-
-def check_decode_batch(value: Any, name: str = "run.decode_batch") -> int | str:
-    """``value`` as a decode batch setting: an integer >= 1 or ``"auto"``; anything else raises
-    :class:`~kvbench.errors.KVBenchError` naming the value and the valid choices."""
-    if isinstance(value, str) and value.strip().lower() == AUTO:
-        return AUTO
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value.strip())
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise KVBenchError(
-            f"{name}={value!r} is not a decode batch size; valid: an integer >= 1 (1 = one sample at a time, "
-            f"the default) or 'auto' (CUDA: as many as fit the free memory; CPU: 1)"
-        )
-    return value
 
 
 @dataclass
@@ -111,8 +93,8 @@ def generate_batched(
     the batched steps it took part in (each step's time divided by the samples in it), so the shares of a run add
     up to its decoding time.  Requests are read lazily: one is prefilled when a place in the batch frees up.
     """
-    if isinstance(decode_batch, bool) or not isinstance(decode_batch, int) or decode_batch < 1:
-        raise KVBenchError(f"decode_batch={decode_batch!r}; valid: an integer >= 1")
+    if check_decode_batch(decode_batch, "decode_batch") == DECODE_BATCH_AUTO:
+        raise ValueError("generate_batched needs a number: resolve decode_batch='auto' first (resolve_decode_batch)")
     devices = model_devices(model)
     device = input_device(model)
     pristine_policy = copy.deepcopy(method.decode_policy)

@@ -42,7 +42,7 @@ import math
 import platform
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kvbench import __version__
 from kvbench.attention_paths import ATTENTION_RECORD, capability_summary
+from kvbench.batch_runner import resolve_decode_batch, run_batched
 from kvbench.errors import Interrupted, KVBenchError
 from kvbench.generation import generate, last_token_ids
 from kvbench.models import LoadedModel, check_device_map, load_model, load_tokenizer, resolve_device, stop_token_ids
@@ -161,6 +162,16 @@ class Runner:
         self.summary: dict[str, Any] = {}
         #: Paged-attention fallbacks (reason -> calls) of the datasets run so far (``run_meta.json``).
         self.attention_fallbacks: Counter[str] = Counter()
+        #: ``run.decode_batch`` resolved for the device (``auto``), once the first dataset asked for it.
+        self.resolved_decode_batch: int | None = None
+
+    def decode_batch(self, loaded: LoadedModel, prompt_lengths: Callable[[], list[int]], max_new: int) -> int:
+        """Samples decoded per forward (``run.decode_batch``; ``auto`` resolved once, from the first dataset run)."""
+        if self.resolved_decode_batch is None:
+            self.resolved_decode_batch = resolve_decode_batch(
+                self.cfg.run.decode_batch, loaded.model, self.method, self.budget, prompt_lengths, max_new
+            )
+        return self.resolved_decode_batch
 
     def run(self) -> list[DatasetResult]:
         """Execute the run; returns one result per dataset."""
@@ -199,6 +210,7 @@ class Runner:
                         meta["status"] = status
                         meta["completed_datasets"] = [r.dataset for r in results]
                         meta["attention_fallbacks"] = dict(sorted(self.attention_fallbacks.items()))
+                        meta["decode_batch_resolved"] = self.resolved_decode_batch
                         if status == "complete":
                             meta["datasets"] = [r.dataset for r in results]
                         atomic_write_json(self.folder / RUN_META_FILE, meta)
@@ -274,6 +286,7 @@ class Runner:
                 "status": "running",
                 "slurm_job": slurm_job_id(),
                 "attention_capability": capability_summary(),
+                "decode_batch": cfg.run.decode_batch,
             }
         )
         meta.setdefault("first_start_time", meta["start_time"])
@@ -322,8 +335,9 @@ class Runner:
         todo = [s for s in samples if s.id not in done]
         ATTENTION_RECORD.reset()  # paths and fallbacks of this dataset's samples (metrics.json "attention")
         progress = _progress(todo, f"{dataset.name}", cfg.run.progress, initial=len(done), total=len(samples))
-        for sample in progress:
-            encoded = encode_sample(
+
+        def encode(sample: Sample) -> Any:
+            return encode_sample(
                 loaded.tokenizer,
                 sample,
                 max_input_length=int(cfg.model.max_input_length),
@@ -331,26 +345,38 @@ class Runner:
                 truncation=dataset.truncation,
                 bos=dataset.bos,
             )
-            output = generate(
-                loaded.model,
-                loaded.tokenizer,
-                encoded.context_ids,
-                encoded.question_ids,
-                method=self.method,
-                budget=self.budget,
-                question_mode=str(cfg.task.question_mode),
-                max_new_tokens=int(dataset.max_new_tokens),
-                stop_token_ids=stops,
-                stop_strings=tuple(dataset.stop_strings),
-                min_new_tokens=int(dataset.min_new_tokens),
-                prefill_chunk=cfg.run.prefill_chunk,
-            )
+
+        def write(sample: Sample, encoded: Any, output: Any) -> None:
             row = _prediction_row(sample, dataset, output, encoded)
             _warn_if_above_full(output.record, self.cfg)
             with TERMINATION.critical():
                 log.append(row)
                 timing_log.append({"id": sample.id, "prefill_s": output.prefill_s, "decode_s": output.decode_s})
                 done[sample.id] = row
+
+        def prompt_lengths() -> list[int]:
+            return [len(encode(sample).input_ids) for sample in todo]
+
+        if self.decode_batch(loaded, prompt_lengths, int(dataset.max_new_tokens)) == 1:
+            for sample in progress:
+                encoded = encode(sample)
+                output = generate(
+                    loaded.model,
+                    loaded.tokenizer,
+                    encoded.context_ids,
+                    encoded.question_ids,
+                    method=self.method,
+                    budget=self.budget,
+                    question_mode=str(cfg.task.question_mode),
+                    max_new_tokens=int(dataset.max_new_tokens),
+                    stop_token_ids=stops,
+                    stop_strings=tuple(dataset.stop_strings),
+                    min_new_tokens=int(dataset.min_new_tokens),
+                    prefill_chunk=cfg.run.prefill_chunk,
+                )
+                write(sample, encoded, output)
+        else:
+            run_batched(self, loaded, dataset, todo, encode, write, stops, progress)
         rows = [done[s.id] for s in samples]
         attention = ATTENTION_RECORD.summary()
         self.attention_fallbacks.update(attention["fallbacks"])
@@ -368,6 +394,7 @@ class Runner:
                 cfg,
                 self.method,
                 {"max_input_length": cfg.model.max_input_length, "chat_template": use_template},
+                {"decode_batch": self.resolved_decode_batch or 1},
             ),
             timing=timing_log.summary(),
             attention=attention,

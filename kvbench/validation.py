@@ -35,7 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kvbench import resources
 from kvbench.budget import BudgetError, parse_budget
-from kvbench.checks import check_choice, check_min
+from kvbench.checks import check_choice, check_decode_batch, check_min
 from kvbench.config import (
     DTYPE_NAMES,
     QUESTION_MODES,
@@ -82,6 +82,7 @@ def check_config(cfg: DictConfig) -> None:
             0,
             "tokens per forward of the compressed prefill; 0 = one forward, null = automatic",
         )
+    check_decode_batch(cfg.run.decode_batch, error=KVBenchError)
 
 
 def _check_keys(node: Any, schema: type, prefix: str) -> None:

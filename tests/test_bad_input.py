@@ -125,6 +125,8 @@ CONFIG_CASES = [
     (["task.lengths=[128]", "run.tag=short"], ["128 tokens is too short for niah_multikey", "use a length >="]),
     # issue #29: values that used to pass validation, or be hidden by the existing run in the default folder
     (["run.prefill_chunk=-3"], ["run.prefill_chunk=-3", "integer >= 0", "null = automatic"]),
+    (["run.decode_batch=0"], ["run.decode_batch=0", "integer >= 1", "auto"]),
+    (["run.decode_batch=fast"], ["run.decode_batch='fast'", "integer >= 1", "auto"]),
     (["task.datasets=[nope]"], ["task.datasets=['nope']", "valid datasets: niah_single_2k", "niah_multivalue_2k"]),
     (["task.datasets=[niah_single_1k]"], ["['niah_single_1k']", "valid datasets: niah_single_2k"]),
     (["task.datasets=[]"], ["task.datasets=[] selects no dataset", "niah_single_2k", "null"]),
@@ -598,6 +600,7 @@ API_CASES = [
     ({"overrides": ["method.window=0"]}, ["method.window=0", ">= 1"]),
     ({"overrides": ["method.params.nope=1"]}, ["nope", "valid keys"]),
     ({"overrides": ["run.prefill_chunk=-3"]}, ["run.prefill_chunk=-3", ">= 0"]),
+    ({"overrides": ["run.decode_batch=-2"]}, ["run.decode_batch=-2", "integer >= 1", "auto"]),
     ({"limit": -1}, ["limit=-1", ">= 1", "None for all"]),
     ({"limit": 0}, ["limit=0"]),
     ({"question_mode": "both"}, ["question_mode='both'", "aware, agnostic"]),
