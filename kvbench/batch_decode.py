@@ -171,9 +171,21 @@ def _start(
 
 def _batched_step(model: PreTrainedModel, active: list[_Slot], device: torch.device) -> torch.Tensor:
     """One forward of every active sample's next token at its own position; returns ``[B, vocab]`` logits."""
-    input_ids = torch.tensor([[slot.next_id] for slot in active], dtype=torch.long, device=device)
-    position_ids = torch.tensor([[slot.position] for slot in active], dtype=torch.long, device=device)
-    sessions = [slot.session for slot in active]
+    next_ids = [slot.next_id for slot in active]
+    return decode_step(model, next_ids, [slot.position for slot in active], [s.session for s in active], device)
+
+
+def decode_step(
+    model: PreTrainedModel,
+    next_ids: list[int],
+    positions: list[int],
+    sessions: list[EvictionSession],
+    device: torch.device,
+) -> torch.Tensor:
+    """One batched decoding step: sample ``b`` feeds token ``next_ids[b]`` at position ``positions[b]`` on top of
+    ``sessions[b].cache`` (its session in phase ``decode``); returns the ``[B, vocab]`` logits."""
+    input_ids = torch.tensor([[token] for token in next_ids], dtype=torch.long, device=device)
+    position_ids = torch.tensor([[position] for position in positions], dtype=torch.long, device=device)
     batched = BatchedCache([session.cache for session in sessions], sessions)
     output = model(
         input_ids=input_ids,
