@@ -687,6 +687,7 @@ BRIDGE_CASES = [
     ("dtype=fp8", ["dtype='fp8'", "bfloat16, float16, float32"]),
     ("max_length=-1", ["max_length=-1", ">= 2"]),
     ("prefill_chunk=-3", ["prefill_chunk=-3", ">= 0"]),
+    ("decode_batch=0", ["decode_batch=0", "integer >= 1", "auto"]),
     ("foo=1", ["unknown --model_args key(s) ['foo']", "pretrained, method, budget"]),
     ("method=snapkv,method.windw=3", ["method.windw is not a kvbench setting", "Did you mean method.window?"]),
     ("method=snapkv,method.window=0", ["method.window=0", ">= 1"]),
