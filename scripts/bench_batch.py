@@ -7,11 +7,12 @@ cache, recording every layer's queries, keys and values (``bench_decode.py``'s r
 then replays the recording into ``B`` samples' own caches and sessions (what a one-shot prefill gives each method),
 and times ``--steps`` decoding steps of all ``B`` together: batch 1 is kvbench's batch-1 path
 (:func:`kvbench.prefill.forward_logits` over one cache), ``B > 1`` one :func:`kvbench.batch_decode.decode_step` over
-``B`` caches.  Every step's wall time is kept; the CSV has the median.
+``B`` caches.  Every step is timed; the CSV has the medians.
 
-* ``decode_tok_s`` = ``B / median step``;
-* ``prefill_s``: one real compressed prefill (:func:`kvbench.prefill.prefill`) of the prompt with the method, timed
-  once per (model, method);
+* ``decode_tok_s`` = ``B / median step``, the step's CPU time (this process, all its threads): on a shared machine
+  wall times follow the other jobs' load (the wall median is in ``step_wall_ms_median``);
+* ``prefill_s``: CPU seconds of one real compressed prefill (:func:`kvbench.prefill.prefill`) of the prompt with
+  the method, once per (model, method);
 * ``samples_s`` = ``B / (B * prefill_s + answer * median step)``: samples per second of a run whose samples all
   generate ``--answer`` tokens (LongBench-like: the median of LongBench's ``max_new_tokens`` is 64), prefilled one
   at a time and decoded ``B`` at a time.
@@ -52,7 +53,8 @@ from bench_decode import PrefillRecorder, _LayerIndex
 
 CPU = torch.device("cpu")
 FIELDS = [
-    *("model", "method", "budget", "prompt_tokens", "decode_batch", "steps", "step_ms_median", "decode_tok_s"),
+    *("model", "method", "budget", "prompt_tokens", "decode_batch", "steps", "step_cpu_ms_median"),
+    *("step_wall_ms_median", "decode_tok_s"),
     *("speedup_vs_1", "prefill_s", "answer_tokens", "samples_s", "machine", "loadavg_before", "loadavg_after"),
 ]
 
@@ -80,18 +82,22 @@ def replay(model: torch.nn.Module, recording: PrefillRecorder, method: Any, budg
     return session
 
 
-def time_steps(model: torch.nn.Module, sessions: list[EvictionSession], first: list[int], length: int, steps: int):
-    """Median wall seconds of ``steps`` greedy steps of every session together (batch 1: the batch-1 path)."""
-    tokens, walls = list(first), []
+def time_steps(
+    model: torch.nn.Module, sessions: list[EvictionSession], first: list[int], length: int, steps: int
+) -> tuple[float, float]:
+    """Median wall and CPU (this process, all threads) seconds of ``steps`` greedy steps of every session together
+    (batch 1: the batch-1 path)."""
+    tokens, walls, cpus = list(first), [], []
     for step in range(steps):
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         if len(sessions) == 1:
             logits = forward_logits(model, [tokens[0]], length + step, sessions[0].cache, sessions[0], CPU)[-1:]
         else:
             logits = decode_step(model, tokens, [length + step] * len(sessions), sessions, CPU)
         tokens = logits.argmax(dim=-1).tolist()
         walls.append(time.perf_counter() - started)
-    return statistics.median(walls)
+        cpus.append(time.process_time() - cpu_started)
+    return statistics.median(walls), statistics.median(cpus)
 
 
 def main() -> None:
@@ -122,21 +128,22 @@ def main() -> None:
             recordings = [record(model, args.length, seed) for seed in range(args.prompts)]
             for name in args.methods:
                 method = load_method(name, arch)
-                started = time.perf_counter()
+                cpu_started = time.process_time()
                 prefill(model, recordings[0][2], method=copy.deepcopy(method), budget=budget)
-                prefill_s = time.perf_counter() - started
+                prefill_s = time.process_time() - cpu_started
                 base = None
                 for batch in args.batches:
                     before = os.getloadavg()[0]
                     picks = [recordings[i % len(recordings)] for i in range(batch)]
                     sessions = [replay(model, rec, method, budget) for rec, _, _ in picks]
-                    step = time_steps(model, sessions, [first for _, first, _ in picks], args.length, args.steps)
+                    wall, step = time_steps(model, sessions, [first for _, first, _ in picks], args.length, args.steps)
                     if args.profile and batch in (1, args.profile):
                         profile(model, sessions, [first for _, first, _ in picks], args.length)
                     base = base or step
                     row = {
                         "model": arch, "method": name, "budget": budget.spec, "prompt_tokens": args.length,
-                        "decode_batch": batch, "steps": args.steps, "step_ms_median": round(1000 * step, 2),
+                        "decode_batch": batch, "steps": args.steps, "step_cpu_ms_median": round(1000 * step, 2),
+                        "step_wall_ms_median": round(1000 * wall, 2),
                         "decode_tok_s": round(batch / step, 2), "speedup_vs_1": round(batch * base / step, 2),
                         "prefill_s": round(prefill_s, 3), "answer_tokens": args.answer,
                         "samples_s": round(batch / (batch * prefill_s + args.answer * step), 4), "machine": machine,
