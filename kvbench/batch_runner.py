@@ -1,6 +1,7 @@
-"""The runner's batched path (``run.decode_batch`` > 1, issue #33): resolve the batch size for the device, generate
-a dataset's remaining samples with :func:`kvbench.batch_decode.generate_batched` and write each prediction in sample
-order through a :class:`~kvbench.batch_decode.ReorderBuffer`.
+"""How the runner generates a dataset's samples (issue #33): resolve ``run.decode_batch`` for the device; at 1, one
+sample at a time (:func:`kvbench.generation.generate`, the batch-1 path); above, with
+:func:`kvbench.batch_decode.generate_batched`, each prediction written in sample order through a
+:class:`~kvbench.batch_decode.ReorderBuffer`.
 
 Writes are those of batch 1 (one row per sample, appended as soon as every earlier sample's row is written, under
 the runner's termination guard): a run killed mid-batch loses at most the outputs still waiting for an earlier
@@ -17,6 +18,7 @@ import torch
 from kvbench.batch_decode import DecodeRequest, ReorderBuffer, generate_batched
 from kvbench.budget import Budget
 from kvbench.checks import DECODE_BATCH_AUTO, check_decode_batch
+from kvbench.generation import generate
 from kvbench.methods.base import EvictionMethod
 from kvbench.models import input_device
 
@@ -77,6 +79,48 @@ def resolve_decode_batch(
     free, _ = torch.cuda.mem_get_info(device)
     itemsize = next(model.parameters()).element_size()
     return auto_decode_batch(free, model.config, method, budget, max(lengths), max_new, itemsize)
+
+
+def generate_dataset(
+    runner: Any,
+    loaded: Any,
+    dataset: Any,
+    todo: list[Any],
+    encode: Callable[[Any], Any],
+    write: Callable[[Any, Any, Any], None],
+    stops: set[int],
+    progress: Any,
+) -> None:
+    """Generate a dataset's remaining samples ``todo`` (in order) and ``write(sample, encoded, output)`` each, in
+    sample order: one at a time (:func:`kvbench.generation.generate`, the batch-1 path) when ``run.decode_batch``
+    resolves to 1, else :func:`run_batched`.  ``run.decode_batch`` is resolved once per run (``auto``: from the
+    first dataset that generates) into ``runner.resolved_decode_batch``."""
+    cfg = runner.cfg
+    if runner.resolved_decode_batch is None:
+        runner.resolved_decode_batch = resolve_decode_batch(
+            cfg.run.decode_batch, loaded.model, runner.method, runner.budget,
+            lambda: [len(encode(sample).input_ids) for sample in todo], int(dataset.max_new_tokens),
+        )  # fmt: skip
+    if runner.resolved_decode_batch > 1:
+        run_batched(runner, loaded, dataset, todo, encode, write, stops, progress)
+        return
+    for sample in progress:
+        encoded = encode(sample)
+        output = generate(
+            loaded.model,
+            loaded.tokenizer,
+            encoded.context_ids,
+            encoded.question_ids,
+            method=runner.method,
+            budget=runner.budget,
+            question_mode=str(cfg.task.question_mode),
+            max_new_tokens=int(dataset.max_new_tokens),
+            stop_token_ids=stops,
+            stop_strings=tuple(dataset.stop_strings),
+            min_new_tokens=int(dataset.min_new_tokens),
+            prefill_chunk=cfg.run.prefill_chunk,
+        )
+        write(sample, encoded, output)
 
 
 def run_batched(

@@ -42,7 +42,7 @@ import math
 import platform
 import sys
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +52,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from kvbench import __version__
 from kvbench.attention_paths import ATTENTION_RECORD, capability_summary
-from kvbench.batch_runner import resolve_decode_batch, run_batched
+from kvbench.batch_runner import generate_dataset
 from kvbench.errors import Interrupted, KVBenchError
-from kvbench.generation import generate, last_token_ids
+from kvbench.generation import last_token_ids
 from kvbench.models import LoadedModel, check_device_map, load_model, load_tokenizer, resolve_device, stop_token_ids
 from kvbench.prompting import encode_sample
 from kvbench.results import (
@@ -164,14 +164,6 @@ class Runner:
         self.attention_fallbacks: Counter[str] = Counter()
         #: ``run.decode_batch`` resolved for the device (``auto``), once the first dataset asked for it.
         self.resolved_decode_batch: int | None = None
-
-    def decode_batch(self, loaded: LoadedModel, prompt_lengths: Callable[[], list[int]], max_new: int) -> int:
-        """Samples decoded per forward (``run.decode_batch``; ``auto`` resolved once, from the first dataset run)."""
-        if self.resolved_decode_batch is None:
-            self.resolved_decode_batch = resolve_decode_batch(
-                self.cfg.run.decode_batch, loaded.model, self.method, self.budget, prompt_lengths, max_new
-            )
-        return self.resolved_decode_batch
 
     def run(self) -> list[DatasetResult]:
         """Execute the run; returns one result per dataset."""
@@ -354,29 +346,7 @@ class Runner:
                 timing_log.append({"id": sample.id, "prefill_s": output.prefill_s, "decode_s": output.decode_s})
                 done[sample.id] = row
 
-        def prompt_lengths() -> list[int]:
-            return [len(encode(sample).input_ids) for sample in todo]
-
-        if self.decode_batch(loaded, prompt_lengths, int(dataset.max_new_tokens)) == 1:
-            for sample in progress:
-                encoded = encode(sample)
-                output = generate(
-                    loaded.model,
-                    loaded.tokenizer,
-                    encoded.context_ids,
-                    encoded.question_ids,
-                    method=self.method,
-                    budget=self.budget,
-                    question_mode=str(cfg.task.question_mode),
-                    max_new_tokens=int(dataset.max_new_tokens),
-                    stop_token_ids=stops,
-                    stop_strings=tuple(dataset.stop_strings),
-                    min_new_tokens=int(dataset.min_new_tokens),
-                    prefill_chunk=cfg.run.prefill_chunk,
-                )
-                write(sample, encoded, output)
-        else:
-            run_batched(self, loaded, dataset, todo, encode, write, stops, progress)
+        generate_dataset(self, loaded, dataset, todo, encode, write, stops, progress)
         rows = [done[s.id] for s in samples]
         attention = ATTENTION_RECORD.summary()
         self.attention_fallbacks.update(attention["fallbacks"])
