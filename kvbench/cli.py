@@ -135,7 +135,7 @@ def run_job(cfg: DictConfig, demo: bool = False, overrides: Sequence[str] = ()) 
 
             run_demo(cfg, overrides)
         else:
-            from kvbench.runner import Runner
+            from kvbench.run.runner import Runner
 
             Runner(cfg, validated=validated).run()
 
@@ -163,7 +163,7 @@ def hydra_error_message(err: BaseException, overrides: Sequence[str] = ()) -> st
     if isinstance(err, MissingConfigException) and missing.startswith("hydra/launcher/submitit"):
         return (
             f"the SLURM launcher needs Hydra's submitit plugin ({missing} is not installed): pip install -e "
-            "'.[slurm]', or submit with scripts/sweep.py (plain sbatch arrays, no plugin)."
+            "'.[slurm]', or submit with scripts/slurm_sweep.py (plain sbatch arrays, no plugin)."
         )
     if isinstance(err, MissingConfigException) and err.missing_cfg_file and err.options:
         group, _, name = err.missing_cfg_file.rpartition("/")

@@ -37,7 +37,7 @@ import pandas as pd
 from matplotlib.lines import Line2D
 
 from kvbench.reporting.paper_refs import TABLES
-from kvbench.results import PREDICTIONS_FILE
+from kvbench.run.writers import PREDICTIONS_FILE
 from kvbench.tasks.needle_grid import plot_needle_heatmap
 
 _BUDGET_RE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>L|/layer|x)$")

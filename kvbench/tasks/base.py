@@ -165,9 +165,9 @@ class TaskDataset(ABC):
 
     def evaluate(self, runner: Any, loaded: Any, samples: Sequence[Sample]) -> Any:
         """The dataset's own evaluation loop, for a dataset that sets :attr:`evaluates_itself`: run ``samples``
-        with the runner's (:class:`kvbench.runner.Runner`) method and budget on the ``loaded`` model, write the
-        dataset's files (:func:`kvbench.run_results.write_metrics`) and return its
-        :class:`~kvbench.run_results.DatasetResult`."""
+        with the runner's (:class:`kvbench.run.runner.Runner`) method and budget on the ``loaded`` model, write the
+        dataset's files (:func:`kvbench.run.records.write_metrics`) and return its
+        :class:`~kvbench.run.records.DatasetResult`."""
         raise NotImplementedError(f"{type(self).__name__} does not evaluate itself (evaluates_itself is False)")
 
     def provenance(self) -> dict[str, dict[str, Any]]:
