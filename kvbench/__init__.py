@@ -9,7 +9,7 @@ tokenizer, :func:`press` a method onto your own ``model.generate`` calls, :func:
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from kvbench.version import __version__
 
 __all__ = ["Evaluation", "PressRecord", "__version__", "compose_config", "evaluate", "press"]
 

@@ -50,7 +50,7 @@ def compose_config(
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from kvbench.cli import hydra_error_message
+    from kvbench.hydra_errors import hydra_error_message
 
     register_configs()
     choices = [f"{group}={value}" for group, value in (("method", method), ("task", task)) if isinstance(value, str)]

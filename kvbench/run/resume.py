@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kvbench.errors import KVBenchError
 from kvbench.run.writers import CONFIG_FILE, RUN_META_FILE, config_differences, holds_results, read_json, same_run
-from kvbench.tasks.base import Sample
+from kvbench.sample import Sample
 
 
 def with_folder_extent(folder: Path, cfg: DictConfig) -> DictConfig:

@@ -50,7 +50,6 @@ import torch
 import transformers
 from omegaconf import DictConfig, OmegaConf
 
-from kvbench import __version__
 from kvbench.attention.paths import ATTENTION_RECORD, capability_summary
 from kvbench.errors import Interrupted, KVBenchError
 from kvbench.inference.generate import generate, last_token_ids
@@ -96,6 +95,7 @@ from kvbench.run.writers import (
 from kvbench.tasks.base import Sample, TaskDataset, build_task
 from kvbench.tasks.provenance import stand_in_warnings
 from kvbench.validation import ValidatedRun, check_samples, validate_run
+from kvbench.version import __version__
 
 LOG = logging.getLogger(__name__)
 

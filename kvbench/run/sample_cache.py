@@ -25,7 +25,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from kvbench.tasks.base import Sample
+from kvbench.sample import Sample
 
 FORMAT_VERSION = 1
 
