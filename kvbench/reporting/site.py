@@ -123,7 +123,7 @@ def run_records(runs: DashboardRuns) -> list[dict[str, Any]]:
 
 def site_data(runs: DashboardRuns, plotly_version: str) -> dict[str, Any]:
     """The page's embedded data: runs, leaderboards, needle grids, filter choices, build metadata."""
-    from kvbench import __version__
+    from kvbench.version import __version__
 
     records = run_records(runs)
     return {
