@@ -15,6 +15,7 @@ the dynamic plug-in discovery of ``kvbench.tasks.base`` (``importlib.import_modu
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 import kvbench
@@ -120,8 +121,10 @@ def imported_modules(tree: ast.AST, modules: set[str] | dict[str, Path]) -> set[
     return found
 
 
+@cache
 def import_graph() -> dict[str, set[str]]:
-    """Module -> the kvbench modules it imports (see the module docstring for what counts)."""
+    """Module -> the kvbench modules it imports (see the module docstring for what counts); parsed once per session,
+    callers must not modify it."""
     modules = module_files()
     graph = {}
     for name, path in modules.items():
