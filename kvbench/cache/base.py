@@ -2,7 +2,8 @@
 :mod:`kvbench.cache.paged`'s pages): the ragged per-head view returned by ``update``, the checked ``keep`` indices, and
 the logical-length layer base class.
 
-Imports flow one way: ``cache_base`` <- ``attention_ops`` <- ``paged`` <- ``cache`` <- ``attention``.
+Imports flow one way: ``cache.base`` <- ``attention.ops`` <- ``cache.paged`` <- ``cache.kv_cache`` <-
+``attention.function``.
 """
 
 from __future__ import annotations
