@@ -45,7 +45,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "kvbench.run.sample_cache",
         ),
     ),
-    ("kernels and metrics on plain tensors / strings", ("kvbench.kernels", "kvbench.metrics")),
+    (
+        "kernels, metrics and plots on plain tensors / strings / rows",
+        ("kvbench.kernels", "kvbench.metrics", "kvbench.reporting.needle_heatmap"),
+    ),
     ("cache, attention function, eviction methods", ("kvbench.cache", "kvbench.attention", "kvbench.methods")),
     ("models and prompts", ("kvbench.models", "kvbench.prompting")),
     ("tasks", ("kvbench.tasks",)),
@@ -236,6 +239,24 @@ def imports_up_the_layers(
             if own is not None and their is not None and their > own:
                 upward.append(f"{module} ({layers[own][0]}) -> {target} ({layers[their][0]})")
     return upward, unplaced
+
+
+#: (importer, imported) package pairs kept apart although the layers would allow the import: reporting reads run
+#: folders and the tasks' declarative data, never task code.
+KEPT_APART = [("kvbench.reporting", "kvbench.tasks")]
+
+
+def test_reporting_does_not_import_task_code() -> None:
+    graph = import_graph()
+    crossing = [
+        f"{module} -> {target}"
+        for importer, imported in KEPT_APART
+        for module, targets in sorted(graph.items())
+        if module.startswith(importer + ".")
+        for target in sorted(targets)
+        if target == imported or target.startswith(imported + ".")
+    ]
+    assert not crossing, "imports between packages kept apart: " + ", ".join(crossing)
 
 
 def test_layer_check_reports_an_import_up_the_layers() -> None:

@@ -122,7 +122,7 @@ class WandbLogger:
 
     def _needle_images(self, wandb: Any, extras: dict[str, Any]) -> dict[str, Any]:
         """``needle/<dataset>``: a W&B image of each needle grid (the PNG is written under the run's wandb/)."""
-        from kvbench.tasks.needle_grid import plot_needle_heatmap
+        from kvbench.reporting.needle_heatmap import plot_needle_heatmap
 
         images = {}
         for dataset, grid in (extras.get("needles") or {}).items():
