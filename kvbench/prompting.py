@@ -32,7 +32,7 @@ from transformers import PreTrainedTokenizerBase
 
 from kvbench.checks import check_choice
 from kvbench.errors import KVBenchError
-from kvbench.tasks.base import Sample
+from kvbench.sample import Sample
 
 TRUNCATION_MODES = ("middle", "none")
 #: BOS of a chat-templated prompt: ``single`` (the template carries its BOS; no second one is added, nor to a text

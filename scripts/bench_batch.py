@@ -6,13 +6,13 @@ For each model, ``--prompts`` distinct seeded random prompts of ``--length`` tok
 cache, recording every layer's queries, keys and values (``bench_decode.py``'s recorder); each (method, batch size)
 then replays the recording into ``B`` samples' own caches and sessions (what a one-shot prefill gives each method),
 and times ``--steps`` decoding steps of all ``B`` together: batch 1 is kvbench's batch-1 path
-(:func:`kvbench.prefill.forward_logits` over one cache), ``B > 1`` one :func:`kvbench.batch_decode.decode_step` over
-``B`` caches.  Every step is timed; the CSV has the medians.
+(:func:`kvbench.inference.prefill.forward_logits` over one cache), ``B > 1`` one
+:func:`kvbench.inference.batch.decode_step` over ``B`` caches.  Every step is timed; the CSV has the medians.
 
 * ``decode_tok_s`` = ``B / median step``, the step's CPU time (this process, all its threads): on a shared machine
   wall times follow the other jobs' load (the wall median is in ``step_wall_ms_median``);
-* ``prefill_s``: CPU seconds of one real compressed prefill (:func:`kvbench.prefill.prefill`) of the prompt with
-  the method, once per (model, method);
+* ``prefill_s``: CPU seconds of one real compressed prefill (:func:`kvbench.inference.prefill.prefill`) of the prompt
+  with the method, once per (model, method);
 * ``samples_s`` = ``B / (B * prefill_s + answer * median step)``: samples per second of a run whose samples all
   generate ``--answer`` tokens (LongBench-like: the median of LongBench's ``max_new_tokens`` is 64), prefilled one
   at a time and decoded ``B`` at a time.
@@ -22,7 +22,7 @@ Each row quotes the machine and the 1-minute load average before and after it (a
     OMP_NUM_THREADS=2 nice -n 5 python scripts/bench_batch.py --models tiny llama3.1-8b-2l \\
         --methods full snapkv ada_snapkv cake h2o --batches 1 2 4 8 16 32 --out docs/bench_batch/batch.csv
 
-Models: :mod:`kvbench.bench.models` architectures (``tiny`` in float32, ``-2l`` 2-layer slices in bfloat16, as
+Models: :mod:`kvbench.bench.random_models` architectures (``tiny`` in float32, ``-2l`` 2-layer slices in bfloat16, as
 ``bench_decode.py``).  ``--profile B`` prints a torch profiler table of one step at batch 1 and at batch ``B``.
 """
 
@@ -41,12 +41,12 @@ from typing import Any
 
 import torch
 
-from kvbench.batch_decode import decode_step
-from kvbench.bench.models import build_random_model, load_method
+from kvbench.bench.random_models import build_random_model, load_method
 from kvbench.budget import parse_budget
-from kvbench.cache import KVBenchCache
-from kvbench.eviction import EvictionSession
-from kvbench.prefill import build_cache, forward_logits, prefill
+from kvbench.cache.kv_cache import KVBenchCache
+from kvbench.inference.batch import decode_step
+from kvbench.inference.eviction import EvictionSession
+from kvbench.inference.prefill import build_cache, forward_logits, prefill
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_decode import PrefillRecorder, _LayerIndex

@@ -22,14 +22,19 @@ import torch
 from transformers import LlamaConfig
 
 import kvbench.attention  # noqa: F401  (registers the "kvbench" attention)
-from kvbench.batch_cache import BatchedCache
-from kvbench.batch_decode import DecodeRequest, ReorderBuffer, generate_batched
-from kvbench.batch_runner import auto_decode_batch, resolve_decode_batch
-from kvbench.bench.models import load_method
+from kvbench.bench.random_models import load_method
 from kvbench.budget import parse_budget
-from kvbench.generation import generate
-from kvbench.models import build_builtin
-from kvbench.prefill import forward_logits, prefill
+from kvbench.cache.batched import BatchedCache
+from kvbench.inference.batch import (
+    DecodeRequest,
+    ReorderBuffer,
+    auto_decode_batch,
+    generate_batched,
+    resolve_decode_batch,
+)
+from kvbench.inference.generate import generate
+from kvbench.inference.prefill import forward_logits, prefill
+from kvbench.models.loading import build_builtin
 
 REPO = Path(__file__).resolve().parent.parent
 #: One method per family, with decode-time policies (H2O accumulation, TOVA, StreamingLLM, CAKE, AhaKV).
@@ -109,10 +114,10 @@ def test_batched_equals_batch_one_on_a_real_tokenizer_architecture(name: str) ->
 
 
 def test_trained_tiny_model_batched_equals_batch_one() -> None:
-    """The embedded default model (models/tiny-niah), a real prompt of its task, a decode-time policy."""
+    """The embedded default model (models/tiny-niah), with a decode-time policy."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from kvbench.tiny_model import DEFAULT_MODEL_DIR
+    from kvbench.models.tiny import DEFAULT_MODEL_DIR
 
     model = AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL_DIR, attn_implementation="kvbench").eval()
     tokenizer = AutoTokenizer.from_pretrained(DEFAULT_MODEL_DIR)
@@ -212,7 +217,7 @@ def test_a_batched_run_is_its_own_run_and_batch_one_keeps_old_hashes() -> None:
     value is part of it, so a batch-1 folder refuses a batched run (GPU products may round differently)."""
     from omegaconf import OmegaConf
 
-    from kvbench.results import config_hash
+    from kvbench.run.writers import config_hash
 
     base = OmegaConf.create({"model": {"name": "tiny"}, "run": {"output_root": "x"}})
     at_one = OmegaConf.merge(base, {"run": {"decode_batch": 1}})

@@ -1,0 +1,176 @@
+"""Prefill with eviction (:func:`kvbench.inference.prefill.prefill`), then greedy decoding, for one sample (batch size
+1).
+
+Explicit ``position_ids`` everywhere: after eviction the cache holds fewer tokens than were seen, so positions
+come from the count of tokens fed, never from the cache length.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from kvbench.budget import Budget
+from kvbench.inference.eviction import CacheRecord
+from kvbench.inference.prefill import (  # noqa: F401  (re-exported: the runner's names for the prefill's parts)
+    CPU_CHUNK_PAIRS,
+    CPU_PREFILL_CHUNK,
+    build_cache,
+    forward_logits,
+    prefill,
+    resolve_prefill_chunk,
+)
+from kvbench.methods.base import EvictionMethod
+from kvbench.models.loading import input_device, model_devices
+
+
+@dataclass
+class GenerationOutput:
+    """Result of one greedy generation."""
+
+    token_ids: list[int]
+    text: str
+    record: CacheRecord
+    prefill_s: float
+    decode_s: float
+    stop_reason: str
+
+
+@torch.inference_mode()
+def generate(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    context_ids: list[int],
+    question_ids: list[int],
+    *,
+    method: EvictionMethod,
+    budget: Budget,
+    question_mode: str,
+    max_new_tokens: int,
+    stop_token_ids: set[int],
+    stop_strings: tuple[str, ...] = (),
+    min_new_tokens: int = 0,
+    prefill_chunk: int | None = None,
+) -> GenerationOutput:
+    """Greedy generation with ``method`` applied at ``budget``.
+
+    ``aware``: the whole prompt (context + question) is prefilled and compressed.  ``agnostic``: only the context
+    is prefilled and compressed, then the question is fed on top of the compressed cache.  Stop tokens and stop
+    strings are ignored for the first ``min_new_tokens`` tokens (LongBench's ``min_length`` for samsum: the stop
+    tokens' logits are masked, so the model picks another token).  A stop token ends the output and is part of it
+    (as in ``generate()``); the text is decoded with ``skip_special_tokens=True``.
+    ``prefill_chunk``: tokens per forward of the compressed prefill (:func:`resolve_prefill_chunk`).
+    """
+    devices = model_devices(model)
+    state = prefill(
+        model,
+        context_ids,
+        question_ids,
+        method=method,
+        budget=budget,
+        question_mode=question_mode,
+        prefill_chunk=prefill_chunk,
+    )
+    cache, session, position, logits = state.cache, state.session, state.position, state.logits
+    device = input_device(model)
+    session.begin_decode()
+    _sync(devices)
+    prefill_s = time.perf_counter() - state.started
+
+    start = time.perf_counter()
+    stream = GreedyStream(tokenizer, max_new_tokens, stop_token_ids, stop_strings, min_new_tokens)
+    while not stream.done:
+        next_id = stream.push(logits)
+        if stream.done:
+            break
+        logits = forward_logits(model, [next_id], position, cache, session, device)[-1]
+        position += 1
+    _sync(devices)
+    decode_s = time.perf_counter() - start
+    record = session.finish()
+    return GenerationOutput(stream.generated, stream.text(), record, prefill_s, decode_s, stream.stop_reason)
+
+
+class GreedyStream:
+    """One sample's greedy choice and stop rules, step by step: shared by :func:`generate` (batch 1) and the batched
+    decoder (:mod:`kvbench.inference.batch`), so both stop alike.
+
+    Stop tokens and stop strings are ignored for the first ``min_new_tokens`` tokens (LongBench's ``min_length`` for
+    samsum: the stop tokens' logits are masked, so the model picks another token).  A stop token ends the output and
+    is part of it (as in ``generate()``); the text is decoded with ``skip_special_tokens=True`` and cut before a stop
+    string.
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        max_new_tokens: int,
+        stop_token_ids: set[int],
+        stop_strings: tuple[str, ...] = (),
+        min_new_tokens: int = 0,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.max_new_tokens = max_new_tokens
+        self.stop_token_ids = stop_token_ids
+        self.stop_strings = stop_strings
+        self.min_new_tokens = min_new_tokens
+        self.generated: list[int] = []
+        self.stop_reason = "max_new_tokens"
+        #: Whether the output is complete (no more forwards for this sample).
+        self.done = max_new_tokens <= 0
+
+    def push(self, logits: torch.Tensor) -> int:
+        """Choose the next token from ``logits`` ``[vocab]`` (the last fed position's), append it and apply the stop
+        rules; returns the token (to feed next unless :attr:`done`)."""
+        step = len(self.generated)
+        if step < self.min_new_tokens and self.stop_token_ids:
+            # Like transformers' MinNewTokensLengthLogitsProcessor: stop tokens cannot be chosen yet.
+            logits = logits.clone()
+            logits[list(self.stop_token_ids)] = float("-inf")
+        next_id = int(torch.argmax(logits))
+        self.generated.append(next_id)
+        if next_id in self.stop_token_ids:
+            # Kept in the output like transformers' generate(); decoding skips it when it is a special token, so a
+            # newline stop (LongBench samsum) stays in the text as in the official predictions.
+            self.stop_reason = "stop_token"
+            self.done = True
+        elif (
+            self.stop_strings
+            and step + 1 > self.min_new_tokens
+            and any(s in self.tokenizer.decode(self.generated, skip_special_tokens=True) for s in self.stop_strings)
+        ):
+            self.stop_reason = "stop_string"
+            self.done = True
+        elif step + 1 == self.max_new_tokens:
+            self.done = True
+        return next_id
+
+    def text(self) -> str:
+        """The output text (special tokens skipped; cut before the first stop string when one stopped it)."""
+        text = self.tokenizer.decode(self.generated, skip_special_tokens=True)
+        if self.stop_reason == "stop_string":
+            # Like an eos, the stop string ends the output and is not part of it.
+            text = text[: min(text.find(s) for s in self.stop_strings if s in text)]
+        return text
+
+
+def last_token_ids(tokenizer: PreTrainedTokenizerBase, texts: tuple[str, ...] | list[str]) -> set[int]:
+    """Id of the last token of each text (LongBench pred.py's ``tokenizer.encode("\\n", add_special_tokens=False)[-1]``:
+    the newline piece, e.g. 13 for Llama-2/Mistral SentencePiece, 198 for Llama-3 and Qwen2)."""
+    ids = set()
+    for text in texts:
+        encoded = tokenizer.encode(text, add_special_tokens=False)
+        if not encoded:
+            raise ValueError(f"stop text {text!r} encodes to no token")
+        ids.add(int(encoded[-1]))
+    return ids
+
+
+def _sync(devices: set[torch.device]) -> None:
+    """Wait for every CUDA device the model computes on (timings)."""
+    for device in devices:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
