@@ -37,8 +37,10 @@ from kvbench.inference.prefill import forward_logits, prefill
 from kvbench.models.loading import build_builtin
 
 REPO = Path(__file__).resolve().parent.parent
-#: One method per family, with decode-time policies (H2O accumulation, TOVA, StreamingLLM, CAKE, AhaKV).
-FAMILIES = ["full", "snapkv", "ada_snapkv", "pyramidkv", "cake", "xkv", "nacl", "h2o", "tova", "streamingllm", "ahakv"]
+#: One method per family, with decode-time policies (H2O accumulation, TOVA, StreamingLLM, CAKE, AhaKV) and a
+#: stateful allocator (XKV's sampled mode: the first sample calibrates, the others reuse its allocation).
+FAMILIES = ["full", "snapkv", "ada_snapkv", "pyramidkv", "cake", "xkv", "xkv_sampled", "nacl", "h2o", "tova",
+            "streamingllm", "ahakv"]  # fmt: skip
 
 
 def _model(name: str):
@@ -66,14 +68,17 @@ def _requests(vocab: int, count: int, stops: set[int], seed: int = 1, **rules) -
 def _compare(model, tokenizer, name: str, requests: list[DecodeRequest], batch: int, question_mode: str) -> None:
     """Batch ``batch`` equals one-at-a-time generation: tokens, text, stop reason and the whole cache record."""
     budget = parse_budget("16L")
+    methods = [load_method(name), load_method(name)]  # one per mode, shared by its samples as in the runner
+    for method in methods:  # stateful allocators (XKV's sampled mode) calibrate on the first samples of a task
+        method.layer_allocator.begin_task("compare", len(requests))
     alone = [
-        generate(model, tokenizer, r.context_ids, r.question_ids, method=load_method(name), budget=budget,
+        generate(model, tokenizer, r.context_ids, r.question_ids, method=methods[0], budget=budget,
                  question_mode=question_mode, max_new_tokens=r.max_new_tokens, stop_token_ids=r.stop_token_ids,
                  stop_strings=r.stop_strings, min_new_tokens=r.min_new_tokens)
         for r in requests
     ]  # fmt: skip
     batched = dict(
-        generate_batched(model, tokenizer, requests, method=load_method(name), budget=budget,
+        generate_batched(model, tokenizer, requests, method=methods[1], budget=budget,
                          question_mode=question_mode, decode_batch=batch)
     )  # fmt: skip
     assert sorted(batched) == list(range(len(requests)))
