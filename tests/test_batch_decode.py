@@ -228,3 +228,17 @@ def test_a_batched_run_is_its_own_run_and_batch_one_keeps_old_hashes() -> None:
     at_one = OmegaConf.merge(base, {"run": {"decode_batch": 1}})
     at_four = OmegaConf.merge(base, {"run": {"decode_batch": 4}})
     assert config_hash(at_one) == config_hash(base) != config_hash(at_four)
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3", "gpt_oss", "mistral_sliding", "qwen2_hybrid"])
+def test_batched_equals_batch_one_on_sliding_window_and_hybrid_models(arch: str) -> None:
+    """Sliding-window layers (held in their windows), soft-capping (Gemma-2), sinks and MoE (gpt-oss), hybrid layouts
+    (Qwen2): each row of a batched step uses its own sample's window and positions."""
+    from test_sliding_models import CONFIGS
+    from transformers import AutoModelForCausalLM
+
+    from kvbench.models.loading import byte_level_tokenizer
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(CONFIGS[arch](), attn_implementation="kvbench").eval()
+    _compare(model, byte_level_tokenizer(), "h2o", _requests(128, 3, stops={2}), 3, "aware")
