@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -56,7 +56,9 @@ def auto_decode_batch(
     """Samples that fit ``free_bytes`` once the longest prompt's prefill is accounted for.
 
     Each decoding sample holds its compressed cache plus ``max_new_tokens`` per stored head and layer; the prefill of
-    the longest prompt (made while the others wait) holds its full cache and one layer's activations.  The result is
+    the longest prompt (made while the others wait) holds its whole cache before eviction and about one layer's
+    activations (hidden states and MLP intermediates over the prompt).  An estimate, not a measurement: it has not
+    been checked on a GPU.  The result is
     in ``1 .. MAX_AUTO_BATCH``.
     """
     config = model_config.get_text_config(decoder=True)
@@ -69,7 +71,7 @@ def auto_decode_batch(
     kept = longest_prompt if budget.is_full else min(longest_prompt, budget.mean_per_layer(longest_prompt))
     per_sample = layers * stored * (kept + max_new_tokens) * token_bytes
     activations = longest_prompt * (int(config.hidden_size) * 4 + int(config.intermediate_size) * 3) * itemsize
-    prefill = layers * kv_heads * longest_prompt * token_bytes + activations
+    prefill = layers * stored * longest_prompt * token_bytes + activations  # its whole cache before eviction
     usable = free_bytes * (1 - AUTO_MEMORY_MARGIN) - prefill
     return max(1, min(MAX_AUTO_BATCH, int(usable // max(per_sample, 1))))
 
@@ -121,7 +123,6 @@ class _Slot:
     prefill_s: float
     allocator_state: Any
     decode_s: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def output(self) -> GenerationOutput:
         record = self.session.finish()
