@@ -242,3 +242,29 @@ def test_batched_equals_batch_one_on_sliding_window_and_hybrid_models(arch: str)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(CONFIGS[arch](), attn_implementation="kvbench").eval()
     _compare(model, byte_level_tokenizer(), "h2o", _requests(128, 3, stops={2}), 3, "aware")
+
+
+@pytest.mark.parametrize("method", ["snapkv", "h2o"])
+def test_runner_on_a_real_tokenizer_architecture_batched_equals_batch_one(tmp_path: Path, method: str) -> None:
+    """``python run.py model=random-llama3.1 task=longbench ... run.decode_batch=3`` (the runner, in process):
+    Llama-3.1's tokenizer and chat template, LongBench's prompts (fixtures) and stop rules (samsum: the newline stop),
+    the same predictions.jsonl as ``run.decode_batch=1``, byte for byte."""
+    from hydra import compose, initialize_config_dir
+
+    from kvbench.config import register_configs
+    from kvbench.run.runner import Runner
+
+    register_configs()
+    files = {}
+    for batch in (1, 3):
+        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+            cfg = compose("config", overrides=[
+                "model=random-llama3.1", f"method={method}", "budget=64L", "task=longbench", "task.data_dir=fixtures",
+                "task.datasets=[samsum,qasper]", "task.num_samples=3", "task.options.max_new_tokens=12",
+                f"run.decode_batch={batch}", f"run.output_root={tmp_path / str(batch)}", "run.progress=false",
+                "run.print_table=false",
+            ])  # fmt: skip
+        runner = Runner(cfg)
+        runner.run()
+        files[batch] = {p.parent.name: p.read_bytes() for p in sorted(runner.folder.rglob("predictions.jsonl"))}
+    assert sorted(files[1]) == ["qasper", "samsum"] and files[1] == files[3]
