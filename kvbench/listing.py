@@ -174,54 +174,10 @@ def list_methods() -> str:
 
 
 # ---------------------------------------------------------------------------------------------------- tasks
-def _longbench_datasets(task: dict[str, Any]) -> list[str]:
-    from kvbench.tasks.longbench import dataset_names
-
-    return dataset_names(task["kind"])
-
-
-def _ruler_datasets(task: dict[str, Any]) -> list[str]:
-    from kvbench.tasks.ruler import TASKS
-
-    return list(TASKS)
-
-
-def _needlebench_datasets(task: dict[str, Any]) -> list[str]:
-    from kvbench.tasks.needlebench import GROUPS, LANGUAGES
-
-    languages = [task["language"]] if task["language"] else list(LANGUAGES)
-    return [f"{group}_{language}" for group in GROUPS for language in languages]
-
-
-def _needle_grid_datasets(task: dict[str, Any]) -> list[str]:
-    from kvbench.tasks.needle_grid import NeedleGridDataset
-
-    return [NeedleGridDataset.name]
-
-
-def _tiny_niah_datasets(task: dict[str, Any]) -> list[str]:
-    from kvbench.tasks.tiny_niah import DEFAULT_LENGTHS, VARIANTS, dataset_name
-
-    lengths = task["lengths"] or ([task["length"]] if task["length"] else list(DEFAULT_LENGTHS))
-    return [dataset_name(variant, int(length)) for length in lengths for variant in VARIANTS]
-
-
-#: How each built-in task kind names its datasets for a preset's settings (defaults: all of them).
-TASK_DATASETS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
-    "longbench": _longbench_datasets,
-    "longbench_full": _longbench_datasets,
-    "longbench_e": _longbench_datasets,
-    "ruler": _ruler_datasets,
-    "needlebench": _needlebench_datasets,
-    "needle_grid": _needle_grid_datasets,
-    "tiny_niah": _tiny_niah_datasets,
-}
-
-
 def list_tasks() -> str:
     """Task presets: kind, datasets, settings and options."""
     from kvbench.config import TaskConfig
-    from kvbench.tasks.base import task_kinds
+    from kvbench.tasks.base import TASK_KINDS, task_kinds
 
     defaults = _raw(OmegaConf.structured(TaskConfig))
     lines = [
@@ -231,8 +187,9 @@ def list_tasks() -> str:
     for name, node in presets("task").items():
         data = _raw(node)
         selected = data["datasets"]
-        if selected is None and data["kind"] in TASK_DATASETS:
-            datasets = TASK_DATASETS[data["kind"]](data)
+        kind = TASK_KINDS.as_dict().get(data["kind"])
+        if selected is None and kind is not None and kind.dataset_names is not None:
+            datasets = kind.dataset_names(data)
         else:
             datasets = selected or []
         changed = [key for key in defaults if key not in _TASK_SKIP and data[key] != defaults[key]]

@@ -361,7 +361,14 @@ class NeedleBenchDataset(TaskDataset):
         return result
 
 
-@register_task("needlebench")
+def _dataset_names(task: Any) -> list[str]:
+    """The datasets a NeedleBench config runs (:data:`~kvbench.tasks.base.DatasetNames`): each group in
+    ``task.language``, or in both languages when it is null."""
+    languages = [task["language"]] if task["language"] else list(LANGUAGES)
+    return [f"{group}_{language}" for group in GROUPS for language in languages]
+
+
+@register_task("needlebench", dataset_names=_dataset_names)
 def build_needlebench(task_cfg: Any, tokenizer: Any, chat_template: bool = False) -> list[TaskDataset]:
     """Builder: datasets ``{single_retrieval,multi_retrieval,multi_reasoning}_{en,zh}`` (``task.language`` keeps one
     language; ``task.lengths`` / ``task.depths`` override the size's context lengths / depths)."""

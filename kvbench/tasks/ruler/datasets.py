@@ -158,7 +158,12 @@ class RulerDataset(TaskDataset):
         return {"score": fn(predictions, refs), "nulls": float(sum(not p.strip() for p in predictions))}
 
 
-@register_task("ruler")
+def _dataset_names(task: Any) -> list[str]:
+    """The RULER tasks a config can select (:data:`~kvbench.tasks.base.DatasetNames`): all 13, whatever the length."""
+    return list(TASKS)
+
+
+@register_task("ruler", dataset_names=_dataset_names)
 def build_ruler(task_cfg: Any, tokenizer: Any, chat_template: bool = False) -> list[TaskDataset]:
     """Builder: one dataset per selected task (``task.datasets``) and length (``task.lengths`` or ``task.length``).
 
