@@ -145,11 +145,44 @@ def test_presets_keep_budgets_exactly_per_layer(tiny_llama, name: str) -> None:
         assert record.requested_per_layer[0] > record.requested_per_layer[-1]
 
 
-@pytest.mark.parametrize(("experiment", "alpha"), [("adakv_early_t1", 0.5), ("adakv_late_t2", 0.2)])
-def test_paper_version_alpha_follows_the_experiment_tag(experiment: str, alpha: float) -> None:
+def _compose(*overrides: str):
     register_configs()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=[f"+experiment={experiment}", "method=ada_snapkv", "model=tiny"])
-    method = build_method(cfg.method)
-    assert method.settings["alpha"] == alpha
-    assert isinstance(method.head_allocator, AdaHeadAllocator) and method.head_allocator.uniform_share == alpha
+        return compose("config", overrides=["model=tiny", *overrides])
+
+
+ADAKV_EXPERIMENTS = sorted(path.stem for path in (CONF / "experiment").glob("adakv_*.yaml"))
+
+
+@pytest.mark.parametrize("experiment", ADAKV_EXPERIMENTS)
+def test_each_adakv_experiment_runs_its_paper_version(experiment: str) -> None:
+    """The presets an experiment sweeps set the paper version its name says, under the method names of the
+    paper's tables; the alpha the method builds with follows it (early 0.5, late 0.2)."""
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        swept = compose("config", overrides=[f"+experiment={experiment}"], return_hydra_config=True)
+    presets = [name for name in str(swept.hydra.sweeper.params.method).split(",") if name.startswith("ada_")]
+    version = "early" if experiment.startswith("adakv_early") else "late"
+    assert presets or experiment.endswith("_full")
+    for preset in presets:
+        cfg = _compose(f"+experiment={experiment}", f"method={preset}")
+        assert cfg.method.params.paper_version == version and cfg.method.name in ("ada_snapkv", "ada_pyramidkv")
+        method = build_method(cfg.method)
+        alpha = {"early": 0.5, "late": 0.2}[version]
+        assert method.settings["alpha"] == alpha
+        assert isinstance(method.head_allocator, AdaHeadAllocator) and method.head_allocator.uniform_share == alpha
+
+
+@pytest.mark.parametrize("preset", ["ada_snapkv", "ada_pyramidkv"])
+def test_run_tag_no_longer_picks_the_paper_version(preset: str) -> None:
+    """A run tag naming the early paper changes the results folder, not the method (it used to switch alpha)."""
+    tagged = build_method(_compose(f"method={preset}", "run.tag=adakv_early").method)
+    explicit = build_method(_compose(f"method={preset}", "method.params.paper_version=early").method)
+    assert tagged.settings["alpha"] == 0.2 and explicit.settings["alpha"] == 0.5
+
+
+def test_paper_version_is_a_validated_ada_kv_knob() -> None:
+    with pytest.raises(ValueError, match=r"paper_version='v3' is not valid; valid: early, late"):
+        build_method(_compose("method=ada_snapkv", "method.params.paper_version=v3").method)
+    with pytest.raises(ValueError, match=r"paper_version.*valid keys"):
+        build_method(_compose("method=snapkv", "+method.params.paper_version=early").method)
