@@ -320,8 +320,7 @@ class Validation:
         from kvbench.bench.models import load_method
         from kvbench.budget import parse_budget
         from kvbench.cache import KVBenchCache
-        from kvbench.eviction import EvictionSession
-        from kvbench.generation import forward_logits
+        from kvbench.prefill import forward_logits, prefill
 
         context, question, steps = (300, 16, 8) if self.args.small else (8192, 32, 32)
         budget = "64L" if self.args.small else "1024L"
@@ -335,16 +334,19 @@ class Validation:
             with self.unit(self.rows["parity"], row) as result, torch.inference_mode():
                 if result["skip"]:
                     continue
-                cache = KVBenchCache(int(config.num_hidden_layers), backend=backend, page_size=page)
-                session = EvictionSession(load_method("snapkv", arch), parse_budget(budget), cache)
-                session.begin_prefill(context)
-                forward_logits(model, ids[:context], 0, cache, session, self.device)
-                session.begin_append()
-                logits = [forward_logits(model, ids[context : context + question], context, cache, session,
-                                         self.device)[-1]]  # fmt: skip
-                session.begin_decode()
+                # The context in one forward, compressed, then the question on top (question-agnostic).
+                state = prefill(
+                    model, ids[:context], ids[context : context + question], method=load_method("snapkv", arch),
+                    budget=parse_budget(budget), question_mode="agnostic", prefill_chunk=0,
+                    cache=KVBenchCache(int(config.num_hidden_layers), backend=backend, page_size=page),
+                )  # fmt: skip
+                assert state.logits is not None
+                logits = [state.logits]
+                state.session.begin_decode()
                 for step in range(context + question, context + question + steps):
-                    logits.append(forward_logits(model, ids[step : step + 1], step, cache, session, self.device)[-1])
+                    logits.append(
+                        forward_logits(model, ids[step : step + 1], step, state.cache, state.session, self.device)[-1]
+                    )
                 stacked = torch.stack(logits).float().cpu()
                 result["finite"] = bool(torch.isfinite(stacked).all())
                 if reference is None:

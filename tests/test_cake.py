@@ -12,12 +12,12 @@ from test_methods import _Layer, _run, method_from_yaml
 from kvbench.budget import parse_budget
 from kvbench.cache import KVBenchCache
 from kvbench.eviction import EvictionSession
-from kvbench.generation import build_cache, forward_logits
 from kvbench.kernels.reference import stats_of_probs
 from kvbench.methods.base import StaticLayerAllocator, WindowObservation
 from kvbench.methods.cake import CakeScorer, layer_preference, resolve_tau, split_pool_monotone
 from kvbench.methods.scoring import ScoreOptions, window_attention
 from kvbench.models import build_builtin
+from kvbench.prefill import prefill
 
 
 def test_layer_preference_matches_eq6() -> None:
@@ -177,13 +177,9 @@ def tiny_llama():
 
 
 def _prefill_model(model, method, budget: str, ids: list[int]):
-    cache = build_cache(model, method)
-    session = EvictionSession(method, parse_budget(budget), cache)
-    session.begin_prefill(len(ids))
     with torch.no_grad():
-        forward_logits(model, ids, 0, cache, session, next(model.parameters()).device)
-    record = session.finish()
-    return cache, record
+        state = prefill(model, ids, method=method, budget=parse_budget(budget))
+    return state.cache, state.session.finish()
 
 
 @pytest.mark.parametrize("budget", ["48L", "96L"])
