@@ -196,7 +196,7 @@ def test_selection_matches_the_reference_code(seed, kv_heads, groups, granularit
     expand = groups if granularity == "query_head" else 1
     cache, session = _run_session(method, budget, [(keys, queries)], expand=expand, prompt_ids=list(range(length)))
     kept = _kept(cache)
-    tiers = session._scores[0]  # per head, the scorer's tiers of the kept tokens: 3 protected, 2 proxy, 1 drawn
+    tiers = session.kept_scores(0)  # per head, the scorer's tiers of the kept tokens: 3 protected, 2 proxy, 1 drawn
 
     parsed = parse_budget(budget)
     split = split_budget(parsed.mean_per_layer(length), 0.01, 0.12, 0.07, sink_tokens=4)

@@ -182,7 +182,7 @@ def _observation_with(probs: torch.Tensor, num_heads: int) -> WindowObservation:
     num_q, window, length = probs.shape
     observation = WindowObservation(0, 1, torch.zeros(num_q, window, 4), torch.zeros(num_heads, length, 4),
                                     torch.zeros(num_heads, length, 4), 0.5)  # fmt: skip
-    observation._stats[None] = stats_of_probs(probs)
+    observation.use_window_stats(stats_of_probs(probs))
     return observation
 
 
