@@ -81,7 +81,7 @@ def test_cwe_pool_is_the_sorted_words_shuffled_by_the_seed():
     inputs = generator.inputs
     expected = sorted(set(inputs.words["nouns"] + inputs.words["adjectives"] + inputs.words["verbs"]))
     random.Random(42).shuffle(expected)
-    assert generator._cwe_pool(40) == expected
+    assert generator.cwe_pool(40) == expected
 
 
 def test_cwe_pool_beyond_the_word_lists_is_rulers_english_words(tmp_path):
@@ -89,7 +89,7 @@ def test_cwe_pool_beyond_the_word_lists_is_rulers_english_words(tmp_path):
     (tmp_path / "json" / "english_words.json").write_text(json.dumps({"a": "alpha", "b": "beta", "c": "gamma"}))
     generator = RulerGenerator(TASKS["cwe"], 4096, TextTokenizer(None), 42, 0, RulerInputs(tmp_path))
     # RULER: random.sample(randle_words, n) with randle_words = list(json.load(f).values()) once n > len(words)
-    assert generator._cwe_pool(10**6) == ["alpha", "beta", "gamma"]
+    assert generator.cwe_pool(10**6) == ["alpha", "beta", "gamma"]
     assert "english_words" in generator.inputs.used_by(TASKS["cwe"])
 
 
@@ -98,7 +98,7 @@ def test_cwe_pool_beyond_the_word_lists_is_rulers_english_words(tmp_path):
 
 def test_vt_names_from_random_values_from_numpy():
     generator = _generator("vt")
-    names, chains = generator._chains(is_icl=False)
+    names, chains = generator.chains(is_icl=False)
     rng = random.Random(42)
     expected_names = ["".join(rng.choices(string.ascii_uppercase, k=5)) for _ in range(5)]
     value = np.random.RandomState(42).randint(10000, 99999)
@@ -115,7 +115,7 @@ def test_vt_example_is_randomised_by_string_replacement():
     for name in ["ABC", "ABD", "ABE", "ABF", "ABG"]:
         out = out.replace(name, "".join(rng.choices(string.ascii_uppercase, k=3)))
     out = out.replace("12345", str(np.random.RandomState(42).randint(10000, 99999)))
-    assert generator._randomized_icl(example) == out
+    assert generator.randomized_icl(example) == out
 
 
 def test_vt_example_precedes_the_instruction_inside_the_template(tokenizer):

@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).resolve().parent
 #: Source files whose code generates the samples (their hash is part of the sample-cache key).
-_GENERATOR_SOURCES = (*sorted(_HERE.glob("*.py")), _HERE.parent / "text_inputs.py", _HERE.parent / "base.py")
+GENERATOR_SOURCES = (*sorted(_HERE.glob("*.py")), _HERE.parent / "text_inputs.py", _HERE.parent / "base.py")
 
 
 # ---- dataset ----------------------------------------------------------------------------------------------------
@@ -146,7 +146,7 @@ class NeedleBenchDataset(TaskDataset):
             "generator_version": GENERATOR_VERSION,
             "tokenizer": tokenizer_fingerprint(self.tok.tokenizer),
             "inputs": {name: record.get("sha256") for name, record in self.provenance().items()},
-            "code": source_fingerprint(_GENERATOR_SOURCES),
+            "code": source_fingerprint(GENERATOR_SOURCES),
         }
 
     # -- generation --

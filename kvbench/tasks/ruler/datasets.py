@@ -33,7 +33,7 @@ class RulerGenerator(
 ANSWER_PREFIX_MODES = ("assistant", "user")
 #: Source files whose code generates the samples (their hash is part of the sample-cache key).
 _HERE = Path(__file__).resolve().parent
-_GENERATOR_SOURCES = (
+GENERATOR_SOURCES = (
     *sorted(_HERE.glob("*.py")),
     _HERE.parent / "text_inputs.py",
     _HERE.parent / "base.py",
@@ -111,7 +111,7 @@ class RulerDataset(TaskDataset):
             "generator_version": GENERATOR_VERSION,
             "tokenizer": tokenizer_fingerprint(self.tok.tokenizer),
             "inputs": {name: record.get("sha256", record.get("by")) for name, record in self.provenance().items()},
-            "code": source_fingerprint(_GENERATOR_SOURCES),
+            "code": source_fingerprint(GENERATOR_SOURCES),
         }
 
     def samples(self) -> list[Sample]:
