@@ -90,7 +90,7 @@ def _interpolation(value: str) -> str | None:
     key = (select or reference).group(1).strip()  # type: ignore[union-attr]
     found = OmegaConf.select(_default_root(), key, default=_ABSENT)
     fallback = select.group(2).strip() or "null" if select else None
-    resolved = _value(fallback if found is _ABSENT else found)
+    resolved = value_text(fallback if found is _ABSENT else found)
     absent = f"; {fallback} where no {key} exists" if fallback is not None else ""
     return f"{resolved} (follows {key}{absent})"
 
@@ -110,7 +110,7 @@ def _default_root() -> DictConfig:
         return compose(config_name="config")
 
 
-def _value(value: Any) -> str:
+def value_text(value: Any) -> str:
     """A config value as it would be written on the command line (``null``, ``true``, ``[a, b]``); an interpolation
     as its default and the setting it follows (:func:`_interpolation`)."""
     if isinstance(value, str) and value.startswith("${"):
@@ -123,7 +123,7 @@ def _value(value: Any) -> str:
 
 
 def _pairs(node: dict[str, Any], keys: Sequence[str]) -> str:
-    return " ".join(f"{key}={_value(node[key])}" for key in keys)
+    return " ".join(f"{key}={value_text(node[key])}" for key in keys)
 
 
 def _raw(node: DictConfig) -> dict[str, Any]:

@@ -664,13 +664,13 @@ def test_kvbench_list_bad_target(capsys, argv: list[str], expected: list[str]) -
 
 def test_kvbench_list_methods_resolves_interpolations() -> None:
     """What an interpolated parameter is in a default run, and what it follows -- never ``${oc.select:...}``."""
-    from kvbench.listing import _value
+    from kvbench.listing import value_text
 
     params = OmegaConf.load(CONF / "method" / "cake.yaml").params
-    shown = _value(OmegaConf.to_container(params, resolve=False)["model"])
+    shown = value_text(OmegaConf.to_container(params, resolve=False)["model"])
     assert shown == "tiny (follows model.name; null where no model.name exists)"
-    assert _value("${oc.select:run.tag,adakv_late}") == "null (follows run.tag; adakv_late where no run.tag exists)"
-    assert _value("${oc.select:model.name,null}") == "tiny (follows model.name; null where no model.name exists)"
+    assert value_text("${oc.select:run.tag,adakv_late}") == "null (follows run.tag; adakv_late where no run.tag exists)"
+    assert value_text("${oc.select:model.name,null}") == "tiny (follows model.name; null where no model.name exists)"
 
 
 # ---------------------------------------------------------------------------------------------------- lm-eval bridge

@@ -238,7 +238,7 @@ def test_paper_panel_overlays_the_printed_values(comparisons):
     part.loc[(part["method"] == "h2o") & (part["budget"] != "128L"), "ours"] = float("nan")  # H2O ran one budget
     fig, ax = plt.subplots()
     methods = [m for m in dict.fromkeys(part["method"]) if m != "full"]
-    plots.draw_paper_panel(ax, part, plots._colours(methods))
+    plots.draw_paper_panel(ax, part, plots.method_colours(methods))
     lines = ax.get_lines()
     ours = [ln for ln in lines if ln.get_linestyle() == "-" and ln.get_marker() == "o"]
     paper = [ln for ln in lines if ln.get_linestyle() == "--" and ln.get_marker() == "o"]
