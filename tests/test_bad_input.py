@@ -620,7 +620,7 @@ def test_api_bad_input_is_one_kvbench_error(tiny_model, tmp_path: Path, monkeypa
     def no_data(*args, **kwargs):
         raise AssertionError("samples were prepared before the bad input was reported")
 
-    monkeypatch.setattr(kvbench.runner.Runner, "_load_data", no_data)
+    monkeypatch.setattr(kvbench.runner.Runner, "load_data", no_data)
     model, tokenizer = tiny_model
     with pytest.raises(KVBenchError) as raised:
         kvbench.evaluate(model, tokenizer, **{"budget": "64L", **kwargs}, output_dir=tmp_path, progress=False)

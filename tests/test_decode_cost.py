@@ -219,7 +219,7 @@ def test_query_head_storage_above_the_full_cache_is_recorded_and_warned_once(tin
     cfg = OmegaConf.create({"model": {"name": "tiny"}, "method": {"name": "snapkv"}, "budget": {"name": "r075"}})
     with caplog.at_level(logging.WARNING, logger="kvbench"):
         for record in (query_heads, query_heads, kv_heads):
-            runner._warn_if_above_full(record, cfg)
+            runner.warn_if_above_full(record, cfg)
     warnings = [r.message for r in caplog.records if "exceeds the full cache" in r.message]
     assert len(warnings) == 1 and "gqa_granularity=kv_head" in warnings[0]
 

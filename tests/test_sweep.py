@@ -235,8 +235,8 @@ def test_sbatch_commands_split_large_manifests(tmp_path: Path) -> None:
 
 def test_array_tasks_get_their_own_hydra_log_folder(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
-    assert sweep._hydra_log_override(["model=tiny"]) == []
+    assert sweep.hydra_log_override(["model=tiny"]) == []
     monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "41")
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
-    assert sweep._hydra_log_override(["model=tiny"]) == ["hydra.run.dir=logs/hydra/slurm/41_3"]
-    assert sweep._hydra_log_override(["hydra.run.dir=/x"]) == []
+    assert sweep.hydra_log_override(["model=tiny"]) == ["hydra.run.dir=logs/hydra/slurm/41_3"]
+    assert sweep.hydra_log_override(["hydra.run.dir=/x"]) == []
