@@ -46,7 +46,7 @@ test-slurm:  ## real SLURM: installs slurm-wlm+munge (root, apt), starts a one-n
 	KVBENCH_SLURM_TEST=1 OMP_NUM_THREADS=1 $(PYTHON) -m pytest -q -m slurm tests/test_slurm_real.py
 
 sweep:  ## manifest of an experiment's unfinished jobs: make sweep EXP=cake_t1 [ARGS="model=... --submit -- --partition=gpu"]
-	$(PYTHON) scripts/sweep.py $(EXP) $(ARGS)
+	$(PYTHON) scripts/slurm_sweep.py $(EXP) $(ARGS)
 
 lint:  ## ruff lint + format check
 	$(PYTHON) -m ruff check .

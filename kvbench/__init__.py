@@ -3,13 +3,13 @@
 The public Python API (docs/api.md): :func:`evaluate` a method on a task with your own loaded model and
 tokenizer, :func:`press` a method onto your own ``model.generate`` calls, :func:`compose_config` the config
 ``run.py`` would run.  They are imported on first use, so ``import kvbench`` stays cheap (no torch, no Hydra).
-(The press machinery lives in ``kvbench.press_hooks``: a submodule named ``press`` would replace the function
+(The press machinery lives in ``kvbench.inference.press``: a submodule named ``press`` would replace the function
 ``kvbench.press`` once imported.)
 """
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from kvbench.version import __version__
 
 __all__ = ["Evaluation", "PressRecord", "__version__", "compose_config", "evaluate", "press"]
 
@@ -19,12 +19,12 @@ _LAZY = {
     "press": "kvbench.api",
     "compose_config": "kvbench.api",
     "Evaluation": "kvbench.api",
-    "PressRecord": "kvbench.press_hooks",
+    "PressRecord": "kvbench.inference.press",
 }
 
 if TYPE_CHECKING:
     from kvbench.api import Evaluation, compose_config, evaluate, press
-    from kvbench.press_hooks import PressRecord
+    from kvbench.inference.press import PressRecord
 
 
 def __getattr__(name: str) -> Any:

@@ -7,7 +7,7 @@ a preset means the same thing in both places.  Each may also be given as a confi
 ``DictConfig`` with the fields of :class:`kvbench.config.MethodConfig` / ``BudgetConfig`` / ``TaskConfig``, checked
 against that schema), and a budget as any budget string (``96L``, ``256/layer``, ``0.2x``).
 
-:func:`evaluate` is the runner (:class:`kvbench.runner.Runner`) with the model and tokenizer you pass instead of
+:func:`evaluate` is the runner (:class:`kvbench.run.runner.Runner`) with the model and tokenizer you pass instead of
 ``model=<preset>``: the same prompts, truncation, stops, scoring, results folder and ``summary.json``.
 """
 
@@ -50,7 +50,7 @@ def compose_config(
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from kvbench.cli import hydra_error_message
+    from kvbench.hydra_errors import hydra_error_message
 
     register_configs()
     choices = [f"{group}={value}" for group, value in (("method", method), ("task", task)) if isinstance(value, str)]
@@ -114,9 +114,9 @@ def press(
     """A context manager that applies ``method`` at ``budget`` to ``model``'s forwards (``model.generate``).
 
     ``with kvbench.press(model, "snapkv", "128L") as record: out = model.generate(**inputs, max_new_tokens=32)``
-    compresses the prompt's cache as kvbench runs do and leaves ``record`` (:class:`kvbench.press_hooks.PressRecord`)
-    holding, per prompt, the requested and achieved per-layer / per-head cache lengths.  On exit the model is as
-    before (hooks removed, attention implementation restored).
+    compresses the prompt's cache as kvbench runs do and leaves ``record``
+    (:class:`kvbench.inference.press.PressRecord`) holding, per prompt, the requested and achieved per-layer / per-head
+    cache lengths.  On exit the model is as before (hooks removed, attention implementation restored).
 
     ``method``: a preset name, a method config mapping, or a built :class:`~kvbench.methods.base.EvictionMethod`;
     ``budget``: a preset name or budget string (``128L``, ``256/layer``, ``0.2x``, ``full``) or a parsed
@@ -125,8 +125,8 @@ def press(
     the question).  Batch size 1, greedy or sampled, any ``max_new_tokens``.
     """
     from kvbench.budget import Budget
+    from kvbench.inference.press import Press
     from kvbench.methods.base import EvictionMethod
-    from kvbench.press_hooks import Press
     from kvbench.validation import validate
 
     method_is_built, budget_is_parsed = isinstance(method, EvictionMethod), isinstance(budget, Budget)
@@ -160,10 +160,10 @@ class Evaluation:
     Attributes
     ----------
     results:
-        One :class:`kvbench.runner.DatasetResult` per dataset (score, interval, kept fraction, ...).
+        One :class:`kvbench.run.runner.DatasetResult` per dataset (score, interval, kept fraction, ...).
     summary:
         The run's ``summary.json`` (per-dataset scores with bootstrap 95 % intervals, the papers' averages, kept
-        fraction, timings, provenance; see :mod:`kvbench.summary`).
+        fraction, timings, provenance; see :mod:`kvbench.run.summary`).
     predictions:
         Per dataset, the ``predictions.jsonl`` rows (prediction, answers, cache record, ...).
     folder:
@@ -202,7 +202,7 @@ def evaluate(
 ) -> Evaluation:
     """Evaluate ``method`` at ``budget`` on ``task`` with your loaded ``model`` and ``tokenizer``.
 
-    Runs :class:`kvbench.runner.Runner` (the machinery of ``python run.py``) on the given model instead of loading
+    Runs :class:`kvbench.run.runner.Runner` (the machinery of ``python run.py``) on the given model instead of loading
     ``model=<preset>``.  Prompt settings come from ``model_config`` (a ``conf/model`` preset name, e.g.
     ``llama3.1-8b-instruct``: its ``max_input_length``, chat template switch and stop tokens; the run is named after
     it) or, without one, from the model itself (``max_input_length`` = ``config.max_position_embeddings``, the chat
@@ -220,9 +220,9 @@ def evaluate(
         check_min("limit", limit, 1, "samples per dataset, the first N; None for all", error=KVBenchError)
     if question_mode is not None:
         check_choice("question_mode", question_mode, QUESTION_MODES, error=KVBenchError)
-    from kvbench.models import LoadedModel, input_device
-    from kvbench.press_hooks import kvbench_attention
-    from kvbench.runner import Runner
+    from kvbench.inference.press import kvbench_attention
+    from kvbench.models.loading import LoadedModel, input_device
+    from kvbench.run.runner import Runner
 
     task_overrides = []
     if question_mode is not None:
@@ -255,7 +255,7 @@ def evaluate(
 def _user_model_config(preset: DictConfig, model: Any, tokenizer: Any, from_preset: bool) -> DictConfig:
     """``cfg.model`` for a model loaded by the caller: its real dtype and device; the rest from the preset, or from
     the model and tokenizer (see :func:`evaluate`)."""
-    from kvbench.models import input_device
+    from kvbench.models.loading import input_device
 
     config = model.config
     node = OmegaConf.to_container(preset, resolve=True)
@@ -321,6 +321,6 @@ def _override_error(cfg: DictConfig, line: str, key: str, err: Exception) -> str
 
 
 def _read_predictions(folder: Path, datasets: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
-    from kvbench.results import PREDICTIONS_FILE, PredictionLog
+    from kvbench.run.writers import PREDICTIONS_FILE, PredictionLog
 
     return {name: PredictionLog(folder / name / PREDICTIONS_FILE).load() for name in datasets}

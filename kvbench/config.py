@@ -18,7 +18,7 @@ from omegaconf import MISSING
 from kvbench.checks import check_choice
 
 #: Valid values of the schema's string knobs: the one definition, checked before torch loads (kvbench/validation.py)
-#: and imported by the modules that use them (methods/base.py, methods/scoring.py, generation.py).
+#: and imported by the modules that use them (methods/base.py, methods/token_scores.py, inference/generate.py).
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
 QUESTION_MODES = ("aware", "agnostic")
 #: Named placements of ``model.device_map`` (accelerate's strategies); an explicit {module: device} map is also valid.

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from kvbench.run_results import DatasetResult
-from kvbench.run_table import budget_label
-from kvbench.runner import Runner
+from kvbench.run.records import DatasetResult
+from kvbench.run.runner import Runner
+from kvbench.run.table import budget_label
 
 #: (column label, Hydra overrides) of the variants run after the default configuration.
 DEMO_VARIANTS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -50,7 +50,7 @@ def run_demo(cfg: DictConfig, overrides: Sequence[str] = ()) -> dict[str, list[D
 def format_comparison(
     cfg: DictConfig, columns: dict[str, list[DatasetResult]], folders: dict[str, Path] | None = None
 ) -> str:
-    """A dataset x variant table of scores (each with its bootstrap 95 % interval, :mod:`kvbench.summary`), with the
+    """A dataset x variant table of scores (each with its bootstrap 95 % interval, :mod:`kvbench.run.summary`), with the
     mean kept fraction of the cache per variant, and where each variant's results are."""
     labels = list(columns)
     datasets = [r.dataset for r in next(iter(columns.values()))]

@@ -210,11 +210,11 @@ def list_tasks() -> str:
 def model_source_and_family(name: str, path: str) -> tuple[str, str]:
     """Where ``model.path`` loads from (builtin / package / local / hub) and the architecture family: a local folder's
     ``config.json`` ``model_type``, else the family in the preset's name (``llama3-8b-instruct`` -> ``llama``)."""
-    from kvbench.model_source import BUILTIN_PREFIX, resolve_local_path
+    from kvbench.models.source import BUILTIN_PREFIX, resolve_local_path
 
     if path.startswith(BUILTIN_PREFIX):
         source = "builtin"
-    elif path.startswith("package:"):  # a GGUF file in an installed package (kvbench.model_cache)
+    elif path.startswith("package:"):  # a GGUF file in an installed package (kvbench.models.gguf_cache)
         source = "package"
     else:
         local = resolve_local_path(path)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvbench.checks import check_choice
 from kvbench.errors import KVBenchError
-from kvbench.tasks.base import Sample
+from kvbench.sample import Sample
 
 if TYPE_CHECKING:  # type hints only: the task modules import this one, and validation imports them torch-free
     from transformers import PreTrainedTokenizerBase

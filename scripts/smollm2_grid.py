@@ -165,7 +165,7 @@ def run_grid(out: Path, phases: list[int]) -> None:
     import kvbench
     from kvbench.api import compose_config
     from kvbench.errors import Interrupted
-    from kvbench.models import load_model
+    from kvbench.models.loading import load_model
 
     model_cfg = compose_config(model=MODEL).model
     started = time.perf_counter()

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Train the tiny retrieval model shipped in ``models/tiny-niah`` (CPU-friendly, reproducible).
 
-The model is a small Llama (GQA, tied embeddings) with the word-level tokenizer of :mod:`kvbench.tiny_model`,
+The model is a small Llama (GQA, tied embeddings) with the word-level tokenizer of :mod:`kvbench.models.tiny`,
 trained on the synthetic needle/question sequences of :func:`kvbench.tasks.tiny_niah_training.training_example`
 mixed with dense associative-recall sequences (:func:`kvbench.tasks.tiny_niah_training.compact_example`).  Only answer
 tokens are supervised (many per sequence), multi-value answers included (``v1 , <key> second v2 , ...``).
@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from kvbench import resources
+from kvbench.models.tiny import VALUE_WORDS, build_config, build_tokenizer
 from kvbench.tasks.tiny_niah import (
     MULTI_FOCUS_SHARE,
     VARIANTS,
@@ -45,7 +46,6 @@ from kvbench.tasks.tiny_niah import (
     evaluate_dataset,
 )
 from kvbench.tasks.tiny_niah_training import training_example
-from kvbench.tiny_model import VALUE_WORDS, build_config, build_tokenizer
 
 log = logging.getLogger("train_tiny")
 

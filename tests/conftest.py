@@ -59,9 +59,9 @@ def tokenizer():
 
 @pytest.fixture(scope="session")
 def real_tokenizer():
-    """Factory: a fresh fast tokenizer of a real family (kvbench.real_tokenizers) with a published chat template;
+    """Factory: a fresh fast tokenizer of a real family (kvbench.models.tokenizers) with a published chat template;
     each family is converted once per session (about 1-3 s), each call then costs about 1 s."""
-    from kvbench.real_tokenizers import build_tokenizer
+    from kvbench.models.tokenizers import build_tokenizer
 
     def make(family: str, template: str | None = None):
         return build_tokenizer(family, template)

@@ -14,9 +14,9 @@ from test_methods import _prefill_one_layer, _run, method_from_yaml
 from kvbench.config import register_configs
 from kvbench.methods.adakv import AdaHeadAllocator, adaptive_counts
 from kvbench.methods.base import WindowObservation, build_method
-from kvbench.methods.scoring import ScoreOptions, pool_scores, window_attention
 from kvbench.methods.snapkv import WindowVoteScorer
-from kvbench.models import build_builtin
+from kvbench.methods.token_scores import ScoreOptions, pool_scores, window_attention
+from kvbench.models.loading import build_builtin
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 

@@ -10,10 +10,10 @@ from omegaconf import OmegaConf
 from test_methods import CONF, _Layer, _run, method_from_yaml
 
 from kvbench.budget import parse_budget
-from kvbench.cache import KVBenchCache
-from kvbench.eviction import EvictionSession
+from kvbench.cache.kv_cache import KVBenchCache
+from kvbench.inference.eviction import EvictionSession
 from kvbench.methods.ahakv import AhaScorer, sg_multiplier, value_prior
-from kvbench.models import build_builtin
+from kvbench.models.loading import build_builtin
 
 CONTEXT, DIM, WINDOW = 100, 8, 32
 X, Y = 10, 20  # the two candidates; a budget of WINDOW + 1 keeps exactly one token outside the window

@@ -1,4 +1,4 @@
-"""The public Python API (kvbench/api.py, kvbench/press_hooks.py): the docs' example (docs/api.md) runs as
+"""The public Python API (kvbench/api.py, kvbench/inference/press.py): the docs' example (docs/api.md) runs as
 written, ``press`` matches plain ``model.generate`` and kvbench's own generation, records the budget, runs
 question-agnostic, and leaves the model as it found it.  About 30 s on 2 shared cores (the example's evaluate: 6
 samples)."""
@@ -18,11 +18,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import kvbench
 from kvbench.budget import parse_budget
 from kvbench.errors import KVBenchError
-from kvbench.generation import generate
+from kvbench.inference.generate import generate
+from kvbench.inference.press import kvbench_attention
 from kvbench.methods.base import build_method
-from kvbench.press_hooks import kvbench_attention
+from kvbench.models.tiny import FILLER_WORDS
 from kvbench.resources import models_dir
-from kvbench.tiny_model import FILLER_WORDS
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -1,5 +1,5 @@
 """The paged cache's GPU attention path is chosen up front from what the machine can do, never by swallowing an error
-(kvbench/attention_paths.py, issue #26 items 1-2): torch 2.11's ``varlen_attn`` (no block table) is detected from its
+(kvbench/attention/paths.py, issue #26 items 1-2): torch 2.11's ``varlen_attn`` (no block table) is detected from its
 signature, a planned path's error propagates, and every fallback is counted and written to metrics.json and
 run_meta.json.  About 3 s on 2 shared cores."""
 
@@ -13,8 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import kvbench
-from kvbench import paged
-from kvbench.attention_paths import (
+from kvbench.attention.paths import (
     ATTENTION_RECORD,
     AttentionPlan,
     VarlenCapability,
@@ -22,7 +21,8 @@ from kvbench.attention_paths import (
     plan_attention,
     varlen_capability,
 )
-from kvbench.cache import BACKEND_ENV
+from kvbench.cache import paged
+from kvbench.cache.kv_cache import BACKEND_ENV
 from kvbench.resources import models_dir
 
 CUDA = torch.device("cuda")

@@ -149,9 +149,9 @@ def no_weights(*args, **kwargs):
 def test_bad_config_fails_clean(root: Path, capsys, monkeypatch, overrides: list[str], expected: list[str]) -> None:
     """Each bad value is reported (never hidden by the finished run of another config in the default folder),
     before the model's weights load, leaving results/ as it was."""
-    import kvbench.runner
+    import kvbench.run.runner
 
-    monkeypatch.setattr(kvbench.runner, "load_model", no_weights)
+    monkeypatch.setattr(kvbench.run.runner, "load_model", no_weights)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     before = tree_hash(root)
     code, stderr = run_in_process([*overrides, f"run.output_root={root}"], capsys)
@@ -189,12 +189,12 @@ def test_bad_data_fails_before_the_model_loads_and_writes_nothing(
 ) -> None:
     """Every line of every selected dataset is checked (the bad line comes after a good one and in the second
     dataset), before the model's weights load."""
-    import kvbench.runner
+    import kvbench.run.runner
 
     def no_weights(*args, **kwargs):
         raise AssertionError("the model's weights were loaded before the data was checked")
 
-    monkeypatch.setattr(kvbench.runner, "load_model", no_weights)
+    monkeypatch.setattr(kvbench.run.runner, "load_model", no_weights)
     data_dir = longbench_dir(tmp_path, lines)
     before = tree_hash(root)
     overrides = [*LONGBENCH, "task.datasets=[hotpotqa,qasper]", f"task.data_dir={data_dir}", f"run.output_root={root}"]
@@ -318,21 +318,21 @@ def tiny_cfg(root: Path, *overrides: str):
 def test_run_failing_before_its_first_prediction_leaves_no_folder(root: Path, monkeypatch, capsys) -> None:
     """A failure after the folder was claimed (here: generation raising) removes what the run wrote, so the next
     command -- with another config for the same folder -- runs instead of being refused."""
-    import kvbench.runner
-    from kvbench.runner import Runner
+    import kvbench.run.runner
+    from kvbench.run.runner import Runner
 
-    real_generate = kvbench.runner.generate
+    real_generate = kvbench.run.runner.generate
 
     def broken_generate(*args, **kwargs):
         raise RuntimeError("out of memory (simulated)")
 
     before = tree_hash(root)
-    monkeypatch.setattr(kvbench.runner, "generate", broken_generate)
+    monkeypatch.setattr(kvbench.run.runner, "generate", broken_generate)
     with pytest.raises(RuntimeError, match="simulated"):
         Runner(tiny_cfg(root, "method=streamingllm")).run()
     assert tree_hash(root) == before
     assert not (root / "tiny" / "tiny_niah" / "streamingllm").exists()
-    monkeypatch.setattr(kvbench.runner, "generate", real_generate)
+    monkeypatch.setattr(kvbench.run.runner, "generate", real_generate)
     Runner(tiny_cfg(root, "method=streamingllm", "method.window=8")).run()
     assert (root / "tiny" / "tiny_niah" / "streamingllm" / "64L" / "niah_single_1k" / "metrics.json").exists()
 
@@ -340,8 +340,8 @@ def test_run_failing_before_its_first_prediction_leaves_no_folder(root: Path, mo
 def test_folder_of_a_killed_run_without_predictions_is_replaced_with_a_note(root: Path, capsys) -> None:
     """What a run killed before its first prediction leaves (config, meta, an empty log) does not block a run
     with another config; the sweep planner counts that job as new."""
-    from kvbench.runner import Runner, config_hash
-    from kvbench.sweep import Job, classify
+    from kvbench.run.runner import Runner, config_hash
+    from kvbench.run.sweep import Job, classify
 
     folder = root / "tiny" / "tiny_niah" / "h2o" / "64L"
     (folder / "niah_single_1k").mkdir(parents=True)
@@ -364,7 +364,7 @@ def test_lock_falls_back_to_an_exclusive_file_where_flock_is_unsupported(tmp_pat
     import fcntl
 
     from kvbench.errors import KVBenchError
-    from kvbench.run_folder import EXCL_LOCK_FILE, run_folder_lock
+    from kvbench.run.folder import EXCL_LOCK_FILE, run_folder_lock
 
     def no_flock(fd, operation):
         raise OSError(errno.ENOLCK, "No locks available")
@@ -389,11 +389,11 @@ def test_lock_falls_back_to_an_exclusive_file_where_flock_is_unsupported(tmp_pat
 
 def test_busy_lock_names_its_holder_even_before_it_wrote_itself(tmp_path: Path, monkeypatch) -> None:
     from kvbench.errors import KVBenchError
-    from kvbench.run_folder import LOCK_FILE, run_folder_lock
+    from kvbench.run.folder import LOCK_FILE, run_folder_lock
 
     folder = tmp_path / "run"
     script = (
-        "import sys, time; from pathlib import Path; from kvbench.run_folder import run_folder_lock\n"
+        "import sys, time; from pathlib import Path; from kvbench.run.folder import run_folder_lock\n"
         "with run_folder_lock(Path(sys.argv[1])):\n    print('locked', flush=True); time.sleep(60)\n"
     )
     holder = subprocess.Popen([sys.executable, "-c", script, str(folder)], cwd=REPO, stdout=subprocess.PIPE, text=True)
@@ -413,7 +413,7 @@ def test_busy_lock_names_its_holder_even_before_it_wrote_itself(tmp_path: Path, 
 # ---------------------------------------------------------------------------------------------------- files
 @pytest.mark.parametrize("umask", [0o022, 0o027])
 def test_result_files_get_the_same_mode_under_the_umask(tmp_path: Path, umask: int) -> None:
-    from kvbench.results import PredictionLog, atomic_write_json
+    from kvbench.run.writers import PredictionLog, atomic_write_json
 
     previous = os.umask(umask)
     try:
@@ -427,7 +427,7 @@ def test_result_files_get_the_same_mode_under_the_umask(tmp_path: Path, umask: i
 
 def test_torch_free_dtype_names_agree_with_the_loader() -> None:
     from kvbench import config
-    from kvbench.models import DTYPES
+    from kvbench.models.loading import DTYPES
 
     assert tuple(DTYPES) == config.DTYPE_NAMES
 
@@ -448,9 +448,9 @@ def test_method_families_build_without_importing_transformers() -> None:
 # ---------------------------------------------------------------------------------------------------- issue #29
 def test_output_root_where_no_folder_can_be_made_fails_before_any_work(capsys, monkeypatch) -> None:
     """``/proc`` passes ``os.access`` for root but refuses new folders: the root is probed by making one."""
-    import kvbench.runner
+    import kvbench.run.runner
 
-    monkeypatch.setattr(kvbench.runner, "load_model", no_weights)
+    monkeypatch.setattr(kvbench.run.runner, "load_model", no_weights)
     code, stderr = run_in_process(["run.output_root=/proc/kvbench-test/runs"], capsys)
     assert_clean_failure(code, stderr, ["run.output_root='/proc/kvbench-test/runs'", "cannot create a folder in /proc"])
 
@@ -461,7 +461,7 @@ def test_lock_retry_loop_is_bounded(tmp_path: Path) -> None:
     script = (
         "import pathlib, sys\n"
         "from kvbench.errors import KVBenchError\n"
-        "from kvbench.run_folder import run_folder_lock\n"
+        "from kvbench.run.folder import run_folder_lock\n"
         "def vanishing(self, *args, **kwargs):\n"
         "    raise FileNotFoundError(2, 'No such file or directory')\n"
         "pathlib.Path.mkdir = vanishing\n"
@@ -480,14 +480,14 @@ def test_lock_retry_loop_is_bounded(tmp_path: Path) -> None:
 
 def test_busy_run_folder_is_reported_before_data_or_model(root: Path, capsys, monkeypatch) -> None:
     """A second copy of a run learns that its folder is locked before preparing data or loading the model."""
-    import kvbench.runner
-    from kvbench.run_folder import run_folder_lock
+    import kvbench.run.runner
+    from kvbench.run.folder import run_folder_lock
 
     def no_data(*args, **kwargs):
         raise AssertionError("the tokenizer was loaded although the run folder is busy")
 
-    monkeypatch.setattr(kvbench.runner, "load_tokenizer", no_data)
-    monkeypatch.setattr(kvbench.runner, "load_model", no_weights)
+    monkeypatch.setattr(kvbench.run.runner, "load_tokenizer", no_data)
+    monkeypatch.setattr(kvbench.run.runner, "load_model", no_weights)
     monkeypatch.delenv("KVBENCH_LOCK_WAIT", raising=False)
     folder = root / "tiny" / "tiny_niah" / "streamingllm" / "64L"
     with run_folder_lock(folder, wait_s=0):
@@ -498,9 +498,9 @@ def test_busy_run_folder_is_reported_before_data_or_model(root: Path, capsys, mo
 
 
 def test_bad_lock_wait_is_reported_before_the_model(root: Path, capsys, monkeypatch) -> None:
-    import kvbench.runner
+    import kvbench.run.runner
 
-    monkeypatch.setattr(kvbench.runner, "load_model", no_weights)
+    monkeypatch.setattr(kvbench.run.runner, "load_model", no_weights)
     for value in ("abc", "-1", "nan"):
         monkeypatch.setenv("KVBENCH_LOCK_WAIT", value)
         code, stderr = run_in_process([f"run.output_root={root}"], capsys)
@@ -510,9 +510,9 @@ def test_bad_lock_wait_is_reported_before_the_model(root: Path, capsys, monkeypa
 def test_num_samples_is_the_extent_of_a_run(tmp_path: Path, capsys) -> None:
     """More samples continue the same folder keeping the first predictions byte for byte; fewer report on the
     first N without deleting or rewriting anything; the config hash does not depend on the count."""
-    from kvbench.results import config_hash
-    from kvbench.runner import Runner
-    from kvbench.sweep import Job, classify
+    from kvbench.run.runner import Runner
+    from kvbench.run.sweep import Job, classify
+    from kvbench.run.writers import config_hash
 
     root = tmp_path / "runs"
     shared = ["task.lengths=[1024]", "task.datasets=[niah_single_1k]", "run.print_table=true"]
@@ -614,13 +614,13 @@ def test_api_bad_input_is_one_kvbench_error(tiny_model, tmp_path: Path, monkeypa
     """kvbench.evaluate names the caller's own argument (``limit=-1``, not ``task.num_samples``) and gives the
     CLI's "did you mean"; nothing is written and no sample is generated."""
     import kvbench
-    import kvbench.runner
+    import kvbench.run.runner
     from kvbench.errors import KVBenchError
 
     def no_data(*args, **kwargs):
         raise AssertionError("samples were prepared before the bad input was reported")
 
-    monkeypatch.setattr(kvbench.runner.Runner, "load_data", no_data)
+    monkeypatch.setattr(kvbench.run.runner.Runner, "load_data", no_data)
     model, tokenizer = tiny_model
     with pytest.raises(KVBenchError) as raised:
         kvbench.evaluate(model, tokenizer, **{"budget": "64L", **kwargs}, output_dir=tmp_path, progress=False)
@@ -719,7 +719,7 @@ def test_lmeval_bridge_checks_model_args_before_lm_eval_runs(capsys, monkeypatch
 def test_num_samples_stays_in_the_identity_of_a_method_that_calibrates_on_a_share_of_them(tmp_path: Path) -> None:
     """XKV's sampled mode calibrates on the first ceil(ratio x N) samples: sample i depends on N, so N is part of its
     run's identity (another count is refused, naming it), while it is not for the others."""
-    from kvbench.results import config_hash
+    from kvbench.run.writers import config_hash
 
     def hashes(*overrides: str) -> set[str]:
         return {config_hash(tiny_cfg(tmp_path, *overrides, f"task.num_samples={n}")) for n in (2, 4)}

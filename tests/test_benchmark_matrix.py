@@ -30,10 +30,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from kvbench.config import register_configs
-from kvbench.models import REAL_VOCAB_MODELS
+from kvbench.models.loading import REAL_VOCAB_MODELS
+from kvbench.models.tokenizers import build_tokenizer
 from kvbench.prompting import encode_sample, render_sample
-from kvbench.real_tokenizers import build_tokenizer
-from kvbench.runner import Runner, sample_cache
+from kvbench.run.runner import Runner, sample_cache
 from kvbench.tasks.base import build_task
 from kvbench.tasks.longbench import dataset_names
 from kvbench.tasks.ruler import TASKS

@@ -9,7 +9,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from kvbench.config import register_configs
-from kvbench.runner import Runner
+from kvbench.run.runner import Runner
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 # One LongBench dataset per metric family (qa_f1, rouge, classification, count, retrieval, code, zh f1, zh rouge,

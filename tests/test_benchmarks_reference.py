@@ -195,7 +195,7 @@ def test_longbench_bos_is_recorded_and_validated():
 
 # ---- byte level: the official generators' output on the shipped inputs ---------------------------------------
 # sha256 of RULER's ``input + answer_prefix`` (first sample, seed 42), produced by NVIDIA/RULER c3f5e3b
-# ``scripts/data/prepare.py --tokenizer_type hf`` with the Llama-3.1 tokenizer of kvbench.real_tokenizers, fed the
+# ``scripts/data/prepare.py --tokenizer_type hf`` with the Llama-3.1 tokenizer of kvbench.models.tokenizers, fed the
 # shipped word lists, essays and QA fixtures (nltk's sentence splitter replaced by kvbench's, which agrees on them).
 # CWE's 4096-word size probe needs more words than the shipped lists hold, so RULER reads english_words.json: both
 # sides were given the same one (kvbench's 30,000 pseudo-words as its values, in the test's input folder).

@@ -9,15 +9,16 @@ import pytest
 import torch
 from transformers import AttentionInterface, DynamicCache
 
-import kvbench.attention  # noqa: F401  (registers "kvbench")
-from kvbench.attention import bottom_right_causal_mask, kvbench_attention_forward
+import kvbench.attention.function  # noqa: F401  (registers "kvbench")
+from kvbench.attention.function import bottom_right_causal_mask, kvbench_attention_forward
 from kvbench.budget import parse_budget
-from kvbench.cache import BACKEND_ENV, KVBenchCache, RaggedKV
-from kvbench.generation import generate
+from kvbench.cache.kv_cache import BACKEND_ENV, KVBenchCache, RaggedKV
+from kvbench.inference.generate import generate
 from kvbench.methods.base import EvictionMethod
-from kvbench.models import BUILTIN_MODELS, build_builtin
+from kvbench.models.loading import BUILTIN_MODELS, build_builtin
 
-#: Cache storage backends every exactness test runs on (kvbench/cache.py torch storage, kvbench/paged.py pages).
+#: Cache storage backends every exactness test runs on (kvbench/cache/kv_cache.py torch storage, kvbench/cache/paged.py
+#: pages).
 BACKENDS = ["torch", "paged"]
 
 
@@ -169,7 +170,7 @@ def test_model_logits_with_unequal_layer_and_head_lengths_match_masked_reference
 
 def test_cache_really_frees_evicted_tokens() -> None:
     """Bytes held equal kept tokens x bytes per token, per head, after ragged and dense evictions."""
-    from kvbench.cache import HeadwiseLayer
+    from kvbench.cache.kv_cache import HeadwiseLayer
 
     layer = HeadwiseLayer()
     keys = torch.randn(1, 3, 30, 16, dtype=torch.bfloat16)

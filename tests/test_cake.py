@@ -10,14 +10,14 @@ import torch
 from test_methods import _Layer, _run, method_from_yaml
 
 from kvbench.budget import parse_budget
-from kvbench.cache import KVBenchCache
-from kvbench.eviction import EvictionSession
+from kvbench.cache.kv_cache import KVBenchCache
+from kvbench.inference.eviction import EvictionSession
+from kvbench.inference.prefill import prefill
 from kvbench.kernels.reference import stats_of_probs
 from kvbench.methods.base import StaticLayerAllocator, WindowObservation
 from kvbench.methods.cake import CakeScorer, layer_preference, resolve_tau, split_pool_monotone
-from kvbench.methods.scoring import ScoreOptions, window_attention
-from kvbench.models import build_builtin
-from kvbench.prefill import prefill
+from kvbench.methods.token_scores import ScoreOptions, window_attention
+from kvbench.models.loading import build_builtin
 
 
 def test_layer_preference_matches_eq6() -> None:

@@ -15,11 +15,11 @@ from test_methods import method_from_yaml
 from transformers import AutoModelForCausalLM
 
 from kvbench.budget import parse_budget
-from kvbench.generation import CPU_PREFILL_CHUNK, generate, resolve_prefill_chunk
-from kvbench.models import build_builtin
-from kvbench.prefill import prefill
+from kvbench.inference.generate import CPU_PREFILL_CHUNK, generate, resolve_prefill_chunk
+from kvbench.inference.prefill import prefill
+from kvbench.models.loading import build_builtin
+from kvbench.models.tiny import DEFAULT_MODEL_DIR, build_tokenizer
 from kvbench.tasks.tiny_niah import build_instance
-from kvbench.tiny_model import DEFAULT_MODEL_DIR, build_tokenizer
 
 PRESETS = [
     "snapkv", "pyramidkv", "ada_snapkv", "ada_pyramidkv", "cake", "cake_h2o", "h2o", "tova", "ahakv", "ahakv_no_ra",
@@ -141,7 +141,7 @@ def test_prefill_chunk_resolution() -> None:
 def test_prefill_rows_keep_only_the_queries_a_scorer_asks_for() -> None:
     """``PromptRows.query_rows`` (NACL's proxy rows): across chunks the session holds the last ``R`` queries only,
     equal to the tail of the whole prompt's queries."""
-    from kvbench.eviction import PrefillRows
+    from kvbench.inference.eviction import PrefillRows
     from kvbench.methods.base import PromptRows
 
     queries = torch.randn(4, 50, 8)

@@ -5,7 +5,7 @@ plain definition of its rule.
 
 The operations are counted with a :class:`~torch.utils._python_dispatch.TorchDispatchMode` (every aten op the step
 runs, the fresh memory it allocates, and the ops that force a device-to-host synchronisation); rebuilds and copied
-rows come from the layers' public :class:`~kvbench.cache_base.StorageStats`.
+rows come from the layers' public :class:`~kvbench.cache.base.StorageStats`.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from test_methods import _run, method_from_yaml
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from kvbench import runner
-from kvbench.cache import KVBenchCache
-from kvbench.models import build_builtin
+from kvbench.cache.kv_cache import KVBenchCache
+from kvbench.models.loading import build_builtin
+from kvbench.run import runner
 
 #: aten ops that read a device value back to the host (or whose output size depends on data): a sync on CUDA.
 SYNC_OPS = {"_local_scalar_dense", "nonzero", "unique_dim", "_unique2", "masked_select", "item"}

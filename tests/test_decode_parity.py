@@ -21,11 +21,11 @@ from test_methods import _Layer, _run, method_from_yaml
 from test_reference_parity import ref_window_probs
 
 from kvbench.budget import parse_budget
-from kvbench.cache import KVBenchCache
-from kvbench.eviction import EvictionSession
+from kvbench.cache.kv_cache import KVBenchCache
+from kvbench.inference.eviction import EvictionSession
 from kvbench.methods.ahakv import AhaScorer, sg_multiplier
 from kvbench.methods.decoding import padded_decode_attention
-from kvbench.models import build_builtin
+from kvbench.models.loading import build_builtin
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 
@@ -173,7 +173,7 @@ def test_recorded_settings_list_only_the_knobs_a_method_uses(tmp_path: Path, nam
     from hydra import compose, initialize_config_dir
 
     from kvbench.config import register_configs
-    from kvbench.runner import Runner
+    from kvbench.run.runner import Runner
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -203,7 +203,7 @@ def _xkv_cfg(tmp_path: Path, extra: list[str]):
 
 def test_xkv_sampled_resume_replays_the_calibration(tmp_path: Path) -> None:
     """Kill after one of the two calibration samples, resume: predictions byte-identical to an uninterrupted run."""
-    from kvbench.runner import Runner
+    from kvbench.run.runner import Runner
 
     Runner(_xkv_cfg(tmp_path / "a", [])).run()
     full = next((tmp_path / "a").rglob("predictions.jsonl"))

@@ -1,4 +1,4 @@
-"""``model.device_map`` (kvbench/models.py): a model spread over two placements gives the same tokens and cache
+"""``model.device_map`` (kvbench/models/loading.py): a model spread over two placements gives the same tokens and cache
 record as the same model on one device, for every method family.
 
 A CPU-only machine has one compute device, so the two placements are the ones accelerate offers there: the first
@@ -18,10 +18,10 @@ import torch
 from kvbench.api import compose_config
 from kvbench.budget import parse_budget
 from kvbench.errors import KVBenchError
-from kvbench.generation import generate
+from kvbench.inference.generate import generate
 from kvbench.methods.base import build_method
-from kvbench.models import check_device_map, input_device, load_model
-from kvbench.tiny_model import FILLER_WORDS
+from kvbench.models.loading import check_device_map, input_device, load_model
+from kvbench.models.tiny import FILLER_WORDS
 
 pytest.importorskip("accelerate")
 

@@ -100,7 +100,7 @@ def test_site_builds_strict(tmp_path: Path) -> None:
         assert (built / family_page).is_file(), family_page
     snapkv = (built / "methods/snapkv/index.html").read_text(encoding="utf-8")
     assert "FasterDecoding/SnapKV" in snapkv and "Parity evidence" in snapkv and "test_reference_parity.py" in snapkv
-    version = re.search(r'^__version__ = "([^"]+)"', (REPO / "kvbench/__init__.py").read_text(), re.MULTILINE)
+    version = re.search(r'^__version__ = "([^"]+)"', (REPO / "kvbench/version.py").read_text(), re.MULTILINE)
     assert version and f"This page documents kvbench {version.group(1)}" in snapkv
     assert "kvbench.api.evaluate" in (built / "api/index.html").read_text(encoding="utf-8")
 

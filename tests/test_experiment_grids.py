@@ -1,6 +1,6 @@
 """Every experiment preset's whole grid composes: ``python run.py -m +experiment=<name> model=tiny`` expanded job by
-job (the same expansion and composition as ``scripts/sweep.py`` and ``run.py -m``) and validated, without loading a
-model.  A preset that names a config that does not exist (e.g. ``method=nacl`` before NACL lands) fails here, not
+job (the same expansion and composition as ``scripts/slurm_sweep.py`` and ``run.py -m``) and validated, without loading
+a model.  A preset that names a config that does not exist (e.g. ``method=nacl`` before NACL lands) fails here, not
 on a cluster.  Cost: one Hydra composition per job, 385 jobs today, about 35 s of CPU.
 """
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.sweep import CONF_DIR, Composer, Job, expand_grid, experiment_params
+from kvbench.run.sweep import CONF_DIR, Composer, Job, expand_grid, experiment_params
 from kvbench.validation import validate
 
 PRESETS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))

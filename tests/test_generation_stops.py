@@ -10,9 +10,9 @@ from task_config import task_config
 
 from kvbench.budget import parse_budget
 from kvbench.config import MethodConfig
-from kvbench.generation import generate, last_token_ids
+from kvbench.inference.generate import generate, last_token_ids
 from kvbench.methods.base import build_method
-from kvbench.models import build_builtin
+from kvbench.models.loading import build_builtin
 from kvbench.tasks.base import build_task
 
 

@@ -117,7 +117,7 @@ def test_carried_tokenizer_files_are_what_kvbench_reads(tmp_path: Path, monkeypa
     assert spec and spec.loader
     gpu_wheels = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_wheels)
-    from kvbench.real_tokenizers import FAMILIES, TOKENIZER_FILES_ENV
+    from kvbench.models.tokenizers import FAMILIES, TOKENIZER_FILES_ENV
 
     installed = {name: FAMILIES[name].path() for name in gpu_wheels.TOKENIZER_FAMILIES}
     copied = gpu_wheels.copy_tokenizer_files(tmp_path)

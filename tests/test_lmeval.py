@@ -19,13 +19,13 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from kvbench.budget import parse_budget  # noqa: E402
 from kvbench.config import register_configs  # noqa: E402
 from kvbench.errors import KVBenchError  # noqa: E402
+from kvbench.lmeval.loglikelihood import compress_context, score_continuation  # noqa: E402
 from kvbench.lmeval.model import KVBenchLM  # noqa: E402
 from kvbench.lmeval.presets import method_config  # noqa: E402
-from kvbench.lmeval.scoring import compress_context, score_continuation  # noqa: E402
 from kvbench.lmeval.tasks import load_tasks, task_manager  # noqa: E402
 from kvbench.methods.base import build_method  # noqa: E402
-from kvbench.models import build_builtin  # noqa: E402
-from kvbench.runner import Runner  # noqa: E402
+from kvbench.models.loading import build_builtin  # noqa: E402
+from kvbench.run.runner import Runner  # noqa: E402
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 MODEL = "builtin:tiny-random-llama"

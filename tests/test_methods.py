@@ -9,14 +9,14 @@ import torch
 from omegaconf import OmegaConf
 
 from kvbench.budget import parse_budget
-from kvbench.cache import KVBenchCache
+from kvbench.cache.kv_cache import KVBenchCache
 from kvbench.config import MethodConfig
-from kvbench.eviction import EvictionSession
-from kvbench.generation import generate
+from kvbench.inference.eviction import EvictionSession
+from kvbench.inference.generate import generate
 from kvbench.methods.base import WindowObservation, build_method, method_families
-from kvbench.methods.scoring import ScoreOptions, window_attention
 from kvbench.methods.snapkv import PyramidLayerAllocator, WindowVoteScorer
-from kvbench.models import build_builtin
+from kvbench.methods.token_scores import ScoreOptions, window_attention
+from kvbench.models.loading import build_builtin
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 

@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from kvbench.config import register_configs
-from kvbench.runner import Runner
+from kvbench.run.runner import Runner
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 METHODS = sorted(p.stem for p in (CONF / "method").glob("*.yaml"))

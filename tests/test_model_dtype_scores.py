@@ -25,8 +25,8 @@ from test_methods import _Layer, method_from_yaml
 
 from kvbench import kernels
 from kvbench.budget import parse_budget
-from kvbench.cache import KVBenchCache
-from kvbench.eviction import EvictionSession
+from kvbench.cache.kv_cache import KVBenchCache
+from kvbench.inference.eviction import EvictionSession
 from kvbench.methods.ahakv import sg_multiplier, value_prior
 from kvbench.methods.base import WindowObservation
 

@@ -1,7 +1,7 @@
 """Every causal-LM architecture of the installed transformers, at a tiny size (issue #34), and the support table.
 
-:func:`kvbench.zoo.probe` builds each architecture of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` tiny (size checked on the
-meta device first; multimodal wrappers listed, not built) and checks that kvbench with nothing evicted gives
+:func:`kvbench.models.zoo.probe` builds each architecture of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` tiny (size checked on
+the meta device first; multimodal wrappers listed, not built) and checks that kvbench with nothing evicted gives
 ``model.generate``'s tokens and really runs through kvbench's attention (the eviction session saw every layer), then
 that SnapKV keeps exactly its budget on the full-attention layers.  The
 result is the support table: ``docs/support_table.md`` must equal it (``KVBENCH_WRITE_SUPPORT_TABLE=1`` rewrites
@@ -22,9 +22,9 @@ import transformers
 from transformers import PreTrainedModel
 
 import kvbench
-from kvbench import zoo
 from kvbench.budget import parse_budget
 from kvbench.methods.base import build_method
+from kvbench.models import zoo
 
 REPO = Path(__file__).resolve().parent.parent
 TABLE = REPO / "docs" / "support_table.md"

@@ -22,9 +22,9 @@ from hydra import compose, initialize_config_dir
 from test_methods import _Layer, method_from_yaml
 
 from kvbench.budget import parse_budget
-from kvbench.cache import KVBenchCache
+from kvbench.cache.kv_cache import KVBenchCache
 from kvbench.config import register_configs
-from kvbench.eviction import EvictionSession
+from kvbench.inference.eviction import EvictionSession
 from kvbench.methods.nacl import (
     BudgetSplit,
     proxy_row_count,
@@ -33,7 +33,7 @@ from kvbench.methods.nacl import (
     select_tokens,
     split_budget,
 )
-from kvbench.runner import Runner
+from kvbench.run.runner import Runner
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 

@@ -1,6 +1,6 @@
-"""The package's shape (issue #21): imports flow one way (no cycle between kvbench modules) and every module is
-small enough to read in one sitting (at most :data:`MAX_LINES` lines unless its docstring states why, on a line
-starting ``Size:``).
+"""The package's shape (issues #21, #31): imports flow one way (no cycle between kvbench modules), only down the
+layers of :data:`LAYERS` (a module never imports one from a higher layer), and every module is small enough to read
+in one sitting (at most :data:`MAX_LINES` lines unless its docstring states why, on a line starting ``Size:``).
 
 Both checks read the source with :mod:`ast` (nothing is imported), so they cost well under a second.
 
@@ -15,6 +15,7 @@ the dynamic plug-in discovery of ``kvbench.tasks.base`` (``importlib.import_modu
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 import kvbench
@@ -22,6 +23,66 @@ import kvbench
 PACKAGE_DIR = Path(kvbench.__file__).resolve().parent
 #: Longest module (in lines) that needs no stated reason.
 MAX_LINES = 500
+
+#: The layers of kvbench, lowest first: layer name -> the modules and packages in it (a dotted prefix; a module
+#: belongs to its longest listed prefix).  A module may import its own layer and the layers below, never above.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    (
+        "foundations: errors, plain data, config schema, run-folder files",
+        (
+            "kvbench.errors",
+            "kvbench.checks",
+            "kvbench.version",
+            "kvbench.sample",
+            "kvbench.registry",
+            "kvbench.resources",
+            "kvbench.budget",
+            "kvbench.config",
+            "kvbench.run.writers",
+            "kvbench.run.folder",
+            "kvbench.run.termination",
+            "kvbench.run.provenance",
+            "kvbench.run.sample_cache",
+        ),
+    ),
+    (
+        "kernels, metrics and plots on plain tensors / strings / rows",
+        ("kvbench.kernels", "kvbench.metrics", "kvbench.reporting.needle_heatmap"),
+    ),
+    ("cache, attention function, eviction methods", ("kvbench.cache", "kvbench.attention", "kvbench.methods")),
+    ("models and prompts", ("kvbench.models", "kvbench.prompting")),
+    ("tasks", ("kvbench.tasks",)),
+    (
+        "catalogue and validation (reads tasks, methods, models; loads nothing)",
+        (
+            "kvbench.listing",
+            "kvbench.validation",
+            "kvbench.hydra_errors",
+            "kvbench.reporting.conventions",
+            "kvbench.reporting.run_views",
+        ),
+    ),
+    ("inference: eviction session, prefill, generation, press hooks", ("kvbench.inference",)),
+    ("one run and its results", ("kvbench.run",)),
+    (
+        "consumers of runs: reporting, the lm-eval bridge, the bench",
+        # kvbench.tasks.lmeval: the lm-eval task kind, a plug-in that the task registry finds by its dynamic
+        # discovery (no module of the tasks layer imports it); it builds its datasets with kvbench.lmeval.runner.
+        ("kvbench.reporting", "kvbench.lmeval", "kvbench.bench", "kvbench.tasks.lmeval"),
+    ),
+    (
+        "entry points: public API, CLI, dashboards, demo",
+        (
+            "kvbench",
+            "kvbench.__main__",
+            "kvbench.api",
+            "kvbench.cli",
+            "kvbench.dashboards",
+            "kvbench.demo",
+            "kvbench.lmeval.__main__",
+        ),
+    ),
+]
 
 
 def module_files() -> dict[str, Path]:
@@ -63,8 +124,10 @@ def imported_modules(tree: ast.AST, modules: set[str] | dict[str, Path]) -> set[
     return found
 
 
+@cache
 def import_graph() -> dict[str, set[str]]:
-    """Module -> the kvbench modules it imports (see the module docstring for what counts)."""
+    """Module -> the kvbench modules it imports (see the module docstring for what counts); parsed once per session,
+    callers must not modify it."""
     modules = module_files()
     graph = {}
     for name, path in modules.items():
@@ -138,18 +201,78 @@ def test_cycle_finder_reports_a_cycle() -> None:
 def test_import_graph_sees_deferred_imports() -> None:
     source = (
         "import torch\nfrom kvbench import kernels, __version__\n"
-        "def f():\n    from kvbench.runner import config_hash\n"
-        "if TYPE_CHECKING:\n    import kvbench.cache\n"
+        "def f():\n    from kvbench.run.runner import config_hash\n"
+        "if TYPE_CHECKING:\n    import kvbench.cache.kv_cache\n"
     )
-    modules = {"kvbench", "kvbench.kernels", "kvbench.runner", "kvbench.cache"}
-    assert imported_modules(ast.parse(source), modules) == {"kvbench", "kvbench.kernels", "kvbench.runner"}
+    modules = {"kvbench", "kvbench.kernels", "kvbench.run.runner", "kvbench.cache.kv_cache"}
+    assert imported_modules(ast.parse(source), modules) == {"kvbench", "kvbench.kernels", "kvbench.run.runner"}
 
 
 def test_no_import_cycle_in_kvbench() -> None:
     graph = import_graph()
-    assert graph.get("kvbench.attention"), "the import graph came out empty"
+    assert graph.get("kvbench.attention.function"), "the import graph came out empty"
     cycles = find_cycles(graph)
     assert not cycles, "import cycles in kvbench:\n" + "\n".join("  " + " -> ".join(cycle) for cycle in cycles)
+
+
+def layer_index(module: str, layers: list[tuple[str, tuple[str, ...]]]) -> int | None:
+    """Position in ``layers`` of the longest prefix that ``module`` (dotted) equals or lies under; None if none."""
+    best: tuple[int, int] | None = None
+    for index, (_, prefixes) in enumerate(layers):
+        for prefix in prefixes:
+            # The root package ("kvbench", no dot) stands for its __init__ only, not for every module under it.
+            covers = module == prefix or ("." in prefix and module.startswith(prefix + "."))
+            if covers and (best is None or len(prefix) > best[0]):
+                best = (len(prefix), index)
+    return None if best is None else best[1]
+
+
+def imports_up_the_layers(
+    graph: dict[str, set[str]], layers: list[tuple[str, tuple[str, ...]]]
+) -> tuple[list[str], list[str]]:
+    """``(edges from a lower layer to a higher one, modules in no layer)``, each as a readable line."""
+    upward, unplaced = [], sorted(module for module in graph if layer_index(module, layers) is None)
+    for module, targets in sorted(graph.items()):
+        own = layer_index(module, layers)
+        for target in sorted(targets):
+            their = layer_index(target, layers)
+            if own is not None and their is not None and their > own:
+                upward.append(f"{module} ({layers[own][0]}) -> {target} ({layers[their][0]})")
+    return upward, unplaced
+
+
+#: (importer, imported) package pairs kept apart although the layers would allow the import: reporting reads run
+#: folders and the tasks' declarative data, never task code.
+KEPT_APART = [("kvbench.reporting", "kvbench.tasks")]
+
+
+def test_reporting_does_not_import_task_code() -> None:
+    graph = import_graph()
+    crossing = [
+        f"{module} -> {target}"
+        for importer, imported in KEPT_APART
+        for module, targets in sorted(graph.items())
+        if module.startswith(importer + ".")
+        for target in sorted(targets)
+        if target == imported or target.startswith(imported + ".")
+    ]
+    assert not crossing, "imports between packages kept apart: " + ", ".join(crossing)
+
+
+def test_layer_check_reports_an_import_up_the_layers() -> None:
+    layers = [("low", ("p.low",)), ("high", ("p", "p.high", "p.low.plugin"))]
+    graph = {"p.low.a": {"p.low.b"}, "p.low.b": set(), "p.high.c": {"p.low.a"}, "p.low.plugin": {"p.high.c"}}
+    graph["p"] = {"p.high.c"}
+    assert imports_up_the_layers(graph, layers) == ([], [])
+    graph["p.low.b"] = {"p.high.c"}
+    graph["p.other"] = set()
+    assert imports_up_the_layers(graph, layers) == (["p.low.b (low) -> p.high.c (high)"], ["p.other"])
+
+
+def test_no_import_points_up_the_layers() -> None:
+    upward, unplaced = imports_up_the_layers(import_graph(), LAYERS)
+    assert not unplaced, "modules in no layer of LAYERS (add them where their imports put them): " + ", ".join(unplaced)
+    assert not upward, "imports pointing up the layers of LAYERS:\n" + "\n".join("  " + line for line in upward)
 
 
 def _docstring_states_size_reason(path: Path) -> bool:

@@ -1,4 +1,4 @@
-"""The paged cache backend (kvbench/paged.py) on CPU: same contents and logits as the torch backend, appends that
+"""The paged cache backend (kvbench/cache/paged.py) on CPU: same contents and logits as the torch backend, appends that
 cost O(heads) whatever is stored (counted in rows written, not timed), compaction that frees memory, and the
 stored-bytes bound."""
 
@@ -13,14 +13,14 @@ from kernel_devices import kernel_device
 from omegaconf import OmegaConf
 
 from kvbench import kernels
-from kvbench.attention_paths import plan_attention, varlen_capability
+from kvbench.attention.paths import plan_attention, varlen_capability
 from kvbench.budget import parse_budget
-from kvbench.cache import BACKEND_ENV, HeadwiseLayer, KVBenchCache
+from kvbench.cache.kv_cache import BACKEND_ENV, HeadwiseLayer, KVBenchCache
+from kvbench.cache.paged import PagedLayer
 from kvbench.config import MethodConfig
-from kvbench.generation import generate
+from kvbench.inference.generate import generate
 from kvbench.methods.base import build_method
-from kvbench.models import build_builtin
-from kvbench.paged import PagedLayer
+from kvbench.models.loading import build_builtin
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 IMPLS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not kernels.triton_available(), reason="no triton"))]
@@ -195,8 +195,8 @@ def test_paged_backend_generates_the_same_logits_as_torch_backend(
 def test_paged_backend_on_cuda_matches_torch_backend(page_size: int) -> None:
     """On a GPU the paged backend runs the Triton append / split-K decode kernels (page 16) or varlen_attn
     (page 256, bfloat16: FlashAttention needs half precision): its logits match the torch backend's through prefill
-    eviction, a question chunk and decoding, on the path planned for this machine (kvbench/attention_paths.py)."""
-    from kvbench import paged
+    eviction, a question chunk and decoding, on the path planned for this machine (kvbench/attention/paths.py)."""
+    from kvbench.cache import paged
 
     dtype = torch.float32 if page_size == 16 else torch.bfloat16
     model, _ = build_builtin("tiny-random-llama", seed=6)

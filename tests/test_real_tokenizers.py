@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvbench.models import REAL_VOCAB_MODELS, build_builtin
-from kvbench.real_tokenizers import FAMILIES, LLAMA3_SPECIALS, build_tokenizer, chat_template
+from kvbench.models.loading import REAL_VOCAB_MODELS, build_builtin
+from kvbench.models.tokenizers import FAMILIES, LLAMA3_SPECIALS, build_tokenizer, chat_template
 
 TEXTS = [
     "Hello world! The grass is green. The sky is blue.\n\nThe final answer is: ",
@@ -74,7 +74,7 @@ def test_mistral_v3_control_tokens_are_special(tokenizers):
 
 def test_missing_package_is_a_clear_error():
     from kvbench.errors import KVBenchError
-    from kvbench.real_tokenizers import TokenizerFamily
+    from kvbench.models.tokenizers import TokenizerFamily
 
     family = TokenizerFamily("no_such_package_kvbench", "x.model", "tiktoken", None, "</s>")
     with pytest.raises(KVBenchError, match="pip install"):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.tiny_model import DEFAULT_MODEL_DIR
+from kvbench.models.tiny import DEFAULT_MODEL_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 # A fast configuration: random tiny model, short synthetic samples.
@@ -105,7 +105,7 @@ def test_killed_run_resumes_to_the_same_predictions(tmp_path: Path) -> None:
 
 
 def test_torn_last_line_is_repaired(tmp_path: Path) -> None:
-    from kvbench.results import PredictionLog
+    from kvbench.run.writers import PredictionLog
 
     log = PredictionLog(tmp_path / "p.jsonl")
     log.append({"id": "a", "prediction": "x"})

@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 
 from kvbench.config import register_configs
 from kvbench.errors import KVBenchError
-from kvbench.runner import Runner
+from kvbench.run.runner import Runner
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 
@@ -48,7 +48,7 @@ RULER = ("task=ruler", "task.length=1024", "task.num_samples=2", "task.options.m
 
 def test_provenance_is_recorded_and_stand_ins_are_warned_about(tmp_path, caplog, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no ./data/ruler here
-    with caplog.at_level(logging.WARNING, logger="kvbench.runner"):
+    with caplog.at_level(logging.WARNING, logger="kvbench.run.runner"):
         folder, _ = run(tmp_path, *RULER)
     essays = metrics(folder, "niah_single_2")["data_provenance"]["essays"]
     assert (

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from task_config import task_config
 
-from kvbench.sample_cache import SampleCache, source_fingerprint, tokenizer_fingerprint
+from kvbench.run.sample_cache import SampleCache, source_fingerprint, tokenizer_fingerprint
 from kvbench.tasks.needlebench import build_needlebench
 from kvbench.tasks.ruler import build_ruler
 

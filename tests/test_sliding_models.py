@@ -28,9 +28,9 @@ from transformers.cache_utils import DynamicSlidingWindowLayer
 
 import kvbench
 from kvbench.budget import parse_budget
-from kvbench.cache import KVBenchCache
+from kvbench.cache.kv_cache import KVBenchCache
+from kvbench.cache.sliding import SlidingWindowLayer, UnsupportedLayers, layer_windows, sliding_causal_mask
 from kvbench.methods.base import build_method, method_families
-from kvbench.sliding import SlidingWindowLayer, UnsupportedLayers, layer_windows, sliding_causal_mask
 
 WINDOW = 16
 PROMPT = [(37 * i + 11) % 120 + 3 for i in range(80)]
@@ -194,9 +194,9 @@ def test_compress_sliding_switch_evicts_sliding_layers_too(name: str, method_con
 def test_window_only_in_the_mask_is_applied_without_a_session(method_configs: dict[str, Any]) -> None:
     """PhiMoE puts its window in the mask only (no ``sliding_window`` argument): kvbench's attention reads it from the
     cache, also in session-less forwards (lm-eval continuation scoring)."""
-    from kvbench.generation import build_cache, forward_logits
-    from kvbench.press_hooks import kvbench_attention
-    from kvbench.zoo import tiny_model
+    from kvbench.inference.generate import build_cache, forward_logits
+    from kvbench.inference.press import kvbench_attention
+    from kvbench.models.zoo import tiny_model
 
     built = tiny_model("phimoe")
     assert built.config.sliding_window is not None and len(PROMPT) > built.config.sliding_window

@@ -3,7 +3,7 @@ slurm/ci/cluster.sh (which apt-installs Debian's slurm-wlm and munge when missin
 
 Skipped unless KVBENCH_SLURM_TEST=1 (``make test-slurm`` sets it).  Checks:
 
-* an array of embedded-default jobs submitted with ``scripts/sweep.py --submit`` (slurm/array.sbatch) completes,
+* an array of embedded-default jobs submitted with ``scripts/slurm_sweep.py --submit`` (slurm/array.sbatch) completes,
   every job's results folder is whole, W&B logged offline, and resubmission is idempotent;
 * a job requeued mid-dataset (preemption: ``scontrol requeue``) and a job warned of its time limit (the
   ``--signal=B:USR1`` warning, sent with ``scancel --signal=USR1 --batch``; the script requeues itself) both resume
@@ -101,13 +101,13 @@ def release_when_requeued(env: dict[str, str], task: str, timeout: float = 180) 
 
 
 def submit_sweep(env: dict[str, str], tmp: Path, name: str, overrides: list[str]) -> tuple[str, Path]:
-    """``scripts/sweep.py --submit``; returns the array job id and the manifest."""
+    """``scripts/slurm_sweep.py --submit``; returns the array job id and the manifest."""
     manifest = tmp / f"{name}.txt"
     (tmp / "logs").mkdir(exist_ok=True)
     result = subprocess.run(
         [
             sys.executable,
-            "scripts/sweep.py",
+            "scripts/slurm_sweep.py",
             "--name",
             name,
             *overrides,
@@ -163,7 +163,7 @@ def test_array_of_default_jobs_completes_and_resubmission_is_idempotent(
     files = {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and "wandb" not in p.parts}
     # Regenerating the manifest finds nothing to do and submits nothing.
     again = subprocess.run(
-        [sys.executable, "scripts/sweep.py", "--name", "slurm_ci", *grid, "--submit", "--", *SBATCH],
+        [sys.executable, "scripts/slurm_sweep.py", "--name", "slurm_ci", *grid, "--submit", "--", *SBATCH],
         cwd=REPO,
         env=slurm_env,
         capture_output=True,

@@ -1,4 +1,4 @@
-"""The run summary's statistics (kvbench/summary.py): the bootstrap interval on plain lists, per-sample scores, the
+"""The run summary's statistics (kvbench/run/summary.py): the bootstrap interval on plain lists, per-sample scores, the
 papers' averages.  The runner writing summary.json is checked in test_runner.py.  Pure Python, well under 1 s."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pytest
 
 from kvbench.reporting.conventions import LONGBENCH16, LONGBENCH21_CATEGORIES, longbench21_average_from_categories
-from kvbench.summary import (
+from kvbench.run.summary import (
     BOOTSTRAP_RESAMPLES,
     DatasetScores,
     bootstrap_interval,

@@ -1,4 +1,4 @@
-"""Sweep manifests (scripts/sweep.py): grid expansion, clear reports for missing presets, skip-if-complete,
+"""Sweep manifests (scripts/slurm_sweep.py): grid expansion, clear reports for missing presets, skip-if-complete,
 idempotent regeneration, and a SIGTERM-stopped (preempted) job that resumes with nothing lost or duplicated."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kvbench import sweep
+from kvbench.run import sweep
 
 REPO = Path(__file__).resolve().parent.parent
 FAST = ["model=tiny", "task=tiny_niah", "task.lengths=[1024]", "run.progress=false"]
@@ -24,7 +24,7 @@ ENV = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "OMP_NUM_T
 
 def sweep_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "scripts/sweep.py", *args],
+        [sys.executable, "scripts/slurm_sweep.py", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -167,7 +167,7 @@ def test_sigterm_mid_dataset_then_requeue_loses_and_duplicates_nothing(tmp_path:
     target = root / relative / "niah_single_1k" / "predictions.jsonl"
 
     process = subprocess.Popen(
-        [sys.executable, "scripts/sweep.py", "--exec", str(manifest)],
+        [sys.executable, "scripts/slurm_sweep.py", "--exec", str(manifest)],
         cwd=REPO,
         env={**ENV, "SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_JOB_ID": "77", "SLURM_JOB_ID": "78"},
         stdout=subprocess.PIPE,
@@ -209,7 +209,7 @@ def test_sigterm_mid_dataset_then_requeue_loses_and_duplicates_nothing(tmp_path:
 
 def test_sigterm_during_a_write_is_deferred_until_the_write_is_done() -> None:
     from kvbench.errors import Interrupted
-    from kvbench.termination import TERMINATION, graceful_termination
+    from kvbench.run.termination import TERMINATION, graceful_termination
 
     written = []
     with graceful_termination():

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.tiny_model import DEFAULT_MODEL_DIR
+from kvbench.models.tiny import DEFAULT_MODEL_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from task_config import task_config
 
+from kvbench.models.tiny import DEFAULT_MODEL_DIR, KEY_WORDS, VALUE_WORDS, build_tokenizer, vocabulary
 from kvbench.tasks.base import build_task
 from kvbench.tasks.tiny_niah import (
     HEADER_SINGULAR,
@@ -27,7 +28,6 @@ from kvbench.tasks.tiny_niah import (
     string_match_all,
 )
 from kvbench.tasks.tiny_niah_training import training_example
-from kvbench.tiny_model import DEFAULT_MODEL_DIR, KEY_WORDS, VALUE_WORDS, build_tokenizer, vocabulary
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL_DIR = DEFAULT_MODEL_DIR

@@ -8,7 +8,7 @@ import pytest
 import kvbench.methods.base
 from kvbench.api import compose_config
 from kvbench.errors import KVBenchError
-from kvbench.runner import Runner
+from kvbench.run.runner import Runner
 from kvbench.validation import validate_run
 
 

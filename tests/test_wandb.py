@@ -186,8 +186,8 @@ def test_disabled_mode_writes_nothing_for_wandb(tmp_path: Path) -> None:
 def test_summary_values_and_run_name() -> None:
     from omegaconf import OmegaConf
 
-    from kvbench.runner import DatasetResult
-    from kvbench.wandb_logging import run_name, summary_values
+    from kvbench.run.runner import DatasetResult
+    from kvbench.run.wandb_logging import run_name, summary_values
 
     results = [
         DatasetResult("a", "f1", 40.0, 10, 0.2, skipped=False),

@@ -11,7 +11,7 @@ from test_cake import _prefill_layers, _random_layers
 from test_methods import _run, method_from_yaml
 
 from kvbench.methods.base import WindowObservation
-from kvbench.methods.scoring import ScoreOptions, window_attention
+from kvbench.methods.token_scores import ScoreOptions, window_attention
 from kvbench.methods.xkv import (
     XKVLayerAllocator,
     XKVScorer,
@@ -20,7 +20,7 @@ from kvbench.methods.xkv import (
     xkv_allocate,
     xkv_allocate_for_retention,
 )
-from kvbench.models import build_builtin
+from kvbench.models.loading import build_builtin
 
 
 def _all_splits(lengths: list[int], total: int):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 import kvbench
-from kvbench.real_tokenizers import build_tokenizer
+from kvbench.models.tokenizers import build_tokenizer
 
 PRESETS = {
     "qwen3-8b": ("Qwen/Qwen3-8B", 31500, ["<|im_end|>", "<|endoftext|>"]),

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 from kvbench.bench.timing import device_name, synchronize
-from kvbench.cache import KVBenchCache
-from kvbench.paged import PagedLayer
+from kvbench.cache.kv_cache import KVBenchCache
+from kvbench.cache.paged import PagedLayer
 
 
 def append_scaling(

@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 
-from kvbench.bench.cells import RunSpec, run_cell
+from kvbench.bench.efficiency_tables import rebuild_tables, write_csv
 from kvbench.bench.micro import append_scaling, stored_bytes, targets
-from kvbench.bench.models import build_random_model, load_method
-from kvbench.bench.plots import plot_all
-from kvbench.bench.tables import rebuild_tables, write_csv
+from kvbench.bench.random_models import build_random_model, load_method
+from kvbench.bench.speed_plots import plot_all
+from kvbench.bench.timed_cells import RunSpec, run_cell
 from kvbench.bench.timing import device_name, peak_bandwidth, resolve_device
 from kvbench.budget import parse_budget
 
@@ -39,7 +39,7 @@ class BenchPlan:
 
 def run_plan(plan: BenchPlan, out_dir: Path, log: Any = print) -> dict[str, Any]:
     """Run every cell and the micro-benchmarks; write CSVs, plots and the rebuilt tables under ``out_dir``."""
-    from kvbench.models import DTYPES
+    from kvbench.models.loading import DTYPES
 
     out_dir.mkdir(parents=True, exist_ok=True)
     device = resolve_device(plan.device)

@@ -13,7 +13,7 @@ The two scoring ops also take ``impl="dense"``: the materialising reference, for
 """
 
 from kvbench.kernels.ops import copy_rows, paged_append, paged_decode_attention, triton_available, use_triton
-from kvbench.kernels.scoring import SCORING_IMPLS, causal_column_sums, window_stats
+from kvbench.kernels.fused_scores import SCORING_IMPLS, causal_column_sums, window_stats
 from kvbench.kernels.stats import WindowStats
 
 __all__ = [

@@ -1,6 +1,6 @@
 """kvbench inside lm-evaluation-harness (the optional extra ``pip install 'kvbench[lmeval]'``).
 
-* :mod:`kvbench.lmeval.scoring` -- continuation log-likelihoods on a context compressed once (torch only);
+* :mod:`kvbench.lmeval.loglikelihood` -- continuation log-likelihoods on a context compressed once (torch only);
 * :mod:`kvbench.lmeval.model` -- :class:`~kvbench.lmeval.model.KVBenchLM`, registered with lm-eval as ``kvbench``;
 * :mod:`kvbench.lmeval.tasks` -- loading lm-eval tasks with clear errors when their data is not available offline;
 * :mod:`kvbench.lmeval.runner` -- ``python run.py task=lmeval``: lm-eval tasks in kvbench's results layout;

@@ -65,7 +65,7 @@ def check_model_args(args: Mapping[str, Any]) -> None:
     """Check every ``--model_args`` value of ``--model kvbench`` (see the module docstring)."""
     from omegaconf import OmegaConf
 
-    from kvbench.model_source import resolve_model_source
+    from kvbench.models.source import resolve_model_source
     from kvbench.validation import check_method, check_method_values
 
     unknown = [key for key in args if key not in MODEL_ARG_KEYS and not str(key).startswith("method.")]

@@ -12,11 +12,11 @@ method applied:
   context's length, an empty context replaced by the prefix token); :meth:`KVBenchLM.tok_encode` adds special
   tokens as ``hf`` does (``add_bos_token``; none when the text already starts with the BOS string);
 * ``loglikelihood``: requests are grouped by context tokens; each distinct context is prefilled and compressed
-  once (:func:`kvbench.lmeval.scoring.compress_context`) and every continuation of the group is scored on a copy of
-  that compressed cache (:func:`~kvbench.lmeval.scoring.score_continuation`); longer inputs than ``max_length + 1``
-  lose tokens from the left as in ``hf``;
-* ``generate_until``: kvbench's greedy loop (:func:`kvbench.generation.generate`) with the method applied; lm-eval's
-  ``until`` strings (plus the EOS) and ``max_gen_toks`` (default 256, as ``hf``) are honoured, the context is
+  once (:func:`kvbench.lmeval.loglikelihood.compress_context`) and every continuation of the group is scored on a copy
+  of that compressed cache (:func:`~kvbench.lmeval.loglikelihood.score_continuation`); longer inputs than
+  ``max_length + 1`` lose tokens from the left as in ``hf``;
+* ``generate_until``: kvbench's greedy loop (:func:`kvbench.inference.generate.generate`) with the method applied;
+  lm-eval's ``until`` strings (plus the EOS) and ``max_gen_toks`` (default 256, as ``hf``) are honoured, the context is
   left-truncated to ``max_length - max_gen_toks``, and the text is cut at the first stop string;
 * ``loglikelihood_rolling`` is refused (see :meth:`KVBenchLM.loglikelihood_rolling`).
 
@@ -48,12 +48,12 @@ from kvbench.budget import Budget, parse_budget
 from kvbench.checks import check_choice
 from kvbench.config import QUESTION_MODES
 from kvbench.errors import KVBenchError
-from kvbench.generation import generate
+from kvbench.inference.generate import generate
 from kvbench.lmeval.args import check_model_args
+from kvbench.lmeval.loglikelihood import cache_fingerprint, compress_context, score_continuation
 from kvbench.lmeval.presets import budget_config, method_config, model_config
-from kvbench.lmeval.scoring import cache_fingerprint, compress_context, score_continuation
 from kvbench.methods.base import EvictionMethod, build_method
-from kvbench.models import input_device, load_model, stop_token_ids
+from kvbench.models.loading import input_device, load_model, stop_token_ids
 
 LOG = logging.getLogger(__name__)
 #: ``max_gen_toks`` when a task does not set it (lm-eval's ``hf`` default).
@@ -78,7 +78,7 @@ class KVBenchLM(TemplateLM):
         A budget preset or string: ``full``, ``0.2x`` (keep 20 % of the compressed prompt), ``128L``, ``64/layer``.
     question_mode:
         ``agnostic`` (default: the context without its last token is compressed) or ``aware`` (the whole context);
-        :mod:`kvbench.lmeval.scoring` explains both.
+        :mod:`kvbench.lmeval.loglikelihood` explains both.
     dtype, device, revision:
         Override the model preset's (a path alone: float32, device auto).
     max_length:
@@ -154,7 +154,7 @@ class KVBenchLM(TemplateLM):
         budget: Budget,
         **options: Any,
     ) -> KVBenchLM:
-        """The bridge around a model already loaded with kvbench attention (``kvbench.models.load_model``), a
+        """The bridge around a model already loaded with kvbench attention (``kvbench.models.loading.load_model``), a
         built method and a parsed budget; ``options`` are the keyword options of the constructor after
         ``question_mode``."""
         lm = cls.__new__(cls)

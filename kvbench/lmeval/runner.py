@@ -1,6 +1,6 @@
 """``python run.py task=lmeval task.lm_eval_tasks=[arc_easy,...]``: lm-eval tasks in kvbench's runs.
 
-The runner (:class:`kvbench.runner.Runner`) does everything it does for any task -- validation, the run folder and
+The runner (:class:`kvbench.run.runner.Runner`) does everything it does for any task -- validation, the run folder and
 its lock, ``config.yaml`` / ``run_meta.json``, skipping datasets whose ``metrics.json`` holds this config, SIGTERM
 handling, the score table, W&B -- and hands each lm-eval task to :meth:`LMEvalDataset.evaluate`, which runs
 lm-eval's ``simple_evaluate`` on that task with :class:`~kvbench.lmeval.model.KVBenchLM` around the loaded model,
@@ -31,7 +31,7 @@ from omegaconf import OmegaConf
 from kvbench.errors import KVBenchError
 from kvbench.lmeval import LM_EVAL_VERSION, require_lm_eval
 from kvbench.lmeval.tasks import dataset_label, load_tasks, task_manager
-from kvbench.results import PREDICTIONS_FILE, atomic_write_text
+from kvbench.run.writers import PREDICTIONS_FILE, atomic_write_text
 from kvbench.tasks.base import Sample, TaskDataset, select_datasets
 
 #: ``task.options`` keys and their defaults.
@@ -47,7 +47,7 @@ OPTIONS = {
 PERCENT_METRICS = ("acc", "acc_norm", "acc_mutual_info", "exact_match", "em", "f1", "mcc")
 RECORDS_FILE = "cache_records.jsonl"
 #: How continuations are scored, recorded in ``metrics.json``'s settings.
-LOGLIKELIHOOD_PROTOCOL = "compress once per context, each continuation on a copy (kvbench.lmeval.scoring)"
+LOGLIKELIHOOD_PROTOCOL = "compress once per context, each continuation on a copy (kvbench.lmeval.loglikelihood)"
 #: ``dataset_path`` values that read local files (``dataset_kwargs.data_files``) instead of a hub dataset.
 LOCAL_BUILDERS = ("json", "csv", "parquet", "text", "arrow")
 
@@ -124,11 +124,11 @@ class LMEvalDataset(TaskDataset):
 
     def evaluate(self, runner: Any, loaded: Any, samples: Sequence[Sample]) -> Any:
         """Run lm-eval on this task with the runner's model, method and budget; write the dataset's files and
-        return its :class:`~kvbench.run_results.DatasetResult`."""
+        return its :class:`~kvbench.run.records.DatasetResult`."""
         import lm_eval
 
         from kvbench.lmeval.model import KVBenchLM
-        from kvbench.run_results import DatasetResult, cache_summary, metrics_record, settings_record, write_metrics
+        from kvbench.run.records import DatasetResult, cache_summary, metrics_record, settings_record, write_metrics
 
         cfg = runner.cfg
         folder = runner.folder / self.name

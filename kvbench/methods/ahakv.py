@@ -53,10 +53,10 @@ from kvbench.methods.base import (
 )
 from kvbench.methods.h2o import ScoredDecodePolicy
 from kvbench.methods.params import bounded, choice, parse_params
-from kvbench.methods.scoring import aggregate_groups, probability_dtype, round_to
+from kvbench.methods.token_scores import aggregate_groups, probability_dtype, round_to
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
-    from kvbench.cache import HeadwiseLayer
+    from kvbench.cache.kv_cache import HeadwiseLayer
 
 LAMBDA_READINGS = ("unscaled", "literal")
 LAMBDA_KS = ("budget", "selected")

@@ -28,11 +28,11 @@ from kvbench import kernels
 from kvbench.checks import check_min
 from kvbench.config import check_method_choices
 from kvbench.methods.knobs import check_unused_knobs
-from kvbench.methods.scoring import ScoreOptions
+from kvbench.methods.token_scores import ScoreOptions
 from kvbench.registry import Registry, submodule_importer
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
-    from kvbench.cache import HeadwiseLayer
+    from kvbench.cache.kv_cache import HeadwiseLayer
 
 
 # ---------------------------------------------------------------------------------------------------- observation
@@ -321,7 +321,8 @@ class EvictionMethod:
     sink_tokens: int = 0
     gqa_granularity: str = "kv_head"
     gqa_agg: str = "mean"
-    #: Also evict sliding-window layers (kvbench.sliding; off: they hold their window and budgets go to full layers).
+    #: Also evict sliding-window layers (kvbench.cache.sliding; off: they hold their window and budgets go to full
+    #: layers).
     compress_sliding: bool = False
     settings: dict[str, Any] = field(default_factory=dict)
     #: Common knobs (``MethodConfig`` fields) this method never reads: left out of the recorded settings.

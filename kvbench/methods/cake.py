@@ -62,7 +62,8 @@ from kvbench.methods.base import (
 from kvbench.methods.decoding import evict_lowest, one_token_evictions
 from kvbench.methods.h2o import AllRowsScorer, HeavyHitterDecode, ScoredDecodePolicy
 from kvbench.methods.params import bounded, choice, parse_params
-from kvbench.methods.scoring import (
+from kvbench.methods.snapkv import PyramidLayerAllocator, WindowVoteScorer
+from kvbench.methods.token_scores import (
     Rounding,
     ScoreOptions,
     no_rounding,
@@ -72,11 +73,10 @@ from kvbench.methods.scoring import (
     rounding_to,
     with_window_columns,
 )
-from kvbench.methods.snapkv import PyramidLayerAllocator, WindowVoteScorer
 from kvbench.methods.tova import CurrentAttentionDecode, LastQueryScorer
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
-    from kvbench.cache import HeadwiseLayer
+    from kvbench.cache.kv_cache import HeadwiseLayer
 
 INDICATORS = ("cake", "mean", "var", "mean_x_var", "h2o", "tova", "snapkv")
 ALLOCATIONS = ("p2a", "uniform", "pyramid", "random")

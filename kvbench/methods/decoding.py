@@ -4,7 +4,7 @@
   (``[H, S_max]``, slot-aligned), rounded where the reference code rounds;
 * :func:`one_token_evictions` -- whether a step's eviction is the common one-token-per-head case;
 * :func:`evict_lowest` -- evict the lowest-ranked slot of each over-cap head in place
-  (:meth:`kvbench.cache.HeadwiseLayer.evict_slots`: the head's last token moves into it).
+  (:meth:`kvbench.cache.kv_cache.HeadwiseLayer.evict_slots`: the head's last token moves into it).
 
 No loop over heads and no host synchronisation: a step costs what the cache keeps (issue #32).
 """
@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kvbench.methods.scoring import aggregate_groups, round_to
+from kvbench.methods.token_scores import aggregate_groups, round_to
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
-    from kvbench.cache import HeadwiseLayer
+    from kvbench.cache.kv_cache import HeadwiseLayer
 
 
 def padded_decode_attention(
@@ -72,7 +72,7 @@ def padded_decode_attention(
 
 def one_token_evictions(lengths: Sequence[int], caps: Sequence[int]) -> list[int] | None:
     """The heads that exceed their cap, when each exceeds it by exactly one token (the decode-step case that
-    :meth:`~kvbench.cache.HeadwiseLayer.evict_slots` handles in place); ``None`` when some head is further over
+    :meth:`~kvbench.cache.kv_cache.HeadwiseLayer.evict_slots` handles in place); ``None`` when some head is further over
     (a multi-token append, a lowered cap): then the general :func:`evict_to_caps` applies."""
     over = [head for head, (length, cap) in enumerate(zip(lengths, caps, strict=True)) if length > cap]
     if any(lengths[head] != caps[head] + 1 for head in over):

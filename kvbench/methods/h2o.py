@@ -45,10 +45,10 @@ from kvbench.methods.base import (
 )
 from kvbench.methods.decoding import evict_lowest, one_token_evictions, padded_decode_attention
 from kvbench.methods.params import choice, parse_params
-from kvbench.methods.scoring import ScoreOptions, aggregate_groups, appended_attention, round_to, window_votes
+from kvbench.methods.token_scores import ScoreOptions, aggregate_groups, appended_attention, round_to, window_votes
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
-    from kvbench.cache import HeadwiseLayer
+    from kvbench.cache.kv_cache import HeadwiseLayer
 
 SCORE_ROWS = ("all_rows", "window")
 
@@ -56,7 +56,7 @@ SCORE_ROWS = ("all_rows", "window")
 class AllRowsScorer(TokenScorer):
     """H2O's prefill indicator: column sums of the causal attention over all prompt rows (or the window's rows).
 
-    Returns ``[H, S]``: candidates reduced/pooled as :class:`~kvbench.methods.scoring.ScoreOptions` say (H2O: no
+    Returns ``[H, S]``: candidates reduced/pooled as :class:`~kvbench.methods.token_scores.ScoreOptions` say (H2O: no
     pooling), the window columns their plain (group-reduced) sums -- the running scores decoding continues from.
     """
 
@@ -174,7 +174,7 @@ class ScoredDecodePolicy(DecodePolicy):
 
     def append(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
         """With :attr:`evicts_on_append`, FMInference H2O's handling of a multi-token forward: the appended rows'
-        attention sums (:func:`~kvbench.methods.scoring.appended_attention`) go into the running scores, then every
+        attention sums (:func:`~kvbench.methods.token_scores.appended_attention`) go into the running scores, then every
         head is evicted to its cap at once; without, the appended tokens wait (score 0) for the next step."""
         if not self.evicts_on_append:
             return

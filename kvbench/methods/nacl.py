@@ -62,7 +62,7 @@ from kvbench.methods.base import (
     register_method,
 )
 from kvbench.methods.params import bounded, choice, parse_params
-from kvbench.methods.scoring import aggregate_groups
+from kvbench.methods.token_scores import aggregate_groups
 
 PROXY_ATTENTIONS = ("full", "causal")
 RANDOM_DISTRIBUTIONS = ("softmax", "uniform")

@@ -33,7 +33,7 @@ from kvbench.methods.base import (
     score_options,
 )
 from kvbench.methods.params import bounded, choice, parse_params
-from kvbench.methods.scoring import ScoreOptions, window_votes, with_window_columns
+from kvbench.methods.token_scores import ScoreOptions, window_votes, with_window_columns
 
 PYRAMID_SCHEDULES = ("kvcache_factory", "adakv", "sum_preserving")
 

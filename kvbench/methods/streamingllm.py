@@ -27,7 +27,7 @@ from kvbench.methods.decoding import evict_lowest, one_token_evictions
 from kvbench.methods.params import parse_params
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
-    from kvbench.cache import HeadwiseLayer
+    from kvbench.cache.kv_cache import HeadwiseLayer
 
 
 class RecencyScorer(TokenScorer):

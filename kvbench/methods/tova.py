@@ -33,10 +33,10 @@ from kvbench.methods.base import (
 from kvbench.methods.decoding import padded_decode_attention
 from kvbench.methods.h2o import ScoredDecodePolicy
 from kvbench.methods.params import parse_params
-from kvbench.methods.scoring import no_rounding, round_to, rounding_to
+from kvbench.methods.token_scores import no_rounding, round_to, rounding_to
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
-    from kvbench.cache import HeadwiseLayer
+    from kvbench.cache.kv_cache import HeadwiseLayer
 
 
 class LastQueryScorer(TokenScorer):

@@ -38,7 +38,7 @@ from kvbench.methods.base import (
     score_options,
 )
 from kvbench.methods.params import bounded, choice, parse_params
-from kvbench.methods.scoring import ScoreOptions, aggregate_groups
+from kvbench.methods.token_scores import ScoreOptions, aggregate_groups
 
 HEAD_MODES = ("layer_shared", "per_head")
 

@@ -30,7 +30,7 @@ from kvbench.errors import KVBenchError
 from kvbench.reporting.aggregate import run_summary
 from kvbench.reporting.dashboard_data import NO_EXPERIMENT, DashboardRuns, leaderboards, load_dashboard_runs, run_id
 from kvbench.reporting.site_page import PAGE_TEMPLATE
-from kvbench.results import atomic_write_text
+from kvbench.run.writers import atomic_write_text
 
 CACHE_FILE = ".kvbench-site-cache.json"
 PLOTLY_FILE = "plotly.min.js"
@@ -123,7 +123,7 @@ def run_records(runs: DashboardRuns) -> list[dict[str, Any]]:
 
 def site_data(runs: DashboardRuns, plotly_version: str) -> dict[str, Any]:
     """The page's embedded data: runs, leaderboards, needle grids, filter choices, build metadata."""
-    from kvbench import __version__
+    from kvbench.version import __version__
 
     records = run_records(runs)
     return {

@@ -3,7 +3,7 @@
     kvbench wandb-report --entity E --project P [results/runs] [--experiment X] [--title T] [--dry-run [--out F]]
 
 The local run folders say which models, tasks, datasets and paper averages exist; the report's panels read what
-:mod:`kvbench.wandb_logging` logged for each run (config ``panel.*``, one history row with the axes, summary
+:mod:`kvbench.run.wandb_logging` logged for each run (config ``panel.*``, one history row with the axes, summary
 scores and intervals).  Per model × task, one panel grid whose run set holds that model's and task's runs (and the
 experiment's, with ``--experiment``):
 
@@ -28,7 +28,7 @@ from typing import Any
 
 from kvbench.errors import KVBenchError
 from kvbench.reporting.dashboard_data import DashboardRuns
-from kvbench.wandb_logging import AXES
+from kvbench.run.wandb_logging import AXES
 
 #: Paper averages drawn in the "averages vs budget" panel, when the runs have them (summary.json's columns).
 PAPER_AVERAGES = ("longbench16", "longbench14", "longbench21", "needlebench_overall", "mean")

@@ -15,8 +15,6 @@ question-agnostic mode (``task.question_mode=agnostic``) only ``context`` is pre
 
 from __future__ import annotations
 
-import hashlib
-import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,83 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.registry import Registry, submodule_importer
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One evaluation example.
-
-    Attributes
-    ----------
-    id:
-        Unique and stable within its dataset (used to resume runs and to join predictions).
-    context:
-        Prompt text before the question (compressed in question-agnostic mode).
-    question:
-        Prompt text after the context ("" when the dataset has no separable question).
-    answers:
-        Reference answers; scorers take the max over them where the benchmark does.
-    answer_prefix:
-        Text the answer starts with, placed after the chat template's assistant header (official RULER: the model
-        continues it); appended after the question when no chat template is used.  Part of the question segment.
-    shots:
-        Worked examples before the prompt, each ``(user message, assistant reply)``: with a chat template each is
-        rendered as its own user turn followed by the reply and a newline (official RULER CWE); without one, plain
-        ``user + reply + "\\n"``.  Part of the context.
-    all_classes:
-        Label set for classification datasets (LongBench trec/lsht/...), else ``None``.
-    length:
-        Benchmark-provided length (LongBench's word count, used for LongBench-E buckets), else ``None``.
-    extra:
-        Anything else a scorer or a report needs (needle depth, target length, ...). JSON-serialisable.
-    """
-
-    id: str
-    context: str
-    question: str
-    answers: list[str]
-    answer_prefix: str = ""
-    shots: tuple[tuple[str, str], ...] = ()
-    all_classes: list[str] | None = None
-    length: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def user_text(self) -> str:
-        """The user message: context followed by the question."""
-        return self.context + self.question
-
-    @property
-    def prompt(self) -> str:
-        """The whole prompt without chat template: shots, context, question and answer prefix."""
-        shots = "".join(user + reply + "\n" for user, reply in self.shots)
-        return shots + self.context + self.question + self.answer_prefix
-
-    def prompt_sha256(self) -> str:
-        """Hash of everything the prompt is built from (recorded per prediction; resume checks it)."""
-        blob = json.dumps([self.shots, self.context, self.question, self.answer_prefix], ensure_ascii=False)
-        return hashlib.sha256(blob.encode("utf-8")).hexdigest()
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-serialisable dict (:meth:`from_json` inverts it)."""
-        return {
-            "id": self.id,
-            "context": self.context,
-            "question": self.question,
-            "answers": list(self.answers),
-            "answer_prefix": self.answer_prefix,
-            "shots": [list(shot) for shot in self.shots],
-            "all_classes": self.all_classes,
-            "length": self.length,
-            "extra": self.extra,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Sample:
-        """Inverse of :meth:`to_json`."""
-        fields = dict(data)
-        fields["shots"] = tuple((user, reply) for user, reply in fields.get("shots", ()))
-        return cls(**fields)
+from kvbench.sample import Sample
 
 
 class TaskDataset(ABC):
@@ -165,9 +87,9 @@ class TaskDataset(ABC):
 
     def evaluate(self, runner: Any, loaded: Any, samples: Sequence[Sample]) -> Any:
         """The dataset's own evaluation loop, for a dataset that sets :attr:`evaluates_itself`: run ``samples``
-        with the runner's (:class:`kvbench.runner.Runner`) method and budget on the ``loaded`` model, write the
-        dataset's files (:func:`kvbench.run_results.write_metrics`) and return its
-        :class:`~kvbench.run_results.DatasetResult`."""
+        with the runner's (:class:`kvbench.run.runner.Runner`) method and budget on the ``loaded`` model, write the
+        dataset's files (:func:`kvbench.run.records.write_metrics`) and return its
+        :class:`~kvbench.run.records.DatasetResult`."""
         raise NotImplementedError(f"{type(self).__name__} does not evaluate itself (evaluates_itself is False)")
 
     def provenance(self) -> dict[str, dict[str, Any]]:

@@ -2,7 +2,7 @@
 
 Three variants, each at any target length (default grid 1K/2K/4K tokens), modelled on RULER's NIAH
 (``/work/shared/specs/benchmarks.md`` section 2) but written for the word-level vocabulary of
-``models/tiny-niah`` (:mod:`kvbench.tiny_model`):
+``models/tiny-niah`` (:mod:`kvbench.models.tiny`):
 
 ``niah_single``
     One needle ``one of the special magic numbers is <key> <value> .`` inside a filler haystack
@@ -45,11 +45,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvbench import tiny_model
 from kvbench.checks import check_known_keys
-from kvbench.sample_cache import cached_samples, source_fingerprint, tokenizer_fingerprint
+from kvbench.models import tiny as tiny_model
+from kvbench.models.tiny import FILLER_WORDS, KEY_WORDS, VALUE_WORDS
+from kvbench.run.sample_cache import cached_samples, source_fingerprint, tokenizer_fingerprint
 from kvbench.tasks.base import Sample, TaskDataset, register_task, select_datasets
-from kvbench.tiny_model import FILLER_WORDS, KEY_WORDS, VALUE_WORDS
 
 #: Task variants, in dataset order.
 VARIANTS: tuple[str, ...] = ("niah_single", "niah_multikey", "niah_multivalue")
@@ -299,7 +299,7 @@ class TinyNiahDataset(TaskDataset):
         return spread_depth(index)
 
     def cache_key(self) -> dict[str, Any]:
-        """Everything the samples depend on (:mod:`kvbench.sample_cache`): not ``num_samples`` (sample i never
+        """Everything the samples depend on (:mod:`kvbench.run.sample_cache`): not ``num_samples`` (sample i never
         depends on it), so one stored generation serves every shorter request."""
         return {
             "dataset": self.name,

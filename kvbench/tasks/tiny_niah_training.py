@@ -8,6 +8,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from kvbench.models.tiny import KEY_WORDS, VALUE_WORDS
 from kvbench.tasks.tiny_niah import (
     HEADER_PLURAL,
     HEADER_SINGULAR,
@@ -21,7 +22,6 @@ from kvbench.tasks.tiny_niah import (
     multivalue_answer,
     needle_words,
 )
-from kvbench.tiny_model import KEY_WORDS, VALUE_WORDS
 
 
 @dataclass

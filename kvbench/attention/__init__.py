@@ -1,0 +1,46 @@
+"""The registered attention function (:mod:`.function`) and what it calls: the score extras
+(:mod:`.extras`), the ops on cache layers (:mod:`.ops`) and the attention paths (:mod:`.paths`).
+
+``from kvbench.attention import ATTENTION_NAME`` keeps working: the public names of :mod:`kvbench.attention.function`
+(the former ``kvbench.attention`` module) are re-exported here, imported on first use so that importing one submodule
+of this package does not load the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: The public names of :mod:`kvbench.attention.function`, re-exported lazily by :func:`__getattr__`.
+_REEXPORTED = frozenset(
+    {
+        "ATTENTION_NAME",
+        "AttentionDetails",
+        "AttentionObserver",
+        "PagedKV",
+        "RaggedKV",
+        "SlidingWindowLayer",
+        "attend_within_window_by_position",
+        "bottom_right_causal_mask",
+        "dense_attention",
+        "detailed_attention",
+        "kvbench_attention_forward",
+        "on_device",
+        "paged_attention",
+        "ragged_attention",
+        "ragged_detailed_attention",
+        "sliding_causal_mask",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _REEXPORTED:
+        value = getattr(importlib.import_module("kvbench.attention.function"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_REEXPORTED})

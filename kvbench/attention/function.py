@@ -1,0 +1,224 @@
+"""The one attention function kvbench registers with transformers (``attn_implementation="kvbench"``).
+
+Because "kvbench" is not a key of transformers' mask registry, models pass ``attention_mask=None`` to it, and it
+builds the right causal mask itself from each layer's (and each head's) own stored length.  The new ``q`` query
+tokens are always the last ``q`` entries of every head's storage (they were just appended), so the mask is
+*bottom-right* causal: query ``i`` of the chunk sees stored slots ``0 .. S_h - q + i``.  This is correct
+
+* in prefill (``S_h == q``: plain causal attention),
+* for a multi-token question fed on top of a compressed context (``q > 1``, ``S_h > q``),
+* in decoding (``q == 1``: attend to everything stored).
+
+Dense layers go through transformers' own ``sdpa_attention_forward`` (identical numerics to ``sdpa`` when
+nothing is evicted); ragged layers loop over stored heads, each with its GQA group of query heads; paged layers
+(``KVBenchCache(backend="paged")``) go through :func:`kvbench.cache.paged.paged_attention` (varlen / Triton on CUDA, the
+same per-head SDPA as ragged layers otherwise).
+
+Eviction hooks in here, not through monkeypatching: the generation loop passes a ``kvbench_session`` keyword
+argument through the model's forward; after computing a layer's attention this function hands the session the
+layer's post-RoPE queries, and the session may compress that layer's cache (prefill) or apply its decode policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Protocol
+
+import torch
+from transformers import AttentionInterface
+
+from kvbench.attention.extras import (
+    AttentionDetails,
+    attend_within_window_by_position,
+    detailed_attention,
+    ragged_detailed_attention,
+)
+from kvbench.attention.ops import bottom_right_causal_mask, dense_attention, ragged_attention
+from kvbench.cache.base import RaggedKV, on_device
+from kvbench.cache.paged import PagedKV, paged_attention
+from kvbench.cache.sliding import SlidingWindowLayer, sliding_causal_mask
+
+__all__ = ["ATTENTION_NAME", "AttentionObserver", "bottom_right_causal_mask", "kvbench_attention_forward"]
+
+#: The name to pass as ``attn_implementation`` (registered on import of this module).
+ATTENTION_NAME = "kvbench"
+
+
+class AttentionObserver(Protocol):
+    """What the attention function calls back after each layer (implemented by the eviction session)."""
+
+    def after_attention(self, module: torch.nn.Module, query: torch.Tensor, scaling: float) -> None:
+        """Called with ``query`` ``[1, H_q, q, D]`` (post-RoPE) once the layer's output is computed."""
+
+
+def kvbench_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor | RaggedKV | PagedKV,
+    value: torch.Tensor | RaggedKV | PagedKV,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Causal attention over a kvbench cache layer (see module docstring).
+
+    Parameters
+    ----------
+    query:
+        ``[1, H_q, q, D]`` post-RoPE queries of the new tokens.
+    key, value:
+        Dense ``[1, H, S, D]``, :class:`RaggedKV` per-head ``[1, 1, S_h, D]``, or :class:`~kvbench.cache.paged.PagedKV`
+        (paged backend), as returned by the cache.
+    attention_mask:
+        Must be ``None``: kvbench runs one unpadded sequence and builds its own masks.
+    kwargs:
+        ``kvbench_session`` (optional) receives the queries after the output is computed; ``kvbench_cache``
+        (optional, else the session's) gives each layer's sliding window and positions; the per-model details
+        ``sliding_window``, ``softcap`` and ``s_aux`` (sinks) are honoured (:mod:`kvbench.attention.extras`).
+
+    Returns
+    -------
+    ``([1, q, H_q, D], None)``: the attention output and no attention weights.
+    """
+    if attention_mask is not None:
+        raise ValueError("kvbench attention expects attention_mask=None (batch size 1, no padding)")
+    if query.shape[0] != 1:
+        raise ValueError(f"kvbench attention runs batch size 1, got {query.shape[0]}")
+    details = AttentionDetails.from_kwargs(kwargs)
+    session = kwargs.get("kvbench_session")
+    cache = getattr(session, "cache", None) or kwargs.get("kvbench_cache")
+    layer_idx = getattr(module, "layer_idx", None)
+    cache_layer, cache_window = None, None
+    if cache is not None and layer_idx is not None:
+        cache_layer = cache.layers[int(layer_idx)]
+        cache_window = getattr(cache, "windows", [None] * len(cache.layers))[int(layer_idx)]
+    if details.window is None and cache_window is not None:
+        # Some models (PhiMoE) put the window in the mask only, which kvbench builds itself: take the layer's.
+        details = replace(details, window=cache_window)
+    with on_device(query.device):  # this layer's device (a device map spreads layers over GPUs)
+        if details.window is not None and cache_layer is not None and not isinstance(cache_layer, SlidingWindowLayer):
+            # A sliding layer kept evictable (compress_sliding): the window is applied on the true positions.
+            output = _windowed_by_position(query, key, value, cache_layer, scaling, details)
+            if session is not None:
+                session.after_attention(module, query, scaling if scaling is not None else query.shape[-1] ** -0.5)
+            return output, None
+        if details.window is not None and not isinstance(key, torch.Tensor):
+            raise NotImplementedError(
+                f"model layer {layer_idx} uses sliding-window attention (window {details.window}) over per-head "
+                f"storage ({type(key).__name__}) without a kvbench session to read its positions from"
+            )
+        return _attend_and_observe(module, query, key, value, scaling, dropout, session, details)
+
+
+def _windowed_by_position(
+    query: torch.Tensor,
+    key: torch.Tensor | RaggedKV | PagedKV,
+    value: torch.Tensor | RaggedKV | PagedKV,
+    layer: Any,
+    scaling: float | None,
+    details: AttentionDetails,
+) -> torch.Tensor:
+    """Sliding-window attention over an evictable layer (heads may differ in length and hold non-contiguous
+    positions): per stored head, query ``p`` sees the kept keys at positions ``p - window < k <= p``."""
+    keys, values = _per_head_kv(key, value)
+    query_positions = torch.arange(layer.seen_tokens - query.shape[2], layer.seen_tokens, device=query.device)
+    assert details.window is not None
+    return attend_within_window_by_position(
+        query, keys, values, layer.positions, query_positions, details.window, scaling, details
+    )
+
+
+def _read_back(
+    key: torch.Tensor | RaggedKV | PagedKV, value: torch.Tensor | RaggedKV | PagedKV
+) -> tuple[torch.Tensor | RaggedKV, torch.Tensor | RaggedKV]:
+    """Paged storage as dense ``[1, H, S, D]`` or per-head (:class:`RaggedKV`) keys and values (the first chunk's
+    new states as they are); other storage unchanged."""
+    if isinstance(key, PagedKV):
+        if key.first_chunk:
+            return key.new_keys, key.new_values
+        if key.layer.is_ragged:
+            return key.layer.ragged_kv()
+        dense_keys, dense_values = key.layer.dense_kv()
+        return dense_keys[None], dense_values[None]
+    assert not isinstance(value, PagedKV)
+    return key, value
+
+
+def _per_head_kv(
+    key: torch.Tensor | RaggedKV | PagedKV, value: torch.Tensor | RaggedKV | PagedKV
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per stored head ``[1, 1, S_h, D]`` keys and values of a layer's ``update`` result."""
+    key, value = _read_back(key, value)
+    if isinstance(key, RaggedKV):
+        assert isinstance(value, RaggedKV)
+        return key.heads, value.heads
+    assert isinstance(value, torch.Tensor)
+    return list(key.split(1, dim=1)), list(value.split(1, dim=1))
+
+
+def _attend_and_observe(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor | RaggedKV | PagedKV,
+    value: torch.Tensor | RaggedKV | PagedKV,
+    scaling: float | None,
+    dropout: float,
+    session: AttentionObserver | None,
+    details: AttentionDetails,
+) -> tuple[torch.Tensor, None]:
+    """The attention output for the cache layer's storage kind, then the session's callback."""
+    effective_scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if details.needs_eager or details.window is not None:
+        output = _detailed(module, query, key, value, effective_scaling, details)
+    elif isinstance(key, PagedKV):
+        output = paged_attention(module, query, key, scaling, dropout)
+    elif isinstance(key, RaggedKV):
+        assert isinstance(value, RaggedKV)
+        output = ragged_attention(query, key, value, scaling, dropout)
+    else:
+        assert isinstance(value, torch.Tensor)
+        output = dense_attention(module, query, key, value, scaling, dropout)
+    if session is not None:
+        session.after_attention(module, query, effective_scaling)
+    return output, None
+
+
+def _detailed(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor | RaggedKV | PagedKV,
+    value: torch.Tensor | RaggedKV | PagedKV,
+    scaling: float,
+    details: AttentionDetails,
+) -> torch.Tensor:
+    """Attention with a sliding window, soft-capping or sinks (inference: no dropout); returns ``[1, q, H_q, D]``.
+
+    A sliding layer without soft-capping or sinks keeps SDPA (a boolean window mask); the others are computed eagerly
+    (:func:`kvbench.attention.extras.detailed_attention`).  Paged storage is read back as dense or per-head tensors.
+    """
+    key, value = _read_back(key, value)
+    if isinstance(key, RaggedKV):
+        assert isinstance(value, RaggedKV)
+        return ragged_detailed_attention(query, key, value, scaling, details, bottom_right_causal_mask)
+    assert isinstance(value, torch.Tensor)
+    query_length, key_length = query.shape[2], key.shape[2]
+    mask = None
+    if details.window is not None and key_length > 1:
+        mask = sliding_causal_mask(query_length, key_length, details.window, query.device)
+    elif query_length > 1:
+        mask = bottom_right_causal_mask(query_length, key_length, query.device)
+    if details.needs_eager:
+        return detailed_attention(query, key, value, scaling, mask, details)
+    groups = query.shape[1] // key.shape[1]
+    output = torch.nn.functional.scaled_dot_product_attention(
+        query,
+        key.repeat_interleave(groups, dim=1),
+        value.repeat_interleave(groups, dim=1),
+        attn_mask=mask[None, None] if mask is not None else None,
+        scale=scaling,
+    )
+    return output.transpose(1, 2).contiguous()
+
+
+AttentionInterface.register(ATTENTION_NAME, kvbench_attention_forward)

@@ -1,0 +1,90 @@
+"""Attention over stored keys and values, the operations below every cache layer (no cache logic here).
+
+* :func:`bottom_right_causal_mask`: the ``[q, S]`` mask of new queries that are the last ``q`` stored tokens;
+* :func:`dense_attention`: all stored heads the same length, through transformers' ``sdpa_attention_forward``;
+* :func:`ragged_attention`: per-head sequences of different lengths, one SDPA call per stored head with its GQA group.
+
+:mod:`kvbench.cache.paged` and :mod:`kvbench.attention.function` (the function registered with transformers) both call
+these.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from kvbench.cache.base import RaggedKV
+
+
+def bottom_right_causal_mask(query_length: int, key_length: int, device: torch.device) -> torch.Tensor:
+    """Boolean ``[q, S]`` mask, True where query ``i`` may attend key ``j``: ``j <= S - q + i``."""
+    if key_length < query_length:
+        raise ValueError(f"cache holds {key_length} tokens, fewer than the {query_length} new queries")
+    rows = torch.arange(query_length, device=device)[:, None]
+    cols = torch.arange(key_length, device=device)[None, :]
+    return cols <= rows + (key_length - query_length)
+
+
+def dense_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scaling: float | None,
+    dropout: float,
+) -> torch.Tensor:
+    """Attention over ``[1, H_kv', S, D]`` keys (all heads the same length); returns ``[1, q, H_q, D]``."""
+    query_length, key_length = query.shape[2], key.shape[2]
+    mask = None
+    if 1 < query_length < key_length:
+        mask = bottom_right_causal_mask(query_length, key_length, query.device)[None, None]
+    groups = query.shape[1] // key.shape[1]
+    # sdpa_attention_forward reads the GQA factor from the module; the stored head count may differ from the
+    # model's (query-head granularity), so give it a view with the right factor.
+    output, _ = sdpa_attention_forward(
+        _GroupView(module, groups), query, key, value, mask, dropout=dropout, scaling=scaling, is_causal=True
+    )
+    return output
+
+
+def ragged_attention(
+    query: torch.Tensor, keys: RaggedKV, values: RaggedKV, scaling: float | None, dropout: float
+) -> torch.Tensor:
+    """Attention over per-head sequences of different lengths; returns ``[1, q, H_q, D]``."""
+    query_length = query.shape[2]
+    groups = query.shape[1] // keys.num_heads
+    outputs = []
+    for head, (head_k, head_v) in enumerate(zip(keys.heads, values.heads, strict=True)):
+        head_q = query[:, head * groups : (head + 1) * groups]  # [1, g, q, D]
+        key_length = head_k.shape[2]
+        mask = None
+        is_causal = False
+        if query_length > 1:
+            if key_length == query_length:
+                is_causal = True
+            else:
+                mask = bottom_right_causal_mask(query_length, key_length, query.device)[None, None]
+        out = torch.nn.functional.scaled_dot_product_attention(
+            head_q,
+            head_k.expand(1, groups, key_length, head_k.shape[-1]),
+            head_v.expand(1, groups, key_length, head_v.shape[-1]),
+            attn_mask=mask,
+            dropout_p=dropout,
+            is_causal=is_causal,
+            scale=scaling,
+        )
+        outputs.append(out)
+    return torch.cat(outputs, dim=1).transpose(1, 2).contiguous()
+
+
+class _GroupView:
+    """Proxy exposing a module with a different ``num_key_value_groups`` (for sdpa_attention_forward)."""
+
+    def __init__(self, module: torch.nn.Module, groups: int) -> None:
+        self._module = module
+        self.num_key_value_groups = groups
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)

@@ -1,0 +1,382 @@
+"""The eviction session: applies an :class:`~kvbench.methods.base.EvictionMethod` to a :class:`KVBenchCache`.
+
+One session per sample.  The generation loop tells it the phase (compressing prefill, plain append, decode) and
+passes it to the model's forward as ``kvbench_session``; kvbench's attention function calls
+:meth:`EvictionSession.after_attention` once per layer with the layer's queries.
+
+The compressed prefill may arrive in chunks (``run.prefill_chunk``): each chunk goes through the cache, and the
+session keeps per layer what the method reads from the prompt rows -- the last ``W`` queries (the observation
+window), the column sums of every row's attention when the scorer asks for them (H2O: accumulated chunk by chunk
+against the keys stored so far, which are exactly the keys each row sees), every query when it asks for them --
+and compresses the layer once its last chunk is stored, as after a one-shot prefill.
+
+Selection rule (per layer, per stored head): tokens are ranked by the method's scores; *protected* tokens (the
+observation window when ``keep_window``, the first ``sink_tokens`` positions) rank first, ties broken towards more
+recent tokens; the head keeps the top ``k_h`` where ``k_h`` comes from the head allocator.  With
+``window_in_budget=False`` the window is kept on top of the budget: the allocators see the total (or the fixed
+per-layer budget) raised by one window per layer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from kvbench import kernels
+from kvbench.budget import Budget
+from kvbench.cache.base import on_device
+from kvbench.cache.kv_cache import HeadwiseLayer, KVBenchCache
+from kvbench.checks import check_choice
+from kvbench.methods.base import EvictionMethod, PromptRows, WindowObservation
+from kvbench.methods.token_scores import aggregate_groups
+
+Phase = Literal["idle", "compress", "append", "decode"]
+
+
+@dataclass
+class CacheRecord:
+    """Requested versus achieved cache sizes of one sample (tokens per stored head)."""
+
+    context_tokens: int = 0
+    requested_per_layer: list[int] = field(default_factory=list)
+    requested_per_head: list[list[int]] = field(default_factory=list)
+    achieved_per_layer: list[int] = field(default_factory=list)
+    achieved_per_head: list[list[int]] = field(default_factory=list)
+    evicted: bool = False
+    cache_bytes: int = 0
+    #: Largest KV bytes held at any point of the compressed prefill (measured when each layer's attention is done,
+    #: before its eviction: earlier layers compressed so far + this layer's full cache; with a chunked prefill every
+    #: layer holds its full cache until its last chunk).
+    peak_prefill_bytes: int = 0
+    final_per_layer: list[int] = field(default_factory=list)
+    #: Tokens per forward of the compressed prefill (0: one forward; ``run.prefill_chunk``).
+    prefill_chunk: int = 0
+    #: Per layer, the cache size (tokens per stored head, mean over heads) decode-time eviction keeps: the budget,
+    #: also when the prompt was shorter (the cache grows to it first, as the references).
+    decode_cap_per_layer: list[int] = field(default_factory=list)
+    #: Heads stored per layer (KV heads, or query heads with ``gqa_granularity=query_head``) and the model's KV heads.
+    stored_heads: int = 0
+    kv_heads: int = 0
+    #: Bytes the full cache (KV heads, nothing evicted) holds for the same tokens, when ``cache_bytes`` was measured,
+    #: and whether the stored cache exceeded it then or at the end (query-head storage at a generous budget).
+    full_cache_bytes: int = 0
+    exceeds_full_cache: bool = False
+    #: What a stateful layer allocator records about this sample (XKV's sampled mode: its calibration shares), so a
+    #: resumed run can replay it; ``None`` for the others.
+    allocator_state: dict[str, Any] | None = None
+    #: The model layers eviction acts on (full attention): budgets are stated per compressible layer and the layer
+    #: allocators distribute over these only.
+    compressible_layers: list[int] = field(default_factory=list)
+    #: The sliding-window layers (:mod:`kvbench.cache.sliding`): never evicted, each holds at most its window.
+    sliding_layers: list[int] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def prompt_fingerprint(token_ids: Sequence[int]) -> int:
+    """A stable 63-bit hash of a prompt's token ids (the :attr:`WindowObservation.sample_key` of its sample)."""
+    digest = hashlib.blake2b(array("q", token_ids).tobytes(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+def rank_tokens(scores: torch.Tensor, positions: torch.Tensor, protected: torch.Tensor) -> torch.Tensor:
+    """Order of one head's stored slots from most to least worth keeping.
+
+    Parameters
+    ----------
+    scores:
+        ``[S]`` importance (higher = keep); ``-inf`` never wins over a finite score.
+    positions:
+        ``[S]`` true token positions (ties are broken towards larger positions, i.e. more recent tokens).
+    protected:
+        ``[S]`` bool, tokens that rank before every unprotected one.
+
+    Returns
+    -------
+    ``[S]`` slot indices.
+    """
+    by_recency = torch.argsort(positions, descending=True, stable=True)
+    ranked_scores = torch.where(protected[by_recency], torch.inf, scores[by_recency].float())
+    by_score = torch.argsort(ranked_scores, descending=True, stable=True)
+    return by_recency[by_score]
+
+
+@dataclass
+class PrefillRows:
+    """One layer's prompt rows kept across the chunks of a compressed prefill (module docstring).
+
+    Attributes
+    ----------
+    window_queries:
+        ``[H_q, <=W, D]`` the last ``W`` queries seen so far.
+    column_sums:
+        ``[H_q, S_seen]`` float32 attention each stored key received from every row so far (when asked for).
+    queries:
+        The query chunks so far (when asked for), trimmed to the last ``needs.query_rows(S)`` rows when given.
+    """
+
+    window_queries: torch.Tensor | None = None
+    column_sums: torch.Tensor | None = None
+    queries: list[torch.Tensor] = field(default_factory=list)
+
+    def add(self, layer: HeadwiseLayer, query: torch.Tensor, scaling: float, window: int, needs: PromptRows,
+            impl: str, prompt_length: int) -> None:  # fmt: skip
+        """Take one chunk: ``query`` ``[H_q, q, D]``, the last ``q`` tokens stored in ``layer`` (of a compressed
+        prompt of ``prompt_length`` tokens)."""
+        recent = query if self.window_queries is None else torch.cat([self.window_queries, query], dim=1)
+        self.window_queries = recent[:, -window:].clone()  # not a view: the chunk's queries are freed
+        if needs.column_sums:
+            keys, _ = layer.dense_kv()  # every key stored so far: exactly the keys these rows see
+            sums = kernels.causal_column_sums(
+                query, keys, scaling, prob_dtype=needs.prob_dtype, logit_dtype=needs.prob_dtype, impl=impl
+            )
+            if self.column_sums is not None:
+                sums[:, : self.column_sums.shape[1]] += self.column_sums
+            self.column_sums = sums
+        if needs.queries:
+            self.queries.append(query)
+            if needs.query_rows is not None:  # only the last rows: one trimmed copy, the chunks are freed
+                kept = self.prompt_queries()
+                assert kept is not None
+                self.queries = [kept[:, -needs.query_rows(prompt_length) :].clone()]
+
+    def prompt_queries(self) -> torch.Tensor | None:
+        """``[H_q, R, D]`` the kept queries, the last ``R`` of the prompt (``None`` unless kept)."""
+        if not self.queries:
+            return None
+        return self.queries[0] if len(self.queries) == 1 else torch.cat(self.queries, dim=1)
+
+
+class EvictionSession:
+    """Drives one sample's eviction (see module docstring).
+
+    Parameters
+    ----------
+    method:
+        The method to apply.
+    budget:
+        The parsed budget.
+    cache:
+        The sample's cache (built with the method's GQA granularity).
+    scoring_impl:
+        Kernel implementation of the attention statistics (:attr:`WindowObservation.impl`): ``auto`` (default),
+        ``triton``, ``torch``, or ``dense`` (the materialising reference, for comparisons).
+    """
+
+    def __init__(self, method: EvictionMethod, budget: Budget, cache: KVBenchCache, scoring_impl: str = "auto") -> None:
+        self.scoring_impl = check_choice("scoring_impl", scoring_impl, kernels.SCORING_IMPLS)
+        self.method = method
+        self.budget = budget
+        self.cache = cache
+        self.num_layers = len(cache.layers)
+        #: Model layer index -> its rank among the compressible layers (what allocators and scorers see).
+        self.compressible = cache.compressible_layers
+        self._rank = {layer_idx: rank for rank, layer_idx in enumerate(self.compressible)}
+        self.phase: Phase = "idle"
+        self.record = CacheRecord(compressible_layers=list(self.compressible), sliding_layers=cache.sliding_layers)
+        self.context_length = 0
+        self._scores: dict[int, list[torch.Tensor]] = {}
+        self._requested: dict[int, tuple[int, list[int]]] = {}
+        self._decode_caps: dict[int, list[int]] = {}
+        self._allocator_started = False
+        self._rows: dict[int, PrefillRows] = {}
+        self.sample_key = 0
+
+    # ------------------------------------------------------------------ phases
+    @property
+    def compresses(self) -> bool:
+        """Whether prefill compression applies (a scorer and a non-full budget)."""
+        return self.method.scorer is not None and not self.budget.is_full
+
+    def begin_prefill(self, context_length: int, prompt_ids: Sequence[int] | None = None) -> None:
+        """The next forwards are the (compressed) context prefill of ``context_length`` tokens, in one forward or
+        in chunks; each layer is compressed once all ``context_length`` tokens are stored.
+
+        ``prompt_ids`` (the compressed tokens) give the sample its :attr:`WindowObservation.sample_key`.
+        """
+        self.phase = "compress"
+        self.sample_key = prompt_fingerprint(prompt_ids) if prompt_ids is not None else 0
+        self.context_length = context_length
+        self.record.context_tokens = context_length
+
+    def begin_append(self) -> None:
+        """The next forward appends tokens (a question) without compressing."""
+        self._finish_prefill()
+        self.phase = "append"
+
+    def begin_decode(self) -> None:
+        """Following forwards are decoding steps."""
+        self._finish_prefill()
+        self.phase = "decode"
+
+    def finish(self) -> CacheRecord:
+        """End of the sample: fill the final sizes and return the record."""
+        self._finish_prefill()
+        self.record.final_per_layer = self.cache.layer_lengths()
+        if self.cache.stored_token_bytes() > self.cache.full_cache_bytes():
+            self.record.exceeds_full_cache = True
+        self.record.allocator_state = self.method.layer_allocator.sample_state()
+        return self.record
+
+    # ------------------------------------------------------------------ attention callback
+    def kept_scores(self, layer_idx: int) -> list[torch.Tensor] | None:
+        """The scorer's scores of each head's kept tokens after the layer's prefill compression, ``[n_h]`` per head
+        in position order (what the decode policy starts from); ``None`` for a layer that was not scored."""
+        scores = self._scores.get(layer_idx)
+        return None if scores is None else list(scores)
+
+    def after_attention(self, module: torch.nn.Module, query: torch.Tensor, scaling: float) -> None:
+        """Called by kvbench's attention for every layer with ``query`` ``[1, H_q, q, D]``."""
+        layer_idx = int(module.layer_idx)
+        if layer_idx not in self._rank:  # a sliding-window layer: never evicted
+            if self.phase == "compress":
+                self.record.peak_prefill_bytes = max(self.record.peak_prefill_bytes, self.cache.kv_bytes())
+            return
+        layer = self.cache.headwise_layers[layer_idx]
+        policy = self.method.decode_policy
+        if self.phase == "compress":
+            self._prefill_chunk(layer_idx, layer, query[0], scaling)
+        elif policy is None or self.budget.is_full:
+            return
+        elif self.phase == "decode":
+            policy.step(layer_idx, layer, query[0], scaling)
+        elif self.phase == "append":
+            # A multi-token forward after the prefill: each policy does what its reference does with one
+            # (TOVA scores the last query; H2O adds every new row's attention; both then evict to the caps).
+            policy.append(layer_idx, layer, query[0], scaling)
+
+    # ------------------------------------------------------------------ prefill compression
+    def _prefill_chunk(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
+        """One prefill forward at a layer: keep the rows the method needs; compress after the last chunk."""
+        context = layer.seen_tokens
+        self.record.peak_prefill_bytes = max(self.record.peak_prefill_bytes, self.cache.kv_bytes())
+        if not self.compresses:
+            self._requested[layer_idx] = (context, [context] * layer.num_heads)
+            return
+        assert self.method.scorer is not None
+        rows = self._rows.setdefault(layer_idx, PrefillRows())
+        needs = self.method.scorer.prompt_rows(query.dtype)
+        rows.add(layer, query, scaling, self.method.window, needs, self.scoring_impl, self.context_length)
+        if context < self.context_length:
+            return  # more chunks to come
+        del self._rows[layer_idx]
+        self._compress_prefill(layer_idx, layer, rows, scaling)
+
+    def _compress_prefill(self, layer_idx: int, layer: HeadwiseLayer, rows: PrefillRows, scaling: float) -> None:
+        context = layer.seen_tokens
+        num_heads = layer.num_heads
+        keys, values = layer.dense_kv()
+        assert rows.window_queries is not None
+        window = min(self.method.window, context)
+        queries = rows.window_queries[:, -window:]
+        # Allocators and scorers see the compressible layers only, numbered 0..L_c-1 (sliding layers skipped).
+        rank, num_compressible = self._rank[layer_idx], len(self.compressible)
+        observation = WindowObservation(
+            layer_idx=rank,
+            num_layers=num_compressible,
+            queries=queries,
+            keys=keys,
+            values=values,
+            scaling=scaling,
+            prompt_queries=rows.prompt_queries(),
+            prompt_column_sums=rows.column_sums,
+            impl=self.scoring_impl,
+            sample_key=self.sample_key,
+        )
+        # With window_in_budget=False every layer keeps its window on top of the budget: allocators see it added.
+        off_budget = 0 if self.method.window_in_budget else window
+        if self.budget.fixed_per_layer:
+            budgets = {rank: int(self.budget.value) + off_budget}
+        else:
+            if not self._allocator_started:
+                total = self.budget.total(context, num_compressible) + num_compressible * off_budget
+                self.method.layer_allocator.start(total, num_compressible, context)
+                self._allocator_started = True
+            budgets = self.method.layer_allocator.on_layer(observation)
+        if rank in budgets:
+            observation.layer_budget = int(budgets[rank])
+        assert self.method.scorer is not None
+        scores = aggregate_groups(self.method.scorer.score(observation).float(), num_heads, self.method.gqa_agg)
+        if scores.shape != (num_heads, context):
+            raise ValueError(
+                f"scorer {type(self.method.scorer).__name__} returned shape {tuple(scores.shape)}, "
+                f"expected ({num_heads}, {context}) or ({queries.shape[0]}, {context})"
+            )
+        self._scores[layer_idx] = list(scores.unbind(0))
+        for target_rank, layer_budget in sorted(budgets.items()):
+            self._shrink_layer(self.compressible[target_rank], int(layer_budget), window)
+
+    def _shrink_layer(self, layer_idx: int, keep_total: int, window: int) -> None:
+        """Evict ``layer_idx`` down to ``keep_total`` tokens per head (window and sinks included)."""
+        layer = self.cache.headwise_layers[layer_idx]
+        method = self.method
+        lengths = layer.head_lengths()
+        scores = self._scores[layer_idx]
+        protected = []
+        for head in range(layer.num_heads):
+            positions = layer.positions[head]
+            mask = positions < method.sink_tokens
+            if method.keep_window:
+                mask = mask | (positions >= self.context_length - window)
+            protected.append(mask)
+        padded = _pad_scores(scores, protected)
+        counts = method.head_allocator.allocate(padded, keep_total)
+        counts = [min(int(count), length) for count, length in zip(counts, lengths, strict=True)]
+        self._requested[layer_idx] = (keep_total, counts)
+        # While decoding, a head that was cut keeps its allocation; one that was not grows to the layer budget before
+        # evicting -- unless the allocator sets its own decode budget (CAKE's, when its prefill trigger did not fire).
+        decode_budget = method.layer_allocator.decode_budget(self._rank[layer_idx])
+        self._decode_caps[layer_idx] = [
+            decode_budget if decode_budget is not None else count if count < length else max(keep_total, length)
+            for count, length in zip(counts, lengths, strict=True)
+        ]
+        if all(count >= length for count, length in zip(counts, lengths, strict=True)):
+            return
+        keep: list[torch.Tensor] = []
+        for head in range(layer.num_heads):
+            order = rank_tokens(scores[head], layer.positions[head], protected[head])
+            keep.append(order[: counts[head]])
+        kept_sorted = [torch.sort(idx).values for idx in keep]
+        with on_device(layer.positions[0].device):  # an allocator may shrink a layer on another GPU
+            layer.keep(kept_sorted)
+        self._scores[layer_idx] = [s.index_select(0, idx) for s, idx in zip(scores, kept_sorted, strict=True)]
+        self.record.evicted = True
+
+    def _finish_prefill(self) -> None:
+        """Close the prefill record once (requested/achieved per layer and head, bytes)."""
+        if self.phase != "compress":
+            return
+        self.phase = "idle"
+        record = self.record
+        for layer_idx, layer in enumerate(self.cache.headwise_layers):
+            seen = layer.seen_tokens if layer_idx in self._rank else max(layer.head_lengths(), default=0)
+            requested_total, requested_heads = self._requested.get(layer_idx, (seen, [seen] * layer.num_heads))
+            record.requested_per_layer.append(min(requested_total, layer.seen_tokens))
+            record.requested_per_head.append(requested_heads)
+            record.achieved_per_head.append(layer.head_lengths())
+            caps = self._decode_caps.get(layer_idx, requested_heads)
+            record.decode_cap_per_layer.append(round(sum(caps) / len(caps)) if caps else 0)
+            if self.method.decode_policy is not None and not self.budget.is_full and layer_idx in self._rank:
+                self.method.decode_policy.start_layer(layer_idx, layer, caps, self._scores.get(layer_idx))
+        record.achieved_per_layer = self.cache.layer_lengths()
+        record.cache_bytes = self.cache.kv_bytes()
+        record.full_cache_bytes = self.cache.full_cache_bytes()
+        layers = [self.cache.headwise_layers[idx] for idx in self.compressible]
+        record.stored_heads = layers[0].num_heads if layers else 0
+        record.kv_heads = record.stored_heads // self.cache.expand_factor
+        record.exceeds_full_cache = self.cache.stored_token_bytes() > record.full_cache_bytes
+
+
+def _pad_scores(scores: list[torch.Tensor], protected: list[torch.Tensor]) -> torch.Tensor:
+    """Stack per-head scores into ``[H, S_max]``: protected tokens +inf, padding -inf."""
+    width = max(int(s.shape[0]) for s in scores)
+    padded = torch.full((len(scores), width), float("-inf"), dtype=torch.float32, device=scores[0].device)
+    for head, (score, mask) in enumerate(zip(scores, protected, strict=True)):
+        padded[head, : score.shape[0]] = torch.where(mask, torch.inf, score.float())
+    return padded

@@ -1,0 +1,206 @@
+"""The compressed prefill of one prompt, written once: split by question mode -> build the cache and the eviction
+session -> resolve the prefill chunk -> ``begin_prefill`` -> the chunk loop -> append the question.
+
+Every caller that prefills with eviction goes through :func:`prefill` and every model forward of kvbench goes through
+:func:`forward_logits`: the runner (:func:`kvbench.inference.generate.generate`), ``kvbench.press``
+(:mod:`kvbench.inference.press`, which keeps the prompt's last segment for the model's own forward: ``hold_last``), the
+lm-eval bridge (:func:`kvbench.lmeval.loglikelihood.compress_context`) and the bench
+(:func:`kvbench.bench.timed_cells.run_cell`, which brings its own cache backend).  What happens after the prefill
+(``begin_decode``, greedy decoding, scoring continuations) stays with the caller; a batched decoder builds on the
+returned :class:`PrefillState`.
+
+Explicit ``position_ids`` everywhere: after eviction the cache holds fewer tokens than were seen, so positions come
+from the count of tokens fed, never from the cache length.
+
+The compressed prompt is fed in one forward or in chunks (``prefill_chunk``, ``run.prefill_chunk``): each chunk
+attends to everything stored before it (kvbench's bottom-right causal attention), the eviction session keeps what
+the method reads from the prompt rows, and each layer is compressed once its last chunk is stored -- the method
+sees what a one-shot prefill gives it, while the activations (MLP, attention) are bounded by the chunk.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from kvbench.budget import Budget
+from kvbench.cache.kv_cache import KVBenchCache
+from kvbench.cache.sliding import layer_windows
+from kvbench.checks import check_choice
+from kvbench.config import QUESTION_MODES
+from kvbench.inference.eviction import EvictionSession
+from kvbench.methods.base import EvictionMethod
+from kvbench.models.loading import input_device
+
+#: ``prefill_chunk=None`` (automatic): on CPU, prompts longer than this are fed in chunks of at most this many
+#: tokens; on CUDA the prompt goes in one forward.
+CPU_PREFILL_CHUNK = 4096
+#: ... and at most this many (query x key) pairs per chunk: CPU attention over a chunk holds a buffer of about 10
+#: bytes per pair (its causal mask), so long prompts get smaller chunks (128K tokens: 1024).
+CPU_CHUNK_PAIRS = 1 << 27
+
+
+def resolve_prefill_chunk(prefill_chunk: int | None, device: torch.device, prompt_tokens: int) -> int:
+    """Tokens per prefill forward (0 = one forward) for ``run.prefill_chunk`` (``None`` = automatic: see
+    :data:`CPU_PREFILL_CHUNK` and :data:`CPU_CHUNK_PAIRS`)."""
+    if prefill_chunk is None:
+        if device.type != "cpu" or prompt_tokens <= CPU_PREFILL_CHUNK:
+            return 0
+        return max(256, min(CPU_PREFILL_CHUNK, CPU_CHUNK_PAIRS // prompt_tokens))
+    if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 0:
+        raise ValueError(
+            f"run.prefill_chunk={prefill_chunk!r}; valid: a positive number of tokens per chunk, 0 (one forward) "
+            "or null (automatic: chunks on CPU for long prompts)"
+        )
+    return prefill_chunk if 0 < prefill_chunk < prompt_tokens else 0
+
+
+def build_cache(model: PreTrainedModel, method: EvictionMethod) -> KVBenchCache:
+    """An empty cache with the method's GQA granularity; the model's sliding-window layers (as transformers reads
+    its config, :func:`kvbench.cache.sliding.layer_windows`) are held in sliding layers, or kept evictable when the
+    method says ``compress_sliding`` (:class:`~kvbench.methods.base.EvictionMethod`, off by default)."""
+    config = model.config.get_text_config(decoder=True)
+    expand = 1
+    if method.gqa_granularity == "query_head":
+        heads = int(config.num_attention_heads)
+        expand = heads // int(getattr(config, "num_key_value_heads", None) or heads)
+    windows = layer_windows(config)
+    return KVBenchCache(
+        len(windows), expand_factor=expand, sliding_windows=windows, compress_sliding=method.compress_sliding
+    )
+
+
+def forward_logits(
+    model: PreTrainedModel,
+    ids: Sequence[int] | torch.Tensor,
+    start: int,
+    cache: KVBenchCache,
+    session: EvictionSession | None,
+    device: torch.device,
+    keep: int = 1,
+) -> torch.Tensor:
+    """Feed ``ids`` (``n`` token ids, or a ``[1, n]`` tensor) at positions ``start..start+n-1`` on top of
+    ``cache`` (``session`` ``None``: no eviction hook); returns the logits of the last ``keep`` positions
+    ``[keep, vocab]``.  kvbench's one model-forward wrapper."""
+    input_ids = ids if isinstance(ids, torch.Tensor) else torch.tensor([list(ids)], dtype=torch.long, device=device)
+    if input_ids.dim() == 1:
+        input_ids = input_ids[None]
+    length = int(input_ids.shape[1])
+    position_ids = torch.arange(start, start + length, dtype=torch.long, device=input_ids.device)[None]
+    output = model(
+        input_ids=input_ids,
+        position_ids=position_ids,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=keep,
+        kvbench_session=session,
+        kvbench_cache=cache,  # the attention reads sliding windows from it, also without a session
+    )
+    return output.logits[0, -keep:]
+
+
+def split_question(
+    context_ids: Sequence[int], question_ids: Sequence[int], question_mode: str
+) -> tuple[list[int], list[int]]:
+    """``(compressed, appended)`` token ids: ``aware`` (or no question) compresses context + question;
+    ``agnostic`` compresses the context and appends the question on top of the compressed cache."""
+    check_choice("task.question_mode", question_mode, QUESTION_MODES)
+    if question_mode == "aware" or not question_ids:
+        return list(context_ids) + list(question_ids), []
+    return list(context_ids), list(question_ids)
+
+
+@dataclass
+class PromptSegment:
+    """One forward of the prompt: ``ids`` fed at positions ``start..``; ``appended``: the question, fed on top of
+    the compressed cache (session phase ``append``) instead of a chunk of the compressed prompt."""
+
+    start: int
+    ids: list[int]
+    appended: bool = False
+
+
+@dataclass
+class PrefillState:
+    """A prompt after :func:`prefill`.
+
+    Attributes
+    ----------
+    cache, session:
+        The prompt's cache and eviction session (phase ``compress`` or ``append``; the caller begins decoding).
+    position:
+        Tokens fed so far (the position of the next token), the held segment excluded.
+    logits:
+        ``[vocab]`` logits of the last fed position (``None`` when nothing was fed: one held segment).
+    held:
+        With ``hold_last``: the prompt's last segment, not fed (its session phase already entered), else ``None``.
+    started:
+        ``time.perf_counter()`` just before ``begin_prefill`` (the caller's prefill timer).
+    """
+
+    cache: KVBenchCache
+    session: EvictionSession
+    compressed: list[int]
+    appended: list[int]
+    position: int
+    logits: torch.Tensor | None
+    held: PromptSegment | None
+    started: float
+
+
+def prompt_segments(compressed: list[int], appended: list[int], chunk: int) -> list[PromptSegment]:
+    """The forwards of a prompt: the compressed prompt in chunks of ``chunk`` tokens, then the appended question."""
+    segments = [PromptSegment(first, compressed[first : first + chunk]) for first in range(0, len(compressed), chunk)]
+    if appended:
+        segments.append(PromptSegment(len(compressed), list(appended), appended=True))
+    return segments
+
+
+def prefill(
+    model: PreTrainedModel,
+    context_ids: Sequence[int],
+    question_ids: Sequence[int] = (),
+    *,
+    method: EvictionMethod,
+    budget: Budget,
+    question_mode: str = "aware",
+    prefill_chunk: int | None = None,
+    cache: KVBenchCache | None = None,
+    scoring_impl: str = "auto",
+    hold_last: bool = False,
+) -> PrefillState:
+    """Prefill one prompt with ``method`` applied at ``budget``: the single prefill sequence of kvbench.
+
+    ``question_mode`` splits ``context_ids`` + ``question_ids`` (:func:`split_question`); ``prefill_chunk``: tokens
+    per forward of the compressed prompt (:func:`resolve_prefill_chunk`); ``cache``: an empty cache to fill (default
+    :func:`build_cache`, e.g. the bench's paged backend); ``scoring_impl``: the session's attention-statistics kernels.
+    ``hold_last``: the last segment is not fed but returned in :attr:`PrefillState.held` (its phase entered), for a
+    caller that runs it through the model's own forward (``kvbench.press``).
+    """
+    compressed, appended = split_question(list(context_ids), list(question_ids), question_mode)
+    if not compressed:
+        raise ValueError("empty prompt")
+    device = input_device(model)  # with a device map each cache layer is created on its own layer's device
+    if cache is None:
+        cache = build_cache(model, method)
+    session = EvictionSession(method, budget, cache, scoring_impl=scoring_impl)
+    chunk = resolve_prefill_chunk(prefill_chunk, device, len(compressed)) or len(compressed)
+    session.record.prefill_chunk = chunk if chunk < len(compressed) else 0
+    segments = prompt_segments(compressed, appended, chunk)
+    held = segments.pop() if hold_last else None
+
+    started = time.perf_counter()
+    session.begin_prefill(len(compressed), prompt_ids=compressed)
+    position, logits = 0, None
+    for segment in segments:
+        if segment.appended:
+            session.begin_append()
+        logits = forward_logits(model, segment.ids, segment.start, cache, session, device)[-1]
+        position = segment.start + len(segment.ids)
+    if held is not None and held.appended:
+        session.begin_append()
+    return PrefillState(cache, session, compressed, appended, position, logits, held, started)

@@ -1,0 +1,154 @@
+"""What a run records per dataset, written by one writer: the ``metrics.json`` payload (:func:`metrics_record`,
+with the settings record :func:`settings_record` and the cache summary :func:`cache_summary`), written atomically
+with the dataset's other files by :func:`write_metrics`, and the :class:`DatasetResult` a run returns.
+
+Both evaluation loops use it: kvbench's own (:class:`kvbench.run.runner.Runner`) and lm-eval's
+(:meth:`kvbench.lmeval.runner.LMEvalDataset.evaluate`), so their ``metrics.json`` share one shape.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from kvbench.methods.base import EvictionMethod
+from kvbench.methods.knobs import RECORDED_KNOBS
+from kvbench.run.summary import DatasetScores
+from kvbench.run.termination import TERMINATION
+from kvbench.run.writers import METRICS_FILE, atomic_write_json
+
+
+@dataclass
+class DatasetResult:
+    """One dataset's outcome, for the summary table (``interval``: bootstrap 95 % interval of the score, ``None``
+    when the score is not a mean over samples; ``details``: what :mod:`kvbench.run.summary` reads)."""
+
+    dataset: str
+    metric: str
+    score: float
+    n_samples: int
+    mean_kept_fraction: float
+    skipped: bool
+    interval: tuple[float, float] | None = None
+    details: DatasetScores | None = None
+    #: Set when the folder holds more samples than the run asked for: how many (the score covers the first
+    #: ``n_samples``; the folder's ``metrics.json`` and ``summary.json`` keep covering all ``first_of``).
+    first_of: int | None = None
+
+
+def cache_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean requested/achieved per-layer lengths and kept fraction over a dataset's rows."""
+    if not rows:
+        return {}
+    requested = torch.tensor([r["cache"]["requested_per_layer"] for r in rows], dtype=torch.float64)
+    achieved = torch.tensor([r["cache"]["achieved_per_layer"] for r in rows], dtype=torch.float64)
+    contexts = torch.tensor([max(r["cache"]["context_tokens"], 1) for r in rows], dtype=torch.float64)
+    kept_fraction = (achieved.mean(dim=1) / contexts).mean()
+    return {
+        "mean_requested_per_layer": [round(v, 2) for v in requested.mean(dim=0).tolist()],
+        "mean_achieved_per_layer": [round(v, 2) for v in achieved.mean(dim=0).tolist()],
+        "mean_kept_fraction": round(float(kept_fraction), 4),
+        "mean_cache_bytes": round(sum(r["cache"]["cache_bytes"] for r in rows) / len(rows), 1),
+        # Memory beside accuracy: stored bytes / the full cache's bytes for the same tokens (> 1: query-head storage).
+        "mean_stored_vs_full": round(
+            sum(r["cache"]["cache_bytes"] / max(r["cache"].get("full_cache_bytes", 0), 1) for r in rows) / len(rows), 4
+        )
+        if all(r["cache"].get("full_cache_bytes") for r in rows)
+        else None,
+        "samples_exceeding_full_cache": sum(1 for r in rows if r["cache"].get("exceeds_full_cache")),
+        "budget_exact": bool(torch.equal(requested, achieved)),
+        # Every head kept what the method allocated it (Ada-KV's per-head rounding may drift from the layer budget).
+        "allocation_exact": all(r["cache"]["requested_per_head"] == r["cache"]["achieved_per_head"] for r in rows),
+        "samples_evicted": sum(1 for r in rows if r["cache"]["evicted"]),
+    }
+
+
+def json_number(value: Any) -> float | None:
+    """A score as strict JSON: NaN (e.g. an empty LongBench-E bucket) becomes null."""
+    number = float(value)
+    return None if math.isnan(number) else number
+
+
+def settings_record(
+    cfg: DictConfig,
+    method: EvictionMethod,
+    model_settings: Mapping[str, Any] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``metrics.json``'s ``settings``: the method family, budget, the common knobs the method uses, its params,
+    resolved settings and reference, then ``model_settings``, the model's dtype and ``extra``."""
+    return {
+        "method_family": cfg.method.family,
+        "budget_spec": cfg.budget.spec,
+        **{knob: cfg.method[knob] for knob in RECORDED_KNOBS if knob not in method.ignored_knobs},
+        "params": OmegaConf.to_container(cfg.method.params, resolve=True),
+        "resolved": dict(method.settings),
+        "reference": OmegaConf.to_container(cfg.method.reference, resolve=True),
+        **(model_settings or {}),
+        "dtype": cfg.model.dtype,
+        **(extra or {}),
+    }
+
+
+def metrics_record(
+    cfg: DictConfig,
+    cfg_hash: str,
+    dataset: Any,
+    *,
+    score: float,
+    scores: Mapping[str, Any],
+    n_samples: int,
+    provenance: Mapping[str, Any],
+    cache: Mapping[str, Any],
+    settings: Mapping[str, Any],
+    timing: Mapping[str, Any],
+    record_extent: bool = True,
+    **extra: Any,
+) -> dict[str, Any]:
+    """One dataset's ``metrics.json`` payload (``dataset``: a :class:`~kvbench.tasks.base.TaskDataset`).
+
+    ``record_extent``: record ``num_samples_requested`` (kvbench's loop; lm-eval's results do not); ``extra``:
+    further sections, after ``timing`` (``attention``; ``lm_eval``)."""
+    record: dict[str, Any] = {
+        "model": cfg.model.name,
+        "task": cfg.task.name,
+        "dataset": dataset.name,
+        "method": cfg.method.name,
+        "budget": cfg.budget.name,
+        "tag": cfg.run.tag,
+        "metric": dataset.metric_name,
+        "score": float(score),
+        "scores": dict(scores),
+        "n_samples": n_samples,
+    }
+    if record_extent:
+        record["num_samples_requested"] = cfg.task.num_samples
+    record.update(
+        {
+            "config_hash": cfg_hash,
+            "question_mode": cfg.task.question_mode,
+            "dataset_settings": dataset.describe(),
+            "data_provenance": dict(provenance),
+            "cache": dict(cache),
+            "settings": dict(settings),
+            "timing": dict(timing),
+            **extra,
+        }
+    )
+    return record
+
+
+def write_metrics(folder: Path, metrics: Mapping[str, Any], write_first: Callable[[], None] | None = None) -> None:
+    """Write ``folder/metrics.json`` atomically, after ``write_first`` (the dataset's other files), all in one
+    SIGTERM-deferred section (:data:`kvbench.run.termination.TERMINATION`): the dataset's files are complete or absent
+    as a set.  ``metrics.json`` is written last, since it marks the dataset as done."""
+    with TERMINATION.critical():
+        if write_first is not None:
+            write_first()
+        atomic_write_json(folder / METRICS_FILE, metrics)

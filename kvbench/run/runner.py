@@ -1,0 +1,493 @@
+"""The runner: one model x method x budget x task run, resumable and idempotent.
+
+Order of work (nothing is written under ``results/`` until every input has been validated, the data checked and
+the model loaded):
+
+1. validate the config, the environment (model, data folder, packages, results root, and that no other process
+   holds the run folder), method, budget and task kind (:mod:`kvbench.validation`);
+2. load the tokenizer, build the task's datasets and load and check every sample of every selected dataset, then
+   load the model's weights;
+3. claim the run folder (:mod:`kvbench.run.folder`): create it and take its lock (``.kvbench.lock``: two processes
+   never work in one run folder at once; the second fails clearly, or waits up to ``$KVBENCH_LOCK_WAIT``
+   seconds), check that an existing run there has the same config (else refuse, naming the differences and
+   ``run.tag``; a folder whose run wrote no prediction is replaced, with a note), write ``config.yaml`` and
+   ``run_meta.json``.  If the run fails before the folder holds any prediction, what it wrote is removed again;
+4. per dataset: skip it if its ``metrics.json`` exists for this config and sample count; report on the first N
+   without writing when it covers more samples (``task.num_samples`` is the run's extent, not its identity);
+   otherwise resume ``predictions.jsonl``
+   (samples already there are not re-run), append each new prediction as soon as it exists, then score and write
+   ``metrics.json`` atomically;
+5. write the run's ``summary.json`` (:mod:`kvbench.run.summary`: scores with bootstrap 95 % intervals, the papers'
+   averages, kept fraction, timings, provenance), print the score table with the intervals; log to W&B when
+   enabled.
+
+A progress bar (``run.progress``) covers step 2's sample preparation (dataset by dataset: RULER/NeedleBench
+generation, LongBench loading) and step 4's inference (sample by sample).  :func:`kvbench.evaluate` runs this same
+runner on a model the caller loaded (``Runner(cfg, loaded=...)``).
+
+SIGTERM (SLURM preemption or time limit) raises :class:`Interrupted` at once while a sample is being generated,
+but never while a prediction row or ``metrics.json`` is being written: those writes finish first.  The run then
+records ``status: interrupted`` in ``run_meta.json`` and exits; the same command resumes it.
+
+The parts with a job of their own live beside it: validation, the run folder's lock (:mod:`kvbench.run.folder`) and
+resume checks (:mod:`kvbench.run.resume`), the results writer (:mod:`kvbench.run.records`), SIGTERM handling
+(:mod:`kvbench.run.termination`), provenance (:mod:`kvbench.run.provenance`), the score table
+(:mod:`kvbench.run.table`), the sample cache and W&B.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import platform
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from omegaconf import DictConfig, OmegaConf
+
+from kvbench.attention.paths import ATTENTION_RECORD, capability_summary
+from kvbench.errors import Interrupted, KVBenchError
+from kvbench.inference.generate import generate, last_token_ids
+from kvbench.models.loading import (
+    LoadedModel,
+    check_device_map,
+    load_model,
+    load_tokenizer,
+    resolve_device,
+    stop_token_ids,
+)
+from kvbench.prompting import encode_sample
+from kvbench.run.folder import claim_run_folder
+from kvbench.run.provenance import device_name, git_commit, now, slurm_job_id
+from kvbench.run.records import (
+    DatasetResult,
+    cache_summary,
+    json_number,
+    metrics_record,
+    settings_record,
+    write_metrics,
+)
+from kvbench.run.resume import check_existing_run, check_resumable, with_folder_extent
+from kvbench.run.sample_cache import SampleCache
+from kvbench.run.summary import SUMMARY_FILE, DatasetScores, build_summary, interval_of, sample_scores
+from kvbench.run.table import format_table
+from kvbench.run.termination import TERMINATION, graceful_termination
+from kvbench.run.writers import (
+    CONFIG_FILE,
+    METRICS_FILE,
+    PREDICTIONS_FILE,
+    RUN_META_FILE,
+    TIMINGS_FILE,
+    PredictionLog,
+    TimingLog,
+    atomic_write_json,
+    atomic_write_text,
+    config_hash,
+    read_json,
+    run_dir,
+    same_run,
+)
+from kvbench.tasks.base import Sample, TaskDataset, build_task
+from kvbench.tasks.provenance import stand_in_warnings
+from kvbench.validation import ValidatedRun, check_samples, validate_run
+from kvbench.version import __version__
+
+LOG = logging.getLogger(__name__)
+
+
+def _prediction_row(sample: Sample, dataset: TaskDataset, output: Any, encoded: Any) -> dict[str, Any]:
+    record = output.record
+    return {
+        "id": sample.id,
+        "prompt_sha256": sample.prompt_sha256(),
+        "prediction": dataset.postprocess(output.text),
+        "raw_prediction": output.text,
+        "answers": list(sample.answers),
+        "all_classes": sample.all_classes,
+        "length": sample.length,
+        "extra": sample.extra,
+        "input_tokens": len(encoded.input_ids),
+        "context_tokens": len(encoded.context_ids),
+        "question_tokens": len(encoded.question_ids),
+        "truncated": encoded.truncated,
+        "question_lost": encoded.question_lost,
+        "new_tokens": len(output.token_ids),
+        "stop_reason": output.stop_reason,
+        "cache": record.to_json(),
+    }
+
+
+_WARNED_ABOVE_FULL: set[str] = set()
+
+
+def warn_if_above_full(record: Any, cfg: DictConfig) -> None:
+    """One warning per run (method x budget x model) when the stored cache exceeds the full cache's size."""
+    key = f"{cfg.model.name}/{cfg.method.name}/{cfg.budget.name}"
+    if record.exceeds_full_cache and key not in _WARNED_ABOVE_FULL:
+        _WARNED_ABOVE_FULL.add(key)
+        LOG.warning(
+            "%s stores %d heads per layer (gqa_granularity=query_head, %d KV heads): its cache (%d bytes) exceeds "
+            "the full cache's (%d bytes) at budget %s; method.gqa_granularity=kv_head stores one per KV head",
+            cfg.method.name,
+            record.stored_heads,
+            record.kv_heads,
+            record.cache_bytes,
+            record.full_cache_bytes,
+            cfg.budget.name,
+        )
+
+
+class Runner:
+    """Runs one configuration end to end (see module docstring)."""
+
+    def __init__(
+        self, cfg: DictConfig, loaded: LoadedModel | None = None, validated: ValidatedRun | None = None
+    ) -> None:
+        """``loaded``: a model and tokenizer the caller loaded (:func:`kvbench.evaluate`), used instead of loading
+        ``cfg.model``'s weights (whose ``path`` is then provenance only, not checked).  ``validated``: ``cfg``
+        already validated (:func:`kvbench.validation.validate_run`, as ``run.py`` does), whose method and budget
+        the runner uses instead of validating and building again."""
+        if validated is not None and validated.cfg is not cfg:
+            raise ValueError("validated holds another config than cfg: pass validate_run(cfg) of this cfg")
+        self.cfg = cfg
+        self.loaded = loaded
+        validated = validated or validate_run(cfg, check_model=loaded is None)
+        self.method, self.budget = validated.method, validated.budget
+        if loaded is None and check_device_map(cfg.model.get("device_map")) is None:
+            resolve_device(str(cfg.model.device))
+        self.cfg_hash = config_hash(cfg)
+        self.folder = run_dir(
+            cfg.run.output_root, cfg.model.name, cfg.task.name, cfg.method.name, cfg.budget.name, cfg.run.tag
+        )
+        #: The run's ``summary.json`` payload, once :meth:`run` completed.
+        self.summary: dict[str, Any] = {}
+        #: Paged-attention fallbacks (reason -> calls) of the datasets run so far (``run_meta.json``).
+        self.attention_fallbacks: Counter[str] = Counter()
+
+    def run(self) -> list[DatasetResult]:
+        """Execute the run; returns one result per dataset."""
+        cfg = self.cfg
+        if cfg.run.threads:
+            torch.set_num_threads(int(cfg.run.threads))
+        torch.manual_seed(int(cfg.seed))
+        check_existing_run(self.folder, self.cfg_hash, cfg, note_replacement=False)
+        tokenizer = self.loaded.tokenizer if self.loaded else load_tokenizer(cfg.model)
+        data = self.load_data(tokenizer)  # every sample checked before the weights load
+        loaded = self.loaded or load_model(cfg.model, seed=int(cfg.seed), tokenizer=tokenizer)
+        with claim_run_folder(self.folder):
+            # Checked again under the lock: another job may have started this folder since the first check.
+            check_existing_run(self.folder, self.cfg_hash, cfg)
+            meta = self._write_run_files()
+            logger = _wandb_logger(cfg)
+            results: list[DatasetResult] = []
+            status = "failed"
+            with graceful_termination():
+                try:
+                    for dataset, samples in data:
+                        results.append(self._run_dataset(loaded, dataset, samples))
+                    status = "complete"
+                except Interrupted:
+                    status = "interrupted"
+                    if logger is not None:
+                        logger.abort(exit_code=143)
+                    raise
+                except BaseException:
+                    if logger is not None:
+                        logger.abort()
+                    raise
+                finally:
+                    with TERMINATION.critical(raise_pending=False):
+                        meta["end_time"] = now()
+                        meta["status"] = status
+                        meta["completed_datasets"] = [r.dataset for r in results]
+                        meta["attention_fallbacks"] = dict(sorted(self.attention_fallbacks.items()))
+                        if status == "complete":
+                            meta["datasets"] = [r.dataset for r in results]
+                        atomic_write_json(self.folder / RUN_META_FILE, meta)
+                        if status == "complete":
+                            self.summary = self._write_summary(meta, results)
+        if logger is not None:
+            logger.log_results(results)
+        if cfg.run.print_table:
+            print(format_table(cfg, results, self.folder, self.summary))
+        return results
+
+    def load_data(self, tokenizer: Any) -> list[tuple[TaskDataset, list[Sample]]]:
+        """Build the task's datasets and load every sample of each (the first ``task.num_samples``), checked.
+
+        Loading reads and validates every line of every selected dataset, so a missing file, a corrupt line or an
+        empty dataset fails here, before the model's weights load and before anything is written.
+        """
+        cfg = self.cfg
+        data = []
+        try:
+            cache = sample_cache(cfg)
+            datasets = build_task(cfg.task, tokenizer, chat_template=bool(cfg.model.chat_template))
+            # Shown once preparing takes a second (RULER/NeedleBench generation, LongBench loading): instant
+            # preparation and its errors print nothing but the error.
+            bar = _progress(datasets, f"preparing {cfg.task.name}", cfg.run.progress, 0, len(datasets), delay=1.0)
+            try:
+                for dataset in bar:
+                    if hasattr(bar, "set_postfix_str"):
+                        bar.set_postfix_str(dataset.name, refresh=False)
+                    dataset.sample_cache = cache
+                    samples = list(dataset.samples())
+                    if cfg.task.num_samples is not None:
+                        samples = samples[: int(cfg.task.num_samples)]
+                    check_samples(dataset.name, samples, str(getattr(dataset, "source", f"task={cfg.task.name}")))
+                    data.append((dataset, samples))
+            finally:
+                if hasattr(bar, "close"):
+                    bar.close()  # clears the line (leave=False) before an error is printed
+        except (ValueError, OSError, ImportError, RuntimeError) as err:
+            raise KVBenchError(f"task={cfg.task.name}: cannot load its data: {err}") from err
+        return data
+
+    def _write_run_files(self) -> dict[str, Any]:
+        cfg = self.cfg
+        atomic_write_text(
+            self.folder / CONFIG_FILE, OmegaConf.to_yaml(with_folder_extent(self.folder, cfg), resolve=True)
+        )
+        meta_path = self.folder / RUN_META_FILE
+        meta = read_json(meta_path) if meta_path.exists() else {}
+        if not same_run(self.folder, meta.get("config_hash"), cfg, self.cfg_hash):  # a replaced run: start afresh
+            meta = {}
+        meta.update(
+            {
+                "config_hash": self.cfg_hash,
+                "model": cfg.model.name,
+                "task": cfg.task.name,
+                "method": cfg.method.name,
+                "budget": cfg.budget.name,
+                "tag": cfg.run.tag,
+                "git_commit": git_commit(),
+                "kvbench_version": __version__,
+                "torch_version": torch.__version__,
+                "transformers_version": transformers.__version__,
+                "python_version": platform.python_version(),
+                "device": device_name(cfg.model.device),
+                "device_map": OmegaConf.to_container(cfg.model.device_map)
+                if isinstance(cfg.model.get("device_map"), DictConfig)
+                else cfg.model.get("device_map"),
+                "hostname": platform.node(),
+                "command": sys.argv,
+                "start_time": now(),
+                "end_time": None,
+                "status": "running",
+                "slurm_job": slurm_job_id(),
+                "attention_capability": capability_summary(),
+            }
+        )
+        meta.setdefault("first_start_time", meta["start_time"])
+        atomic_write_json(meta_path, meta)
+        return meta
+
+    def _run_dataset(self, loaded: LoadedModel, dataset: TaskDataset, samples: list[Sample]) -> DatasetResult:
+        cfg = self.cfg
+        folder = self.folder / dataset.name
+        metrics_path = folder / METRICS_FILE
+        if metrics_path.exists():
+            existing = read_json(metrics_path)
+            same_extent = existing.get("n_samples") == len(samples)
+            if existing.get("config_hash") == self.cfg_hash and same_extent:
+                if dataset.evaluates_itself:  # lm-eval's scores: no per-sample kvbench predictions to resample
+                    kept = existing.get("cache", {}).get("mean_kept_fraction", 1.0)
+                    return DatasetResult(
+                        dataset.name, existing["metric"], existing["score"], existing["n_samples"], kept, skipped=True
+                    )
+                rows = {row["id"]: row for row in PredictionLog(folder / PREDICTIONS_FILE).load()}
+                return self._dataset_result(dataset, samples, [rows.get(s.id) for s in samples], existing, True)
+            if existing.get("config_hash") == self.cfg_hash and len(samples) < int(existing.get("n_samples", 0)):
+                report = self._report_on_first(dataset, samples, existing)
+                if report is not None:
+                    return report
+        if dataset.evaluates_itself:  # a dataset with its own evaluation loop (lm-eval tasks: kvbench/lmeval)
+            return dataset.evaluate(self, loaded, samples)
+        provenance = dataset.provenance()
+        for warning in stand_in_warnings(dataset.name, provenance):
+            LOG.warning(warning)
+        log = PredictionLog(folder / PREDICTIONS_FILE)
+        done = {row["id"]: row for row in log.load()}
+        timing_log = TimingLog(folder / TIMINGS_FILE)
+        # Rows past the requested extent (an earlier run asked for more samples) stay in the log, unscored.
+        truncated = cfg.task.num_samples is not None and len(samples) == int(cfg.task.num_samples)
+        check_resumable(log.path, done, samples, beyond_extent_ok=truncated)
+        done = {sample.id: done[sample.id] for sample in samples if sample.id in done}
+        use_template = bool(cfg.model.chat_template and dataset.chat_template)
+        stops = stop_token_ids(loaded.tokenizer, loaded.model, list(cfg.model.stop_tokens))
+        stops |= last_token_ids(loaded.tokenizer, dataset.stop_token_texts)
+        # Stateful allocators (XKV's sampled mode) calibrate per dataset; a resumed run replays what the finished
+        # samples recorded (dataset order), so it continues exactly as the uninterrupted run would.
+        self.method.layer_allocator.begin_task(dataset.name, len(samples))
+        finished = [done[s.id]["cache"].get("allocator_state") for s in samples if s.id in done]
+        self.method.layer_allocator.replay(finished)
+        todo = [s for s in samples if s.id not in done]
+        ATTENTION_RECORD.reset()  # paths and fallbacks of this dataset's samples (metrics.json "attention")
+        progress = _progress(todo, f"{dataset.name}", cfg.run.progress, initial=len(done), total=len(samples))
+        for sample in progress:
+            encoded = encode_sample(
+                loaded.tokenizer,
+                sample,
+                max_input_length=int(cfg.model.max_input_length),
+                use_chat_template=use_template,
+                truncation=dataset.truncation,
+                bos=dataset.bos,
+            )
+            output = generate(
+                loaded.model,
+                loaded.tokenizer,
+                encoded.context_ids,
+                encoded.question_ids,
+                method=self.method,
+                budget=self.budget,
+                question_mode=str(cfg.task.question_mode),
+                max_new_tokens=int(dataset.max_new_tokens),
+                stop_token_ids=stops,
+                stop_strings=tuple(dataset.stop_strings),
+                min_new_tokens=int(dataset.min_new_tokens),
+                prefill_chunk=cfg.run.prefill_chunk,
+            )
+            row = _prediction_row(sample, dataset, output, encoded)
+            warn_if_above_full(output.record, self.cfg)
+            with TERMINATION.critical():
+                log.append(row)
+                timing_log.append({"id": sample.id, "prefill_s": output.prefill_s, "decode_s": output.decode_s})
+                done[sample.id] = row
+        rows = [done[s.id] for s in samples]
+        attention = ATTENTION_RECORD.summary()
+        self.attention_fallbacks.update(attention["fallbacks"])
+        scores = dataset.score([r["prediction"] for r in rows], samples)
+        metrics = metrics_record(
+            cfg,
+            self.cfg_hash,
+            dataset,
+            score=scores["score"],
+            scores={k: json_number(v) for k, v in scores.items()},
+            n_samples=len(rows),
+            provenance=provenance,
+            cache=cache_summary(rows),
+            settings=settings_record(
+                cfg,
+                self.method,
+                {"max_input_length": cfg.model.max_input_length, "chat_template": use_template},
+            ),
+            timing=timing_log.summary(),
+            attention=attention,
+        )
+        label = f"{cfg.model.name} {cfg.method.name} {cfg.budget.name} {dataset.name}"
+        predictions = [r["prediction"] for r in rows]
+        write_metrics(folder, metrics, lambda: dataset.write_report(predictions, samples, folder, label))
+        return self._dataset_result(dataset, samples, rows, metrics, False)
+
+    def _report_on_first(
+        self, dataset: TaskDataset, samples: list[Sample], metrics: dict[str, Any]
+    ) -> DatasetResult | None:
+        """The scores of the first ``len(samples)`` samples of a dataset whose ``metrics.json`` covers more (a run
+        asked for fewer samples than its folder holds), computed from ``predictions.jsonl`` and written nowhere:
+        nothing is deleted or overwritten.  ``None`` when a requested sample has no prediction yet."""
+        by_id = {row["id"]: row for row in PredictionLog(self.folder / dataset.name / PREDICTIONS_FILE).load()}
+        rows = [by_id.get(sample.id) for sample in samples]
+        if any(row is None for row in rows):
+            return None
+        kept_rows = [row for row in rows if row is not None]
+        check_resumable(self.folder / dataset.name / PREDICTIONS_FILE, by_id, samples, beyond_extent_ok=True)
+        scores = dataset.score([row["prediction"] for row in kept_rows], samples)
+        LOG.info(
+            "%s: reporting on the first %d of the %d samples in %s",
+            dataset.name,
+            len(samples),
+            metrics["n_samples"],
+            self.folder,
+        )
+        view = {
+            **metrics,
+            "score": float(scores["score"]),
+            "n_samples": len(kept_rows),
+            "cache": cache_summary(kept_rows),
+        }
+        result = self._dataset_result(dataset, samples, rows, view, skipped=True)
+        result.first_of = int(metrics["n_samples"])
+        return result
+
+    def _dataset_result(
+        self,
+        dataset: TaskDataset,
+        samples: list[Sample],
+        rows: list[dict[str, Any] | None],
+        metrics: dict[str, Any],
+        skipped: bool,
+    ) -> DatasetResult:
+        """A dataset's result from its ``metrics.json`` payload and prediction rows, with the per-sample scores and
+        the bootstrap interval (:mod:`kvbench.run.summary`)."""
+        score = float(metrics["score"]) if metrics.get("score") is not None else math.nan
+        if all(row is not None for row in rows):
+            predictions = [row["prediction"] for row in rows if row is not None]
+            per_sample, why = sample_scores(dataset.score, predictions, samples, score)
+        else:
+            per_sample, why = None, "predictions.jsonl lacks some samples"
+        kept = metrics.get("cache", {}).get("mean_kept_fraction", 1.0)
+        details = DatasetScores(
+            dataset=dataset.name,
+            metric=str(metrics["metric"]),
+            score=score,
+            n_samples=int(metrics["n_samples"]),
+            kept_fraction=kept,
+            sample_scores=per_sample,
+            no_interval_reason=why,
+            timing=metrics.get("timing", {}),
+            data_provenance=metrics.get("data_provenance", {}),
+            cached=skipped,
+        )
+        interval = interval_of(details, int(self.cfg.seed))
+        return DatasetResult(
+            dataset.name, details.metric, score, details.n_samples, kept, skipped, interval=interval, details=details
+        )
+
+    def _write_summary(self, meta: dict[str, Any], results: list[DatasetResult]) -> dict[str, Any]:
+        """Write ``summary.json`` (:mod:`kvbench.run.summary`) for a complete run; returns its payload.  A run that
+        reports on fewer samples than its folder holds leaves the folder's summary as it was (returned, not
+        written)."""
+        cfg = self.cfg
+        run = {
+            **meta,
+            "question_mode": cfg.task.question_mode,
+            "budget_spec": cfg.budget.spec,
+            "results_folder": str(self.folder),
+        }
+        details = [r.details for r in results if r.details is not None]
+        summary = build_summary(run, details, int(cfg.seed))
+        if all(result.first_of is None for result in results):
+            atomic_write_json(self.folder / SUMMARY_FILE, summary)
+        return summary
+
+
+def sample_cache(cfg: DictConfig) -> SampleCache | None:
+    """The folder generated samples are stored in (``run.sample_cache``: ``auto`` = ``<run.output_root>/../samples``,
+    a path, or null to regenerate in every run)."""
+    setting = cfg.run.get("sample_cache", "auto")
+    if setting is None:
+        return None
+    root = Path(cfg.run.output_root).parent / "samples" if setting == "auto" else Path(str(setting))
+    return SampleCache(root)
+
+
+def _progress(items: Sequence[Any], desc: str, enabled: bool, initial: int, total: int, delay: float = 0.0) -> Any:
+    """A progress bar over ``items`` on stderr (``run.progress``), shown after ``delay`` seconds."""
+    if not enabled:
+        return items
+    from tqdm import tqdm
+
+    return tqdm(
+        items, desc=desc, initial=initial, total=total, leave=False, dynamic_ncols=True, file=sys.stderr, delay=delay
+    )
+
+
+def _wandb_logger(cfg: DictConfig) -> Any:
+    from kvbench.run.wandb_logging import WandbLogger
+
+    return WandbLogger.create(cfg)

@@ -1,0 +1,128 @@
+"""Generated samples stored once and reused by every method x budget run (RULER, NeedleBench).
+
+A synthetic dataset's samples depend only on its task settings, the model's tokenizer (and chat template, since
+RULER counts it), the length, the seed, the input corpora and the generator code -- not on the method or the budget.
+They are generated once per such key and written to ``<root>/<benchmark>/<dataset>-<digest>.jsonl``; any later run
+with the same key reads them back (a 128K RULER sample takes seconds to generate, a file read milliseconds).
+
+The key holds a fingerprint of the generator's source files, of the tokenizer (its full serialisation) and chat
+template, and the sha256 of every input file, so a changed generator, tokenizer or corpus gets new samples.  Samples
+are generated sequentially from one seeded stream, so the first ``n`` of a longer generation equal a generation of
+``n``: a stored file serves any request for at most as many samples as it holds.
+
+File format: the first line is a header ``{"kvbench_sample_cache": 1, "key": {...}, "count": n, "requested": r}``,
+then one :meth:`Sample.to_json` object per line.  Writes are atomic (temporary file + rename).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import weakref
+from collections.abc import Callable, Iterable
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from kvbench.sample import Sample
+
+FORMAT_VERSION = 1
+
+_TOKENIZER_FINGERPRINTS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def digest(payload: Any) -> str:
+    """sha256 hex of a JSON-serialisable value (keys sorted)."""
+    blob = json.dumps(payload, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def source_fingerprint(files: Iterable[str | Path]) -> str:
+    """sha256 over the bytes of source files (a changed generator invalidates its stored samples)."""
+    sha = hashlib.sha256()
+    for path in files:
+        sha.update(Path(path).read_bytes())
+    return sha.hexdigest()
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """sha256 of a tokenizer's full serialisation (vocabulary, merges, normalisation, special tokens) and its chat
+    template; ``"none"`` without a tokenizer."""
+    if tokenizer is None:
+        return "none"
+    try:
+        cached = _TOKENIZER_FINGERPRINTS.get(tokenizer)
+    except TypeError:  # not weak-referenceable
+        cached = None
+    template = getattr(tokenizer, "chat_template", None)
+    if cached is None:
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        body = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
+        cached = hashlib.sha256(f"{type(tokenizer).__name__}\n{body}".encode()).hexdigest()
+        with contextlib.suppress(TypeError):
+            _TOKENIZER_FINGERPRINTS[tokenizer] = cached
+    return digest([cached, template])
+
+
+class SampleCache:
+    """A folder of generated sample files keyed by :func:`digest` of their generation settings."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    def path(self, benchmark: str, dataset: str, key: dict[str, Any]) -> Path:
+        return self.root / benchmark / f"{dataset}-{digest(key)[:20]}.jsonl"
+
+    def load(self, benchmark: str, dataset: str, key: dict[str, Any], count: int) -> list[Sample] | None:
+        """The first ``count`` stored samples, or ``None`` when there are fewer (or none, or another key)."""
+        path = self.path(benchmark, dataset, key)
+        if not path.is_file():
+            return None
+        with path.open(encoding="utf-8") as handle:
+            try:
+                header = json.loads(handle.readline())
+            except json.JSONDecodeError:
+                return None
+            if header.get("kvbench_sample_cache") != FORMAT_VERSION or header.get("key") != json.loads(
+                json.dumps(key, default=str)
+            ):
+                return None
+            stored, requested = int(header["count"]), int(header["requested"])
+            if stored < count and requested < count:
+                return None
+            return [Sample.from_json(json.loads(line)) for line in islice(handle, count)]
+
+    def store(self, benchmark: str, dataset: str, key: dict[str, Any], samples: list[Sample], requested: int) -> Path:
+        """Write ``samples`` (generated for a request of ``requested``) atomically; returns the file."""
+        path = self.path(benchmark, dataset, key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{id(samples)}.tmp")
+        header = {"kvbench_sample_cache": FORMAT_VERSION, "key": key, "count": len(samples), "requested": requested}
+        with tmp.open("w", encoding="utf-8") as handle:
+            handle.write(json.dumps(header, ensure_ascii=False, default=str) + "\n")
+            for sample in samples:
+                handle.write(json.dumps(sample.to_json(), ensure_ascii=False) + "\n")
+        tmp.replace(path)
+        return path
+
+
+def cached_samples(
+    cache: SampleCache | None,
+    benchmark: str,
+    dataset: str,
+    key: Callable[[], dict[str, Any]],
+    count: int,
+    generate: Callable[[int], list[Sample]],
+) -> list[Sample]:
+    """``count`` samples of ``dataset``: read from ``cache`` when stored under ``key()``, else generated with
+    ``generate(count)`` and stored.  Without a cache, generated every time."""
+    if cache is None:
+        return generate(count)
+    resolved = key()
+    hit = cache.load(benchmark, dataset, resolved, count)
+    if hit is not None:
+        return hit
+    samples = generate(count)
+    cache.store(benchmark, dataset, resolved, samples, requested=count)
+    return samples

@@ -1,0 +1,358 @@
+"""Sweeps without submitit: one Hydra override line per job, for plain ``sbatch --array`` jobs.
+
+``python scripts/slurm_sweep.py <experiment> [overrides ...]`` expands the experiment's grid (``hydra.sweeper.params``
+in ``conf/experiment/<experiment>.yaml``, with command-line sweeps winning, as in ``python run.py -m``), composes
+every job's config exactly as ``run.py`` would, and classifies each job:
+
+* ``complete``: its run folder holds a finished run of this very config (``run_meta.json`` status ``complete``,
+  same config hash, every dataset's ``metrics.json`` present with that hash): left out of the manifest;
+* ``partial`` / ``new``: written to the manifest (a partial run resumes where it stopped);
+* ``invalid``: the config cannot be composed (e.g. a method preset that does not exist yet), fails validation,
+  collides with a different config already in its folder, or duplicates another job's folder: reported with the
+  reason and left out.
+
+The manifest holds one job per line (overrides joined with shell quoting), so ``slurm/array.sbatch`` runs line
+``$SLURM_ARRAY_TASK_ID`` through :func:`exec_line`.  Regenerating the manifest after a partial sweep and
+resubmitting it is idempotent: finished jobs drop out, interrupted ones resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import shlex
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kvbench import resources
+from kvbench.errors import KVBenchError
+
+#: The source checkout the sweep tool works from (run.py, slurm/array.sbatch and scripts/slurm_sweep.py live there; an
+#: installed wheel ships none of them, so there the working directory stands in).
+REPO = resources.checkout_dir() or Path.cwd()
+CONF_DIR = resources.conf_dir()
+#: Default folder for manifests and SLURM logs (outside ``results/``).
+SWEEP_LOG_DIR = Path("logs") / "sweeps"
+SLURM_LOG_DIR = Path("logs") / "slurm"
+ARRAY_SCRIPT = REPO / "slurm" / "array.sbatch"
+
+STATES = ("new", "partial", "complete", "invalid")
+
+
+@dataclass
+class Job:
+    """One model x method x budget x task job of a sweep."""
+
+    overrides: list[str]
+    state: str = "new"
+    reason: str | None = None
+    folder: Path | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def line(self) -> str:
+        """The manifest line: the overrides, shell-quoted."""
+        return shlex.join(self.overrides)
+
+
+def experiment_params(experiment: str, conf_dir: Path = CONF_DIR) -> dict[str, str]:
+    """The sweep grid of ``conf/experiment/<experiment>.yaml`` (its ``hydra.sweeper.params``), in file order."""
+    path = conf_dir / "experiment" / f"{experiment}.yaml"
+    if not path.exists():
+        available = sorted(p.stem for p in (conf_dir / "experiment").glob("*.yaml"))
+        raise KVBenchError(f"no experiment {experiment!r} ({path} does not exist); available: {', '.join(available)}")
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    params = ((data.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
+    return {str(key): str(value) for key, value in params.items()}
+
+
+def _group_options(group: str, conf_dir: Path) -> list[str] | None:
+    folder = conf_dir / group.lstrip("+~")
+    if not folder.is_dir():
+        return None
+    return sorted(p.stem for p in folder.glob("*.yaml"))
+
+
+def expand_grid(params: dict[str, str], overrides: Sequence[str] = (), conf_dir: Path = CONF_DIR) -> list[list[str]]:
+    """Cartesian product of the sweeps in ``params`` and ``overrides`` (an override of the same key wins).
+
+    Returns one override list per job, keys in first-seen order; non-sweep overrides are appended to every job.
+    Simple choice (``a,b``), ``range(...)`` and, for config groups, ``glob(...)`` sweeps are supported.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ValueType
+
+    parser = OverridesParser.create()
+    lines = [f"{key}={value}" for key, value in params.items()] + list(overrides)
+    by_key: dict[str, Any] = {}
+    for override in parser.parse_overrides(lines):
+        key = override.get_key_element()
+        by_key.pop(key, None)  # re-insert so that the later (command-line) override wins but keeps a stable order
+        by_key[key] = override
+    axes: list[list[str]] = []
+    for key, override in by_key.items():
+        if not override.is_sweep_override():
+            axes.append([override.input_line])
+        elif override.value_type == ValueType.GLOB_CHOICE_SWEEP:
+            options = _group_options(override.key_or_group, conf_dir)
+            if options is None:
+                raise KVBenchError(f"{override.input_line}: glob() sweeps work only on config groups")
+            axes.append([f"{key}={name}" for name in override.value().filter(options)])
+        else:
+            axes.append([f"{key}={value}" for value in override.sweep_string_iterator()])
+    return [list(combo) for combo in itertools.product(*axes)]
+
+
+def _short_reason(err: BaseException) -> str:
+    """First meaningful line of a composition/validation error."""
+    text = str(err).strip() or type(err).__name__
+    first = text.splitlines()[0]
+    if "Could not find '" in first:
+        # Hydra: "In 'config': Could not find 'method/ada_snapkv'" -> a clearer message.
+        missing = first.split("Could not find '", 1)[1].split("'", 1)[0]
+        group, _, name = missing.rpartition("/")
+        return f"{group} preset {name!r} does not exist (no conf/{missing}.yaml)"
+    return first
+
+
+class Composer:
+    """Composes job configs the way ``run.py`` does (same config dir, same schemas)."""
+
+    def __init__(self, conf_dir: Path = CONF_DIR) -> None:
+        from hydra import initialize_config_dir
+        from hydra.core.global_hydra import GlobalHydra
+
+        from kvbench.config import register_configs
+
+        register_configs()
+        GlobalHydra.instance().clear()
+        self._context = initialize_config_dir(config_dir=str(conf_dir.resolve()), version_base="1.3")
+        self._context.__enter__()
+
+    def compose(self, overrides: list[str]) -> Any:
+        """The job's config (without the ``hydra`` node, like the ``cfg`` that ``run.py`` receives)."""
+        from hydra import compose
+
+        return compose(config_name="config", overrides=overrides)
+
+    def close(self) -> None:
+        """Release Hydra's global state."""
+        self._context.__exit__(None, None, None)
+
+
+def classify(job: Job, cfg: Any) -> None:
+    """Set ``job.state`` from its run folder: ``complete``, ``partial``, ``new`` or ``invalid`` (conflict)."""
+    from kvbench.run.writers import (
+        METRICS_FILE,
+        RUN_META_FILE,
+        config_hash,
+        extent_covered,
+        holds_results,
+        read_json,
+        run_dir,
+        same_run,
+    )
+
+    cfg_hash = config_hash(cfg)
+    folder = run_dir(cfg.run.output_root, cfg.model.name, cfg.task.name, cfg.method.name, cfg.budget.name, cfg.run.tag)
+    job.folder = folder
+    job.details["config_hash"] = cfg_hash
+    meta_path = folder / RUN_META_FILE
+    if not meta_path.exists():
+        job.state = "partial" if folder.exists() and any(folder.iterdir()) else "new"
+        return
+    meta = read_json(meta_path)
+    same = same_run(folder, meta.get("config_hash"), cfg, cfg_hash)
+    if not same and not holds_results(folder):
+        job.state = "new"  # the folder's run wrote no prediction: the job replaces it
+        return
+    if not same:
+        job.state = "invalid"
+        job.reason = (
+            f"{folder} holds a run with a different config (hash {meta.get('config_hash')} != {cfg_hash}); "
+            "use run.tag=<name> or remove that folder"
+        )
+        return
+    datasets = meta.get("datasets") or []
+    if meta.get("status") == "complete" and datasets:
+        for name in datasets:
+            path = folder / name / METRICS_FILE
+            metrics = read_json(path) if path.exists() else {}
+            if metrics.get("config_hash") != cfg_hash or not extent_covered(metrics, cfg.task.num_samples):
+                job.state = "partial"
+                return
+        job.state = "complete"
+        return
+    job.state = "partial"
+
+
+def plan(
+    experiment: str | None,
+    overrides: Sequence[str] = (),
+    name: str | None = None,
+    conf_dir: Path = CONF_DIR,
+) -> list[Job]:
+    """Every job of the sweep, classified (see the module docstring)."""
+    from kvbench.validation import validate
+
+    params = experiment_params(experiment, conf_dir) if experiment else {}
+    prefix = [f"+experiment={experiment}"] if experiment else []
+    if not experiment and not any(o.split("=", 1)[0].lstrip("+") == "run.experiment" for o in overrides):
+        prefix.append(f"run.experiment={name or 'adhoc'}")
+    jobs = [Job(prefix + combo) for combo in expand_grid(params, overrides, conf_dir)]
+    composer = Composer(conf_dir)
+    seen: dict[Path, int] = {}
+    try:
+        for index, job in enumerate(jobs):
+            try:
+                cfg = composer.compose(job.overrides)
+                validate(cfg)
+            except Exception as err:  # composition/validation errors are reported per job, never fatal
+                job.state, job.reason = "invalid", _short_reason(err)
+                continue
+            classify(job, cfg)
+            if job.folder is not None and job.state != "invalid":
+                if job.folder in seen:
+                    job.state = "invalid"
+                    job.reason = f"same run folder as job {seen[job.folder]} ({job.folder}); use run.tag to separate"
+                else:
+                    seen[job.folder] = index
+    finally:
+        composer.close()
+    return jobs
+
+
+def pending(jobs: Sequence[Job]) -> list[Job]:
+    """The jobs a manifest must contain (new and partial), in sweep order."""
+    return [job for job in jobs if job.state in ("new", "partial")]
+
+
+def manifest_text(jobs: Sequence[Job]) -> str:
+    """Manifest contents: one shell-quoted override line per pending job."""
+    return "".join(job.line + "\n" for job in pending(jobs))
+
+
+def default_manifest_path(name: str, text: str) -> Path:
+    """``logs/sweeps/<name>/manifest-<hash>.txt``: content-addressed, so a running array's manifest is never
+    rewritten by a later regeneration (its line numbers stay valid)."""
+    digest = hashlib.sha256(text.encode()).hexdigest()[:10]
+    return SWEEP_LOG_DIR / name / f"manifest-{digest}.txt"
+
+
+def write_manifest(path: Path, text: str) -> Path:
+    """Write the manifest atomically."""
+    from kvbench.run.writers import atomic_write_text
+
+    atomic_write_text(path, text)
+    return path
+
+
+def summary(jobs: Sequence[Job]) -> str:
+    """Human-readable counts, plus each distinct reason for invalid jobs."""
+    counts = Counter(job.state for job in jobs)
+    lines = [f"{len(jobs)} jobs: " + ", ".join(f"{counts.get(s, 0)} {s}" for s in STATES)]
+    reasons = Counter(job.reason for job in jobs if job.state == "invalid")
+    for reason, count in reasons.most_common():
+        lines.append(f"  invalid x{count}: {reason}")
+    return "\n".join(lines)
+
+
+def read_manifest(path: Path) -> list[str]:
+    """The non-empty lines of a manifest."""
+    return [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def manifest_line(path: Path, index: int) -> list[str]:
+    """Overrides of job ``index`` (0-based) of a manifest."""
+    lines = read_manifest(path)
+    if not 0 <= index < len(lines):
+        raise KVBenchError(f"{path} has {len(lines)} jobs; index {index} is out of range")
+    return shlex.split(lines[index])
+
+
+def task_index(offset: int = 0) -> int:
+    """The job index: ``offset + $SLURM_ARRAY_TASK_ID``."""
+    value = os.environ.get("SLURM_ARRAY_TASK_ID")
+    if value is None:
+        raise KVBenchError("SLURM_ARRAY_TASK_ID is not set: pass --index")
+    return offset + int(value)
+
+
+def job_is_complete(overrides: list[str], conf_dir: Path = CONF_DIR) -> bool:
+    """Whether a manifest line's run is already finished (so a requeued/resubmitted job can skip model loading)."""
+    try:
+        composer = Composer(conf_dir)
+        try:
+            job = Job(list(overrides))
+            classify(job, composer.compose(job.overrides))
+        finally:
+            composer.close()
+    except Exception:  # cannot tell (bad line, changed configs): let run.py run and report it properly
+        return False
+    return job.state == "complete"
+
+
+def exec_line(overrides: list[str], check: bool = True) -> None:
+    """Replace this process with ``python run.py <overrides>`` (so SLURM's signals reach the runner directly)."""
+    print("kvbench job: python run.py " + shlex.join(overrides), flush=True)
+    if check and job_is_complete(overrides):
+        print("already complete; nothing to do", flush=True)
+        sys.exit(0)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.chdir(REPO)
+    os.execv(sys.executable, [sys.executable, str(REPO / "run.py"), *overrides, *hydra_log_override(overrides)])
+
+
+def hydra_log_override(overrides: Sequence[str]) -> list[str]:
+    """Under SLURM, Hydra's own log folder per array task (``logs/hydra/slurm/<array job>_<task>``), so that
+    concurrent jobs sharing model/task/method/budget (different ``run.tag``) never share a Hydra log folder."""
+    array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if not (array_job and task) or any(o.startswith("hydra.run.dir=") for o in overrides):
+        return []
+    return [f"hydra.run.dir=logs/hydra/slurm/{array_job}_{task}"]
+
+
+def sbatch_commands(
+    manifest: Path, n_jobs: int, parallelism: int, max_array_size: int, sbatch_args: Sequence[str] = ()
+) -> list[list[str]]:
+    """``sbatch`` command lines for a manifest, split into arrays of at most ``max_array_size`` tasks."""
+    commands = []
+    for offset in range(0, n_jobs, max_array_size):
+        size = min(max_array_size, n_jobs - offset)
+        array = f"0-{size - 1}" + (f"%{parallelism}" if parallelism > 0 else "")
+        commands.append(
+            [
+                "sbatch",
+                "--parsable",
+                f"--array={array}",
+                *sbatch_args,
+                str(ARRAY_SCRIPT),
+                str(manifest),
+                str(offset),
+            ]
+        )
+    return commands
+
+
+def submit(commands: Sequence[Sequence[str]]) -> list[str]:
+    """Run the ``sbatch`` commands from the repository root; returns the array job ids."""
+    (REPO / SLURM_LOG_DIR).mkdir(parents=True, exist_ok=True)
+    ids = []
+    for command in commands:
+        try:
+            result = subprocess.run(list(command), cwd=REPO, capture_output=True, text=True, check=False)
+        except OSError as err:
+            raise KVBenchError(f"cannot run sbatch ({err}); is this a SLURM login node?") from err
+        if result.returncode != 0:
+            raise KVBenchError(f"{shlex.join(command)} failed: {result.stderr.strip() or result.stdout.strip()}")
+        ids.append(result.stdout.strip().split(";")[0])
+    return ids

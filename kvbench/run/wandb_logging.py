@@ -1,0 +1,189 @@
+"""Weights & Biases logging: a view of the results, never their source of truth.
+
+Off unless ``wandb.mode`` is ``online`` or ``offline`` (the default comes from ``$WANDB_MODE``, else
+``disabled``).  Runs are grouped by experiment (``run.experiment`` or ``wandb.group``) and named
+``model-method-budget-task``; per-dataset scores go to a ``wandb.Table`` (columns :data:`TABLE_COLUMNS`, one row
+per dataset, with the run's model/method/budget/task so tables of many runs can be merged) and to the run summary
+as ``<task>/<dataset>``, with ``<task>/avg`` (mean over datasets), ``avg``, ``kept_fraction`` and ``n_datasets``.
+
+The run id is derived from the config hash, so a preempted and requeued SLURM job logs to the same W&B run (offline
+runs of both attempts sync into one).  Offline mode (``WANDB_MODE=offline``, the default on SLURM nodes via
+``slurm/array.sbatch``) needs no network or API key; upload later with ``wandb sync <run folder>/wandb/offline-run-*``.
+A W&B failure is reported and ignored: it never fails or corrupts a run.
+
+What the report panels (``kvbench wandb-report``, :mod:`kvbench.reporting.wandb_report`) read, logged when the run
+ends (:func:`panel_fields`, :func:`interval_values`):
+
+* config ``panel.*``: the categorical fields to group and filter by (``panel.method``, ``panel.family``,
+  ``panel.model``, ``panel.task``, ``panel.question_mode``, ``panel.experiment``, ``panel.budget``) and the numeric
+  axes (``panel.budget_tokens_per_layer``, ``panel.kept_fraction``, ``panel.context_length``) -- a namespace of
+  their own, beside the resolved config whose ``model``/``method``/``task`` are the presets' full settings;
+* one history row with the axes (``budget_tokens_per_layer``, ``kept_fraction``, ``context_length``) and the
+  scores, so that a line plot with the budget as x axis, grouped by method, draws score vs budget;
+* summary ``<task>/<dataset>/ci95_low|ci95_high`` (the bootstrap 95 % interval) and the paper averages of
+  ``summary.json`` as ``<task>/avg/<column>`` with their intervals;
+* ``needle/<dataset>``: the needle heatmap image of every dataset whose predictions carry a depth and a length.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from kvbench.checks import check_choice
+from kvbench.config import WANDB_MODES
+from kvbench.errors import KVBenchError
+
+#: Columns of the per-dataset ``scores`` table.
+TABLE_COLUMNS = ["model", "method", "budget", "task", "dataset", "metric", "score", "n_samples", "kept_fraction"]
+
+
+def run_name(cfg: DictConfig) -> str:
+    """``model-method-budget-task`` (plus ``~tag``)."""
+    name = f"{cfg.model.name}-{cfg.method.name}-{cfg.budget.name}-{cfg.task.name}"
+    return f"{name}~{cfg.run.tag}" if cfg.run.tag else name
+
+
+class WandbLogger:
+    """Thin wrapper around one W&B run."""
+
+    def __init__(self, run: Any, cfg: DictConfig, folder: Path | None = None) -> None:
+        self.run = run
+        self.cfg = cfg
+        self.folder = folder
+
+    @classmethod
+    def create(cls, cfg: DictConfig) -> WandbLogger | None:
+        """Start a run, or return None when W&B is disabled or unavailable."""
+        mode = check_choice("wandb.mode", str(cfg.wandb.mode), WANDB_MODES, error=KVBenchError)
+        if mode == "disabled":
+            return None
+        try:
+            import wandb
+        except ImportError:
+            warnings.warn(
+                "wandb.mode is set but wandb is not installed (pip install kvbench[wandb]); not logging", stacklevel=2
+            )
+            return None
+        from kvbench.run.writers import config_hash, run_dir
+
+        folder = run_dir(
+            cfg.run.output_root, cfg.model.name, cfg.task.name, cfg.method.name, cfg.budget.name, cfg.run.tag
+        )
+        try:
+            run = wandb.init(
+                project=cfg.wandb.project,
+                entity=cfg.wandb.entity,
+                group=cfg.wandb.group or cfg.run.experiment,
+                job_type=cfg.task.name,
+                name=run_name(cfg),
+                id=f"{config_hash(cfg)}",
+                resume="allow",
+                tags=[cfg.model.name, cfg.method.name, cfg.budget.name, *cfg.wandb.tags],
+                config=OmegaConf.to_container(cfg, resolve=True),
+                dir=str(folder),
+                mode=mode,
+                reinit="finish_previous",
+            )
+        except Exception as err:  # W&B must never fail a run
+            warnings.warn(f"wandb.init failed ({err}); continuing without W&B", stacklevel=2)
+            return None
+        return cls(run, cfg, folder)
+
+    def log_results(self, results: list[Any]) -> None:
+        """Per-dataset table and averages in the summary; finishes the run."""
+        try:
+            import wandb
+
+            cfg = self.cfg
+            names = [cfg.model.name, cfg.method.name, cfg.budget.name, cfg.task.name]
+            rows = [[*names, r.dataset, r.metric, r.score, r.n_samples, r.mean_kept_fraction] for r in results]
+            self.run.log({"scores": wandb.Table(columns=TABLE_COLUMNS, data=rows)})
+            extras = self._extras(results)
+            panel = panel_fields(cfg, extras)
+            self.run.config.update({"panel": panel}, allow_val_change=True)
+            values = summary_values(cfg.task.name, results)
+            axes = {k: panel[k] for k in AXES if panel.get(k) is not None}
+            self.run.log({**axes, **values, **self._needle_images(wandb, extras)})
+            self.run.summary.update({**values, **interval_values(cfg.task.name, results, extras)})
+            self.run.finish()
+        except Exception as err:
+            warnings.warn(f"wandb logging failed ({err}); results on disk are unaffected", stacklevel=2)
+
+    def _extras(self, results: list[Any]) -> dict[str, Any]:
+        from kvbench.reporting.run_views import read_run_extras
+
+        if self.folder is None:
+            return {}
+        return read_run_extras(self.folder, [r.dataset for r in results])
+
+    def _needle_images(self, wandb: Any, extras: dict[str, Any]) -> dict[str, Any]:
+        """``needle/<dataset>``: a W&B image of each needle grid (the PNG is written under the run's wandb/)."""
+        from kvbench.reporting.needle_heatmap import plot_needle_heatmap
+
+        images = {}
+        for dataset, grid in (extras.get("needles") or {}).items():
+            rows = [
+                {"length": length, "depth": depth, "score": score}
+                for depth, line in zip(grid["depths"], grid["z"], strict=True)
+                for length, score in zip(grid["lengths"], line, strict=True)
+                if score is not None
+            ]
+            path = Path(str(self.folder)) / "wandb" / f"needle_{dataset}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            plot_needle_heatmap(rows, path, title=f"{run_name(self.cfg)} · {dataset}", vmax=100.0)
+            images[f"needle/{dataset}"] = wandb.Image(str(path))
+        return images
+
+    def abort(self, exit_code: int = 1) -> None:
+        """Close the run of an interrupted/failed job (its requeued attempt resumes the same W&B run)."""
+        try:
+            self.run.finish(exit_code=exit_code)
+        except Exception as err:
+            warnings.warn(f"wandb finish failed ({err})", stacklevel=2)
+
+
+#: The numeric axes of the panels (config ``panel.<axis>`` and one history row).
+AXES = ("budget_tokens_per_layer", "kept_fraction", "context_length")
+
+
+def panel_fields(cfg: DictConfig, extras: dict[str, Any]) -> dict[str, Any]:
+    """Config ``panel.*``: the categorical fields and numeric axes of the report panels (module docstring)."""
+    return {
+        "method": str(cfg.method.name),
+        "family": extras.get("family") or str(cfg.method.get("family") or cfg.method.name),
+        "model": str(cfg.model.name),
+        "task": str(cfg.task.name),
+        "question_mode": str(cfg.task.get("question_mode") or "aware"),
+        "experiment": str(cfg.run.get("experiment") or ""),
+        "budget": str(cfg.budget.name),
+        **{axis: extras.get(axis) for axis in AXES},
+    }
+
+
+def interval_values(task: str, results: list[Any], extras: dict[str, Any]) -> dict[str, Any]:
+    """Summary ``<task>/<dataset>/ci95_low|high`` and ``<task>/avg/<column>`` (+ ``/ci95_low|high``)."""
+    values: dict[str, Any] = {}
+    for r in results:
+        if r.interval is not None:
+            values[f"{task}/{r.dataset}/ci95_low"], values[f"{task}/{r.dataset}/ci95_high"] = r.interval
+    for column, average in (extras.get("averages") or {}).items():
+        values[f"{task}/avg/{column}"] = average.get("score")
+        if average.get("ci95"):
+            values[f"{task}/avg/{column}/ci95_low"], values[f"{task}/avg/{column}/ci95_high"] = average["ci95"]
+    return values
+
+
+def summary_values(task: str, results: list[Any]) -> dict[str, Any]:
+    """Summary keys for one run: ``<task>/<dataset>``, ``<task>/avg``, ``avg``, ``kept_fraction``, ``n_datasets``."""
+    values: dict[str, Any] = {f"{task}/{r.dataset}": r.score for r in results}
+    values["n_datasets"] = len(results)
+    if results:
+        mean = sum(r.score for r in results) / len(results)
+        values[f"{task}/avg"] = mean
+        values["avg"] = mean
+        values["kept_fraction"] = sum(r.mean_kept_fraction for r in results) / len(results)
+    return values

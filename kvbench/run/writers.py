@@ -1,0 +1,290 @@
+"""Results layout and crash-safe writers.
+
+Layout (one *run* = one model x task x method x budget)::
+
+    results/runs/<model>/<task>/<method>/<budget>[~<tag>]/
+        config.yaml               resolved config (the whole Hydra config, resolved)
+        run_meta.json             provenance: git commit, versions, device, config_hash, start/end times
+        summary.json              per-dataset scores with bootstrap 95 % intervals, paper averages, kept fraction,
+                                  timings, provenance (written when the run completes; :mod:`kvbench.run.summary`)
+        <dataset>/predictions.jsonl   one JSON object per sample, appended as soon as it exists
+        <dataset>/metrics.json        written atomically once the dataset is complete
+        <dataset>/timings.jsonl       per-sample prefill/decode seconds (kept apart so predictions are deterministic)
+
+``predictions.jsonl`` rows (keys always present)::
+
+    {"id": str, "prompt_sha256": str (hash of the sample's prompt parts; resume checks it),
+     "prediction": str (post-processed, scored), "raw_prediction": str, "answers": [str],
+     "all_classes": [str] | null, "length": int | null, "extra": {...},
+     "input_tokens": int, "context_tokens": int, "question_tokens": int, "truncated": bool,
+     "new_tokens": int, "cache": {"requested_per_layer": [int], "achieved_per_layer": [int],
+                                  "requested_per_head": [[int]], "achieved_per_head": [[int]], "evicted": bool,
+                                  "cache_bytes": int, "context_tokens": int, "final_per_layer": [int],
+                                  "decode_cap_per_layer": [int], "allocator_state": {...} | null},
+     "stop_reason": str, "question_lost": bool}
+
+``metrics.json``::
+
+    {"model": str, "task": str, "dataset": str, "method": str, "budget": str, "tag": str | null,
+     "metric": str, "score": float, "scores": {name: float}, "n_samples": int,
+     "config_hash": str, "question_mode": "aware" | "agnostic", "dataset_settings": {...},
+     "data_provenance": {input: {"source": "official" | "hub" | "stand-in" | "generated", "path"/"repo", "sha256",
+                                 ...}},
+     "scorer": {...backend settings...}, "cache": {"mean_requested_per_layer": [float],
+     "mean_achieved_per_layer": [float], "mean_kept_fraction": float, "mean_cache_bytes": float,
+     "budget_exact": bool (every layer kept its requested budget), "allocation_exact": bool (every head kept what
+     the method allocated it; Ada-KV's reference rounds heads on their own, so its layers may drift by a few
+     tokens), "samples_evicted": int},
+     "settings": {...method/budget knobs that matter, incl. the preset's reference...},
+     "timing": {"n": int, "prefill_s_mean": float, "decode_s_mean": float, "total_s": float},
+     "attention": {"calls": {path: int}, "fallbacks": {reason: int}} (paged-cache attention paths that ran and
+     any GPU path that was unavailable, :mod:`kvbench.attention.paths`; run_meta.json has the machine's
+     "attention_capability" and the run's "attention_fallbacks")}
+
+Generated RULER/NeedleBench samples live apart from the runs, in ``run.sample_cache`` (default
+``results/samples/<benchmark>/<dataset>-<key>.jsonl``, see :mod:`kvbench.run.sample_cache`).
+
+Aggregation (scripts/aggregate.py) discovers runs by finding ``metrics.json`` files; nothing else is needed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from kvbench.checks import json_error_text
+
+PREDICTIONS_FILE = "predictions.jsonl"
+METRICS_FILE = "metrics.json"
+CONFIG_FILE = "config.yaml"
+RUN_META_FILE = "run_meta.json"
+TIMINGS_FILE = "timings.jsonl"
+
+
+def run_dir(output_root: str | Path, model: str, task: str, method: str, budget: str, tag: str | None) -> Path:
+    """Deterministic results folder of one run, keyed by the group choices (and an optional user tag)."""
+    leaf = budget if not tag else f"{budget}~{tag}"
+    return Path(output_root) / model / task / method / leaf
+
+
+def _file_mode() -> int:
+    """Mode of a new file under the process umask (``0o666 & ~umask``), as ``open()`` creates them."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that readers see either the old file or the complete new one.
+
+    The file gets the mode ``open()`` would give it (``0o666`` less the umask), like the append-only logs.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, _file_mode())  # mkstemp creates 0600
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_json(path: Path, payload: Any) -> None:
+    """Atomically write ``payload`` as pretty JSON."""
+    atomic_write_text(path, json.dumps(payload, indent=2, ensure_ascii=False, sort_keys=False) + "\n")
+
+
+def read_json(path: Path) -> Any:
+    """Read a JSON file."""
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+class PredictionLog:
+    """Append-only ``predictions.jsonl`` that survives being killed at any instant.
+
+    Each row is written with a single ``write`` of one complete line, then flushed and fsynced.  A process
+    killed mid-write can leave at most one partial last line; :meth:`load` drops it (and truncates the file
+    back to the last complete line) so that a resumed run appends cleanly without duplicates.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def load(self) -> list[dict[str, Any]]:
+        """Rows already written, in order; repairs a torn last line left by a kill."""
+        if not self.path.exists():
+            return []
+        raw = self.path.read_bytes()
+        complete_end = raw.rfind(b"\n") + 1
+        if complete_end < len(raw):
+            with open(self.path, "r+b") as handle:
+                handle.truncate(complete_end)
+        rows: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        for line_no, line in enumerate(raw[:complete_end].decode("utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{self.path}:{line_no}: corrupt prediction row ({json_error_text(err)})") from err
+            if row["id"] in seen:
+                raise ValueError(f"{self.path}:{line_no}: duplicate sample id {row['id']!r}")
+            seen.add(row["id"])
+            rows.append(row)
+        return rows
+
+    def append(self, row: dict[str, Any]) -> None:
+        """Append one row durably."""
+        line = json.dumps(row, ensure_ascii=False) + "\n"
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(line)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+def holds_results(folder: Path) -> bool:
+    """Whether a run folder holds anything worth keeping: a ``metrics.json`` or a non-empty ``predictions.jsonl``.
+
+    A folder without either (a run that failed or was killed before its first prediction) may be replaced.
+    """
+    if not folder.is_dir():
+        return False
+    if any(folder.rglob(METRICS_FILE)):
+        return True
+    return any(path.stat().st_size > 0 for path in folder.rglob(PREDICTIONS_FILE))
+
+
+def iter_metrics(root: str | Path) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """Yield ``(path, metrics)`` for every ``metrics.json`` under ``root`` (sorted, for stable output)."""
+    for path in sorted(Path(root).rglob(METRICS_FILE)):
+        yield path, read_json(path)
+
+
+class TimingLog:
+    """Append-only ``timings.jsonl`` (best effort: a torn last line is ignored, timings are not results)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def append(self, row: dict[str, Any]) -> None:
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(row) + "\n")
+
+    def summary(self) -> dict[str, Any]:
+        """Mean prefill/decode seconds over the rows recorded (the last row per sample id)."""
+        rows: dict[str, dict[str, Any]] = {}
+        if self.path.exists():
+            for line in self.path.read_text(encoding="utf-8").splitlines():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                rows[row["id"]] = row
+        if not rows:
+            return {"n": 0}
+        prefill = [r["prefill_s"] for r in rows.values()]
+        decode = [r["decode_s"] for r in rows.values()]
+        return {
+            "n": len(rows),
+            "prefill_s_mean": round(sum(prefill) / len(rows), 4),
+            "decode_s_mean": round(sum(decode) / len(rows), 4),
+            "total_s": round(sum(prefill) + sum(decode), 3),
+        }
+
+
+#: Config keys that do not change results (excluded from the config hash).  ``task.num_samples`` is the run's
+#: extent, not its identity: sample i never depends on it, so a run asked for more samples continues the same folder
+#: and one asked for fewer reports on the first N (:class:`kvbench.run.runner.Runner`) -- unless the method calibrates
+#: on a share of the samples (:func:`count_is_identity`).
+NON_SEMANTIC_KEYS = (
+    "task.num_samples",
+    "wandb",
+    "run.progress",
+    "run.print_table",
+    "run.threads",
+    "run.output_root",
+    "run.experiment",
+    "run.sample_cache",
+    # Placement does not change the tokens (tests/test_device_map.py); a run may resume on another map.
+    "model.device_map",
+    "model.offload_folder",
+)
+
+
+def count_is_identity(cfg: DictConfig) -> bool:
+    """Whether the method's results depend on how many samples a dataset has: a method that calibrates on a share
+    of the task's samples (``method.params.sampling``, XKV's sampled mode) keeps ``task.num_samples`` in the run's
+    identity, since sample i of a 10-sample run and of a 50-sample run are compressed differently."""
+    return bool(OmegaConf.select(cfg, "method.params.sampling", default=False))
+
+
+def ignored_keys(cfg: DictConfig) -> tuple[str, ...]:
+    """:data:`NON_SEMANTIC_KEYS`, less ``task.num_samples`` where :func:`count_is_identity`."""
+    return tuple(key for key in NON_SEMANTIC_KEYS if key != "task.num_samples" or not count_is_identity(cfg))
+
+
+def config_hash(cfg: DictConfig) -> str:
+    """SHA-256 (first 16 hex) of the resolved config without the non-semantic keys (:func:`ignored_keys`)."""
+    container = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(container, dict)
+    for dotted in ignored_keys(cfg):
+        node: Any = container
+        *parents, leaf = dotted.split(".")
+        for parent in parents:
+            node = node.get(parent, {})
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    blob = json.dumps(container, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def config_differences(folder: Path, cfg: DictConfig) -> list[str]:
+    """``key: old -> new`` for every setting that changes results (:data:`NON_SEMANTIC_KEYS` and ``wandb`` aside)
+    between the run stored in ``folder`` (its ``config.yaml``) and ``cfg``; empty when they are the same run."""
+    old_cfg = OmegaConf.load(folder / CONFIG_FILE) if (folder / CONFIG_FILE).exists() else OmegaConf.create()
+    old, new = OmegaConf.to_container(old_cfg, resolve=True), OmegaConf.to_container(cfg, resolve=True)
+    return _differences(old, new, prefix="", ignored=ignored_keys(cfg))
+
+
+def _differences(old: Any, new: Any, prefix: str, ignored: tuple[str, ...]) -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        diffs = []
+        for key in sorted(set(old) | set(new)):
+            if f"{prefix}{key}" in ignored or (key == "wandb" and not prefix):
+                continue
+            diffs += _differences(old.get(key), new.get(key), f"{prefix}{key}.", ignored)
+        return diffs
+    return [] if old == new else [f"{prefix.rstrip('.')}: {old!r} -> {new!r}"]
+
+
+def same_run(folder: Path, recorded_hash: str | None, cfg: DictConfig, cfg_hash: str) -> bool:
+    """Whether the run recorded in ``folder`` (``run_meta.json``'s ``recorded_hash``) is the run ``cfg`` describes:
+    the same hash, or -- for a folder written when the hash still covered ``task.num_samples`` -- a stored
+    ``config.yaml`` that differs from ``cfg`` in nothing that changes results."""
+    if recorded_hash == cfg_hash:
+        return True
+    return recorded_hash is not None and (folder / CONFIG_FILE).exists() and not config_differences(folder, cfg)
+
+
+def extent_covered(metrics: dict[str, Any], num_samples: int | None) -> bool:
+    """Whether a dataset's ``metrics.json`` was computed over at least the first ``num_samples`` samples (``None``:
+    all of them); files written before ``num_samples_requested`` was recorded count as covering any extent."""
+    if "num_samples_requested" not in metrics:
+        return True
+    requested = metrics["num_samples_requested"]
+    return requested is None or (num_samples is not None and num_samples <= int(requested))
