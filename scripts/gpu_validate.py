@@ -58,8 +58,8 @@ FAMILIES = ["streamingllm", "h2o", "tova", "snapkv", "pyramidkv", "ada_snapkv", 
 DECODE_METHODS = ["full", "snapkv", "ada_snapkv", "cake"]
 #: Context lengths of the kernel and decode phases (``--contexts`` replaces both).
 REAL_CONTEXTS, SMALL_CONTEXTS = [32768, 131072], [256, 512]
-GPU_TESTS = ["tests/test_kernels.py", "tests/test_paged_cache.py", "tests/test_fused_scoring.py",
-             "tests/test_cache_attention.py", "tests/test_attention_paths.py"]  # fmt: skip
+GPU_TESTS = ["tests/kernels/test_kernels.py", "tests/cache/test_paged.py", "tests/methods/test_fused_scoring.py",
+             "tests/attention/test_cache_attention.py", "tests/attention/test_paths.py"]  # fmt: skip
 #: Architecture -> (tokenizer family, chat template, conf/model preset) for kvbench.evaluate.
 ARCH_PROMPTS: dict[str, tuple[str, str | None, str | None]] = {
     "mistral-7b": ("mistral-v3", "mistral-v0.3", "mistral-7b-instruct-v0.3"),
@@ -276,7 +276,7 @@ class Validation:
 
     def start_tests(self) -> None:
         """The GPU tests in the background (``tests`` phase), their output to ``pytest.log``."""
-        targets = self.args.pytest or (GPU_TESTS if not self.args.small else ["tests/test_attention_paths.py"])
+        targets = self.args.pytest or (GPU_TESTS if not self.args.small else ["tests/attention/test_paths.py"])
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu or not slow", *targets]
         log = (self.out / "pytest.log").open("w")
         log.write(" ".join(command) + "\n")
