@@ -144,7 +144,8 @@ def read_tests() -> list[TestEvidence]:
 
 
 def evidence_for(family: str, presets: list[Preset], tests: list[TestEvidence]) -> list[TestEvidence]:
-    """Tests named after the family, every test in ``tests/methods/test_<family>.py``, and parity tests naming a preset."""
+    """Tests named after the family, every test in ``tests/methods/test_<family>.py``, and parity tests naming a
+    preset."""
     words = (family, *FAMILY_KEYWORDS.get(family, ()))
     names = {preset.name for preset in presets}
     found = []
