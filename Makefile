@@ -32,7 +32,7 @@ setup-latex:  ## Debian/Ubuntu, as root: pdflatex + booktabs/graphicx/amssymb fo
 	apt-get update -qq
 	apt-get install -y -qq --no-install-recommends texlive-latex-base texlive-latex-recommended
 
-setup-browser:  ## Debian/Ubuntu, as root: headless Chromium (~77 MB package) for the results-site test in tests/test_dashboards.py
+setup-browser:  ## Debian/Ubuntu, as root: headless Chromium (~77 MB package) for the results-site test in tests/reporting/test_dashboards.py
 	apt-get update -qq
 	apt-get install -y -qq --no-install-recommends chromium
 
@@ -42,8 +42,8 @@ test:  ## the full CPU test suite (what CI runs)
 test-quick:  ## skip tests marked slow
 	$(PYTHON) -m pytest -q -m "not slow"
 
-test-slurm:  ## real SLURM: installs slurm-wlm+munge (root, apt), starts a one-node cluster, runs tests/test_slurm_real.py (~4 min)
-	KVBENCH_SLURM_TEST=1 OMP_NUM_THREADS=1 $(PYTHON) -m pytest -q -m slurm tests/test_slurm_real.py
+test-slurm:  ## real SLURM: installs slurm-wlm+munge (root, apt), starts a one-node cluster, runs tests/end_to_end/test_slurm_real.py (~4 min)
+	KVBENCH_SLURM_TEST=1 OMP_NUM_THREADS=1 $(PYTHON) -m pytest -q -m slurm tests/end_to_end/test_slurm_real.py
 
 sweep:  ## manifest of an experiment's unfinished jobs: make sweep EXP=cake_t1 [ARGS="model=... --submit -- --partition=gpu"]
 	$(PYTHON) scripts/slurm_sweep.py $(EXP) $(ARGS)

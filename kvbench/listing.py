@@ -90,7 +90,7 @@ def _interpolation(value: str) -> str | None:
     key = (select or reference).group(1).strip()  # type: ignore[union-attr]
     found = OmegaConf.select(_default_root(), key, default=_ABSENT)
     fallback = select.group(2).strip() or "null" if select else None
-    resolved = _value(fallback if found is _ABSENT else found)
+    resolved = value_text(fallback if found is _ABSENT else found)
     absent = f"; {fallback} where no {key} exists" if fallback is not None else ""
     return f"{resolved} (follows {key}{absent})"
 
@@ -110,7 +110,7 @@ def _default_root() -> DictConfig:
         return compose(config_name="config")
 
 
-def _value(value: Any) -> str:
+def value_text(value: Any) -> str:
     """A config value as it would be written on the command line (``null``, ``true``, ``[a, b]``); an interpolation
     as its default and the setting it follows (:func:`_interpolation`)."""
     if isinstance(value, str) and value.startswith("${"):
@@ -123,7 +123,7 @@ def _value(value: Any) -> str:
 
 
 def _pairs(node: dict[str, Any], keys: Sequence[str]) -> str:
-    return " ".join(f"{key}={_value(node[key])}" for key in keys)
+    return " ".join(f"{key}={value_text(node[key])}" for key in keys)
 
 
 def _raw(node: DictConfig) -> dict[str, Any]:
@@ -174,54 +174,10 @@ def list_methods() -> str:
 
 
 # ---------------------------------------------------------------------------------------------------- tasks
-def _longbench_datasets(task: dict[str, Any]) -> list[str]:
-    from kvbench.tasks.longbench import dataset_names
-
-    return dataset_names(task["kind"])
-
-
-def _ruler_datasets(task: dict[str, Any]) -> list[str]:
-    from kvbench.tasks.ruler import TASKS
-
-    return list(TASKS)
-
-
-def _needlebench_datasets(task: dict[str, Any]) -> list[str]:
-    from kvbench.tasks.needlebench import GROUPS, LANGUAGES
-
-    languages = [task["language"]] if task["language"] else list(LANGUAGES)
-    return [f"{group}_{language}" for group in GROUPS for language in languages]
-
-
-def _needle_grid_datasets(task: dict[str, Any]) -> list[str]:
-    from kvbench.tasks.needle_grid import NeedleGridDataset
-
-    return [NeedleGridDataset.name]
-
-
-def _tiny_niah_datasets(task: dict[str, Any]) -> list[str]:
-    from kvbench.tasks.tiny_niah import DEFAULT_LENGTHS, VARIANTS, dataset_name
-
-    lengths = task["lengths"] or ([task["length"]] if task["length"] else list(DEFAULT_LENGTHS))
-    return [dataset_name(variant, int(length)) for length in lengths for variant in VARIANTS]
-
-
-#: How each built-in task kind names its datasets for a preset's settings (defaults: all of them).
-TASK_DATASETS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
-    "longbench": _longbench_datasets,
-    "longbench_full": _longbench_datasets,
-    "longbench_e": _longbench_datasets,
-    "ruler": _ruler_datasets,
-    "needlebench": _needlebench_datasets,
-    "needle_grid": _needle_grid_datasets,
-    "tiny_niah": _tiny_niah_datasets,
-}
-
-
 def list_tasks() -> str:
     """Task presets: kind, datasets, settings and options."""
     from kvbench.config import TaskConfig
-    from kvbench.tasks.base import task_kinds
+    from kvbench.tasks.base import TASK_KINDS, task_kinds
 
     defaults = _raw(OmegaConf.structured(TaskConfig))
     lines = [
@@ -231,8 +187,9 @@ def list_tasks() -> str:
     for name, node in presets("task").items():
         data = _raw(node)
         selected = data["datasets"]
-        if selected is None and data["kind"] in TASK_DATASETS:
-            datasets = TASK_DATASETS[data["kind"]](data)
+        kind = TASK_KINDS.as_dict().get(data["kind"])
+        if selected is None and kind is not None and kind.dataset_names is not None:
+            datasets = kind.dataset_names(data)
         else:
             datasets = selected or []
         changed = [key for key in defaults if key not in _TASK_SKIP and data[key] != defaults[key]]

@@ -26,13 +26,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any
 
 from kvbench.checks import check_choice
 from kvbench.errors import KVBenchError
 from kvbench.sample import Sample
+
+if TYPE_CHECKING:  # type hints only: the task modules import this one, and validation imports them torch-free
+    from transformers import PreTrainedTokenizerBase
 
 TRUNCATION_MODES = ("middle", "none")
 #: BOS of a chat-templated prompt: ``single`` (the template carries its BOS; no second one is added, nor to a text

@@ -56,6 +56,13 @@ class Registry(Generic[T]):
 
         return decorator
 
+    def unregister(self, name: str) -> T:
+        """Remove and return the entry registered under ``name`` (a plug-in unloading, a test cleaning up);
+        ``ValueError`` naming the valid names when there is none."""
+        entry = self.get(name)
+        del self._entries[name]
+        return entry
+
     def _ensure_discovered(self) -> None:
         """Run ``discover`` once (again after a failure; a lookup made while it runs sees what is there so far)."""
         if self._discovered or self._discovering or self._discover is None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib.util
-import json
 import os
 import tempfile
 import typing
@@ -33,7 +32,6 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from kvbench import resources
 from kvbench.budget import BudgetError, parse_budget
 from kvbench.checks import check_choice, check_decode_batch, check_min
 from kvbench.config import (
@@ -50,9 +48,6 @@ from kvbench.run.writers import run_dir
 
 #: Config values used as results folder names (``results/runs/<model>/<task>/<method>/<budget>[~<tag>]``).
 FOLDER_NAME_KEYS = ("model.name", "task.name", "method.name", "budget.name", "run.tag")
-#: Task kinds that read LongBench files (``task.data_dir``) or, without it, the hub through ``datasets``.
-LONGBENCH_KINDS = ("longbench", "longbench_full", "longbench_e")
-LONGBENCH_SETTINGS = resources.tasks_dir() / "longbench" / "datasets.json"
 
 
 # ---------------------------------------------------------------------------------------------------- stage 1
@@ -165,15 +160,13 @@ def _check_task_values(task: Any) -> None:
 
 
 def _check_datasets(task: Any) -> None:
-    """``task.datasets`` names datasets of the task (for the built-in kinds, whose names are known without building
-    the task: :data:`kvbench.listing.TASK_DATASETS`); other kinds check their names when they build."""
-    from kvbench.listing import TASK_DATASETS
-
-    if task.datasets is None or task.kind not in TASK_DATASETS:
+    """``task.datasets`` names datasets of the task, for a kind that knows its names without building
+    (:attr:`kvbench.tasks.base.TaskKind.dataset_names`); other kinds check their names when they build."""
+    kind = _registered_kind(task.kind)
+    if task.datasets is None or kind is None or kind.dataset_names is None:
         return
-    settings = {"kind": task.kind, "language": task.language, "length": task.length, "lengths": task.lengths}
     try:
-        available = TASK_DATASETS[task.kind](settings)
+        available = kind.dataset_names(task)
     except (ValueError, KeyError):  # a bad setting the task builder reports with its own message
         return
     unknown = [str(name) for name in task.datasets if name not in available]
@@ -189,6 +182,14 @@ def _check_datasets(task: Any) -> None:
             f"task.datasets=[] selects no dataset of task={task.name}; valid datasets: {', '.join(available)}, or "
             "task.datasets=null for all of them."
         )
+
+
+def _registered_kind(name: str) -> Any:
+    """The registered :class:`~kvbench.tasks.base.TaskKind` named ``name``, or ``None`` (stage 3 reports an unknown
+    kind).  Imports the task modules, which import neither torch nor transformers."""
+    from kvbench.tasks.base import TASK_KINDS
+
+    return TASK_KINDS.as_dict().get(name)
 
 
 def _check_choice(key: str, value: Any, valid: Sequence[str], also: str = "") -> None:
@@ -227,70 +228,38 @@ def package_available(module: str) -> bool:
 
 
 def _check_data_dir(task: Any) -> None:
-    """``task.data_dir`` names an existing folder (LongBench's ``fixtures`` aside; with ``task.options.source=hub``
-    it is where downloads go, so it may not exist yet)."""
+    """``task.data_dir`` names an existing folder (or a value the task kind names its shipped data with, e.g.
+    LongBench's ``fixtures``: :attr:`~kvbench.tasks.base.TaskKind.data_dir_values`; with
+    ``task.options.source=hub`` it is where downloads go, so it may not exist yet)."""
     data_dir = task.data_dir
-    if data_dir is None or (task.kind in LONGBENCH_KINDS and data_dir == "fixtures"):
+    kind = _registered_kind(task.kind)
+    shipped = kind.data_dir_values if kind is not None else {}
+    if data_dir is None or data_dir in shipped:
         return
     if (task.options or {}).get("source") == "hub":
         return
     path = Path(str(data_dir)).expanduser()
     if not path.is_dir():
-        longbench = task.kind in LONGBENCH_KINDS
-        fixtures = " (or task.data_dir=fixtures for the shipped LongBench fixtures)" if longbench else ""
+        preparer = kind.preparer_name if kind is not None else task.kind
+        also = "".join(f" (or task.data_dir={value} for {meaning})" for value, meaning in shipped.items())
         problem = "is not a folder" if path.exists() else "does not exist"
         raise KVBenchError(
             f"task.data_dir={data_dir!r} {problem}. Point it at the folder that `python scripts/prepare_data.py "
-            f"{'longbench' if longbench else task.kind} --out <dir>` wrote{fixtures}, or leave it unset "
-            "(task.data_dir=null) for the task's default source."
+            f"{preparer} --out <dir>` wrote{also}, or leave it unset (task.data_dir=null) for the task's default "
+            "source."
         )
 
 
 def required_packages(cfg: DictConfig) -> list[tuple[str, str, str]]:
-    """Optional packages this run needs: ``(module, why, how to fix)``; ``a|b`` means either module will do."""
-    task = cfg.task
+    """Optional packages this run needs: ``(module, why, how to fix)``; ``a|b`` means either module will do.  The
+    task's come from its kind (:attr:`~kvbench.tasks.base.TaskKind.required_packages`)."""
     needs: list[tuple[str, str, str]] = []
     if cfg.model.get("device_map") is not None:
         needs.append(("accelerate", "model.device_map", "Install it with `pip install accelerate`."))
-    if task.kind in LONGBENCH_KINDS:
-        if task.data_dir is None:
-            needs.append(
-                (
-                    "datasets",
-                    f"task={task.name} without task.data_dir (LongBench from the Hugging Face hub)",
-                    "Install it with `pip install kvbench[data]`, or set task.data_dir to a folder of the official "
-                    "jsonl files (scripts/prepare_data.py longbench), or task.data_dir=fixtures for the shipped "
-                    "fixtures.",
-                )
-            )
-        if (task.options or {}).get("code_sim_backend") == "levenshtein":
-            needs.append(
-                (
-                    "rapidfuzz|Levenshtein",
-                    "task.options.code_sim_backend=levenshtein",
-                    "Install it with `pip install kvbench[levenshtein]`, or use the official "
-                    "task.options.code_sim_backend=difflib.",
-                )
-            )
-        if _longbench_chinese_selected(task):
-            needs.append(
-                (
-                    "jieba",
-                    "scoring the Chinese LongBench datasets",
-                    "Install it with `pip install jieba==0.42.1`, or select English datasets with task.datasets=[...].",
-                )
-            )
+    kind = _registered_kind(cfg.task.kind)
+    if kind is not None and kind.required_packages is not None:
+        needs.extend((need.module, need.why, need.fix) for need in kind.required_packages(cfg.task))
     return needs
-
-
-def _longbench_chinese_selected(task: Any) -> bool:
-    """Whether the selected LongBench datasets include a Chinese one (scored with jieba)."""
-    try:
-        settings = json.loads(LONGBENCH_SETTINGS.read_text(encoding="utf-8"))
-        names = list(task.datasets) if task.datasets is not None else settings["tasks"][task.kind]
-        return any(settings["datasets"].get(name, {}).get("language") == "zh" for name in names)
-    except (OSError, KeyError, ValueError):  # unreadable settings: the task builder reports it
-        return False
 
 
 def _check_writable_root(root: Path) -> None:

@@ -58,8 +58,8 @@ FAMILIES = ["streamingllm", "h2o", "tova", "snapkv", "pyramidkv", "ada_snapkv", 
 DECODE_METHODS = ["full", "snapkv", "ada_snapkv", "cake"]
 #: Context lengths of the kernel and decode phases (``--contexts`` replaces both).
 REAL_CONTEXTS, SMALL_CONTEXTS = [32768, 131072], [256, 512]
-GPU_TESTS = ["tests/test_kernels.py", "tests/test_paged_cache.py", "tests/test_fused_scoring.py",
-             "tests/test_cache_attention.py", "tests/test_attention_paths.py"]  # fmt: skip
+GPU_TESTS = ["tests/kernels/test_kernels.py", "tests/cache/test_paged.py", "tests/methods/test_fused_scoring.py",
+             "tests/attention/test_cache_attention.py", "tests/attention/test_paths.py"]  # fmt: skip
 #: Architecture -> (tokenizer family, chat template, conf/model preset) for kvbench.evaluate.
 ARCH_PROMPTS: dict[str, tuple[str, str | None, str | None]] = {
     "mistral-7b": ("mistral-v3", "mistral-v0.3", "mistral-7b-instruct-v0.3"),
@@ -276,7 +276,7 @@ class Validation:
 
     def start_tests(self) -> None:
         """The GPU tests in the background (``tests`` phase), their output to ``pytest.log``."""
-        targets = self.args.pytest or (GPU_TESTS if not self.args.small else ["tests/test_attention_paths.py"])
+        targets = self.args.pytest or (GPU_TESTS if not self.args.small else ["tests/attention/test_paths.py"])
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu or not slow", *targets]
         log = (self.out / "pytest.log").open("w")
         log.write(" ".join(command) + "\n")
@@ -320,8 +320,7 @@ class Validation:
         from kvbench.bench.random_models import load_method
         from kvbench.budget import parse_budget
         from kvbench.cache.kv_cache import KVBenchCache
-        from kvbench.inference.eviction import EvictionSession
-        from kvbench.inference.generate import forward_logits
+        from kvbench.inference.prefill import forward_logits, prefill
 
         context, question, steps = (300, 16, 8) if self.args.small else (8192, 32, 32)
         budget = "64L" if self.args.small else "1024L"
@@ -335,16 +334,19 @@ class Validation:
             with self.unit(self.rows["parity"], row) as result, torch.inference_mode():
                 if result["skip"]:
                     continue
-                cache = KVBenchCache(int(config.num_hidden_layers), backend=backend, page_size=page)
-                session = EvictionSession(load_method("snapkv", arch), parse_budget(budget), cache)
-                session.begin_prefill(context)
-                forward_logits(model, ids[:context], 0, cache, session, self.device)
-                session.begin_append()
-                logits = [forward_logits(model, ids[context : context + question], context, cache, session,
-                                         self.device)[-1]]  # fmt: skip
-                session.begin_decode()
+                # The context in one forward, compressed, then the question on top (question-agnostic).
+                state = prefill(
+                    model, ids[:context], ids[context : context + question], method=load_method("snapkv", arch),
+                    budget=parse_budget(budget), question_mode="agnostic", prefill_chunk=0,
+                    cache=KVBenchCache(int(config.num_hidden_layers), backend=backend, page_size=page),
+                )  # fmt: skip
+                assert state.logits is not None
+                logits = [state.logits]
+                state.session.begin_decode()
                 for step in range(context + question, context + question + steps):
-                    logits.append(forward_logits(model, ids[step : step + 1], step, cache, session, self.device)[-1])
+                    logits.append(
+                        forward_logits(model, ids[step : step + 1], step, state.cache, state.session, self.device)[-1]
+                    )
                 stacked = torch.stack(logits).float().cpu()
                 result["finite"] = bool(torch.isfinite(stacked).all())
                 if reference is None:

@@ -47,17 +47,17 @@ SWITCH_NAMES: dict[str, tuple[str, ...]] = {
 }
 #: The hand-written methods page whose tables the family pages quote (relative to the checkout).
 METHODS_PAGE = Path("docs") / "methods" / "index.md"
-#: Test files whose tests count as evidence for every preset they name as a string literal.
+#: Test files (relative to ``tests/``) whose tests count as evidence for every preset they name as a string literal.
 PARITY_FILES = (
-    "test_reference_parity.py",
-    "test_decode_parity.py",
-    "test_model_dtype_scores.py",
-    "test_methods.py",
-    "test_methods_end_to_end.py",
-    "test_fused_scoring.py",
-    "test_chunked_prefill.py",
-    "test_paged_cache.py",
-    "test_device_map.py",
+    "parity/test_reference_parity.py",
+    "parity/test_decode_parity.py",
+    "methods/test_score_dtype.py",
+    "methods/test_baselines.py",
+    "end_to_end/test_methods_end_to_end.py",
+    "methods/test_fused_scoring.py",
+    "inference/test_prefill.py",
+    "cache/test_paged.py",
+    "models/test_device_map.py",
 )
 #: Settings shown per preset (``reference`` has its own block; these describe the preset file itself).
 HIDDEN_KEYS = {"defaults", "reference", "name", "family"}
@@ -125,9 +125,9 @@ def read_presets() -> dict[str, list[Preset]]:
 
 
 def read_tests() -> list[TestEvidence]:
-    """Every ``test_*`` function in ``tests/*.py`` with its docstring summary and string literals."""
+    """Every ``test_*`` function in ``tests/**/test_*.py`` with its docstring summary and string literals."""
     tests = []
-    for path in sorted((REPO / "tests").glob("test_*.py")):
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
@@ -139,17 +139,18 @@ def read_tests() -> list[TestEvidence]:
                     for sub in ast.walk(part)
                     if isinstance(sub, ast.Constant) and isinstance(sub.value, str)
                 }
-                tests.append(TestEvidence(path.name, node.name, doc, literals))
+                tests.append(TestEvidence(path.relative_to(REPO / "tests").as_posix(), node.name, doc, literals))
     return tests
 
 
 def evidence_for(family: str, presets: list[Preset], tests: list[TestEvidence]) -> list[TestEvidence]:
-    """Tests named after the family, every test in ``tests/test_<family>.py``, and parity tests naming a preset."""
+    """Tests named after the family, every test in ``tests/methods/test_<family>.py``, and parity tests naming a
+    preset."""
     words = (family, *FAMILY_KEYWORDS.get(family, ()))
     names = {preset.name for preset in presets}
     found = []
     for test in tests:
-        by_name = any(word in test.name for word in words) or test.file == f"test_{family}.py"
+        by_name = any(word in test.name for word in words) or Path(test.file).name == f"test_{family}.py"
         by_literal = test.file in PARITY_FILES and bool(names & test.literals)
         if by_name or by_literal:
             found.append(test)

@@ -12,7 +12,7 @@ from kvbench.errors import KVBenchError
 from kvbench.methods.base import METHOD_FAMILIES, method_families
 from kvbench.methods.params import bounded, choice, parse_params
 from kvbench.registry import Registry
-from kvbench.tasks.base import DATA_PREPARERS, TASK_BUILDERS, task_kinds
+from kvbench.tasks.base import DATA_PREPARERS, TASK_KINDS, task_kinds
 
 
 def test_registry_registers_once_and_lists_valid_names_for_an_unknown_one() -> None:
@@ -43,7 +43,7 @@ def test_registry_retries_a_discovery_that_failed() -> None:
 
 
 def test_the_three_registries_are_one_helper() -> None:
-    assert all(isinstance(r, Registry) for r in (METHOD_FAMILIES, TASK_BUILDERS, DATA_PREPARERS))
+    assert all(isinstance(r, Registry) for r in (METHOD_FAMILIES, TASK_KINDS, DATA_PREPARERS))
     assert {"snapkv", "cake", "nacl", "full"} <= set(method_families())
     assert {"ruler", "needlebench", "longbench", "tiny_niah"} <= set(task_kinds())
     with pytest.raises(ValueError, match=r"unknown method family 'snapk'; valid families: .*snapkv"):
@@ -97,3 +97,81 @@ def test_parse_params_accepts_valid_values_and_keeps_defaults() -> None:
     assert (params.mode, params.ratio, params.kernel, params.flag) == ("exact", 1, 3, True)
     assert parse_params(_Params, None, "demo") == _Params()
     assert parse_params(_Params, {"ratio": None}, "demo").ratio is None
+
+
+# ---------------------------------------------------------------------------------------------------- task kinds
+@pytest.fixture
+def plugin_kind():
+    """A task kind registered from outside kvbench, describing its datasets, a package and a shipped data folder."""
+    from kvbench.tasks.base import PackageNeed, register_task
+
+    def dataset_names(task) -> list[str]:
+        return ["alpha", "beta"] if task["language"] is None else [f"alpha_{task['language']}"]
+
+    def required_packages(task) -> list[PackageNeed]:
+        if (task.options or {}).get("scorer") != "fancy":
+            return []
+        return [PackageNeed("kvbench_no_such_module", "task.options.scorer=fancy", "Install it with `pip install x`.")]
+
+    register_task(
+        "plugin_kind",
+        dataset_names=dataset_names,
+        required_packages=required_packages,
+        data_dir_values={"bundled": "the plug-in's bundled files"},
+        preparer="plugin_bench",
+    )(lambda task_cfg, tokenizer, chat_template=False: [])
+    yield "plugin_kind"
+    TASK_KINDS.unregister("plugin_kind")
+
+
+def plugin_config(tmp_path, *overrides: str):
+    from hydra import compose, initialize_config_dir
+
+    from kvbench import resources
+    from kvbench.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(resources.conf_dir()), version_base="1.3"):
+        return compose(
+            "config",
+            overrides=["task.kind=plugin_kind", "task.lengths=null", f"run.output_root={tmp_path}", *overrides],
+        )
+
+
+def test_validation_asks_the_task_kind_for_its_dataset_names(plugin_kind, tmp_path) -> None:
+    """No kind is special-cased: a plug-in kind's own names are the valid choices, for its own settings."""
+    from kvbench.validation import check_config
+
+    check_config(plugin_config(tmp_path, "task.datasets=[beta]"))
+    with pytest.raises(KVBenchError, match=r"task.datasets=\['gamma'\] are not datasets .*valid datasets: alpha, beta"):
+        check_config(plugin_config(tmp_path, "task.datasets=[gamma]"))
+    with pytest.raises(KVBenchError, match=r"\['beta'\] .*valid datasets: alpha_en"):
+        check_config(plugin_config(tmp_path, "task.datasets=[beta]", "task.language=en"))
+
+
+def test_validation_asks_the_task_kind_for_packages_and_data_folders(plugin_kind, tmp_path) -> None:
+    from kvbench.validation import check_environment
+
+    check_environment(plugin_config(tmp_path, "task.data_dir=bundled"), check_model=False)
+    needs = r"task.options.scorer=fancy needs .*'kvbench_no_such_module'.*pip install x"
+    with pytest.raises(KVBenchError, match=needs):
+        check_environment(plugin_config(tmp_path, "+task.options.scorer=fancy"), check_model=False)
+    missing = "task.data_dir='/nonexistent' does not exist.*prepare_data.py plugin_bench.*task.data_dir=bundled"
+    with pytest.raises(KVBenchError, match=missing):
+        check_environment(plugin_config(tmp_path, "task.data_dir=/nonexistent"), check_model=False)
+
+
+def test_task_kinds_describe_themselves_without_torch_or_transformers() -> None:
+    """Validation asks every registered kind before heavy imports: the task modules import neither."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from kvbench.tasks.base import TASK_KINDS\n"
+        "kinds = TASK_KINDS.as_dict()\n"
+        "print(kinds['longbench'].dataset_names({'kind': 'longbench'})[:2], kinds['lmeval'].dataset_names)\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == ["['narrativeqa', 'qasper'] None", "[]"]

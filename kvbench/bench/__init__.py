@@ -9,7 +9,7 @@ Modules by job: :mod:`~kvbench.bench.random_models` (random-weight architectures
 :mod:`~kvbench.bench.speed_plots`, :mod:`~kvbench.bench.plan` (presets and the driver writing every output).
 
 ``scripts/bench.py`` is the command line; ``make bench`` runs the CPU preset.  Everything here measures wall-clock
-time, so it is not part of the unit tests (``tests/test_bench.py`` only checks the plumbing on a tiny model).
+time, so it is not part of the unit tests (``tests/bench/test_bench.py`` only checks the plumbing on a tiny model).
 """
 
 from kvbench.bench.efficiency_tables import rebuild_tables, write_csv

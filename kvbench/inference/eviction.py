@@ -225,6 +225,12 @@ class EvictionSession:
         return self.record
 
     # ------------------------------------------------------------------ attention callback
+    def kept_scores(self, layer_idx: int) -> list[torch.Tensor] | None:
+        """The scorer's scores of each head's kept tokens after the layer's prefill compression, ``[n_h]`` per head
+        in position order (what the decode policy starts from); ``None`` for a layer that was not scored."""
+        scores = self._scores.get(layer_idx)
+        return None if scores is None else list(scores)
+
     def after_attention(self, module: torch.nn.Module, query: torch.Tensor, scaling: float) -> None:
         """Called by kvbench's attention for every layer with ``query`` ``[1, H_q, q, D]``."""
         layer_idx = int(module.layer_idx)

@@ -12,8 +12,8 @@ Triton runs automatically on CUDA tensors when ``triton`` is installed; otherwis
 The two scoring ops also take ``impl="dense"``: the materialising reference, for comparisons.
 """
 
-from kvbench.kernels.ops import copy_rows, paged_append, paged_decode_attention, triton_available, use_triton
 from kvbench.kernels.fused_scores import SCORING_IMPLS, causal_column_sums, window_stats
+from kvbench.kernels.ops import copy_rows, paged_append, paged_decode_attention, triton_available, use_triton
 from kvbench.kernels.stats import WindowStats
 
 __all__ = [

@@ -1,7 +1,8 @@
 """Triton kernels (imported only when ``triton`` is installed).
 
-Every kernel has a pure-torch reference in :mod:`kvbench.kernels.reference`; ``tests/test_kernels.py`` runs both under
-``TRITON_INTERPRET=1`` (CPU tensors), so CI without a GPU checks them.  Inputs must be contiguous where noted.
+Every kernel has a pure-torch reference in :mod:`kvbench.kernels.reference`; ``tests/kernels/test_kernels.py`` runs
+both under ``TRITON_INTERPRET=1`` (CPU tensors), so CI without a GPU checks them.  Inputs must be contiguous where
+noted.
 """
 
 from __future__ import annotations

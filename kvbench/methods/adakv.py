@@ -19,8 +19,9 @@ with ``gqa_func=mean``, ``normalize`` off, ``skip`` 0):
   ``round`` is the code's float32 ``torch.round`` (half to even); the sum may drift from ``H x base``.
   ``params.rounding: largest_remainder`` is kvbench's sum-preserving variant.  Each head keeps its own top ``c_h``
   candidates plus the window.
-* ``params.alpha = null`` takes the paper version's value (``params.paper_version``: ``early`` 0.5, ``late`` 0.2);
-  the presets derive the version from ``run.tag`` (``adakv_early`` -> early).
+* ``params.alpha = null`` takes the paper version's value (``params.paper_version``: ``early`` 0.5, ``late`` 0.2,
+  the default: the reference code's ``floor_alpha``); the presets set it (``ada_snapkv_paper_early`` and
+  ``ada_pyramidkv_paper_early`` for the early tables), the run tag does not.
 * Ada-Pyramid: PyramidKV's layer schedule in AdaKV's ``pyram_mode`` variant (no uniform branch, beta 20).  The
   reference computes that schedule once, from the first sample's length, and reuses it for every later sample of
   the run (its ``pyram_init`` flag is never reset); kvbench recomputes it per sample.
@@ -47,7 +48,9 @@ from kvbench.methods.snapkv import PYRAMID_SCHEDULES, PyramidLayerAllocator, Win
 
 ALPHA_READINGS = ("floor", "adaptive")
 ROUNDINGS = ("reference", "largest_remainder")
+#: The safeguard each paper version uses: early (arXiv v1/v2) 0.5, late (v4, and the reference code) 0.2.
 PAPER_ALPHA = {"early": 0.5, "late": 0.2}
+PAPER_VERSIONS = tuple(PAPER_ALPHA)
 
 
 def adaptive_counts(scores: torch.Tensor, budget: int, normalize: bool = False, base: int | None = None) -> list[int]:
@@ -190,9 +193,8 @@ class AdaKVParams:
     alpha: float | None = bounded(None, 0.0, 1.0)
     #: ``floor`` (alpha is the uniform floor share; official code) or ``adaptive`` (paper formula).
     alpha_reading: str = choice("floor", ALPHA_READINGS)
-    #: ``early`` (arXiv v1/v2, alpha 0.5) or ``late`` (v4, alpha 0.2); a run tag containing "early" counts as early,
-    #: null (the presets' default without a run tag) as late.
-    paper_version: str | None = "late"
+    #: ``late`` (arXiv v4 and the reference code, alpha 0.2) or ``early`` (v1/v2, alpha 0.5): the default of ``alpha``.
+    paper_version: str = choice("late", PAPER_VERSIONS)
     #: Scale each head's sorted scores by its top-base share (KVCache-Factory's AdaKV default; off in AdaKV's code).
     normalize: bool = False
     #: ``reference`` (per-head float32 rounding, total may drift) or ``largest_remainder`` (exact layer total).
@@ -206,8 +208,7 @@ def resolve_alpha(params: AdaKVParams) -> float:
     """The safeguard value after applying the paper-version default."""
     if params.alpha is not None:
         return float(params.alpha)
-    version = "early" if "early" in str(params.paper_version) else "late"
-    return PAPER_ALPHA[version]
+    return PAPER_ALPHA[params.paper_version]
 
 
 def _build(method_cfg: Any, family: str, pyramid: bool) -> EvictionMethod:

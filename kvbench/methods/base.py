@@ -122,6 +122,12 @@ class WindowObservation:
             )
         return self._stats[prob_dtype]
 
+    def use_window_stats(self, stats: kernels.WindowStats, prob_dtype: torch.dtype | None = None) -> None:
+        """Give the observation the window statistics :meth:`window_stats` returns for ``prob_dtype``, instead of
+        computing them from ``queries`` and ``keys`` (statistics of a given attention, e.g. a hand-made ``[H_q, W,
+        S]`` probability tensor through :func:`kvbench.kernels.reference.stats_of_probs`)."""
+        self._stats[prob_dtype] = stats
+
     def last_query_attention(self, prob_dtype: torch.dtype | None = None) -> torch.Tensor:
         """``[H_q, S]`` float32 attention of the last prompt query over all keys (TOVA's prefill score), logits and
         probabilities rounded to ``prob_dtype`` when given (as :meth:`window_stats`)."""

@@ -6,7 +6,7 @@ field it has overridden (vocabulary, hidden sizes, layers, heads, experts...), t
 ``meta`` device *before* anything is allocated (:data:`MAX_TINY_PARAMETERS`).  Multimodal wrappers (configs with a
 vision/audio sub-config) are listed as such without building them.  :func:`probe` then checks that kvbench with
 nothing evicted gives ``model.generate``'s tokens, and :func:`support_table` renders the results as the Markdown
-table the README embeds (``tests/test_model_zoo.py`` writes it to ``docs/support_table.md``).
+table the README embeds (``tests/models/test_zoo.py`` writes it to ``docs/support_table.md``).
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ def _mode_part(question_mode: str, tag: str) -> str:
     return "" if question_mode in ("", "aware") or question_mode in str(tag) else question_mode
 
 
-def _colours(methods: Sequence[str]) -> dict[str, Any]:
+def method_colours(methods: Sequence[str]) -> dict[str, Any]:
     """One distinct colour per method (tab10, or tab20 beyond ten methods)."""
     cmap = plt.get_cmap("tab10" if len(methods) <= 10 else "tab20")
     return {m: cmap(i % cmap.N) for i, m in enumerate(methods)}
@@ -138,7 +138,7 @@ def plot_paper_table(table: str, cmp: pd.DataFrame, out_dir: str | Path) -> Path
     if compressed["ours"].isna().all() or compressed.groupby(["model_label", "question_mode"])["x"].nunique().max() < 2:
         return None
     panels = list(dict.fromkeys(zip(data["model_label"], data["question_mode"], strict=True)))
-    colours = _colours(list(dict.fromkeys(compressed["method"])))
+    colours = method_colours(list(dict.fromkeys(compressed["method"])))
     width = 4.6 * len(panels) + 2.0
     fig, axes = plt.subplots(1, len(panels), figsize=(width, 4.0), squeeze=False)
     show_mode = data["question_mode"].nunique() > 1
@@ -180,7 +180,7 @@ def plot_paper_tables(comparisons: dict[str, pd.DataFrame], out_dir: str | Path)
 def draw_runs_panel(ax: Any, part: pd.DataFrame, full: pd.DataFrame, form: str) -> None:
     """Score versus budget of runs: ``part`` (``method, x, score``) one line per method (a marker where a method
     ran one budget), ``full`` (``budget, score``) horizontal dashed lines, whatever budget they ran under."""
-    colours = _colours(sorted(part["method"].unique()))
+    colours = method_colours(sorted(part["method"].unique()))
     for method, mg in part.groupby("method", sort=True):
         mg = mg.sort_values("x")
         ax.plot(mg["x"], mg["score"], "-o", color=colours[method], label=method)

@@ -126,7 +126,7 @@ def _prediction_row(sample: Sample, dataset: TaskDataset, output: Any, encoded: 
 _WARNED_ABOVE_FULL: set[str] = set()
 
 
-def _warn_if_above_full(record: Any, cfg: DictConfig) -> None:
+def warn_if_above_full(record: Any, cfg: DictConfig) -> None:
     """One warning per run (method x budget x model) when the stored cache exceeds the full cache's size."""
     key = f"{cfg.model.name}/{cfg.method.name}/{cfg.budget.name}"
     if record.exceeds_full_cache and key not in _WARNED_ABOVE_FULL:
@@ -180,7 +180,7 @@ class Runner:
         torch.manual_seed(int(cfg.seed))
         check_existing_run(self.folder, self.cfg_hash, cfg, note_replacement=False)
         tokenizer = self.loaded.tokenizer if self.loaded else load_tokenizer(cfg.model)
-        data = self._load_data(tokenizer)  # every sample checked before the weights load
+        data = self.load_data(tokenizer)  # every sample checked before the weights load
         loaded = self.loaded or load_model(cfg.model, seed=int(cfg.seed), tokenizer=tokenizer)
         with claim_run_folder(self.folder):
             # Checked again under the lock: another job may have started this folder since the first check.
@@ -221,7 +221,7 @@ class Runner:
             print(format_table(cfg, results, self.folder, self.summary))
         return results
 
-    def _load_data(self, tokenizer: Any) -> list[tuple[TaskDataset, list[Sample]]]:
+    def load_data(self, tokenizer: Any) -> list[tuple[TaskDataset, list[Sample]]]:
         """Build the task's datasets and load every sample of each (the first ``task.num_samples``), checked.
 
         Loading reads and validates every line of every selected dataset, so a missing file, a corrupt line or an
@@ -347,7 +347,7 @@ class Runner:
 
         def write(sample: Sample, encoded: Any, output: Any) -> None:
             row = _prediction_row(sample, dataset, output, encoded)
-            _warn_if_above_full(output.record, self.cfg)
+            warn_if_above_full(output.record, self.cfg)
             with TERMINATION.critical():
                 log.append(row)
                 timing_log.append({"id": sample.id, "prefill_s": output.prefill_s, "decode_s": output.decode_s})

@@ -309,10 +309,10 @@ def exec_line(overrides: list[str], check: bool = True) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.chdir(REPO)
-    os.execv(sys.executable, [sys.executable, str(REPO / "run.py"), *overrides, *_hydra_log_override(overrides)])
+    os.execv(sys.executable, [sys.executable, str(REPO / "run.py"), *overrides, *hydra_log_override(overrides)])
 
 
-def _hydra_log_override(overrides: Sequence[str]) -> list[str]:
+def hydra_log_override(overrides: Sequence[str]) -> list[str]:
     """Under SLURM, Hydra's own log folder per array task (``logs/hydra/slurm/<array job>_<task>``), so that
     concurrent jobs sharing model/task/method/budget (different ``run.tag``) never share a Hydra log folder."""
     array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")

@@ -220,7 +220,7 @@ NON_SEMANTIC_KEYS = (
     "run.output_root",
     "run.experiment",
     "run.sample_cache",
-    # Placement does not change the tokens (tests/test_device_map.py); a run may resume on another map.
+    # Placement does not change the tokens (tests/models/test_device_map.py); a run may resume on another map.
     "model.device_map",
     "model.offload_folder",
 )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -114,27 +115,110 @@ class TaskDataset(ABC):
 #: template wraps the prompts (some synthetic generators size samples with the model's own tokenizer and template,
 #: as RULER does): ``builder(task_cfg, tokenizer, chat_template=False)``.
 TaskBuilder = Callable[..., list[TaskDataset]]
+#: The dataset names a task config would run, before anything is built (all of them when ``task.datasets`` is
+#: null): ``dataset_names(task)`` with ``task`` a mapping of the task config's keys (``kind``, ``language``,
+#: ``length``, ``lengths``, ...; a :class:`~omegaconf.DictConfig` or a plain dict).  Raises ``ValueError`` or
+#: ``KeyError`` for a setting the builder reports with its own message.
+DatasetNames = Callable[[Any], list[str]]
 
 
-#: Task builders by ``task.kind``.
-TASK_BUILDERS: Registry[TaskBuilder] = Registry("task kind", discover=submodule_importer("kvbench.tasks"))
+@dataclass(frozen=True)
+class PackageNeed:
+    """An optional Python package a run needs, checked before any work (:func:`kvbench.validation.check_environment`).
+
+    Attributes
+    ----------
+    module:
+        The importable module; ``"a|b"`` means either will do (the first is named in the message).
+    why:
+        What needs it, as the user set it (``"task.options.code_sim_backend=levenshtein"``).
+    fix:
+        The pip command or the setting that avoids it, in a sentence.
+    """
+
+    module: str
+    why: str
+    fix: str
 
 
-def register_task(kind: str) -> Callable[[TaskBuilder], TaskBuilder]:
-    """Register a task builder under ``kind`` (the ``task.kind`` value in ``conf/task/*.yaml``)."""
-    return TASK_BUILDERS.register(kind)
+#: The optional packages a task config needs: ``required_packages(task) -> [PackageNeed, ...]`` (``task`` the task
+#: config node); imports nothing heavy.
+RequiredPackages = Callable[[Any], list[PackageNeed]]
+
+
+@dataclass(frozen=True)
+class TaskKind:
+    """A task kind as it describes itself to validation and ``kvbench list tasks``, without building anything.
+
+    Attributes
+    ----------
+    name:
+        The ``task.kind`` value.
+    builder:
+        Builds the datasets (:data:`TaskBuilder`).
+    dataset_names:
+        The datasets a config runs (:data:`DatasetNames`), or ``None`` when only building tells (lm-eval groups).
+    required_packages:
+        The optional packages a config needs (:data:`RequiredPackages`), or ``None`` for none.
+    data_dir_values:
+        ``task.data_dir`` values that name shipped data rather than a folder, and what they are
+        (LongBench: ``{"fixtures": "the shipped LongBench fixtures"}``).
+    preparer:
+        The ``scripts/prepare_data.py`` benchmark that writes this kind's ``task.data_dir`` (``None``: the kind's
+        name).
+    """
+
+    name: str
+    builder: TaskBuilder
+    dataset_names: DatasetNames | None = None
+    required_packages: RequiredPackages | None = None
+    data_dir_values: dict[str, str] = field(default_factory=dict)
+    preparer: str | None = None
+
+    @property
+    def preparer_name(self) -> str:
+        """The ``scripts/prepare_data.py`` argument for this kind's data."""
+        return self.preparer or self.name
+
+
+#: Task kinds by ``task.kind``.
+TASK_KINDS: Registry[TaskKind] = Registry("task kind", discover=submodule_importer("kvbench.tasks"))
+
+
+def register_task(
+    kind: str,
+    *,
+    dataset_names: DatasetNames | None = None,
+    required_packages: RequiredPackages | None = None,
+    data_dir_values: dict[str, str] | None = None,
+    preparer: str | None = None,
+) -> Callable[[TaskBuilder], TaskBuilder]:
+    """Register a task builder under ``kind`` (the ``task.kind`` value in ``conf/task/*.yaml``), with what the kind
+    tells about itself before building (:class:`TaskKind`); returns the builder unchanged."""
+
+    def decorator(builder: TaskBuilder) -> TaskBuilder:
+        described = TaskKind(kind, builder, dataset_names, required_packages, dict(data_dir_values or {}), preparer)
+        TASK_KINDS.register(kind)(described)
+        return builder
+
+    return decorator
 
 
 def task_kinds() -> list[str]:
     """Names of all registered task kinds (imports the built-in task modules first)."""
-    return TASK_BUILDERS.names()
+    return TASK_KINDS.names()
+
+
+def task_kind(kind: str) -> TaskKind:
+    """The registered :class:`TaskKind` named ``kind``; ``ValueError`` naming the valid kinds otherwise."""
+    return TASK_KINDS.get(kind)
 
 
 def build_task(task_cfg: Any, tokenizer: Any, chat_template: bool = False) -> list[TaskDataset]:
     """Build the datasets of ``task_cfg`` (its ``kind`` selects the builder), filtered by ``task_cfg.datasets``.
 
     ``chat_template``: whether the model's chat template will wrap the prompts (``model.chat_template``)."""
-    return TASK_BUILDERS.get(task_cfg.kind)(task_cfg, tokenizer, chat_template=chat_template)
+    return task_kind(task_cfg.kind).builder(task_cfg, tokenizer, chat_template=chat_template)
 
 
 def select_datasets(available: Sequence[str], requested: Sequence[str] | None, task_name: str) -> list[str]:

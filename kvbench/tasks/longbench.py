@@ -75,7 +75,14 @@ from kvbench.metrics.longbench import (
 )
 from kvbench.prompting import BOS_MODES, split_truncated_prompt, truncate_middle, truncate_prompt
 from kvbench.tasks import provenance
-from kvbench.tasks.base import Sample, TaskDataset, register_data_preparer, register_task, select_datasets
+from kvbench.tasks.base import (
+    PackageNeed,
+    Sample,
+    TaskDataset,
+    register_data_preparer,
+    register_task,
+    select_datasets,
+)
 
 __all__ = [
     "CHAT_TEMPLATE_SKIP",
@@ -476,19 +483,78 @@ def _build(kind: str, task_cfg: Any) -> list[TaskDataset]:
     return datasets
 
 
-@register_task("longbench")
+def _dataset_names(task: Any) -> list[str]:
+    """The datasets a LongBench task config runs before building (:data:`~kvbench.tasks.base.DatasetNames`)."""
+    return dataset_names(task["kind"])
+
+
+def required_packages(task: Any) -> list[PackageNeed]:
+    """The optional packages a LongBench task config needs (:data:`~kvbench.tasks.base.RequiredPackages`):
+    ``datasets`` without ``task.data_dir`` (the hub), ``rapidfuzz`` or ``Levenshtein`` for
+    ``task.options.code_sim_backend=levenshtein``, ``jieba`` when a selected dataset is Chinese."""
+    needs: list[PackageNeed] = []
+    if task.data_dir is None:
+        needs.append(
+            PackageNeed(
+                "datasets",
+                f"task={task.name} without task.data_dir (LongBench from the Hugging Face hub)",
+                "Install it with `pip install kvbench[data]`, or set task.data_dir to a folder of the official "
+                "jsonl files (scripts/prepare_data.py longbench), or task.data_dir=fixtures for the shipped "
+                "fixtures.",
+            )
+        )
+    if (task.options or {}).get("code_sim_backend") == "levenshtein":
+        needs.append(
+            PackageNeed(
+                "rapidfuzz|Levenshtein",
+                "task.options.code_sim_backend=levenshtein",
+                "Install it with `pip install kvbench[levenshtein]`, or use the official "
+                "task.options.code_sim_backend=difflib.",
+            )
+        )
+    if _chinese_selected(task):
+        needs.append(
+            PackageNeed(
+                "jieba",
+                "scoring the Chinese LongBench datasets",
+                "Install it with `pip install jieba==0.42.1`, or select English datasets with task.datasets=[...].",
+            )
+        )
+    return needs
+
+
+def _chinese_selected(task: Any) -> bool:
+    """Whether the selected LongBench datasets include a Chinese one (scored with jieba)."""
+    try:
+        settings = _settings()
+        names = list(task.datasets) if task.datasets is not None else settings["tasks"][task.kind]
+        return any(settings["datasets"].get(name, {}).get("language") == "zh" for name in names)
+    except (OSError, KeyError, ValueError):  # unreadable settings: the task builder reports it
+        return False
+
+
+#: What the three LongBench kinds tell validation and ``kvbench list tasks`` about themselves.
+_DESCRIBED: dict[str, Any] = {
+    "dataset_names": _dataset_names,
+    "required_packages": required_packages,
+    "data_dir_values": {"fixtures": "the shipped LongBench fixtures"},
+    "preparer": "longbench",
+}
+
+
+@register_task("longbench", **_DESCRIBED)
 def build_longbench(task_cfg: Any, tokenizer: Any, chat_template: bool = False) -> list[TaskDataset]:
     """The 16 English and code datasets of SnapKV/PyramidKV/Ada-KV/CAKE (tokenizer unused)."""
     return _build("longbench", task_cfg)
 
 
-@register_task("longbench_full")
+@register_task("longbench_full", **_DESCRIBED)
 def build_longbench_full(task_cfg: Any, tokenizer: Any, chat_template: bool = False) -> list[TaskDataset]:
     """All 21 datasets, including the 5 Chinese ones (tokenizer unused)."""
     return _build("longbench_full", task_cfg)
 
 
-@register_task("longbench_e")
+@register_task("longbench_e", **_DESCRIBED)
 def build_longbench_e(task_cfg: Any, tokenizer: Any, chat_template: bool = False) -> list[TaskDataset]:
     """LongBench-E: 13 datasets from the ``<name>_e`` files, scored overall and per length bucket."""
     return _build("longbench_e", task_cfg)

@@ -225,7 +225,12 @@ def needle_grid_rows(predictions: Sequence[str], samples: Sequence[Sample]) -> l
     return rows
 
 
-@register_task("needle_grid")
+def _dataset_names(task: Any) -> list[str]:
+    """The one dataset of a needle grid (:data:`~kvbench.tasks.base.DatasetNames`)."""
+    return [NeedleGridDataset.name]
+
+
+@register_task("needle_grid", dataset_names=_dataset_names)
 def build_needle_grid(task_cfg: Any, tokenizer: Any, chat_template: bool = False) -> list[TaskDataset]:
     """Builder: one dataset ``needle_grid`` over the configured length x depth grid."""
     opts = option_values(task_cfg, _OPTION_DEFAULTS, "needle_grid")

@@ -374,7 +374,14 @@ def _lengths(task_cfg: Any) -> list[int]:
     return [int(length)] if length else list(DEFAULT_LENGTHS)
 
 
-@register_task("tiny_niah")
+def _dataset_names(task: Any) -> list[str]:
+    """The datasets a tiny_niah config runs (:data:`~kvbench.tasks.base.DatasetNames`): every variant at each of
+    ``task.lengths`` (or ``task.length``, or the default lengths)."""
+    lengths = task["lengths"] or ([task["length"]] if task["length"] else list(DEFAULT_LENGTHS))
+    return [dataset_name(variant, int(length)) for length in lengths for variant in VARIANTS]
+
+
+@register_task("tiny_niah", dataset_names=_dataset_names)
 def build_tiny_niah(task_cfg: Any, tokenizer: Any, chat_template: bool = False) -> list[TaskDataset]:
     """Datasets ``<variant>_<len>`` for every variant x target length, filtered by ``task.datasets``."""
     check_known_keys(getattr(task_cfg, "options", None) or {}, VALID_OPTIONS, "task.options", "task 'tiny_niah'")

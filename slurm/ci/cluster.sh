@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A single-node SLURM cluster on localhost, for tests/test_slurm_real.py (and for trying slurm/array.sbatch).
+# A single-node SLURM cluster on localhost, for tests/end_to_end/test_slurm_real.py (and for trying slurm/array.sbatch).
 #
 #   slurm/ci/cluster.sh install   # apt-get install slurm-wlm munge (Debian/Ubuntu, needs root)
 #   slurm/ci/cluster.sh start     # write a config under $KVBENCH_SLURM_DIR, start munged, slurmctld, slurmd

@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).resolve().parent
 #: Source files whose code generates the samples (their hash is part of the sample-cache key).
-_GENERATOR_SOURCES = (*sorted(_HERE.glob("*.py")), _HERE.parent / "text_inputs.py", _HERE.parent / "base.py")
+GENERATOR_SOURCES = (*sorted(_HERE.glob("*.py")), _HERE.parent / "text_inputs.py", _HERE.parent / "base.py")
 
 
 # ---- dataset ----------------------------------------------------------------------------------------------------
@@ -146,7 +146,7 @@ class NeedleBenchDataset(TaskDataset):
             "generator_version": GENERATOR_VERSION,
             "tokenizer": tokenizer_fingerprint(self.tok.tokenizer),
             "inputs": {name: record.get("sha256") for name, record in self.provenance().items()},
-            "code": source_fingerprint(_GENERATOR_SOURCES),
+            "code": source_fingerprint(GENERATOR_SOURCES),
         }
 
     # -- generation --
@@ -361,7 +361,14 @@ class NeedleBenchDataset(TaskDataset):
         return result
 
 
-@register_task("needlebench")
+def _dataset_names(task: Any) -> list[str]:
+    """The datasets a NeedleBench config runs (:data:`~kvbench.tasks.base.DatasetNames`): each group in
+    ``task.language``, or in both languages when it is null."""
+    languages = [task["language"]] if task["language"] else list(LANGUAGES)
+    return [f"{group}_{language}" for group in GROUPS for language in languages]
+
+
+@register_task("needlebench", dataset_names=_dataset_names)
 def build_needlebench(task_cfg: Any, tokenizer: Any, chat_template: bool = False) -> list[TaskDataset]:
     """Builder: datasets ``{single_retrieval,multi_retrieval,multi_reasoning}_{en,zh}`` (``task.language`` keeps one
     language; ``task.lengths`` / ``task.depths`` override the size's context lengths / depths)."""

@@ -35,7 +35,7 @@ class CommonWordsGenerator(SizedGenerator):
     #: The word lists' words in RULER's order (shuffled with the seed), made on first use.
     _cwe_words: list[str] | None = None
 
-    def _cwe_pool(self, needed: int) -> list[str]:
+    def cwe_pool(self, needed: int) -> list[str]:
         """RULER's pools: the word lists' sorted unique words shuffled by ``random.Random(seed)``; when more words
         are needed than they hold, RULER's ``english_words.json`` (if found in the input folder), else our
         pseudo-words after the list words (a named stand-in)."""
@@ -55,7 +55,7 @@ class CommonWordsGenerator(SizedGenerator):
         return self.inputs.cwe_extra
 
     def _cwe_example(self, num_words: int, common_repeats: int, uncommon_repeats: int, common_nums: int):
-        pool = self._cwe_pool(num_words)
+        pool = self.cwe_pool(num_words)
         chosen = self.rng.sample(pool, num_words)
         common, uncommon = chosen[:common_nums], chosen[common_nums:]
         word_list = common * common_repeats + uncommon * uncommon_repeats

@@ -33,7 +33,7 @@ class RulerGenerator(
 ANSWER_PREFIX_MODES = ("assistant", "user")
 #: Source files whose code generates the samples (their hash is part of the sample-cache key).
 _HERE = Path(__file__).resolve().parent
-_GENERATOR_SOURCES = (
+GENERATOR_SOURCES = (
     *sorted(_HERE.glob("*.py")),
     _HERE.parent / "text_inputs.py",
     _HERE.parent / "base.py",
@@ -111,7 +111,7 @@ class RulerDataset(TaskDataset):
             "generator_version": GENERATOR_VERSION,
             "tokenizer": tokenizer_fingerprint(self.tok.tokenizer),
             "inputs": {name: record.get("sha256", record.get("by")) for name, record in self.provenance().items()},
-            "code": source_fingerprint(_GENERATOR_SOURCES),
+            "code": source_fingerprint(GENERATOR_SOURCES),
         }
 
     def samples(self) -> list[Sample]:
@@ -158,7 +158,12 @@ class RulerDataset(TaskDataset):
         return {"score": fn(predictions, refs), "nulls": float(sum(not p.strip() for p in predictions))}
 
 
-@register_task("ruler")
+def _dataset_names(task: Any) -> list[str]:
+    """The RULER tasks a config can select (:data:`~kvbench.tasks.base.DatasetNames`): all 13, whatever the length."""
+    return list(TASKS)
+
+
+@register_task("ruler", dataset_names=_dataset_names)
 def build_ruler(task_cfg: Any, tokenizer: Any, chat_template: bool = False) -> list[TaskDataset]:
     """Builder: one dataset per selected task (``task.datasets``) and length (``task.lengths`` or ``task.length``).
 

@@ -30,7 +30,7 @@ class VariableTrackingGenerator(SizedGenerator):
     def _name(self, size: int) -> str:
         return "".join(self.rng.choices(string.ascii_uppercase, k=size))
 
-    def _chains(self, is_icl: bool) -> tuple[list[list[str]], list[list[str]]]:
+    def chains(self, is_icl: bool) -> tuple[list[list[str]], list[list[str]]]:
         """``(names per chain, lines per chain)``, RULER's ``generate_chains``: ``(hops + 1) * chains`` names drawn at
         once (duplicates kept), more appended while not all distinct (an appended name starts a chain of its own, as
         officially); the first line holds the value (``12345`` in the example), each next line copies the previous
@@ -54,7 +54,7 @@ class VariableTrackingGenerator(SizedGenerator):
 
     def _build_vt_text(self, num_noises: int, is_icl: bool) -> Generated:
         """One sample without the worked example: chains inserted among ``num_noises`` noise lines."""
-        names, chains = self._chains(is_icl)
+        names, chains = self.chains(is_icl)
         value = chains[0][0].split("=")[-1].strip()
         sentences = [NOISE_LINE] * num_noises
         for chain in chains:
@@ -70,7 +70,7 @@ class VariableTrackingGenerator(SizedGenerator):
             extra={"_haystack": haystack, "_first_line": chains[0][0]},
         )
 
-    def _randomized_icl(self, example: str) -> str:
+    def randomized_icl(self, example: str) -> str:
         """RULER's ``randomize_icl``: the example's last ``hops + 1`` words (the answer names) each replaced, all
         occurrences, by as many random capitals; then ``12345`` by a random value."""
         for item in example.strip().split()[-self.args["num_hops"] - 1 :]:
@@ -80,7 +80,7 @@ class VariableTrackingGenerator(SizedGenerator):
     def _build_vt(self, num_noises: int) -> Generated:
         """A sample with the randomised worked example before the task instruction (inside the user turn)."""
         sample = self._wrap(self._build_vt_text(num_noises, False))
-        icl = self._randomized_icl(self._icl) + "\n"
+        icl = self.randomized_icl(self._icl) + "\n"
         head = self.template_head
         sample.context = head + icl + sample.context[len(head) :]
         return sample

@@ -1,0 +1,202 @@
+"""The documentation (issue #36): a short README, a site that builds with ``mkdocs build --strict`` (a broken link,
+anchor or missing page fails), examples that run as shown, and commands that name real things.
+
+* ``python`` blocks after a ``<!-- docs-example -->`` marker in ``docs/**/*.md`` run as written; every
+  ``print(...)  # <text>`` line's comment must appear in what the block printed.  (The Python API page's
+  ``<!-- api-example -->`` block is run by ``tests/test_api.py``.)
+* Every command shown in a ``bash`` block of the README or the docs: ``make`` targets exist in the Makefile,
+  ``scripts/*.py`` exist, and every ``python run.py`` / ``kvbench`` command names existing presets; the single runs
+  (no ``-m``) are composed and checked as ``run.py`` would before any work (:func:`kvbench.validation.check_config`).
+* Every ``tests/``, ``scripts/``, ``conf/`` and ``slurm/`` path the pages name in inline code exists.
+
+About 10 s on 2 shared cores, most of it the site build.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = REPO / "docs"
+#: The README stays a front door (issue #36: at most ~300 lines).
+README_MAX_LINES = 300
+#: Config groups a command-line override may name, with the folder of their presets.
+GROUPS = {"method": "method", "task": "task", "model": "model", "budget": "budget", "+experiment": "experiment"}
+
+
+def pages() -> list[Path]:
+    """README.md and every Markdown page of the site."""
+    return [REPO / "README.md", *sorted(DOCS.rglob("*.md"))]
+
+
+def fenced_blocks(text: str, language: str) -> list[str]:
+    """The bodies of the fenced code blocks of ``language`` in a Markdown text."""
+    return re.findall(rf"^```{language}\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE)
+
+
+def commands(block: str) -> list[list[str]]:
+    """The commands of a bash block as argument lists: continuation lines joined, comments dropped."""
+    joined = re.sub(r"\\\n\s*", " ", block)
+    found = []
+    for line in joined.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            found.append(shlex.split(line, comments=True))
+    return found
+
+
+def shown_commands() -> list[tuple[str, list[str]]]:
+    """(page, argument list) for every command in every bash block of the README and the docs."""
+    return [
+        (str(page.relative_to(REPO)), argv)
+        for page in pages()
+        for block in fenced_blocks(page.read_text(encoding="utf-8"), "bash")
+        for argv in commands(block)
+    ]
+
+
+def makefile_targets() -> set[str]:
+    text = (REPO / "Makefile").read_text(encoding="utf-8")
+    return set(re.findall(r"^([A-Za-z0-9_-]+):", text, flags=re.MULTILINE))
+
+
+def test_readme_is_a_short_front_door() -> None:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= README_MAX_LINES, f"README.md has {len(text.splitlines())} lines"
+    for needed in ("make setup", "python run.py", "docs/index.md", "| niah_single_2k |"):
+        assert needed in text, f"README.md lost {needed!r}"
+
+
+def test_readme_links_point_at_existing_pages() -> None:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    assert links, "README.md links to no page"
+    missing = [link for link in links if "://" not in link and not (REPO / link).exists()]
+    assert not missing, f"README.md links to missing files: {missing}"
+
+
+def test_site_builds_strict(tmp_path: Path) -> None:
+    """``mkdocs build --strict``: warnings (a broken link or anchor, a nav entry without a page, a docstring
+    mkdocstrings cannot render) fail the build."""
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    process = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-3000:]
+    built = tmp_path / "site"
+    for family_page in ("methods/snapkv/index.html", "methods/cake/index.html", "api/index.html"):
+        assert (built / family_page).is_file(), family_page
+    snapkv = (built / "methods/snapkv/index.html").read_text(encoding="utf-8")
+    assert "FasterDecoding/SnapKV" in snapkv and "Parity evidence" in snapkv and "test_reference_parity.py" in snapkv
+    version = re.search(r'^__version__ = "([^"]+)"', (REPO / "kvbench/version.py").read_text(), re.MULTILINE)
+    assert version and f"This page documents kvbench {version.group(1)}" in snapkv
+    assert "kvbench.api.evaluate" in (built / "api/index.html").read_text(encoding="utf-8")
+
+
+def docs_examples() -> list[tuple[str, str]]:
+    """(page, code) for every ``<!-- docs-example -->`` Python block of the site."""
+    found = []
+    for page in sorted(DOCS.rglob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        for code in re.findall(r"<!-- docs-example -->\s*```python\n(.*?)```", text, flags=re.DOTALL):
+            found.append((str(page.relative_to(REPO)), code))
+    return found
+
+
+@pytest.mark.parametrize(("page", "code"), docs_examples(), ids=lambda value: value if value.endswith(".md") else "")
+def test_docs_example_runs_and_prints_what_it_says(page: str, code: str, capsys: pytest.CaptureFixture[str]) -> None:
+    exec(compile(code, f"{page}:docs-example", "exec"), {"__name__": "docs_example"})
+    out = capsys.readouterr().out
+    for expected in re.findall(r"^\s*print\(.*\)\s+#\s*(.+)$", code, flags=re.MULTILINE):
+        assert expected.strip() in out, f"{page}: printed {out!r}, the comment says {expected!r}"
+
+
+def test_docs_examples_exist() -> None:
+    assert docs_examples(), "no <!-- docs-example --> block under docs/"
+
+
+def test_shown_make_targets_and_scripts_exist() -> None:
+    targets = makefile_targets()
+    problems = []
+    for page, argv in shown_commands():
+        if argv[0] == "make" and len(argv) > 1 and argv[1] not in targets and "=" not in argv[1]:
+            problems.append(f"{page}: make {argv[1]} (no such Makefile target)")
+        for arg in argv:
+            if re.fullmatch(r"(scripts|slurm)/[\w./-]+\.(py|sh|sbatch)", arg) and not (REPO / arg).is_file():
+                problems.append(f"{page}: {arg} does not exist")
+    assert not problems, "\n".join(problems)
+
+
+def run_commands() -> list[tuple[str, list[str]]]:
+    """(page, overrides) for every ``python run.py`` / ``kvbench`` run command shown (not ``kvbench <subcommand>``)."""
+    found = []
+    for page, argv in shown_commands():
+        if argv[:2] == ["python", "run.py"]:
+            found.append((page, argv[2:]))
+        elif argv[0] == "kvbench" and (len(argv) == 1 or "=" in argv[1] or argv[1].startswith("-")):
+            found.append((page, argv[1:]))  # not a subcommand (list, report, wandb-report)
+    return found
+
+
+def test_shown_run_commands_name_existing_presets() -> None:
+    conf = REPO / "conf"
+    problems, checked = [], 0
+    for page, overrides in run_commands():
+        for override in overrides:
+            key, _, value = override.partition("=")
+            if key in GROUPS and value:
+                for name in value.split(","):
+                    checked += 1
+                    budget_string = key == "budget" and re.fullmatch(r"\d+(L|/layer)|[\d.]+x|full", name)
+                    if not budget_string and not (conf / GROUPS[key] / f"{name}.yaml").is_file():
+                        problems.append(f"{page}: {override}: no conf/{GROUPS[key]}/{name}.yaml")
+    assert checked > 20, "the scan found too few commands"
+    assert not problems, "\n".join(problems)
+
+
+def test_shown_single_runs_compose_and_validate() -> None:
+    """A single run shown in the docs composes and passes run.py's config checks (no model, no data)."""
+    import kvbench
+    from kvbench.errors import KVBenchError
+    from kvbench.validation import check_config
+
+    composed = 0
+    for page, overrides in run_commands():
+        if "-m" in overrides or "--multirun" in overrides or any("," in o and "{" not in o for o in overrides):
+            continue
+        chosen = {"method": "snapkv", "budget": "64L", "task": "tiny_niah", "model": None}
+        rest = []
+        for override in overrides:
+            key, _, value = override.partition("=")
+            if key in chosen:
+                chosen[key] = value
+            elif not key.startswith("hydra"):
+                rest.append(override)
+        try:
+            check_config(kvbench.compose_config(**chosen, overrides=rest))
+        except KVBenchError as err:
+            pytest.fail(f"{page}: {' '.join(overrides)}: {err}")
+        composed += 1
+    assert composed >= 5, composed
+
+
+def test_paths_named_in_the_pages_exist() -> None:
+    problems = []
+    for page in pages():
+        text = page.read_text(encoding="utf-8")
+        for path in re.findall(r"`((?:tests|scripts|conf|slurm)/[\w./-]+\.(?:py|yaml|sh|sbatch))`", text):
+            if "*" not in path and "<" not in path and not (REPO / path).is_file():
+                problems.append(f"{page.relative_to(REPO)}: {path}")
+    assert not problems, "named but missing:\n" + "\n".join(problems)

@@ -1,0 +1,242 @@
+"""CAKE: preference score, budget split, cascading == one-shot (Theorem 1), peak prefill memory, indicators."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from kvbench.budget import parse_budget
+from kvbench.cache.kv_cache import KVBenchCache
+from kvbench.inference.eviction import EvictionSession
+from kvbench.inference.prefill import prefill
+from kvbench.kernels.reference import stats_of_probs
+from kvbench.methods.base import StaticLayerAllocator, WindowObservation
+from kvbench.methods.cake import CakeScorer, layer_preference, resolve_tau, split_pool_monotone
+from kvbench.methods.token_scores import ScoreOptions, window_attention
+from kvbench.models.loading import build_builtin
+from tests.methods.test_baselines import _Layer, _run, method_from_yaml
+
+
+def test_layer_preference_matches_eq6() -> None:
+    gen = torch.Generator().manual_seed(0)
+    attention = torch.softmax(torch.randn(4, 8, 50, generator=gen) * 2, dim=-1)
+    past = attention[:, :, :42].double()
+    entropy = float(-(past * torch.log(past + 1e-10)).sum())
+    variance = float(past.var(dim=1).sum())
+    stats = stats_of_probs(attention)
+    assert layer_preference(stats, 8, 1.0, 1.0) == pytest.approx(entropy * variance)
+    assert layer_preference(stats, 8, 0.5, 2.0) == pytest.approx(entropy**2 * variance**0.5)
+    assert layer_preference(stats, 8, 0.5, 2.0, "h") == pytest.approx(entropy**2)
+    assert layer_preference(stats, 8, 0.5, 2.0, "v") == pytest.approx(variance**0.5)
+    # A dispersed, shifting layer prefers more cache than a concentrated, static one.
+    static = torch.zeros(4, 8, 50)
+    static[..., 3] = 1.0
+    assert layer_preference(stats, 8, 1.0, 1.0) > layer_preference(stats_of_probs(static), 8, 1.0, 1.0)
+
+
+def test_monotone_split_is_exact_capped_and_never_grows() -> None:
+    """kvbench's ``adjust: monotone`` variant (the reference's adjust_budgets is tested in test_reference_parity)."""
+    budgets = split_pool_monotone([1.0, 2.0, 3.0], 100, [1000] * 3)
+    assert sum(budgets) == 100 and budgets[0] < budgets[1] < budgets[2]
+    capped = split_pool_monotone([1.0, 1.0, 10.0], 90, [40, 40, 40])
+    # shares 7.5, 7.5, 75 -> 7, 7, 40 (cap); the excess 35 is shared evenly (17 + 17 + 1), the truncation
+    # remainder (1) goes to the first open layer.
+    assert capped == [26, 24, 40]
+    previous = split_pool_monotone([1.0, 1.0], 100, [1000] * 2)
+    later = split_pool_monotone([1.0, 1.0, 1.0], 100, [1000] * 3, [*previous, None])
+    assert sum(later) == 100 and all(b <= p for b, p in zip(later, previous, strict=False))
+
+
+def test_tau_presets() -> None:
+    assert resolve_tau((None, None), "llama3.1-8b-instruct", 128) == (1.6, 0.6)
+    assert resolve_tau((None, None), "mistral-7b-instruct-v0.3", 1024) == (0.8, 0.5)
+    assert resolve_tau((None, None), "llama3.1-8b-instruct", 512) == (1.0, 1.0)  # the code's fallback
+    assert resolve_tau((2.0, None), "llama2-7b-chat", 128) == (2.0, 2.3)
+
+
+def test_indicator_mean_plus_gamma_var_and_its_variants() -> None:
+    gen = torch.Generator().manual_seed(2)
+    keys = torch.randn(2, 120, 8, generator=gen)
+    queries = torch.randn(4, 32, 8, generator=gen)
+    observation = WindowObservation(0, 1, queries, keys, keys, 8**-0.5)
+    attention = window_attention(queries, keys, 8**-0.5)
+    raw = attention.mean(dim=1) + 200 * attention.var(dim=1)
+    pooled = torch.nn.functional.avg_pool1d(raw[:, None, :88], 5, 1, 2)[:, 0]  # padding counted, as the code
+    options = ScoreOptions(kernel_size=5, pooling="avg", gqa_reduce="after_pool")
+    torch.testing.assert_close(CakeScorer(200.0, options).score(observation)[:, :88], pooled.reshape(2, 2, 88).mean(1))
+    # A token hit hard by a single window query (high variance, low mean) beats one with a slightly larger
+    # but steady mean under Mean + 200 Var, and loses under Mean alone.
+    attention = torch.full((1, 32, 60), 0.0)
+    attention[0, :, 10] = 0.02  # steady
+    attention[0, 0, 20] = 0.6  # one shift
+    attention[0, :, 28:] = (1 - attention[0].sum(-1, keepdim=True)) / 32
+    steady, shifting = 10, 20
+    cake_scores = attention.mean(1) + 200 * attention.var(1)
+    mean_scores = attention.mean(1)
+    assert cake_scores[0, shifting] > cake_scores[0, steady] and mean_scores[0, shifting] < mean_scores[0, steady]
+
+
+# ------------------------------------------------------------------------------------------ Theorem 1, tensors
+def _random_layers(num_layers: int, seed: int = 0, context: int = 160):
+    """Per layer (keys [2, S, 16], queries [4, S, 16]) with layer-dependent sharpness, so preferences differ."""
+    gen = torch.Generator().manual_seed(seed)
+    layers = []
+    for layer in range(num_layers):
+        keys = torch.randn(2, context, 16, generator=gen)
+        queries = torch.randn(4, context, 16, generator=gen) * (0.3 + 0.6 * layer)
+        layers.append((keys, queries))
+    return layers
+
+
+def _prefill_layers(method, budget: str, layers, observe=None) -> tuple[KVBenchCache, EvictionSession]:
+    """Feed layers one at a time, as a model's prefill does (layer l's KV enters the cache at its turn)."""
+    cache = KVBenchCache(len(layers))
+    session = EvictionSession(method, parse_budget(budget), cache)
+    session.begin_prefill(layers[0][0].shape[1])
+    for idx, (keys, queries) in enumerate(layers):
+        cache.update(keys[None], keys[None].clone() * 0.5, idx)
+        session.after_attention(_Layer(idx), queries[None], 16**-0.5)
+        if observe is not None:
+            observe(idx, cache)
+    session.begin_decode()
+    return cache, session
+
+
+class _FixedBudgets(StaticLayerAllocator):
+    def __init__(self, budgets: list[int]) -> None:
+        self.fixed = budgets
+
+    def plan(self, total: int, num_layers: int, context_length: int) -> list[int]:
+        return list(self.fixed)
+
+
+def _positions(cache: KVBenchCache) -> list[list[list[int]]]:
+    return [[p.tolist() for p in layer.positions] for layer in cache.headwise_layers]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("budget", ["40L", "64L", "100L"])
+def test_cascading_equals_one_shot_eviction_with_final_budgets(seed: int, budget: str) -> None:
+    layers = _random_layers(6, seed)
+    stage_budgets: list[list[int]] = []
+    cascading = method_from_yaml("cake", decode_eviction=False)
+    cache, session = _prefill_layers(
+        cascading, budget, layers, observe=lambda idx, c: stage_budgets.append(c.layer_lengths()[: idx + 1])
+    )
+    final = session.record.requested_per_layer
+    achieved = session.record.achieved_per_layer
+    # adjust_budgets keeps the pool when no layer reaches its cap (S - W = 128 here); capped layers lose the rest.
+    assert sum(final) <= int(budget[:-1]) * 6
+    assert sum(final) == int(budget[:-1]) * 6 or max(final) == 160
+    assert len(set(final)) > 1  # preferences really differ across layers
+    # Proposition 1: a layer's cache only shrinks from stage to stage, so a budget that grows keeps what is left.
+    for before, after in itertools.pairwise(stage_budgets):
+        assert all(a <= b for a, b in zip(after, before, strict=False))
+    assert all(a <= f for a, f in zip(achieved, final, strict=True))
+    # One-shot: the same indicator, each layer evicted once with what the cascade left it.
+    one_shot = method_from_yaml("cake", decode_eviction=False)
+    one_shot.layer_allocator = _FixedBudgets(achieved)
+    reference, _ = _prefill_layers(one_shot, budget, layers)
+    assert _positions(cache) == _positions(reference)
+    # Vanilla P2A (all preferences first, then one eviction per layer) gets the final budgets: the same tokens
+    # whenever no budget grew between stages (Theorem 1).
+    vanilla, vanilla_session = _prefill_layers(
+        method_from_yaml("cake", decode_eviction=False, params={"cascading": False}), budget, layers
+    )
+    assert vanilla_session.record.requested_per_layer == final
+    if achieved == final:
+        assert _positions(vanilla) == _positions(cache)
+
+
+def test_cascading_peak_memory_stays_near_the_total_budget() -> None:
+    layers = _random_layers(6, 0)
+    per_token = 2 * 16 * 4 * 2  # heads x head_dim x float32 x (keys + values)
+    total_bytes = 64 * 6 * per_token
+    layer_full = 160 * per_token
+    sizes: list[int] = []
+    _, session = _prefill_layers(
+        method_from_yaml("cake", decode_eviction=False), "64L", layers, observe=lambda i, c: sizes.append(c.kv_bytes())
+    )
+    assert max(sizes) <= total_bytes  # after every stage: within the total budget
+    assert total_bytes < session.record.peak_prefill_bytes <= total_bytes + layer_full
+    _, vanilla = _prefill_layers(
+        method_from_yaml("cake", decode_eviction=False, params={"cascading": False}), "64L", layers
+    )
+    assert vanilla.record.peak_prefill_bytes == 6 * layer_full  # one-shot P2A holds every layer's full cache
+
+
+# ------------------------------------------------------------------------------------------ tiny model
+@pytest.fixture(scope="module")
+def tiny_llama():
+    model, tokenizer = build_builtin("tiny-random-llama", seed=7)
+    model.set_attn_implementation("kvbench")
+    return model.eval(), tokenizer
+
+
+def _prefill_model(model, method, budget: str, ids: list[int]):
+    with torch.no_grad():
+        state = prefill(model, ids, method=method, budget=parse_budget(budget))
+    return state.cache, state.session.finish()
+
+
+@pytest.mark.parametrize("budget", ["48L", "96L"])
+def test_theorem1_and_peak_bytes_on_the_tiny_model(tiny_llama, budget: str) -> None:
+    model, _ = tiny_llama
+    ids = torch.randint(3, 250, (400,), generator=torch.Generator().manual_seed(5)).tolist()
+    cascade, record = _prefill_model(model, method_from_yaml("cake"), budget, ids)
+    vanilla, vanilla_record = _prefill_model(model, method_from_yaml("cake", params={"cascading": False}), budget, ids)
+    assert record.requested_per_layer == vanilla_record.requested_per_layer == record.achieved_per_layer
+    assert _positions(cascade) == _positions(vanilla)
+    one_shot = method_from_yaml("cake")
+    one_shot.layer_allocator = _FixedBudgets(record.requested_per_layer)
+    reference, _ = _prefill_model(model, one_shot, budget, ids)
+    assert _positions(cascade) == _positions(reference)
+    config = model.config
+    per_token = config.num_key_value_heads * (config.hidden_size // config.num_attention_heads) * 4 * 2
+    bound = int(budget[:-1]) * config.num_hidden_layers * per_token + len(ids) * per_token
+    assert record.peak_prefill_bytes <= bound
+    assert vanilla_record.peak_prefill_bytes == len(ids) * per_token * config.num_hidden_layers
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "cake",
+        "cake_h2o",
+        "cake_tova",
+        "cake_snapkv",
+        "cake_alloc_uniform",
+        "cake_alloc_pyramid",
+        "cake_alloc_random",
+        "cake_ind_mean",
+        "cake_ind_var",
+        "cake_ind_mean_x_var",
+        "cake_uniform_mean",
+    ],
+)
+def test_presets_keep_layer_budgets_through_decoding(tiny_llama, name: str) -> None:
+    model, tokenizer = tiny_llama
+    out = _run(model, tokenizer, method_from_yaml(name), "64L", new=12)
+    record = out.record
+    if name == "cake_alloc_pyramid":  # PyramidKV's integer schedule does not force the total
+        assert sum(record.requested_per_layer) <= 64 * 4 + 4
+    else:
+        assert sum(record.requested_per_layer) == 64 * 4
+    assert record.requested_per_layer == record.achieved_per_layer
+    assert record.final_per_layer == record.requested_per_layer  # decode eviction keeps the budgets fixed
+    if name in ("cake_alloc_uniform", "cake_uniform_mean"):
+        assert record.requested_per_layer == [64] * 4
+    if name == "cake_alloc_pyramid":
+        assert record.requested_per_layer[0] > record.requested_per_layer[-1]
+
+
+def test_random_allocation_varies_and_sums_to_the_total(tiny_llama) -> None:
+    model, tokenizer = tiny_llama
+    method = method_from_yaml("cake_alloc_random")
+    first = _run(model, tokenizer, method, "64L", new=1).record.requested_per_layer
+    second = _run(model, tokenizer, method, "64L", new=1).record.requested_per_layer
+    assert sum(first) == sum(second) == 256 and first != second
+    assert math.prod(b >= 32 for b in first)  # every layer keeps its window

@@ -1,0 +1,239 @@
+"""Decode-time policies and the paper-only methods against their references (kvbench issue #23).
+
+* Short prompt, long generation: the cache grows to the budget, then evicts (H2O, TOVA, AhaKV, StreamingLLM, CAKE
+  all let the cache reach B first); measured step by step.
+* TOVA as ``src/tova_cache.py``: nothing protected, the same tokens for every head, a reduction after every
+  forward including a multi-token append.
+* AhaKV: ``lambda_i`` readings; decoding honours ``gqa_agg``; recorded settings list only the knobs a method uses.
+* XKV: the sampled-mode calibration is replayed on resume (identical predictions); the window counts once.
+* Paper presets run their baselines with the settings that paper's runs used.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from kvbench.budget import parse_budget
+from kvbench.cache.kv_cache import KVBenchCache
+from kvbench.inference.eviction import EvictionSession
+from kvbench.methods.ahakv import AhaScorer, sg_multiplier
+from kvbench.methods.decoding import padded_decode_attention
+from kvbench.models.loading import build_builtin
+from tests.methods.test_baselines import _Layer, _run, method_from_yaml
+from tests.parity.test_reference_parity import ref_window_probs
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    model, tokenizer = build_builtin("tiny-random-llama", seed=7)
+    model.set_attn_implementation("kvbench")
+    return model.eval(), tokenizer
+
+
+def _lengths_per_step(method) -> list[list[int]]:
+    """Wrap the method's decode policy: layer 0's per-head lengths after every step."""
+    seen: list[list[int]] = []
+    policy = method.decode_policy
+    original = policy.step
+
+    def step(layer_idx, layer, query, scaling):
+        original(layer_idx, layer, query, scaling)
+        if layer_idx == 0:
+            seen.append(layer.head_lengths())
+
+    policy.step = step
+    return seen
+
+
+# ------------------------------------------------------------------------------------------ cap = budget
+@pytest.mark.parametrize("name", ["streamingllm", "h2o", "tova", "ahakv", "cake"])
+def test_the_cache_grows_to_the_budget_before_decoding_evicts(tiny_llama, name: str) -> None:
+    """Prompt 100 tokens, budget 120 per layer, 40 new tokens: 101, 102, ... 120, 120, 120 (not 100 throughout)."""
+    model, tokenizer = tiny_llama
+    method = method_from_yaml(name)
+    seen = _lengths_per_step(method)
+    out = _run(model, tokenizer, method, "120L", context=80, new=40)  # 80 context + 20 question tokens
+    assert not out.record.evicted  # the prompt fits the budget: nothing is evicted at prefill
+    assert out.record.decode_cap_per_layer == [120] * 4
+    per_step = [max(heads) for heads in seen]
+    assert per_step[:20] == list(range(101, 121))
+    assert per_step[20:] == [120] * (len(per_step) - 20)
+
+
+def test_cake_below_its_trigger_decodes_at_the_layer_budget(tiny_llama) -> None:
+    """S = 140 <= C + 32 = 152: no prefill eviction (the code's trigger), then decoding caps every layer at C."""
+    model, tokenizer = tiny_llama
+    method = method_from_yaml("cake")
+    seen = _lengths_per_step(method)
+    out = _run(model, tokenizer, method, "120L", context=120, new=6)
+    assert not out.record.evicted and out.record.achieved_per_layer == [140] * 4
+    assert out.record.decode_cap_per_layer == [120] * 4
+    assert [max(heads) for heads in seen] == [120] * len(seen)
+
+
+# ------------------------------------------------------------------------------------------ TOVA
+def _tova_session(keys, queries, budget, **overrides):
+    method = method_from_yaml("tova", **overrides)
+    cache = KVBenchCache(1)
+    cache.update(keys[None], keys[None].clone(), 0)
+    session = EvictionSession(method, parse_budget(budget), cache)
+    session.begin_prefill(keys.shape[1])
+    session.after_attention(_Layer(0), queries[None], keys.shape[-1] ** -0.5)
+    return method, cache, session
+
+
+def test_tova_prefill_keeps_the_plain_top_k_of_the_head_averaged_last_query() -> None:
+    gen = torch.Generator().manual_seed(4)
+    keys, queries = torch.randn(2, 60, 16, generator=gen), torch.randn(4, 60, 16, generator=gen)
+    queries[:, -1] = -keys[:, -1].repeat_interleave(2, dim=0) * 3  # the last token barely attends to itself
+    _, cache, _ = _tova_session(keys, queries, "20L")
+    mean = ref_window_probs(queries, keys, 1)[:, -1].mean(dim=0)  # reference: mean over all query heads
+    expected = sorted(torch.topk(mean, 20).indices.tolist())
+    assert 59 not in expected  # the reference does not protect the last prompt token
+    for positions in cache.headwise_layers[0].positions:
+        assert positions.tolist() == expected
+    _, protected, _ = _tova_session(keys, queries, "20L", params={"protect_recent": True})
+    assert 59 in protected.headwise_layers[0].positions[0].tolist()
+
+
+def test_tova_decoding_may_evict_the_newest_token_and_reduces_after_an_append() -> None:
+    gen = torch.Generator().manual_seed(5)
+    keys, queries = torch.randn(2, 60, 16, generator=gen), torch.randn(4, 60, 16, generator=gen)
+    _, cache, session = _tova_session(keys, queries, "20L")
+    layer = cache.headwise_layers[0]
+    # Question-agnostic append of 5 tokens: the reference reduces right after this forward.
+    session.begin_append()
+    new_keys = torch.randn(2, 5, 16, generator=gen)
+    cache.update(new_keys[None], new_keys[None].clone(), 0)
+    session.after_attention(_Layer(0), torch.randn(1, 4, 5, 16, generator=gen), 0.25)
+    assert layer.head_lengths() == [20, 20]
+    # A decoding step whose query ignores the token it just added: that token is evicted (nothing protected).
+    session.begin_decode()
+    newest = torch.randn(2, 1, 16, generator=gen)
+    cache.update(newest[None], newest[None].clone(), 0)
+    query = -newest.repeat_interleave(2, dim=0) * 5  # [H_q, 1, D], pointing away from the new key
+    session.after_attention(_Layer(0), query[None], 0.25)
+    assert layer.head_lengths() == [20, 20]
+    assert 65 not in layer.positions[0].tolist()
+    assert layer.positions[0].tolist() == layer.positions[1].tolist()  # head-averaged: every head the same
+
+
+# ------------------------------------------------------------------------------------------ AhaKV
+def test_ahakv_lambda_i_readings() -> None:
+    gen = torch.Generator().manual_seed(6)
+    keys, queries = torch.randn(2, 50, 8, generator=gen), torch.randn(4, 50, 8, generator=gen)
+    method = method_from_yaml("ahakv_no_ra")
+    assert method.settings["lambda_i"] == "total"
+    scorer: AhaScorer = method.scorer
+    total = scorer.row_attention(queries, keys, 8**-0.5, 20)
+    # Manual: every row uses i = 50 (the prompt length), whatever its position.
+    factor = float(sg_multiplier(torch.tensor([50]), 20, 8, "unscaled", 1e-3))
+    expanded = keys.repeat_interleave(2, dim=0)
+    raw = queries @ expanded.transpose(1, 2) * 8**-0.5 * factor
+    raw = raw.masked_fill(torch.triu(torch.ones(50, 50, dtype=torch.bool), 1)[None], float("-inf"))
+    torch.testing.assert_close(total, torch.softmax(raw, -1).sum(dim=1), rtol=1e-5, atol=1e-6)
+    scorer.params.lambda_i = "row"
+    row = scorer.row_attention(queries, keys, 8**-0.5, 20)
+    assert not torch.allclose(row, total)  # early rows (i <= k) get a near-uniform softmax under "row"
+
+
+def test_decode_attention_reduces_groups_with_gqa_agg() -> None:
+    gen = torch.Generator().manual_seed(8)
+    cache = KVBenchCache(1)
+    keys = torch.randn(1, 2, 10, 8, generator=gen)
+    cache.update(keys, keys.clone(), 0)
+    layer = cache.headwise_layers[0]
+    query = torch.randn(4, 1, 8, generator=gen)
+    per_query = torch.stack([torch.softmax(query[h, 0] @ keys[0, h // 2].T * 0.5, -1) for h in range(4)])
+    for how, reduce in (("mean", lambda x: x.mean(0)), ("max", lambda x: x.amax(0)), ("sum", lambda x: x.sum(0))):
+        got, _ = padded_decode_attention(layer, query, 0.5, how)  # [H, S]: every head holds all 10 tokens
+        for head in range(2):
+            torch.testing.assert_close(got[head], reduce(per_query[2 * head : 2 * head + 2]))
+    assert method_from_yaml("ahakv", gqa_agg="max").decode_policy.gqa_agg == "max"
+
+
+@pytest.mark.parametrize(
+    ("name", "absent"),
+    [
+        ("ahakv", {"kernel_size", "pooling", "pool_padding"}),  # AhaKV rounds as score_dtype says (issue #28)
+        ("tova", {"kernel_size", "pooling", "pool_padding", "gqa_agg"}),
+        ("streamingllm", {"kernel_size", "pooling", "gqa_agg", "window"}),
+        ("h2o", {"pooling", "pool_padding"}),
+        ("full", {"window", "kernel_size", "pooling", "gqa_agg", "decode_eviction"}),
+    ],
+)
+def test_recorded_settings_list_only_the_knobs_a_method_uses(tmp_path: Path, name: str, absent: set[str]) -> None:
+    from hydra import compose, initialize_config_dir
+
+    from kvbench.config import register_configs
+    from kvbench.run.runner import Runner
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[f"method={name}", "budget=64L" if name != "full" else "budget=full",
+                                           "task.lengths=[1024]", "task.num_samples=1",
+                                           "task.datasets=[niah_single_1k]", f"run.output_root={tmp_path}",
+                                           "run.progress=false", "run.print_table=false"])  # fmt: skip
+    Runner(cfg).run()
+    metrics = json.loads(next(tmp_path.rglob("metrics.json")).read_text())
+    assert not absent & set(metrics["settings"]), metrics["settings"]
+    assert "reference" in metrics["settings"]
+
+
+# ------------------------------------------------------------------------------------------ XKV
+def _xkv_cfg(tmp_path: Path, extra: list[str]):
+    from hydra import compose, initialize_config_dir
+
+    from kvbench.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=["method=xkv_sampled", "budget=64L", "task.lengths=[1024]",
+                                            "task.num_samples=4", "task.datasets=[niah_multikey_1k]",
+                                            "method.params.sample_ratio=0.5", f"run.output_root={tmp_path}",
+                                            "run.progress=false", "run.print_table=false", *extra])  # fmt: skip
+
+
+def test_xkv_sampled_resume_replays_the_calibration(tmp_path: Path) -> None:
+    """Kill after one of the two calibration samples, resume: predictions byte-identical to an uninterrupted run."""
+    from kvbench.run.runner import Runner
+
+    Runner(_xkv_cfg(tmp_path / "a", [])).run()
+    full = next((tmp_path / "a").rglob("predictions.jsonl"))
+    rows = full.read_text().splitlines()
+    states = [json.loads(r)["cache"]["allocator_state"] for r in rows]
+    assert [s is not None for s in states] == [True, True, False, False]  # 2 calibrate, 2 reuse their average
+    # The interrupted run: only the first prediction was written when it died.
+    Runner(_xkv_cfg(tmp_path / "b", [])).run()
+    part = next((tmp_path / "b").rglob("predictions.jsonl"))
+    part.write_text(rows[0] + "\n")
+    for name in ("metrics.json", "timings.jsonl"):
+        for path in (tmp_path / "b").rglob(name):
+            path.unlink()
+    Runner(_xkv_cfg(tmp_path / "b", [])).run()
+    resumed = part.read_text().splitlines()
+    strip = [json.dumps({k: v for k, v in json.loads(r).items() if k != "timing"}) for r in resumed]
+    expected = [json.dumps({k: v for k, v in json.loads(r).items() if k != "timing"}) for r in rows]
+    assert strip == expected
+
+
+def test_xkv_window_out_of_budget_counts_once() -> None:
+    from tests.methods.test_cake import _prefill_layers, _random_layers
+
+    layers = _random_layers(5, 4, context=120)
+    method = method_from_yaml("xkv", window_in_budget=False)
+    _, session = _prefill_layers(method, "40L", layers)
+    assert sum(session.record.requested_per_layer) == (40 + 8) * 5  # B_total + L x ows, not + 2 L x ows
+
+
+# ------------------------------------------------------------------------------------------ paper presets
+def test_xkv_table_runs_every_baseline_as_pyramidkv_s_runner() -> None:
+    preset = yaml.safe_load((CONF / "experiment" / "xkv_t3.yaml").read_text())
+    assert preset["method"] == {"window": 8, "decode_eviction": False}

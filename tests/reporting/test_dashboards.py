@@ -1,0 +1,291 @@
+"""The dashboards (issue #35): ``kvbench report`` (the offline results site, opened in headless Chromium) and
+``kvbench wandb-report --dry-run`` (the W&B report's specification), built from real run folders of the tiny model.
+
+The runs (module fixture): the tiny model on two tiny_niah datasets (1K tokens, 2 samples each), the full cache,
+StreamingLLM and SnapKV at 64L and 128L, and question-agnostic SnapKV at 64L -- the README's tiny grid, smaller.
+The browser test starts Chromium once and is skipped only where no Chromium is installed (``make setup-browser``).
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvbench.reporting.headless import find_chromium
+
+REPO = Path(__file__).resolve().parents[2]
+DATASETS = ["niah_single_1k", "niah_multikey_1k"]
+GRID = [
+    ("full", "full", None),
+    ("streamingllm", "64L", None),
+    ("streamingllm", "128L", None),
+    ("snapkv", "64L", None),
+    ("snapkv", "128L", None),
+    ("snapkv", "64L", "agnostic"),
+]
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run folders of :data:`GRID` (through ``kvbench.evaluate``: one model load for all six runs)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import kvbench
+    from kvbench.resources import models_dir
+
+    out = tmp_path_factory.mktemp("grid")
+    model = AutoModelForCausalLM.from_pretrained(models_dir() / "tiny-niah")
+    tokenizer = AutoTokenizer.from_pretrained(models_dir() / "tiny-niah")
+    for method, budget, mode in GRID:
+        kvbench.evaluate(
+            model,
+            tokenizer,
+            method=method,
+            budget=budget,
+            task="tiny_niah",
+            question_mode=mode,
+            limit=2,
+            output_dir=out,
+            model_config="tiny",
+            overrides=["task.lengths=[1024]", f"task.datasets=[{','.join(DATASETS)}]"]
+            + ([f"run.tag={mode}"] if mode else []),
+            progress=False,
+        )
+    return out / "runs"
+
+
+def aggregate_summary(runs: Path, out: Path) -> dict[str, dict[str, float]]:
+    """``scripts/aggregate.py``'s ``runs_summary.csv`` for ``runs``: run id -> column -> value."""
+    spec = importlib.util.spec_from_file_location("aggregate_script", REPO / "scripts" / "aggregate.py")
+    aggregate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(aggregate)
+    assert aggregate.main(["--runs", str(runs), "--out", str(out / "runs.csv")]) == 0
+    rows = {}
+    for row in csv.DictReader(io.StringIO((out / "runs_summary.csv").read_text())):
+        suffix = f"~{row['tag']}" if row["tag"] else ""
+        run_id = f"{row['model']}/{row['task']}/{row['method']}/{row['budget']}{suffix}/{row['question_mode']}"
+        rows[run_id] = {c: float(row[c]) for c in [*DATASETS, "mean"]}
+    return rows
+
+
+def embedded_data(index: Path) -> dict[str, Any]:
+    text = index.read_text(encoding="utf-8")
+    start = text.index('<script id="kvbench-data" type="application/json">') + len(
+        '<script id="kvbench-data" type="application/json">'
+    )
+    return json.loads(text[start : text.index("</script>", start)].replace("<\\/", "</"))
+
+
+def run_kvbench(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kvbench", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_site_leaderboard_equals_aggregate_and_is_incremental(grid: Path, tmp_path: Path) -> None:
+    from kvbench.reporting.site import build_site
+
+    expected = aggregate_summary(grid, tmp_path / "tables")
+    assert len(expected) == len(GRID)
+    first = build_site(grid, tmp_path / "site")
+    assert (first.n_runs, first.cache_hits) == (len(GRID), 0)
+    html = first.index.read_text(encoding="utf-8")
+    assert "http://" not in html.split("<script id")[0] and "https://" not in html.split("<script id")[0]
+    assert '<script src="plotly.min.js">' in html and (tmp_path / "site" / "plotly.min.js").stat().st_size > 1e6
+    data = embedded_data(first.index)
+    [board] = data["leaderboards"]
+    shown = {row["run_id"]: {c: cell["score"] for c, cell in row["cells"].items()} for row in board["rows"]}
+    assert shown == expected
+    summaries = {
+        row["run_id"]: json.loads((grid / row["run_id"].rsplit("/", 1)[0] / "summary.json").read_text())
+        for row in board["rows"]
+    }
+    for row in board["rows"]:
+        intervals = {d["dataset"]: d["ci95"] for d in summaries[row["run_id"]]["datasets"]}
+        assert {d: row["cells"][d]["ci95"] for d in DATASETS} == intervals
+    # Best per budget and question mode among the compressed methods, per column.
+    for row in board["rows"]:
+        peers = [r for r in board["rows"] if (r["budget"], r["question_mode"]) == (row["budget"], row["question_mode"])]
+        for column in [*DATASETS, "mean"]:
+            scores = [r["cells"][column]["score"] for r in peers]
+            expect_best = row["method"] != "full" and len(peers) > 1 and row["cells"][column]["score"] == max(scores)
+            assert row["cells"][column]["best"] == expect_best
+    grids = data["needles"]["tiny/tiny_niah/snapkv/64L/aware"]
+    assert sorted(grids) == sorted(DATASETS) and grids["niah_single_1k"]["lengths"] == [1024]
+    x = {r["run_id"]: r["x"] for r in data["runs"]}
+    assert x["tiny/tiny_niah/snapkv/128L/aware"] == 128.0
+
+    # Incremental: an unchanged run folder comes from the cache; a rewritten one is read again.
+    assert build_site(grid, tmp_path / "site").cache_hits == len(GRID)
+    metrics = grid / "tiny/tiny_niah/snapkv/128L/niah_single_1k/metrics.json"
+    payload = json.loads(metrics.read_text())
+    metrics.write_text(json.dumps({**payload, "score": 12.5}))
+    try:
+        again = build_site(grid, tmp_path / "site")
+        assert again.cache_hits == len(GRID) - 1
+        [board] = embedded_data(again.index)["leaderboards"]
+        row = next(r for r in board["rows"] if r["run_id"] == "tiny/tiny_niah/snapkv/128L/aware")
+        assert row["cells"]["niah_single_1k"]["score"] == 12.5
+    finally:
+        metrics.write_text(json.dumps(payload))
+
+
+def test_made_up_runs_are_flagged_and_show_the_papers_values(tmp_path: Path) -> None:
+    from kvbench.reporting.dashboard_data import leaderboards, load_dashboard_runs
+    from kvbench.reporting.paper_refs import load_reference
+    from kvbench.reporting.synthetic import write_synthetic_runs
+
+    write_synthetic_runs(tmp_path, tables=["adakv_late_t2"], noise=0.0)
+    runs = load_dashboard_runs(tmp_path)
+    boards = leaderboards(runs)
+    rows = [row for board in boards for row in board["rows"]]
+    assert rows and all(row["flags"] == ["synthetic"] for row in rows)
+    ref = load_reference("adakv_late_t2")
+    printed = ref[(ref["kind"] == "dataset") & ref["value"].notna() & (ref["method"] != "")]
+    found = 0
+    for rec in printed.to_dict("records"):
+        row = next(
+            (
+                r
+                for b in boards
+                for r in b["rows"]
+                if (r["model"], r["task"], r["method"], r["budget"])
+                == (rec["model"], rec["task"], rec["method"], rec["budget"])
+            ),
+            None,
+        )
+        if row is not None and rec["dataset"] in row["cells"]:
+            assert row["cells"][rec["dataset"]]["paper"] == f"{rec['printed']} (adakv_late_t2)"
+            found += 1
+    assert found >= len(printed) // 2
+
+
+def test_stand_in_data_is_flagged(grid: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from kvbench.reporting.site import build_site
+
+    runs = tmp_path / "runs"
+    shutil.copytree(grid / "tiny/tiny_niah/snapkv/64L", runs / "tiny/tiny_niah/snapkv/64L")
+    metrics = runs / "tiny/tiny_niah/snapkv/64L/niah_single_1k/metrics.json"
+    payload = json.loads(metrics.read_text())
+    payload["data_provenance"] = {"haystack": {"source": "stand-in", "path": "x.jsonl", "missing": "essays.json"}}
+    metrics.write_text(json.dumps(payload))
+    data = embedded_data(build_site(runs, tmp_path / "site").index)
+    [run] = data["runs"]
+    assert run["flags"] == ["stand-in"] and run["stand_in"] == ["niah_single_1k: haystack"]
+    assert data["leaderboards"][0]["rows"][0]["flags"] == ["stand-in"]
+
+
+def test_bad_input_exits_2_and_writes_nothing(grid: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    corrupt = tmp_path / "corrupt"
+    (corrupt / "m/t/snapkv/64L/d").mkdir(parents=True)
+    (corrupt / "m/t/snapkv/64L/d/metrics.json").write_text('{"model": "m", "task": ')
+    wandb = ["--entity", "e", "--project", "p", "--dry-run"]
+    cases = [
+        (["report", str(empty)], f"no runs under {empty}"),
+        (["report", str(corrupt)], "corrupt/m/t/snapkv/64L/d/metrics.json"),
+        (["report", str(grid), "--experiment", "nope"], "unknown experiment 'nope'"),
+        # wandb-report reads the runs with the same checks
+        (["wandb-report", str(grid), *wandb, "--experiment", "nope"], "experiments there: default"),
+    ]
+    for args, message in cases:
+        result = run_kvbench(*args, "--out", str(out))
+        assert result.returncode == 2, result.stderr
+        assert message in result.stderr and result.stderr.startswith("error: ") and "Traceback" not in result.stderr
+        assert not out.exists()
+
+
+def test_wandb_report_dry_run_has_one_budget_panel_per_dataset(grid: Path, tmp_path: Path) -> None:
+    wr = pytest.importorskip("wandb_workspaces.reports.v2")
+    from wandb_workspaces.reports.v2 import internal
+
+    out = tmp_path / "report.json"
+    result = run_kvbench(
+        "wandb-report", str(grid), "--entity", "me", "--project", "kv", "--experiment", "default", "--dry-run",
+        "--out", str(out), "--title", "tiny grid",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = wr.Report._from_model(internal.ReportViewspec.model_validate(json.loads(out.read_text())))
+    assert (report.entity, report.project, report.title) == ("me", "kv", "tiny grid")
+    [grid_block] = [b for b in report.blocks if isinstance(b, wr.PanelGrid)]
+    [runset] = grid_block.runsets
+    assert (runset.entity, runset.project) == ("me", "kv")
+    for key, value in (("model", "tiny"), ("task", "tiny_niah"), ("experiment", "default")):
+        assert f'Config("panel.{key}") == {value!r}' in runset.filters
+    lines = [p for p in grid_block.panels if isinstance(p, wr.LinePlot)]
+    per_dataset = {p.y[0].name: p for p in lines if len(p.y) == 1 and "/avg/" not in p.y[0].name}
+    assert sorted(per_dataset) == sorted(f"tiny_niah/{d}" for d in DATASETS)
+    for panel in per_dataset.values():
+        assert panel.x.name == "budget_tokens_per_layer"
+        assert isinstance(panel.groupby, wr.Config) and panel.groupby.name == "panel.method"
+        assert "(full cache: " in panel.title
+    assert any([m.name for m in p.y] == ["tiny_niah/avg/mean"] for p in lines)
+    [scatter] = [p for p in grid_block.panels if isinstance(p, wr.ScatterPlot)]
+    assert scatter.x.name == "kept_fraction" and scatter.y.name == "tiny_niah/avg"
+    [parallel] = [p for p in grid_block.panels if isinstance(p, wr.ParallelCoordinatesPlot)]
+    assert len(parallel.columns) == 3 + len(DATASETS) + 1
+    assert "summary:tiny_niah/niah_single_1k/ci95_low" in runset.column_order
+
+
+def _blank_share(png: bytes) -> float:
+    """Share of the screenshot's pixels that have its most common colour."""
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    counts = image.getcolors(maxcolors=1 << 24)
+    return max(n for n, _ in counts) / (image.width * image.height)
+
+
+@pytest.mark.skipif(find_chromium() is None, reason="no Chromium (make setup-browser)")
+def test_site_in_headless_chromium(grid: Path, tmp_path: Path) -> None:
+    from kvbench.reporting.headless import HeadlessChromium
+
+    expected = aggregate_summary(grid, tmp_path / "tables")
+    site = tmp_path / "site"
+    result = run_kvbench("report", str(grid), "--out", str(site))
+    assert result.returncode == 0, result.stderr
+    rows_js = (
+        "[...document.querySelectorAll('tr.lb-row')].map(tr => [tr.dataset.runId, "
+        "Object.fromEntries([...tr.querySelectorAll('td.score')].map(td => [td.dataset.column, td.dataset.score, "
+        "td.querySelector('.value').textContent]).map(([c, s, t]) => [c, [s, t]]))])"
+    )
+    with HeadlessChromium() as browser:
+        browser.open(site / "index.html")
+        assert browser.evaluate("document.body.dataset.rendered") == "1"
+        assert browser.errors == []
+        shown = dict(browser.evaluate(rows_js))
+        assert {rid: {c: float(v[0]) for c, v in cells.items()} for rid, cells in shown.items()} == expected
+        for rid, cells in shown.items():  # the printed text is the value with two decimals
+            assert all(text == f"{expected[rid][c]:.2f}" for c, (_, text) in cells.items())
+        drawn = "[...document.querySelectorAll('#{} .plot')].filter(div => div.querySelector('.main-svg')).length"
+        assert browser.evaluate(drawn.format("budget-plots")) == len(DATASETS) + 1  # and the mean
+        assert browser.evaluate(drawn.format("memory-plots")) == 2
+        assert browser.evaluate(drawn.format("needles")) == len(DATASETS)
+        browser.evaluate(
+            "(() => { const s = document.getElementById('filter-question_mode'); s.value = 'agnostic';"
+            " s.dispatchEvent(new Event('change')); })()"
+        )
+        filtered = dict(browser.evaluate(rows_js))
+        assert sorted(filtered) == ["tiny/tiny_niah/snapkv/64L~agnostic/agnostic"]
+        assert browser.evaluate("document.querySelectorAll('tr.prov-row').length") == 1
+        browser.evaluate(
+            "(() => { const s = document.getElementById('filter-question_mode'); s.value = '';"
+            " s.dispatchEvent(new Event('change')); })()"
+        )
+        assert len(browser.evaluate(rows_js)) == len(GRID)
+        png = browser.screenshot()
+        assert browser.errors == []
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert _blank_share(png) < 0.95
