@@ -13,8 +13,8 @@ running scores), taken from a pristine copy made before the first sample; the sc
 as at batch 1, since only the prefill (one sample at a time) uses them.  A stateful allocator's record
 (``allocator_state``) is read right after the sample's prefill, where batch 1's equals it.
 
-Exactness: on CPU in float32 the tokens and cache records equal batch 1's (``tests/test_batch_decode.py``); the
-batched matrix products of the dense parts may round differently from batch 1's in the last bits on some backends
+Exactness: on CPU in float32 the tokens and cache records equal batch 1's (``tests/inference/test_batch_decode.py``);
+the batched matrix products of the dense parts may round differently from batch 1's in the last bits on some backends
 (the tests state the tolerance of the logits).
 """
 

@@ -36,7 +36,7 @@ from kvbench.inference.generate import generate
 from kvbench.inference.prefill import forward_logits, prefill
 from kvbench.models.loading import build_builtin
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 #: One method per family, with decode-time policies (H2O accumulation, TOVA, StreamingLLM, CAKE, AhaKV) and a
 #: stateful allocator (XKV's sampled mode: the first sample calibrates, the others reuse its allocation).
 FAMILIES = ["full", "snapkv", "ada_snapkv", "pyramidkv", "cake", "xkv", "xkv_sampled", "nacl", "h2o", "tova",
@@ -234,10 +234,10 @@ def test_a_batched_run_is_its_own_run_and_batch_one_keeps_old_hashes() -> None:
 def test_batched_equals_batch_one_on_sliding_window_and_hybrid_models(arch: str) -> None:
     """Sliding-window layers (held in their windows), soft-capping (Gemma-2), sinks and MoE (gpt-oss), hybrid layouts
     (Qwen2): each row of a batched step uses its own sample's window and positions."""
-    from test_sliding_models import CONFIGS
     from transformers import AutoModelForCausalLM
 
     from kvbench.models.loading import byte_level_tokenizer
+    from tests.models.test_sliding_models import CONFIGS
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(CONFIGS[arch](), attn_implementation="kvbench").eval()
