@@ -268,3 +268,29 @@ def test_runner_on_a_real_tokenizer_architecture_batched_equals_batch_one(tmp_pa
         runner.run()
         files[batch] = {p.parent.name: p.read_bytes() for p in sorted(runner.folder.rglob("predictions.jsonl"))}
     assert sorted(files[1]) == ["qasper", "samsum"] and files[1] == files[3]
+
+
+@pytest.mark.parametrize(
+    "method", ["full", "ada_snapkv", "pyramidkv", "cake", "xkv_sampled", "nacl", "tova", "streamingllm", "ahakv"]
+)
+def test_runner_on_the_embedded_default_batched_equals_batch_one(tmp_path: Path, method: str) -> None:
+    """``python run.py method=<family> run.decode_batch=4`` on the embedded default model (the runner, in process):
+    the same predictions.jsonl as ``run.decode_batch=1`` (snapkv and h2o: the tests above)."""
+    from hydra import compose, initialize_config_dir
+
+    from kvbench.config import register_configs
+    from kvbench.run.runner import Runner
+
+    register_configs()
+    files = []
+    for batch in (1, 4):
+        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+            cfg = compose("config", overrides=[
+                "model=tiny", f"method={method}", "budget=64L", "task.lengths=[1024]",
+                "task.datasets=[niah_multikey_1k]", "task.num_samples=5", f"run.decode_batch={batch}",
+                f"run.output_root={tmp_path / str(batch)}", "run.progress=false", "run.print_table=false",
+            ])  # fmt: skip
+        runner = Runner(cfg)
+        runner.run()
+        files.append((runner.folder / "niah_multikey_1k" / "predictions.jsonl").read_bytes())
+    assert len(files[0].splitlines()) == 5 and files[0] == files[1]
