@@ -80,3 +80,22 @@ def json_error_text(err: Any) -> str:
             "needs it escaped, e.g. \\t or \\n)"
         )
     return f"{msg} at column {err.colno}"
+
+
+#: ``run.decode_batch='auto'``: as many samples per decoding step as fit the device (:mod:`kvbench.inference.batch`).
+DECODE_BATCH_AUTO = "auto"
+
+
+def check_decode_batch(value: Any, key: str = "run.decode_batch", error: type[Exception] = ValueError) -> int | str:
+    """``value`` as a decode batch setting: an integer ``>= 1`` (also written as a string of digits) or ``"auto"``;
+    else raise ``error`` naming ``key``, the value and the valid choices."""
+    if isinstance(value, str) and value.strip().lower() == DECODE_BATCH_AUTO:
+        return DECODE_BATCH_AUTO
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise error(
+            f"{key}={value!r} is not valid; valid: an integer >= 1 (1 = one sample at a time, the default) or "
+            f"auto (CUDA: as many as fit the free memory; CPU: 1) (e.g. {key}=8)."
+        )
+    return value

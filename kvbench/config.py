@@ -191,6 +191,10 @@ class RunConfig:
     #: chunks of at most 4096 for longer prompts).  Methods see what a one-shot prefill gives them (README,
     #: Performance).
     prefill_chunk: Optional[int] = None
+    #: Samples decoded per model forward (issue #33): 1 = one sample at a time (the default, unchanged); N = each
+    #: sample is prefilled alone, then decoded in a batch of N (same tokens on CPU float32; README, Batched
+    #: decoding); "auto" = as many as fit the free GPU memory (1 on CPU).
+    decode_batch: Any = 1
     #: Where generated RULER/NeedleBench samples are stored and reused across method x budget runs: "auto"
     #: (``<output_root>/../samples``, i.e. results/samples), a folder, or null (regenerate in every run).
     sample_cache: Optional[str] = "auto"

@@ -33,7 +33,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from kvbench.budget import BudgetError, parse_budget
-from kvbench.checks import check_choice, check_min
+from kvbench.checks import check_choice, check_decode_batch, check_min
 from kvbench.config import (
     DTYPE_NAMES,
     QUESTION_MODES,
@@ -77,6 +77,7 @@ def check_config(cfg: DictConfig) -> None:
             0,
             "tokens per forward of the compressed prefill; 0 = one forward, null = automatic",
         )
+    check_decode_batch(cfg.run.decode_batch, error=KVBenchError)
 
 
 def _check_keys(node: Any, schema: type, prefix: str) -> None:

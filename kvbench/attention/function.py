@@ -35,6 +35,7 @@ from kvbench.attention.extras import (
 )
 from kvbench.attention.ops import bottom_right_causal_mask, dense_attention, ragged_attention
 from kvbench.cache.base import RaggedKV, on_device
+from kvbench.cache.batched import BatchedKV
 from kvbench.cache.paged import PagedKV, paged_attention
 from kvbench.cache.sliding import SlidingWindowLayer, sliding_causal_mask
 
@@ -83,6 +84,8 @@ def kvbench_attention_forward(
     """
     if attention_mask is not None:
         raise ValueError("kvbench attention expects attention_mask=None (batch size 1, no padding)")
+    if isinstance(key, BatchedKV):
+        return _batched_rows(module, query, key, scaling, dropout, kwargs), None
     if query.shape[0] != 1:
         raise ValueError(f"kvbench attention runs batch size 1, got {query.shape[0]}")
     details = AttentionDetails.from_kwargs(kwargs)
@@ -109,6 +112,28 @@ def kvbench_attention_forward(
                 f"storage ({type(key).__name__}) without a kvbench session to read its positions from"
             )
         return _attend_and_observe(module, query, key, value, scaling, dropout, session, details)
+
+
+def _batched_rows(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    batch: BatchedKV,
+    scaling: float | None,
+    dropout: float,
+    kwargs: dict[str, Any],
+) -> torch.Tensor:
+    """A batched decoding step (:mod:`kvbench.cache.batched`): row ``b`` of ``query`` ``[B, H_q, q, D]`` attends over
+    sample ``b``'s own storage with its own session, exactly as a batch-1 forward; returns ``[B, q, H_q, D]``."""
+    if query.shape[0] != batch.batch_size:
+        raise ValueError(f"batched attention: {query.shape[0]} query rows for {batch.batch_size} samples")
+    rows = []
+    for row in range(batch.batch_size):
+        row_kwargs = {**kwargs, "kvbench_session": batch.sessions[row], "kvbench_cache": batch.caches[row]}
+        output, _ = kvbench_attention_forward(
+            module, query[row : row + 1], batch.keys[row], batch.values[row], None, scaling, dropout, **row_kwargs
+        )
+        rows.append(output)
+    return torch.cat(rows, dim=0)
 
 
 def _windowed_by_position(

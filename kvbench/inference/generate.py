@@ -81,39 +81,80 @@ def generate(
     prefill_s = time.perf_counter() - state.started
 
     start = time.perf_counter()
-    generated: list[int] = []
-    stop_reason = "max_new_tokens"
-    for step in range(max_new_tokens):
-        if step < min_new_tokens and stop_token_ids:
-            # Like transformers' MinNewTokensLengthLogitsProcessor: stop tokens cannot be chosen yet.
-            logits = logits.clone()
-            logits[list(stop_token_ids)] = float("-inf")
-        next_id = int(torch.argmax(logits))
-        generated.append(next_id)
-        if next_id in stop_token_ids:
-            # Kept in the output like transformers' generate(); decoding skips it when it is a special token, so a
-            # newline stop (LongBench samsum) stays in the text as in the official predictions.
-            stop_reason = "stop_token"
-            break
-        if (
-            stop_strings
-            and step + 1 > min_new_tokens
-            and any(s in tokenizer.decode(generated, skip_special_tokens=True) for s in stop_strings)
-        ):
-            stop_reason = "stop_string"
-            break
-        if step + 1 == max_new_tokens:
+    stream = GreedyStream(tokenizer, max_new_tokens, stop_token_ids, stop_strings, min_new_tokens)
+    while not stream.done:
+        next_id = stream.push(logits)
+        if stream.done:
             break
         logits = forward_logits(model, [next_id], position, cache, session, device)[-1]
         position += 1
     _sync(devices)
     decode_s = time.perf_counter() - start
     record = session.finish()
-    text = tokenizer.decode(generated, skip_special_tokens=True)
-    if stop_reason == "stop_string":
-        # Like an eos, the stop string ends the output and is not part of it.
-        text = text[: min(text.find(s) for s in stop_strings if s in text)]
-    return GenerationOutput(generated, text, record, prefill_s, decode_s, stop_reason)
+    return GenerationOutput(stream.generated, stream.text(), record, prefill_s, decode_s, stream.stop_reason)
+
+
+class GreedyStream:
+    """One sample's greedy choice and stop rules, step by step: shared by :func:`generate` (batch 1) and the batched
+    decoder (:mod:`kvbench.inference.batch`), so both stop alike.
+
+    Stop tokens and stop strings are ignored for the first ``min_new_tokens`` tokens (LongBench's ``min_length`` for
+    samsum: the stop tokens' logits are masked, so the model picks another token).  A stop token ends the output and
+    is part of it (as in ``generate()``); the text is decoded with ``skip_special_tokens=True`` and cut before a stop
+    string.
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        max_new_tokens: int,
+        stop_token_ids: set[int],
+        stop_strings: tuple[str, ...] = (),
+        min_new_tokens: int = 0,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.max_new_tokens = max_new_tokens
+        self.stop_token_ids = stop_token_ids
+        self.stop_strings = stop_strings
+        self.min_new_tokens = min_new_tokens
+        self.generated: list[int] = []
+        self.stop_reason = "max_new_tokens"
+        #: Whether the output is complete (no more forwards for this sample).
+        self.done = max_new_tokens <= 0
+
+    def push(self, logits: torch.Tensor) -> int:
+        """Choose the next token from ``logits`` ``[vocab]`` (the last fed position's), append it and apply the stop
+        rules; returns the token (to feed next unless :attr:`done`)."""
+        step = len(self.generated)
+        if step < self.min_new_tokens and self.stop_token_ids:
+            # Like transformers' MinNewTokensLengthLogitsProcessor: stop tokens cannot be chosen yet.
+            logits = logits.clone()
+            logits[list(self.stop_token_ids)] = float("-inf")
+        next_id = int(torch.argmax(logits))
+        self.generated.append(next_id)
+        if next_id in self.stop_token_ids:
+            # Kept in the output like transformers' generate(); decoding skips it when it is a special token, so a
+            # newline stop (LongBench samsum) stays in the text as in the official predictions.
+            self.stop_reason = "stop_token"
+            self.done = True
+        elif (
+            self.stop_strings
+            and step + 1 > self.min_new_tokens
+            and any(s in self.tokenizer.decode(self.generated, skip_special_tokens=True) for s in self.stop_strings)
+        ):
+            self.stop_reason = "stop_string"
+            self.done = True
+        elif step + 1 == self.max_new_tokens:
+            self.done = True
+        return next_id
+
+    def text(self) -> str:
+        """The output text (special tokens skipped; cut before the first stop string when one stopped it)."""
+        text = self.tokenizer.decode(self.generated, skip_special_tokens=True)
+        if self.stop_reason == "stop_string":
+            # Like an eos, the stop string ends the output and is not part of it.
+            text = text[: min(text.find(s) for s in self.stop_strings if s in text)]
+        return text
 
 
 def last_token_ids(tokenizer: PreTrainedTokenizerBase, texts: tuple[str, ...] | list[str]) -> set[int]:

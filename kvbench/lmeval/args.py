@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvbench.checks import check_choice, check_min
+from kvbench.checks import check_choice, check_decode_batch, check_min
 from kvbench.config import DTYPE_NAMES, QUESTION_MODES
 from kvbench.errors import KVBenchError
 from kvbench.lmeval.presets import budget_config, method_config, model_config, preset_names
@@ -33,6 +33,7 @@ MODEL_ARG_KEYS = (
     "add_bos_token",
     "prefix_token_id",
     "prefill_chunk",
+    "decode_batch",
     "seed",
     "batch_size",
     "max_batch_size",
@@ -83,6 +84,8 @@ def check_model_args(args: Mapping[str, Any]) -> None:
     check_choice("question_mode", args.get("question_mode", "agnostic"), QUESTION_MODES, error=KVBenchError)
     if args.get("dtype") is not None:
         check_choice("dtype", args["dtype"], DTYPE_NAMES, error=KVBenchError)
+    if args.get("decode_batch") is not None:
+        check_decode_batch(args["decode_batch"], "decode_batch", error=KVBenchError)
     for key, minimum in (("max_length", 2), ("max_gen_toks", 1), ("prefill_chunk", 0), ("seed", 0)):
         if args.get(key) is not None:
             check_min(key, args[key], minimum, error=KVBenchError)

@@ -27,7 +27,7 @@ requested and achieved sizes, the compressed cache's fingerprint before and afte
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -45,10 +45,11 @@ from omegaconf import OmegaConf
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from kvbench.budget import Budget, parse_budget
-from kvbench.checks import check_choice
+from kvbench.checks import check_choice, check_decode_batch
 from kvbench.config import QUESTION_MODES
 from kvbench.errors import KVBenchError
-from kvbench.inference.generate import generate
+from kvbench.inference.batch import DecodeRequest, ReorderBuffer, generate_batched, resolve_decode_batch
+from kvbench.inference.generate import GenerationOutput, generate
 from kvbench.lmeval.args import check_model_args
 from kvbench.lmeval.loglikelihood import cache_fingerprint, compress_context, score_continuation
 from kvbench.lmeval.presets import budget_config, method_config, model_config
@@ -89,6 +90,9 @@ class KVBenchLM(TemplateLM):
         As lm-eval's ``hf`` model.
     prefill_chunk:
         Tokens per forward of the compressed prefill (``run.prefill_chunk``; default automatic).
+    decode_batch:
+        ``generate_until`` requests decoded together (``run.decode_batch``: 1 = one at a time, an integer, or
+        ``auto``); each context is still prefilled and compressed alone.
     seed:
         Seed for builtin random-weight models.
     batch_size, max_batch_size:
@@ -109,6 +113,7 @@ class KVBenchLM(TemplateLM):
         add_bos_token: bool | None = None,
         prefix_token_id: int | None = None,
         prefill_chunk: int | None = None,
+        decode_batch: int | str = 1,
         seed: int = 0,
         batch_size: Any = None,
         max_batch_size: Any = None,
@@ -116,7 +121,7 @@ class KVBenchLM(TemplateLM):
     ) -> None:
         given = {"pretrained": pretrained, "method": method, "budget": budget, "question_mode": question_mode}
         options = {"dtype": dtype, "max_length": max_length, "max_gen_toks": max_gen_toks}
-        options |= {"prefill_chunk": prefill_chunk, "seed": seed}
+        options |= {"prefill_chunk": prefill_chunk, "decode_batch": decode_batch, "seed": seed}
         check_model_args({**given, **{k: v for k, v in options.items() if v is not None}, **method_overrides})
         if device and str(device).startswith("cuda") and not torch.cuda.is_available():
             # lm-eval's CLI passes --device (default cuda:0); like its hf model, fall back when there is no GPU.
@@ -142,6 +147,7 @@ class KVBenchLM(TemplateLM):
             add_bos_token=add_bos_token,
             prefix_token_id=prefix_token_id,
             prefill_chunk=prefill_chunk,
+            decode_batch=decode_batch,
         )
         self.model_name = str(model_cfg.name)
 
@@ -174,6 +180,7 @@ class KVBenchLM(TemplateLM):
         add_bos_token: bool | None = None,
         prefix_token_id: int | None = None,
         prefill_chunk: int | None = None,
+        decode_batch: int | str = 1,
     ) -> None:
         super().__init__()
         check_choice("question_mode", question_mode, QUESTION_MODES, error=KVBenchError)
@@ -188,6 +195,8 @@ class KVBenchLM(TemplateLM):
         self.add_bos_token = add_bos_token
         self.custom_prefix_token_id = prefix_token_id
         self.prefill_chunk = prefill_chunk
+        #: ``run.decode_batch``: generations decoded together (1 = one at a time; ``auto``: from free GPU memory).
+        self.decode_batch = check_decode_batch(decode_batch, "decode_batch", error=KVBenchError)
         #: One entry per compressed context (loglikelihood groups and generations), in the order they ran.
         self.records: list[dict[str, Any]] = []
 
@@ -283,11 +292,13 @@ class KVBenchLM(TemplateLM):
         return context_ids[-room:], continuation_ids
 
     def generate_until(self, requests: Sequence[Any], disable_tqdm: bool = False) -> list[str]:
-        """Greedy generation with the method applied, for each ``(context, gen_kwargs)`` request."""
+        """Greedy generation with the method applied, for each ``(context, gen_kwargs)`` request; with
+        ``decode_batch`` > 1 the requests are prefilled one at a time and decoded together
+        (:func:`kvbench.inference.batch.generate_batched`), answers in request order."""
         eos_text = self.tokenizer.decode(self.eot_token_id, skip_special_tokens=False)
         stops = stop_token_ids(self.tokenizer, self.model, [])
-        outputs = []
-        for request in _progress(requests, disable_tqdm, "kvbench generate_until"):
+        prepared: list[tuple[DecodeRequest, tuple[str, ...]]] = []
+        for request in requests:  # every request checked before any is generated
             context, gen_kwargs = request.args
             kwargs = normalize_gen_kwargs(dict(gen_kwargs or {}), self.max_gen_toks)
             if kwargs.get("do_sample"):
@@ -301,35 +312,63 @@ class KVBenchLM(TemplateLM):
             if room <= 0:
                 raise KVBenchError(f"max_gen_toks={max_gen_toks} leaves no room under max_length={self.max_length}")
             context_ids = self.tok_encode(context)[-room:]
-            output = generate(
-                self.model,
-                self.tokenizer,
-                context_ids,
-                [],
-                method=self.method,
-                budget=self.budget,
-                question_mode="aware",
-                max_new_tokens=max_gen_toks,
-                stop_token_ids=stops,
-                stop_strings=tuple(s for s in until if s and s != eos_text),
-                prefill_chunk=self.prefill_chunk,
-            )
-            text = postprocess_generated_text(output.text, until, None)
+            stop_strings = tuple(s for s in until if s and s != eos_text)
+            prepared.append((DecodeRequest(context_ids, [], max_gen_toks, stops, stop_strings), tuple(until)))
+        longest_answer = max((item.max_new_tokens for item, _ in prepared), default=1)
+        batch = resolve_decode_batch(
+            self.decode_batch, self.model, self.method, self.budget,
+            lambda: [len(item.context_ids) for item, _ in prepared], longest_answer,
+        )  # fmt: skip
+        outputs: list[str] = []
+        for index, output in self._generations([item for item, _ in prepared], batch, disable_tqdm):
+            item, until = prepared[index]
+            text = postprocess_generated_text(output.text, list(until), None)
             outputs.append(text)
-            self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
+            self.cache_hook.add_partial("generate_until", requests[index].args, text)
             self.records.append(
                 {
                     "kind": "generate_until",
-                    "context_tokens": len(context_ids),
-                    "compressed_tokens": len(context_ids),
+                    "context_tokens": len(item.context_ids),
+                    "compressed_tokens": len(item.context_ids),
                     "new_tokens": len(output.token_ids),
                     "stop_reason": output.stop_reason,
                     "prefill_s": output.prefill_s,
                     "decode_s": output.decode_s,
                     "cache": output.record.to_json(),
+                    "decode_batch": batch,
                 }
             )
         return outputs
+
+    def _generations(
+        self, prepared: list[DecodeRequest], batch: int, disable_tqdm: bool
+    ) -> Iterator[tuple[int, GenerationOutput]]:
+        """``(index, output)`` of each prepared request, in request order."""
+        if batch == 1:
+            for index, item in enumerate(_progress(prepared, disable_tqdm, "kvbench generate_until")):
+                yield (
+                    index,
+                    generate(
+                        self.model,
+                        self.tokenizer,
+                        item.context_ids,
+                        [],
+                        method=self.method,
+                        budget=self.budget,
+                        question_mode="aware",
+                        max_new_tokens=item.max_new_tokens,
+                        stop_token_ids=item.stop_token_ids,
+                        stop_strings=item.stop_strings,
+                        prefill_chunk=self.prefill_chunk,
+                    ),
+                )
+            return
+        buffer = ReorderBuffer()
+        for index, output in generate_batched(
+            self.model, self.tokenizer, prepared, method=self.method, budget=self.budget, question_mode="aware",
+            decode_batch=batch, prefill_chunk=self.prefill_chunk,
+        ):  # fmt: skip
+            yield from buffer.add(index, (index, output))
 
     def loglikelihood_rolling(self, requests: Sequence[Any], disable_tqdm: bool = False) -> list[float]:
         """Refused: a rolling log-likelihood (perplexity) scores every token of a document from its own prefix.

@@ -140,6 +140,7 @@ class LMEvalDataset(TaskDataset):
             runner.budget,
             question_mode=str(cfg.task.question_mode),
             prefill_chunk=cfg.run.prefill_chunk,
+            decode_batch=cfg.run.decode_batch,
             max_length=self.options["max_length"],
         )
         lm.model_name = str(cfg.model.name)

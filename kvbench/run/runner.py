@@ -52,7 +52,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kvbench.attention.paths import ATTENTION_RECORD, capability_summary
 from kvbench.errors import Interrupted, KVBenchError
-from kvbench.inference.generate import generate, last_token_ids
+from kvbench.inference.generate import last_token_ids
 from kvbench.models.loading import (
     LoadedModel,
     check_device_map,
@@ -62,6 +62,7 @@ from kvbench.models.loading import (
     stop_token_ids,
 )
 from kvbench.prompting import encode_sample
+from kvbench.run.batched import generate_dataset
 from kvbench.run.folder import claim_run_folder
 from kvbench.run.provenance import device_name, git_commit, now, slurm_job_id
 from kvbench.run.records import (
@@ -168,6 +169,8 @@ class Runner:
         self.summary: dict[str, Any] = {}
         #: Paged-attention fallbacks (reason -> calls) of the datasets run so far (``run_meta.json``).
         self.attention_fallbacks: Counter[str] = Counter()
+        #: ``run.decode_batch`` resolved for the device (``auto``), once the first dataset asked for it.
+        self.resolved_decode_batch: int | None = None
 
     def run(self) -> list[DatasetResult]:
         """Execute the run; returns one result per dataset."""
@@ -206,6 +209,7 @@ class Runner:
                         meta["status"] = status
                         meta["completed_datasets"] = [r.dataset for r in results]
                         meta["attention_fallbacks"] = dict(sorted(self.attention_fallbacks.items()))
+                        meta["decode_batch_resolved"] = self.resolved_decode_batch
                         if status == "complete":
                             meta["datasets"] = [r.dataset for r in results]
                         atomic_write_json(self.folder / RUN_META_FILE, meta)
@@ -281,6 +285,7 @@ class Runner:
                 "status": "running",
                 "slurm_job": slurm_job_id(),
                 "attention_capability": capability_summary(),
+                "decode_batch": cfg.run.decode_batch,
             }
         )
         meta.setdefault("first_start_time", meta["start_time"])
@@ -329,8 +334,9 @@ class Runner:
         todo = [s for s in samples if s.id not in done]
         ATTENTION_RECORD.reset()  # paths and fallbacks of this dataset's samples (metrics.json "attention")
         progress = _progress(todo, f"{dataset.name}", cfg.run.progress, initial=len(done), total=len(samples))
-        for sample in progress:
-            encoded = encode_sample(
+
+        def encode(sample: Sample) -> Any:
+            return encode_sample(
                 loaded.tokenizer,
                 sample,
                 max_input_length=int(cfg.model.max_input_length),
@@ -338,26 +344,16 @@ class Runner:
                 truncation=dataset.truncation,
                 bos=dataset.bos,
             )
-            output = generate(
-                loaded.model,
-                loaded.tokenizer,
-                encoded.context_ids,
-                encoded.question_ids,
-                method=self.method,
-                budget=self.budget,
-                question_mode=str(cfg.task.question_mode),
-                max_new_tokens=int(dataset.max_new_tokens),
-                stop_token_ids=stops,
-                stop_strings=tuple(dataset.stop_strings),
-                min_new_tokens=int(dataset.min_new_tokens),
-                prefill_chunk=cfg.run.prefill_chunk,
-            )
+
+        def write(sample: Sample, encoded: Any, output: Any) -> None:
             row = _prediction_row(sample, dataset, output, encoded)
             warn_if_above_full(output.record, self.cfg)
             with TERMINATION.critical():
                 log.append(row)
                 timing_log.append({"id": sample.id, "prefill_s": output.prefill_s, "decode_s": output.decode_s})
                 done[sample.id] = row
+
+        generate_dataset(self, loaded, dataset, todo, encode, write, stops, progress)
         rows = [done[s.id] for s in samples]
         attention = ATTENTION_RECORD.summary()
         self.attention_fallbacks.update(attention["fallbacks"])
@@ -375,6 +371,7 @@ class Runner:
                 cfg,
                 self.method,
                 {"max_input_length": cfg.model.max_input_length, "chat_template": use_template},
+                {"decode_batch": self.resolved_decode_batch or 1},
             ),
             timing=timing_log.summary(),
             attention=attention,

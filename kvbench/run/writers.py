@@ -234,8 +234,13 @@ def count_is_identity(cfg: DictConfig) -> bool:
 
 
 def ignored_keys(cfg: DictConfig) -> tuple[str, ...]:
-    """:data:`NON_SEMANTIC_KEYS`, less ``task.num_samples`` where :func:`count_is_identity`."""
-    return tuple(key for key in NON_SEMANTIC_KEYS if key != "task.num_samples" or not count_is_identity(cfg))
+    """:data:`NON_SEMANTIC_KEYS`, less ``task.num_samples`` where :func:`count_is_identity`; plus ``run.decode_batch``
+    at its default 1 (runs made before the setting existed keep their hash; a batched run is its own run, since GPU
+    matrix products may round differently at batch N)."""
+    keys = tuple(key for key in NON_SEMANTIC_KEYS if key != "task.num_samples" or not count_is_identity(cfg))
+    if OmegaConf.select(cfg, "run.decode_batch", default=1) == 1:
+        keys += ("run.decode_batch",)
+    return keys
 
 
 def config_hash(cfg: DictConfig) -> str:

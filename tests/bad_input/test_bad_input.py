@@ -125,6 +125,8 @@ CONFIG_CASES = [
     (["task.lengths=[128]", "run.tag=short"], ["128 tokens is too short for niah_multikey", "use a length >="]),
     # issue #29: values that used to pass validation, or be hidden by the existing run in the default folder
     (["run.prefill_chunk=-3"], ["run.prefill_chunk=-3", "integer >= 0", "null = automatic"]),
+    (["run.decode_batch=0"], ["run.decode_batch=0", "integer >= 1", "auto"]),
+    (["run.decode_batch=fast"], ["run.decode_batch='fast'", "integer >= 1", "auto"]),
     (["task.datasets=[nope]"], ["task.datasets=['nope']", "valid datasets: niah_single_2k", "niah_multivalue_2k"]),
     (["task.datasets=[niah_single_1k]"], ["['niah_single_1k']", "valid datasets: niah_single_2k"]),
     (["task.datasets=[]"], ["task.datasets=[] selects no dataset", "niah_single_2k", "null"]),
@@ -318,21 +320,21 @@ def tiny_cfg(root: Path, *overrides: str):
 def test_run_failing_before_its_first_prediction_leaves_no_folder(root: Path, monkeypatch, capsys) -> None:
     """A failure after the folder was claimed (here: generation raising) removes what the run wrote, so the next
     command -- with another config for the same folder -- runs instead of being refused."""
-    import kvbench.run.runner
+    import kvbench.run.batched
     from kvbench.run.runner import Runner
 
-    real_generate = kvbench.run.runner.generate
+    real_generate = kvbench.run.batched.generate
 
     def broken_generate(*args, **kwargs):
         raise RuntimeError("out of memory (simulated)")
 
     before = tree_hash(root)
-    monkeypatch.setattr(kvbench.run.runner, "generate", broken_generate)
+    monkeypatch.setattr(kvbench.run.batched, "generate", broken_generate)
     with pytest.raises(RuntimeError, match="simulated"):
         Runner(tiny_cfg(root, "method=streamingllm")).run()
     assert tree_hash(root) == before
     assert not (root / "tiny" / "tiny_niah" / "streamingllm").exists()
-    monkeypatch.setattr(kvbench.run.runner, "generate", real_generate)
+    monkeypatch.setattr(kvbench.run.batched, "generate", real_generate)
     Runner(tiny_cfg(root, "method=streamingllm", "method.window=8")).run()
     assert (root / "tiny" / "tiny_niah" / "streamingllm" / "64L" / "niah_single_1k" / "metrics.json").exists()
 
@@ -598,6 +600,7 @@ API_CASES = [
     ({"overrides": ["method.window=0"]}, ["method.window=0", ">= 1"]),
     ({"overrides": ["method.params.nope=1"]}, ["nope", "valid keys"]),
     ({"overrides": ["run.prefill_chunk=-3"]}, ["run.prefill_chunk=-3", ">= 0"]),
+    ({"overrides": ["run.decode_batch=-2"]}, ["run.decode_batch=-2", "integer >= 1", "auto"]),
     ({"limit": -1}, ["limit=-1", ">= 1", "None for all"]),
     ({"limit": 0}, ["limit=0"]),
     ({"question_mode": "both"}, ["question_mode='both'", "aware, agnostic"]),
@@ -685,6 +688,7 @@ BRIDGE_CASES = [
     ("dtype=fp8", ["dtype='fp8'", "bfloat16, float16, float32"]),
     ("max_length=-1", ["max_length=-1", ">= 2"]),
     ("prefill_chunk=-3", ["prefill_chunk=-3", ">= 0"]),
+    ("decode_batch=0", ["decode_batch=0", "integer >= 1", "auto"]),
     ("foo=1", ["unknown --model_args key(s) ['foo']", "pretrained, method, budget"]),
     ("method=snapkv,method.windw=3", ["method.windw is not a kvbench setting", "Did you mean method.window?"]),
     ("method=snapkv,method.window=0", ["method.window=0", ">= 1"]),

@@ -113,6 +113,18 @@ def test_budget_compresses_each_context_once(manager) -> None:
         assert cache["achieved_per_layer"] == [round(0.2 * cache["context_tokens"])] * 4
 
 
+def test_generate_until_batched_equals_one_at_a_time(manager) -> None:
+    """``decode_batch=3`` (issue #33): the generate_until task's texts and cache records equal one-at-a-time
+    generation, in request order, with a decode-time policy and stop strings."""
+    outputs, records = [], []
+    for batch in (1, 3):
+        lm = KVBenchLM(pretrained=MODEL, method="h2o", budget="0.3x", decode_batch=batch)
+        outputs.append(_responses(_evaluate(lm, manager, tasks=["kv_gen"]), "kv_gen"))
+        records.append([(r["cache"], r["new_tokens"], r["stop_reason"]) for r in lm.records])
+        assert {r["decode_batch"] for r in lm.records} == {batch}
+    assert outputs[0] == outputs[1] and records[0] == records[1]
+
+
 @pytest.mark.parametrize("question_mode", ["agnostic", "aware"])
 def test_choices_see_the_same_compressed_cache(question_mode: str) -> None:
     """Scoring a choice leaves nothing behind: A, B, A again give A's score twice, equal to A scored on a freshly
