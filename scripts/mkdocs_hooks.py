@@ -53,6 +53,8 @@ PARITY_FILES = (
     "parity/test_decode_parity.py",
     "methods/test_score_dtype.py",
     "methods/test_baselines.py",
+    "methods/test_streamingllm.py",
+    "methods/test_snapkv.py",
     "end_to_end/test_methods_end_to_end.py",
     "methods/test_fused_scoring.py",
     "inference/test_prefill.py",

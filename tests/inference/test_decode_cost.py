@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_flatten
 from kvbench.cache.kv_cache import KVBenchCache
 from kvbench.models.loading import build_builtin
 from kvbench.run import runner
-from tests.methods.test_baselines import _run, method_from_yaml
+from tests.methods.helpers import method_from_yaml, run_method
 
 #: aten ops that read a device value back to the host (or whose output size depends on data): a sync on CUDA.
 SYNC_OPS = {"_local_scalar_dense", "nonzero", "unique_dim", "_unique2", "masked_select", "item"}
@@ -206,11 +206,11 @@ def test_query_head_storage_above_the_full_cache_is_recorded_and_warned_once(tin
     """SnapKV's reference layout (a cache per query head, GQA 2:1 here) at budget 0.75x stores 1.5x the full cache:
     the record says so, and a run warns once; the kv-head switch stays below the full cache."""
     model, tokenizer = tiny_llama
-    query_heads = _run(model, tokenizer, method_from_yaml("snapkv"), "0.75x", context=200, new=4).record
+    query_heads = run_method(model, tokenizer, method_from_yaml("snapkv"), "0.75x", context=200, new=4).record
     assert (query_heads.stored_heads, query_heads.kv_heads) == (4, 2)
     assert query_heads.exceeds_full_cache
     assert query_heads.cache_bytes == pytest.approx(1.5 * query_heads.full_cache_bytes, rel=0.02)
-    kv_heads = _run(
+    kv_heads = run_method(
         model, tokenizer, method_from_yaml("snapkv", gqa_granularity="kv_head"), "0.75x", context=200, new=4
     ).record
     assert (kv_heads.stored_heads, kv_heads.kv_heads) == (2, 2)
@@ -259,6 +259,6 @@ def test_generation_at_the_cap_never_rebuilds_the_storage(tiny_llama, monkeypatc
         rebuilds[-1].append(layer.stats.reallocations)
 
     policy.step = step
-    out = _run(model, tokenizer, method, "64L", context=200, new=32)
+    out = run_method(model, tokenizer, method, "64L", context=200, new=32)
     assert out.record.final_per_layer == [64] * 4
     assert len(rebuilds) == 31 and rebuilds[1] == rebuilds[-1]

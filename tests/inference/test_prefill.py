@@ -19,7 +19,7 @@ from kvbench.inference.prefill import prefill
 from kvbench.models.loading import build_builtin
 from kvbench.models.tiny import DEFAULT_MODEL_DIR, build_tokenizer
 from kvbench.tasks.tiny_niah import build_instance
-from tests.methods.test_baselines import method_from_yaml
+from tests.methods.helpers import method_from_yaml
 
 PRESETS = [
     "snapkv", "pyramidkv", "ada_snapkv", "ada_pyramidkv", "cake", "cake_h2o", "h2o", "tova", "ahakv", "ahakv_no_ra",

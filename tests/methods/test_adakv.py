@@ -16,7 +16,7 @@ from kvbench.methods.base import WindowObservation, build_method
 from kvbench.methods.snapkv import WindowVoteScorer
 from kvbench.methods.token_scores import ScoreOptions, pool_scores, window_attention
 from kvbench.models.loading import build_builtin
-from tests.methods.test_baselines import _prefill_one_layer, _run, method_from_yaml
+from tests.methods.helpers import method_from_yaml, prefill_one_layer, run_method
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -115,12 +115,12 @@ def _head_case():
 
 def test_ada_snapkv_moves_budget_to_the_dispersed_head() -> None:
     keys, query = _head_case()
-    ada = _prefill_one_layer(method_from_yaml("ada_snapkv", params={"alpha": 0.0}), "64/layer", keys, query)
+    ada = prefill_one_layer(method_from_yaml("ada_snapkv", params={"alpha": 0.0}), "64/layer", keys, query)
     lengths = ada.headwise_layers[0].head_lengths()
     assert sum(lengths) == 128
     assert lengths[1] > lengths[0]
     assert 40 in ada.headwise_layers[0].positions[0].tolist()
-    snap = _prefill_one_layer(method_from_yaml("snapkv"), "64/layer", keys, query)
+    snap = prefill_one_layer(method_from_yaml("snapkv"), "64/layer", keys, query)
     assert snap.headwise_layers[0].head_lengths() == [64, 64]
 
 
@@ -134,7 +134,7 @@ def tiny_llama():
 @pytest.mark.parametrize("name", ["ada_snapkv", "ada_pyramidkv", "ada_snapkv_early"])
 def test_presets_keep_budgets_exactly_per_layer(tiny_llama, name: str) -> None:
     model, tokenizer = tiny_llama
-    record = _run(model, tokenizer, method_from_yaml(name), "64L", new=4).record
+    record = run_method(model, tokenizer, method_from_yaml(name), "64L", new=4).record
     heads = 4 if name.endswith("early") else 2  # early: KV replicated per query head
     assert all(len(h) == heads for h in record.achieved_per_head)
     assert record.requested_per_head == record.achieved_per_head  # every head keeps what it was allocated

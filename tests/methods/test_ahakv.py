@@ -13,7 +13,7 @@ from kvbench.cache.kv_cache import KVBenchCache
 from kvbench.inference.eviction import EvictionSession
 from kvbench.methods.ahakv import AhaScorer, sg_multiplier, value_prior
 from kvbench.models.loading import build_builtin
-from tests.methods.test_baselines import CONF, _Layer, _run, method_from_yaml
+from tests.methods.helpers import CONF, LayerIndex, method_from_yaml, run_method
 
 CONTEXT, DIM, WINDOW = 100, 8, 32
 X, Y = 10, 20  # the two candidates; a budget of WINDOW + 1 keeps exactly one token outside the window
@@ -27,7 +27,7 @@ def _kept(name: str, keys, values, queries, **params) -> list[int]:
     cache.update(keys[None], values[None], 0)
     session = EvictionSession(method, parse_budget(f"{WINDOW + 1}/layer"), cache)
     session.begin_prefill(CONTEXT)
-    session.after_attention(_Layer(0), queries[None], DIM**-0.5)
+    session.after_attention(LayerIndex(0), queries[None], DIM**-0.5)
     session.begin_decode()
     return [p for p in cache.headwise_layers[0].positions[0].tolist() if p < CONTEXT - WINDOW]
 
@@ -144,7 +144,7 @@ def tiny_llama():
 @pytest.mark.parametrize("name", ["ahakv", "ahakv_no_vpe", "ahakv_no_ra", "ahakv_no_sgs"])
 def test_presets_keep_the_budget_through_decoding(tiny_llama, name: str) -> None:
     model, tokenizer = tiny_llama
-    out = _run(model, tokenizer, method_from_yaml(name), "64L", new=12)
+    out = run_method(model, tokenizer, method_from_yaml(name), "64L", new=12)
     assert out.record.requested_per_layer == out.record.achieved_per_layer == [64] * 4
     assert out.record.final_per_layer == [64] * 4
     assert len(out.token_ids) == 12
@@ -153,7 +153,7 @@ def test_presets_keep_the_budget_through_decoding(tiny_llama, name: str) -> None
 def test_decoding_accumulates_and_keeps_the_recent_window(tiny_llama) -> None:
     model, tokenizer = tiny_llama
     method = method_from_yaml("ahakv")
-    out = _run(model, tokenizer, method, "64L", context=300, new=10)
+    out = run_method(model, tokenizer, method, "64L", context=300, new=10)
     assert out.record.final_per_layer == [64] * 4
     policy = method.decode_policy
     for layer in policy.scores:

@@ -17,7 +17,7 @@ from kvbench.methods.base import StaticLayerAllocator, WindowObservation
 from kvbench.methods.cake import CakeScorer, layer_preference, resolve_tau, split_pool_monotone
 from kvbench.methods.token_scores import ScoreOptions, window_attention
 from kvbench.models.loading import build_builtin
-from tests.methods.test_baselines import _Layer, _run, method_from_yaml
+from tests.methods.helpers import LayerIndex, method_from_yaml, run_method
 
 
 def test_layer_preference_matches_eq6() -> None:
@@ -98,7 +98,7 @@ def _prefill_layers(method, budget: str, layers, observe=None) -> tuple[KVBenchC
     session.begin_prefill(layers[0][0].shape[1])
     for idx, (keys, queries) in enumerate(layers):
         cache.update(keys[None], keys[None].clone() * 0.5, idx)
-        session.after_attention(_Layer(idx), queries[None], 16**-0.5)
+        session.after_attention(LayerIndex(idx), queries[None], 16**-0.5)
         if observe is not None:
             observe(idx, cache)
     session.begin_decode()
@@ -219,7 +219,7 @@ def test_theorem1_and_peak_bytes_on_the_tiny_model(tiny_llama, budget: str) -> N
 )
 def test_presets_keep_layer_budgets_through_decoding(tiny_llama, name: str) -> None:
     model, tokenizer = tiny_llama
-    out = _run(model, tokenizer, method_from_yaml(name), "64L", new=12)
+    out = run_method(model, tokenizer, method_from_yaml(name), "64L", new=12)
     record = out.record
     if name == "cake_alloc_pyramid":  # PyramidKV's integer schedule does not force the total
         assert sum(record.requested_per_layer) <= 64 * 4 + 4
@@ -236,7 +236,7 @@ def test_presets_keep_layer_budgets_through_decoding(tiny_llama, name: str) -> N
 def test_random_allocation_varies_and_sums_to_the_total(tiny_llama) -> None:
     model, tokenizer = tiny_llama
     method = method_from_yaml("cake_alloc_random")
-    first = _run(model, tokenizer, method, "64L", new=1).record.requested_per_layer
-    second = _run(model, tokenizer, method, "64L", new=1).record.requested_per_layer
+    first = run_method(model, tokenizer, method, "64L", new=1).record.requested_per_layer
+    second = run_method(model, tokenizer, method, "64L", new=1).record.requested_per_layer
     assert sum(first) == sum(second) == 256 and first != second
     assert math.prod(b >= 32 for b in first)  # every layer keeps its window

@@ -24,7 +24,7 @@ from kvbench.methods.base import WindowObservation
 from kvbench.methods.cake import CakeLayerAllocator
 from kvbench.methods.xkv import importance
 from tests.kernel_devices import kernel_device
-from tests.methods.test_baselines import _Layer, method_from_yaml
+from tests.methods.helpers import LayerIndex, method_from_yaml
 
 REPO = Path(__file__).resolve().parents[2]
 PRESETS = [
@@ -110,7 +110,7 @@ def test_sessions_keep_the_same_tokens_fused_and_dense(preset: str) -> None:
         for layer in range(3):
             keys, values, queries = _layer(10 + layer, torch.float32)
             cache.update(keys[None], values[None], layer)
-            session.after_attention(_Layer(layer), queries[None], DIM**-0.5)
+            session.after_attention(LayerIndex(layer), queries[None], DIM**-0.5)
         session.begin_decode()
         kept.append([[p.tolist() for p in layer.positions] for layer in cache.headwise_layers])
         assert session.record.evicted

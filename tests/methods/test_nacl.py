@@ -33,7 +33,7 @@ from kvbench.methods.nacl import (
     split_budget,
 )
 from kvbench.run.runner import Runner
-from tests.methods.test_baselines import _Layer, method_from_yaml
+from tests.methods.helpers import LayerIndex, method_from_yaml
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -82,7 +82,7 @@ def _run_session(method, budget: str, layers, expand: int = 1, prompt_ids=None):
     session.begin_prefill(length, prompt_ids=prompt_ids)
     for idx, (keys, queries) in enumerate(layers):
         cache.update(keys[None], keys[None].clone(), idx)
-        session.after_attention(_Layer(idx), queries[None], keys.shape[-1] ** -0.5)
+        session.after_attention(LayerIndex(idx), queries[None], keys.shape[-1] ** -0.5)
     session.begin_decode()
     return cache, session
 

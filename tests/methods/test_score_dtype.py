@@ -28,7 +28,7 @@ from kvbench.cache.kv_cache import KVBenchCache
 from kvbench.inference.eviction import EvictionSession
 from kvbench.methods.ahakv import sg_multiplier, value_prior
 from kvbench.methods.base import WindowObservation
-from tests.methods.test_baselines import _Layer, method_from_yaml
+from tests.methods.helpers import LayerIndex, method_from_yaml
 
 IMPLS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not kernels.triton_available(), reason="no triton"))]
 DIM = 16
@@ -151,7 +151,7 @@ def _session(method, budget: str, keys: torch.Tensor, queries: torch.Tensor, sco
     cache.update(keys[None], keys[None].clone(), 0)
     session = EvictionSession(method, parse_budget(budget), cache, scoring_impl=scoring_impl)
     session.begin_prefill(keys.shape[1])
-    session.after_attention(_Layer(0), queries[None], DIM**-0.5)
+    session.after_attention(LayerIndex(0), queries[None], DIM**-0.5)
     session.begin_decode()
     return cache, session
 
@@ -159,7 +159,7 @@ def _session(method, budget: str, keys: torch.Tensor, queries: torch.Tensor, sco
 def _decode(session, cache, new_key: torch.Tensor, query: torch.Tensor) -> None:
     """One decoding step: store ``new_key`` ``[H, 1, D]``, then the attention callback with ``query``."""
     cache.update(new_key[None], new_key[None].clone(), 0)
-    session.after_attention(_Layer(0), query[None], DIM**-0.5)
+    session.after_attention(LayerIndex(0), query[None], DIM**-0.5)
 
 
 class RefH2O:
@@ -231,7 +231,7 @@ def _h2o_run(score_dtype: str, keys, queries, steps, question=None, family: str 
         session.begin_append()
         new_keys, rows = question
         cache.update(new_keys[None], new_keys[None].clone(), 0)
-        session.after_attention(_Layer(0), rows[None], DIM**-0.5)
+        session.after_attention(LayerIndex(0), rows[None], DIM**-0.5)
         appended = torch.arange(length, length + new_keys.shape[1])
         ref.forward(appended.tolist(), cast(new_keys[0]), cast(rows[0]), factor(appended + 1))
         ref.check_and_follow(layer.positions[0].tolist(), 40)
@@ -288,7 +288,7 @@ def test_h2o_append_adds_every_row_and_evicts_at_once() -> None:
     cache, session = _session(method, "40L", keys, queries)
     session.begin_append()
     cache.update(question[0][None], question[0][None].clone(), 0)
-    session.after_attention(_Layer(0), question[1][None], DIM**-0.5)
+    session.after_attention(LayerIndex(0), question[1][None], DIM**-0.5)
     assert cache.headwise_layers[0].head_lengths() == [52]  # the switch keeps the earlier behaviour
 
 
@@ -364,7 +364,7 @@ def _append(session, cache, new_keys: torch.Tensor, rows: torch.Tensor) -> None:
     """Question-agnostic mode's question: ``q`` new keys ``[H, q, D]`` and their queries ``[H_q, q, D]``."""
     session.begin_append()
     cache.update(new_keys[None], new_keys[None].clone(), 0)
-    session.after_attention(_Layer(0), rows[None], DIM**-0.5)
+    session.after_attention(LayerIndex(0), rows[None], DIM**-0.5)
     session.begin_decode()
 
 

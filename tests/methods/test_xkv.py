@@ -19,7 +19,7 @@ from kvbench.methods.xkv import (
     xkv_allocate_for_retention,
 )
 from kvbench.models.loading import build_builtin
-from tests.methods.test_baselines import _run, method_from_yaml
+from tests.methods.helpers import method_from_yaml, run_method
 from tests.methods.test_cake import _prefill_layers, _random_layers
 
 
@@ -133,7 +133,7 @@ def tiny_llama():
 @pytest.mark.parametrize("head_mode", ["layer_shared", "per_head"])
 def test_tiny_model_budgets(tiny_llama, head_mode: str) -> None:
     model, tokenizer = tiny_llama
-    record = _run(model, tokenizer, method_from_yaml("xkv", params={"head_mode": head_mode}), "64L", new=6).record
+    record = run_method(model, tokenizer, method_from_yaml("xkv", params={"head_mode": head_mode}), "64L", new=6).record
     assert sum(record.requested_per_layer) == 64 * 4
     assert record.requested_per_layer == record.achieved_per_layer
     assert record.final_per_layer == [b + 5 for b in record.requested_per_layer]  # no decode eviction

@@ -24,7 +24,7 @@ from kvbench.inference.eviction import EvictionSession
 from kvbench.methods.ahakv import AhaScorer, sg_multiplier
 from kvbench.methods.decoding import padded_decode_attention
 from kvbench.models.loading import build_builtin
-from tests.methods.test_baselines import _Layer, _run, method_from_yaml
+from tests.methods.helpers import LayerIndex, method_from_yaml, run_method
 from tests.parity.test_reference_parity import ref_window_probs
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -59,7 +59,7 @@ def test_the_cache_grows_to_the_budget_before_decoding_evicts(tiny_llama, name: 
     model, tokenizer = tiny_llama
     method = method_from_yaml(name)
     seen = _lengths_per_step(method)
-    out = _run(model, tokenizer, method, "120L", context=80, new=40)  # 80 context + 20 question tokens
+    out = run_method(model, tokenizer, method, "120L", context=80, new=40)  # 80 context + 20 question tokens
     assert not out.record.evicted  # the prompt fits the budget: nothing is evicted at prefill
     assert out.record.decode_cap_per_layer == [120] * 4
     per_step = [max(heads) for heads in seen]
@@ -72,7 +72,7 @@ def test_cake_below_its_trigger_decodes_at_the_layer_budget(tiny_llama) -> None:
     model, tokenizer = tiny_llama
     method = method_from_yaml("cake")
     seen = _lengths_per_step(method)
-    out = _run(model, tokenizer, method, "120L", context=120, new=6)
+    out = run_method(model, tokenizer, method, "120L", context=120, new=6)
     assert not out.record.evicted and out.record.achieved_per_layer == [140] * 4
     assert out.record.decode_cap_per_layer == [120] * 4
     assert [max(heads) for heads in seen] == [120] * len(seen)
@@ -85,7 +85,7 @@ def _tova_session(keys, queries, budget, **overrides):
     cache.update(keys[None], keys[None].clone(), 0)
     session = EvictionSession(method, parse_budget(budget), cache)
     session.begin_prefill(keys.shape[1])
-    session.after_attention(_Layer(0), queries[None], keys.shape[-1] ** -0.5)
+    session.after_attention(LayerIndex(0), queries[None], keys.shape[-1] ** -0.5)
     return method, cache, session
 
 
@@ -112,14 +112,14 @@ def test_tova_decoding_may_evict_the_newest_token_and_reduces_after_an_append() 
     session.begin_append()
     new_keys = torch.randn(2, 5, 16, generator=gen)
     cache.update(new_keys[None], new_keys[None].clone(), 0)
-    session.after_attention(_Layer(0), torch.randn(1, 4, 5, 16, generator=gen), 0.25)
+    session.after_attention(LayerIndex(0), torch.randn(1, 4, 5, 16, generator=gen), 0.25)
     assert layer.head_lengths() == [20, 20]
     # A decoding step whose query ignores the token it just added: that token is evicted (nothing protected).
     session.begin_decode()
     newest = torch.randn(2, 1, 16, generator=gen)
     cache.update(newest[None], newest[None].clone(), 0)
     query = -newest.repeat_interleave(2, dim=0) * 5  # [H_q, 1, D], pointing away from the new key
-    session.after_attention(_Layer(0), query[None], 0.25)
+    session.after_attention(LayerIndex(0), query[None], 0.25)
     assert layer.head_lengths() == [20, 20]
     assert 65 not in layer.positions[0].tolist()
     assert layer.positions[0].tolist() == layer.positions[1].tolist()  # head-averaged: every head the same

@@ -32,7 +32,7 @@ from kvbench.methods.base import WindowObservation
 from kvbench.methods.cake import CakeScorer, adjust_budgets, preference_shares
 from kvbench.methods.snapkv import WindowVoteScorer, pyramid_schedule
 from kvbench.methods.token_scores import ScoreOptions, pool_scores
-from tests.methods.test_baselines import _Layer, method_from_yaml
+from tests.methods.helpers import LayerIndex, method_from_yaml
 
 
 # ============================================================================================ reference semantics
@@ -150,7 +150,7 @@ def _session(method, budget: str, layers: list[tuple[torch.Tensor, torch.Tensor]
     session.begin_prefill(layers[0][0].shape[1])
     for idx, (keys, queries) in enumerate(layers):
         cache.update(keys[None], keys[None].clone(), idx)
-        session.after_attention(_Layer(idx), queries[None], keys.shape[-1] ** -0.5)
+        session.after_attention(LayerIndex(idx), queries[None], keys.shape[-1] ** -0.5)
     session.begin_decode()
     return cache, session
 

@@ -1,0 +1,76 @@
+"""Shared helpers of the method tests: a method built from its preset YAML, one layer's prefill compression on
+hand-built tensors, a planted dominant key, and a short greedy run on a tiny model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from kvbench.budget import parse_budget
+from kvbench.cache.kv_cache import KVBenchCache
+from kvbench.config import MethodConfig
+from kvbench.inference.eviction import EvictionSession
+from kvbench.inference.generate import generate
+from kvbench.methods.base import build_method
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
+
+def method_from_yaml(name: str, **overrides):
+    """Build a method exactly as its conf/method/<name>.yaml describes it."""
+    raw = OmegaConf.load(CONF / "method" / f"{name}.yaml")
+    raw.pop("defaults", None)
+    node = OmegaConf.merge(OmegaConf.structured(MethodConfig), raw)
+    for key, value in overrides.items():
+        node[key] = value
+    return build_method(node)
+
+
+class LayerIndex(torch.nn.Module):
+    """A stand-in for a model layer: only its ``layer_idx``, which the eviction session reads."""
+
+    def __init__(self, idx: int) -> None:
+        super().__init__()
+        self.layer_idx = idx
+
+
+def prefill_one_layer(method, budget: str, keys: torch.Tensor, query: torch.Tensor) -> KVBenchCache:
+    """Store ``keys`` ([H, S, D]) in a one-layer cache and run the method's prefill compression with ``query``."""
+    cache = KVBenchCache(1)
+    cache.update(keys[None], keys[None].clone(), 0)
+    session = EvictionSession(method, parse_budget(budget), cache)
+    session.begin_prefill(keys.shape[1])
+    session.after_attention(LayerIndex(0), query[None], keys.shape[-1] ** -0.5)
+    session.begin_decode()
+    return cache
+
+
+def dominant_case(seed: int = 0, context: int = 200, dominant: int = 57):
+    """Keys ``[2, context, 16]`` and queries ``[4, context, 16]`` where every query of the last 32 points at key
+    ``dominant``."""
+    gen = torch.Generator().manual_seed(seed)
+    keys = torch.randn(2, context, 16, generator=gen) * 0.1
+    query = torch.randn(4, context, 16, generator=gen) * 0.1
+    direction = torch.randn(16, generator=gen)
+    keys[:, dominant] = direction * 4  # every window query points at this key
+    query[:, -32:] += direction
+    return keys, query
+
+
+def run_method(model, tokenizer, method, budget: str, mode: str = "aware", context: int = 300, new: int = 12):
+    """Greedy generation of ``new`` tokens after a seeded random prompt: ``context`` tokens, then a 20-token
+    question."""
+    ids = torch.randint(3, 250, (context + 20,), generator=torch.Generator().manual_seed(3)).tolist()
+    return generate(
+        model,
+        tokenizer,
+        ids[:context],
+        ids[context:],
+        method=method,
+        budget=parse_budget(budget),
+        question_mode=mode,
+        max_new_tokens=new,
+        stop_token_ids=set(),
+    )
