@@ -81,6 +81,7 @@ FILES = {
             "evicted"],
     "batch": ["arch", "method", "budget", "decode_batch", "samples", "prompt_tokens", "max_new_tokens", "device",
               "dtype", "identical_tokens_fraction", "identical_text_fraction", "identical", "first_diff_step",
+              "max_abs_logit_diff", "logit_scale",
               "decode_tokens", "decode_s", "decode_tok_s", "speedup_vs_1", "prefill_s_mean", "peak_mem_bytes"],
     "phases": ["phase", "status", "seconds", "detail"],
 }  # fmt: skip
@@ -496,14 +497,17 @@ class Validation:
         base = {"arch": arch, "budget": budget, "samples": samples, "max_new_tokens": max_new,
                 "prompt_tokens": len(requests[0].context_ids) + len(requests[0].question_ids),
                 "device": device_name(self.device), "dtype": str(self.dtype)[6:]}  # fmt: skip
-        references: dict[str, tuple[list[Any], float]] = {}
+        references: dict[str, tuple[list[Any], float, list[Any] | None]] = {}
+        recorder = StepLogits(model)
         try:
             # Warm-up (kernels compiled for batch 1 and a batch of 2 before anything is timed), a row of its own.
-            with self.unit(self.rows["batch"], {**base, "method": methods[0], "decode_batch": "warm-up"}) as result:
+            warm = {**base, "method": methods[0], "decode_batch": "warm-up"}
+            warm["budget"] = "full" if methods[0] == "full" else budget
+            with self.unit(self.rows["batch"], warm) as result:
                 if not result["skip"]:
                     short = [replace_tokens(r, 3) for r in requests[:2]]
-                    generate_outputs(model, tokenizer, arch, methods[0], budget, short, 1)
-                    generate_outputs(model, tokenizer, arch, methods[0], budget, short, 2)
+                    generate_outputs(model, tokenizer, arch, methods[0], warm["budget"], short, 1, recorder)
+                    generate_outputs(model, tokenizer, arch, methods[0], warm["budget"], short, 2, recorder)
             for method in methods:
                 for decode_batch in [1, *sizes]:
                     row = {**base, "method": method, "budget": "full" if method == "full" else budget,
@@ -515,15 +519,16 @@ class Validation:
                             raise RuntimeError(f"no batch-1 outputs of {method} to compare with (see its row)")
                         if cuda:
                             torch.cuda.reset_peak_memory_stats(self.device)
-                        outputs = generate_outputs(model, tokenizer, arch, method, row["budget"], requests,
-                                                   decode_batch)  # fmt: skip
-                        result.update(batch_row(outputs, references.get(method)))
+                        outputs, logits = generate_outputs(model, tokenizer, arch, method, row["budget"], requests,
+                                                           decode_batch, recorder)  # fmt: skip
+                        result.update(batch_row(outputs, logits, references.get(method)))
                         if decode_batch == 1:
-                            references[method] = (outputs, result["decode_tok_s"])
+                            references[method] = (outputs, result["decode_tok_s"], logits)
                         if cuda:
                             result["peak_mem_bytes"] = torch.cuda.max_memory_allocated(self.device)
         finally:
             watch.remove()
+            recorder.remove()
         return f"{self.rows['batch'].count} rows"
 
     def phase_llama(self) -> str:
@@ -599,33 +604,74 @@ def replace_tokens(request: Any, max_new: int) -> Any:
     return replace(request, max_new_tokens=max_new)
 
 
+class StepLogits:
+    """The last position's logits ``[B, vocab]`` of every LM-head call, copied and kept on the device (a forward hook;
+    no host synchronisation per forward).  Each copy is one row per sample, a few hundred KB for a real vocabulary."""
+
+    def __init__(self, model: Any) -> None:
+        self.calls: list[Any] = []
+        self.handle = model.get_output_embeddings().register_forward_hook(self._hook)
+
+    def _hook(self, module: Any, inputs: Any, output: Any) -> None:
+        self.calls.append(output[:, -1].detach().clone())
+
+    def take(self) -> list[Any]:
+        """The calls recorded since the last :meth:`take`."""
+        calls, self.calls = self.calls, []
+        return calls
+
+    def remove(self) -> None:
+        self.handle.remove()
+
+
 def generate_outputs(
-    model: Any, tokenizer: Any, arch: str, method: str, budget: str, requests: list[Any], decode_batch: int
-) -> list[Any]:
+    model: Any,
+    tokenizer: Any,
+    arch: str,
+    method: str,
+    budget: str,
+    requests: list[Any],
+    decode_batch: int,
+    recorder: StepLogits,
+) -> tuple[list[Any], list[Any] | None]:
     """The runner's generation of ``requests`` in order (:mod:`kvbench.run.batched`): at batch 1
     :func:`kvbench.inference.generate.generate` one sample at a time, above it
-    :func:`kvbench.inference.batch.generate_batched`; one method object per run, as the runner's."""
+    :func:`kvbench.inference.batch.generate_batched`; one method object per run, as the runner's.
+
+    Also each sample's decoding logits ``[T - 1, vocab]`` (the logits that chose new tokens 2..T; the first comes from
+    the sample's own prefill at every batch size), from ``recorder``: at batch 1 a sample's last ``T - 1`` LM-head
+    calls; at batch N the calls with more than one row, sample ``w * N + b`` being row ``b`` of wave ``w`` (every
+    sample decodes ``max_new_tokens``, so the batch is filled in request order and empties at once).  None where the
+    calls do not have that shape (a sample stopped early, or the samples are not a multiple of N)."""
+    import torch
+
     from kvbench.bench.random_models import load_method
     from kvbench.budget import parse_budget
     from kvbench.inference.batch import generate_batched
     from kvbench.inference.generate import generate
 
     method_object, parsed = load_method(method, arch), parse_budget(budget)
+    recorder.take()
     if decode_batch == 1:
-        return [
-            generate(
-                model,
-                tokenizer,
-                r.context_ids,
-                r.question_ids,
-                method=method_object,
-                budget=parsed,
-                question_mode="aware",
-                max_new_tokens=r.max_new_tokens,
-                stop_token_ids=r.stop_token_ids,
+        outputs, logits = [], []
+        for r in requests:
+            outputs.append(
+                generate(
+                    model,
+                    tokenizer,
+                    r.context_ids,
+                    r.question_ids,
+                    method=method_object,
+                    budget=parsed,
+                    question_mode="aware",
+                    max_new_tokens=r.max_new_tokens,
+                    stop_token_ids=r.stop_token_ids,
+                )
             )
-            for r in requests
-        ]
+            steps = len(outputs[-1].token_ids) - 1
+            calls = recorder.take()
+            logits.append(torch.cat(calls[len(calls) - steps :]) if steps > 0 else None)
+        return outputs, logits
     finished = dict(
         generate_batched(
             model,
@@ -637,7 +683,17 @@ def generate_outputs(
             decode_batch=decode_batch,
         )
     )
-    return [finished[index] for index in range(len(requests))]
+    outputs = [finished[index] for index in range(len(requests))]
+    steps = {len(o.token_ids) - 1 for o in outputs}
+    batched = [call for call in recorder.take() if call.shape[0] > 1]
+    if len(requests) % decode_batch or len(steps) != 1 or len(batched) * decode_batch != len(requests) * min(steps):
+        return outputs, None
+    per_wave = min(steps)
+    logits = []
+    for wave in range(len(requests) // decode_batch):
+        stacked = torch.stack(batched[wave * per_wave : (wave + 1) * per_wave], dim=1)  # [N, steps, vocab]
+        logits.extend(stacked.unbind(0))
+    return outputs, logits
 
 
 def first_difference(tokens: list[int], reference: list[int]) -> int | None:
@@ -648,18 +704,35 @@ def first_difference(tokens: list[int], reference: list[int]) -> int | None:
     return None if len(tokens) == len(reference) else min(len(tokens), len(reference))
 
 
-def batch_row(outputs: list[Any], reference: tuple[list[Any], float] | None) -> dict[str, Any]:
+def batch_row(
+    outputs: list[Any], logits: list[Any] | None, reference: tuple[list[Any], float, list[Any] | None] | None
+) -> dict[str, Any]:
     """A ``batch.csv`` row's measurements: decode tokens (every new token after the first, which the prefill gives)
     over the decode seconds (:class:`~kvbench.inference.generate.GenerationOutput` ``decode_s``: at batch N each
-    sample's share of the steps, so the sum is the run's decoding time); against ``reference`` (batch 1's outputs and
-    tokens/s): per sample whether the token ids are identical and the first differing step."""
+    sample's share of the steps, so the sum is the run's decoding time); against ``reference`` (batch 1's outputs,
+    tokens/s and decoding logits): per sample whether the token ids are identical and the first differing step, and
+    the largest |logit| difference over the steps fed the same tokens at both batch sizes (up to the step that chose
+    the first differing token), with batch 1's largest |logit| as its scale."""
     decode_tokens = sum(max(0, len(o.token_ids) - 1) for o in outputs)
     decode_s = sum(o.decode_s for o in outputs)
     tok_s = decode_tokens / decode_s if decode_s > 0 else math.nan
-    ref_outputs, ref_tok_s = reference if reference is not None else (outputs, tok_s)
+    ref_outputs, ref_tok_s, ref_logits = reference if reference is not None else (outputs, tok_s, logits)
     firsts = [first_difference(o.token_ids, r.token_ids) for o, r in zip(outputs, ref_outputs, strict=True)]
     same_text = [o.text == r.text for o, r in zip(outputs, ref_outputs, strict=True)]
+    diff, scale = "", ""
+    if logits is not None and ref_logits is not None:
+        diffs, scales = [0.0], [0.0]
+        for first, got, want in zip(firsts, logits, ref_logits, strict=True):
+            if got is None or want is None:
+                continue
+            same_input = len(got) if first is None else min(first, len(got), len(want))  # call j is fed token j
+            diffs.append(float((got[:same_input].float() - want[:same_input].float()).abs().max())
+                         if same_input else 0.0)  # fmt: skip
+            scales.append(float(want.float().abs().max()))
+        diff, scale = max(diffs), max(scales)
     return {
+        "max_abs_logit_diff": diff,
+        "logit_scale": scale,
         "identical": [first is None for first in firsts],
         "first_diff_step": firsts,
         "identical_tokens_fraction": sum(first is None for first in firsts) / len(firsts),
