@@ -488,7 +488,9 @@ class Validation:
         arch, small = self.llama, self.args.small
         samples, length, max_new, budget = SMALL_BATCH_WORK if small else BATCH_WORK
         sizes = SMALL_BATCH_SIZES if small else BATCH_SIZES
-        methods = [m for m in BATCH_METHODS if not self.args.methods or m in ("full", *self.args.methods)]
+        methods = self.args.batch_methods
+        if self.args.batch_prompt_tokens:
+            length = self.args.batch_prompt_tokens
         tokenizer = self.tokenizer(arch)
         model = self.model(arch)
         watch = FiniteLogits(model)
@@ -924,6 +926,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", nargs="+", choices=FAMILIES, help="only these families in e2e (default: all)")
     parser.add_argument("--skip", nargs="+", default=[], choices=[*PHASES, "tests"], help="phases to leave out")
     parser.add_argument("--contexts", nargs="+", type=int, help="context lengths of the kernels and decode phases")
+    parser.add_argument("--batch-methods", nargs="+", default=BATCH_METHODS, choices=["full", *FAMILIES],
+                        help=f"methods of the batch phase (default: {' '.join(BATCH_METHODS)})")  # fmt: skip
+    parser.add_argument("--batch-prompt-tokens", type=int, help="the batch phase's context tokens per sample "
+                        f"(default {BATCH_WORK[1]}, --small {SMALL_BATCH_WORK[1]})")  # fmt: skip
     parser.add_argument("--pytest", nargs="+", help="test files of the background tests phase")
     parser.add_argument("--peak-gbps", type=float, help="peak memory bandwidth (default: datasheet or measured)")
     args = parser.parse_args(argv)
@@ -935,6 +941,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.small and args.device.startswith("cpu"):
         os.environ.setdefault("KVBENCH_CACHE_BACKEND", "paged")  # the dry run goes through the paged cache too
         WARM_TIMING["enabled"] = False
+    if args.batch_prompt_tokens is not None and args.batch_prompt_tokens < 1:
+        parser.error(f"--batch-prompt-tokens {args.batch_prompt_tokens}: must be a positive number of tokens")
     if args.contexts:
         SMALL_CONTEXTS[:] = REAL_CONTEXTS[:] = args.contexts
     args.out.mkdir(parents=True, exist_ok=True)

@@ -83,7 +83,7 @@ def test_dry_run_completes_every_phase_and_records_what_ran(tmp_path: Path) -> N
     batch = _rows(tmp_path / "batch.csv")
     assert batch[0]["decode_batch"] == "warm-up" and batch[0]["status"] == "ok"
     measured = {(row["method"], row["decode_batch"]): row for row in batch[1:]}
-    assert set(measured) == {(method, size) for method in ("snapkv", "full") for size in ("1", "4", "2")}
+    assert set(measured) == {(method, size) for method in ("snapkv", "full", "h2o") for size in ("1", "4", "2")}
     for row in measured.values():
         assert row["status"] == "ok" and row["finite"] == "True", row
         samples, new_tokens = int(row["samples"]), int(row["max_new_tokens"])
