@@ -510,24 +510,27 @@ class Validation:
                     short = [replace_tokens(r, 3) for r in requests[:2]]
                     generate_outputs(model, tokenizer, arch, methods[0], warm["budget"], short, 1, recorder)
                     generate_outputs(model, tokenizer, arch, methods[0], warm["budget"], short, 2, recorder)
-            for method in methods:
-                for decode_batch in [1, *sizes]:
-                    row = {**base, "method": method, "budget": "full" if method == "full" else budget,
-                           "decode_batch": decode_batch}  # fmt: skip
-                    with self.unit(self.rows["batch"], row, watch) as result:
-                        if result["skip"]:
-                            continue
-                        if decode_batch > 1 and method not in references:
-                            raise RuntimeError(f"no batch-1 outputs of {method} to compare with (see its row)")
-                        if cuda:
-                            torch.cuda.reset_peak_memory_stats(self.device)
-                        outputs, logits = generate_outputs(model, tokenizer, arch, method, row["budget"], requests,
-                                                           decode_batch, recorder)  # fmt: skip
-                        result.update(batch_row(outputs, logits, references.get(method)))
-                        if decode_batch == 1:
-                            references[method] = (outputs, result["decode_tok_s"], logits)
-                        if cuda:
-                            result["peak_mem_bytes"] = torch.cuda.max_memory_allocated(self.device)
+            # Batch 1 and the largest batch of every method first, then the other sizes.
+            order = [(m, size) for m in methods for size in (1, sizes[0])] + [
+                (m, n) for n in sizes[1:] for m in methods
+            ]
+            for method, decode_batch in order:
+                row = {**base, "method": method, "budget": "full" if method == "full" else budget,
+                       "decode_batch": decode_batch}  # fmt: skip
+                with self.unit(self.rows["batch"], row, watch) as result:
+                    if result["skip"]:
+                        continue
+                    if decode_batch > 1 and method not in references:
+                        raise RuntimeError(f"no batch-1 outputs of {method} to compare with (see its row)")
+                    if cuda:
+                        torch.cuda.reset_peak_memory_stats(self.device)
+                    outputs, logits = generate_outputs(model, tokenizer, arch, method, row["budget"], requests,
+                                                       decode_batch, recorder)  # fmt: skip
+                    result.update(batch_row(outputs, logits, references.get(method)))
+                    if decode_batch == 1:
+                        references[method] = (outputs, result["decode_tok_s"], logits)
+                    if cuda:
+                        result["peak_mem_bytes"] = torch.cuda.max_memory_allocated(self.device)
         finally:
             watch.remove()
             recorder.remove()
