@@ -17,7 +17,12 @@ as ``skipped``, so later phases still run):
    1024L; a LongBench fixture at a budget that evicts).
 6. ``decode``   -> ``bench.csv`` (``scripts/bench.py --from-csv`` reads it): decode ms/token, bandwidth fraction,
    prefill with eviction / full prefill and peak memory at 32K and 128K for full, SnapKV, Ada-SnapKV, CAKE.
-7. ``llama``    -> rows in ``parity.csv`` / ``e2e.csv``: the Llama-3.1-8B architecture, last.
+7. ``batch``    -> ``batch.csv``: batched decoding (``run.decode_batch``, issue #33) on the Llama-3.1-8B architecture
+   with the real Llama-3 tokenizer: per (method, batch size), whether each sample's greedy tokens and text equal batch
+   1's (the first differing step), decode tokens/s, the speed-up over batch 1 and peak memory, all through the
+   runner's own functions (batch 1: :func:`kvbench.inference.generate.generate`; above:
+   :func:`kvbench.inference.batch.generate_batched`).
+8. ``llama``    -> rows in ``parity.csv`` / ``e2e.csv``: the Llama-3.1-8B architecture, last.
 
 ``phases.csv`` logs each phase (status, seconds, why skipped or stopped).  Every row records whether all logits were
 finite and the paged attention's calls per path and fallbacks (:mod:`kvbench.attention.paths`).  SIGINT, SIGTERM and
@@ -52,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 #: Phases in order of value, with their weight in the time split.
-PHASES = {"env": 0.02, "kernels": 0.12, "parity": 0.12, "e2e": 0.3, "decode": 0.3, "llama": 0.14}
+PHASES = {"env": 0.02, "kernels": 0.1, "parity": 0.1, "e2e": 0.24, "decode": 0.22, "batch": 0.2, "llama": 0.12}
 #: One conf/method preset per family.
 FAMILIES = ["streamingllm", "h2o", "tova", "snapkv", "pyramidkv", "ada_snapkv", "cake", "ahakv", "xkv", "nacl"]
 DECODE_METHODS = ["full", "snapkv", "ada_snapkv", "cake"]
@@ -74,8 +79,17 @@ FILES = {
     "parity": ["arch", "backend", "page_size", "context", "steps", "max_abs_diff", "logit_scale", "argmax_agree", "ok"],
     "e2e": ["arch", "method", "task", "budget", "samples", "context_tokens", "allocation_exact", "kept_fraction",
             "evicted"],
+    "batch": ["arch", "method", "budget", "decode_batch", "samples", "prompt_tokens", "max_new_tokens", "device",
+              "dtype", "identical_tokens_fraction", "identical_text_fraction", "identical", "first_diff_step",
+              "max_abs_logit_diff", "logit_scale",
+              "decode_tokens", "decode_s", "decode_tok_s", "speedup_vs_1", "prefill_s_mean", "peak_mem_bytes"],
     "phases": ["phase", "status", "seconds", "detail"],
 }  # fmt: skip
+#: The batch phase: methods (in order of value), decode batch sizes after batch 1, and the sizes of the real run and of
+#: ``--small`` (samples, prompt tokens, new tokens, budget).
+BATCH_METHODS = ["snapkv", "full", "h2o"]
+BATCH_SIZES, SMALL_BATCH_SIZES = [16, 8], [4, 2]
+BATCH_WORK, SMALL_BATCH_WORK = (16, 3072, 32, "1024L"), (4, 160, 6, "64L")
 
 
 class Stop(BaseException):
@@ -228,6 +242,14 @@ class Validation:
             self.models[arch] = build_random_model(arch, self.device, self.dtype)
         return self.models[arch]
 
+    def tokenizer(self, arch: str) -> Any:
+        """The tokenizer ``arch`` is run with (:data:`ARCH_PROMPTS`): the real family's, or the byte-level one."""
+        from kvbench.models.loading import builtin_tokenizer
+        from kvbench.models.tokenizers import build_tokenizer
+
+        family, template, _ = ARCH_PROMPTS[arch]
+        return builtin_tokenizer("tiny-random-llama") if family == "byte" else build_tokenizer(family, template)
+
     # ------------------------------------------------------------------ phases
     def phase_env(self) -> str:
         import torch
@@ -366,11 +388,9 @@ class Validation:
     def e2e(self, arch: str, methods: list[str]) -> None:
         """Each family through kvbench.evaluate on a RULER sample and a LongBench fixture sample."""
         import kvbench
-        from kvbench.models.loading import builtin_tokenizer
-        from kvbench.models.tokenizers import build_tokenizer
 
-        family, template, preset = ARCH_PROMPTS[arch]
-        tokenizer = builtin_tokenizer("tiny-random-llama") if family == "byte" else build_tokenizer(family, template)
+        preset = ARCH_PROMPTS[arch][2]
+        tokenizer = self.tokenizer(arch)
         model = self.model(arch)
         watch = FiniteLogits(model)
         small = self.args.small
@@ -458,6 +478,64 @@ class Validation:
             watch.remove()
         return f"{self.bench_rows.count} rows"
 
+    def phase_batch(self) -> str:
+        """Batch 1 against batch N (``batch.csv``): identical outputs and decode speed, per method; see the module
+        docstring.  The batch-1 unit of a method comes first; a batch-N unit without it is an error row."""
+        import torch
+
+        from kvbench.bench.timing import device_name
+
+        arch, small = self.llama, self.args.small
+        samples, length, max_new, budget = SMALL_BATCH_WORK if small else BATCH_WORK
+        sizes = SMALL_BATCH_SIZES if small else BATCH_SIZES
+        methods = self.args.batch_methods
+        if self.args.batch_prompt_tokens:
+            length = self.args.batch_prompt_tokens
+        tokenizer = self.tokenizer(arch)
+        model = self.model(arch)
+        watch = FiniteLogits(model)
+        requests = batch_requests(tokenizer, int(model.config.vocab_size), samples, length, max_new)
+        cuda = self.device.type == "cuda"
+        base = {"arch": arch, "budget": budget, "samples": samples, "max_new_tokens": max_new,
+                "prompt_tokens": len(requests[0].context_ids) + len(requests[0].question_ids),
+                "device": device_name(self.device), "dtype": str(self.dtype)[6:]}  # fmt: skip
+        references: dict[str, tuple[list[Any], float, list[Any] | None]] = {}
+        recorder = StepLogits(model)
+        try:
+            # Warm-up (kernels compiled for batch 1 and a batch of 2 before anything is timed), a row of its own.
+            warm = {**base, "method": methods[0], "decode_batch": "warm-up"}
+            warm["budget"] = "full" if methods[0] == "full" else budget
+            with self.unit(self.rows["batch"], warm) as result:
+                if not result["skip"]:
+                    short = [replace_tokens(r, 3) for r in requests[:2]]
+                    generate_outputs(model, tokenizer, arch, methods[0], warm["budget"], short, 1, recorder)
+                    generate_outputs(model, tokenizer, arch, methods[0], warm["budget"], short, 2, recorder)
+            # Batch 1 and the largest batch of every method first, then the other sizes.
+            order = [(m, size) for m in methods for size in (1, sizes[0])] + [
+                (m, n) for n in sizes[1:] for m in methods
+            ]
+            for method, decode_batch in order:
+                row = {**base, "method": method, "budget": "full" if method == "full" else budget,
+                       "decode_batch": decode_batch}  # fmt: skip
+                with self.unit(self.rows["batch"], row, watch) as result:
+                    if result["skip"]:
+                        continue
+                    if decode_batch > 1 and method not in references:
+                        raise RuntimeError(f"no batch-1 outputs of {method} to compare with (see its row)")
+                    if cuda:
+                        torch.cuda.reset_peak_memory_stats(self.device)
+                    outputs, logits = generate_outputs(model, tokenizer, arch, method, row["budget"], requests,
+                                                       decode_batch, recorder)  # fmt: skip
+                    result.update(batch_row(outputs, logits, references.get(method)))
+                    if decode_batch == 1:
+                        references[method] = (outputs, result["decode_tok_s"], logits)
+                    if cuda:
+                        result["peak_mem_bytes"] = torch.cuda.max_memory_allocated(self.device)
+        finally:
+            watch.remove()
+            recorder.remove()
+        return f"{self.rows['batch'].count} rows"
+
     def phase_llama(self) -> str:
         self.parity(self.llama, [16])
         self.e2e(self.llama, ["snapkv", "cake", "xkv"] if not self.args.methods else self.args.methods[:2])
@@ -496,6 +574,180 @@ class Validation:
             detail = self.finish_tests(left)
             self.rows["phases"].write({"phase": "tests", "status": "done", "detail": detail})
         return code
+
+
+# ---------------------------------------------------------------------------------------------------- batch
+#: Appended to every batch-phase context (LongBench-like: a question after the document).
+BATCH_QUESTION = "\n\nQuestion: What is the main topic of the text above?\nAnswer:"
+
+
+def batch_requests(tokenizer: Any, vocab_size: int, samples: int, length: int, max_new: int) -> list[Any]:
+    """``samples`` LongBench-like requests: BOS (if the tokenizer has one) and ``length`` seeded random ordinary tokens
+    of the real tokenizer (no special tokens) as the context, :data:`BATCH_QUESTION` as the question.  No stop token:
+    every sample decodes ``max_new`` tokens, so a decode batch stays full (steady state) and the tokens compared are as
+    many at every batch size."""
+    import torch
+
+    from kvbench.inference.batch import DecodeRequest
+
+    special = torch.tensor(sorted(set(tokenizer.all_special_ids)), dtype=torch.long)
+    question = tokenizer.encode(BATCH_QUESTION, add_special_tokens=False)
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    ordinary = min(vocab_size, int(tokenizer.vocab_size))
+    requests = []
+    for seed in range(samples):
+        ids = torch.randint(0, ordinary, (length,), generator=torch.Generator().manual_seed(1000 + seed))
+        ids = torch.where(torch.isin(ids, special), (ids + 1) % ordinary, ids)  # no special token inside the text
+        requests.append(DecodeRequest(bos + ids.tolist(), question, max_new_tokens=max_new, stop_token_ids=set()))
+    return requests
+
+
+def replace_tokens(request: Any, max_new: int) -> Any:
+    """``request`` with ``max_new`` new tokens."""
+    from dataclasses import replace
+
+    return replace(request, max_new_tokens=max_new)
+
+
+class StepLogits:
+    """The last position's logits ``[B, vocab]`` of every LM-head call, copied and kept on the device (a forward hook;
+    no host synchronisation per forward).  Each copy is one row per sample, a few hundred KB for a real vocabulary."""
+
+    def __init__(self, model: Any) -> None:
+        self.calls: list[Any] = []
+        self.handle = model.get_output_embeddings().register_forward_hook(self._hook)
+
+    def _hook(self, module: Any, inputs: Any, output: Any) -> None:
+        self.calls.append(output[:, -1].detach().clone())
+
+    def take(self) -> list[Any]:
+        """The calls recorded since the last :meth:`take`."""
+        calls, self.calls = self.calls, []
+        return calls
+
+    def remove(self) -> None:
+        self.handle.remove()
+
+
+def generate_outputs(
+    model: Any,
+    tokenizer: Any,
+    arch: str,
+    method: str,
+    budget: str,
+    requests: list[Any],
+    decode_batch: int,
+    recorder: StepLogits,
+) -> tuple[list[Any], list[Any] | None]:
+    """The runner's generation of ``requests`` in order (:mod:`kvbench.run.batched`): at batch 1
+    :func:`kvbench.inference.generate.generate` one sample at a time, above it
+    :func:`kvbench.inference.batch.generate_batched`; one method object per run, as the runner's.
+
+    Also each sample's decoding logits ``[T - 1, vocab]`` (the logits that chose new tokens 2..T; the first comes from
+    the sample's own prefill at every batch size), from ``recorder``: at batch 1 a sample's last ``T - 1`` LM-head
+    calls; at batch N the calls with more than one row, sample ``w * N + b`` being row ``b`` of wave ``w`` (every
+    sample decodes ``max_new_tokens``, so the batch is filled in request order and empties at once).  None where the
+    calls do not have that shape (a sample stopped early, or the samples are not a multiple of N)."""
+    import torch
+
+    from kvbench.bench.random_models import load_method
+    from kvbench.budget import parse_budget
+    from kvbench.inference.batch import generate_batched
+    from kvbench.inference.generate import generate
+
+    method_object, parsed = load_method(method, arch), parse_budget(budget)
+    recorder.take()
+    if decode_batch == 1:
+        outputs, logits = [], []
+        for r in requests:
+            outputs.append(
+                generate(
+                    model,
+                    tokenizer,
+                    r.context_ids,
+                    r.question_ids,
+                    method=method_object,
+                    budget=parsed,
+                    question_mode="aware",
+                    max_new_tokens=r.max_new_tokens,
+                    stop_token_ids=r.stop_token_ids,
+                )
+            )
+            steps = len(outputs[-1].token_ids) - 1
+            calls = recorder.take()
+            logits.append(torch.cat(calls[len(calls) - steps :]) if steps > 0 else None)
+        return outputs, logits
+    finished = dict(
+        generate_batched(
+            model,
+            tokenizer,
+            requests,
+            method=method_object,
+            budget=parsed,
+            question_mode="aware",
+            decode_batch=decode_batch,
+        )
+    )
+    outputs = [finished[index] for index in range(len(requests))]
+    steps = {len(o.token_ids) - 1 for o in outputs}
+    batched = [call for call in recorder.take() if call.shape[0] > 1]
+    if len(requests) % decode_batch or len(steps) != 1 or len(batched) * decode_batch != len(requests) * min(steps):
+        return outputs, None
+    per_wave = min(steps)
+    logits = []
+    for wave in range(len(requests) // decode_batch):
+        stacked = torch.stack(batched[wave * per_wave : (wave + 1) * per_wave], dim=1)  # [N, steps, vocab]
+        logits.extend(stacked.unbind(0))
+    return outputs, logits
+
+
+def first_difference(tokens: list[int], reference: list[int]) -> int | None:
+    """The first step (0 = the first new token) where ``tokens`` differs from ``reference``; None if identical."""
+    for step, (a, b) in enumerate(zip(tokens, reference, strict=False)):
+        if a != b:
+            return step
+    return None if len(tokens) == len(reference) else min(len(tokens), len(reference))
+
+
+def batch_row(
+    outputs: list[Any], logits: list[Any] | None, reference: tuple[list[Any], float, list[Any] | None] | None
+) -> dict[str, Any]:
+    """A ``batch.csv`` row's measurements: decode tokens (every new token after the first, which the prefill gives)
+    over the decode seconds (:class:`~kvbench.inference.generate.GenerationOutput` ``decode_s``: at batch N each
+    sample's share of the steps, so the sum is the run's decoding time); against ``reference`` (batch 1's outputs,
+    tokens/s and decoding logits): per sample whether the token ids are identical and the first differing step, and
+    the largest |logit| difference over the steps fed the same tokens at both batch sizes (up to the step that chose
+    the first differing token), with batch 1's largest |logit| as its scale."""
+    decode_tokens = sum(max(0, len(o.token_ids) - 1) for o in outputs)
+    decode_s = sum(o.decode_s for o in outputs)
+    tok_s = decode_tokens / decode_s if decode_s > 0 else math.nan
+    ref_outputs, ref_tok_s, ref_logits = reference if reference is not None else (outputs, tok_s, logits)
+    firsts = [first_difference(o.token_ids, r.token_ids) for o, r in zip(outputs, ref_outputs, strict=True)]
+    same_text = [o.text == r.text for o, r in zip(outputs, ref_outputs, strict=True)]
+    diff, scale = "", ""
+    if logits is not None and ref_logits is not None:
+        diffs, scales = [0.0], [0.0]
+        for first, got, want in zip(firsts, logits, ref_logits, strict=True):
+            if got is None or want is None:
+                continue
+            same_input = len(got) if first is None else min(first, len(got), len(want))  # call j is fed token j
+            diffs.append(float((got[:same_input].float() - want[:same_input].float()).abs().max())
+                         if same_input else 0.0)  # fmt: skip
+            scales.append(float(want.float().abs().max()))
+        diff, scale = max(diffs), max(scales)
+    return {
+        "max_abs_logit_diff": diff,
+        "logit_scale": scale,
+        "identical": [first is None for first in firsts],
+        "first_diff_step": firsts,
+        "identical_tokens_fraction": sum(first is None for first in firsts) / len(firsts),
+        "identical_text_fraction": sum(same_text) / len(same_text),
+        "decode_tokens": decode_tokens,
+        "decode_s": round(decode_s, 4),
+        "decode_tok_s": round(tok_s, 2),
+        "speedup_vs_1": round(tok_s / ref_tok_s, 3) if ref_tok_s > 0 else math.nan,
+        "prefill_s_mean": round(sum(o.prefill_s for o in outputs) / len(outputs), 4),
+    }
 
 
 # ---------------------------------------------------------------------------------------------------- kernels
@@ -677,6 +929,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", nargs="+", choices=FAMILIES, help="only these families in e2e (default: all)")
     parser.add_argument("--skip", nargs="+", default=[], choices=[*PHASES, "tests"], help="phases to leave out")
     parser.add_argument("--contexts", nargs="+", type=int, help="context lengths of the kernels and decode phases")
+    parser.add_argument("--batch-methods", nargs="+", default=BATCH_METHODS, choices=["full", *FAMILIES],
+                        help=f"methods of the batch phase (default: {' '.join(BATCH_METHODS)})")  # fmt: skip
+    parser.add_argument("--batch-prompt-tokens", type=int, help="the batch phase's context tokens per sample "
+                        f"(default {BATCH_WORK[1]}, --small {SMALL_BATCH_WORK[1]})")  # fmt: skip
     parser.add_argument("--pytest", nargs="+", help="test files of the background tests phase")
     parser.add_argument("--peak-gbps", type=float, help="peak memory bandwidth (default: datasheet or measured)")
     args = parser.parse_args(argv)
@@ -688,6 +944,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.small and args.device.startswith("cpu"):
         os.environ.setdefault("KVBENCH_CACHE_BACKEND", "paged")  # the dry run goes through the paged cache too
         WARM_TIMING["enabled"] = False
+    if args.batch_prompt_tokens is not None and args.batch_prompt_tokens < 1:
+        parser.error(f"--batch-prompt-tokens {args.batch_prompt_tokens}: must be a positive number of tokens")
     if args.contexts:
         SMALL_CONTEXTS[:] = REAL_CONTEXTS[:] = args.contexts
     args.out.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -43,7 +44,7 @@ def test_dry_run_completes_every_phase_and_records_what_ran(tmp_path: Path) -> N
     files = sorted(p.name for p in tmp_path.iterdir())
     assert len(files) <= 8, files
     phases = {row["phase"]: row for row in _rows(tmp_path / "phases.csv")}
-    assert [phases[p]["status"] for p in ("env", "kernels", "parity", "e2e", "decode")] == ["ok"] * 5
+    assert [phases[p]["status"] for p in ("env", "kernels", "parity", "e2e", "decode", "batch")] == ["ok"] * 6
     assert "exit 0" in phases["tests"]["detail"]  # the background pytest ran and passed
     assert "1 passed" in (tmp_path / "pytest.log").read_text()
 
@@ -77,6 +78,56 @@ def test_dry_run_completes_every_phase_and_records_what_ran(tmp_path: Path) -> N
         assert float(row["decode_ms_per_token"]) > 0 and float(row["decode_bandwidth_fraction"]) > 0
         assert float(row["prefill_vs_full"]) > 0
     assert float(bench["full"]["prefill_vs_full"]) == 1.0
+
+    # The batch phase: batch 1 against batches 4 and 2 (--small) through the runner's functions, per method.
+    batch = _rows(tmp_path / "batch.csv")
+    assert batch[0]["decode_batch"] == "warm-up" and batch[0]["status"] == "ok"
+    measured = {(row["method"], row["decode_batch"]): row for row in batch[1:]}
+    assert set(measured) == {(method, size) for method in ("snapkv", "full", "h2o") for size in ("1", "4", "2")}
+    for row in measured.values():
+        assert row["status"] == "ok" and row["finite"] == "True", row
+        samples, new_tokens = int(row["samples"]), int(row["max_new_tokens"])
+        assert int(row["decode_tokens"]) == samples * (new_tokens - 1)  # no stop token: every sample decodes them all
+        assert float(row["decode_tok_s"]) > 0 and float(row["speedup_vs_1"]) > 0
+        # CPU float32: batched decoding gives batch 1's tokens (tests/inference/test_batch_decode.py), so every sample
+        # compares identical here.
+        assert (
+            json.loads(row["identical"]) == [True] * samples and json.loads(row["first_diff_step"]) == [None] * samples
+        )
+        assert float(row["identical_tokens_fraction"]) == float(row["identical_text_fraction"]) == 1.0
+        assert float(row["max_abs_logit_diff"]) <= 1e-5 < float(row["logit_scale"])  # the tolerance of that test
+    assert measured[("snapkv", "1")]["budget"] == "64L" and measured[("full", "1")]["budget"] == "full"
+    assert json.loads(measured[("snapkv", "4")]["attention_calls"])["torch_gather"] > 0  # through the paged cache
+
+
+def test_batch_comparison_finds_the_first_differing_step() -> None:
+    """The batch phase's comparison of batch-N outputs with batch 1's: identical flags, first differing step
+    (0 = the first new token; a shorter output differs where it ends), fractions, the speed-up, and the largest logit
+    difference over the steps fed the same tokens only (after a differing token the inputs differ)."""
+    import torch
+
+    spec = importlib.util.spec_from_file_location("gpu_validate", SCRIPT)
+    assert spec and spec.loader
+    gpu_validate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_validate)
+
+    def output(tokens: list[int], text: str, decode_s: float) -> SimpleNamespace:
+        return SimpleNamespace(token_ids=tokens, text=text, decode_s=decode_s, prefill_s=0.5)
+
+    reference = [output([1, 2, 3], "a", 2.0), output([4, 5, 6], "b", 2.0), output([7, 8, 9], "c", 2.0)]
+    ref_logits = [torch.full((2, 5), 4.0), torch.zeros(2, 5), torch.zeros(2, 5)]
+    batch_1 = gpu_validate.batch_row(reference, ref_logits, None)
+    assert batch_1["decode_tok_s"] == 6 / 6.0 and batch_1["speedup_vs_1"] == 1.0
+    assert batch_1["max_abs_logit_diff"] == 0.0 and batch_1["logit_scale"] == 4.0
+    batched = [output([1, 2, 3], "a", 0.5), output([4, 0, 6], "b", 0.5), output([7, 8], "c", 0.5)]
+    # Sample 1's token 1 differs: only its call 0 (fed token 0, chose token 1) compares; its call 1's 9.0 does not.
+    logits = [torch.full((2, 5), 4.5), torch.tensor([[0.25] * 5, [9.0] * 5]), torch.zeros(1, 5)]
+    row = gpu_validate.batch_row(batched, logits, (reference, batch_1["decode_tok_s"], ref_logits))
+    assert row["identical"] == [True, False, False] and row["first_diff_step"] == [None, 1, 2]
+    assert row["identical_tokens_fraction"] == 1 / 3 and row["identical_text_fraction"] == 1.0
+    assert row["decode_tokens"] == 5 and row["speedup_vs_1"] == round((5 / 1.5) / 1.0, 3)
+    assert row["max_abs_logit_diff"] == 0.5
+    assert gpu_validate.batch_row(batched, None, (reference, 1.0, ref_logits))["max_abs_logit_diff"] == ""
 
 
 def test_sigint_stops_cleanly_and_keeps_the_rows(tmp_path: Path) -> None:
