@@ -265,27 +265,31 @@ def _cell_text(summary: dict | None, dataset: str | None) -> str:
 
 
 def readme_table(out: Path) -> str:
-    """The README's grid: one row per method, budget and mode; RULER 2K's two NIAH tasks, RULER 4K's niah_single_2 and
-    the LongBench fixtures' mean, each with its 95 % interval, and the seconds per sample over those runs."""
+    """The README's grid: one row per method, budget and mode; RULER 2K's two NIAH tasks, RULER 4K's niah_single_2,
+    NeedleBench 4K's single-needle retrieval and the LongBench fixtures' mean, each with its 95 % interval, and the
+    seconds per sample over those runs."""
     found = _run_summaries(out)
     lines = [
         "| method | budget | mode | RULER 2K niah_single_2 | RULER 2K niah_multikey_1 | RULER 4K niah_single_2 "
-        "| LongBench fixtures (mean of 6) | s/sample |",
-        "|---|---|---|---|---|---|---|---|",
+        "| NeedleBench 4K single_retrieval_en | LongBench fixtures (mean of 6) | s/sample |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     rows = [("full", "full", "aware")] + [(m, b, mode) for b in BUDGETS for mode in MODES for m in METHODS]
     for method, budget, mode in rows:
         ruler = found.get(("ruler2k", method, budget, mode))
         ruler4k = found.get(("ruler4k", method, budget, mode))
+        needle4k = found.get(("needle4k", method, budget, mode))
         longbench = found.get(("longbench_fixtures", method, budget, mode))
-        if ruler is None and ruler4k is None and longbench is None:
+        runs = (ruler, ruler4k, needle4k, longbench)
+        if all(run is None for run in runs):
             continue
-        timed = [s["timing"] for s in (ruler, ruler4k, longbench) if s is not None]
+        timed = [s["timing"] for s in runs if s is not None]
         seconds = sum(t["total_s"] for t in timed) / max(sum(t["n"] for t in timed), 1)
         cells = [
             _cell_text(ruler, "niah_single_2"),
             _cell_text(ruler, "niah_multikey_1"),
             _cell_text(ruler4k, "niah_single_2"),
+            _cell_text(needle4k, "single_retrieval_en"),
             _cell_text(longbench, None),
         ]
         lines.append(f"| {method} | {budget} | {mode} | {' | '.join(cells)} | {seconds:.0f} |")
