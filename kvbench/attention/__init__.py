@@ -8,11 +8,12 @@ of this package does not load the others.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from kvbench.lazy_exports import lazy_reexport
 
-#: The public names of :mod:`kvbench.attention.function`, re-exported lazily by :func:`__getattr__`.
-_REEXPORTED = frozenset(
+#: The public names of :mod:`kvbench.attention.function`, re-exported lazily.
+__getattr__, __dir__ = lazy_reexport(
+    __name__,
+    "kvbench.attention.function",
     {
         "ATTENTION_NAME",
         "AttentionDetails",
@@ -30,17 +31,5 @@ _REEXPORTED = frozenset(
         "ragged_attention",
         "ragged_detailed_attention",
         "sliding_causal_mask",
-    }
+    },
 )
-
-
-def __getattr__(name: str) -> Any:
-    if name in _REEXPORTED:
-        value = getattr(importlib.import_module("kvbench.attention.function"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_REEXPORTED})

@@ -8,11 +8,12 @@ of this package does not load the others.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from kvbench.lazy_exports import lazy_reexport
 
-#: The public names of :mod:`kvbench.cache.kv_cache`, re-exported lazily by :func:`__getattr__`.
-_REEXPORTED = frozenset(
+#: The public names of :mod:`kvbench.cache.kv_cache`, re-exported lazily.
+__getattr__, __dir__ = lazy_reexport(
+    __name__,
+    "kvbench.cache.kv_cache",
     {
         "BACKENDS",
         "BACKEND_ENV",
@@ -29,17 +30,5 @@ _REEXPORTED = frozenset(
         "on_device",
         "resolve_backend",
         "sorted_keep_indices",
-    }
+    },
 )
-
-
-def __getattr__(name: str) -> Any:
-    if name in _REEXPORTED:
-        value = getattr(importlib.import_module("kvbench.cache.kv_cache"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_REEXPORTED})

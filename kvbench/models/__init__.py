@@ -9,11 +9,12 @@ of this package does not load the others.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from kvbench.lazy_exports import lazy_reexport
 
-#: The public names of :mod:`kvbench.models.loading`, re-exported lazily by :func:`__getattr__`.
-_REEXPORTED = frozenset(
+#: The public names of :mod:`kvbench.models.loading`, re-exported lazily.
+__getattr__, __dir__ = lazy_reexport(
+    __name__,
+    "kvbench.models.loading",
     {
         "ATTENTION_NAME",
         "BUILTIN_MODELS",
@@ -40,17 +41,5 @@ _REEXPORTED = frozenset(
         "resolve_model_source",
         "stop_token_ids",
         "validate_model_config",
-    }
+    },
 )
-
-
-def __getattr__(name: str) -> Any:
-    if name in _REEXPORTED:
-        value = getattr(importlib.import_module("kvbench.models.loading"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_REEXPORTED})

@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "kvbench.errors",
             "kvbench.checks",
+            "kvbench.lazy_exports",
             "kvbench.version",
             "kvbench.sample",
             "kvbench.registry",
