@@ -17,6 +17,17 @@ from kvbench.inference.batch import DecodeRequest, ReorderBuffer, generate_batch
 from kvbench.inference.generate import generate
 
 
+def stop_rules(dataset: Any, stops: set[int]) -> dict[str, Any]:
+    """A dataset's per-sample stop rules, as keyword arguments of both :func:`~kvbench.inference.generate.generate`
+    and :class:`~kvbench.inference.batch.DecodeRequest`."""
+    return {
+        "max_new_tokens": int(dataset.max_new_tokens),
+        "stop_token_ids": stops,
+        "stop_strings": tuple(dataset.stop_strings),
+        "min_new_tokens": int(dataset.min_new_tokens),
+    }
+
+
 def generate_dataset(
     runner: Any,
     loaded: Any,
@@ -50,11 +61,8 @@ def generate_dataset(
             method=runner.method,
             budget=runner.budget,
             question_mode=str(cfg.task.question_mode),
-            max_new_tokens=int(dataset.max_new_tokens),
-            stop_token_ids=stops,
-            stop_strings=tuple(dataset.stop_strings),
-            min_new_tokens=int(dataset.min_new_tokens),
             prefill_chunk=cfg.run.prefill_chunk,
+            **stop_rules(dataset, stops),
         )
         write(sample, encoded, output)
 
@@ -74,19 +82,13 @@ def run_batched(
     progress bar or the plain list) counts written samples."""
     cfg = runner.cfg
     encoded_by_index: dict[int, Any] = {}
+    rules = stop_rules(dataset, stops)
 
     def requests() -> Iterator[DecodeRequest]:
         for index, sample in enumerate(todo):
             encoded = encode(sample)
             encoded_by_index[index] = encoded
-            yield DecodeRequest(
-                encoded.context_ids,
-                encoded.question_ids,
-                max_new_tokens=int(dataset.max_new_tokens),
-                stop_token_ids=stops,
-                stop_strings=tuple(dataset.stop_strings),
-                min_new_tokens=int(dataset.min_new_tokens),
-            )
+            yield DecodeRequest(encoded.context_ids, encoded.question_ids, **rules)
 
     buffer = ReorderBuffer()
     outputs = generate_batched(
