@@ -67,3 +67,14 @@ def real_tokenizer():
         return build_tokenizer(family, template)
 
     return make
+
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    """The tiny random GQA Llama (4 layers, 4 query heads over 2 KV heads, seed 7) with kvbench's attention, and its
+    tokenizer: one fresh model per test module."""
+    from kvbench.models.loading import build_builtin
+
+    model, tokenizer = build_builtin("tiny-random-llama", seed=7)
+    model.set_attn_implementation("kvbench")
+    return model.eval(), tokenizer

@@ -19,7 +19,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from kvbench.cache.kv_cache import KVBenchCache
-from kvbench.models.loading import build_builtin
 from kvbench.run import runner
 from tests.methods.helpers import method_from_yaml, run_method
 
@@ -195,13 +194,6 @@ def test_h2o_in_place_keeps_what_the_rule_spelled_out_keeps(backend: str) -> Non
 
 
 # ------------------------------------------------------------------------------------------ the query-head storage trap
-@pytest.fixture(scope="module")
-def tiny_llama():
-    model, tokenizer = build_builtin("tiny-random-llama", seed=7)
-    model.set_attn_implementation("kvbench")
-    return model.eval(), tokenizer
-
-
 def test_query_head_storage_above_the_full_cache_is_recorded_and_warned_once(tiny_llama, caplog) -> None:
     """SnapKV's reference layout (a cache per query head, GQA 2:1 here) at budget 0.75x stores 1.5x the full cache:
     the record says so, and a run warns once; the kv-head switch stays below the full cache."""

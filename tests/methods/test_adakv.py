@@ -15,7 +15,6 @@ from kvbench.methods.adakv import AdaHeadAllocator, adaptive_counts
 from kvbench.methods.base import WindowObservation, build_method
 from kvbench.methods.snapkv import WindowVoteScorer
 from kvbench.methods.token_scores import ScoreOptions, pool_scores, window_attention
-from kvbench.models.loading import build_builtin
 from tests.methods.helpers import method_from_yaml, prefill_one_layer, run_method
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -122,13 +121,6 @@ def test_ada_snapkv_moves_budget_to_the_dispersed_head() -> None:
     assert 40 in ada.headwise_layers[0].positions[0].tolist()
     snap = prefill_one_layer(method_from_yaml("snapkv"), "64/layer", keys, query)
     assert snap.headwise_layers[0].head_lengths() == [64, 64]
-
-
-@pytest.fixture(scope="module")
-def tiny_llama():
-    model, tokenizer = build_builtin("tiny-random-llama", seed=7)
-    model.set_attn_implementation("kvbench")
-    return model.eval(), tokenizer
 
 
 @pytest.mark.parametrize("name", ["ada_snapkv", "ada_pyramidkv", "ada_snapkv_early"])

@@ -12,7 +12,6 @@ from kvbench.budget import parse_budget
 from kvbench.cache.kv_cache import KVBenchCache
 from kvbench.inference.eviction import EvictionSession
 from kvbench.methods.ahakv import AhaScorer, sg_multiplier, value_prior
-from kvbench.models.loading import build_builtin
 from tests.methods.helpers import CONF, LayerIndex, method_from_yaml, run_method
 
 CONTEXT, DIM, WINDOW = 100, 8, 32
@@ -132,13 +131,6 @@ def test_lambda_k_switch_uses_the_layer_budget() -> None:
     assert scorer.budget_k(64, 1000) == 64
     selected = method_from_yaml("ahakv", params={"lambda_k": "selected"}).scorer
     assert selected.budget_k(64, 1000) == 64 - 32
-
-
-@pytest.fixture(scope="module")
-def tiny_llama():
-    model, tokenizer = build_builtin("tiny-random-llama", seed=7)
-    model.set_attn_implementation("kvbench")
-    return model.eval(), tokenizer
 
 
 @pytest.mark.parametrize("name", ["ahakv", "ahakv_no_vpe", "ahakv_no_ra", "ahakv_no_sgs"])

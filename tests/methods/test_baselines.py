@@ -7,7 +7,6 @@ import pytest
 from omegaconf import OmegaConf
 
 from kvbench.methods.base import method_families
-from kvbench.models.loading import build_builtin
 from tests.methods.helpers import CONF, dominant_case, method_from_yaml, prefill_one_layer, run_method
 
 
@@ -19,13 +18,6 @@ def test_key_dominating_the_window_attention_is_kept(name: str) -> None:
         kept = cache.headwise_layers[0].positions[head].tolist()
         assert 57 in kept
         assert len(kept) == 40
-
-
-@pytest.fixture(scope="module")
-def tiny_llama():
-    model, tokenizer = build_builtin("tiny-random-llama", seed=7)
-    model.set_attn_implementation("kvbench")
-    return model.eval(), tokenizer
 
 
 @pytest.mark.parametrize("name", ["streamingllm", "h2o", "tova"])

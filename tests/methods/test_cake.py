@@ -16,7 +16,6 @@ from kvbench.kernels.reference import stats_of_probs
 from kvbench.methods.base import StaticLayerAllocator, WindowObservation
 from kvbench.methods.cake import CakeScorer, layer_preference, resolve_tau, split_pool_monotone
 from kvbench.methods.token_scores import ScoreOptions, window_attention
-from kvbench.models.loading import build_builtin
 from tests.methods.helpers import LayerIndex, method_from_yaml, run_method
 
 
@@ -169,13 +168,6 @@ def test_cascading_peak_memory_stays_near_the_total_budget() -> None:
 
 
 # ------------------------------------------------------------------------------------------ tiny model
-@pytest.fixture(scope="module")
-def tiny_llama():
-    model, tokenizer = build_builtin("tiny-random-llama", seed=7)
-    model.set_attn_implementation("kvbench")
-    return model.eval(), tokenizer
-
-
 def _prefill_model(model, method, budget: str, ids: list[int]):
     with torch.no_grad():
         state = prefill(model, ids, method=method, budget=parse_budget(budget))

@@ -18,7 +18,6 @@ from kvbench.methods.xkv import (
     xkv_allocate,
     xkv_allocate_for_retention,
 )
-from kvbench.models.loading import build_builtin
 from tests.methods.helpers import method_from_yaml, run_method
 from tests.methods.test_cake import _prefill_layers, _random_layers
 
@@ -121,13 +120,6 @@ def test_rescale_shares_is_exact() -> None:
     assert sum(rescale_shares([0.5, 0.3, 0.2], 7, [10, 10, 10])) == 7
     assert rescale_shares([0.9, 0.1], 10, [5, 10]) == [5, 5]
     assert math.isclose(sum(rescale_shares([1 / 3] * 3, 100, [100] * 3)), 100)
-
-
-@pytest.fixture(scope="module")
-def tiny_llama():
-    model, tokenizer = build_builtin("tiny-random-llama", seed=7)
-    model.set_attn_implementation("kvbench")
-    return model.eval(), tokenizer
 
 
 @pytest.mark.parametrize("head_mode", ["layer_shared", "per_head"])

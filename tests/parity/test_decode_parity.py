@@ -23,18 +23,10 @@ from kvbench.cache.kv_cache import KVBenchCache
 from kvbench.inference.eviction import EvictionSession
 from kvbench.methods.ahakv import AhaScorer, sg_multiplier
 from kvbench.methods.decoding import padded_decode_attention
-from kvbench.models.loading import build_builtin
 from tests.methods.helpers import LayerIndex, method_from_yaml, run_method
 from tests.parity.test_reference_parity import ref_window_probs
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
-
-
-@pytest.fixture(scope="module")
-def tiny_llama():
-    model, tokenizer = build_builtin("tiny-random-llama", seed=7)
-    model.set_attn_implementation("kvbench")
-    return model.eval(), tokenizer
 
 
 def _lengths_per_step(method) -> list[list[int]]:
