@@ -106,3 +106,23 @@ def test_needle_grid_end_to_end_writes_heatmap(tmp_path: Path) -> None:
     assert results[0].n_samples == 6
     heatmap = folder / "needle_grid" / "heatmap.png"
     assert heatmap.exists() and heatmap.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_longbench_v2_chain_of_thought_sampled_end_to_end(tmp_path: Path) -> None:
+    """LongBench v2's two passes through the runner (question-agnostic, official sampling): the row keeps the
+    reasoning pass (document prompt, compressed) and the answer pass (built from the reasoning's text); the same seed
+    gives the same draws."""
+    overrides = ("task=longbench_v2", "task.data_dir=fixtures", "task.num_samples=2", "task.options.prompt=cot",
+                 "task.options.sampling=official", "task.options.max_new_tokens=3", "task.question_mode=agnostic")  # fmt: skip
+    folder, results = run(tmp_path / "a", *overrides)
+    again, _ = run(tmp_path / "b", *overrides)
+    first, repeat = rows(folder, "longbench_v2"), rows(again, "longbench_v2")
+    assert [r["raw_prediction"] for r in first] == [r["raw_prediction"] for r in repeat]
+    for row in first:
+        answer_pass = row["later_passes"][0]
+        assert row["new_tokens"] == 3 and answer_pass["new_tokens"] <= 3
+        assert row["raw_prediction"] == answer_pass["text"] and "first_pass_text" in row
+        assert row["cache"]["evicted"] and answer_pass["input_tokens"] < row["input_tokens"]
+    metrics = json.loads((folder / "longbench_v2" / "metrics.json").read_text())
+    assert metrics["dataset_settings"]["decoding"] == {"temperature": 0.1, "top_p": 1.0, "seed": 0}
+    assert set(metrics["scores"]) >= {"score", "easy", "hard", "short", "medium", "long"}

@@ -1,0 +1,45 @@
+"""Seeded sampling (kvbench.sampling.Sampling, kvbench.inference.generate.sample_token / GreedyStream): settings are
+checked, draws are reproducible per seed, top-p keeps the smallest nucleus, temperature sharpens towards greedy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvbench.inference.generate import GreedyStream, sample_token
+from kvbench.sampling import Sampling
+
+
+def test_settings_are_checked():
+    with pytest.raises(ValueError, match="temperature must be > 0, got 0"):
+        Sampling(0)
+    with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\], got 1.5"):
+        Sampling(1.0, top_p=1.5)
+
+
+def _draws(sampling: Sampling, logits: torch.Tensor, n: int = 200) -> list[int]:
+    generator = torch.Generator().manual_seed(sampling.seed)
+    return [sample_token(logits, sampling, generator) for _ in range(n)]
+
+
+def test_draws_are_reproducible_and_top_p_keeps_the_nucleus():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    sampling = Sampling(1.0, top_p=1.0, seed=3)
+    assert _draws(sampling, logits) == _draws(sampling, logits)
+    assert set(_draws(sampling, logits)) == {0, 1, 2, 3}
+    # top-p 0.8: tokens whose more-likely mass is below 0.8 (0.5 and 0.3 reach 0.8): {0, 1}
+    assert set(_draws(Sampling(1.0, top_p=0.8, seed=3), logits)) == {0, 1}
+    assert set(_draws(Sampling(1.0, top_p=0.01, seed=3), logits)) == {0}  # the most likely token always stays
+    # a low temperature (LongBench v2's 0.1) is nearly greedy on these logits
+    assert _draws(Sampling(0.1, seed=3), logits).count(0) > 190
+
+
+def test_stream_samples_with_its_own_seed(tiny_llama):
+    _, tokenizer = tiny_llama
+    logits = torch.zeros(64)
+    streams = [GreedyStream(tokenizer, 5, set(), sampling=Sampling(1.0, seed=seed)) for seed in (1, 1, 2)]
+    for stream in streams:
+        while not stream.done:
+            stream.push(logits)
+    assert streams[0].generated == streams[1].generated != streams[2].generated
+    assert Sampling(1.0, seed=1).for_sample("x") == Sampling(1.0, seed=1).for_sample("x")
