@@ -8,50 +8,30 @@ Official quirks kept: ``kv_retrieval`` looks for the label itself among the word
 stored as a list (the hub's data) never matches (``fixed_kv_label=True`` compares its first element, as the
 unmerged InfiniteBench PR #23 proposed: a named switch, off by default); ``math_calc`` drops the first predicted number
 for ``model_name == "gpt4"``; ``longbook_sum_eng`` is the ``rougeLsum`` F-measure of Hugging Face ``evaluate``'s
-``rouge`` metric (``rouge_score``'s scorer, no stemmer; several references: ``score_multi``).
+``rouge`` metric (``rouge_score``'s scorer, no stemmer; several references: ``score_multi``).  The SQuAD
+normalisation and token F1 are LongBench's (:mod:`kvbench.metrics.longbench`): the official code is the same.
 """
 
 from __future__ import annotations
 
 import re
-import string
-from collections import Counter
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 from typing import Any
 
-_ZH_PUNCTUATION = (
-    "！？｡。＂＃＄％＆＇（）＊＋，－／：；＜＝＞＠［＼］＾＿｀｛｜｝～｟｠｢｣､、〃》「」『』【】〔〕〖〗〘〙〚〛〜〝〞〟〰〾〿–—‘’‛“”„‟…‧﹏."
-)
-
-
-def normalize_answer(text: str) -> str:
-    """Lower case, no punctuation, no articles, single spaces (SQuAD's normalisation)."""
-    text = "".join(ch for ch in text.lower() if ch not in set(string.punctuation))
-    return " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
-
-
-def normalize_zh_answer(text: str) -> str:
-    """Lower case, no ASCII or Chinese punctuation, no whitespace."""
-    punctuation = set(string.punctuation + _ZH_PUNCTUATION)
-    return "".join("".join(ch for ch in text.lower() if ch not in punctuation).split())
-
-
-def _f1(prediction: Sequence[str], ground_truth: Sequence[str]) -> float:
-    same = sum((Counter(prediction) & Counter(ground_truth)).values())
-    if same == 0:
-        return 0
-    precision, recall = same / len(prediction), same / len(ground_truth)
-    return (2 * precision * recall) / (precision + recall)
+from kvbench.metrics.longbench import f1_score, normalize_answer, normalize_zh_answer
 
 
 def qa_f1_score(prediction: str, ground_truths: Sequence[str]) -> float:
     """Max token F1 over the references, after :func:`normalize_answer`."""
-    return max([_f1(normalize_answer(prediction).split(), normalize_answer(g).split()) for g in ground_truths] + [0])
+    tokens = normalize_answer(prediction).split()
+    return max([f1_score(tokens, normalize_answer(g).split()) for g in ground_truths] + [0])
 
 
 def qa_f1_score_zh(prediction: str, ground_truths: Sequence[str]) -> float:
     """Max character F1 over the references, after :func:`normalize_zh_answer`."""
-    return max([_f1(list(normalize_zh_answer(prediction)), list(normalize_zh_answer(g))) for g in ground_truths] + [0])
+    chars = list(normalize_zh_answer(prediction))
+    return max([f1_score(chars, list(normalize_zh_answer(g))) for g in ground_truths] + [0])
 
 
 def first_int(prediction: str) -> str:
@@ -163,11 +143,16 @@ def score_longbook_qa_chn(prediction: str, label: Any, model_name: str) -> float
     return qa_f1_score_zh(prediction, label)
 
 
-def score_longbook_sum_eng(prediction: str, label: Any, model_name: str) -> float:
-    """``rougeLsum`` F-measure (``rouge_score``, no stemmer); a list label is several references (best one)."""
+@lru_cache(maxsize=1)
+def _rouge_lsum_scorer() -> Any:
     from rouge_score import rouge_scorer
 
-    scorer = rouge_scorer.RougeScorer(rouge_types=["rougeLsum"], use_stemmer=False)
+    return rouge_scorer.RougeScorer(rouge_types=["rougeLsum"], use_stemmer=False)
+
+
+def score_longbook_sum_eng(prediction: str, label: Any, model_name: str) -> float:
+    """``rougeLsum`` F-measure (``rouge_score``, no stemmer); a list label is several references (best one)."""
+    scorer = _rouge_lsum_scorer()
     score = scorer.score_multi(label, prediction) if isinstance(label, list) else scorer.score(label, prediction)
     return float(score["rougeLsum"].fmeasure)
 

@@ -65,9 +65,7 @@ def result_row(records: Sequence[dict[str, Any]], compensated: bool = False) -> 
         COMPENSATED_SCORE if compensated and record["pred"] is None else float(int(record["judge"]))
         for record in records
     ]
-    scores = bucket_accuracies(
-        accuracies, [r["difficulty"] for r in records], [r["length"] for r in records]
-    )
+    scores = bucket_accuracies(accuracies, [r["difficulty"] for r in records], [r["length"] for r in records])
     return [round(scores[column.lower()], 1) for column in RESULT_COLUMNS]
 
 

@@ -56,6 +56,13 @@ VALID_OPTIONS: dict[str, Any] = {
     # null = the official DATA_NAME_TO_MAX_NEW_TOKENS (math_calc: 30000); an integer caps every task (recorded).
     "max_new_tokens": None,
 }
+#: What each task's ``compute_scores.py`` scorer measures (the others: exact-match accuracy).
+METRIC_NAMES = {
+    "longbook_qa_eng": "qa_f1_score",
+    "longbook_qa_chn": "qa_f1_score_zh",
+    "longbook_sum_eng": "rougeLsum",
+    "math_calc": "leading_values_fraction",
+}
 _HOW_TO_GET = "python scripts/prepare_data.py infinitebench (writes data/infinitebench, read by default)"
 
 
@@ -75,7 +82,9 @@ def _format_fields(task: str, line: dict[str, Any]) -> dict[str, Any]:
     if task == "code_run":
         call = re.findall(r"func_[0-9]+\(\-?[0-9]+\)", line["input"])[0]
         return {"func": call.split("(")[0], "func_call": call, "context": line["context"]}
-    options = {f"OPTION_{letter}": option for letter, option in zip("ABCD", line.get("options") or [])}
+    options = {
+        f"OPTION_{letter}": option for letter, option in zip("ABCD", (line.get("options") or [])[:4], strict=False)
+    }
     if task == "code_debug":
         return {"context": line["context"], **options}
     if task in ("longbook_choice_eng", "longbook_qa_eng", "longbook_qa_chn", "longbook_sum_eng"):
@@ -130,7 +139,7 @@ def load_task_file(path: Path) -> list[dict[str, Any]]:
             obj = json.loads(raw)
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}:{number}: invalid JSON ({err.msg}); re-run {_HOW_TO_GET}") from err
-        if not isinstance(obj, dict) or not isinstance(obj.get("context"), str) or not isinstance(obj.get("input"), str):
+        if not (isinstance(obj, dict) and isinstance(obj.get("context"), str) and isinstance(obj.get("input"), str)):
             raise ValueError(f"{path}:{number}: expected an object with string 'context' and 'input'")
         if "answer" not in obj:
             raise ValueError(f"{path}:{number}: field 'answer' is missing")
@@ -174,7 +183,7 @@ class InfiniteBenchDataset(TaskDataset):
         limit = int(settings()["max_new_tokens"][name])
         cap = options["max_new_tokens"]
         self.max_new_tokens = limit if cap is None else min(limit, int(cap))
-        self.metric_name = f"infinitebench_{name}"
+        self.metric_name = METRIC_NAMES.get(name, "accuracy")
         self.data_dir, self.num_samples = data_dir, num_samples
         self.hub_repo, self.hub_revision = options["hub_repo"], options["hub_revision"]
         self._samples: list[Sample] | None = None
@@ -187,8 +196,15 @@ class InfiniteBenchDataset(TaskDataset):
             data_dir = str(DEFAULT_DATA_DIR)
         if data_dir is None:
             path, commit = _hub_file(file_name, self.hub_repo, self.hub_revision)
-            self._provenance = {"data": {"source": "hub", "repo": self.hub_repo, "revision": self.hub_revision,
-                                         "commit": commit, "files": {file_name: provenance.file_sha256(path)}}}  # fmt: skip
+            self._provenance = {
+                "data": {
+                    "source": "hub",
+                    "repo": self.hub_repo,
+                    "revision": self.hub_revision,
+                    "commit": commit,
+                    "files": {file_name: provenance.file_sha256(path)},
+                }
+            }
             return load_task_file(path)
         folder = FIXTURES_DIR if data_dir == "fixtures" else Path(data_dir).expanduser()
         path = folder / file_name
@@ -246,8 +262,13 @@ def required_packages(task: Any) -> list[PackageNeed]:
     names = list(task.datasets) if task.datasets is not None else task_names()
     if "longbook_sum_eng" not in names:
         return []
-    return [PackageNeed("rouge_score", "scoring InfiniteBench longbook_sum_eng (evaluate's rouge)",
-                        "Install it with `pip install rouge-score`, or leave longbook_sum_eng out of task.datasets.")]  # fmt: skip
+    return [
+        PackageNeed(
+            "rouge_score",
+            "scoring InfiniteBench longbook_sum_eng (evaluate's rouge)",
+            "Install it with `pip install rouge-score`, or leave longbook_sum_eng out of task.datasets.",
+        )
+    ]
 
 
 @register_task(
@@ -259,7 +280,9 @@ def required_packages(task: Any) -> list[PackageNeed]:
 def build_infinitebench(task_cfg: Any, tokenizer: Any, chat_template: bool = False) -> list[TaskDataset]:
     """One dataset per selected task (tokenizer unused: truncation is the runner's)."""
     options = _options(task_cfg)
-    names = select_datasets(task_names(), getattr(task_cfg, "datasets", None), getattr(task_cfg, "name", "infinitebench"))
+    names = select_datasets(
+        task_names(), getattr(task_cfg, "datasets", None), getattr(task_cfg, "name", "infinitebench")
+    )
     num_samples = getattr(task_cfg, "num_samples", None)
     if num_samples is not None and num_samples < 1:
         raise ValueError(f"task.num_samples must be >= 1 or null, got {num_samples}")

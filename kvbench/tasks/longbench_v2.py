@@ -75,8 +75,20 @@ VALID_OPTIONS: dict[str, Any] = {
     "max_new_tokens": None,
 }
 #: Fields of one official line (``pred.py``'s ``data_all``).
-FIELDS = ("_id", "domain", "sub_domain", "difficulty", "length", "question",
-          "choice_A", "choice_B", "choice_C", "choice_D", "answer", "context")  # fmt: skip
+FIELDS = (
+    "_id",
+    "domain",
+    "sub_domain",
+    "difficulty",
+    "length",
+    "question",
+    "choice_A",
+    "choice_B",
+    "choice_C",
+    "choice_D",
+    "answer",
+    "context",
+)
 _HOW_TO_GET = "python scripts/prepare_data.py longbench_v2 (writes data/longbench_v2, read by default)"
 
 
@@ -168,8 +180,13 @@ def load_lines(data_dir: str | None, hub_repo: str, hub_revision: str) -> tuple[
         data_dir = str(DEFAULT_DATA_DIR)
     if data_dir is None:
         path, commit = _hub_file(hub_repo, hub_revision)
-        record = {"source": "hub", "repo": hub_repo, "revision": hub_revision, "commit": commit,
-                  "files": {DATA_FILE: provenance.file_sha256(path)}}  # fmt: skip
+        record = {
+            "source": "hub",
+            "repo": hub_repo,
+            "revision": hub_revision,
+            "commit": commit,
+            "files": {DATA_FILE: provenance.file_sha256(path)},
+        }
         return load_data_file(path), record
     folder = FIXTURES_DIR if data_dir == "fixtures" else Path(data_dir).expanduser()
     path = folder / DATA_FILE
@@ -254,16 +271,26 @@ class LongBenchV2Dataset(TaskDataset):
         when ``empty_response=skip``)."""
         if len(predictions) != len(samples):
             raise ValueError(f"{len(predictions)} predictions for {len(samples)} samples in {self.name!r}")
-        kept = [(p, s) for p, s in zip(predictions, samples) if not (self.empty_response == "skip" and p == "")]
+        kept = [
+            (p, s) for p, s in zip(predictions, samples, strict=True) if not (self.empty_response == "skip" and p == "")
+        ]
         accuracies = [sample_accuracy(extract_answer(p.strip()), s.answers[0], self.compensated) for p, s in kept]
-        scores = bucket_accuracies(accuracies, [s.extra["difficulty"] for _, s in kept],
-                                   [s.extra["length"] for _, s in kept])  # fmt: skip
+        scores = bucket_accuracies(
+            accuracies, [s.extra["difficulty"] for _, s in kept], [s.extra["length"] for _, s in kept]
+        )
         return {"score": scores.pop("overall"), **scores, "n_scored": float(len(kept))}
 
     def describe(self) -> dict[str, Any]:
         info = super().describe()
-        info.update({"benchmark": "longbench_v2", "prompt": self.prompt, "empty_response": self.empty_response,
-                     "compensated": self.compensated, "answer_max_new_tokens": self.answer_max_new_tokens})  # fmt: skip
+        info.update(
+            {
+                "benchmark": "longbench_v2",
+                "prompt": self.prompt,
+                "empty_response": self.empty_response,
+                "compensated": self.compensated,
+                "answer_max_new_tokens": self.answer_max_new_tokens,
+            }
+        )
         return info
 
 

@@ -112,9 +112,16 @@ def test_longbench_v2_chain_of_thought_sampled_end_to_end(tmp_path: Path) -> Non
     """LongBench v2's two passes through the runner (question-agnostic, official sampling): the row keeps the
     reasoning pass (document prompt, compressed) and the answer pass (built from the reasoning's text); the same seed
     gives the same draws."""
-    overrides = ("task=longbench_v2", "task.data_dir=fixtures", "task.num_samples=2", "task.options.prompt=cot",
-                 "task.options.sampling=official", "task.options.max_new_tokens=3", "task.question_mode=agnostic")  # fmt: skip
-    folder, results = run(tmp_path / "a", *overrides)
+    overrides = (
+        "task=longbench_v2",
+        "task.data_dir=fixtures",
+        "task.num_samples=2",
+        "task.options.prompt=cot",
+        "task.options.sampling=official",
+        "task.options.max_new_tokens=3",
+        "task.question_mode=agnostic",
+    )
+    folder, _ = run(tmp_path / "a", *overrides)
     again, _ = run(tmp_path / "b", *overrides)
     first, repeat = rows(folder, "longbench_v2"), rows(again, "longbench_v2")
     assert [r["raw_prediction"] for r in first] == [r["raw_prediction"] for r in repeat]
@@ -126,3 +133,22 @@ def test_longbench_v2_chain_of_thought_sampled_end_to_end(tmp_path: Path) -> Non
     metrics = json.loads((folder / "longbench_v2" / "metrics.json").read_text())
     assert metrics["dataset_settings"]["decoding"] == {"temperature": 0.1, "top_p": 1.0, "seed": 0}
     assert set(metrics["scores"]) >= {"score", "easy", "hard", "short", "medium", "long"}
+
+
+def test_infinitebench_fixtures_end_to_end(tmp_path: Path) -> None:
+    """Two InfiniteBench tasks through the runner, question-agnostic: raw prompts (no chat template), the task's
+    generation limit, scores on the official scale."""
+    folder, results = run(
+        tmp_path,
+        "task=infinitebench",
+        "task.data_dir=fixtures",
+        "task.datasets=[passkey,code_debug]",
+        "task.num_samples=1",
+        "task.question_mode=agnostic",
+    )
+    assert [r.dataset for r in results] == ["passkey", "code_debug"]
+    for result in results:
+        metrics = json.loads((folder / result.dataset / "metrics.json").read_text())
+        assert 0.0 <= metrics["score"] <= 100.0 and metrics["dataset_settings"]["template"] == "yarn-mistral"
+        row = rows(folder, result.dataset)[0]
+        assert row["question_tokens"] > 0 and row["new_tokens"] <= {"passkey": 6, "code_debug": 5}[result.dataset]
