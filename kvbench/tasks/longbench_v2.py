@@ -47,7 +47,7 @@ from typing import Any
 
 from kvbench import resources
 from kvbench.checks import check_choice, check_known_keys
-from kvbench.metrics.longbench_v2 import bucket_accuracies, extract_answer, sample_accuracy
+from kvbench.metrics.longbench_v2 import RESULT_COLUMNS, bucket_accuracies, extract_answer, sample_accuracy
 from kvbench.sampling import Sampling
 from kvbench.tasks import provenance
 from kvbench.tasks.base import Sample, TaskDataset, register_data_preparer, register_task
@@ -279,6 +279,15 @@ class LongBenchV2Dataset(TaskDataset):
             accuracies, [s.extra["difficulty"] for _, s in kept], [s.extra["length"] for _, s in kept]
         )
         return {"score": scores.pop("overall"), **scores, "n_scored": float(len(kept))}
+
+    def write_report(self, predictions: Sequence[str], samples: Sequence[Sample], folder: Path, title: str) -> None:
+        """``result.tsv``: ``result.py``'s table row for this run (``Model``, ``Overall``, ``Easy``, ``Hard``,
+        ``Short``, ``Medium``, ``Long``, each ``round(100 * acc, 1)``; ``nan`` for an empty bucket)."""
+        scores = self.score(predictions, samples)
+        values = [scores[key] for key in ("score", "easy", "hard", "short", "medium", "long")]
+        row = "\t".join([title.replace("\t", " "), *(str(round(value, 1)) for value in values)])
+        header = "\t".join(("Model", *RESULT_COLUMNS))
+        (Path(folder) / "result.tsv").write_text(f"{header}\n{row}\n", encoding="utf-8")
 
     def describe(self) -> dict[str, Any]:
         info = super().describe()

@@ -133,6 +133,8 @@ def test_longbench_v2_chain_of_thought_sampled_end_to_end(tmp_path: Path) -> Non
     metrics = json.loads((folder / "longbench_v2" / "metrics.json").read_text())
     assert metrics["dataset_settings"]["decoding"] == {"temperature": 0.1, "top_p": 1.0, "seed": 0}
     assert set(metrics["scores"]) >= {"score", "easy", "hard", "short", "medium", "long"}
+    table = (folder / "longbench_v2" / "result.tsv").read_text().splitlines()
+    assert table[0] == "Model\tOverall\tEasy\tHard\tShort\tMedium\tLong" and len(table[1].split("\t")) == 7
 
 
 def test_infinitebench_fixtures_end_to_end(tmp_path: Path) -> None:
