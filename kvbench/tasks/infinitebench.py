@@ -165,7 +165,7 @@ def _hub_file(name: str, repo: str, revision: str) -> tuple[Path, str | None]:
     except Exception as err:
         raise RuntimeError(
             f"could not download InfiniteBench {name} ({repo}@{revision}): {type(err).__name__}. Offline: run "
-            f"`{_HOW_TO_GET}` on a machine with network access, or set task.data_dir"
+            f"{_HOW_TO_GET} on a machine with network access, or set task.data_dir"
         ) from err
     return path, path.parent.name
 
@@ -209,7 +209,7 @@ class InfiniteBenchDataset(TaskDataset):
         folder = FIXTURES_DIR if data_dir == "fixtures" else Path(data_dir).expanduser()
         path = folder / file_name
         if not path.is_file():
-            raise FileNotFoundError(f"InfiniteBench file {path} not found; run `{_HOW_TO_GET}`")
+            raise FileNotFoundError(f"InfiniteBench file {path} not found; run {_HOW_TO_GET}")
         _verify(folder, file_name)
         stand_in = folder == FIXTURES_DIR
         record = provenance.stand_in(path, file_name, _HOW_TO_GET) if stand_in else provenance.official(path)

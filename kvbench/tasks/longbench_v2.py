@@ -169,7 +169,7 @@ def _hub_file(repo: str, revision: str) -> tuple[Path, str | None]:
     except Exception as err:
         raise RuntimeError(
             f"could not download LongBench v2 ({repo}@{revision}, {DATA_FILE}): {type(err).__name__}. Offline: run "
-            f"`{_HOW_TO_GET}` on a machine with network access, or set task.data_dir"
+            f"{_HOW_TO_GET} on a machine with network access, or set task.data_dir"
         ) from err
     return path, path.parent.name
 
@@ -191,7 +191,7 @@ def load_lines(data_dir: str | None, hub_repo: str, hub_revision: str) -> tuple[
     folder = FIXTURES_DIR if data_dir == "fixtures" else Path(data_dir).expanduser()
     path = folder / DATA_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"LongBench v2 file {path} not found; run `{_HOW_TO_GET}` (or task.data_dir=fixtures)")
+        raise FileNotFoundError(f"LongBench v2 file {path} not found; run {_HOW_TO_GET} (or task.data_dir=fixtures)")
     verify_manifest(folder)
     if folder == FIXTURES_DIR:
         return load_data_file(path), provenance.stand_in(path, DATA_FILE, _HOW_TO_GET)
