@@ -9,8 +9,10 @@ what
    from it, the choice tasks fill ``OPTION_A`` .. ``OPTION_D``) -- here (:func:`format_prompt`); the ``context`` is
    the template up to and including its ``{context}``, the ``question`` the rest.  Templates: ``yarn-mistral``
    (``yarn_mistral_templates``, the one every open model in the official repository uses: Yarn-Mistral, Yi-6B/34B-200K,
-   ChatGLM3), ``gpt4`` and ``claude2``; ``task.options.template=auto`` (default) takes ``yarn-mistral`` for every model,
-   the official choice for open models (kimi's templates are for its file API and are not offered).
+   ChatGLM3), ``gpt4`` and ``claude2``; ``task.options.template=auto`` (default, :func:`auto_template`) reads the
+   model preset's path: an official open model (a Mistral, Yi-200K, ChatGLM3) gets its official template, any other
+   model the documented fallback, the same ``yarn-mistral`` (recorded as ``template_rule``; kimi's templates are for its
+   file API and are not offered).
 2. Truncation: the prompt is tokenised with special tokens; longer than the limit (the official ``TRUNCATE_LEN`` is
    128K, ``model.max_input_length`` here), the ids ``[:n // 2] + [-(n // 2):]`` are decoded once with
    ``skip_special_tokens=True`` -- the runner, truncation mode ``middle_joined_half``.
@@ -47,6 +49,12 @@ DEFAULT_HUB_REPO = "xinrongzhang2022/InfiniteBench"
 DEFAULT_HUB_REVISION = "main"
 MANIFEST_FILE = "MANIFEST.json"
 TEMPLATES = ("auto", "yarn-mistral", "gpt4", "claude2")
+#: ``MODEL_TO_PROMPT_TEMPLATE``'s open models, matched in the model preset's path (the tokenizer's ``name_or_path``).
+OFFICIAL_OPEN_MODELS = {
+    r"yarn-mistral|mistral": "yarn-mistral",
+    r"yi-(6|34)b-200k": "yi-6b/34b-200k",
+    r"chatglm3": "chatglm3",
+}
 VALID_OPTIONS: dict[str, Any] = {
     "template": "auto",
     "chat_template": False,
@@ -170,14 +178,36 @@ def _hub_file(name: str, repo: str, revision: str) -> tuple[Path, str | None]:
     return path, path.parent.name
 
 
+def auto_template(tokenizer: Any) -> tuple[str, str]:
+    """``(template, rule)`` for ``task.options.template=auto``: the official ``MODEL_TO_PROMPT_TEMPLATE`` entry when
+    the model preset's path names one of its open models (all use ``yarn_mistral_templates``), else the documented
+    fallback, the same template (the one the official code gives every open model)."""
+    name = str(getattr(tokenizer, "name_or_path", "") or "").lower()
+    for pattern, family in OFFICIAL_OPEN_MODELS.items():
+        if re.search(pattern, name):
+            return "yarn-mistral", f"official ({family})"
+    return "yarn-mistral", "fallback (no official template for this model; the open models' one)"
+
+
 class InfiniteBenchDataset(TaskDataset):
     """One InfiniteBench task."""
 
     truncation = "middle_joined_half"
 
-    def __init__(self, name: str, *, data_dir: str | None, num_samples: int | None, options: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        data_dir: str | None,
+        num_samples: int | None,
+        options: dict[str, Any],
+        tokenizer: Any = None,
+    ) -> None:
         self.name = name
-        self.template = "yarn-mistral" if options["template"] == "auto" else options["template"]
+        if options["template"] == "auto":
+            self.template, self.template_rule = auto_template(tokenizer)
+        else:
+            self.template, self.template_rule = options["template"], "task.options.template"
         self.chat_template = bool(options["chat_template"])
         self.fixed_kv_label = bool(options["fixed_kv_label"])
         limit = int(settings()["max_new_tokens"][name])
@@ -242,7 +272,14 @@ class InfiniteBenchDataset(TaskDataset):
 
     def describe(self) -> dict[str, Any]:
         info = super().describe()
-        info.update({"benchmark": "infinitebench", "template": self.template, "fixed_kv_label": self.fixed_kv_label})
+        info.update(
+            {
+                "benchmark": "infinitebench",
+                "template": self.template,
+                "template_rule": self.template_rule,
+                "fixed_kv_label": self.fixed_kv_label,
+            }
+        )
         return info
 
 
@@ -287,7 +324,10 @@ def build_infinitebench(task_cfg: Any, tokenizer: Any, chat_template: bool = Fal
     if num_samples is not None and num_samples < 1:
         raise ValueError(f"task.num_samples must be >= 1 or null, got {num_samples}")
     data_dir = getattr(task_cfg, "data_dir", None)
-    return [InfiniteBenchDataset(n, data_dir=data_dir, num_samples=num_samples, options=options) for n in names]
+    return [
+        InfiniteBenchDataset(n, data_dir=data_dir, num_samples=num_samples, options=options, tokenizer=tokenizer)
+        for n in names
+    ]
 
 
 @register_data_preparer("infinitebench")

@@ -111,6 +111,23 @@ def test_dataset_score_is_the_official_mean_times_100_and_kv_fix_is_a_switch():
     assert fixed.score(predictions, fixed.samples())["score"] == 100.0
 
 
+def test_auto_template_reads_the_model_preset(tokenizers):
+    from types import SimpleNamespace
+
+    from kvbench.tasks.infinitebench import auto_template
+
+    assert auto_template(SimpleNamespace(name_or_path="mistralai/Mistral-7B-Instruct-v0.2")) == (
+        "yarn-mistral",
+        "official (yarn-mistral)",
+    )
+    template, rule = auto_template(tokenizers["llama3"])
+    assert template == "yarn-mistral" and rule.startswith("fallback")
+    dataset = build_task(task_config("infinitebench", data_dir="fixtures", datasets=["passkey"]), tokenizers["llama3"])[
+        0
+    ]
+    assert dataset.describe()["template_rule"].startswith("fallback")
+
+
 def test_options_data_and_preparer(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"task\.options\.template='kimi' is not valid"):
         build_task(task_config("infinitebench", data_dir="fixtures", options={"template": "kimi"}), None)
