@@ -43,3 +43,29 @@ def test_stream_samples_with_its_own_seed(tiny_llama):
             stream.push(logits)
     assert streams[0].generated == streams[1].generated != streams[2].generated
     assert Sampling(1.0, seed=1).for_sample("x") == Sampling(1.0, seed=1).for_sample("x")
+
+
+def test_batched_sampling_draws_what_batch_one_draws(tiny_llama):
+    """Each sample keeps its own seeded generator: the batched decoder draws the same tokens as batch 1."""
+    from kvbench.bench.random_models import load_method
+    from kvbench.budget import parse_budget
+    from kvbench.inference.batch import DecodeRequest, generate_batched
+    from kvbench.inference.generate import generate
+
+    model, tokenizer = tiny_llama
+    generator = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(5, 250, (40 + 9 * i,), generator=generator).tolist() for i in range(3)]
+    samplings = [Sampling(1.0, top_p=0.9, seed=11).for_sample(f"s{i}") for i in range(3)]
+    budget = parse_budget("16L")
+    alone = [
+        generate(model, tokenizer, p[:-5], p[-5:], method=load_method("snapkv"), budget=budget, question_mode="aware",
+                 max_new_tokens=6, stop_token_ids=set(), sampling=s)
+        for p, s in zip(prompts, samplings, strict=True)
+    ]  # fmt: skip
+    requests = [DecodeRequest(p[:-5], p[-5:], 6, set(), sampling=s) for p, s in zip(prompts, samplings, strict=True)]
+    batched = dict(generate_batched(model, tokenizer, requests, method=load_method("snapkv"), budget=budget,
+                                    question_mode="aware", decode_batch=3))  # fmt: skip
+    assert [batched[i].token_ids for i in range(3)] == [a.token_ids for a in alone]
+    greedy = generate(model, tokenizer, prompts[0][:-5], prompts[0][-5:], method=load_method("snapkv"), budget=budget,
+                      question_mode="aware", max_new_tokens=6, stop_token_ids=set())  # fmt: skip
+    assert greedy.token_ids != alone[0].token_ids  # temperature 1 on a random model: the draws leave the argmax
