@@ -110,8 +110,8 @@ def test_needle_grid_end_to_end_writes_heatmap(tmp_path: Path) -> None:
 
 def test_longbench_v2_chain_of_thought_sampled_end_to_end(tmp_path: Path) -> None:
     """LongBench v2's two passes through the runner (question-agnostic, official sampling): the row keeps the
-    reasoning pass (document prompt, compressed) and the answer pass (built from the reasoning's text); the same seed
-    gives the same draws."""
+    reasoning pass (document prompt, compressed) and the answer pass (built from the reasoning's text).  (Seeded draws
+    are reproducible and batch-independent: tests/inference/test_sampling.py.)"""
     overrides = (
         "task=longbench_v2",
         "task.data_dir=fixtures",
@@ -121,11 +121,8 @@ def test_longbench_v2_chain_of_thought_sampled_end_to_end(tmp_path: Path) -> Non
         "task.options.max_new_tokens=3",
         "task.question_mode=agnostic",
     )
-    folder, _ = run(tmp_path / "a", *overrides)
-    again, _ = run(tmp_path / "b", *overrides)
-    first, repeat = rows(folder, "longbench_v2"), rows(again, "longbench_v2")
-    assert [r["raw_prediction"] for r in first] == [r["raw_prediction"] for r in repeat]
-    for row in first:
+    folder, _ = run(tmp_path, *overrides)
+    for row in rows(folder, "longbench_v2"):
         answer_pass = row["later_passes"][0]
         assert row["new_tokens"] == 3 and answer_pass["new_tokens"] <= 3
         assert row["raw_prediction"] == answer_pass["text"] and "first_pass_text" in row
