@@ -118,8 +118,7 @@ def generate(
 
 class GreedyStream:
     """One sample's greedy choice (or seeded draw, ``sampling``) and stop rules, step by step: shared by
-    :func:`generate` (batch 1) and the batched
-    decoder (:mod:`kvbench.inference.batch`), so both stop alike.
+    :func:`generate` (batch 1) and the batched decoder (:mod:`kvbench.inference.batch`), so both stop alike.
 
     Stop tokens and stop strings are ignored for the first ``min_new_tokens`` tokens (LongBench's ``min_length`` for
     samsum: the stop tokens' logits are masked, so the model picks another token).  A stop token ends the output and
