@@ -28,7 +28,6 @@ each generated token; a continuation scored in one forward sees the compressed c
 from __future__ import annotations
 
 import copy
-import hashlib
 import time
 from dataclasses import dataclass, field
 
@@ -41,6 +40,7 @@ from kvbench.checks import check_choice
 from kvbench.config import QUESTION_MODES
 from kvbench.inference.eviction import CacheRecord
 from kvbench.inference.prefill import build_cache, forward_logits, prefill
+from kvbench.inference.shared_context import cache_fingerprint
 from kvbench.methods.base import EvictionMethod
 from kvbench.models.loading import input_device
 
@@ -75,17 +75,6 @@ class CompressedContext:
     fingerprint: str
     prefill_s: float = 0.0
     scored: int = field(default=0)
-
-
-def cache_fingerprint(cache: KVBenchCache) -> str:
-    """SHA-256 (first 16 hex) of every layer's and head's kept token positions (what eviction decided)."""
-    digest = hashlib.sha256()
-    for layer in cache.headwise_layers:
-        for positions in getattr(layer, "positions", []) or []:
-            digest.update(positions.detach().to("cpu", torch.int64).numpy().tobytes())
-            digest.update(b"|")
-        digest.update(b"#")
-    return digest.hexdigest()[:16]
 
 
 @torch.inference_mode()

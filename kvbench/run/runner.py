@@ -64,6 +64,7 @@ from kvbench.models.loading import (
 from kvbench.prompting import encode_sample
 from kvbench.run.batched import generate_dataset
 from kvbench.run.folder import claim_run_folder
+from kvbench.run.groups import generate_groups
 from kvbench.run.provenance import device_name, git_commit, now, slurm_job_id
 from kvbench.run.records import (
     DatasetResult,
@@ -357,7 +358,10 @@ class Runner:
                 timing_log.append({"id": sample.id, "prefill_s": output.prefill_s, "decode_s": output.decode_s})
                 done[sample.id] = row
 
-        generate_dataset(self, loaded, dataset, todo, encode, write, stops, progress)
+        if dataset.context_groups is not None:  # compress once, ask many: whole groups (kvbench/run/groups.py)
+            generate_groups(self, loaded, dataset, samples, set(done), encode, write, stops, progress)
+        else:
+            generate_dataset(self, loaded, dataset, todo, encode, write, stops, progress)
         rows = [done[s.id] for s in samples]
         attention = ATTENTION_RECORD.summary()
         self.attention_fallbacks.update(attention["fallbacks"])

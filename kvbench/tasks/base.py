@@ -66,6 +66,10 @@ class TaskDataset(ABC):
     #: Whether a sample takes several generation passes, each prompt built from the text so far
     #: (:meth:`follow_up`; LongBench v2's chain of thought).  Such a dataset decodes one sample at a time.
     multi_pass: bool = False
+    #: Compress once, ask many (:mod:`kvbench.run.groups`): ``None`` (every sample on its own, the default),
+    #: ``"multi_turn"`` or ``"multi_request"``: consecutive samples with the same ``extra["group"]`` share one context,
+    #: prefilled and compressed once, and are its turns (``extra["turn"]`` 0, 1, ...) answered from that cache.
+    context_groups: str | None = None
 
     @abstractmethod
     def samples(self) -> Sequence[Sample]:
@@ -120,6 +124,7 @@ class TaskDataset(ABC):
             "bos": self.bos,
             "metric": self.metric_name,
             "decoding": self.sampling.to_json() if self.sampling is not None else "greedy",
+            **({"context_groups": self.context_groups} if self.context_groups else {}),
         }
 
 
