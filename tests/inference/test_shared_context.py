@@ -30,9 +30,15 @@ def _turns(queries, max_new_tokens=4):
 
 def _run(model, tokenizer, context, queries, preset, mode, first_query="aware"):
     return generate_group(
-        model, tokenizer, context, _turns(queries), method=method_from_yaml(preset), budget=parse_budget("32L"),
-        mode=mode, first_query=first_query,
-    )  # fmt: skip
+        model,
+        tokenizer,
+        context,
+        _turns(queries),
+        method=method_from_yaml(preset),
+        budget=parse_budget("32L"),
+        mode=mode,
+        first_query=first_query,
+    )
 
 
 @pytest.mark.parametrize("mode", ["multi_request", "multi_turn"])
@@ -74,9 +80,16 @@ def test_multi_request_equals_independent_agnostic_generations(setup, preset):
     group = _run(model, tokenizer, context, queries, preset, "multi_request")
     for query, turn in zip(queries, group.turns, strict=True):
         alone = generate(
-            model, tokenizer, context, query, method=method_from_yaml(preset), budget=parse_budget("32L"),
-            question_mode="agnostic", max_new_tokens=4, stop_token_ids=set(),
-        )  # fmt: skip
+            model,
+            tokenizer,
+            context,
+            query,
+            method=method_from_yaml(preset),
+            budget=parse_budget("32L"),
+            question_mode="agnostic",
+            max_new_tokens=4,
+            stop_token_ids=set(),
+        )
         assert turn.token_ids == alone.token_ids
         assert turn.record.final_per_layer == alone.record.final_per_layer
 
@@ -89,9 +102,16 @@ def test_multi_turn_accumulates_prompts_not_answers(setup):
     for index, turn in enumerate(group.turns):
         prompt = [token for query in queries[: index + 1] for token in query]
         alone = generate(
-            model, tokenizer, context, prompt, method=method_from_yaml("full"), budget=parse_budget("full"),
-            question_mode="aware", max_new_tokens=4, stop_token_ids=set(),
-        )  # fmt: skip
+            model,
+            tokenizer,
+            context,
+            prompt,
+            method=method_from_yaml("full"),
+            budget=parse_budget("full"),
+            question_mode="aware",
+            max_new_tokens=4,
+            stop_token_ids=set(),
+        )
         assert turn.token_ids == alone.token_ids
     assert group.turns[2].record.final_per_layer[0] == len(context) + sum(map(len, queries)) + 3
 
