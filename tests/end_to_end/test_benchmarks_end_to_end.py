@@ -151,3 +151,31 @@ def test_infinitebench_fixtures_end_to_end(tmp_path: Path) -> None:
         assert 0.0 <= metrics["score"] <= 100.0 and metrics["dataset_settings"]["template"] == "yarn-mistral"
         row = rows(folder, result.dataset)[0]
         assert row["question_tokens"] > 0 and row["new_tokens"] <= {"passkey": 6, "code_debug": 5}[result.dataset]
+
+
+@pytest.mark.parametrize("mode", ["multi_turn", "multi_request"])
+def test_scbench_fixtures_end_to_end_and_resume(tmp_path: Path, mode: str) -> None:
+    """SCBench through the runner's compress-once-ask-many mode: one row per turn (keyed by sample and turn), every
+    turn of a group carrying the same compression fingerprint, scores per turn; a run killed after some groups (the
+    last group's rows and metrics.json gone) resumes to the same rows."""
+    overrides = ("task=scbench", "task.data_dir=fixtures", "task.datasets=[scbench_kv]", "task.options.max_new_tokens=3",
+                 f"task.options.mode={mode}")  # fmt: skip
+    folder, results = run(tmp_path, *overrides)
+    written = rows(folder, "scbench_kv")
+    assert [(r["extra"]["group"], r["extra"]["turn"]) for r in written] == [
+        (f"scbench_kv-{g}", t) for g in range(2) for t in range(3)
+    ]
+    for group in range(2):
+        fingerprints = {r["cache"]["group_fingerprint"] for r in written[3 * group : 3 * group + 3]}
+        assert len(fingerprints) == 1
+    metrics = json.loads((folder / "scbench_kv" / "metrics.json").read_text())
+    turn_keys = {"turn_0", "turn_1", "turn_2"} if mode == "multi_turn" else {"all"}
+    assert turn_keys <= set(metrics["scores"]) and metrics["dataset_settings"]["context_groups"] == mode
+    # Kill after the first group and one turn of the second (as if the write had been cut): resume.
+    lines = (folder / "scbench_kv" / "predictions.jsonl").read_text().splitlines(keepends=True)
+    (folder / "scbench_kv" / "predictions.jsonl").write_text("".join(lines[:4]))
+    (folder / "scbench_kv" / "metrics.json").unlink()
+    run(tmp_path, *overrides)
+    resumed = rows(folder, "scbench_kv")
+    assert [r["id"] for r in resumed] == [r["id"] for r in written]
+    assert [r["prediction"] for r in resumed] == [r["prediction"] for r in written]
