@@ -54,6 +54,14 @@ def context_groups(samples: Iterable[Sample]) -> list[list[Sample]]:
     return groups
 
 
+def first_extent(samples: list[Sample], count: int, grouped: bool) -> list[Sample]:
+    """The first ``count`` samples, or for a grouped dataset the samples of its first ``count`` context groups
+    (``task.num_samples`` counts groups there: a group is never cut)."""
+    if not grouped:
+        return samples[:count]
+    return [sample for group in context_groups(samples)[:count] for sample in group]
+
+
 def encode_group(
     tokenizer: Any, group: list[Sample], mode: str, encode: Callable[[Sample], EncodedPrompt]
 ) -> tuple[list[int], list[EncodedPrompt]]:

@@ -64,7 +64,7 @@ from kvbench.models.loading import (
 from kvbench.prompting import encode_sample
 from kvbench.run.batched import generate_dataset
 from kvbench.run.folder import claim_run_folder
-from kvbench.run.groups import generate_groups
+from kvbench.run.groups import context_groups, first_extent, generate_groups
 from kvbench.run.provenance import device_name, git_commit, now, slurm_job_id
 from kvbench.run.records import (
     DatasetResult,
@@ -246,8 +246,8 @@ class Runner:
                         bar.set_postfix_str(dataset.name, refresh=False)
                     dataset.sample_cache = cache
                     samples = list(dataset.samples())
-                    if cfg.task.num_samples is not None:
-                        samples = samples[: int(cfg.task.num_samples)]
+                    if cfg.task.num_samples is not None:  # a grouped dataset: the first n context groups
+                        samples = first_extent(samples, int(cfg.task.num_samples), dataset.context_groups is not None)
                     check_samples(dataset.name, samples, str(getattr(dataset, "source", f"task={cfg.task.name}")))
                     data.append((dataset, samples))
             finally:
@@ -325,7 +325,8 @@ class Runner:
         done = {row["id"]: row for row in log.load()}
         timing_log = TimingLog(folder / TIMINGS_FILE)
         # Rows past the requested extent (an earlier run asked for more samples) stay in the log, unscored.
-        truncated = cfg.task.num_samples is not None and len(samples) == int(cfg.task.num_samples)
+        extent = len(context_groups(samples)) if dataset.context_groups is not None else len(samples)
+        truncated = cfg.task.num_samples is not None and extent == int(cfg.task.num_samples)
         check_resumable(log.path, done, samples, beyond_extent_ok=truncated)
         done = {sample.id: done[sample.id] for sample in samples if sample.id in done}
         use_template = bool(cfg.model.chat_template and dataset.chat_template)

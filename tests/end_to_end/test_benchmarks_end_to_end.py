@@ -158,9 +158,14 @@ def test_scbench_fixtures_end_to_end_and_resume(tmp_path: Path, mode: str) -> No
     """SCBench through the runner's compress-once-ask-many mode: one row per turn (keyed by sample and turn), every
     turn of a group carrying the same compression fingerprint, scores per turn; a run killed after some groups (the
     last group's rows and metrics.json gone) resumes to the same rows."""
-    overrides = ("task=scbench", "task.data_dir=fixtures", "task.datasets=[scbench_kv]", "task.options.max_new_tokens=3",
-                 f"task.options.mode={mode}")  # fmt: skip
-    folder, results = run(tmp_path, *overrides)
+    overrides = (
+        "task=scbench",
+        "task.data_dir=fixtures",
+        "task.datasets=[scbench_kv]",
+        "task.options.max_new_tokens=3",
+        f"task.options.mode={mode}",
+    )
+    folder, _results = run(tmp_path, *overrides)
     written = rows(folder, "scbench_kv")
     assert [(r["extra"]["group"], r["extra"]["turn"]) for r in written] == [
         (f"scbench_kv-{g}", t) for g in range(2) for t in range(3)
@@ -179,3 +184,16 @@ def test_scbench_fixtures_end_to_end_and_resume(tmp_path: Path, mode: str) -> No
     resumed = rows(folder, "scbench_kv")
     assert [r["id"] for r in resumed] == [r["id"] for r in written]
     assert [r["prediction"] for r in resumed] == [r["prediction"] for r in written]
+
+
+def test_scbench_num_samples_counts_context_groups(tmp_path: Path) -> None:
+    """``task.num_samples`` keeps whole groups: one example, all its turns."""
+    folder, _results = run(
+        tmp_path,
+        "task=scbench",
+        "task.data_dir=fixtures",
+        "task.datasets=[scbench_qa_eng]",
+        "task.num_samples=1",
+        "task.options.max_new_tokens=2",
+    )
+    assert [r["id"] for r in rows(folder, "scbench_qa_eng")] == [f"scbench_qa_eng-0#t{t}" for t in range(3)]
