@@ -295,7 +295,7 @@ def required_packages(task: Any) -> list[PackageNeed]:
             PackageNeed(
                 "rouge_score",
                 "scoring SCBench summaries (evaluate's rouge)",
-                "Install it with `pip install rouge-score`, or leave the summary tasks out.",
+                "Install it with `pip install rouge-score` (or kvbench[benchmarks]), or leave the summary tasks out.",
             )
         )
     if set(_REPOQA_TASKS) & set(names):
@@ -303,7 +303,7 @@ def required_packages(task: Any) -> list[PackageNeed]:
             PackageNeed(
                 "nltk",
                 "scoring SCBench RepoQA (BLEU)",
-                "Install it with `pip install nltk`, or leave the repoqa tasks out.",
+                "Install it with `pip install nltk` (or kvbench[benchmarks]), or leave the repoqa tasks out.",
             )
         )
         extraction = (dict(getattr(task, "options", None) or {})).get("repoqa_extraction", "auto")
