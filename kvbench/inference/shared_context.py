@@ -75,7 +75,8 @@ class GroupTurn:
 @dataclass
 class GroupOutput:
     """A context group's answers, one :class:`GenerationOutput` per turn (each with the record of its own copy), the
-    positions kept by the one compression (``context_fingerprint``) and the number of compressed prefills (1)."""
+    hash of the positions kept by the one compression (``context_fingerprint``; the positions themselves in
+    ``kept_positions`` when asked for: ``[layer][head] -> positions``) and the number of compressed prefills (1)."""
 
     turns: list[GenerationOutput]
     context_fingerprint: str
@@ -131,11 +132,14 @@ def generate_group(
     mode: str,
     first_query: str = "aware",
     prefill_chunk: int | None = None,
+    keep_positions: bool = False,
 ) -> GroupOutput:
     """Answer every turn of one context group from one compressed prefill of ``context_ids`` (module docstring).
 
     ``mode``: one of :data:`GROUP_MODES`; ``first_query``: one of :data:`FIRST_QUERY_MODES` (multi-turn only: a
-    multi-request group always compresses the context alone).  Returns one output per turn, in order.
+    multi-request group always compresses the context alone); ``keep_positions``: also return every layer's and
+    head's kept positions after the compression (:attr:`GroupOutput.kept_positions`; tests, small caches).  Returns one
+    output per turn, in order.
     """
     check_choice("mode", mode, GROUP_MODES)
     check_choice("first_query", first_query, FIRST_QUERY_MODES)
@@ -160,7 +164,11 @@ def generate_group(
     _sync(model_devices(model))
     prefill_s = time.perf_counter() - state.started
     fingerprint = cache_fingerprint(cache)
-    kept = [[p.tolist() for p in getattr(layer, "positions", [])] for layer in cache.headwise_layers]
+    kept = (
+        [[p.tolist() for p in getattr(layer, "positions", [])] for layer in cache.headwise_layers]
+        if keep_positions
+        else []
+    )
     outputs: list[GenerationOutput] = []
     for index, turn in enumerate(turns):
         started = time.perf_counter()

@@ -38,6 +38,7 @@ def _run(model, tokenizer, context, queries, preset, mode, first_query="aware"):
         budget=parse_budget("32L"),
         mode=mode,
         first_query=first_query,
+        keep_positions=True,
     )
 
 
