@@ -40,7 +40,7 @@ DATASETS = ("niah_single_2k", "niah_multikey_2k", "niah_multivalue_2k")
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, dict[str, float]]]:
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, dict[str, float]], dict[str, str]]:
     """(stdout of ``python run.py``, variant -> dataset -> score read back from its metrics.json files)."""
     workdir = tmp_path_factory.mktemp("demo")
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
@@ -53,16 +53,19 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, dict[
         label: {d: json.loads((root / folder / d / "metrics.json").read_text())["score"] for d in DATASETS}
         for label, folder in VARIANTS.items()
     }
-    return result.stdout, scores
+    devices = {
+        label: json.loads((root / folder / "run_meta.json").read_text())["device"] for label, folder in VARIANTS.items()
+    }
+    return result.stdout, scores, devices
 
 
 @pytest.fixture(scope="module")
-def scores(demo: tuple[str, dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+def scores(demo: tuple[str, dict[str, dict[str, float]], dict[str, str]]) -> dict[str, dict[str, float]]:
     return demo[1]
 
 
-def test_demo_prints_the_side_by_side_table(demo: tuple[str, dict[str, dict[str, float]]]) -> None:
-    stdout, scores = demo
+def test_demo_prints_the_side_by_side_table(demo: tuple[str, dict[str, dict[str, float]], dict[str, str]]) -> None:
+    stdout, scores, _ = demo
     table = stdout[stdout.index("model=tiny task=tiny_niah budget=64L") :]
     header = table.splitlines()[1]
     for label in ("snapkv q-aware", "full cache", "StreamingLLM", "SnapKV q-agnostic"):
@@ -72,6 +75,15 @@ def test_demo_prints_the_side_by_side_table(demo: tuple[str, dict[str, dict[str,
         printed = [float(cell) for cell in row.split()[1:]]
         expected = [scores[label][dataset] for label in VARIANTS]
         assert printed == pytest.approx(expected, abs=0.051)
+
+
+def test_default_run_sets_its_thread_count(
+    demo: tuple[str, dict[str, dict[str, float]], dict[str, str]],
+) -> None:
+    """The command runs with OMP_NUM_THREADS=2 (or the caller's) in its environment, yet every run of the comparison
+    ran on one torch thread (kvbench.demo.DEMO_THREADS): its CPU time does not depend on the machine's cores."""
+    _, _, devices = demo
+    assert all(device.endswith(", 1 threads)") for device in devices.values()), devices
 
 
 def test_full_cache_retrieves(scores: dict[str, dict[str, float]]) -> None:
@@ -100,10 +112,12 @@ def test_question_agnostic_snapkv_scores_lower_than_aware(scores: dict[str, dict
     assert agnostic["niah_multikey_2k"] <= aware["niah_multikey_2k"] - 20.0, (aware, agnostic)
 
 
-def test_front_page_shows_what_the_quick_start_prints(demo: tuple[str, dict[str, dict[str, float]]]) -> None:
+def test_front_page_shows_what_the_quick_start_prints(
+    demo: tuple[str, dict[str, dict[str, float]], dict[str, str]],
+) -> None:
     """docs/index.md's quick-start output block is what ``python run.py`` printed (every line), and the README's
     table has the same scores and kept fractions."""
-    stdout, _ = demo
+    stdout, _, _ = demo
     page = (REPO / "docs" / "index.md").read_text(encoding="utf-8")
     shown = re.search(r"<!-- quick-start-output -->\s*```text\n(.*?)```", page, flags=re.DOTALL)
     assert shown, "docs/index.md has no quick-start output block"
