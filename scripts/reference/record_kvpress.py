@@ -55,11 +55,12 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # ------------------------------------------------------------------------------------------------ seeded inputs
 TENSOR_SEED = 20260
 TENSOR_HEADS, TENSOR_DIM = 2, 16
-TENSOR_LENGTHS = (16, 37, 64, 128, 300)
+TENSOR_LENGTHS = (16, 37, 64, 128, 300)  # stored; a press records DEFAULT_TENSOR_LENGTHS unless it says
+DEFAULT_TENSOR_LENGTHS = (16, 37, 64, 128)
 
 MODEL_SEED = 41
 INPUT_IDS_SEED = 43
-MODEL_LENGTHS = (72, 160)
+MODEL_LENGTHS = (48, 128)  # 48 < SnapKV/PyramidKV's default window of 64: their short-context branch
 MODEL_CONFIG = dict(
     vocab_size=128,
     hidden_size=64,
@@ -96,6 +97,11 @@ def build_model_weights() -> dict[str, torch.Tensor]:
     return {name: tensor.detach().to(torch.bfloat16).contiguous() for name, tensor in model.state_dict().items()}
 
 
+def flat_weights(weights: dict[str, torch.Tensor]) -> torch.Tensor:
+    """All weights flattened and concatenated in name order (what ``inputs_checksums["weights"]`` covers)."""
+    return torch.cat([weights[name].reshape(-1) for name in sorted(weights)])
+
+
 def load_model(weights: dict[str, torch.Tensor], dtype: torch.dtype, attn: str) -> LlamaForCausalLM:
     model = LlamaForCausalLM(LlamaConfig(**MODEL_CONFIG, attn_implementation=attn))
     state = {name: tensor.to(dtype) for name, tensor in weights.items()}
@@ -129,6 +135,7 @@ class Tracker:
         self.prefill_inputs: dict[int, dict[str, torch.Tensor]] = {}
         self.masked: dict[int, list[list[int]]] = {}
         self.handles: list[Any] = []
+        self.next_positions: torch.Tensor | None = None  # absolute positions of the next forward's tokens
 
     def attach_before(self) -> None:
         for layer in self.layers:
@@ -148,7 +155,7 @@ class Tracker:
         idx = module.layer_idx
         cache_layer = kwargs["past_key_values"].layers[idx]
         keys = cache_layer.keys.detach().clone()
-        new = kwargs["cache_position"].detach().clone()
+        new = self.next_positions if self.next_positions is not None else kwargs["cache_position"].detach().clone()
         heads = keys.shape[1]
         old = self.positions.get(idx, [torch.zeros(0, dtype=torch.long)] * heads)
         self.positions[idx] = [torch.cat([old[h], new]) for h in range(heads)]
@@ -241,7 +248,9 @@ def run_model_prefill(model, press, input_ids) -> tuple[Tracker, list[dict]]:
 
 
 def run_model_decoding(model, press, input_ids, decode_ids) -> tuple[Tracker, list[dict]]:
-    """kvpress's pipeline with a DecodingPress: uncompressed prefill, then one token per step under the press."""
+    """kvpress's pipeline with a DecodingPress: uncompressed prefill of the context, then under the press a question
+    of QUESTION_TOKENS tokens in one forward and single tokens after it (teacher-forced ``decode_ids`` in place of
+    greedy ones), each call given only ``position_ids`` as ``KVPressTextGenerationPipeline.generate_answer`` does."""
     tracker, calls = Tracker(model), []
     capture_scores(press, calls)
     cache = DynamicCache()
@@ -249,18 +258,16 @@ def run_model_decoding(model, press, input_ids, decode_ids) -> tuple[Tracker, li
     try:
         torch.manual_seed(GLOBAL_SEED)
         with torch.no_grad():
+            tracker.next_positions = torch.arange(input_ids.shape[1])
             model.model(input_ids=input_ids, past_key_values=cache)
             with press(model):
                 tracker.attach_after()
-                length = input_ids.shape[1]
-                for step in range(decode_ids.shape[1]):
-                    position = torch.tensor([[length + step]])
-                    model.model(
-                        input_ids=decode_ids[:, step : step + 1],
-                        past_key_values=cache,
-                        position_ids=position,
-                        cache_position=position[0],
-                    )
+                start = input_ids.shape[1]
+                chunks = [(0, QUESTION_TOKENS)] + [(i, i + 1) for i in range(QUESTION_TOKENS, decode_ids.shape[1])]
+                for lo, hi in chunks:
+                    positions = torch.arange(start + lo, start + hi)
+                    tracker.next_positions = positions
+                    model.model(input_ids=decode_ids[:, lo:hi], past_key_values=cache, position_ids=positions[None])
     finally:
         tracker.detach()
     return tracker, calls
@@ -280,15 +287,16 @@ def run_tensor(press, keys, values) -> tuple[list[list[list[int]]], list[dict]]:
 
 # ------------------------------------------------------------------------------------------------ writers
 def checksum(tensor: torch.Tensor) -> dict:
-    data = tensor.detach().contiguous().view(-1)
-    raw = data.view(torch.int16) if data.dtype == torch.bfloat16 else data
-    digest = hashlib.sha256(raw.numpy().tobytes()).hexdigest()[:16]
+    """What a consumer checks after loading (or regenerating) an input: shape, dtype, sum, first values, and the
+    first 16 hex digits of the sha256 of the raw little-endian bytes."""
+    data = tensor.detach().contiguous()
+    flat = data.view(-1)
     return {
-        "shape": list(tensor.shape),
-        "dtype": str(tensor.dtype).replace("torch.", ""),
-        "sum": float(data.double().sum()),
-        "first": [float(x) for x in data[:4].double()],
-        "sha256_16": digest,
+        "shape": list(data.shape),
+        "dtype": str(data.dtype).replace("torch.", ""),
+        "sum": float(flat.double().sum()),
+        "first": [float(x) for x in flat[:4].double()],
+        "sha256_16": hashlib.sha256(flat.view(torch.uint8).numpy().tobytes()).hexdigest()[:16],
     }
 
 
@@ -345,6 +353,8 @@ class Spec:
     name: str
     make: Callable[[float], Any]
     tensor: bool = False  # also on bare key/value tensors (presses that read only keys/values)
+    tensor_lengths: tuple = DEFAULT_TENSOR_LENGTHS
+    model_lengths: tuple = MODEL_LENGTHS
     model: bool = True
     attn: str = "sdpa"
     ratios: tuple = RATIOS
@@ -354,7 +364,12 @@ class Spec:
 
 def specs() -> list[Spec]:
     P = kvpress
+    decoding_note = (
+        f"DecodingPress: context prefilled uncompressed; then a {QUESTION_TOKENS}-token question in one forward and "
+        "single tokens (ids in inputs decode_ids/S{S}); kept = positions in the cache after the last step"
+    )
     return [
+        # Issue #41: the two baselines.
         Spec("KnormPress", lambda r: P.KnormPress(compression_ratio=r), tensor=True),
         Spec("RandomPress", lambda r: P.RandomPress(compression_ratio=r, seed=0), tensor=True),
         Spec(
@@ -362,6 +377,96 @@ def specs() -> list[Spec]:
             lambda r: P.RandomPress(compression_ratio=r),
             tensor=True,
             note=f"seed=None: draws from torch's global CPU generator, here after torch.manual_seed({GLOBAL_SEED})",
+        ),
+        # Issue #43: scorers.
+        Spec("ExpectedAttentionPress", lambda r: P.ExpectedAttentionPress(compression_ratio=r)),
+        Spec("KeyDiffPress", lambda r: P.KeyDiffPress(compression_ratio=r), tensor=True),
+        Spec(
+            "LagKVPress",
+            lambda r: P.LagKVPress(compression_ratio=r),
+            tensor=True,
+            tensor_lengths=(37, 128, 300),
+            note="defaults (n_sink 4, lag_size 128): only S >= 260 takes the lag path; shorter S get the ramp scores",
+        ),
+        Spec("LagKVPress_lag16", lambda r: P.LagKVPress(compression_ratio=r, lag_size=16), tensor=True),
+        Spec("NonCausalAttnPress", lambda r: P.NonCausalAttnPress(compression_ratio=r, chunk_size=32)),
+        Spec(
+            "LeverageScorePress",
+            lambda r: P.LeverageScorePress(compression_ratio=r),
+            note=f"Gaussian sketch from torch's global CPU generator, drawn after torch.manual_seed({GLOBAL_SEED})",
+        ),
+        Spec(
+            "CompactorPress",
+            lambda r: P.CompactorPress(compression_ratio=r, chunk_size=32),
+            note=f"its leverage part draws from torch's global CPU generator after torch.manual_seed({GLOBAL_SEED})",
+        ),
+        Spec("CURPress", lambda r: P.CURPress(compression_ratio=r), tensor=True),
+        # kvpress's own versions of methods kvbench already has.
+        Spec(
+            "SnapKVPress",
+            lambda r: P.SnapKVPress(compression_ratio=r),
+            model_lengths=(128,),
+            note="window_size 64: kvpress asserts S > window_size, so S=48 is not recorded",
+        ),
+        Spec("SnapKVPress_window16", lambda r: P.SnapKVPress(compression_ratio=r, window_size=16)),
+        Spec("StreamingLLMPress", lambda r: P.StreamingLLMPress(compression_ratio=r), tensor=True),
+        Spec("TOVAPress", lambda r: P.TOVAPress(compression_ratio=r)),
+        Spec(
+            "PyramidKVPress",
+            lambda r: P.PyramidKVPress(compression_ratio=r),
+            model_lengths=(128,),
+            note="window_size 64: kvpress asserts S > window_size, so S=48 is not recorded",
+        ),
+        Spec("PyramidKVPress_window16", lambda r: P.PyramidKVPress(compression_ratio=r, window_size=16)),
+        Spec("ObservedAttentionPress", lambda r: P.ObservedAttentionPress(compression_ratio=r), attn="eager"),
+        # Wrappers.
+        Spec(
+            "ChunkKVPress_KnormPress",
+            lambda r: P.ChunkKVPress(press=P.KnormPress(compression_ratio=r), chunk_length=8),
+            tensor=True,
+        ),
+        Spec(
+            "ChunkKVPress_SnapKVPress",
+            lambda r: P.ChunkKVPress(press=P.SnapKVPress(compression_ratio=r, window_size=16), chunk_length=8),
+        ),
+        Spec(
+            "BlockPress_KeyDiffPress", lambda r: P.BlockPress(press=P.KeyDiffPress(compression_ratio=r), block_size=32)
+        ),
+        Spec("BlockPress_KnormPress", lambda r: P.BlockPress(press=P.KnormPress(compression_ratio=r), block_size=32)),
+        Spec("AdaKVPress_KnormPress", lambda r: P.AdaKVPress(press=P.KnormPress(compression_ratio=r))),
+        Spec(
+            "AdaKVPress_SnapKVPress",
+            lambda r: P.AdaKVPress(press=P.SnapKVPress(compression_ratio=r, window_size=16)),
+        ),
+        Spec(
+            "AdaKVPress_ExpectedAttentionPress",
+            lambda r: P.AdaKVPress(press=P.ExpectedAttentionPress(compression_ratio=r, epsilon=1e-2)),
+            note="kvpress's leaderboard 'expected_attention' entry",
+        ),
+        Spec(
+            "CriticalKVPress_SnapKVPress",
+            lambda r: P.CriticalKVPress(press=P.SnapKVPress(compression_ratio=r, window_size=16)),
+        ),
+        Spec("CriticalKVPress_KnormPress", lambda r: P.CriticalKVPress(press=P.KnormPress(compression_ratio=r))),
+        Spec(
+            "CriticalAdaKVPress_SnapKVPress",
+            lambda r: P.CriticalAdaKVPress(press=P.SnapKVPress(compression_ratio=r, window_size=16)),
+        ),
+        Spec(
+            "DecodingPress_KnormPress",
+            lambda r: P.DecodingPress(base_press=P.KnormPress(), compression_interval=4, target_size=48),
+            ratios=(0.0,),
+            decoding=True,
+            note=decoding_note,
+        ),
+        Spec(
+            "DecodingPress_KnormPress_buffer0",
+            lambda r: P.DecodingPress(
+                base_press=P.KnormPress(), compression_interval=3, target_size=40, hidden_states_buffer_size=0
+            ),
+            ratios=(0.0,),
+            decoding=True,
+            note=decoding_note,
         ),
     ]
 
@@ -401,7 +506,7 @@ class Recorder:
         cases = []
         if spec.tensor:
             for dtype in DTYPES:
-                for length in TENSOR_LENGTHS:
+                for length in spec.tensor_lengths:
                     keys = self.tensors[f"keys_S{length}"].to(DTYPES[dtype])
                     values = self.tensors[f"values_S{length}"].to(DTYPES[dtype])
                     for ratio in spec.ratios:
@@ -411,22 +516,37 @@ class Recorder:
         if spec.model:
             for dtype in DTYPES:
                 model = self.model(dtype, spec.attn)
-                for length in MODEL_LENGTHS:
+                for length in spec.model_lengths:
                     ids = input_ids_for(length)
                     for ratio in spec.ratios:
                         press = spec.make(ratio)
                         if spec.decoding:
                             decode_ids = input_ids_for(1000 + length)[:, :DECODE_STEPS]
                             tracker, calls = run_model_decoding(model, press, ids, decode_ids)
+                            self.layer_inputs[f"decode_ids/S{length}"] = decode_ids
                         else:
                             tracker, calls = run_model_prefill(model, press, ids)
                         prefix = self.remember_inputs(spec.attn, dtype, length, tracker)
                         cases.append(self.case("model", prefix, dtype, ratio, press, tracker.kept(), calls, tables))
+        used = {"weights": flat_weights(self.weights)} if spec.model else {}
+        for case in cases:
+            if case["kind"] == "tensor":
+                length = case["inputs"].split("/S")[-1]
+                used[f"tensor/keys_S{length}"] = self.tensors[f"keys_S{length}"]
+                used[f"tensor/values_S{length}"] = self.tensors[f"values_S{length}"]
+            else:
+                prefix = case["inputs"] + "/"
+                used.update({k: v for k, v in self.layer_inputs.items() if k.startswith(prefix)})
+                if spec.decoding:
+                    length = case["inputs"].split("/S")[-1]
+                    used[f"decode_ids/S{length}"] = self.layer_inputs[f"decode_ids/S{length}"]
         return {
             "format_version": FORMAT_VERSION,
             "press": spec.name,
             "note": spec.note,
             "versions": versions(),
+            "recording": recording_meta(),
+            "inputs_checksums": {name: checksum(used[name]) for name in sorted(used)},
             "cases": cases,
             "score_tables": tables.tables,
         }
@@ -447,7 +567,8 @@ class Recorder:
         }
 
 
-DECODE_STEPS = 10
+DECODE_STEPS = 14
+QUESTION_TOKENS = 4
 
 
 def versions() -> dict:
@@ -456,6 +577,18 @@ def versions() -> dict:
         "transformers": metadata.version("transformers"),
         "torch": torch.__version__,
         "python": sys.version.split()[0],
+    }
+
+
+def recording_meta() -> dict:
+    """Seeds, shapes and the model config: enough to regenerate the seeded inputs without this script."""
+    return {
+        "model_config": MODEL_CONFIG,
+        "seeds": {"tensor": TENSOR_SEED, "model": MODEL_SEED, "input_ids": INPUT_IDS_SEED, "global": GLOBAL_SEED},
+        "tensor_shape": {"batch": 1, "kv_heads": TENSOR_HEADS, "head_dim": TENSOR_DIM, "lengths": TENSOR_LENGTHS},
+        "model_lengths": MODEL_LENGTHS,
+        "decode": {"steps": DECODE_STEPS, "question_tokens": QUESTION_TOKENS},
+        "versions": versions(),
     }
 
 
@@ -503,12 +636,7 @@ def save_inputs(out: Path, recorder: Recorder) -> None:
             raise RuntimeError(f"{name}: differs from the stored inputs")
         tensors[name] = value
     # One metadata key: safetensors writes a multi-key metadata map in no fixed order.
-    recording = {
-        "model_config": MODEL_CONFIG,
-        "seeds": {"tensor": TENSOR_SEED, "model": MODEL_SEED, "input_ids": INPUT_IDS_SEED, "global": GLOBAL_SEED},
-        "versions": versions(),
-    }
-    meta = {"recording": json.dumps(recording, sort_keys=True)}
+    meta = {"recording": json.dumps(recording_meta(), sort_keys=True)}
     save_file(dict(sorted(tensors.items())), str(path), metadata=meta)
 
 
