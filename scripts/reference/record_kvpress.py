@@ -48,6 +48,10 @@ from kvpress.presses.scorer_press import ScorerPress
 from safetensors.torch import save_file
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
+# The fixtures' reader defines the checksum format; it imports only torch and safetensors (never kvbench).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.reference_recordings import checksum
+
 FORMAT_VERSION = 1
 RATIOS = (0.25, 0.5, 0.75, 0.875)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -286,20 +290,6 @@ def run_tensor(press, keys, values) -> tuple[list[list[list[int]]], list[dict]]:
 
 
 # ------------------------------------------------------------------------------------------------ writers
-def checksum(tensor: torch.Tensor) -> dict:
-    """What a consumer checks after loading (or regenerating) an input: shape, dtype, sum, first values, and the
-    first 16 hex digits of the sha256 of the raw little-endian bytes."""
-    data = tensor.detach().contiguous()
-    flat = data.view(-1)
-    return {
-        "shape": list(data.shape),
-        "dtype": str(data.dtype).replace("torch.", ""),
-        "sum": float(flat.double().sum()),
-        "first": [float(x) for x in flat[:4].double()],
-        "sha256_16": hashlib.sha256(flat.view(torch.uint8).numpy().tobytes()).hexdigest()[:16],
-    }
-
-
 def float32_list(tensor: torch.Tensor) -> list:
     """Nested lists of the shortest decimal that round-trips each float32 (non-finite as JSON Infinity/NaN)."""
     import numpy as np
