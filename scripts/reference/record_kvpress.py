@@ -352,6 +352,24 @@ class Spec:
     note: str = ""
 
 
+QFILTER_SEED = 4303
+
+
+def seeded_qfilters() -> torch.Tensor:
+    """``[layers, H_kv, D]`` bfloat16 stand-ins for the Hub's Q-Filters (``nthngdy/<model>_qfilt``: not reachable)."""
+    shape = (MODEL_CONFIG["num_hidden_layers"], MODEL_CONFIG["num_key_value_heads"], MODEL_CONFIG["head_dim"])
+    return torch.randn(shape, generator=torch.Generator().manual_seed(QFILTER_SEED)).to(torch.bfloat16)
+
+
+@dataclasses.dataclass
+class SeededQFilterPress(kvpress.QFilterPress):
+    """kvpress's QFilterPress with the filters set from ``seeded_qfilters()`` where it would download them; cast to
+    the model's dtype as ``QFilterPress.post_init_from_model`` does (kvpress's own tests substitute filters too)."""
+
+    def post_init_from_model(self, model):
+        self.q_filters = seeded_qfilters().to(model.dtype)
+
+
 def specs() -> list[Spec]:
     P = kvpress
     decoding_note = (
@@ -391,6 +409,11 @@ def specs() -> list[Spec]:
             note=f"its leverage part draws from torch's global CPU generator after torch.manual_seed({GLOBAL_SEED})",
         ),
         Spec("CURPress", lambda r: P.CURPress(compression_ratio=r), tensor=True),
+        Spec(
+            "QFilterPress_seeded_filters",
+            lambda r: SeededQFilterPress(compression_ratio=r),
+            note="filters from inputs 'qfilters' [layers, H_kv, D] (seeded, bfloat16) in place of the Hub download",
+        ),
         # kvpress's own versions of methods kvbench already has.
         Spec(
             "SnapKVPress",
@@ -519,6 +542,8 @@ class Recorder:
                         prefix = self.remember_inputs(spec.attn, dtype, length, tracker)
                         cases.append(self.case("model", prefix, dtype, ratio, press, tracker.kept(), calls, tables))
         used = {"weights": flat_weights(self.weights)} if spec.model else {}
+        if spec.name.startswith("QFilterPress"):
+            used["qfilters"] = seeded_qfilters()
         for case in cases:
             if case["kind"] == "tensor":
                 length = case["inputs"].split("/S")[-1]
@@ -574,7 +599,13 @@ def recording_meta() -> dict:
     """Seeds, shapes and the model config: enough to regenerate the seeded inputs without this script."""
     return {
         "model_config": MODEL_CONFIG,
-        "seeds": {"tensor": TENSOR_SEED, "model": MODEL_SEED, "input_ids": INPUT_IDS_SEED, "global": GLOBAL_SEED},
+        "seeds": {
+            "tensor": TENSOR_SEED,
+            "model": MODEL_SEED,
+            "input_ids": INPUT_IDS_SEED,
+            "global": GLOBAL_SEED,
+            "qfilters": QFILTER_SEED,
+        },
         "tensor_shape": {"batch": 1, "kv_heads": TENSOR_HEADS, "head_dim": TENSOR_DIM, "lengths": TENSOR_LENGTHS},
         "model_lengths": MODEL_LENGTHS,
         "decode": {"steps": DECODE_STEPS, "question_tokens": QUESTION_TOKENS},
@@ -621,6 +652,7 @@ def save_inputs(out: Path, recorder: Recorder) -> None:
         tensors.update(load_file(path))
     tensors.update({f"tensor/{name}": value for name, value in recorder.tensors.items()})
     tensors.update({f"weights/{name}": value for name, value in recorder.weights.items()})
+    tensors["qfilters"] = seeded_qfilters()
     for name, value in recorder.layer_inputs.items():
         if name in tensors and not torch.equal(tensors[name], value):
             raise RuntimeError(f"{name}: differs from the stored inputs")

@@ -43,6 +43,7 @@ TOPK_OF_SCORER = {
     "LeverageScorePress": "LeverageScorePress",
     "CompactorPress": "CompactorPress",
     "CURPress": "CURPress",
+    "QFilterPress_seeded_filters": "SeededQFilterPress",
     "SnapKVPress": "SnapKVPress",
     "SnapKVPress_window16": "SnapKVPress",
     "StreamingLLMPress": "StreamingLLMPress",
