@@ -146,14 +146,17 @@ class Tracker:
             self.handles.append(layer.self_attn.register_forward_hook(self._before, with_kwargs=True))
             layer.self_attn.masked_key_indices = None
 
-    def attach_after(self) -> None:
-        for layer in self.layers:
-            self.handles.append(layer.self_attn.register_forward_hook(self._after, with_kwargs=True))
+    def attach_after(self) -> list[Any]:
+        """Register the after-hooks (call inside the press's context, so they run after its hooks)."""
+        handles = [layer.self_attn.register_forward_hook(self._after, with_kwargs=True) for layer in self.layers]
+        self.handles.extend(handles)
+        return handles
 
-    def detach(self) -> None:
-        for handle in self.handles:
+    def detach(self, handles: list[Any] | None = None) -> None:
+        """Remove ``handles`` (default: every hook this tracker registered)."""
+        for handle in self.handles if handles is None else handles:
             handle.remove()
-        self.handles = []
+        self.handles = [] if handles is None else [h for h in self.handles if h not in handles]
 
     def _before(self, module, args, kwargs, output):
         idx = module.layer_idx
@@ -212,7 +215,14 @@ def scorer_presses(press: Any) -> list[ScorerPress]:
         seen.add(id(item))
         if isinstance(item, ScorerPress):
             found.append(item)
-        for name in ("press", "base_press", "_leverage_press", "_non_causal_press"):
+        for name in (
+            "press",
+            "base_press",
+            "prefilling_press",
+            "decoding_press",
+            "_leverage_press",
+            "_non_causal_press",
+        ):
             stack.append(getattr(item, name, None))
         stack.extend(getattr(item, "presses", []) or [])
     return found
@@ -252,9 +262,10 @@ def run_model_prefill(model, press, input_ids) -> tuple[Tracker, list[dict]]:
 
 
 def run_model_decoding(model, press, input_ids, decode_ids) -> tuple[Tracker, list[dict]]:
-    """kvpress's pipeline with a DecodingPress: uncompressed prefill of the context, then under the press a question
-    of QUESTION_TOKENS tokens in one forward and single tokens after it (teacher-forced ``decode_ids`` in place of
-    greedy ones), each call given only ``position_ids`` as ``KVPressTextGenerationPipeline.generate_answer`` does."""
+    """kvpress's pipeline with a decoding press: the context prefilled (under the press only for a
+    PrefillDecodingPress, in a context of its own), then under the press a question of QUESTION_TOKENS tokens in one
+    forward and single tokens after it (teacher-forced ``decode_ids`` in place of greedy ones), each call given only
+    ``position_ids`` as ``KVPressTextGenerationPipeline.generate_answer`` does."""
     tracker, calls = Tracker(model), []
     capture_scores(press, calls)
     cache = DynamicCache()
@@ -263,7 +274,13 @@ def run_model_decoding(model, press, input_ids, decode_ids) -> tuple[Tracker, li
         torch.manual_seed(GLOBAL_SEED)
         with torch.no_grad():
             tracker.next_positions = torch.arange(input_ids.shape[1])
-            model.model(input_ids=input_ids, past_key_values=cache)
+            if isinstance(press, kvpress.PrefillDecodingPress):
+                with press(model):
+                    after = tracker.attach_after()
+                    model.model(input_ids=input_ids, past_key_values=cache)
+                tracker.detach(after)
+            else:
+                model.model(input_ids=input_ids, past_key_values=cache)
             with press(model):
                 tracker.attach_after()
                 start = input_ids.shape[1]
@@ -471,6 +488,28 @@ def specs() -> list[Spec]:
             ratios=(0.0,),
             decoding=True,
             note=decoding_note,
+        ),
+        Spec(
+            "CompressionRatioDecodingPress_KnormPress",
+            lambda r: P.CompressionRatioDecodingPress(
+                base_press=P.KnormPress(), compression_interval=4, target_compression_ratio=r
+            ),
+            decoding=True,
+            note=decoding_note + "; target = max(1, int(tokens seen * (1 - ratio))), tokens seen from position_ids",
+        ),
+        Spec(
+            "PrefillDecodingPress_KnormPress",
+            lambda r: P.PrefillDecodingPress(
+                prefilling_press=P.KnormPress(compression_ratio=r),
+                decoding_press=P.DecodingPress(base_press=P.KnormPress(), compression_interval=4, target_size=24),
+            ),
+            decoding=True,
+            note=decoding_note + "; the prefill is compressed by the prefilling press in a context of its own",
+        ),
+        Spec(
+            "ChunkPress_KnormPress",
+            lambda r: P.ChunkPress(press=P.KnormPress(compression_ratio=r), chunk_length=20),
+            note="each chunk of chunk_length compressed on its own: max(1, int(chunk * (1 - ratio))) per chunk",
         ),
         Spec(
             "DecodingPress_KnormPress_buffer0",

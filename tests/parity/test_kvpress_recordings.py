@@ -58,7 +58,8 @@ TOPK_OF_SCORER = {
 PER_LAYER_BUDGET = {"PyramidKVPress", "PyramidKVPress_window16"}
 PER_HEAD_BUDGET = {"AdaKVPress_KnormPress", "AdaKVPress_SnapKVPress", "AdaKVPress_ExpectedAttentionPress"}
 PER_HEAD_BUDGET |= {"CriticalAdaKVPress_SnapKVPress"}
-DECODING = {"DecodingPress_KnormPress", "DecodingPress_KnormPress_buffer0"}
+DECODING = {"DecodingPress_KnormPress", "DecodingPress_KnormPress_buffer0", "CompressionRatioDecodingPress_KnormPress"}
+DECODING |= {"PrefillDecodingPress_KnormPress"}
 # ChunkKV keeps whole chunks: max(1, int(n_chunks * (1 - ratio))) of them, the last chunk possibly partial.
 CHUNKED = {"ChunkKVPress_KnormPress", "ChunkKVPress_SnapKVPress"}
 
@@ -130,12 +131,23 @@ def test_kept_positions_respect_kvpress_budget(press: str) -> None:
                 continue
             assert max(max(h) for h in heads) < case.length
             budget = kvpress_n_kept(case.length, case.compression_ratio)
-            if press in CHUNKED:
+            if press == "ChunkPress_KnormPress":
+                _check_per_chunk_budget(heads, case.length, case.compression_ratio, case.settings["chunk_length"])
+            elif press in CHUNKED:
                 _check_whole_chunks(heads, case.length, case.compression_ratio, case.settings["chunk_length"])
             elif press in PER_HEAD_BUDGET:
                 assert sum(len(h) for h in heads) == budget * len(heads)
             elif press not in PER_LAYER_BUDGET:
                 assert [len(h) for h in heads] == [budget] * len(heads), (case.inputs, layer)
+
+
+def _check_per_chunk_budget(heads: list[list[int]], length: int, ratio: float, chunk: int) -> None:
+    """ChunkPress: every chunk keeps ``max(1, int(chunk_size * (1 - ratio)))`` of its own tokens, on every head."""
+    for positions in heads:
+        for start in range(0, length, chunk):
+            size = min(chunk, length - start)
+            kept_here = [p for p in positions if start <= p < start + chunk]
+            assert len(kept_here) == max(1, int(size * (1 - ratio))), (start, size)
 
 
 def _check_whole_chunks(heads: list[list[int]], length: int, ratio: float, chunk: int) -> None:
