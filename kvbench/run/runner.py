@@ -103,11 +103,11 @@ LOG = logging.getLogger(__name__)
 
 def _prediction_row(sample: Sample, dataset: TaskDataset, output: Any, encoded: Any) -> dict[str, Any]:
     record = output.record
-    return {
+    row = {
         "id": sample.id,
         "prompt_sha256": sample.prompt_sha256(),
-        "prediction": dataset.postprocess(output.text),
-        "raw_prediction": output.text,
+        "prediction": dataset.postprocess(output.final_text),
+        "raw_prediction": output.final_text,
         "answers": list(sample.answers),
         "all_classes": sample.all_classes,
         "length": sample.length,
@@ -121,6 +121,10 @@ def _prediction_row(sample: Sample, dataset: TaskDataset, output: Any, encoded: 
         "stop_reason": output.stop_reason,
         "cache": record.to_json(),
     }
+    if output.later_passes:  # a multi-pass dataset: the fields above describe the first pass (the document's)
+        row["first_pass_text"] = output.text
+        row["later_passes"] = output.later_passes
+    return row
 
 
 _WARNED_ABOVE_FULL: set[str] = set()

@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "kvbench.lazy_exports",
             "kvbench.version",
             "kvbench.sample",
+            "kvbench.sampling",
             "kvbench.registry",
             "kvbench.resources",
             "kvbench.budget",
