@@ -7,6 +7,11 @@ Order of operations:
    * ``"middle"`` (LongBench ``pred.py``): the user text ``context + question`` is tokenised with special tokens (a
      BOS counts) and, if longer than the model's ``max_input_length``, cut in the *middle*: the first and last
      ``max_input_length // 2`` tokens are decoded back to text and joined;
+   * ``"middle_joined"`` (LongBench v2 ``pred.py``): the same tokenisation, but the kept ids are the first
+     ``max_input_length // 2`` and the last ``-(-max_input_length // 2)`` (exactly ``max_input_length`` in all), joined
+     as ids and decoded once;
+   * ``"middle_joined_half"`` (InfiniteBench ``src/eval_*.py``): as ``middle_joined`` with two equal halves of
+     ``max_input_length // 2`` ids (an odd maximum keeps one fewer);
    * ``"none"`` (RULER, NeedleBench: their harnesses build prompts that fit and never cut them): a prompt longer than
      ``max_input_length`` is an error naming the sample and both lengths;
 
@@ -35,7 +40,7 @@ from kvbench.sample import Sample
 if TYPE_CHECKING:  # type hints only: the task modules import this one, and validation imports them torch-free
     from transformers import PreTrainedTokenizerBase
 
-TRUNCATION_MODES = ("middle", "none")
+TRUNCATION_MODES = ("middle", "middle_joined", "middle_joined_half", "none")
 #: BOS of a chat-templated prompt: ``single`` (the template carries its BOS; no second one is added, nor to a text
 #: that starts with the BOS text, e.g. RULER's ``meta-llama3`` template) or
 #: ``reference_double`` (the templated text is tokenised with special tokens, as Ada-KV's and CAKE's LongBench
@@ -118,6 +123,22 @@ def truncate_prompt(prompt: str, tokenizer: Any, max_length: int, add_special_to
     return tokenizer.decode(kept[:half], skip_special_tokens=True) + tokenizer.decode(
         kept[half:], skip_special_tokens=True
     )
+
+
+def truncate_prompt_joined(prompt: str, tokenizer: Any, max_length: int, equal_halves: bool = False) -> str:
+    """LongBench v2 ``pred.py``'s rule: ``ids = tokenizer.encode(prompt)`` (special tokens included); if longer than
+    ``max_length``, ``ids[:max_length // 2] + ids[-max_length // 2:]`` (Python's floor division: an odd
+    ``max_length`` keeps one more token at the end, ``max_length`` in all), decoded once with
+    ``skip_special_tokens=True``; otherwise the prompt unchanged.  ``equal_halves``: InfiniteBench's
+    ``truncate_input``, ``split = max_length // 2; ids[:split] + ids[-split:]``."""
+    if max_length < 2:
+        raise ValueError(f"max_length must be >= 2, got {max_length}")
+    ids = list(tokenizer(prompt, truncation=False, add_special_tokens=True).input_ids)
+    if len(ids) <= max_length:
+        return prompt
+    tail = max_length // 2 if equal_halves else -(-max_length // 2)
+    kept = ids[: max_length // 2] + ids[len(ids) - tail :]
+    return tokenizer.decode(kept, skip_special_tokens=True)
 
 
 def split_truncated_prompt(truncated_prompt: str, question: str) -> tuple[str, str]:
@@ -229,8 +250,13 @@ def encode_sample(
     check_choice("bos", bos, BOS_MODES)
     context, question = sample.context, sample.question
     truncated = question_lost = False
+    text = context + question
     if truncation == "middle":
         text = truncate_prompt(context + question, tokenizer, max_input_length)
+    elif truncation in ("middle_joined", "middle_joined_half"):
+        halves = truncation == "middle_joined_half"
+        text = truncate_prompt_joined(context + question, tokenizer, max_input_length, equal_halves=halves)
+    if truncation != "none":
         truncated = text != context + question
         if truncated:
             context, kept_question = split_truncated_prompt(text, question)

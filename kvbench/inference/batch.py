@@ -37,6 +37,7 @@ from kvbench.inference.generate import GenerationOutput, GreedyStream
 from kvbench.inference.prefill import prefill
 from kvbench.methods.base import EvictionMethod
 from kvbench.models.loading import input_device, model_devices
+from kvbench.sampling import Sampling
 
 #: ``auto`` never decodes more samples than this per forward.
 MAX_AUTO_BATCH = 64
@@ -109,6 +110,7 @@ class DecodeRequest:
     stop_token_ids: set[int]
     stop_strings: tuple[str, ...] = ()
     min_new_tokens: int = 0
+    sampling: Sampling | None = None
 
 
 @dataclass
@@ -219,7 +221,12 @@ def _start(
     prefill_s = time.perf_counter() - state.started
     allocator_state = copy.deepcopy(method.layer_allocator.sample_state())
     stream = GreedyStream(
-        tokenizer, request.max_new_tokens, request.stop_token_ids, request.stop_strings, request.min_new_tokens
+        tokenizer,
+        request.max_new_tokens,
+        request.stop_token_ids,
+        request.stop_strings,
+        request.min_new_tokens,
+        request.sampling,
     )
     next_id = -1
     if not stream.done:

@@ -1,5 +1,5 @@
-"""Prefill with eviction (:func:`kvbench.inference.prefill.prefill`), then greedy decoding, for one sample (batch size
-1).
+"""Prefill with eviction (:func:`kvbench.inference.prefill.prefill`), then greedy decoding (or seeded sampling when a
+dataset asks for it, :class:`Sampling`), for one sample (batch size 1).
 
 Explicit ``position_ids`` everywhere: after eviction the cache holds fewer tokens than were seen, so positions
 come from the count of tokens fed, never from the cache length.
@@ -8,7 +8,8 @@ come from the count of tokens fed, never from the cache length.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -25,11 +26,25 @@ from kvbench.inference.prefill import (  # noqa: F401  (re-exported: the runner'
 )
 from kvbench.methods.base import EvictionMethod
 from kvbench.models.loading import input_device, model_devices
+from kvbench.sampling import Sampling
+
+
+def sample_token(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator) -> int:
+    """One draw from ``logits`` ``[vocab]`` under ``sampling`` (see :class:`Sampling`)."""
+    probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)
+    if sampling.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # mass of the more likely tokens
+        sorted_probs = torch.where(before < sampling.top_p, sorted_probs, torch.zeros_like(sorted_probs))
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+    return int(torch.multinomial(probs, 1, generator=generator))
 
 
 @dataclass
 class GenerationOutput:
-    """Result of one greedy generation."""
+    """Result of one generation (``later_passes``: what a multi-pass dataset's later passes produced from this one's
+    text, e.g. LongBench v2's answer pass after the chain of thought: one dict per pass with ``text``,
+    ``input_tokens``, ``new_tokens``, ``stop_reason`` and ``cache``; the last one's text is the prediction)."""
 
     token_ids: list[int]
     text: str
@@ -37,6 +52,12 @@ class GenerationOutput:
     prefill_s: float
     decode_s: float
     stop_reason: str
+    later_passes: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def final_text(self) -> str:
+        """The text that is scored: the last pass's."""
+        return self.later_passes[-1]["text"] if self.later_passes else self.text
 
 
 @torch.inference_mode()
@@ -54,8 +75,9 @@ def generate(
     stop_strings: tuple[str, ...] = (),
     min_new_tokens: int = 0,
     prefill_chunk: int | None = None,
+    sampling: Sampling | None = None,
 ) -> GenerationOutput:
-    """Greedy generation with ``method`` applied at ``budget``.
+    """Greedy generation (or seeded ``sampling``) with ``method`` applied at ``budget``.
 
     ``aware``: the whole prompt (context + question) is prefilled and compressed.  ``agnostic``: only the context
     is prefilled and compressed, then the question is fed on top of the compressed cache.  Stop tokens and stop
@@ -81,7 +103,7 @@ def generate(
     prefill_s = time.perf_counter() - state.started
 
     start = time.perf_counter()
-    stream = GreedyStream(tokenizer, max_new_tokens, stop_token_ids, stop_strings, min_new_tokens)
+    stream = GreedyStream(tokenizer, max_new_tokens, stop_token_ids, stop_strings, min_new_tokens, sampling)
     while not stream.done:
         next_id = stream.push(logits)
         if stream.done:
@@ -95,8 +117,8 @@ def generate(
 
 
 class GreedyStream:
-    """One sample's greedy choice and stop rules, step by step: shared by :func:`generate` (batch 1) and the batched
-    decoder (:mod:`kvbench.inference.batch`), so both stop alike.
+    """One sample's greedy choice (or seeded draw, ``sampling``) and stop rules, step by step: shared by
+    :func:`generate` (batch 1) and the batched decoder (:mod:`kvbench.inference.batch`), so both stop alike.
 
     Stop tokens and stop strings are ignored for the first ``min_new_tokens`` tokens (LongBench's ``min_length`` for
     samsum: the stop tokens' logits are masked, so the model picks another token).  A stop token ends the output and
@@ -111,8 +133,11 @@ class GreedyStream:
         stop_token_ids: set[int],
         stop_strings: tuple[str, ...] = (),
         min_new_tokens: int = 0,
+        sampling: Sampling | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.sampling = sampling
+        self._generator: torch.Generator | None = None
         self.max_new_tokens = max_new_tokens
         self.stop_token_ids = stop_token_ids
         self.stop_strings = stop_strings
@@ -130,7 +155,12 @@ class GreedyStream:
             # Like transformers' MinNewTokensLengthLogitsProcessor: stop tokens cannot be chosen yet.
             logits = logits.clone()
             logits[list(self.stop_token_ids)] = float("-inf")
-        next_id = int(torch.argmax(logits))
+        if self.sampling is None:
+            next_id = int(torch.argmax(logits))
+        else:
+            if self._generator is None:
+                self._generator = torch.Generator(device=logits.device).manual_seed(self.sampling.seed)
+            next_id = sample_token(logits, self.sampling, self._generator)
         self.generated.append(next_id)
         if next_id in self.stop_token_ids:
             # Kept in the output like transformers' generate(); decoding skips it when it is a special token, so a

@@ -38,7 +38,7 @@ from matplotlib.lines import Line2D
 
 from kvbench.reporting.needle_heatmap import plot_needle_heatmap
 from kvbench.reporting.paper_refs import TABLES
-from kvbench.run.writers import PREDICTIONS_FILE
+from kvbench.storage.writers import PREDICTIONS_FILE
 
 _BUDGET_RE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>L|/layer|x)$")
 

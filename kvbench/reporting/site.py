@@ -30,7 +30,7 @@ from kvbench.errors import KVBenchError
 from kvbench.reporting.aggregate import run_summary
 from kvbench.reporting.dashboard_data import NO_EXPERIMENT, DashboardRuns, leaderboards, load_dashboard_runs, run_id
 from kvbench.reporting.site_page import PAGE_TEMPLATE
-from kvbench.run.writers import atomic_write_text
+from kvbench.storage.writers import atomic_write_text
 
 CACHE_FILE = ".kvbench-site-cache.json"
 PLOTLY_FILE = "plotly.min.js"

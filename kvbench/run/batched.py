@@ -17,14 +17,28 @@ from kvbench.inference.batch import DecodeRequest, ReorderBuffer, generate_batch
 from kvbench.inference.generate import generate
 
 
-def stop_rules(dataset: Any, stops: set[int]) -> dict[str, Any]:
-    """A dataset's per-sample stop rules, as keyword arguments of both :func:`~kvbench.inference.generate.generate`
-    and :class:`~kvbench.inference.batch.DecodeRequest`."""
+def stop_rules(dataset: Any, stops: set[int], sample_id: str | None = None) -> dict[str, Any]:
+    """A dataset's per-sample stop rules and token choice, as keyword arguments of both
+    :func:`~kvbench.inference.generate.generate` and :class:`~kvbench.inference.batch.DecodeRequest`; a dataset
+    that samples (``dataset.sampling``) gets a seed of its own per ``sample_id``."""
+    sampling = getattr(dataset, "sampling", None)
     return {
         "max_new_tokens": int(dataset.max_new_tokens),
         "stop_token_ids": stops,
         "stop_strings": tuple(dataset.stop_strings),
         "min_new_tokens": int(dataset.min_new_tokens),
+        "sampling": sampling.for_sample(sample_id or "") if sampling is not None else None,
+    }
+
+
+def _pass_record(encoded: Any, output: Any) -> dict[str, Any]:
+    """One later pass of a multi-pass dataset, as stored in its prediction row."""
+    return {
+        "text": output.text,
+        "input_tokens": len(encoded.input_ids),
+        "new_tokens": len(output.token_ids),
+        "stop_reason": output.stop_reason,
+        "cache": output.record.to_json(),
     }
 
 
@@ -48,23 +62,41 @@ def generate_dataset(
             cfg.run.decode_batch, loaded.model, runner.method, runner.budget,
             lambda: [len(encode(sample).input_ids) for sample in todo], int(dataset.max_new_tokens),
         )  # fmt: skip
-    if runner.resolved_decode_batch > 1:
+    multi_pass = getattr(dataset, "multi_pass", False)
+    if runner.resolved_decode_batch > 1 and not multi_pass:  # a later pass needs the earlier text: batch 1
         run_batched(runner, loaded, dataset, todo, encode, write, stops, progress)
         return
     for sample in progress:
         encoded = encode(sample)
-        output = generate(
-            loaded.model,
-            loaded.tokenizer,
-            encoded.context_ids,
-            encoded.question_ids,
-            method=runner.method,
-            budget=runner.budget,
-            question_mode=str(cfg.task.question_mode),
-            prefill_chunk=cfg.run.prefill_chunk,
-            **stop_rules(dataset, stops),
-        )
+        rules = stop_rules(dataset, stops, sample.id)
+        output = _generate(runner, loaded, encoded, rules)
+        step = 1
+        # A multi-pass dataset (LongBench v2's chain of thought) builds the next prompt from the text so far: each pass
+        # is a fresh prefill, compressed by the method like any prompt, and recorded in the row's "later_passes".
+        while multi_pass and (follow := dataset.follow_up(sample, output.final_text, step)) is not None:
+            next_sample, max_new_tokens = follow
+            next_encoded = encode(next_sample)
+            next_rules = {**rules, **stop_rules(dataset, stops, f"{sample.id}#pass{step + 1}")}
+            next_rules["max_new_tokens"] = int(max_new_tokens)
+            later = _generate(runner, loaded, next_encoded, next_rules)
+            output.later_passes.append(_pass_record(next_encoded, later))
+            step += 1
         write(sample, encoded, output)
+
+
+def _generate(runner: Any, loaded: Any, encoded: Any, rules: dict[str, Any]) -> Any:
+    """One batch-1 generation of an encoded prompt under the runner's method and budget."""
+    return generate(
+        loaded.model,
+        loaded.tokenizer,
+        encoded.context_ids,
+        encoded.question_ids,
+        method=runner.method,
+        budget=runner.budget,
+        question_mode=str(runner.cfg.task.question_mode),
+        prefill_chunk=runner.cfg.run.prefill_chunk,
+        **rules,
+    )
 
 
 def run_batched(
@@ -82,13 +114,12 @@ def run_batched(
     progress bar or the plain list) counts written samples."""
     cfg = runner.cfg
     encoded_by_index: dict[int, Any] = {}
-    rules = stop_rules(dataset, stops)
 
     def requests() -> Iterator[DecodeRequest]:
         for index, sample in enumerate(todo):
             encoded = encode(sample)
             encoded_by_index[index] = encoded
-            yield DecodeRequest(encoded.context_ids, encoded.question_ids, **rules)
+            yield DecodeRequest(encoded.context_ids, encoded.question_ids, **stop_rules(dataset, stops, sample.id))
 
     buffer = ReorderBuffer()
     outputs = generate_batched(

@@ -60,6 +60,12 @@ class TaskDataset(ABC):
     #: runner's generate-and-score loop; such a dataset writes its own ``metrics.json``, with no per-sample kvbench
     #: predictions to resample.
     evaluates_itself: bool = False
+    #: Seeded sampling instead of greedy decoding (a :class:`kvbench.sampling.Sampling`; ``None`` = greedy, the
+    #: default): each sample draws from its own seed (:meth:`~kvbench.sampling.Sampling.for_sample`).
+    sampling: Any = None
+    #: Whether a sample takes several generation passes, each prompt built from the text so far
+    #: (:meth:`follow_up`; LongBench v2's chain of thought).  Such a dataset decodes one sample at a time.
+    multi_pass: bool = False
 
     @abstractmethod
     def samples(self) -> Sequence[Sample]:
@@ -76,6 +82,11 @@ class TaskDataset(ABC):
         Returns a dict with at least ``"score"`` (the headline number, on the benchmark's own scale, e.g. 0-100
         for LongBench) and optionally more named numbers (LongBench-E buckets, per-depth scores, ...).
         """
+
+    def follow_up(self, sample: Sample, text: str, passes_done: int) -> tuple[Sample, int] | None:
+        """For a :attr:`multi_pass` dataset: the next pass's prompt and ``max_new_tokens``, given ``text``, the output
+        of pass ``passes_done`` (1 = the first); ``None`` when ``text`` is the final answer (default: always)."""
+        return None
 
     def write_report(  # noqa: B027  (optional hook, deliberately a no-op by default)
         self, predictions: Sequence[str], samples: Sequence[Sample], folder: Path, title: str
@@ -108,6 +119,7 @@ class TaskDataset(ABC):
             "truncation": self.truncation,
             "bos": self.bos,
             "metric": self.metric_name,
+            "decoding": self.sampling.to_json() if self.sampling is not None else "greedy",
         }
 
 

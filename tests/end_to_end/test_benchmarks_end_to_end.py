@@ -106,3 +106,48 @@ def test_needle_grid_end_to_end_writes_heatmap(tmp_path: Path) -> None:
     assert results[0].n_samples == 6
     heatmap = folder / "needle_grid" / "heatmap.png"
     assert heatmap.exists() and heatmap.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_longbench_v2_chain_of_thought_sampled_end_to_end(tmp_path: Path) -> None:
+    """LongBench v2's two passes through the runner (question-agnostic, official sampling): the row keeps the
+    reasoning pass (document prompt, compressed) and the answer pass (built from the reasoning's text).  (Seeded draws
+    are reproducible and batch-independent: tests/inference/test_sampling.py.)"""
+    overrides = (
+        "task=longbench_v2",
+        "task.data_dir=fixtures",
+        "task.num_samples=2",
+        "task.options.prompt=cot",
+        "task.options.sampling=official",
+        "task.options.max_new_tokens=3",
+        "task.question_mode=agnostic",
+    )
+    folder, _ = run(tmp_path, *overrides)
+    for row in rows(folder, "longbench_v2"):
+        answer_pass = row["later_passes"][0]
+        assert row["new_tokens"] == 3 and answer_pass["new_tokens"] <= 3
+        assert row["raw_prediction"] == answer_pass["text"] and "first_pass_text" in row
+        assert row["cache"]["evicted"] and answer_pass["input_tokens"] < row["input_tokens"]
+    metrics = json.loads((folder / "longbench_v2" / "metrics.json").read_text())
+    assert metrics["dataset_settings"]["decoding"] == {"temperature": 0.1, "top_p": 1.0, "seed": 0}
+    assert set(metrics["scores"]) >= {"score", "easy", "hard", "short", "medium", "long"}
+    table = (folder / "longbench_v2" / "result.tsv").read_text().splitlines()
+    assert table[0] == "Model\tOverall\tEasy\tHard\tShort\tMedium\tLong" and len(table[1].split("\t")) == 7
+
+
+def test_infinitebench_fixtures_end_to_end(tmp_path: Path) -> None:
+    """Two InfiniteBench tasks through the runner, question-agnostic: raw prompts (no chat template), the task's
+    generation limit, scores on the official scale."""
+    folder, results = run(
+        tmp_path,
+        "task=infinitebench",
+        "task.data_dir=fixtures",
+        "task.datasets=[passkey,code_debug]",
+        "task.num_samples=1",
+        "task.question_mode=agnostic",
+    )
+    assert [r.dataset for r in results] == ["passkey", "code_debug"]
+    for result in results:
+        metrics = json.loads((folder / result.dataset / "metrics.json").read_text())
+        assert 0.0 <= metrics["score"] <= 100.0 and metrics["dataset_settings"]["template"] == "yarn-mistral"
+        row = rows(folder, result.dataset)[0]
+        assert row["question_tokens"] > 0 and row["new_tokens"] <= {"passkey": 6, "code_debug": 5}[result.dataset]
