@@ -61,7 +61,7 @@ run:  ## the embedded default (tiny model, offline synthetic task, CPU)
 
 TABLES_ARGS = --runs results/runs --paper results/paper --out results/tables --plots results/plots
 
-tables:  ## rebuild every paper table (Markdown, CSV, LaTeX) and plot from results/runs
+tables:  ## rebuild every paper table (Markdown, CSV, LaTeX) and plot from results/runs (exit 2 if it holds no run)
 	$(PYTHON) scripts/tables.py $(TABLES_ARGS)
 
 tables-pdf:  ## make tables, then one PDF of every table: results/tables/all_tables.pdf (needs pdflatex: make setup-latex)
