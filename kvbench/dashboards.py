@@ -1,6 +1,6 @@
 """``kvbench report`` and ``kvbench wandb-report``: the two dashboards' command lines.
 
-* ``kvbench report [RUNS] --out results/site [--experiment X] [--title T]``: the offline results site
+* ``kvbench report [RUNS] --out results/site [--experiment X] [--title T] [--single-file]``: the offline results site
   (:mod:`kvbench.reporting.site`).
 * ``kvbench wandb-report --entity E --project P [RUNS] [--experiment X] [--title T] [--dry-run] [--out F]``: the
   W&B Report (:mod:`kvbench.reporting.wandb_report`); ``--dry-run`` writes the report's specification JSON to
@@ -31,10 +31,13 @@ def report_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="kvbench report", description="Build the offline results site.")
     _runs_argument(parser)
     parser.add_argument("--out", default="results/site", help="folder of the site (index.html)")
+    parser.add_argument(
+        "--single-file", action="store_true", help="inline Plotly into index.html: one self-contained file to share"
+    )
     args = parser.parse_args(list(argv))
     from kvbench.reporting.site import build_site
 
-    result = build_site(args.runs, args.out, args.experiment, args.title or "kvbench results")
+    result = build_site(args.runs, args.out, args.experiment, args.title or "kvbench results", args.single_file)
     print(
         f"{result.n_runs} runs -> {result.index} ({result.cache_hits} unchanged, read from the cache; "
         f"{result.seconds:.1f} s)"
