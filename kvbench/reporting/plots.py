@@ -37,7 +37,9 @@ import pandas as pd
 from matplotlib.lines import Line2D
 
 from kvbench.reporting.needle_heatmap import plot_needle_heatmap
+from kvbench.reporting.palette import FULL_CACHE_COLOUR, method_colour, method_label
 from kvbench.reporting.paper_refs import TABLES
+from kvbench.reporting.pivot import SMALL_N
 from kvbench.run.writers import PREDICTIONS_FILE
 
 _BUDGET_RE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>L|/layer|x)$")
@@ -78,9 +80,8 @@ def _mode_part(question_mode: str, tag: str) -> str:
 
 
 def method_colours(methods: Sequence[str]) -> dict[str, Any]:
-    """One distinct colour per method (tab10, or tab20 beyond ten methods)."""
-    cmap = plt.get_cmap("tab10" if len(methods) <= 10 else "tab20")
-    return {m: cmap(i % cmap.N) for i, m in enumerate(methods)}
+    """Each method's colour from the one palette of every view (:mod:`kvbench.reporting.palette`)."""
+    return {m: method_colour(m) for m in methods}
 
 
 def _budget_axis(ax: Any, form: str, xs: Sequence[float], labels: Sequence[str] | None = None) -> None:
@@ -145,15 +146,19 @@ def plot_paper_table(table: str, cmp: pd.DataFrame, out_dir: str | Path) -> Path
     for ax, (model_label, mode) in zip(axes[0], panels, strict=True):
         draw_paper_panel(ax, data[(data["model_label"] == model_label) & (data["question_mode"] == mode)], colours)
         ax.set_title(f"{model_label} · {mode}" if show_mode else model_label, fontsize=9)
-    handles = [Line2D([], [], color=c, marker="o", label=_label_of(data, m)) for m, c in colours.items()]
+    handles = [Line2D([], [], color=c, marker="o", label=method_label(m)) for m, c in colours.items()]
+    paper_name = spec.paper if (spec := TABLES.get(table)) is not None else "paper"
     handles += [
-        Line2D([], [], color="grey", linestyle="-", marker="o", label="ours"),
-        Line2D([], [], color="grey", linestyle="--", marker="o", mfc="none", label="paper (as printed)"),
+        Line2D([], [], color="black", linestyle="-", marker="o", label="kvbench\n(runs: solid, filled)"),
+        Line2D(
+            [], [], color="black", linestyle="--", marker="o", mfc="none", label=f"{paper_name}\n(paper: dashed, hollow)"
+        ),
     ]
     if (data["method"] == "full").any():
-        handles.append(Line2D([], [], color="black", linewidth=1, label="full cache\n(solid ours, dashed paper)"))
+        handles.append(
+            Line2D([], [], color=FULL_CACHE_COLOUR, linewidth=1, label="full cache\n(solid kvbench, dashed paper)")
+        )
     fig.legend(handles=handles, loc="center right", fontsize=8, frameon=False)
-    spec = TABLES.get(table)
     title = f"{spec.paper}, {spec.title}" if spec is not None else table
     if bool(cmp["synthetic"].any()):
         title += "\nSYNTHETIC runs (paper values plus noise), not measurements"
@@ -166,10 +171,6 @@ def plot_paper_table(table: str, cmp: pd.DataFrame, out_dir: str | Path) -> Path
     return path
 
 
-def _label_of(data: pd.DataFrame, method: str) -> str:
-    return str(data.loc[data["method"] == method, "method_label"].iloc[0])
-
-
 def plot_paper_tables(comparisons: dict[str, pd.DataFrame], out_dir: str | Path) -> list[Path]:
     """:func:`plot_paper_table` for every table that can be plotted."""
     paths = [plot_paper_table(table, cmp, out_dir) for table, cmp in comparisons.items()]
@@ -178,15 +179,18 @@ def plot_paper_tables(comparisons: dict[str, pd.DataFrame], out_dir: str | Path)
 
 # ------------------------------------------------------------------------------------------------------ any runs
 def draw_runs_panel(ax: Any, part: pd.DataFrame, full: pd.DataFrame, form: str) -> None:
-    """Score versus budget of runs: ``part`` (``method, x, score``) one line per method (a marker where a method
-    ran one budget), ``full`` (``budget, score``) horizontal dashed lines, whatever budget they ran under."""
-    colours = method_colours(sorted(part["method"].unique()))
+    """Score versus budget of runs: ``part`` (``method, x, score`` and optionally ``low``/``high``, the 95 %
+    interval, drawn as a band) one line per method (a marker where a method ran one budget), ``full`` (``budget,
+    score``) one horizontal dashed line: the run under the budget ``full`` if there is one, else the first."""
     for method, mg in part.groupby("method", sort=True):
         mg = mg.sort_values("x")
-        ax.plot(mg["x"], mg["score"], "-o", color=colours[method], label=method)
-    for rec in full.itertuples():
-        label = "full cache" if len(full) == 1 else f"full cache ({rec.budget})"
-        ax.axhline(rec.score, linestyle="--", color="black", linewidth=1, label=label)
+        colour = method_colour(method)
+        ax.plot(mg["x"], mg["score"], "-o", color=colour, label=method_label(method))
+        if {"low", "high"} <= set(mg.columns) and mg["low"].notna().all():
+            ax.fill_between(mg["x"], mg["low"], mg["high"], color=colour, alpha=0.15, linewidth=0)
+    if not full.empty:
+        rec = full.sort_values("budget", key=lambda b: b != "full").iloc[0]
+        ax.axhline(rec["score"], linestyle="--", color=FULL_CACHE_COLOUR, linewidth=1, label="full cache")
     _budget_axis(ax, form, sorted(part["x"].unique()))
 
 
@@ -202,6 +206,7 @@ def plot_score_vs_budget(runs: pd.DataFrame, out_dir: str | Path) -> list[Path]:
         common = set.intersection(*per_run.tolist()) if len(per_run) else set()
         use = g[g["dataset"].isin(common)] if common else g
         means = use.groupby(["method", "budget"])["score"].mean().reset_index()
+        means = _with_intervals(means, use)
         means["parsed"] = means["budget"].map(budget_value)
         full = means[means["method"] == "full"]
         comp = means[(means["method"] != "full") & means["parsed"].notna()]
@@ -214,6 +219,10 @@ def plot_score_vs_budget(runs: pd.DataFrame, out_dir: str | Path) -> list[Path]:
             draw_runs_panel(ax, part, full, form)
             n_ds = len(common) if common else g["dataset"].nunique()
             ax.set_ylabel(f"mean score over {n_ds} dataset(s)")
+            n_min = int(pd.to_numeric(use["n_samples"], errors="coerce").min())
+            if n_min < SMALL_N:
+                ax.text(0.01, 0.01, f"n={n_min} samples per dataset: wide intervals", transform=ax.transAxes,
+                        fontsize=8, color="#b26a00")  # fmt: skip
             mode = _mode_part(qmode, tag)
             title = " · ".join(x for x in (model, task, tag, mode) if x)
             ax.set_title(title + (" · SYNTHETIC" if bool(g["synthetic"].any()) else ""), fontsize=10)
@@ -225,6 +234,25 @@ def plot_score_vs_budget(runs: pd.DataFrame, out_dir: str | Path) -> list[Path]:
             plt.close(fig)
             written.append(path)
     return written
+
+
+def _with_intervals(means: pd.DataFrame, use: pd.DataFrame) -> pd.DataFrame:
+    """``means`` with ``low``/``high``: summary.json's 95 % interval of each run's mean, when the plotted mean is
+    over all of the run's datasets (else NaN: no band)."""
+    lows, highs = [], []
+    for rec in means.itertuples():
+        rows = use[(use["method"] == rec.method) & (use["budget"] == rec.budget)]
+        summary = Path(rows["path"].iloc[0]).parent.parent / "summary.json"
+        interval = None
+        try:
+            payload = json.loads(summary.read_text(encoding="utf-8"))
+            if len(payload.get("datasets") or []) == len(rows):
+                interval = (payload.get("averages", {}).get("mean") or {}).get("ci95")
+        except (OSError, ValueError):
+            interval = None
+        lows.append(interval[0] if interval else math.nan)
+        highs.append(interval[1] if interval else math.nan)
+    return means.assign(low=lows, high=highs)
 
 
 def _string_match_all(prediction: str, references: Sequence[str]) -> float:
