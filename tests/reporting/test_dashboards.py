@@ -226,18 +226,35 @@ def test_wandb_report_dry_run_has_one_budget_panel_per_dataset(grid: Path, tmp_p
     for key, value in (("model", "tiny"), ("task", "tiny_niah"), ("experiment", "default")):
         assert f'Config("panel.{key}") == {value!r}' in runset.filters
     lines = [p for p in grid_block.panels if isinstance(p, wr.LinePlot)]
-    per_dataset = {p.y[0].name: p for p in lines if len(p.y) == 1 and "/avg/" not in p.y[0].name}
+    per_dataset = {p.y[0].name: p for p in lines if "/avg/" not in p.y[0].name}
     assert sorted(per_dataset) == sorted(f"tiny_niah/{d}" for d in DATASETS)
-    for panel in per_dataset.values():
-        assert panel.x.name == "budget_tokens_per_layer"
-        assert isinstance(panel.groupby, wr.Config) and panel.groupby.name == "panel.method"
+    for name, panel in per_dataset.items():
+        assert panel.x.name == "budget_tokens_per_layer" and panel.log_x
+        # One line per method x question mode (x tag), the interval's ends, the full cache across the budgets.
+        assert isinstance(panel.groupby, wr.Config) and panel.groupby.name == "panel.group"
+        assert [m.name for m in panel.y] == [name, f"{name}/ci95_low", f"{name}/ci95_high", f"full_cache/{name}"]
         assert "(full cache: " in panel.title
-    assert any([m.name for m in p.y] == ["tiny_niah/avg/mean"] for p in lines)
+    assert any(p.y[0].name == "tiny_niah/avg/mean" for p in lines)
     [scatter] = [p for p in grid_block.panels if isinstance(p, wr.ScatterPlot)]
-    assert scatter.x.name == "kept_fraction" and scatter.y.name == "tiny_niah/avg"
+    assert scatter.x.name == "panel.stored_fraction" and scatter.y.name == "tiny_niah/avg"
     [parallel] = [p for p in grid_block.panels if isinstance(p, wr.ParallelCoordinatesPlot)]
-    assert len(parallel.columns) == 3 + len(DATASETS) + 1
+    assert len(parallel.columns) == 4 + len(DATASETS) + 1
+    # The run set: grouped by method, question mode and tag; its columns are the library's own names of the
+    # config and summary keys (Config("panel.method") -> "config:panel.value.method": panel is a dict).
+    assert len(runset.groupby) == 3 and all("panel" in str(g) for g in runset.groupby)
+    from wandb_workspaces.reports.v2.interface import _metric_to_frontend_pc
+
+    pinned = [_metric_to_frontend_pc(c) for c in runset.pinned_columns]
+    assert [p.name for p in pinned[:3]] == ["panel.method", "panel.question_mode", "panel.budget"]
+    assert all(isinstance(p, wr.Config) for p in pinned[:3])
     assert "summary:tiny_niah/niah_single_1k/ci95_low" in runset.column_order
+    # A dry run needs no entity or project.
+    bare = tmp_path / "bare.json"
+    result = run_kvbench("wandb-report", str(grid), "--dry-run", "--out", str(bare))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(bare.read_text())["spec"]["blocks"]
+    missing = run_kvbench("wandb-report", str(grid), "--out", str(tmp_path / "x.json"))
+    assert missing.returncode == 2 and "--entity is needed" in missing.stderr
 
 
 def _blank_share(png: bytes) -> float:
