@@ -150,7 +150,7 @@ def plot_paper_table(table: str, cmp: pd.DataFrame, out_dir: str | Path) -> Path
     paper_name = spec.paper if (spec := TABLES.get(table)) is not None else "paper"
     handles += [
         Line2D([], [], color="black", linestyle="-", marker="o", label="kvbench\n(runs: solid, filled)"),
-        Line2D([], [], color="black", linestyle="--", marker="o", mfc="none", label=f"{paper_name}\n(paper: dashed)"),
+        Line2D([], [], color="black", linestyle="--", marker="o", mfc="none", label=f"as printed in {paper_name}"),
     ]
     if (data["method"] == "full").any():
         handles.append(

@@ -49,7 +49,7 @@ table.pivot td .mean { font-weight: bold; } table.pivot tr.full-row { background
 .smalln { color: #b26a00; font-size: .75em; margin-left: .2em; }
 .warning { background: #fff8e1; border-left: 3px solid #f9a825; padding: .2em .5em; font-size: .85em; }
 .plot.small { width: 380px; height: 320px; }
-table.preds td { text-align: left; max-width: 28em; white-space: pre-wrap; word-break: break-word; }
+table.preds td, table.preds th { text-align: left; max-width: 28em; white-space: pre-wrap; word-break: break-word; }
 </style>
 </head>
 <body>

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 VIEWS_SCRIPT = r"""
 const SMALL_N = DATA.small_n;
-function shown(table) {
-  return ["model", "task", "question_mode"].every(f => !state[f] || table[f] === state[f]);
+function shown(table, keys) {
+  return (keys || ["model", "task", "question_mode"]).every(f => !state[f] || table[f] === state[f]);
 }
 const FRACTION_TICKS = [0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1];
 function fractionAxis(title, xs) {  // a log axis of fractions with a few readable ticks
@@ -35,7 +35,7 @@ function renderHeadline() {
   const box = document.getElementById("headline");
   box.replaceChildren();
   for (const chart of DATA.headline) {
-    if (!shown({...chart, question_mode: ""})) continue;
+    if (!shown(chart, ["model", "task"])) continue;
     const series = chart.series.filter(s => !state.question_mode || s.question_mode === state.question_mode);
     const traces = [];
     const xs = series.flatMap(s => s.points.map(p => p.x));
