@@ -28,7 +28,7 @@ gpu-dry-run:  ## scripts/gpu_validate.py on CPU (2-layer slices, Triton interpre
 setup-slurm:  ## the submitit launcher for `python run.py -m hydra/launcher=slurm ...`
 	$(PIP) install -e ".[slurm]"
 
-setup-latex:  ## Debian/Ubuntu, as root: pdflatex + booktabs/graphicx/amssymb for make tables-pdf (~48 MB, ~25 s)
+setup-latex:  ## Debian/Ubuntu, as root: pdflatex + booktabs/graphicx/amssymb/caption for make tables-pdf (~48 MB, ~25 s)
 	apt-get update -qq
 	apt-get install -y -qq --no-install-recommends texlive-latex-base texlive-latex-recommended
 

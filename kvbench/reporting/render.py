@@ -10,8 +10,9 @@ layout.
 * Blocks: the rows sharing model, question mode and budget (the full-cache rows of a model go with each of its
   budget blocks).  A table longer than :data:`MAX_LINES` lines with several blocks is printed as one sub-table
   (Markdown) or one float (LaTeX) per block, as the papers separate them; a shorter one stays whole.
-* LaTeX: a complete ``table`` float (caption, label, ``booktabs`` rules), shrunk to ``\\linewidth`` only when wider,
-  pure ASCII; it needs ``\\usepackage{booktabs,graphicx,amssymb}`` (see :func:`latex_document`).
+* LaTeX: a complete ``table`` float (an unnumbered ``caption*``: the paper's own table number is the only one;
+  label, ``booktabs`` rules), shrunk to ``\\linewidth`` only when wider, pure ASCII; it needs
+  ``\\usepackage{booktabs,graphicx,amssymb,caption}`` (see :func:`latex_document`).
 """
 
 from __future__ import annotations
@@ -350,7 +351,7 @@ def compile_pdf(tex_path: str | Path, engine: str = "pdflatex", timeout_s: float
     tex_path = Path(tex_path)
     if shutil.which(engine) is None:
         raise LatexError(
-            f"{engine} not found: install a LaTeX engine with booktabs, graphicx and amssymb "
+            f"{engine} not found: install a LaTeX engine with booktabs, graphicx, amssymb and caption "
             "(Debian/Ubuntu: make setup-latex, i.e. apt-get install texlive-latex-base texlive-latex-recommended)"
         )
     command = [engine, "-interaction=nonstopmode", "-halt-on-error", tex_path.name]

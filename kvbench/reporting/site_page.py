@@ -1,17 +1,18 @@
 """The results site's one page: HTML, CSS and the script that renders the embedded data with Plotly.
 
 The page (``index.html``) loads ``plotly.min.js`` from its own folder (Plotly's offline bundle, shipped next to it
-by :mod:`kvbench.reporting.site`: no CDN, no server; it opens from disk) and reads its data from the
-``<script id="kvbench-data" type="application/json">`` element.  Everything visible is drawn by the script below
-from that data, and drawn again when a filter (model, task, question mode, experiment) changes:
+by :mod:`kvbench.reporting.site`: no CDN, no server; it opens from disk), or has it inlined (``--single-file``), and
+reads its data from the ``<script id="kvbench-data" type="application/json">`` element.  Everything visible is drawn
+by the script below (and the views of :mod:`kvbench.reporting.site_views`: ``#headline``, ``#pivot``,
+``#predictions``) from that data, and drawn again when a filter (model, task, question mode, experiment) changes:
 
-* ``#leaderboards``: one table per model × task, rows ``tr.lb-row`` (``data-run-id``), score cells ``td.score``
-  (``data-column``, ``data-score``: the exact value), the 95 % interval, the paper's printed value, the best
-  compressed method per budget and question mode in bold (``.best``);
-* ``#budget-plots``: score vs tokens per layer per dataset, one line per method (error bars: the intervals), the
-  full cache as a dashed line;
-* ``#memory-plots``: mean score vs kept fraction, and cache bytes vs budget;
-* ``#needles``: the needle heatmaps of one chosen run;
+* ``#leaderboards`` ("All runs"): one table per model × task, rows ``tr.lb-row`` (``data-run-id``), score cells
+  ``td.score`` (``data-column``, ``data-score``: the exact value), the 95 % interval, the paper's printed value, the
+  best compressed method per budget and question mode in bold (``.best``);
+* ``#budget-plots``: score vs tokens per layer per dataset and the mean, one line per method in its palette colour
+  with its 95 % interval as a band, one full-cache dashed line, a small-n flag in the title;
+* ``#memory-plots``: bytes stored vs tokens kept, and cache bytes vs budget (the full cache a line);
+* ``#needles``: the needle heatmaps of one chosen dataset, every run side by side (depth 0-100 %);
 * ``#provenance``: every run's commit, versions, device, status and data provenance.
 
 A run on stand-in data (or a made-up synthetic run) carries a warning badge in every view it appears in.

@@ -31,7 +31,14 @@ from kvbench.reporting.cells import (
 from kvbench.reporting.conventions import MissingData
 from kvbench.reporting.palette import method_colour
 from kvbench.reporting.paper_refs import TABLES, errata_keys, load_reference
-from kvbench.reporting.render import MAX_LINES, LatexError, compile_pdf, render_latex, render_markdown
+from kvbench.reporting.render import (
+    MAX_LINES,
+    LatexError,
+    compile_pdf,
+    latex_document,
+    render_latex,
+    render_markdown,
+)
 from kvbench.reporting.synthetic import row_targets, write_synthetic_runs
 from kvbench.reporting.tables import build_all, compare_table, missing_runs, write_tables
 from kvbench.run.writers import PredictionLog, atomic_write_json, run_dir
@@ -172,6 +179,10 @@ def test_latex_is_complete_floats(comparisons):
         labels += re.findall(r"\\label\{([^}]+)\}", tex)
     assert len(labels) == len(set(labels))
     assert "SYNTHETIC" in render_latex(TABLES["cake_t2"], comparisons["cake_t2"])
+    # One caption number (the paper's, in the text) and paper-facing section titles, not the table ids.
+    assert "\\caption*{CAKE, Table 5: " in render_latex(TABLES["cake_t5"], comparisons["cake_t5"])
+    document = latex_document(["cake_t5"])
+    assert "\\section*{CAKE, Table 5: Llama2-7B-Chat" in document and "\\section{cake" not in document
 
 
 @pytest.mark.skipif(shutil.which("pdflatex") is None, reason="no pdflatex (make setup-latex installs it)")
