@@ -321,6 +321,6 @@ def _override_error(cfg: DictConfig, line: str, key: str, err: Exception) -> str
 
 
 def _read_predictions(folder: Path, datasets: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
-    from kvbench.run.writers import PREDICTIONS_FILE, PredictionLog
+    from kvbench.storage.writers import PREDICTIONS_FILE, PredictionLog
 
     return {name: PredictionLog(folder / name / PREDICTIONS_FILE).load() for name in datasets}

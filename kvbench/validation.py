@@ -43,8 +43,8 @@ from kvbench.config import (
 )
 from kvbench.errors import KVBenchError
 from kvbench.models.source import resolve_model_source
-from kvbench.run.folder import check_not_locked
-from kvbench.run.writers import run_dir
+from kvbench.storage.folder import check_not_locked
+from kvbench.storage.writers import run_dir
 
 #: Config values used as results folder names (``results/runs/<model>/<task>/<method>/<budget>[~<tag>]``).
 FOLDER_NAME_KEYS = ("model.name", "task.name", "method.name", "budget.name", "run.tag")
@@ -218,7 +218,7 @@ def check_environment(cfg: DictConfig, check_model: bool = True) -> None:
 
 
 def run_folder(cfg: DictConfig) -> Path:
-    """The run's results folder (:func:`kvbench.run.writers.run_dir`)."""
+    """The run's results folder (:func:`kvbench.storage.writers.run_dir`)."""
     return run_dir(cfg.run.output_root, cfg.model.name, cfg.task.name, cfg.method.name, cfg.budget.name, cfg.run.tag)
 
 

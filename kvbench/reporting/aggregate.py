@@ -1,7 +1,7 @@
 """Collect every finished dataset of every run into one tidy table.
 
-Runs are discovered only from the contents of their ``metrics.json`` files (see :mod:`kvbench.run.writers`): the path
-is recorded for reference but never parsed, and no list of methods, models or budgets is assumed.  One row per
+Runs are discovered only from the contents of their ``metrics.json`` files (see :mod:`kvbench.storage.writers`): the
+path is recorded for reference but never parsed, and no list of methods, models or budgets is assumed.  One row per
 ``metrics.json``::
 
     model, task, dataset, method, budget, tag, question_mode, metric, score, n_samples, config_hash,
@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from kvbench.run.writers import METRICS_FILE, read_json
+from kvbench.storage.writers import METRICS_FILE, read_json
 
 #: Columns of the tidy runs table, in order.
 RUN_COLUMNS: tuple[str, ...] = (
@@ -106,7 +106,7 @@ def load_runs(root: str | Path, strict: bool = False) -> pd.DataFrame:
     """
     rows = []
     root = Path(root)
-    # Same discovery as kvbench.run.writers.iter_metrics, file by file, so that one unreadable file (a copy in
+    # Same discovery as kvbench.storage.writers.iter_metrics, file by file, so that one unreadable file (a copy in
     # progress, a disk error) is skipped instead of ending the whole walk.
     for path in sorted(root.rglob(METRICS_FILE)) if root.exists() else []:
         try:

@@ -40,7 +40,7 @@ from kvbench.reporting.needle_heatmap import plot_needle_heatmap
 from kvbench.reporting.palette import FULL_CACHE_COLOUR, method_colour, method_label
 from kvbench.reporting.paper_refs import TABLES
 from kvbench.reporting.pivot import SMALL_N
-from kvbench.run.writers import PREDICTIONS_FILE
+from kvbench.storage.writers import PREDICTIONS_FILE
 
 _BUDGET_RE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>L|/layer|x)$")
 

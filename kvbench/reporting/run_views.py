@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 
 from kvbench.budget import BudgetError, parse_budget
-from kvbench.run.writers import METRICS_FILE, PREDICTIONS_FILE, read_json
+from kvbench.storage.writers import METRICS_FILE, PREDICTIONS_FILE, read_json
 
 SUMMARY_FILE = "summary.json"
 RUN_META_FILE = "run_meta.json"

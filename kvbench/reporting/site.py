@@ -43,7 +43,7 @@ from kvbench.reporting.pivot import SMALL_N, headline, pivots
 from kvbench.reporting.run_views import BROWSER_ROWS
 from kvbench.reporting.site_page import PAGE_TEMPLATE
 from kvbench.reporting.site_views import VIEWS_SCRIPT
-from kvbench.run.writers import atomic_write_text
+from kvbench.storage.writers import atomic_write_text
 
 CACHE_FILE = ".kvbench-site-cache.json"
 PLOTLY_FILE = "plotly.min.js"

@@ -20,8 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 from kvbench.methods.base import EvictionMethod
 from kvbench.methods.knobs import RECORDED_KNOBS
 from kvbench.run.summary import DatasetScores
-from kvbench.run.termination import TERMINATION
-from kvbench.run.writers import METRICS_FILE, atomic_write_json
+from kvbench.storage.termination import TERMINATION
+from kvbench.storage.writers import METRICS_FILE, atomic_write_json
 
 
 @dataclass
@@ -146,8 +146,8 @@ def metrics_record(
 
 def write_metrics(folder: Path, metrics: Mapping[str, Any], write_first: Callable[[], None] | None = None) -> None:
     """Write ``folder/metrics.json`` atomically, after ``write_first`` (the dataset's other files), all in one
-    SIGTERM-deferred section (:data:`kvbench.run.termination.TERMINATION`): the dataset's files are complete or absent
-    as a set.  ``metrics.json`` is written last, since it marks the dataset as done."""
+    SIGTERM-deferred section (:data:`kvbench.storage.termination.TERMINATION`): the dataset's files are complete or
+    absent as a set.  ``metrics.json`` is written last, since it marks the dataset as done."""
     with TERMINATION.critical():
         if write_first is not None:
             write_first()

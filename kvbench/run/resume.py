@@ -11,8 +11,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from kvbench.errors import KVBenchError
-from kvbench.run.writers import CONFIG_FILE, RUN_META_FILE, config_differences, holds_results, read_json, same_run
 from kvbench.sample import Sample
+from kvbench.storage.writers import CONFIG_FILE, RUN_META_FILE, config_differences, holds_results, read_json, same_run
 
 
 def with_folder_extent(folder: Path, cfg: DictConfig) -> DictConfig:

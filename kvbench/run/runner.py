@@ -7,7 +7,7 @@ the model loaded):
    holds the run folder), method, budget and task kind (:mod:`kvbench.validation`);
 2. load the tokenizer, build the task's datasets and load and check every sample of every selected dataset, then
    load the model's weights;
-3. claim the run folder (:mod:`kvbench.run.folder`): create it and take its lock (``.kvbench.lock``: two processes
+3. claim the run folder (:mod:`kvbench.storage.folder`): create it and take its lock (``.kvbench.lock``: two processes
    never work in one run folder at once; the second fails clearly, or waits up to ``$KVBENCH_LOCK_WAIT``
    seconds), check that an existing run there has the same config (else refuse, naming the differences and
    ``run.tag``; a folder whose run wrote no prediction is replaced, with a note), write ``config.yaml`` and
@@ -29,9 +29,9 @@ SIGTERM (SLURM preemption or time limit) raises :class:`Interrupted` at once whi
 but never while a prediction row or ``metrics.json`` is being written: those writes finish first.  The run then
 records ``status: interrupted`` in ``run_meta.json`` and exits; the same command resumes it.
 
-The parts with a job of their own live beside it: validation, the run folder's lock (:mod:`kvbench.run.folder`) and
+The parts with a job of their own live beside it: validation, the run folder's lock (:mod:`kvbench.storage.folder`) and
 resume checks (:mod:`kvbench.run.resume`), the results writer (:mod:`kvbench.run.records`), SIGTERM handling
-(:mod:`kvbench.run.termination`), provenance (:mod:`kvbench.run.provenance`), the score table
+(:mod:`kvbench.storage.termination`), provenance (:mod:`kvbench.storage.provenance`), the score table
 (:mod:`kvbench.run.table`), the sample cache and W&B.
 """
 
@@ -50,9 +50,9 @@ import torch
 import transformers
 from omegaconf import DictConfig, OmegaConf
 
-from kvbench.attention.paths import ATTENTION_RECORD, capability_summary
 from kvbench.errors import Interrupted, KVBenchError
 from kvbench.inference.generate import last_token_ids
+from kvbench.kernels.paths import ATTENTION_RECORD, capability_summary
 from kvbench.models.loading import (
     LoadedModel,
     check_device_map,
@@ -63,8 +63,6 @@ from kvbench.models.loading import (
 )
 from kvbench.prompting import encode_sample
 from kvbench.run.batched import generate_dataset
-from kvbench.run.folder import claim_run_folder
-from kvbench.run.provenance import device_name, git_commit, now, slurm_job_id
 from kvbench.run.records import (
     DatasetResult,
     cache_summary,
@@ -74,11 +72,13 @@ from kvbench.run.records import (
     write_metrics,
 )
 from kvbench.run.resume import check_existing_run, check_resumable, with_folder_extent
-from kvbench.run.sample_cache import SampleCache
 from kvbench.run.summary import SUMMARY_FILE, DatasetScores, build_summary, interval_of, sample_scores
 from kvbench.run.table import format_table
-from kvbench.run.termination import TERMINATION, graceful_termination
-from kvbench.run.writers import (
+from kvbench.storage.folder import claim_run_folder
+from kvbench.storage.provenance import device_name, git_commit, now, slurm_job_id
+from kvbench.storage.sample_cache import SampleCache
+from kvbench.storage.termination import TERMINATION, graceful_termination
+from kvbench.storage.writers import (
     CONFIG_FILE,
     METRICS_FILE,
     PREDICTIONS_FILE,

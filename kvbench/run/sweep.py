@@ -150,7 +150,7 @@ class Composer:
 
 def classify(job: Job, cfg: Any) -> None:
     """Set ``job.state`` from its run folder: ``complete``, ``partial``, ``new`` or ``invalid`` (conflict)."""
-    from kvbench.run.writers import (
+    from kvbench.storage.writers import (
         METRICS_FILE,
         RUN_META_FILE,
         config_hash,
@@ -249,7 +249,7 @@ def default_manifest_path(name: str, text: str) -> Path:
 
 def write_manifest(path: Path, text: str) -> Path:
     """Write the manifest atomically."""
-    from kvbench.run.writers import atomic_write_text
+    from kvbench.storage.writers import atomic_write_text
 
     atomic_write_text(path, text)
     return path

@@ -73,7 +73,7 @@ class WandbLogger:
                 "wandb.mode is set but wandb is not installed (pip install kvbench[wandb]); not logging", stacklevel=2
             )
             return None
-        from kvbench.run.writers import config_hash, run_dir
+        from kvbench.storage.writers import config_hash, run_dir
 
         folder = run_dir(
             cfg.run.output_root, cfg.model.name, cfg.task.name, cfg.method.name, cfg.budget.name, cfg.run.tag

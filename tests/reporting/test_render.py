@@ -41,7 +41,7 @@ from kvbench.reporting.render import (
 )
 from kvbench.reporting.synthetic import row_targets, write_synthetic_runs
 from kvbench.reporting.tables import build_all, compare_table, missing_runs, write_tables
-from kvbench.run.writers import PredictionLog, atomic_write_json, run_dir
+from kvbench.storage.writers import PredictionLog, atomic_write_json, run_dir
 
 #: Tables whose synthetic runs the module writes: ±, one-decimal columns, illegible cells, a 37-row table, an
 #: unrecoverable row, ratio budgets and per-category averages.

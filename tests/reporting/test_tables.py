@@ -21,7 +21,7 @@ from kvbench.reporting.plots import (
 )
 from kvbench.reporting.render import render_latex, render_markdown
 from kvbench.reporting.tables import build_all, compare_table, missing_runs, write_tables
-from kvbench.run.writers import PredictionLog, atomic_write_json, run_dir
+from kvbench.storage.writers import PredictionLog, atomic_write_json, run_dir
 
 
 def write_metrics(

@@ -209,7 +209,7 @@ def test_sigterm_mid_dataset_then_requeue_loses_and_duplicates_nothing(tmp_path:
 
 def test_sigterm_during_a_write_is_deferred_until_the_write_is_done() -> None:
     from kvbench.errors import Interrupted
-    from kvbench.run.termination import TERMINATION, graceful_termination
+    from kvbench.storage.termination import TERMINATION, graceful_termination
 
     written = []
     with graceful_termination():

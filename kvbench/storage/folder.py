@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from kvbench.errors import KVBenchError
-from kvbench.run.writers import CONFIG_FILE, PREDICTIONS_FILE, RUN_META_FILE, TIMINGS_FILE, holds_results
+from kvbench.storage.writers import CONFIG_FILE, PREDICTIONS_FILE, RUN_META_FILE, TIMINGS_FILE, holds_results
 
 LOCK_FILE = ".kvbench.lock"
 EXCL_LOCK_FILE = ".kvbench.lock.excl"

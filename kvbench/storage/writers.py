@@ -39,11 +39,11 @@ Layout (one *run* = one model x task x method x budget)::
      "settings": {...method/budget knobs that matter, incl. the preset's reference...},
      "timing": {"n": int, "prefill_s_mean": float, "decode_s_mean": float, "total_s": float},
      "attention": {"calls": {path: int}, "fallbacks": {reason: int}} (paged-cache attention paths that ran and
-     any GPU path that was unavailable, :mod:`kvbench.attention.paths`; run_meta.json has the machine's
+     any GPU path that was unavailable, :mod:`kvbench.kernels.paths`; run_meta.json has the machine's
      "attention_capability" and the run's "attention_fallbacks")}
 
 Generated RULER/NeedleBench samples live apart from the runs, in ``run.sample_cache`` (default
-``results/samples/<benchmark>/<dataset>-<key>.jsonl``, see :mod:`kvbench.run.sample_cache`).
+``results/samples/<benchmark>/<dataset>-<key>.jsonl``, see :mod:`kvbench.storage.sample_cache`).
 
 Aggregation (scripts/aggregate.py) discovers runs by finding ``metrics.json`` files; nothing else is needed.
 """
