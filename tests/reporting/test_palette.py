@@ -1,5 +1,6 @@
 """One colour and display name per method in every view (:mod:`kvbench.reporting.palette`), the seed tags the
-leaderboard pools (:func:`kvbench.reporting.pivot.seed_free_tag`) and the full-cache reference a W&B run logs."""
+leaderboard pools (:func:`kvbench.reporting.pivot.seed_free_tag`), the headline chart's series and paper markers
+(:func:`kvbench.reporting.pivot.headline`) and the full-cache reference a W&B run logs."""
 
 from __future__ import annotations
 
@@ -49,3 +50,27 @@ def test_wandb_full_cache_reference_reads_the_sibling_full_run(tmp_path: Path) -
         (model_task / "full" / budget / "summary.json").write_text(json.dumps(summary))
     # The run under the budget "full" is the reference when method=full ran under several budgets.
     assert full_cache_values(run, "tiny_niah") == {"full_cache/tiny_niah/d1": 90.0, "full_cache/tiny_niah/avg": 90.0}
+
+
+def test_headline_has_one_line_per_method_and_the_papers_mean_as_a_marker() -> None:
+    from kvbench.reporting.pivot import headline
+
+    def cell(mean: float, stored: float | None) -> dict:
+        return {"mean": mean, "ci95": [mean - 1, mean + 1], "small_n": False, "stored_fraction": stored,
+                "run_ids": ["m/t/snapkv/64L/aware"], "datasets": ["a", "b"]}  # fmt: skip
+
+    table = {
+        "model": "m", "task": "t", "question_mode": "aware", "budgets": [{"budget": "64L"}, {"budget": "128L"}],
+        "full": {"mean": 90.0, "ci95": [89.0, 91.0]},
+        "rows": [{"method": "snapkv", "label": "SnapKV", "colour": "#1f77b4", "tag": "",
+                  "cells": {"64L": cell(50.0, 0.06), "128L": cell(60.0, None)}}],
+    }  # fmt: skip
+    key = ("m", "t", "snapkv", "64L", "", "aware")
+    printed = {(*key, "a"): "40.0 (x_t1)", (*key, "b"): "44.0 (x_t1)"}
+    [chart] = headline([table], printed)
+    assert chart["full"] == {"y": 90.0, "ci95": [89.0, 91.0]}
+    [series] = chart["series"]
+    # 128L has no stored-bytes fraction: no point (the x axis is bytes, never tokens).
+    assert [(p["budget"], p["x"], p["y"], p["paper"]) for p in series["points"]] == [("64L", 0.06, 50.0, 42.0)]
+    del printed[(*key, "b")]  # the paper prints one of the two datasets only
+    assert headline([table], printed)[0]["series"][0]["points"][0]["paper"] is None
