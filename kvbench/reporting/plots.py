@@ -2,12 +2,16 @@
 
 * :func:`plot_paper_tables`: one PNG per paper table with several budgets (``paper_<table>.png``): x = budget
   (the paper's labels; ``<n>L`` on a log2 axis), y = the table's summary column (its average or NeedleBench
-  overall), one panel per model (and question mode).  Ours: solid lines with filled markers; the paper's printed
-  values: dashed lines with open markers, same colour per method; full cache: horizontal lines (solid ours, dashed
-  the paper's).  A method with a single budget is still drawn (a marker).
+  overall), one panel per model (and question mode).  Ours: solid lines with filled markers and, given the runs,
+  their 95 % interval (``summary.json``'s average that equals the column) as a band; the paper's printed
+  values: dashed lines with open markers, same colour per method (:mod:`kvbench.reporting.palette`); full
+  cache: horizontal lines (solid ours, dashed the paper's).  A method with a single budget is still drawn (a
+  marker).
 * :func:`plot_score_vs_budget`: the same view of whatever runs exist (e.g. the tiny model's), per model × task
-  (× tag × question mode): y = the mean score over the datasets every plotted run has; the full-cache method is a
-  horizontal line whatever budget it ran under.  A group with a single budget is skipped (nothing to plot
+  (× tag × question mode): y = the mean score over the datasets every plotted run has, with each run's 95 %
+  interval as a band (where the mean is over all of its datasets) and a note under 10 samples per dataset; the
+  full-cache method is one horizontal line (the run under the budget ``full`` first) whatever budget it ran
+  under.  A group with a single budget is skipped (nothing to plot
   against).
 * :func:`plot_needle_heatmaps`: one PNG per needle run and dataset (any task whose predictions record a needle
   depth and a context length in ``extra``): x = context length, y = depth, colour = mean per-sample score on the
@@ -36,9 +40,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.lines import Line2D
 
+from kvbench.reporting.conventions import LONGBENCH14, LONGBENCH16
 from kvbench.reporting.needle_heatmap import plot_needle_heatmap
 from kvbench.reporting.palette import FULL_CACHE_COLOUR, method_colour, method_label
-from kvbench.reporting.paper_refs import TABLES
+from kvbench.reporting.paper_refs import TABLES, load_reference
 from kvbench.reporting.pivot import SMALL_N
 from kvbench.storage.writers import PREDICTIONS_FILE
 
@@ -113,6 +118,8 @@ def draw_paper_panel(ax: Any, part: pd.DataFrame, colours: dict[str, Any]) -> No
         mg = mg.sort_values("x")
         ours, paper = mg[mg["ours"].notna()], mg[mg["paper"].notna()]
         ax.plot(ours["x"], ours["ours"], "-o", color=colours[method], markersize=5)
+        if "low" in ours and ours["low"].notna().all() and len(ours):
+            ax.fill_between(ours["x"], ours["low"], ours["high"], color=colours[method], alpha=0.15, linewidth=0)
         ax.plot(paper["x"], paper["paper"], "--o", color=colours[method], markersize=5, mfc="none", alpha=0.8)
     for rec in part[part["method"] == "full"].itertuples():
         if not pd.isna(rec.ours):
@@ -127,13 +134,68 @@ def draw_paper_panel(ax: Any, part: pd.DataFrame, colours: dict[str, Any]) -> No
     ax.set_ylabel(str(part["column_label"].iloc[0]))
 
 
-def plot_paper_table(table: str, cmp: pd.DataFrame, out_dir: str | Path) -> Path | None:
+def _average_key(table: str, column: str) -> str | None:
+    """The ``summary.json`` average that equals a table's summary column (its interval is that average's), if any."""
+    spec = TABLES.get(table)
+    if spec is None:
+        return None
+    convention = spec.convention
+    if convention.name == "mean" and column == "avg":
+        if convention.datasets:
+            datasets = set(convention.datasets)
+        else:  # the table's dataset columns (as compare_table averages them)
+            ref = load_reference(table)
+            datasets = set(ref.loc[ref["kind"] == "dataset", "dataset"])
+        return {frozenset(LONGBENCH16): "longbench16", frozenset(LONGBENCH14): "longbench14"}.get(frozenset(datasets))
+    if convention.name == "longbench21" and column == "avg":
+        return "longbench21"
+    if convention.name == "needlebench" and column == "overall":
+        return "needlebench_overall"
+    return "mean" if convention.name == "run_mean" else None
+
+
+def with_run_intervals(data: pd.DataFrame, runs: pd.DataFrame | None, key: str | None) -> pd.DataFrame:
+    """``data`` (comparison cells of one column) with ``low``/``high``: the 95 % interval of our value, read from
+    the matching run's ``summary.json`` average ``key`` (NaN where there is none)."""
+    lows, highs = [], []
+    for rec in data.to_dict("records"):
+        interval = None
+        if runs is not None and key is not None and not runs.empty and not pd.isna(rec["ours"]):
+            hit = runs[
+                (runs["model"] == rec["model"])
+                & (runs["task"] == rec["task"])
+                & (runs["method"] == rec["method"])
+                & (runs["budget"] == rec["budget"])
+                & ((runs["tag"].isna()) if not rec["tag"] else (runs["tag"] == rec["tag"]))
+            ]
+            if rec["question_mode"] and rec["method"] != "full":
+                hit = hit[hit["question_mode"] == rec["question_mode"]]
+            if not hit.empty:
+                interval = _summary_interval(Path(hit["path"].iloc[0]).parent.parent / "summary.json", key)
+        lows.append(interval[0] if interval else math.nan)
+        highs.append(interval[1] if interval else math.nan)
+    return data.assign(low=lows, high=highs)
+
+
+def _summary_interval(path: Path, key: str) -> list[float] | None:
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return ((payload.get("averages") or {}).get(key) or {}).get("ci95")
+
+
+def plot_paper_table(
+    table: str, cmp: pd.DataFrame, out_dir: str | Path, runs: pd.DataFrame | None = None
+) -> Path | None:
     """``paper_<table>.png`` (see the module docstring); ``None`` when no model of the table has two budgets or
-    no compressed row has a value of ours."""
+    no compressed row has a value of ours.  ``runs`` (:func:`~kvbench.reporting.aggregate.load_runs`' frame):
+    where given, our lines get their 95 % intervals (the runs' ``summary.json``) as bands."""
     column = summary_column(cmp)
     if column is None:
         return None
     data = cmp[(cmp["column"] == column) & (cmp["method"] != "")].copy()
+    data = with_run_intervals(data, runs, _average_key(table, column))
     data["x"] = [p[1] if p is not None else math.nan for p in data["budget"].map(budget_value)]
     compressed = data[(data["method"] != "full") & data["x"].notna()]
     if compressed["ours"].isna().all() or compressed.groupby(["model_label", "question_mode"])["x"].nunique().max() < 2:
@@ -169,9 +231,11 @@ def plot_paper_table(table: str, cmp: pd.DataFrame, out_dir: str | Path) -> Path
     return path
 
 
-def plot_paper_tables(comparisons: dict[str, pd.DataFrame], out_dir: str | Path) -> list[Path]:
-    """:func:`plot_paper_table` for every table that can be plotted."""
-    paths = [plot_paper_table(table, cmp, out_dir) for table, cmp in comparisons.items()]
+def plot_paper_tables(
+    comparisons: dict[str, pd.DataFrame], out_dir: str | Path, runs: pd.DataFrame | None = None
+) -> list[Path]:
+    """:func:`plot_paper_table` for every table that can be plotted (with the runs' intervals when given)."""
+    paths = [plot_paper_table(table, cmp, out_dir, runs) for table, cmp in comparisons.items()]
     return [p for p in paths if p is not None]
 
 

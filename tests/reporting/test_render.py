@@ -353,3 +353,27 @@ def test_cli_synthetic_demo_and_pdf(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli.main(["--runs", str(repo_runs), "--synthetic", "1", "--out", str(out), "--no-plots"])
     assert "folder of their own" in capsys.readouterr().err
+
+
+def test_paper_plot_draws_our_interval_from_the_runs_summary(synthetic_root, comparisons, tmp_path):
+    runs = load_runs(synthetic_root)
+    cmp = comparisons["cake_t5"]
+    model = cmp.loc[cmp["method"] == "snapkv", "model"].iloc[0]
+    mine = runs[(runs["model"] == model) & (runs["method"] == "snapkv") & (runs["task"] == "longbench")]
+    # CAKE's "avg" is the LongBench-16 mean: summary.json's longbench16 average gives its interval.
+    for path in mine.drop_duplicates("budget")["path"]:
+        summary = {"averages": {"longbench16": {"score": 1.0, "ci95": [20.0, 30.0]}}}
+        atomic_write_json(Path(path).parent.parent / "summary.json", summary)
+    key = plots._average_key("cake_t5", "avg")
+    assert key == "longbench16"
+    panel = plots.with_run_intervals(cmp[(cmp["column"] == "avg") & (cmp["model"] == model)], runs, key)
+    snap = panel[panel["method"] == "snapkv"]
+    assert (snap["low"] == 20.0).all() and (snap["high"] == 30.0).all()
+    assert panel[panel["method"] != "snapkv"]["low"].isna().all()  # the other runs have no summary.json
+    panel = panel.assign(x=[p[1] if p else float("nan") for p in panel["budget"].map(plots.budget_value)])
+    fig, ax = plt.subplots()
+    plots.draw_paper_panel(ax, panel, plots.method_colours(list(dict.fromkeys(panel["method"]))))
+    [band] = ax.collections  # snapkv's interval, and only its
+    ys = band.get_paths()[0].vertices[:, 1]
+    assert (min(ys), max(ys)) == (20.0, 30.0)
+    plt.close(fig)
