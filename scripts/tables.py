@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"PDF of every table -> {pdf}")
     if not args.no_plots:
-        paper = plot_paper_tables(comparisons, args.plots)
+        paper = plot_paper_tables(comparisons, args.plots, runs)
         plots = paper + plot_score_vs_budget(runs, args.plots) + plot_needle_heatmaps(runs, args.plots)
         print(f"{len(plots)} plots -> {args.plots} ({len(paper)} paper tables with their printed values dashed)")
     return 0

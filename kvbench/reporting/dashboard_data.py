@@ -216,7 +216,8 @@ def _row_order(row: dict[str, Any], extras: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def _mark_best(rows: list[dict[str, Any]], columns: list[str]) -> None:
-    """Mark, per budget and question mode, the best compressed method's cell in every column (ties: all)."""
+    """Mark, per budget and question mode, the best compressed method's cell in every column (ties: all; none when
+    every method has the same value, e.g. all 0.00: there is no winner to show)."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for row in rows:
         if row["method"] != "full":
@@ -224,7 +225,7 @@ def _mark_best(rows: list[dict[str, Any]], columns: list[str]) -> None:
     for group in groups.values():
         for column in columns:
             values = [r["cells"][column]["score"] for r in group if r["cells"][column]["score"] is not None]
-            if len(values) < 2:
+            if len(values) < 2 or max(values) == min(values):
                 continue
             best = max(values)
             for r in group:

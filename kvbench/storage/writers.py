@@ -16,6 +16,7 @@ Layout (one *run* = one model x task x method x budget)::
     {"id": str, "prompt_sha256": str (hash of the sample's prompt parts; resume checks it),
      "prediction": str (post-processed, scored), "raw_prediction": str, "answers": [str],
      "all_classes": [str] | null, "length": int | null, "extra": {...},
+     "prompt_end": str (the last 300 characters of the prompt before the chat template; absent in older runs),
      "input_tokens": int, "context_tokens": int, "question_tokens": int, "truncated": bool,
      "new_tokens": int, "cache": {"requested_per_layer": [int], "achieved_per_layer": [int],
                                   "requested_per_head": [[int]], "achieved_per_head": [[int]], "evicted": bool,
