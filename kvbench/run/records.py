@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from kvbench.methods.base import EvictionMethod
 from kvbench.methods.knobs import RECORDED_KNOBS
 from kvbench.run.summary import DatasetScores
+from kvbench.storage.reader import SCHEMA_VERSION
 from kvbench.storage.termination import TERMINATION
 from kvbench.storage.writers import METRICS_FILE, atomic_write_json
 
@@ -116,6 +117,7 @@ def metrics_record(
     ``record_extent``: record ``num_samples_requested`` (kvbench's loop; lm-eval's results do not); ``extra``:
     further sections, after ``timing`` (``attention``; ``lm_eval``)."""
     record: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
         "model": cfg.model.name,
         "task": cfg.task.name,
         "dataset": dataset.name,

@@ -150,13 +150,13 @@ class Composer:
 
 def classify(job: Job, cfg: Any) -> None:
     """Set ``job.state`` from its run folder: ``complete``, ``partial``, ``new`` or ``invalid`` (conflict)."""
+    from kvbench.storage.reader import DamagedFile, read_metrics, read_run_meta
     from kvbench.storage.writers import (
         METRICS_FILE,
         RUN_META_FILE,
         config_hash,
         extent_covered,
         holds_results,
-        read_json,
         run_dir,
         same_run,
     )
@@ -169,7 +169,11 @@ def classify(job: Job, cfg: Any) -> None:
     if not meta_path.exists():
         job.state = "partial" if folder.exists() and any(folder.iterdir()) else "new"
         return
-    meta = read_json(meta_path)
+    try:
+        meta = read_run_meta(meta_path)
+    except DamagedFile:  # the run repairs it when config.yaml is this job's, or refuses naming the file
+        job.state = "partial"
+        return
     same = same_run(folder, meta.get("config_hash"), cfg, cfg_hash)
     if not same and not holds_results(folder):
         job.state = "new"  # the folder's run wrote no prediction: the job replaces it
@@ -185,7 +189,10 @@ def classify(job: Job, cfg: Any) -> None:
     if meta.get("status") == "complete" and datasets:
         for name in datasets:
             path = folder / name / METRICS_FILE
-            metrics = read_json(path) if path.exists() else {}
+            try:
+                metrics = read_metrics(path) if path.exists() else {}
+            except DamagedFile:  # recomputed by the run
+                metrics = {}
             if metrics.get("config_hash") != cfg_hash or not extent_covered(metrics, cfg.task.num_samples):
                 job.state = "partial"
                 return
