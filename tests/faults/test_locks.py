@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kvbench.errors import KVBenchError
-from kvbench.storage.folder import LOCK_FILE, check_not_locked, run_folder_lock
+from kvbench.storage.folder import check_not_locked, run_folder_lock
 from kvbench.storage.writers import PredictionLog, atomic_write_json
 from tests.faults.conftest import REPO, RUN, assert_one_line_error, run_job_status
 
