@@ -23,8 +23,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib.util
-import os
-import tempfile
 import typing
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,7 +42,7 @@ from kvbench.config import (
 from kvbench.errors import KVBenchError
 from kvbench.models.source import resolve_model_source
 from kvbench.storage.folder import check_not_locked
-from kvbench.storage.writers import run_dir
+from kvbench.storage.paths import check_run_folder_path, output_root, run_folder
 
 #: Config values used as results folder names (``results/runs/<model>/<task>/<method>/<budget>[~<tag>]``).
 FOLDER_NAME_KEYS = ("model.name", "task.name", "method.name", "budget.name", "run.tag")
@@ -213,13 +211,9 @@ def check_environment(cfg: DictConfig, check_model: bool = True) -> None:
             raise KVBenchError(
                 f"{why} needs the Python package {module.split('|')[0]!r}, which is not installed. {fix}"
             )
-    _check_writable_root(Path(str(cfg.run.output_root)))
-    check_not_locked(run_folder(cfg))  # also checks $KVBENCH_LOCK_WAIT
-
-
-def run_folder(cfg: DictConfig) -> Path:
-    """The run's results folder (:func:`kvbench.storage.writers.run_dir`)."""
-    return run_dir(cfg.run.output_root, cfg.model.name, cfg.task.name, cfg.method.name, cfg.budget.name, cfg.run.tag)
+    folder = run_folder(cfg)  # run.output_root empty or ~unknown: refused here
+    check_run_folder_path(output_root(cfg), folder)  # a file in the way, a place that refuses folders
+    check_not_locked(folder)  # also checks $KVBENCH_LOCK_WAIT
 
 
 def package_available(module: str) -> bool:
@@ -260,28 +254,6 @@ def required_packages(cfg: DictConfig) -> list[tuple[str, str, str]]:
     if kind is not None and kind.required_packages is not None:
         needs.extend((need.module, need.why, need.fix) for need in kind.required_packages(cfg.task))
     return needs
-
-
-def _check_writable_root(root: Path) -> None:
-    """``run.output_root`` (or its nearest existing parent) is a folder in which this process can make a folder.
-
-    Checked by making (and removing) an empty folder there, not by ``os.access``: root passes ``os.access`` for
-    places that refuse new folders (``/proc``), read-only mounts and full disks included."""
-    existing = root
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise KVBenchError(
-            f"run.output_root={str(root)!r}: {existing} is a file, not a folder. Point run.output_root at a folder."
-        )
-    try:
-        probe = tempfile.mkdtemp(prefix=".kvbench-probe-", dir=existing)
-    except OSError as err:
-        raise KVBenchError(
-            f"run.output_root={str(root)!r}: cannot create a folder in {existing} ({err.strerror or err}). Point "
-            "run.output_root at a folder you can write (e.g. run.output_root=results/runs)."
-        ) from None
-    os.rmdir(probe)
 
 
 # ---------------------------------------------------------------------------------------------------- stage 3

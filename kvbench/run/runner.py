@@ -81,6 +81,7 @@ from kvbench.run.resume import (
 from kvbench.run.summary import SUMMARY_FILE, DatasetScores, build_summary, interval_of, sample_scores
 from kvbench.run.table import format_table
 from kvbench.storage.folder import claim_run_folder
+from kvbench.storage.paths import output_root, run_folder
 from kvbench.storage.provenance import device_name, git_commit, now, slurm_job_id
 from kvbench.storage.reader import SCHEMA_VERSION
 from kvbench.storage.sample_cache import SampleCache
@@ -96,7 +97,6 @@ from kvbench.storage.writers import (
     atomic_write_json,
     atomic_write_text,
     config_hash,
-    run_dir,
 )
 from kvbench.tasks.base import Sample, TaskDataset, build_task
 from kvbench.tasks.provenance import stand_in_warnings
@@ -167,9 +167,7 @@ class Runner:
         if loaded is None and check_device_map(cfg.model.get("device_map")) is None:
             resolve_device(str(cfg.model.device))
         self.cfg_hash = config_hash(cfg)
-        self.folder = run_dir(
-            cfg.run.output_root, cfg.model.name, cfg.task.name, cfg.method.name, cfg.budget.name, cfg.run.tag
-        )
+        self.folder = run_folder(cfg)
         #: The run's ``summary.json`` payload, once :meth:`run` completed.
         self.summary: dict[str, Any] = {}
         #: Paged-attention fallbacks (reason -> calls) of the datasets run so far (``run_meta.json``).
@@ -476,7 +474,7 @@ def sample_cache(cfg: DictConfig) -> SampleCache | None:
     setting = cfg.run.get("sample_cache", "auto")
     if setting is None:
         return None
-    root = Path(cfg.run.output_root).parent / "samples" if setting == "auto" else Path(str(setting))
+    root = output_root(cfg).parent / "samples" if setting == "auto" else Path(str(setting)).expanduser()
     return SampleCache(root)
 
 

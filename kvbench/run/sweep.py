@@ -150,6 +150,7 @@ class Composer:
 
 def classify(job: Job, cfg: Any) -> None:
     """Set ``job.state`` from its run folder: ``complete``, ``partial``, ``new`` or ``invalid`` (conflict)."""
+    from kvbench.storage.paths import run_folder
     from kvbench.storage.reader import DamagedFile, read_metrics, read_run_meta
     from kvbench.storage.writers import (
         METRICS_FILE,
@@ -157,12 +158,11 @@ def classify(job: Job, cfg: Any) -> None:
         config_hash,
         extent_covered,
         holds_results,
-        run_dir,
         same_run,
     )
 
     cfg_hash = config_hash(cfg)
-    folder = run_dir(cfg.run.output_root, cfg.model.name, cfg.task.name, cfg.method.name, cfg.budget.name, cfg.run.tag)
+    folder = run_folder(cfg)
     job.folder = folder
     job.details["config_hash"] = cfg_hash
     meta_path = folder / RUN_META_FILE
@@ -206,9 +206,14 @@ def plan(
     overrides: Sequence[str] = (),
     name: str | None = None,
     conf_dir: Path = CONF_DIR,
+    check_environment: bool = False,
 ) -> list[Job]:
-    """Every job of the sweep, classified (see the module docstring)."""
-    from kvbench.validation import validate
+    """Every job of the sweep, classified (see the module docstring).  ``check_environment``: also check each
+    job's environment (model, data, results folder), as a local ``-m`` sweep about to run them does."""
+    from kvbench.validation import validate, validate_run
+
+    def check(cfg: Any) -> None:
+        validate_run(cfg) if check_environment else validate(cfg)
 
     params = experiment_params(experiment, conf_dir) if experiment else {}
     prefix = [f"+experiment={experiment}"] if experiment else []
@@ -221,7 +226,7 @@ def plan(
         for index, job in enumerate(jobs):
             try:
                 cfg = composer.compose(job.overrides)
-                validate(cfg)
+                check(cfg)
             except Exception as err:  # composition/validation errors are reported per job, never fatal
                 job.state, job.reason = "invalid", _short_reason(err)
                 continue
@@ -235,6 +240,22 @@ def plan(
     finally:
         composer.close()
     return jobs
+
+
+def multirun_jobs(command_line: Sequence[str], conf_dir: Path = CONF_DIR) -> list[Job]:
+    """Every job of a ``kvbench -m ...`` command line, composed and checked whole (values, environment and run
+    folders, :func:`plan`) before the first one runs.  Hydra's own settings (``hydra.*``, ``hydra/launcher=...``)
+    are left to Hydra; ``+experiment=<name>`` brings in that experiment's grid."""
+    experiment, overrides = None, []
+    for item in command_line:
+        key = item.split("=", 1)[0]
+        if item.startswith("-") or key.lstrip("+~").startswith(("hydra.", "hydra/")):
+            continue
+        if key.lstrip("+") == "experiment":
+            experiment = item.split("=", 1)[1]
+        else:
+            overrides.append(item)
+    return plan(experiment, overrides, name="multirun", conf_dir=conf_dir, check_environment=True)
 
 
 def pending(jobs: Sequence[Job]) -> list[Job]:

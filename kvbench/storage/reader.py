@@ -38,8 +38,9 @@ SCHEMA_VERSION = 2
 UNVERSIONED = 1
 
 
-class DamagedFile(KVBenchError):
-    """A run-folder file that cannot be trusted: ``path``, what is wrong (``reason``) and the fix."""
+class DamagedFile(KVBenchError, ValueError):
+    """A run-folder file that cannot be trusted: ``path``, what is wrong (``reason``) and the fix (a ``ValueError``
+    too, as the readers it replaces raised)."""
 
     def __init__(self, path: Path, reason: str, fix: str) -> None:
         self.path, self.reason, self.fix = Path(path), reason, fix
