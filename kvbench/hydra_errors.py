@@ -38,8 +38,8 @@ def hydra_error_message(err: BaseException, overrides: Sequence[str] = ()) -> st
         hint = f" Did you mean {group}={close[0]}?" if close else ""
         if group == "budget":
             hint += (
-                " A budget that is not a preset is set with budget.spec=<spec> (e.g. budget.spec=96L, named after "
-                "the budget preset it replaces; forms: full, <n>L, <n>/layer, <r>x with 0<r<=1)."
+                " A budget that is not a preset is set with budget.spec=<spec> (e.g. budget.spec=96L; the run is "
+                "named after the spec; forms: full, <n>L, <n>/layer, <r>x with 0<r<=1)."
             )
         return (
             f"unknown {group} {name!r} (there is no conf/{err.missing_cfg_file}.yaml); valid: "

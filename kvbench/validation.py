@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import importlib.util
 import typing
 from collections.abc import Sequence
@@ -30,7 +31,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from kvbench.budget import BudgetError, parse_budget
+from kvbench.budget import BudgetError, budget_label, parse_budget
 from kvbench.checks import check_choice, check_decode_batch, check_min
 from kvbench.config import (
     DTYPE_NAMES,
@@ -41,6 +42,7 @@ from kvbench.config import (
 )
 from kvbench.errors import KVBenchError
 from kvbench.models.source import resolve_model_source
+from kvbench.resources import conf_dir
 from kvbench.storage.folder import check_not_locked
 from kvbench.storage.paths import check_run_folder_path, output_root, run_folder
 
@@ -61,6 +63,7 @@ def check_config(cfg: DictConfig) -> None:
     for key in FOLDER_NAME_KEYS:
         _check_folder_name(key, OmegaConf.select(cfg, key))
     _check_budget(str(cfg.budget.spec))
+    label_budget(cfg)
     check_method_values(cfg.method)
     _check_task_values(cfg.task)
     _check_choice("model.dtype", cfg.model.dtype, DTYPE_NAMES)
@@ -76,6 +79,30 @@ def check_config(cfg: DictConfig) -> None:
             "tokens per forward of the compressed prefill; 0 = one forward, null = automatic",
         )
     check_decode_batch(cfg.run.decode_batch, error=KVBenchError)
+
+
+def label_budget(cfg: DictConfig) -> None:
+    """Name the budget after what runs: a preset's ``budget.name`` left over after ``budget.spec=<spec>`` changed
+    its spec (``budget=64L budget.spec=999999L`` would otherwise record ``64L`` and share 64L's folder) becomes
+    the spec's own label (:func:`kvbench.budget.budget_label`: ``999999L``).  A name the user chose
+    (``budget.name=<name>``, not a preset's) is kept."""
+    spec, name = str(cfg.budget.spec), str(cfg.budget.name)
+    preset_spec = _preset_budget_specs().get(name)
+    if preset_spec is not None and preset_spec != spec.strip():
+        cfg.budget.name = budget_label(spec)
+
+
+@functools.cache
+def _preset_budget_specs() -> dict[str, str]:
+    """Preset name -> its spec, from ``conf/budget/*.yaml``."""
+    import yaml
+
+    specs = {}
+    for path in sorted((conf_dir() / "budget").glob("*.yaml")):
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        if isinstance(data, dict) and "name" in data and "spec" in data:
+            specs[str(data["name"])] = str(data["spec"])
+    return specs
 
 
 def _check_keys(node: Any, schema: type, prefix: str) -> None:

@@ -68,6 +68,7 @@ from kvbench.run.records import (
     json_number,
     metrics_record,
     settings_record,
+    warn_if_not_as_asked,
     write_metrics,
 )
 from kvbench.run.resume import (
@@ -353,6 +354,7 @@ class Runner:
         def write(sample: Sample, encoded: Any, output: Any) -> None:
             row = _prediction_row(sample, dataset, output, encoded)
             warn_if_above_full(output.record, self.cfg)
+            warn_if_not_as_asked(row["cache"], self.cfg)
             with TERMINATION.critical():
                 log.append(row)
                 timing_log.append({"id": sample.id, "prefill_s": output.prefill_s, "decode_s": output.decode_s})
