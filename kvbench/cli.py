@@ -34,8 +34,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from kvbench.errors import INTERRUPTED_EXIT, USER_ERROR_EXIT, Interrupted, KVBenchError
-from kvbench.hydra_errors import hydra_error_message, one_paragraph
+from kvbench.errors import INTERRUPTED_EXIT, USER_ERROR_EXIT, Interrupted, KVBenchError, environment_error_message
+from kvbench.hydra_errors import group_override_message, hydra_error_message, one_paragraph
 from kvbench.validation import validate_run
 
 #: Environment variable that adds the traceback to user-error reports.
@@ -68,10 +68,21 @@ def reporting_errors() -> Iterator[None]:
     except KeyboardInterrupt:
         print("interrupted (Ctrl-C); predictions so far are saved, rerun the same command to resume", file=sys.stderr)
         sys.exit(130)
+    except OSError as err:  # disk full, permission denied, a file in the way: the environment, not a bug
+        message = environment_error_message(err)
+        if message is None:
+            _report_bug()
+        report_user_error(str(message))
+        sys.exit(USER_ERROR_EXIT)
     except Exception:  # a bug, not a user error: keep its traceback (and never let Hydra's handler relabel it)
-        traceback.print_exc()
-        print("kvbench: unexpected error (the traceback above); please report it", file=sys.stderr, flush=True)
-        sys.exit(1)
+        _report_bug()
+
+
+def _report_bug() -> None:
+    """A bug: print its traceback, ask for a report, exit 1."""
+    traceback.print_exc()
+    print("kvbench: unexpected error (the traceback above); please report it", file=sys.stderr, flush=True)
+    sys.exit(1)
 
 
 def main() -> None:
@@ -230,4 +241,10 @@ def reporting_hydra_errors(overrides: Sequence[str]) -> Iterator[None]:
         yield
     except (HydraException, OmegaConfBaseException) as err:  # run_job reports everything raised inside a job
         report_user_error(hydra_error_message(err, overrides))
+        sys.exit(USER_ERROR_EXIT)
+    except ValueError as err:  # Hydra's own check of a group override (method=1); any other is a bug
+        message = group_override_message(err, overrides)
+        if message is None:
+            raise
+        report_user_error(message)
         sys.exit(USER_ERROR_EXIT)

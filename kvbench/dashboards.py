@@ -33,6 +33,9 @@ def report_main(argv: Sequence[str]) -> int:
     parser.add_argument("--out", default="results/site", help="folder of the site (index.html)")
     args = parser.parse_args(list(argv))
     from kvbench.reporting.site import build_site
+    from kvbench.storage.paths import check_output_folder
+
+    args.out = check_output_folder(args.out, "--out")
 
     result = build_site(args.runs, args.out, args.experiment, args.title or "kvbench results")
     print(
@@ -56,6 +59,10 @@ def wandb_report_main(argv: Sequence[str]) -> int:
     from kvbench.reporting.dashboard_data import load_dashboard_runs
     from kvbench.reporting.wandb_report import build_report, report_spec, save_report
 
+    if args.dry_run:
+        from kvbench.storage.paths import check_output_file
+
+        args.out = check_output_file(args.out, "--out")
     for name in ("entity", "project"):
         if not str(getattr(args, name)).strip():
             raise KVBenchError(f"--{name} is empty; give the W&B {name} the runs were logged to")

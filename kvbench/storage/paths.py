@@ -95,6 +95,34 @@ def check_run_folder_path(root: Path, folder: Path) -> None:
     os.rmdir(probe)
 
 
+def check_output_folder(path: Path, option: str) -> Path:
+    """``path`` (``~`` expanded) can be (or is) a folder this process writes in; else :class:`KVBenchError` naming
+    ``option`` (e.g. ``--out``) and what is in the way.  For the report commands' output folders."""
+    path = Path(os.path.expanduser(str(path)))
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise KVBenchError(f"{option} {path}: {existing} is a file, not a folder. Give a folder (it is created).")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".kvbench-probe-", dir=existing))
+    except OSError as err:
+        raise KVBenchError(
+            f"{option} {path}: cannot create a folder in {existing} ({err.strerror or err}). Give a folder you can "
+            "write."
+        ) from None
+    return path
+
+
+def check_output_file(path: Path, option: str) -> Path:
+    """``path`` (``~`` expanded) can be written as a file: not a folder, and its folder can be made."""
+    path = Path(os.path.expanduser(str(path)))
+    if path.is_dir():
+        raise KVBenchError(f"{option} {path} is a folder; give a file name (e.g. {path / 'report.json'}).")
+    check_output_folder(path.parent, option)
+    return path
+
+
 def hydra_log_dir(raw_root: Any) -> str:
     """Hydra's own log folder (``hydra.run.dir``/``hydra.sweep.dir``, the ``kvbench_logs`` resolver): ``logs/hydra``
     beside the results root (``results/logs/hydra`` for the default ``results/runs``), so Hydra writes nothing in the
