@@ -149,3 +149,19 @@ def test_api_turns_a_full_disk_into_one_kvbench_error(tiny_llama, tmp_path: Path
             model, tokenizer, "streamingllm", "64L", limit=1, output_dir=tmp_path, progress=False,
             overrides=["task.lengths=[1024]", f"task.datasets=[{DATASET}]"],
         )  # fmt: skip
+
+
+def test_lmeval_bridge_names_a_damaged_model_folder(broken_models: Path, capsys, monkeypatch) -> None:
+    pytest.importorskip("lm_eval")
+    import lm_eval.__main__
+
+    from kvbench.lmeval.__main__ import main as bridge_main
+
+    monkeypatch.setattr(lm_eval.__main__, "cli_evaluate", lambda: pytest.fail("lm-eval ran"))
+    model_args = f"pretrained={broken_models / 'truncated'}"
+    argv = ["kvbench.lmeval", "run", "--model", "kvbench", "--model_args", model_args, "--tasks", "arc_easy"]
+    monkeypatch.setattr(sys, "argv", argv)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        bridge_main()
+    assert_one_line_error(exited.value.code, capsys.readouterr().err, "truncated/model.safetensors", "truncated")
