@@ -243,9 +243,10 @@ def plan(
 
 
 def multirun_jobs(command_line: Sequence[str], conf_dir: Path = CONF_DIR) -> list[Job]:
-    """Every job of a ``kvbench -m ...`` command line, composed and checked whole (values, environment and run
-    folders, :func:`plan`) before the first one runs.  Hydra's own settings (``hydra.*``, ``hydra/launcher=...``)
-    are left to Hydra; ``+experiment=<name>`` brings in that experiment's grid."""
+    """Every job of a ``kvbench -m ...`` command line, composed and checked whole (values, and with the local
+    launcher environment and run folders, :func:`plan`) before the first one runs.  Hydra's own settings
+    (``hydra.*``, ``hydra/launcher=...``) are left to Hydra; ``+experiment=<name>`` brings in that experiment's
+    grid."""
     experiment, overrides = None, []
     for item in command_line:
         key = item.split("=", 1)[0]
@@ -255,7 +256,9 @@ def multirun_jobs(command_line: Sequence[str], conf_dir: Path = CONF_DIR) -> lis
             experiment = item.split("=", 1)[1]
         else:
             overrides.append(item)
-    return plan(experiment, overrides, name="multirun", conf_dir=conf_dir, check_environment=True)
+    # A cluster launcher runs the jobs elsewhere: their environment (model, data) is checked there, as slurm_sweep.py.
+    remote = any(item.split("=", 1)[0].lstrip("+") == "hydra/launcher" for item in command_line)
+    return plan(experiment, overrides, name="multirun", conf_dir=conf_dir, check_environment=not remote)
 
 
 def pending(jobs: Sequence[Job]) -> list[Job]:
