@@ -38,19 +38,23 @@ def test_sweep_with_bad_values_lists_every_bad_job_and_runs_none(tmp_path: Path,
 
 
 def test_continue_on_error_runs_the_rest_and_records_each_failure(tmp_path: Path) -> None:
-    root = tmp_path / "runs"
-    env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    """End to end through run.py, with ``run.output_root='~/res'`` (item 3 too): the root is expanded under $HOME (no
+    folder named ``~``), Hydra's logs and the failure record go beside it, and nothing lands in the current folder."""
+    cwd, home = tmp_path / "cwd", tmp_path / "home"
+    cwd.mkdir()
+    env = {**os.environ, "HOME": str(home), "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     args = ["-m", "--continue-on-error", "method=streamingllm", "budget.spec=0L,64L", *BASE]
-    args += ["task.num_samples=1", "run.print_table=false", f"run.output_root={root}"]
+    args += ["task.num_samples=1", "run.print_table=false", "run.output_root='~/res'"]
     command = [sys.executable, str(REPO / "run.py"), *args]
-    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     assert "job 0 failed (exit 2)" in result.stderr and "1 job(s) of this sweep failed" in result.stderr
-    assert (root / "tiny" / "tiny_niah" / "streamingllm" / "64L" / "summary.json").exists()  # job 1 ran
-    failed = [json.loads(line) for line in (tmp_path / "logs" / "hydra" / "multirun" / "failed_jobs.jsonl").open()]
+    assert (home / "res" / "tiny" / "tiny_niah" / "streamingllm" / "64L" / "summary.json").exists()  # job 1 ran
+    failed = [json.loads(line) for line in (home / "logs" / "hydra" / "multirun" / "failed_jobs.jsonl").open()]
     assert [(row["job"], row["exit_status"]) for row in failed] == [(0, 2)]
     assert "budget.spec=0L" in failed[0]["overrides"]
+    assert list(cwd.iterdir()) == []
 
 
 @pytest.mark.parametrize(
