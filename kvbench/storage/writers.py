@@ -61,7 +61,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from kvbench.storage.ownership import check_held
-from kvbench.storage.reader import read_config_yaml, read_prediction_rows
+from kvbench.storage.reader import read_config_yaml, read_metrics, read_prediction_rows
 
 PREDICTIONS_FILE = "predictions.jsonl"
 METRICS_FILE = "metrics.json"
@@ -156,9 +156,10 @@ def holds_results(folder: Path) -> bool:
 
 
 def iter_metrics(root: str | Path) -> Iterator[tuple[Path, dict[str, Any]]]:
-    """Yield ``(path, metrics)`` for every ``metrics.json`` under ``root`` (sorted, for stable output)."""
+    """Yield ``(path, metrics)`` for every ``metrics.json`` under ``root`` (sorted, for stable output), each checked
+    and upgraded to the current schema version (:func:`kvbench.storage.reader.read_metrics`)."""
     for path in sorted(Path(root).rglob(METRICS_FILE)):
-        yield path, read_json(path)
+        yield path, read_metrics(path)
 
 
 class TimingLog:
