@@ -176,12 +176,15 @@ class TimingLog:
         """Mean prefill/decode seconds over the rows recorded (the last row per sample id)."""
         rows: dict[str, dict[str, Any]] = {}
         if self.path.exists():
-            for line in self.path.read_text(encoding="utf-8").splitlines():
+            for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError:
                     continue
-                rows[row["id"]] = row
+                if isinstance(row, dict) and all(
+                    isinstance(row.get(k), (int, float)) for k in ("prefill_s", "decode_s")
+                ):
+                    rows[str(row.get("id"))] = row  # a damaged row is skipped: timings are not results
         if not rows:
             return {"n": 0}
         prefill = [r["prefill_s"] for r in rows.values()]

@@ -158,3 +158,12 @@ def test_damaged_sample_cache_is_regenerated(tmp_path: Path, tokenizer, caplog) 
         assert path.read_bytes() == intact and str(path) in caplog.text
         caplog.clear()
     assert len(calls) == 5
+
+
+def test_damaged_timings_are_skipped_not_trusted(tmp_path: Path) -> None:
+    """``timings.jsonl`` is best effort (timings are not results): damaged rows are skipped, never a traceback."""
+    from kvbench.storage.writers import TimingLog
+
+    path = tmp_path / "timings.jsonl"
+    path.write_bytes(b'[1]\n{"id": "a", "prefill_s": 1, "decode_s": 2}\n"x"\n{"id": "b"}\n\xff\xfe\n{"id": "c", "pre')
+    assert TimingLog(path).summary() == {"n": 1, "prefill_s_mean": 1.0, "decode_s_mean": 2.0, "total_s": 3}
