@@ -126,6 +126,8 @@ def test_kvbench_embedded_default_from_another_folder(installed: Path, tmp_path:
         assert metrics["n_samples"] == 1 and metrics["metric"] == "string_match_all"
         assert 0.0 <= metrics["score"] <= 100.0
         assert len((folder / dataset / "predictions.jsonl").read_text().splitlines()) == 1
-    assert (tmp_path / "logs" / "hydra" / "tiny" / "tiny_niah" / "snapkv" / "64L" / "kvbench.log").is_file()
+    # Hydra's logs beside the results root (results/logs/hydra), not in the current folder (issue #42).
+    assert (tmp_path / "results" / "logs" / "hydra" / "tiny" / "tiny_niah" / "snapkv" / "64L" / "kvbench.log").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results"]
     site_packages = next(installed.parent.glob("lib/python*/site-packages"))
     assert not list(site_packages.glob("**/results/runs"))  # nothing written inside the installed package
