@@ -36,6 +36,9 @@ def report_main(argv: Sequence[str]) -> int:
     )
     args = parser.parse_args(list(argv))
     from kvbench.reporting.site import build_site
+    from kvbench.storage.paths import check_output_folder
+
+    args.out = check_output_folder(args.out, "--out")
 
     result = build_site(args.runs, args.out, args.experiment, args.title or "kvbench results", args.single_file)
     print(
@@ -59,6 +62,10 @@ def wandb_report_main(argv: Sequence[str]) -> int:
     from kvbench.reporting.dashboard_data import load_dashboard_runs
     from kvbench.reporting.wandb_report import build_report, report_spec, save_report
 
+    if args.dry_run:
+        from kvbench.storage.paths import check_output_file
+
+        args.out = check_output_file(args.out, "--out")
     for name in ("entity", "project"):
         value = getattr(args, name)
         if value is not None and not value.strip():

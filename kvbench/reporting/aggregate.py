@@ -24,7 +24,8 @@ from typing import Any
 import pandas as pd
 
 from kvbench.errors import KVBenchError
-from kvbench.storage.writers import METRICS_FILE, read_json
+from kvbench.storage.reader import read_metrics
+from kvbench.storage.writers import METRICS_FILE
 
 #: Columns of the tidy runs table, in order.
 RUN_COLUMNS: tuple[str, ...] = (
@@ -111,11 +112,9 @@ def load_runs(root: str | Path, strict: bool = False) -> pd.DataFrame:
     # progress, a disk error) is skipped instead of ending the whole walk.
     for path in sorted(root.rglob(METRICS_FILE)) if root.exists() else []:
         try:
-            metrics = read_json(path)
-            if not isinstance(metrics, dict):
-                raise ValueError(f"{path}: not a JSON object")
+            metrics = read_metrics(path)  # parsed, checked and upgraded to the current schema version
             rows.append(metrics_to_row(metrics, path))
-        except (OSError, ValueError) as err:  # json.JSONDecodeError is a ValueError
+        except (OSError, ValueError, KVBenchError) as err:  # DamagedFile names the file and the fix
             if strict:
                 raise
             warnings.warn(f"skipping {path}: {err}", stacklevel=2)

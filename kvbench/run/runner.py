@@ -1,16 +1,15 @@
 """The runner: one model x method x budget x task run, resumable and idempotent.
 
-Order of work (nothing is written under ``results/`` until every input has been validated, the data checked and
-the model loaded):
+Order of work (nothing is written under ``results/`` until every input has been validated and the data checked; a
+run that fails before its first prediction leaves no trace):
 
 1. validate the config, the environment (model, data folder, packages, results root, and that no other process
    holds the run folder), method, budget and task kind (:mod:`kvbench.validation`);
-2. load the tokenizer, build the task's datasets and load and check every sample of every selected dataset, then
-   load the model's weights;
-3. claim the run folder (:mod:`kvbench.storage.folder`): create it and take its lock (``.kvbench.lock``: two processes
-   never work in one run folder at once; the second fails clearly, or waits up to ``$KVBENCH_LOCK_WAIT``
-   seconds), check that an existing run there has the same config (else refuse, naming the differences and
-   ``run.tag``; a folder whose run wrote no prediction is replaced, with a note), write ``config.yaml`` and
+2. load the tokenizer, build the task's datasets and load and check every sample of every selected dataset;
+3. claim the run folder (:mod:`kvbench.storage.folder`): create it and lock it (two processes never work in one run
+   folder at once; the second fails clearly, or waits up to ``$KVBENCH_LOCK_WAIT`` seconds), check that an
+   existing run there has the same config (else refuse, naming the differences and ``run.tag``; a folder whose run
+   wrote no prediction is replaced, with a note), load the model's weights, write ``config.yaml`` and
    ``run_meta.json``.  If the run fails before the folder holds any prediction, what it wrote is removed again;
 4. per dataset: skip it if its ``metrics.json`` exists for this config and sample count; report on the first N
    without writing when it covers more samples (``task.num_samples`` is the run's extent, not its identity);
@@ -69,13 +68,23 @@ from kvbench.run.records import (
     json_number,
     metrics_record,
     settings_record,
+    warn_if_not_as_asked,
     write_metrics,
 )
-from kvbench.run.resume import check_existing_run, check_resumable, with_folder_extent
+from kvbench.run.resume import (
+    check_existing_run,
+    check_resumable,
+    lost_predictions,
+    previous_run_meta,
+    trusted_metrics,
+    with_folder_extent,
+)
 from kvbench.run.summary import SUMMARY_FILE, DatasetScores, build_summary, interval_of, sample_scores
 from kvbench.run.table import format_table
 from kvbench.storage.folder import claim_run_folder
+from kvbench.storage.paths import output_root, run_folder
 from kvbench.storage.provenance import device_name, git_commit, now, slurm_job_id
+from kvbench.storage.reader import SCHEMA_VERSION
 from kvbench.storage.sample_cache import SampleCache
 from kvbench.storage.termination import TERMINATION, graceful_termination
 from kvbench.storage.writers import (
@@ -89,9 +98,6 @@ from kvbench.storage.writers import (
     atomic_write_json,
     atomic_write_text,
     config_hash,
-    read_json,
-    run_dir,
-    same_run,
 )
 from kvbench.tasks.base import Sample, TaskDataset, build_task
 from kvbench.tasks.provenance import stand_in_warnings
@@ -167,9 +173,7 @@ class Runner:
         if loaded is None and check_device_map(cfg.model.get("device_map")) is None:
             resolve_device(str(cfg.model.device))
         self.cfg_hash = config_hash(cfg)
-        self.folder = run_dir(
-            cfg.run.output_root, cfg.model.name, cfg.task.name, cfg.method.name, cfg.budget.name, cfg.run.tag
-        )
+        self.folder = run_folder(cfg)
         #: The run's ``summary.json`` payload, once :meth:`run` completed.
         self.summary: dict[str, Any] = {}
         #: Paged-attention fallbacks (reason -> calls) of the datasets run so far (``run_meta.json``).
@@ -186,10 +190,11 @@ class Runner:
         check_existing_run(self.folder, self.cfg_hash, cfg, note_replacement=False)
         tokenizer = self.loaded.tokenizer if self.loaded else load_tokenizer(cfg.model)
         data = self.load_data(tokenizer)  # every sample checked before the weights load
-        loaded = self.loaded or load_model(cfg.model, seed=int(cfg.seed), tokenizer=tokenizer)
+        # The folder is claimed before the weights load: an identical run started meanwhile is refused at once.
         with claim_run_folder(self.folder):
             # Checked again under the lock: another job may have started this folder since the first check.
             check_existing_run(self.folder, self.cfg_hash, cfg)
+            loaded = self.loaded or load_model(cfg.model, seed=int(cfg.seed), tokenizer=tokenizer)
             meta = self._write_run_files()
             logger = _wandb_logger(cfg)
             results: list[DatasetResult] = []
@@ -263,11 +268,10 @@ class Runner:
             self.folder / CONFIG_FILE, OmegaConf.to_yaml(with_folder_extent(self.folder, cfg), resolve=True)
         )
         meta_path = self.folder / RUN_META_FILE
-        meta = read_json(meta_path) if meta_path.exists() else {}
-        if not same_run(self.folder, meta.get("config_hash"), cfg, self.cfg_hash):  # a replaced run: start afresh
-            meta = {}
+        meta = previous_run_meta(self.folder, cfg, self.cfg_hash)
         meta.update(
             {
+                "schema_version": SCHEMA_VERSION,
                 "config_hash": self.cfg_hash,
                 "model": cfg.model.name,
                 "task": cfg.task.name,
@@ -301,8 +305,9 @@ class Runner:
         cfg = self.cfg
         folder = self.folder / dataset.name
         metrics_path = folder / METRICS_FILE
-        if metrics_path.exists():
-            existing = read_json(metrics_path)
+        # A damaged metrics.json, or predictions it counts that are gone, is recomputed below (trusted_metrics).
+        existing = trusted_metrics(metrics_path) if metrics_path.exists() else None
+        if existing is not None:
             same_extent = existing.get("n_samples") == len(samples)
             if existing.get("config_hash") == self.cfg_hash and same_extent:
                 if dataset.evaluates_itself:  # lm-eval's scores: no per-sample kvbench predictions to resample
@@ -311,8 +316,9 @@ class Runner:
                         dataset.name, existing["metric"], existing["score"], existing["n_samples"], kept, skipped=True
                     )
                 rows = {row["id"]: row for row in PredictionLog(folder / PREDICTIONS_FILE).load()}
-                return self._dataset_result(dataset, samples, [rows.get(s.id) for s in samples], existing, True)
-            if existing.get("config_hash") == self.cfg_hash and len(samples) < int(existing.get("n_samples", 0)):
+                if not lost_predictions(folder / PREDICTIONS_FILE, rows, samples, existing["n_samples"]):
+                    return self._dataset_result(dataset, samples, [rows.get(s.id) for s in samples], existing, True)
+            elif existing.get("config_hash") == self.cfg_hash and len(samples) < int(existing.get("n_samples", 0)):
                 report = self._report_on_first(dataset, samples, existing)
                 if report is not None:
                     return report
@@ -353,6 +359,7 @@ class Runner:
         def write(sample: Sample, encoded: Any, output: Any) -> None:
             row = _prediction_row(sample, dataset, output, encoded)
             warn_if_above_full(output.record, self.cfg)
+            warn_if_not_as_asked(row["cache"], self.cfg)
             with TERMINATION.critical():
                 log.append(row)
                 timing_log.append({"id": sample.id, "prefill_s": output.prefill_s, "decode_s": output.decode_s})
@@ -475,7 +482,7 @@ def sample_cache(cfg: DictConfig) -> SampleCache | None:
     setting = cfg.run.get("sample_cache", "auto")
     if setting is None:
         return None
-    root = Path(cfg.run.output_root).parent / "samples" if setting == "auto" else Path(str(setting))
+    root = output_root(cfg).parent / "samples" if setting == "auto" else Path(str(setting)).expanduser()
     return SampleCache(root)
 
 

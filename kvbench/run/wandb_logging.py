@@ -73,11 +73,10 @@ class WandbLogger:
                 "wandb.mode is set but wandb is not installed (pip install kvbench[wandb]); not logging", stacklevel=2
             )
             return None
-        from kvbench.storage.writers import config_hash, run_dir
+        from kvbench.storage.paths import run_folder
+        from kvbench.storage.writers import config_hash
 
-        folder = run_dir(
-            cfg.run.output_root, cfg.model.name, cfg.task.name, cfg.method.name, cfg.budget.name, cfg.run.tag
-        )
+        folder = run_folder(cfg)
         try:
             run = wandb.init(
                 project=cfg.wandb.project,
