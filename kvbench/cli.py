@@ -6,6 +6,11 @@
 * :func:`run_job` -- one configuration: the checks that need no torch first (:mod:`kvbench.validation`), the
   method family and its parameters (torch, not transformers), then the runner (or, for ``python run.py`` alone,
   the embedded demo).
+* :func:`check_sweep` -- a ``-m`` sweep is composed and validated whole before its first job (every job's values,
+  environment and run folder); the invalid jobs are listed at once and nothing runs (exit 2).  ``--continue-on-error``
+  (kvbench's flag, taken off before Hydra reads the command line) runs the valid jobs anyway and keeps going past a
+  failing job, recording each failure (:func:`run_sweep_job`, ``<sweep dir>/failed_jobs.jsonl``); the sweep then
+  exits 2 (1 if a failure was a bug) listing them.
 * :func:`reporting_errors` -- a :class:`~kvbench.errors.KVBenchError` becomes ``error: <message>`` on stderr and
   exit status 2, without a traceback unless ``KVBENCH_DEBUG=1``; SIGTERM/SIGINT exit 143/130 (the run resumes
   from where it stopped); anything else is a bug and keeps its traceback (exit 1).
@@ -19,16 +24,18 @@ Nothing here imports torch before the config checks pass; transformers is import
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 from omegaconf import DictConfig
 
-from kvbench.errors import INTERRUPTED_EXIT, USER_ERROR_EXIT, Interrupted, KVBenchError
-from kvbench.hydra_errors import hydra_error_message, one_paragraph
+from kvbench.errors import INTERRUPTED_EXIT, USER_ERROR_EXIT, Interrupted, KVBenchError, environment_error_message
+from kvbench.hydra_errors import group_override_message, hydra_error_message, one_paragraph
 from kvbench.validation import validate_run
 
 #: Environment variable that adds the traceback to user-error reports.
@@ -61,10 +68,21 @@ def reporting_errors() -> Iterator[None]:
     except KeyboardInterrupt:
         print("interrupted (Ctrl-C); predictions so far are saved, rerun the same command to resume", file=sys.stderr)
         sys.exit(130)
+    except OSError as err:  # disk full, permission denied, a file in the way: the environment, not a bug
+        message = environment_error_message(err)
+        if message is None:
+            _report_bug()
+        report_user_error(str(message))
+        sys.exit(USER_ERROR_EXIT)
     except Exception:  # a bug, not a user error: keep its traceback (and never let Hydra's handler relabel it)
-        traceback.print_exc()
-        print("kvbench: unexpected error (the traceback above); please report it", file=sys.stderr, flush=True)
-        sys.exit(1)
+        _report_bug()
+
+
+def _report_bug() -> None:
+    """A bug: print its traceback, ask for a report, exit 1."""
+    traceback.print_exc()
+    print("kvbench: unexpected error (the traceback above); please report it", file=sys.stderr, flush=True)
+    sys.exit(1)
 
 
 def main() -> None:
@@ -83,12 +101,91 @@ def main() -> None:
 
         with reporting_errors():
             sys.exit(dashboards_main(sys.argv[1:]))
+    continue_on_error = CONTINUE_FLAG in sys.argv[1:]
+    sys.argv[1:] = [arg for arg in sys.argv[1:] if arg != CONTINUE_FLAG]  # kvbench's flag, not Hydra's
+    with reporting_errors():
+        check_sweep(sys.argv[1:], continue_on_error)
     with reporting_hydra_errors(sys.argv[1:]):
-        hydra_app()()
+        hydra_app(continue_on_error)()
+    if FAILED_JOBS:
+        report_failed_jobs()
 
 
-def hydra_app() -> Callable[[], None]:
-    """The Hydra app over the shipped config tree; Hydra reads the overrides from ``sys.argv``."""
+#: ``kvbench -m --continue-on-error ...``: a failed job is recorded and the sweep goes on (:func:`run_sweep_job`).
+CONTINUE_FLAG = "--continue-on-error"
+#: The jobs of this sweep that failed under :data:`CONTINUE_FLAG`: ``(job number, overrides, exit status)``.
+FAILED_JOBS: list[tuple[int, list[str], int]] = []
+
+
+def is_multirun(args: Sequence[str]) -> bool:
+    """Whether a command line asks Hydra for a sweep (``-m``, ``--multirun``, ``hydra.mode=MULTIRUN``)."""
+    return any(arg in ("-m", "--multirun") or arg.replace(" ", "") == "hydra.mode=MULTIRUN" for arg in args)
+
+
+def check_sweep(args: Sequence[str], continue_on_error: bool) -> None:
+    """A sweep is checked whole before its first job: every job composed and validated (values, environment, run
+    folders).  Invalid jobs are listed at once and nothing runs (exit 2); with :data:`CONTINUE_FLAG` they are
+    listed as a warning and the sweep runs, recording each failure."""
+    if not is_multirun(args):
+        if continue_on_error:
+            raise KVBenchError(f"{CONTINUE_FLAG} applies to sweeps only: add -m (e.g. kvbench -m {CONTINUE_FLAG} ...).")
+        return
+    from kvbench.run.sweep import multirun_jobs
+
+    jobs = multirun_jobs(args)
+    bad = [(index, job) for index, job in enumerate(jobs) if job.state == "invalid"]
+    if not bad:
+        return
+    lines = [f"  job {index} ({' '.join(job.overrides)}): {job.reason}" for index, job in bad]
+    if continue_on_error:
+        print(f"warning: {len(bad)} of {len(jobs)} jobs of this sweep are invalid; they will fail:", file=sys.stderr)
+        print("\n".join(lines), file=sys.stderr, flush=True)
+        return
+    print(
+        f"error: {len(bad)} of {len(jobs)} jobs of this sweep are invalid, so none ran. Fix them, or pass "
+        f"{CONTINUE_FLAG} to run the others:",
+        file=sys.stderr,
+    )
+    print("\n".join(lines), file=sys.stderr, flush=True)
+    sys.exit(USER_ERROR_EXIT)
+
+
+def run_sweep_job(job: Callable[[], None]) -> None:
+    """Run one job of a sweep under :data:`CONTINUE_FLAG`: a failure (its message already printed) is recorded in
+    :data:`FAILED_JOBS` and in ``<sweep dir>/failed_jobs.jsonl``, and the sweep goes on; a stop signal still
+    stops it."""
+    try:
+        job()
+    except SystemExit as exited:
+        code = exited.code if isinstance(exited.code, int) else 1
+        if code == 0 or code in (INTERRUPTED_EXIT, 130):
+            raise
+        from hydra.core.hydra_config import HydraConfig
+
+        hydra = HydraConfig.get()
+        overrides, number = list(hydra.overrides.task), int(hydra.job.num)
+        FAILED_JOBS.append((number, overrides, code))
+        print(f"job {number} failed (exit {code}); the sweep goes on ({CONTINUE_FLAG})", file=sys.stderr, flush=True)
+        try:
+            path = Path(hydra.sweep.dir) / "failed_jobs.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps({"job": number, "overrides": overrides, "exit_status": code}) + "\n")
+        except OSError as err:
+            print(f"warning: cannot record the failure in {hydra.sweep.dir}: {err}", file=sys.stderr)
+
+
+def report_failed_jobs() -> None:
+    """After a sweep under :data:`CONTINUE_FLAG`: list the failed jobs; exit 1 if any was a bug, else 2."""
+    print(f"error: {len(FAILED_JOBS)} job(s) of this sweep failed (the rest ran):", file=sys.stderr)
+    for number, overrides, code in FAILED_JOBS:
+        print(f"  job {number} (exit {code}): {' '.join(overrides)}", file=sys.stderr)
+    sys.exit(1 if any(code == 1 for _, _, code in FAILED_JOBS) else USER_ERROR_EXIT)
+
+
+def hydra_app(continue_on_error: bool = False) -> Callable[[], None]:
+    """The Hydra app over the shipped config tree; Hydra reads the overrides from ``sys.argv``.
+    ``continue_on_error``: each job runs through :func:`run_sweep_job`."""
     import hydra
 
     from kvbench import resources
@@ -102,7 +199,8 @@ def hydra_app() -> Callable[[], None]:
         # `kvbench` / `python run.py` alone (or with extent/run settings only): the embedded default beside its
         # variants.
         overrides = sys.argv[1:]
-        run_job(cfg, demo=demo_overrides(overrides), overrides=overrides)
+        job = lambda: run_job(cfg, demo=demo_overrides(overrides), overrides=overrides)  # noqa: E731
+        run_sweep_job(job) if continue_on_error else job()
 
     return app
 
@@ -143,4 +241,10 @@ def reporting_hydra_errors(overrides: Sequence[str]) -> Iterator[None]:
         yield
     except (HydraException, OmegaConfBaseException) as err:  # run_job reports everything raised inside a job
         report_user_error(hydra_error_message(err, overrides))
+        sys.exit(USER_ERROR_EXIT)
+    except ValueError as err:  # Hydra's own check of a group override (method=1); any other is a bug
+        message = group_override_message(err, overrides)
+        if message is None:
+            raise
+        report_user_error(message)
         sys.exit(USER_ERROR_EXIT)

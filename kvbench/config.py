@@ -214,7 +214,14 @@ class KVBenchConfig:
 
 
 def register_configs() -> None:
-    """Register the schemas with Hydra's ConfigStore (idempotent)."""
+    """Register the schemas with Hydra's ConfigStore, and the ``kvbench_logs`` resolver that places Hydra's own logs
+    beside the results root (:func:`kvbench.storage.paths.hydra_log_dir`; idempotent)."""
+    from omegaconf import OmegaConf
+
+    from kvbench.storage.paths import hydra_log_dir
+
+    if not OmegaConf.has_resolver("kvbench_logs"):
+        OmegaConf.register_new_resolver("kvbench_logs", hydra_log_dir)
     store = ConfigStore.instance()
     store.store(name="kvbench_schema", node=KVBenchConfig)
     store.store(group="schema/model", name="model", node=ModelConfig, package="model")

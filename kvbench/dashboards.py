@@ -1,10 +1,10 @@
 """``kvbench report`` and ``kvbench wandb-report``: the two dashboards' command lines.
 
-* ``kvbench report [RUNS] --out results/site [--experiment X] [--title T]``: the offline results site
+* ``kvbench report [RUNS] --out results/site [--experiment X] [--title T] [--single-file]``: the offline results site
   (:mod:`kvbench.reporting.site`).
 * ``kvbench wandb-report --entity E --project P [RUNS] [--experiment X] [--title T] [--dry-run] [--out F]``: the
   W&B Report (:mod:`kvbench.reporting.wandb_report`); ``--dry-run`` writes the report's specification JSON to
-  ``--out`` (default ``results/wandb_report.json``) without a network.
+  ``--out`` (default ``results/wandb_report.json``) without a network (``--entity`` / ``--project`` optional).
 
 Both check their input before writing anything and raise :class:`~kvbench.errors.KVBenchError` on bad input, which
 :func:`kvbench.cli.main` reports as ``error: <message>`` with exit status 2 (argparse's usage errors also exit 2).
@@ -31,10 +31,16 @@ def report_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="kvbench report", description="Build the offline results site.")
     _runs_argument(parser)
     parser.add_argument("--out", default="results/site", help="folder of the site (index.html)")
+    parser.add_argument(
+        "--single-file", action="store_true", help="inline Plotly into index.html: one self-contained file to share"
+    )
     args = parser.parse_args(list(argv))
     from kvbench.reporting.site import build_site
+    from kvbench.storage.paths import check_output_folder
 
-    result = build_site(args.runs, args.out, args.experiment, args.title or "kvbench results")
+    args.out = check_output_folder(args.out, "--out")
+
+    result = build_site(args.runs, args.out, args.experiment, args.title or "kvbench results", args.single_file)
     print(
         f"{result.n_runs} runs -> {result.index} ({result.cache_hits} unchanged, read from the cache; "
         f"{result.seconds:.1f} s)"
@@ -46,8 +52,8 @@ def wandb_report_main(argv: Sequence[str]) -> int:
     """``kvbench wandb-report``: build (and save, or with ``--dry-run`` write) the W&B Report."""
     parser = argparse.ArgumentParser(prog="kvbench wandb-report", description="Build a W&B comparison report.")
     _runs_argument(parser)
-    parser.add_argument("--entity", required=True, help="W&B entity (user or team) holding the project")
-    parser.add_argument("--project", required=True, help="W&B project the runs were logged to (wandb.project)")
+    parser.add_argument("--entity", default=None, help="W&B entity (user or team) holding the project")
+    parser.add_argument("--project", default=None, help="W&B project the runs were logged to (wandb.project)")
     parser.add_argument("--dry-run", action="store_true", help="write the report specification JSON, no network")
     parser.add_argument("--out", default="results/wandb_report.json", help="where --dry-run writes the JSON")
     args = parser.parse_args(list(argv))
@@ -56,9 +62,17 @@ def wandb_report_main(argv: Sequence[str]) -> int:
     from kvbench.reporting.dashboard_data import load_dashboard_runs
     from kvbench.reporting.wandb_report import build_report, report_spec, save_report
 
+    if args.dry_run:
+        from kvbench.storage.paths import check_output_file
+
+        args.out = check_output_file(args.out, "--out")
     for name in ("entity", "project"):
-        if not str(getattr(args, name)).strip():
+        value = getattr(args, name)
+        if value is not None and not value.strip():
             raise KVBenchError(f"--{name} is empty; give the W&B {name} the runs were logged to")
+        if value is None and not args.dry_run:
+            raise KVBenchError(f"--{name} is needed to save the report (or use --dry-run to write its specification)")
+        setattr(args, name, value or "")
     runs = load_dashboard_runs(args.runs, experiment=args.experiment)
     report = build_report(runs, args.entity, args.project, args.experiment, args.title)
     if args.dry_run:

@@ -4,6 +4,10 @@ The default configuration (SnapKV, question-aware, 64 tokens per layer, tiny mod
 a few variants at the same budget -- the full cache, StreamingLLM, and question-agnostic SnapKV -- and one table
 shows them side by side, so that what eviction keeps (or loses) is visible at a glance.  Each variant is an
 ordinary run with its own results folder, composed by Hydra from the same defaults plus one override.
+
+The comparison runs on one torch thread (:data:`DEMO_THREADS`; ``run.threads=N`` on the command line overrides it):
+the tiny model's matrices are too small for more threads to help, and with torch's default (one per core) the
+same table cost 133 s of CPU instead of 27 s on 2 cores (issue #48), spent waiting in the thread pool.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ DEMO_VARIANTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("StreamingLLM", ("method=streamingllm",)),
     ("SnapKV q-agnostic", ("task.question_mode=agnostic", "run.tag=agnostic")),
 )
+#: Torch threads of the comparison unless the command line sets ``run.threads`` (not part of a run's identity).
+DEMO_THREADS = 1
 
 
 def run_demo(cfg: DictConfig, overrides: Sequence[str] = ()) -> dict[str, list[DatasetResult]]:
@@ -34,6 +40,8 @@ def run_demo(cfg: DictConfig, overrides: Sequence[str] = ()) -> dict[str, list[D
     from hydra import compose
 
     quiet = ["run.print_table=false"]
+    if cfg.run.threads is None:
+        quiet.append(f"run.threads={DEMO_THREADS}")
     runs = [(f"{cfg.method.name} q-{cfg.task.question_mode}", ()), *DEMO_VARIANTS]
     columns: dict[str, list[DatasetResult]] = {}
     folders: dict[str, Path] = {}

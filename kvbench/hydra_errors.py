@@ -38,8 +38,8 @@ def hydra_error_message(err: BaseException, overrides: Sequence[str] = ()) -> st
         hint = f" Did you mean {group}={close[0]}?" if close else ""
         if group == "budget":
             hint += (
-                " A budget that is not a preset is set with budget.spec=<spec> (e.g. budget.spec=96L, named after "
-                "the budget preset it replaces; forms: full, <n>L, <n>/layer, <r>x with 0<r<=1)."
+                " A budget that is not a preset is set with budget.spec=<spec> (e.g. budget.spec=96L; the run is "
+                "named after the spec; forms: full, <n>L, <n>/layer, <r>x with 0<r<=1)."
             )
         return (
             f"unknown {group} {name!r} (there is no conf/{err.missing_cfg_file}.yaml); valid: "
@@ -68,6 +68,41 @@ def hydra_error_message(err: BaseException, overrides: Sequence[str] = ()) -> st
     if cause is not None and str(cause):
         message += f" ({one_paragraph(str(cause).splitlines()[0])})"
     return message
+
+
+#: Config groups a command line picks a preset of (``model=tiny``): their overrides take names, not numbers.
+PRESET_GROUPS = ("model", "method", "budget", "task", "wandb")
+
+
+def group_override_message(err: BaseException, overrides: Sequence[str]) -> str | None:
+    """The message for Hydra's ``ValueError`` on a group override that is not a name (``method=1``, ``budget=0``:
+    Hydra's parser reads a number), naming the override and the valid presets; ``None`` for any other error."""
+    if not isinstance(err, ValueError) or not str(err).startswith("Config group override must be a string"):
+        return None
+    from kvbench.resources import conf_dir
+
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        group = key.lstrip("+~")
+        if not sep or group not in PRESET_GROUPS or not _is_number(value):
+            continue
+        options = sorted(path.stem for path in (conf_dir() / group).glob("*.yaml"))
+        hint = (
+            " A budget value is set with budget.spec=<spec> (e.g. budget.spec=96L; forms: full, <n>L, <n>/layer, "
+            "<r>x with 0<r<=1)."
+            if group == "budget"
+            else ""
+        )
+        return f"{override}: {group}= takes a preset name, not a number; valid: {', '.join(options)}.{hint}"
+    return f"a config group override is a number, not a preset name ({err}); valid groups: {', '.join(PRESET_GROUPS)}."
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _is_schema(object_type: Any) -> bool:

@@ -62,6 +62,11 @@ class Sample:
         shots = "".join(user + reply + "\n" for user, reply in self.shots)
         return shots + self.context + self.question + self.answer_prefix
 
+    def prompt_end(self, chars: int = 300) -> str:
+        """The last ``chars`` characters of :attr:`prompt` (recorded per prediction: the results site's predictions
+        browser shows what was asked)."""
+        return self.prompt[-chars:]
+
     def prompt_sha256(self) -> str:
         """Hash of everything the prompt is built from (recorded per prediction; resume checks it)."""
         blob = json.dumps([self.shots, self.context, self.question, self.answer_prefix], ensure_ascii=False)

@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import importlib.util
-import os
-import tempfile
 import typing
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,7 +31,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from kvbench.budget import BudgetError, parse_budget
+from kvbench.budget import BudgetError, budget_label, parse_budget
 from kvbench.checks import check_choice, check_decode_batch, check_min
 from kvbench.config import (
     DTYPE_NAMES,
@@ -43,8 +42,9 @@ from kvbench.config import (
 )
 from kvbench.errors import KVBenchError
 from kvbench.models.source import resolve_model_source
-from kvbench.run.folder import check_not_locked
-from kvbench.run.writers import run_dir
+from kvbench.resources import conf_dir
+from kvbench.storage.folder import check_not_locked
+from kvbench.storage.paths import check_run_folder_path, output_root, run_folder
 
 #: Config values used as results folder names (``results/runs/<model>/<task>/<method>/<budget>[~<tag>]``).
 FOLDER_NAME_KEYS = ("model.name", "task.name", "method.name", "budget.name", "run.tag")
@@ -63,6 +63,7 @@ def check_config(cfg: DictConfig) -> None:
     for key in FOLDER_NAME_KEYS:
         _check_folder_name(key, OmegaConf.select(cfg, key))
     _check_budget(str(cfg.budget.spec))
+    label_budget(cfg)
     check_method_values(cfg.method)
     _check_task_values(cfg.task)
     _check_choice("model.dtype", cfg.model.dtype, DTYPE_NAMES)
@@ -78,6 +79,30 @@ def check_config(cfg: DictConfig) -> None:
             "tokens per forward of the compressed prefill; 0 = one forward, null = automatic",
         )
     check_decode_batch(cfg.run.decode_batch, error=KVBenchError)
+
+
+def label_budget(cfg: DictConfig) -> None:
+    """Name the budget after what runs: a preset's ``budget.name`` left over after ``budget.spec=<spec>`` changed
+    its spec (``budget=64L budget.spec=999999L`` would otherwise record ``64L`` and share 64L's folder) becomes
+    the spec's own label (:func:`kvbench.budget.budget_label`: ``999999L``).  A name the user chose
+    (``budget.name=<name>``, not a preset's) is kept."""
+    spec, name = str(cfg.budget.spec), str(cfg.budget.name)
+    preset_spec = _preset_budget_specs().get(name)
+    if preset_spec is not None and preset_spec != spec.strip():
+        cfg.budget.name = budget_label(spec)
+
+
+@functools.cache
+def _preset_budget_specs() -> dict[str, str]:
+    """Preset name -> its spec, from ``conf/budget/*.yaml``."""
+    import yaml
+
+    specs = {}
+    for path in sorted((conf_dir() / "budget").glob("*.yaml")):
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        if isinstance(data, dict) and "name" in data and "spec" in data:
+            specs[str(data["name"])] = str(data["spec"])
+    return specs
 
 
 def _check_keys(node: Any, schema: type, prefix: str) -> None:
@@ -213,13 +238,9 @@ def check_environment(cfg: DictConfig, check_model: bool = True) -> None:
             raise KVBenchError(
                 f"{why} needs the Python package {module.split('|')[0]!r}, which is not installed. {fix}"
             )
-    _check_writable_root(Path(str(cfg.run.output_root)))
-    check_not_locked(run_folder(cfg))  # also checks $KVBENCH_LOCK_WAIT
-
-
-def run_folder(cfg: DictConfig) -> Path:
-    """The run's results folder (:func:`kvbench.run.writers.run_dir`)."""
-    return run_dir(cfg.run.output_root, cfg.model.name, cfg.task.name, cfg.method.name, cfg.budget.name, cfg.run.tag)
+    folder = run_folder(cfg)  # run.output_root empty or ~unknown: refused here
+    check_run_folder_path(output_root(cfg), folder)  # a file in the way, a place that refuses folders
+    check_not_locked(folder)  # also checks $KVBENCH_LOCK_WAIT
 
 
 def package_available(module: str) -> bool:
@@ -260,28 +281,6 @@ def required_packages(cfg: DictConfig) -> list[tuple[str, str, str]]:
     if kind is not None and kind.required_packages is not None:
         needs.extend((need.module, need.why, need.fix) for need in kind.required_packages(cfg.task))
     return needs
-
-
-def _check_writable_root(root: Path) -> None:
-    """``run.output_root`` (or its nearest existing parent) is a folder in which this process can make a folder.
-
-    Checked by making (and removing) an empty folder there, not by ``os.access``: root passes ``os.access`` for
-    places that refuse new folders (``/proc``), read-only mounts and full disks included."""
-    existing = root
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise KVBenchError(
-            f"run.output_root={str(root)!r}: {existing} is a file, not a folder. Point run.output_root at a folder."
-        )
-    try:
-        probe = tempfile.mkdtemp(prefix=".kvbench-probe-", dir=existing)
-    except OSError as err:
-        raise KVBenchError(
-            f"run.output_root={str(root)!r}: cannot create a folder in {existing} ({err.strerror or err}). Point "
-            "run.output_root at a folder you can write (e.g. run.output_root=results/runs)."
-        ) from None
-    os.rmdir(probe)
 
 
 # ---------------------------------------------------------------------------------------------------- stage 3

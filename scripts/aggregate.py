@@ -5,15 +5,18 @@ dataset), discovered from the runs' own ``metrics.json`` files.
     python scripts/aggregate.py --runs results/runs --out results/tables/runs.csv
 
 Writes the tidy CSV (``--out``) and, next to it, ``runs_summary.{csv,md}`` (one row per run, one column per
-dataset); ``--settings`` adds one ``setting.<key>`` column per method/budget setting.
+dataset); ``--settings`` adds one ``setting.<key>`` column per method/budget setting.  A ``--runs`` folder that does
+not exist or holds no run exits with status 2 and one line, writing nothing (never an empty table over one there).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from kvbench.reporting.aggregate import expand_settings, load_runs, run_summary
+from kvbench.errors import KVBenchError
+from kvbench.reporting.aggregate import expand_settings, require_runs, run_summary
 from kvbench.reporting.tables import write_runs_overview
 
 
@@ -26,12 +29,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strict", action="store_true", help="fail on an unreadable metrics.json")
     args = parser.parse_args(argv)
 
-    runs = load_runs(args.runs, strict=args.strict)
+    try:
+        runs = require_runs(args.runs, strict=args.strict)
+    except KVBenchError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     out = Path(args.out)
     write_runs_overview(runs, out.parent)
-    table = expand_settings(runs) if args.settings and not runs.empty else runs
+    table = expand_settings(runs) if args.settings else runs
     table.to_csv(out, index=False)
-    n_runs = len(run_summary(runs)) if not runs.empty else 0
+    n_runs = len(run_summary(runs))
     print(f"{len(runs)} dataset results from {n_runs} runs under {args.runs} -> {out}")
     return 0
 

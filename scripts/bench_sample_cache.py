@@ -1,4 +1,4 @@
-"""Bench: RULER sample preparation per method run, without and with the sample cache (kvbench.run.sample_cache).
+"""Bench: RULER sample preparation per method run, without and with the sample cache (kvbench.storage.sample_cache).
 
 Without the cache every method x budget run regenerates its RULER samples (RULER's size search tokenises the whole
 prompt a dozen times per sample); with it the first run generates and stores them and every later run reads them.
@@ -27,7 +27,7 @@ import torch
 
 from kvbench.models.loading import REAL_VOCAB_MODELS
 from kvbench.models.tokenizers import build_tokenizer
-from kvbench.run.sample_cache import SampleCache
+from kvbench.storage.sample_cache import SampleCache
 from kvbench.tasks.ruler import TASKS, build_ruler
 
 

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from kvbench.reporting.site import build_site
-from kvbench.run.writers import run_dir
+from kvbench.storage.writers import run_dir
 
 METHODS = ("streamingllm", "h2o", "tova", "snapkv", "pyramidkv", "ada_snapkv", "cake", "ahakv", "xkv", "nacl")
 BUDGETS = ("64L", "96L", "128L", "256L", "512L", "1024L", "2048L", "32L", "48L", "768L")

@@ -25,7 +25,7 @@ as ``skipped``, so later phases still run):
 8. ``llama``    -> rows in ``parity.csv`` / ``e2e.csv``: the Llama-3.1-8B architecture, last.
 
 ``phases.csv`` logs each phase (status, seconds, why skipped or stopped).  Every row records whether all logits were
-finite and the paged attention's calls per path and fallbacks (:mod:`kvbench.attention.paths`).  SIGINT, SIGTERM and
+finite and the paged attention's calls per path and fallbacks (:mod:`kvbench.kernels.paths`).  SIGINT, SIGTERM and
 the script's own SIGALRM (``--deadline`` + 20 s) stop it cleanly: the files keep every row written so far.
 
 On the GPU machine (docs/performance.md, "GPU validation")::
@@ -198,7 +198,7 @@ class Validation:
     def unit(self, rows: Rows, row: dict[str, Any], watch: FiniteLogits | None = None) -> Iterator[dict[str, Any]]:
         """Run one unit: skipped if it would overrun the phase's share; its row is written whatever happens (an
         error is a result: the next unit still runs; a Stop is re-raised after the row is written)."""
-        from kvbench.attention.paths import ATTENTION_RECORD
+        from kvbench.kernels.paths import ATTENTION_RECORD
 
         if not self.clock.fits():
             rows.write({**row, "status": "skipped", "error": "would overrun the phase's share of the deadline"})
@@ -255,8 +255,8 @@ class Validation:
         import torch
         import transformers
 
-        from kvbench.attention.paths import capability_summary, plan_attention
         from kvbench.bench.timing import device_name, measure_copy_bandwidth, peak_bandwidth
+        from kvbench.kernels.paths import capability_summary, plan_attention
 
         try:
             import triton

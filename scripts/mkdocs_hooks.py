@@ -2,7 +2,8 @@
 
 Two things are generated at build time, so they cannot drift from the code:
 
-* every page opens with the kvbench version it documents (``kvbench/version.py``'s ``__version__``);
+* the kvbench version the site documents (``kvbench/version.py``'s ``__version__``), once, in the footer of every
+  page (``copyright``), not in each page's text;
 * one page per method family, ``methods/<family>.md``, from ``conf/method/*.yaml``: for each preset its header
   comment, its settings, its ``reference:`` block (repo, commit, file, what it reproduces) and the parity evidence
   (the tests that check the family or name the preset, found by reading ``tests/*.py`` with :mod:`ast`).
@@ -260,9 +261,11 @@ def family_page(family: str, presets: list[Preset], tests: list[TestEvidence]) -
 
 
 def on_config(config: Any) -> Any:
-    """Document the checkout that holds ``mkdocs.yml``, wherever ``mkdocs`` is started (MkDocs hook)."""
+    """Document the checkout that holds ``mkdocs.yml``, wherever ``mkdocs`` is started, and put the version it
+    documents in every page's footer (MkDocs hook)."""
     global REPO
     REPO = Path(config.config_file_path).resolve().parent
+    config.copyright = f"This site documents kvbench {kvbench_version()}."
     return config
 
 
@@ -274,10 +277,3 @@ def on_files(files: Any, config: Any) -> Any:
     for family, presets in read_presets().items():
         files.append(File.generated(config, f"methods/{family}.md", content=family_page(family, presets, tests)))
     return files
-
-
-def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
-    """Open every page with the version it documents (MkDocs hook)."""
-    note = f'!!! note "kvbench {kvbench_version()}"\n    This page documents kvbench {kvbench_version()}.\n\n'
-    title_end = markdown.find("\n", markdown.find("# ")) + 1 if markdown.startswith("# ") else 0
-    return markdown[:title_end] + "\n" + note + markdown[title_end:]

@@ -5,8 +5,9 @@
     python scripts/site_screenshot.py results/tiny_grid/site --out docs/results_site.png
 
 Opens ``<site>/index.html`` from disk (``make setup-browser`` installs Chromium), fails if the page logs a console
-error, optionally sets filters (``--filter question_mode=aware``) and scrolls to a section (``--section
-budget-plots``), and writes the viewport as a PNG reduced to ``--colours`` colours (small enough to commit).
+error, optionally sets filters (``--filter question_mode=aware``), picks values of the page's other selects
+(``--select pred-run=tiny/tiny_niah/h2o/64L/aware``) and scrolls to a section (``--section budget-plots``), and
+writes the viewport as a PNG reduced to ``--colours`` colours (small enough to commit).
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--filter", action="append", default=[], help="KEY=VALUE: set a filter (e.g. question_mode=aware)"
     )
+    parser.add_argument(
+        "--select",
+        action="append",
+        default=[],
+        help="ID=VALUE: pick VALUE in the page's <select id=ID> (e.g. pred-run=...)",
+    )
     parser.add_argument("--section", default=None, help="id of the section to scroll to (e.g. budget-plots)")
     parser.add_argument("--colours", type=int, default=64, help="palette size of the written PNG (0: full colour)")
     args = parser.parse_args(argv)
@@ -39,6 +46,11 @@ def main(argv: list[str] | None = None) -> int:
         for item in args.filter:
             key, _, value = item.partition("=")
             select = f"document.getElementById({json.dumps('filter-' + key)})"
+            change = "s.dispatchEvent(new Event('change'))"
+            browser.evaluate(f"(() => {{ const s = {select}; s.value = {json.dumps(value)}; {change}; }})()")
+        for item in args.select:
+            key, _, value = item.partition("=")
+            select = f"document.getElementById({json.dumps(key)})"
             change = "s.dispatchEvent(new Event('change'))"
             browser.evaluate(f"(() => {{ const s = {select}; s.value = {json.dumps(value)}; {change}; }})()")
         if args.section:

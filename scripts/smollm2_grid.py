@@ -15,7 +15,8 @@ method at 64L question-aware on the cheap cells (RULER 2K, LongBench fixtures); 
 question-agnostic; 5 = 64L question-agnostic; 6 = the full cache at 4K, then every method on RULER 4K and NeedleBench 4K
 (NeedleBench 2K: the full cache only, see :data:`FULL_CACHE_ONLY`).
 ``table`` writes ``<out>/grid.md`` and ``<out>/grid.csv`` from the summaries found (score, 95 % interval, samples,
-seconds per sample from the runs' ``timings.jsonl``).
+seconds per sample from the runs' ``timings.jsonl``); with no finished run under ``<out>/runs`` (a fresh clone: the
+run folders are not committed, the tables are) it exits with status 2 and one line, leaving the tables as they are.
 
 The inputs are kvbench's shipped stand-ins (RULER's essays/words, NeedleBench's needles and haystacks, the LongBench
 fixtures -- not the benchmarks' own data), with very few samples per dataset; see the README for what that shows.
@@ -296,12 +297,11 @@ def readme_table(out: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_table(out: Path) -> str:
-    """``grid.csv`` (every row) and ``grid.md`` (one line per run: each dataset's score [95 % interval], seconds per
-    sample); returns the Markdown."""
-    rows = collect(out)
+def write_table(out: Path, rows: list[dict]) -> str:
+    """``grid.csv`` (``rows``, from :func:`collect`) and ``grid.md`` (one line per run: each dataset's score [95 %
+    interval], seconds per sample); returns the Markdown."""
     with (out / "grid.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]) if rows else ["cell"])
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
     order = {m: i for i, m in enumerate(("full", *METHODS))}
@@ -333,7 +333,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.action == "run":
         run_grid(args.out, args.phases)
-    write_table(args.out)
+    rows = collect(args.out)
+    if not rows:
+        print(
+            f"error: no finished run under {args.out / 'runs' / MODEL}: nothing to tabulate, {args.out}/grid.md and "
+            "grid.csv left as they are (run the grid first: python scripts/smollm2_grid.py run)",
+            file=sys.stderr,
+        )
+        return 2
+    write_table(args.out, rows)
     print((args.out / "grid.md").read_text(), end="")
     return 0
 

@@ -14,6 +14,9 @@ table with the paper's values dashed, and per model and task of any runs; needle
 ``--synthetic N`` first writes made-up runs (the papers' numbers plus Gaussian noise of standard deviation N,
 marked ``synthetic`` everywhere they show) under ``--runs``: a demonstration of filled tables without a GPU.
 Use a folder of its own for them (e.g. ``--runs results/synthetic_runs``), never ``results/runs``.
+
+A ``--runs`` folder that does not exist or holds no run exits with status 2 and one line, before anything is written
+(an empty set of tables never replaces the ones there).
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvbench.reporting.aggregate import load_runs
+from kvbench.errors import KVBenchError
+from kvbench.reporting.aggregate import require_runs
 from kvbench.reporting.paper_refs import TABLES, check_printed_aggregates, errata_keys, load_reference
 from kvbench.reporting.plots import plot_needle_heatmaps, plot_paper_tables, plot_score_vs_budget
 from kvbench.reporting.render import LatexError, compile_pdf
@@ -58,7 +62,11 @@ def main(argv: list[str] | None = None) -> int:
         n_files = write_synthetic_runs(args.runs, args.tables, noise=args.synthetic)
         print(f"{n_files} synthetic dataset results (paper + N(0, {args.synthetic:g}) noise) -> {args.runs}")
 
-    runs = load_runs(args.runs)
+    try:
+        runs = require_runs(args.runs)
+    except KVBenchError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     comparisons = build_all(runs, args.paper, args.tables)
     missing = write_tables(comparisons, args.out, args.formats)
     write_runs_overview(runs, args.out)
@@ -89,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"PDF of every table -> {pdf}")
     if not args.no_plots:
-        paper = plot_paper_tables(comparisons, args.plots)
+        paper = plot_paper_tables(comparisons, args.plots, runs)
         plots = paper + plot_score_vs_budget(runs, args.plots) + plot_needle_heatmaps(runs, args.plots)
         print(f"{len(plots)} plots -> {args.plots} ({len(paper)} paper tables with their printed values dashed)")
     return 0

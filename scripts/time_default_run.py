@@ -4,7 +4,9 @@
 Each repetition runs ``run.py`` in a new temporary working directory (no results, no stored samples: what a fresh
 clone does) and records its wall time, its CPU time (user + system, from ``getrusage`` of the child), the load
 average before and after, and the number of cores, to ``results/bench/default_run.csv``.  CPU seconds depend little
-on what else the machine runs; wall seconds on a shared machine do, so the load is part of every row::
+on what else the machine runs; wall seconds on a shared machine do, so the load is part of every row.  The command
+runs as a user types it: no thread setting in its environment (the embedded default sets its own, one torch thread:
+:data:`kvbench.demo.DEMO_THREADS`); ``--print-table`` also prints the table the run printed::
 
     python scripts/time_default_run.py --repeat 1 [--checkout PATH] [--label mine]
 
@@ -32,7 +34,8 @@ FIELDS = ["label", "checkout", "wall_s", "cpu_s", "load1_before", "load1_after",
 def time_once(checkout: Path) -> dict[str, object]:
     """One ``python run.py`` in a fresh temporary folder, with ``checkout`` first on the import path."""
     env = {**os.environ, "PYTHONPATH": str(checkout), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
-    env.setdefault("OMP_NUM_THREADS", "1")
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # timed as typed: the run chooses its own thread count
+        env.pop(name, None)
     with tempfile.TemporaryDirectory(prefix="kvbench-time-") as folder:
         before_usage = resource.getrusage(resource.RUSAGE_CHILDREN)
         load_before = os.getloadavg()[0]
@@ -46,6 +49,7 @@ def time_once(checkout: Path) -> dict[str, object]:
     if done.returncode != 0:
         print(done.stderr[-3000:], file=sys.stderr)
     return {
+        "stdout": done.stdout,
         "checkout": str(checkout),
         "wall_s": round(wall, 1),
         "cpu_s": round(cpu, 1),
@@ -62,6 +66,7 @@ def main() -> None:
     parser.add_argument("--checkout", type=Path, default=REPO)
     parser.add_argument("--label", default="this checkout")
     parser.add_argument("--out", type=Path, default=Path("results/bench/default_run.csv"))
+    parser.add_argument("--print-table", action="store_true", help="print what each run printed after its row")
     args = parser.parse_args()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     new_file = not args.out.exists()
@@ -71,9 +76,12 @@ def main() -> None:
             writer.writeheader()
         for _ in range(args.repeat):
             row = {"label": args.label, **time_once(args.checkout.resolve())}
+            printed = str(row.pop("stdout"))
             writer.writerow(row)
             handle.flush()
             print(row, flush=True)
+            if args.print_table:
+                print(printed, flush=True)
 
 
 if __name__ == "__main__":

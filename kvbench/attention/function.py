@@ -11,8 +11,8 @@ tokens are always the last ``q`` entries of every head's storage (they were just
 
 Dense layers go through transformers' own ``sdpa_attention_forward`` (identical numerics to ``sdpa`` when
 nothing is evicted); ragged layers loop over stored heads, each with its GQA group of query heads; paged layers
-(``KVBenchCache(backend="paged")``) go through :func:`kvbench.cache.paged.paged_attention` (varlen / Triton on CUDA, the
-same per-head SDPA as ragged layers otherwise).
+(``KVBenchCache(backend="paged")``) go through :func:`kvbench.attention.paged.paged_attention` (varlen / Triton
+on CUDA, the same per-head SDPA as ragged layers otherwise).
 
 Eviction hooks in here, not through monkeypatching: the generation loop passes a ``kvbench_session`` keyword
 argument through the model's forward; after computing a layer's attention this function hands the session the
@@ -34,9 +34,10 @@ from kvbench.attention.extras import (
     ragged_detailed_attention,
 )
 from kvbench.attention.ops import bottom_right_causal_mask, dense_attention, ragged_attention
+from kvbench.attention.paged import paged_attention
 from kvbench.cache.base import RaggedKV, on_device
 from kvbench.cache.batched import BatchedKV
-from kvbench.cache.paged import PagedKV, paged_attention
+from kvbench.cache.paged import PagedKV
 from kvbench.cache.sliding import SlidingWindowLayer, sliding_causal_mask
 
 __all__ = ["ATTENTION_NAME", "AttentionObserver", "bottom_right_causal_mask", "kvbench_attention_forward"]

@@ -23,18 +23,11 @@ held bytes <= kept bytes + ``H * (page_size - 1)`` token slots); smaller evictio
 its own pages and return emptied pages to the free list.  A decoding step's one-token eviction
 (:meth:`PagedLayer.evict_slots`) moves each head's last token into its evicted slot: ``H`` rows, no rebuild.
 
-Attention (:func:`paged_attention`): a chunk that is the layer's first (plain prefill) runs dense SDPA on the new
-states; later chunks run the path :func:`kvbench.attention.paths.plan_attention` chose when the layer was allocated:
+Attention over this layout (:func:`kvbench.attention.paged.paged_attention`) runs the path
+:func:`kvbench.kernels.paths.plan_attention` chose when the layer was allocated (:attr:`PagedLayer.attention_plan`):
 on CUDA ``varlen_attn`` with the block table when ``page_size`` is a multiple of 256 (the FlashAttention-2 paged-KV
 constraint) and this torch's ``varlen_attn`` takes a block table, else the split-K Triton kernel
-:func:`kvbench.kernels.paged_decode_attention` for one-token decoding; the rest (CPU, question chunks on a compressed
-cache) gathers each head and runs the same per-head SDPA as the ragged torch backend, so both backends give the same
-logits.  A kernel's error propagates (no silent fallback); each call and fallback is counted in
-:data:`kvbench.attention.paths.ATTENTION_RECORD`.
-
-Size: over 500 lines because :class:`PagedLayer` is one invariant (pool, free list, host page lists, block table
-and lengths kept in step) that appends, growth, repacking, compaction and in-place eviction all maintain; splitting
-it would spread that invariant over modules.
+:func:`kvbench.kernels.paged_decode_attention` for one-token decoding; the rest gathers each head.
 """
 
 from __future__ import annotations
@@ -42,14 +35,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from kvbench import kernels
-from kvbench.attention.ops import dense_attention, ragged_attention
-from kvbench.attention.paths import ATTENTION_RECORD, AttentionPlan, plan_attention
 from kvbench.cache.base import LogicalLengthLayer, RaggedKV, StorageStats, sorted_keep_indices
+from kvbench.kernels.paths import AttentionPlan, plan_attention
 
 #: Default page size on CPU and for the Triton decode kernel (vLLM's default block size).
 DEFAULT_PAGE_SIZE = 16
@@ -495,90 +486,3 @@ class PagedLayer(LogicalLengthLayer):
             keep_pages = math.ceil(length / self.page_size)
             self.free_pages.extend(self.pages[head][keep_pages:])
             del self.pages[head][keep_pages:]
-
-
-# ---------------------------------------------------------------------------------------------------- attention
-def _varlen_paged(query: torch.Tensor, layer: PagedLayer, scaling: float | None, causal: bool) -> torch.Tensor:
-    """``torch.nn.attention.varlen.varlen_attn`` over the block table; ``query`` ``[1, H_q, q, D]`` ->
-    ``[1, q, H_q, D]``.  Heads are the batch: sequence ``h`` has ``q`` queries with ``G`` heads and one KV head."""
-    from torch.nn.attention.varlen import varlen_attn
-
-    _, num_q, q_len, dim = query.shape
-    heads = layer.num_heads
-    groups = num_q // heads
-    q = query[0].reshape(heads, groups, q_len, dim).permute(0, 2, 1, 3).reshape(heads * q_len, groups, dim)
-    cu_seq_q = torch.arange(0, (heads + 1) * q_len, q_len, dtype=torch.int32, device=query.device)
-    max_k = max(layer.host_lengths)
-    out = varlen_attn(
-        q.contiguous(),
-        layer.k_pool,
-        layer.v_pool,
-        cu_seq_q,
-        None,
-        q_len,
-        max_k,
-        scale=scaling,
-        window_size=(-1, 0) if causal else (-1, -1),
-        enable_gqa=True,
-        seqused_k=layer.lengths,
-        block_table=layer.block_table,
-    )
-    return out.reshape(heads, q_len, groups, dim).permute(1, 0, 2, 3).reshape(1, q_len, num_q, dim)
-
-
-def paged_attention(
-    module: torch.nn.Module, query: torch.Tensor, paged: PagedKV, scaling: float | None, dropout: float
-) -> torch.Tensor:
-    """Causal attention of ``query`` ``[1, H_q, q, D]`` over a paged layer; returns ``[1, q, H_q, D]``.
-
-    The path is the layer's :attr:`PagedLayer.attention_plan` (see the module docstring); errors propagate.
-    """
-    layer = paged.layer
-    q_len = query.shape[2]
-    if paged.first_chunk:
-        ATTENTION_RECORD.note("dense_prefill", None)
-        return dense_attention(module, query, paged.new_keys, paged.new_values, scaling, dropout)
-    plan = layer.attention_plan
-    assert plan is not None
-    kind = "decode" if q_len == 1 else "chunk"
-    path = plan.decode if q_len == 1 else plan.chunk
-    if dropout != 0.0:  # training-style dropout: only the torch reference has it
-        path = "torch_gather"
-    ATTENTION_RECORD.note(path, plan.fallback_of(kind))
-    if path == "varlen_paged":
-        return _varlen_paged(query, layer, scaling, causal=q_len > 1)
-    if path == "triton_decode":
-        heads = layer.num_heads
-        q = query[0, :, 0].reshape(heads, query.shape[1] // heads, query.shape[-1])
-        out = kernels.paged_decode_attention(
-            q,
-            layer._flat(layer.k_pool),  # type: ignore[arg-type]
-            layer._flat(layer.v_pool),  # type: ignore[arg-type]
-            layer.block_table,  # type: ignore[arg-type]
-            layer.lengths,  # type: ignore[arg-type]
-            scaling if scaling is not None else query.shape[-1] ** -0.5,
-            layer.page_size,
-            max(layer.host_lengths),
-        )
-        return out.reshape(1, 1, query.shape[1], query.shape[-1])
-    if not layer.is_ragged:
-        keys, values = layer.dense_kv()
-        return dense_attention(module, query, keys[None], values[None], scaling, dropout)
-    keys, values = layer.ragged_kv()
-    return ragged_attention(query, keys, values, scaling, dropout)
-
-
-def describe(layer: Any) -> dict[str, Any]:
-    """A small dict of a layer's storage figures (for the bench and debugging)."""
-    if not isinstance(layer, PagedLayer):
-        return {"backend": "torch", "kv_bytes": layer.kv_bytes()}
-    return {
-        "backend": "paged",
-        "page_size": layer.page_size,
-        "pages": layer.num_pages,
-        "free_pages": len(layer.free_pages),
-        "attention_plan": None if layer.attention_plan is None else vars(layer.attention_plan),
-        "kv_bytes": layer.kv_bytes(),
-        "used_page_bytes": layer.used_page_bytes(),
-        "token_bytes": layer.token_bytes(),
-    }

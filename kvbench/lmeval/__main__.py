@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import sys
 
-from kvbench.errors import USER_ERROR_EXIT, KVBenchError
+from kvbench.errors import USER_ERROR_EXIT, KVBenchError, environment_error_message
 from kvbench.lmeval import register
 
 
 def main() -> None:
     """Check ``--model_args`` of ``--model kvbench`` (:mod:`kvbench.lmeval.args`), register the model, then run
     lm-eval's CLI on ``sys.argv``.  A bad value -- found before lm-eval loads a task or the model, or by kvbench
-    later -- is one paragraph on stderr and exit status 2, as with ``run.py``."""
+    later (a damaged model folder included) -- and a full disk or refused permission are one paragraph on stderr and
+    exit status 2, as with ``run.py``."""
     from kvbench.cli import report_user_error
     from kvbench.lmeval.args import precheck_argv
 
@@ -31,6 +32,12 @@ def main() -> None:
         cli_evaluate()
     except KVBenchError as err:
         report_user_error(str(err))
+        sys.exit(USER_ERROR_EXIT)
+    except OSError as err:  # disk full, permission denied, a file in the way: named; any other OSError is a bug
+        message = environment_error_message(err)
+        if message is None:
+            raise
+        report_user_error(message)
         sys.exit(USER_ERROR_EXIT)
 
 

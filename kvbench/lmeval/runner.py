@@ -31,7 +31,7 @@ from omegaconf import OmegaConf
 from kvbench.errors import KVBenchError
 from kvbench.lmeval import LM_EVAL_VERSION, require_lm_eval
 from kvbench.lmeval.tasks import dataset_label, load_tasks, task_manager
-from kvbench.run.writers import PREDICTIONS_FILE, atomic_write_text
+from kvbench.storage.writers import PREDICTIONS_FILE, atomic_write_text
 from kvbench.tasks.base import Sample, TaskDataset, select_datasets
 
 #: ``task.options`` keys and their defaults.

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -343,7 +344,7 @@ def load_model(model_cfg: Any, seed: int = 0, tokenizer: PreTrainedTokenizerBase
         revision = model_cfg.revision if source.kind == "hub" else None
         try:
             model = AutoModelForCausalLM.from_pretrained(source.location, revision=revision, dtype=dtype, **placement)
-        except (OSError, ValueError) as err:
+        except (OSError, ValueError, SafetensorError) as err:  # a damaged weight file (hub cache): named, no traceback
             raise _load_error(model_cfg, source, err) from err
     model.set_attn_implementation(ATTENTION_NAME)
     if device is not None:

@@ -27,6 +27,7 @@ from typing import Any, Literal
 from kvbench import resources
 from kvbench.errors import KVBenchError
 from kvbench.models.gguf_cache import PACKAGE_PREFIX, locate_package_file
+from kvbench.models.model_files import check_model_folder
 
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_MODELS = ("tiny-random-llama", "tiny-random-mistral", "tiny-random-qwen2", "tiny-random-gemma")
@@ -99,6 +100,7 @@ def resolve_model_source(model_cfg: Any) -> ModelSource:
                 f"model.path={path!r}: the folder {local} holds no config.json, so it is not a model in Hugging Face "
                 "format. Point model.path at the folder that save_pretrained (or `hf download --local-dir`) wrote."
             )
+        check_model_folder(local)  # every file the loaders read is there and whole
         return ModelSource("local", str(local))
     if looks_like_path(path):
         roots = dict.fromkeys([str(Path.cwd()), str(resources.shipped_root())])

@@ -6,7 +6,10 @@ field it has overridden (vocabulary, hidden sizes, layers, heads, experts...), t
 ``meta`` device *before* anything is allocated (:data:`MAX_TINY_PARAMETERS`).  Multimodal wrappers (configs with a
 vision/audio sub-config) are listed as such without building them.  :func:`probe` then checks that kvbench with
 nothing evicted gives ``model.generate``'s tokens, and :func:`support_table` renders the results as the Markdown
-table the README embeds (``tests/models/test_zoo.py`` writes it to ``docs/support_table.md``).
+table the README embeds (``tests/models/test_zoo.py`` writes it to ``docs/support_table.md``), with a column saying
+whether eviction applies in the configuration checked: a model whose layers all slide (the tiny configs of Mistral,
+Phi-3, Gemma-3... set ``sliding_window`` on every layer) runs, but every layer already holds at most its window and
+no method evicts anything (:func:`eviction_in_check`).
 """
 
 from __future__ import annotations
@@ -102,6 +105,9 @@ class Probe:
     status: str  # "supported" | "multimodal" | "unsupported" | "too large" | "not built"
     reason: str = ""
     layers: str = ""
+    #: Full-attention (compressible) layers and all attention layers of the built tiny model (0, 0: not built).
+    full_layers: int = 0
+    total_layers: int = 0
 
 
 def causal_lm_architectures() -> dict[str, str]:
@@ -175,6 +181,19 @@ def tiny_model(model_type: str, seed: int = 0) -> PreTrainedModel:
     return model.eval()
 
 
+def eviction_in_check(p: Probe) -> str:
+    """Whether eviction acts in the tiny configuration checked: on every layer, on the full-attention layers of a
+    hybrid model, or nowhere (every layer slides: the model runs, nothing is evicted); ``-`` when not supported."""
+    if p.status != "supported":
+        return "-"
+    if p.full_layers == 0:
+        return "**no**: every layer slides in this check (window only, nothing evicted)"
+    if p.full_layers == p.total_layers:
+        return f"yes: all {p.total_layers} layers"
+    sliding = p.total_layers - p.full_layers
+    return f"yes: {p.full_layers} of {p.total_layers} layers ({sliding} sliding keep their window)"
+
+
 def layer_summary(model: PreTrainedModel) -> str:
     """``"2 full + 2 sliding(8)"``: the attention layout kvbench holds."""
     windows = layer_windows(model.config)
@@ -214,24 +233,33 @@ def probe(model_type: str, check: Callable[[PreTrainedModel], None]) -> Probe:
         check(model)
     except Exception as err:
         return Probe(model_type, class_name, "unsupported", _short(err), layer_summary(model))
-    return Probe(model_type, class_name, "supported", "", layer_summary(model))
+    windows = layer_windows(model.config)
+    full = sum(w is None for w in windows)
+    return Probe(model_type, class_name, "supported", "", layer_summary(model), full, len(windows))
 
 
 def support_table(probes: list[Probe], transformers_version: str) -> str:
     """The Markdown support table (one row per architecture)."""
-    supported = sum(p.status == "supported" for p in probes)
+    supported = [p for p in probes if p.status == "supported"]
+    all_sliding = sum(p.full_layers == 0 for p in supported)
     lines = [
-        f"transformers {transformers_version}: {len(probes)} causal-LM architectures, {supported} supported "
+        f"transformers {transformers_version}: {len(probes)} causal-LM architectures, {len(supported)} supported "
         "(tiny random configuration: full cache == `model.generate` token for token, SnapKV keeps its exact budget on "
-        'the full-attention layers; ✗ with "not built" / "too large": no tiny configuration was found, untested)',
+        'the full-attention layers; ✗ with "not built" / "too large": no tiny configuration was found, untested). '
+        f"Of the supported, {all_sliding} had every layer sliding in the tiny check (✓ no eviction): they run, "
+        "but eviction does nothing there, since each layer already holds at most its window; whether a real "
+        "checkpoint of that architecture evicts depends on its own config (Mistral-7B-v0.1 slides on every layer, "
+        "v0.3 has no window).",
         "",
-        "| model_type | class | kvbench | layers / reason |",
-        "|---|---|---|---|",
+        "| model_type | class | kvbench | eviction in this check | layers / reason |",
+        "|---|---|---|---|---|",
     ]
     for p in probes:
-        mark = "✓" if p.status == "supported" else "✗"
+        mark = "✗" if p.status != "supported" else "✓ no eviction" if p.full_layers == 0 else "✓"
         detail = p.layers if p.status == "supported" else f"{p.status}: {p.reason}"
-        lines.append(f"| {p.model_type} | {p.class_name} | {mark} | {detail.replace('|', '/')} |")
+        lines.append(
+            f"| {p.model_type} | {p.class_name} | {mark} | {eviction_in_check(p)} | {detail.replace('|', '/')} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -247,4 +275,4 @@ def _quiet() -> Any:
         yield
 
 
-__all__ = ["Probe", "causal_lm_architectures", "probe", "support_table", "tiny_model"]
+__all__ = ["Probe", "causal_lm_architectures", "eviction_in_check", "probe", "support_table", "tiny_model"]

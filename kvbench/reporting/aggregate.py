@@ -1,7 +1,7 @@
 """Collect every finished dataset of every run into one tidy table.
 
-Runs are discovered only from the contents of their ``metrics.json`` files (see :mod:`kvbench.run.writers`): the path
-is recorded for reference but never parsed, and no list of methods, models or budgets is assumed.  One row per
+Runs are discovered only from the contents of their ``metrics.json`` files (see :mod:`kvbench.storage.writers`): the
+path is recorded for reference but never parsed, and no list of methods, models or budgets is assumed.  One row per
 ``metrics.json``::
 
     model, task, dataset, method, budget, tag, question_mode, metric, score, n_samples, config_hash,
@@ -23,7 +23,9 @@ from typing import Any
 
 import pandas as pd
 
-from kvbench.run.writers import METRICS_FILE, read_json
+from kvbench.errors import KVBenchError
+from kvbench.storage.reader import read_metrics
+from kvbench.storage.writers import METRICS_FILE
 
 #: Columns of the tidy runs table, in order.
 RUN_COLUMNS: tuple[str, ...] = (
@@ -106,15 +108,13 @@ def load_runs(root: str | Path, strict: bool = False) -> pd.DataFrame:
     """
     rows = []
     root = Path(root)
-    # Same discovery as kvbench.run.writers.iter_metrics, file by file, so that one unreadable file (a copy in
+    # Same discovery as kvbench.storage.writers.iter_metrics, file by file, so that one unreadable file (a copy in
     # progress, a disk error) is skipped instead of ending the whole walk.
     for path in sorted(root.rglob(METRICS_FILE)) if root.exists() else []:
         try:
-            metrics = read_json(path)
-            if not isinstance(metrics, dict):
-                raise ValueError(f"{path}: not a JSON object")
+            metrics = read_metrics(path)  # parsed, checked and upgraded to the current schema version
             rows.append(metrics_to_row(metrics, path))
-        except (OSError, ValueError) as err:  # json.JSONDecodeError is a ValueError
+        except (OSError, ValueError, KVBenchError) as err:  # DamagedFile names the file and the fix
             if strict:
                 raise
             warnings.warn(f"skipping {path}: {err}", stacklevel=2)
@@ -132,6 +132,30 @@ def load_runs(root: str | Path, strict: bool = False) -> pd.DataFrame:
         df = df[~dup]
     df["tag"] = df["tag"].astype(object).where(df["tag"].notna(), None)
     return df.sort_values(key, na_position="first", key=lambda s: s.astype(str)).reset_index(drop=True)
+
+
+def not_a_runs_folder(root: str | Path) -> KVBenchError:
+    """The error for a ``--runs`` / ``kvbench report`` folder that does not exist."""
+    return KVBenchError(f"no runs: {root} is not a folder (give the folder holding the run folders, e.g. results/runs)")
+
+
+def no_runs_found(root: str | Path) -> KVBenchError:
+    """The error for a runs folder without a single ``metrics.json``."""
+    return KVBenchError(
+        f"no runs under {root}: no <model>/<task>/<method>/<budget>/<dataset>/metrics.json in it; run kvbench "
+        "first (e.g. `kvbench run.output_root=<folder>`) or give the folder holding the run folders"
+    )
+
+
+def require_runs(root: str | Path, strict: bool = False) -> pd.DataFrame:
+    """:func:`load_runs`, refusing a folder that does not exist or holds no run (:class:`KVBenchError`), so that a
+    table, grid or aggregate built from it is never written empty over results already there."""
+    if not Path(root).is_dir():
+        raise not_a_runs_folder(root)
+    runs = load_runs(root, strict=strict)
+    if runs.empty:
+        raise no_runs_found(root)
+    return runs
 
 
 def expand_settings(df: pd.DataFrame, column: str = "settings", prefix: str = "setting.") -> pd.DataFrame:

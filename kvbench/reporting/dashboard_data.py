@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 
 from kvbench.errors import KVBenchError
-from kvbench.reporting.aggregate import RUN_KEY, load_runs, run_summary
+from kvbench.reporting.aggregate import RUN_KEY, load_runs, no_runs_found, not_a_runs_folder, run_summary
 from kvbench.reporting.run_views import file_signature, read_run_extras, run_folder_of
 
 #: The columns that identify one run (one row of a leaderboard, one row of ``runs_summary.csv``).
@@ -65,9 +65,7 @@ def load_dashboard_runs(
     (module docstring)."""
     root = Path(root)
     if not root.is_dir():
-        raise KVBenchError(
-            f"no runs: {root} is not a folder (give the folder holding the run folders, e.g. results/runs)"
-        )
+        raise not_a_runs_folder(root)
     with warnings.catch_warnings(record=True) as caught:  # load_runs names each unreadable file in a warning
         warnings.simplefilter("always")
         scores = load_runs(root)
@@ -77,10 +75,7 @@ def load_dashboard_runs(
     for w in caught:  # anything else (duplicate runs): passed on
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     if scores.empty:
-        raise KVBenchError(
-            f"no runs under {root}: no <model>/<task>/<method>/<budget>/<dataset>/metrics.json in it; run kvbench "
-            "first (e.g. `kvbench run.output_root=<folder>`) or give the folder holding the run folders"
-        )
+        raise no_runs_found(root)
     runs = DashboardRuns(root, scores)
     cache = cache if cache is not None else {}
     seen: set[str] = set()
@@ -221,7 +216,8 @@ def _row_order(row: dict[str, Any], extras: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def _mark_best(rows: list[dict[str, Any]], columns: list[str]) -> None:
-    """Mark, per budget and question mode, the best compressed method's cell in every column (ties: all)."""
+    """Mark, per budget and question mode, the best compressed method's cell in every column (ties: all; none when
+    every method has the same value, e.g. all 0.00: there is no winner to show)."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for row in rows:
         if row["method"] != "full":
@@ -229,7 +225,7 @@ def _mark_best(rows: list[dict[str, Any]], columns: list[str]) -> None:
     for group in groups.values():
         for column in columns:
             values = [r["cells"][column]["score"] for r in group if r["cells"][column]["score"] is not None]
-            if len(values) < 2:
+            if len(values) < 2 or max(values) == min(values):
                 continue
             best = max(values)
             for r in group:

@@ -2,12 +2,16 @@
 
 * :func:`plot_paper_tables`: one PNG per paper table with several budgets (``paper_<table>.png``): x = budget
   (the paper's labels; ``<n>L`` on a log2 axis), y = the table's summary column (its average or NeedleBench
-  overall), one panel per model (and question mode).  Ours: solid lines with filled markers; the paper's printed
-  values: dashed lines with open markers, same colour per method; full cache: horizontal lines (solid ours, dashed
-  the paper's).  A method with a single budget is still drawn (a marker).
+  overall), one panel per model (and question mode).  Ours: solid lines with filled markers and, given the runs,
+  their 95 % interval (``summary.json``'s average that equals the column) as a band; the paper's printed
+  values: dashed lines with open markers, same colour per method (:mod:`kvbench.reporting.palette`); full
+  cache: horizontal lines (solid ours, dashed the paper's).  A method with a single budget is still drawn (a
+  marker).
 * :func:`plot_score_vs_budget`: the same view of whatever runs exist (e.g. the tiny model's), per model × task
-  (× tag × question mode): y = the mean score over the datasets every plotted run has; the full-cache method is a
-  horizontal line whatever budget it ran under.  A group with a single budget is skipped (nothing to plot
+  (× tag × question mode): y = the mean score over the datasets every plotted run has, with each run's 95 %
+  interval as a band (where the mean is over all of its datasets) and a note under 10 samples per dataset; the
+  full-cache method is one horizontal line (the run under the budget ``full`` first) whatever budget it ran
+  under.  A group with a single budget is skipped (nothing to plot
   against).
 * :func:`plot_needle_heatmaps`: one PNG per needle run and dataset (any task whose predictions record a needle
   depth and a context length in ``extra``): x = context length, y = depth, colour = mean per-sample score on the
@@ -36,9 +40,12 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.lines import Line2D
 
+from kvbench.reporting.conventions import LONGBENCH14, LONGBENCH16
 from kvbench.reporting.needle_heatmap import plot_needle_heatmap
-from kvbench.reporting.paper_refs import TABLES
-from kvbench.run.writers import PREDICTIONS_FILE
+from kvbench.reporting.palette import FULL_CACHE_COLOUR, method_colour, method_label
+from kvbench.reporting.paper_refs import TABLES, load_reference
+from kvbench.reporting.pivot import SMALL_N
+from kvbench.storage.writers import PREDICTIONS_FILE
 
 _BUDGET_RE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>L|/layer|x)$")
 
@@ -78,9 +85,8 @@ def _mode_part(question_mode: str, tag: str) -> str:
 
 
 def method_colours(methods: Sequence[str]) -> dict[str, Any]:
-    """One distinct colour per method (tab10, or tab20 beyond ten methods)."""
-    cmap = plt.get_cmap("tab10" if len(methods) <= 10 else "tab20")
-    return {m: cmap(i % cmap.N) for i, m in enumerate(methods)}
+    """Each method's colour from the one palette of every view (:mod:`kvbench.reporting.palette`)."""
+    return {m: method_colour(m) for m in methods}
 
 
 def _budget_axis(ax: Any, form: str, xs: Sequence[float], labels: Sequence[str] | None = None) -> None:
@@ -112,6 +118,8 @@ def draw_paper_panel(ax: Any, part: pd.DataFrame, colours: dict[str, Any]) -> No
         mg = mg.sort_values("x")
         ours, paper = mg[mg["ours"].notna()], mg[mg["paper"].notna()]
         ax.plot(ours["x"], ours["ours"], "-o", color=colours[method], markersize=5)
+        if "low" in ours and ours["low"].notna().all() and len(ours):
+            ax.fill_between(ours["x"], ours["low"], ours["high"], color=colours[method], alpha=0.15, linewidth=0)
         ax.plot(paper["x"], paper["paper"], "--o", color=colours[method], markersize=5, mfc="none", alpha=0.8)
     for rec in part[part["method"] == "full"].itertuples():
         if not pd.isna(rec.ours):
@@ -126,13 +134,68 @@ def draw_paper_panel(ax: Any, part: pd.DataFrame, colours: dict[str, Any]) -> No
     ax.set_ylabel(str(part["column_label"].iloc[0]))
 
 
-def plot_paper_table(table: str, cmp: pd.DataFrame, out_dir: str | Path) -> Path | None:
+def _average_key(table: str, column: str) -> str | None:
+    """The ``summary.json`` average that equals a table's summary column (its interval is that average's), if any."""
+    spec = TABLES.get(table)
+    if spec is None:
+        return None
+    convention = spec.convention
+    if convention.name == "mean" and column == "avg":
+        if convention.datasets:
+            datasets = set(convention.datasets)
+        else:  # the table's dataset columns (as compare_table averages them)
+            ref = load_reference(table)
+            datasets = set(ref.loc[ref["kind"] == "dataset", "dataset"])
+        return {frozenset(LONGBENCH16): "longbench16", frozenset(LONGBENCH14): "longbench14"}.get(frozenset(datasets))
+    if convention.name == "longbench21" and column == "avg":
+        return "longbench21"
+    if convention.name == "needlebench" and column == "overall":
+        return "needlebench_overall"
+    return "mean" if convention.name == "run_mean" else None
+
+
+def with_run_intervals(data: pd.DataFrame, runs: pd.DataFrame | None, key: str | None) -> pd.DataFrame:
+    """``data`` (comparison cells of one column) with ``low``/``high``: the 95 % interval of our value, read from
+    the matching run's ``summary.json`` average ``key`` (NaN where there is none)."""
+    lows, highs = [], []
+    for rec in data.to_dict("records"):
+        interval = None
+        if runs is not None and key is not None and not runs.empty and not pd.isna(rec["ours"]):
+            hit = runs[
+                (runs["model"] == rec["model"])
+                & (runs["task"] == rec["task"])
+                & (runs["method"] == rec["method"])
+                & (runs["budget"] == rec["budget"])
+                & ((runs["tag"].isna()) if not rec["tag"] else (runs["tag"] == rec["tag"]))
+            ]
+            if rec["question_mode"] and rec["method"] != "full":
+                hit = hit[hit["question_mode"] == rec["question_mode"]]
+            if not hit.empty:
+                interval = _summary_interval(Path(hit["path"].iloc[0]).parent.parent / "summary.json", key)
+        lows.append(interval[0] if interval else math.nan)
+        highs.append(interval[1] if interval else math.nan)
+    return data.assign(low=lows, high=highs)
+
+
+def _summary_interval(path: Path, key: str) -> list[float] | None:
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return ((payload.get("averages") or {}).get(key) or {}).get("ci95")
+
+
+def plot_paper_table(
+    table: str, cmp: pd.DataFrame, out_dir: str | Path, runs: pd.DataFrame | None = None
+) -> Path | None:
     """``paper_<table>.png`` (see the module docstring); ``None`` when no model of the table has two budgets or
-    no compressed row has a value of ours."""
+    no compressed row has a value of ours.  ``runs`` (:func:`~kvbench.reporting.aggregate.load_runs`' frame):
+    where given, our lines get their 95 % intervals (the runs' ``summary.json``) as bands."""
     column = summary_column(cmp)
     if column is None:
         return None
     data = cmp[(cmp["column"] == column) & (cmp["method"] != "")].copy()
+    data = with_run_intervals(data, runs, _average_key(table, column))
     data["x"] = [p[1] if p is not None else math.nan for p in data["budget"].map(budget_value)]
     compressed = data[(data["method"] != "full") & data["x"].notna()]
     if compressed["ours"].isna().all() or compressed.groupby(["model_label", "question_mode"])["x"].nunique().max() < 2:
@@ -145,15 +208,17 @@ def plot_paper_table(table: str, cmp: pd.DataFrame, out_dir: str | Path) -> Path
     for ax, (model_label, mode) in zip(axes[0], panels, strict=True):
         draw_paper_panel(ax, data[(data["model_label"] == model_label) & (data["question_mode"] == mode)], colours)
         ax.set_title(f"{model_label} · {mode}" if show_mode else model_label, fontsize=9)
-    handles = [Line2D([], [], color=c, marker="o", label=_label_of(data, m)) for m, c in colours.items()]
+    handles = [Line2D([], [], color=c, marker="o", label=method_label(m)) for m, c in colours.items()]
+    paper_name = spec.paper if (spec := TABLES.get(table)) is not None else "paper"
     handles += [
-        Line2D([], [], color="grey", linestyle="-", marker="o", label="ours"),
-        Line2D([], [], color="grey", linestyle="--", marker="o", mfc="none", label="paper (as printed)"),
+        Line2D([], [], color="black", linestyle="-", marker="o", label="kvbench\n(runs: solid, filled)"),
+        Line2D([], [], color="black", linestyle="--", marker="o", mfc="none", label=f"as printed in {paper_name}"),
     ]
     if (data["method"] == "full").any():
-        handles.append(Line2D([], [], color="black", linewidth=1, label="full cache\n(solid ours, dashed paper)"))
+        handles.append(
+            Line2D([], [], color=FULL_CACHE_COLOUR, linewidth=1, label="full cache\n(solid kvbench, dashed paper)")
+        )
     fig.legend(handles=handles, loc="center right", fontsize=8, frameon=False)
-    spec = TABLES.get(table)
     title = f"{spec.paper}, {spec.title}" if spec is not None else table
     if bool(cmp["synthetic"].any()):
         title += "\nSYNTHETIC runs (paper values plus noise), not measurements"
@@ -166,27 +231,28 @@ def plot_paper_table(table: str, cmp: pd.DataFrame, out_dir: str | Path) -> Path
     return path
 
 
-def _label_of(data: pd.DataFrame, method: str) -> str:
-    return str(data.loc[data["method"] == method, "method_label"].iloc[0])
-
-
-def plot_paper_tables(comparisons: dict[str, pd.DataFrame], out_dir: str | Path) -> list[Path]:
-    """:func:`plot_paper_table` for every table that can be plotted."""
-    paths = [plot_paper_table(table, cmp, out_dir) for table, cmp in comparisons.items()]
+def plot_paper_tables(
+    comparisons: dict[str, pd.DataFrame], out_dir: str | Path, runs: pd.DataFrame | None = None
+) -> list[Path]:
+    """:func:`plot_paper_table` for every table that can be plotted (with the runs' intervals when given)."""
+    paths = [plot_paper_table(table, cmp, out_dir, runs) for table, cmp in comparisons.items()]
     return [p for p in paths if p is not None]
 
 
 # ------------------------------------------------------------------------------------------------------ any runs
 def draw_runs_panel(ax: Any, part: pd.DataFrame, full: pd.DataFrame, form: str) -> None:
-    """Score versus budget of runs: ``part`` (``method, x, score``) one line per method (a marker where a method
-    ran one budget), ``full`` (``budget, score``) horizontal dashed lines, whatever budget they ran under."""
-    colours = method_colours(sorted(part["method"].unique()))
+    """Score versus budget of runs: ``part`` (``method, x, score`` and optionally ``low``/``high``, the 95 %
+    interval, drawn as a band) one line per method (a marker where a method ran one budget), ``full`` (``budget,
+    score``) one horizontal dashed line: the run under the budget ``full`` if there is one, else the first."""
     for method, mg in part.groupby("method", sort=True):
         mg = mg.sort_values("x")
-        ax.plot(mg["x"], mg["score"], "-o", color=colours[method], label=method)
-    for rec in full.itertuples():
-        label = "full cache" if len(full) == 1 else f"full cache ({rec.budget})"
-        ax.axhline(rec.score, linestyle="--", color="black", linewidth=1, label=label)
+        colour = method_colour(method)
+        ax.plot(mg["x"], mg["score"], "-o", color=colour, label=method_label(method))
+        if {"low", "high"} <= set(mg.columns) and mg["low"].notna().all():
+            ax.fill_between(mg["x"], mg["low"], mg["high"], color=colour, alpha=0.15, linewidth=0)
+    if not full.empty:
+        rec = full.sort_values("budget", key=lambda b: b != "full").iloc[0]
+        ax.axhline(rec["score"], linestyle="--", color=FULL_CACHE_COLOUR, linewidth=1, label="full cache")
     _budget_axis(ax, form, sorted(part["x"].unique()))
 
 
@@ -202,6 +268,7 @@ def plot_score_vs_budget(runs: pd.DataFrame, out_dir: str | Path) -> list[Path]:
         common = set.intersection(*per_run.tolist()) if len(per_run) else set()
         use = g[g["dataset"].isin(common)] if common else g
         means = use.groupby(["method", "budget"])["score"].mean().reset_index()
+        means = _with_intervals(means, use)
         means["parsed"] = means["budget"].map(budget_value)
         full = means[means["method"] == "full"]
         comp = means[(means["method"] != "full") & means["parsed"].notna()]
@@ -214,6 +281,10 @@ def plot_score_vs_budget(runs: pd.DataFrame, out_dir: str | Path) -> list[Path]:
             draw_runs_panel(ax, part, full, form)
             n_ds = len(common) if common else g["dataset"].nunique()
             ax.set_ylabel(f"mean score over {n_ds} dataset(s)")
+            n_min = int(pd.to_numeric(use["n_samples"], errors="coerce").min())
+            if n_min < SMALL_N:
+                ax.text(0.01, 0.01, f"n={n_min} samples per dataset: wide intervals", transform=ax.transAxes,
+                        fontsize=8, color="#b26a00")  # fmt: skip
             mode = _mode_part(qmode, tag)
             title = " · ".join(x for x in (model, task, tag, mode) if x)
             ax.set_title(title + (" · SYNTHETIC" if bool(g["synthetic"].any()) else ""), fontsize=10)
@@ -225,6 +296,25 @@ def plot_score_vs_budget(runs: pd.DataFrame, out_dir: str | Path) -> list[Path]:
             plt.close(fig)
             written.append(path)
     return written
+
+
+def _with_intervals(means: pd.DataFrame, use: pd.DataFrame) -> pd.DataFrame:
+    """``means`` with ``low``/``high``: summary.json's 95 % interval of each run's mean, when the plotted mean is
+    over all of the run's datasets (else NaN: no band)."""
+    lows, highs = [], []
+    for rec in means.itertuples():
+        rows = use[(use["method"] == rec.method) & (use["budget"] == rec.budget)]
+        summary = Path(rows["path"].iloc[0]).parent.parent / "summary.json"
+        interval = None
+        try:
+            payload = json.loads(summary.read_text(encoding="utf-8"))
+            if len(payload.get("datasets") or []) == len(rows):
+                interval = (payload.get("averages", {}).get("mean") or {}).get("ci95")
+        except (OSError, ValueError):
+            interval = None
+        lows.append(interval[0] if interval else math.nan)
+        highs.append(interval[1] if interval else math.nan)
+    return means.assign(low=lows, high=highs)
 
 
 def _string_match_all(prediction: str, references: Sequence[str]) -> float:

@@ -1,8 +1,8 @@
 """Print a comparison frame (:func:`kvbench.reporting.tables.compare_table`) as Markdown and LaTeX, in the paper's
 layout.
 
-* One paper row gives three lines: ``ours`` (our runs, with the column's precision), ``paper`` (the cell exactly
-  as printed, ``28.3 ± 0.2`` included) and ``Δ`` (ours − paper).  A row that can never be measured (a
+* One paper row gives three lines: ``kvbench`` (our runs, with the column's precision), ``paper`` (the cell exactly
+  as printed, ``28.3 ± 0.2`` included) and ``Δ`` (kvbench − paper).  A row that can never be measured (a
   reference-only table, or a paper row whose method is unrecoverable) gives its ``paper`` line only, and a
   reference-only table has no ours / paper column at all.
 * ``–`` = no run of ours; ``?`` = the paper's cell is not printed or illegible (see the notes); the paper's own
@@ -10,8 +10,9 @@ layout.
 * Blocks: the rows sharing model, question mode and budget (the full-cache rows of a model go with each of its
   budget blocks).  A table longer than :data:`MAX_LINES` lines with several blocks is printed as one sub-table
   (Markdown) or one float (LaTeX) per block, as the papers separate them; a shorter one stays whole.
-* LaTeX: a complete ``table`` float (caption, label, ``booktabs`` rules), shrunk to ``\\linewidth`` only when wider,
-  pure ASCII; it needs ``\\usepackage{booktabs,graphicx,amssymb}`` (see :func:`latex_document`).
+* LaTeX: a complete ``table`` float (an unnumbered ``caption*``: the paper's own table number is the only one;
+  label, ``booktabs`` rules), shrunk to ``\\linewidth`` only when wider, pure ASCII; it needs
+  ``\\usepackage{booktabs,graphicx,amssymb,caption}`` (see :func:`latex_document`).
 """
 
 from __future__ import annotations
@@ -33,21 +34,24 @@ from kvbench.reporting.cells import (
     format_number,
     tex_escape,
 )
-from kvbench.reporting.paper_refs import TableSpec
+from kvbench.reporting.paper_refs import TABLES, TableSpec
 
 #: Longest table (body lines) printed in one piece; longer ones with several blocks are split per block.
 MAX_LINES = 24
 #: LaTeX packages the generated floats use.
-LATEX_PACKAGES = ("booktabs", "graphicx", "amssymb")
+LATEX_PACKAGES = ("booktabs", "graphicx", "amssymb", "caption")
 
 _LABEL_NAMES = {"model_label": "Model", "question_mode": "Question", "budget_label": "Budget"}
 _BLOCK_KEY = ("model_label", "question_mode", "budget_label")
 
+#: The label of our line in each paper row: never "ours", which a paper's own method label (XKV's "XKV(Ours)") uses.
+OURS = "kvbench"
+
 LEGEND = (
-    "ours = our runs; paper = as printed; Δ = ours − paper. "
+    "kvbench = our runs; paper = as printed; Δ = kvbench − paper. "
     f"{NOT_RUN} = not run by us (see Missing runs); {NOT_PRINTED} = not printed or illegible in the paper "
     "(see the notes). Bold / underlined = best / second best compressed method per model and budget "
-    "(ours and the paper's ranked separately)."
+    "(kvbench's and the paper's ranked separately)."
 )
 
 
@@ -164,7 +168,7 @@ def layout(
             row_cells = cells.rows[row]
             first = next(iter(row_cells.values()))
             labels = [escape(str(first[c])) for c in [*varying, "method_label"]]
-            sources = ("ours", "paper", "Δ") if measurable(spec, first["method"]) else ("paper",)
+            sources = (OURS, "paper", "Δ") if measurable(spec, first["method"]) else ("paper",)
             grid.row_starts.append(len(grid.lines))
             for i, src in enumerate(sources):
                 line = (labels if i == 0 else [""] * len(labels)) + ([escape(src)] if with_source else [])
@@ -179,7 +183,7 @@ def _cell(cell: dict, src: str, decimals: int, escape: Callable[[str], str], mar
     """One cell's text: ours (column precision, rank mark), the paper's as printed, or the difference."""
     if src == "Δ":
         return escape(format_diff(cell["diff"], decimals))
-    if src == "ours":
+    if src == OURS:
         text = format_number(cell["ours"], decimals)
         return mark(escape(text), int(cell["ours_rank"])) if text != NOT_RUN else escape(text)
     printed = str(cell["printed"]).strip()
@@ -205,7 +209,7 @@ def _md_grid(grid: Grid) -> list[str]:
 
 def render_markdown(spec: TableSpec, cmp: pd.DataFrame, missing: pd.DataFrame | None = None) -> str:
     """One table as Markdown: title, the table (or one sub-table per block), legend, notes and missing runs."""
-    lines = [f"## {spec.id}: {spec.paper}, {spec.title}", ""]
+    lines = [f"## {spec.paper}, {spec.title} (`{spec.id}`)", ""]
     if spec.kind == "scores":
         tags = ", ".join(sorted({str(t) for t in cmp["tag"].dropna()})) or NOT_RUN
         lines.append(
@@ -278,7 +282,8 @@ def _tex_float(spec: TableSpec, grid: Grid, caption: str, label: str) -> list[st
         "\\begin{table}[htbp]",
         "\\centering",
         "\\setlength{\\tabcolsep}{3pt}",
-        f"\\caption{{{caption}}}",
+        # caption*: no number of LaTeX's own beside the paper's ("CAKE, Table 5", not "Table 48: CAKE, Table 5").
+        f"\\caption*{{{caption}}}",
         f"\\label{{{label}}}",
         "\\smallskip",
         # Shrink to the text width only when wider (graphicx evaluates \width as the natural width).
@@ -297,8 +302,8 @@ def _tex_float(spec: TableSpec, grid: Grid, caption: str, label: str) -> list[st
 def render_latex(spec: TableSpec, cmp: pd.DataFrame) -> str:
     """One table as LaTeX ``table`` floats (one per block when split), same layout as the Markdown."""
     legend = (
-        "ours: our runs; paper: as printed; $\\Delta$ = ours $-$ paper; -- = not run; ? = not printed or illegible "
-        "in the paper. Bold/underlined: best/second best compressed method per model and budget."
+        "kvbench: our runs; paper: as printed; $\\Delta$ = kvbench $-$ paper; -- = not run; ? = not printed or "
+        "illegible in the paper. Bold/underlined: best/second best compressed method per model and budget."
         if spec.kind == "scores"
         else "Reference only: the paper's numbers. ? = not printed or illegible in the paper."
     )
@@ -329,7 +334,10 @@ def latex_document(table_ids: Sequence[str]) -> str:
         "\\tableofcontents",
     ]
     for tid in table_ids:
-        lines += ["\\clearpage", f"\\section{{{tex_escape(tid)}}}", f"\\input{{{tid}.tex}}"]
+        spec = TABLES.get(tid)
+        title = f"{spec.paper}, {spec.title}" if spec is not None else tid
+        lines += ["\\clearpage", f"% {tid}", f"\\section*{{{tex_escape(title)}}}"]
+        lines += [f"\\addcontentsline{{toc}}{{section}}{{{tex_escape(title)}}}", f"\\input{{{tid}.tex}}"]
     lines.append("\\end{document}")
     return "\n".join(lines) + "\n"
 
@@ -343,7 +351,7 @@ def compile_pdf(tex_path: str | Path, engine: str = "pdflatex", timeout_s: float
     tex_path = Path(tex_path)
     if shutil.which(engine) is None:
         raise LatexError(
-            f"{engine} not found: install a LaTeX engine with booktabs, graphicx and amssymb "
+            f"{engine} not found: install a LaTeX engine with booktabs, graphicx, amssymb and caption "
             "(Debian/Ubuntu: make setup-latex, i.e. apt-get install texlive-latex-base texlive-latex-recommended)"
         )
     command = [engine, "-interaction=nonstopmode", "-halt-on-error", tex_path.name]

@@ -5,12 +5,15 @@ The scores come from :func:`~kvbench.reporting.aggregate.load_runs` (the same di
 ``scripts/aggregate.py``); :func:`read_run_extras` adds what a dashboard needs from the run folder itself
 (``<model>/<task>/<method>/<budget>[~<tag>]/``, the parent of the datasets' folders):
 
-* ``summary.json``: each dataset's bootstrap 95 % interval and the paper averages with theirs;
-* ``config.yaml``: the experiment (``run.experiment``) and the method's family;
+* ``summary.json``: each dataset's bootstrap 95 % interval, its per-sample scores (``per_sample``, for the paired
+  difference to the full cache), the paper averages with their intervals and the prefill / decode seconds per sample;
+* ``config.yaml``: the experiment (``run.experiment``), the seed and the method's family;
 * ``run_meta.json``: provenance (git commit, versions, device, command, status, times);
-* each dataset's ``metrics.json``: the kept fraction, cache bytes, requested tokens per layer, data provenance
-  (a ``stand-in`` input, or a made-up ``synthetic`` run, flags the run on every view);
-* each dataset's ``predictions.jsonl``: the mean context length and, where the samples carry a needle depth and
+* each dataset's ``metrics.json``: the kept fraction, the stored-bytes fraction (:func:`stored_fraction`), cache
+  bytes, requested tokens per layer, data provenance (a ``stand-in`` input, or a made-up ``synthetic`` run, flags
+  the run on every view);
+* each dataset's ``predictions.jsonl``: the mean context length, the first :data:`BROWSER_ROWS` predictions (for
+  the predictions browser: id, prompt end, prediction, answers) and, where the samples carry a needle depth and
   length, the needle grid (mean score per length × depth cell, 0-100).
 
 Every file is optional (made-up runs have only ``metrics.json``).  :func:`file_signature` lists the files read with
@@ -28,7 +31,7 @@ from typing import Any
 import yaml
 
 from kvbench.budget import BudgetError, parse_budget
-from kvbench.run.writers import METRICS_FILE, PREDICTIONS_FILE, read_json
+from kvbench.storage.writers import METRICS_FILE, PREDICTIONS_FILE, read_json
 
 SUMMARY_FILE = "summary.json"
 RUN_META_FILE = "run_meta.json"
@@ -50,6 +53,10 @@ PROVENANCE_KEYS = (
     "slurm_job",
 )
 _DEPTH_KEYS = ("depth", "depth_percent", "needle_depth")
+#: Predictions per dataset and run kept for the site's predictions browser (the first ones, in file order).
+BROWSER_ROWS = 50
+#: Characters of a prediction (and of each answer) kept for the browser.
+BROWSER_CHARS = 400
 _LENGTH_KEYS = ("target_length", "context_length", "length")
 
 
@@ -111,8 +118,27 @@ def _sample_score(row: dict[str, Any]) -> float | None:
     return 100.0 * sum(a in prediction for a in answers) / len(answers)
 
 
-def read_predictions_view(path: Path) -> tuple[float | None, dict[str, Any] | None]:
-    """The mean prompt length (``input_tokens``) of a dataset's predictions and its needle grid, if it has one.
+def stored_fraction(cache: dict[str, Any]) -> float | None:
+    """The fraction of the full cache's bytes a run stores, from a ``metrics.json``'s ``cache`` block (the one place
+    that names the field: ``mean_stored_vs_full``, stored bytes / the full cache's bytes for the same tokens; above
+    the kept fraction for methods that store a cache per query head)."""
+    return _finite(cache.get("mean_stored_vs_full"))
+
+
+def _browser_row(row: dict[str, Any]) -> dict[str, Any]:
+    """What the predictions browser shows of one prediction row (long texts cut to :data:`BROWSER_CHARS`)."""
+    return {
+        "id": str(row.get("id", "")),
+        "prompt_end": str(row.get("prompt_end") or "")[-BROWSER_CHARS:],
+        "prediction": str(row.get("prediction", ""))[:BROWSER_CHARS],
+        "answers": [str(a)[:BROWSER_CHARS] for a in (row.get("answers") or [])[:5]],
+        "input_tokens": row.get("input_tokens"),
+    }
+
+
+def read_predictions_view(path: Path) -> tuple[float | None, dict[str, Any] | None, list[dict[str, Any]]]:
+    """The mean prompt length (``input_tokens``) of a dataset's predictions, its needle grid (if it has one) and its
+    first :data:`BROWSER_ROWS` rows for the predictions browser (:func:`_browser_row`).
 
     The grid is ``{"lengths": [int], "depths": [float], "z": [[score or None per length] per depth]}``, each cell
     the mean score (0-100) of the samples with that context length and needle depth.  A torn last line (a killed
@@ -120,6 +146,7 @@ def read_predictions_view(path: Path) -> tuple[float | None, dict[str, Any] | No
     """
     lengths: list[float] = []
     cells: dict[tuple[int, float], list[float]] = {}
+    browser: list[dict[str, Any]] = []
     try:
         with open(path, encoding="utf-8") as handle:
             for line in handle:
@@ -129,6 +156,8 @@ def read_predictions_view(path: Path) -> tuple[float | None, dict[str, Any] | No
                     continue
                 if not isinstance(row, dict):
                     continue
+                if len(browser) < BROWSER_ROWS:
+                    browser.append(_browser_row(row))
                 if isinstance(row.get("input_tokens"), (int, float)):
                     lengths.append(float(row["input_tokens"]))
                 extra = row.get("extra") or {}
@@ -137,14 +166,14 @@ def read_predictions_view(path: Path) -> tuple[float | None, dict[str, Any] | No
                 if score is not None:
                     cells.setdefault((int(length), float(depth)), []).append(score)
     except OSError:
-        return None, None
+        return None, None, []
     context = sum(lengths) / len(lengths) if lengths else None
     if not cells:
-        return context, None
+        return context, None, browser
     xs = sorted({k[0] for k in cells})
     ys = sorted({k[1] for k in cells})
     z = [[_mean(cells.get((x, y))) for x in xs] for y in ys]
-    return context, {"lengths": xs, "depths": ys, "z": z}
+    return context, {"lengths": xs, "depths": ys, "z": z}, browser
 
 
 def _mean(values: list[float] | None) -> float | None:
@@ -176,16 +205,21 @@ def _finite(value: Any) -> float | None:
 def read_run_extras(folder: Path, datasets: Iterable[str]) -> dict[str, Any]:
     """Everything a dashboard shows of one run folder beyond its tidy scores (see the module docstring).
 
-    Returns a JSON-ready dict: ``experiment``, ``family``, ``provenance``, ``stand_in`` (names of stand-in inputs),
-    ``synthetic``, ``context_length``, ``budget_tokens_per_layer``, ``kept_fraction``, ``cache_bytes`` (means over
-    the datasets), ``datasets`` (per dataset: ``ci95``, ``kept_fraction``, ``cache_bytes``, ``context_length``,
-    ``data_provenance``), ``averages`` (summary.json's paper averages with their ``ci95``) and ``needles``
-    (dataset -> grid, see :func:`read_predictions_view`).
+    Returns a JSON-ready dict: ``experiment``, ``family``, ``seed``, ``provenance``, ``stand_in`` (names of stand-in
+    inputs), ``synthetic``, ``context_length``, ``budget_tokens_per_layer``, ``kept_fraction``, ``stored_fraction``,
+    ``cache_bytes`` (means over the datasets), ``prefill_s`` / ``decode_s`` (seconds per sample, summary.json),
+    ``datasets`` (per dataset: ``ci95``, ``n_samples``, ``per_sample`` (ids and scores, or ``None``), ``predictions``
+    (the browser's rows, with each sample's ``score`` where known), ``prefill_s``, ``decode_s``,
+    ``stored_fraction``, ``kept_fraction``, ``cache_bytes``, ``context_length``, ``data_provenance``), ``averages``
+    (summary.json's paper averages with their ``ci95``) and ``needles`` (dataset -> grid, see
+    :func:`read_predictions_view`).
     """
     summary = _optional_json(folder / SUMMARY_FILE)
     meta = _optional_json(folder / RUN_META_FILE) or dict(summary.get("run") or {})
     config = _optional_yaml(folder / CONFIG_FILE)
-    intervals = {row.get("dataset"): row.get("ci95") for row in summary.get("datasets") or [] if isinstance(row, dict)}
+    summary_rows = [row for row in summary.get("datasets") or [] if isinstance(row, dict)]
+    intervals = {row.get("dataset"): row.get("ci95") for row in summary_rows}
+    per_sample = {row.get("dataset"): row.get("per_sample") for row in summary_rows}
     per_dataset: dict[str, dict[str, Any]] = {}
     needles: dict[str, Any] = {}
     stand_in: list[str] = []
@@ -202,11 +236,22 @@ def read_run_extras(folder: Path, datasets: Iterable[str]) -> dict[str, Any]:
         family = family or (metrics.get("settings") or {}).get("method_family")
         stand_in += [f"{dataset}: {name}" for name, p in provenance.items() if (p or {}).get("source") == "stand-in"]
         requested += [float(v) for v in cache.get("mean_requested_per_layer") or []]
-        context, grid = read_predictions_view(folder / dataset / PREDICTIONS_FILE)
+        context, grid, browser = read_predictions_view(folder / dataset / PREDICTIONS_FILE)
         if grid is not None:
             needles[dataset] = grid
+        samples = per_sample.get(dataset) or {}
+        scores_by_id = dict(zip(samples.get("ids") or [], samples.get("scores") or [], strict=False))
+        for row in browser:
+            row["score"] = scores_by_id.get(row["id"])
+        timing = metrics.get("timing") or {}
         per_dataset[dataset] = {
             "ci95": intervals.get(dataset),
+            "n_samples": metrics.get("n_samples"),
+            "per_sample": samples if scores_by_id else None,
+            "predictions": browser,
+            "prefill_s": _finite(timing.get("prefill_s_mean")),
+            "decode_s": _finite(timing.get("decode_s_mean")),
+            "stored_fraction": stored_fraction(cache),
             "kept_fraction": _finite(cache.get("mean_kept_fraction")),
             "cache_bytes": _finite(cache.get("mean_cache_bytes")),
             "context_length": context,
@@ -217,7 +262,9 @@ def read_run_extras(folder: Path, datasets: Iterable[str]) -> dict[str, Any]:
     contexts = [d["context_length"] for d in per_dataset.values() if d["context_length"] is not None]
     context_length = sum(contexts) / len(contexts) if contexts else None
     kept = [d["kept_fraction"] for d in per_dataset.values() if d["kept_fraction"] is not None]
+    stored = [d["stored_fraction"] for d in per_dataset.values() if d["stored_fraction"] is not None]
     cache_bytes = [d["cache_bytes"] for d in per_dataset.values() if d["cache_bytes"] is not None]
+    timing = summary.get("timing") or {}
     return {
         "experiment": run_cfg.get("experiment") or None,
         "family": family or method_cfg.get("family") or None,
@@ -227,7 +274,11 @@ def read_run_extras(folder: Path, datasets: Iterable[str]) -> dict[str, Any]:
         "context_length": context_length,
         "budget_tokens_per_layer": budget_tokens_per_layer(budget, context_length, requested),
         "kept_fraction": sum(kept) / len(kept) if kept else None,
+        "stored_fraction": sum(stored) / len(stored) if stored else None,
         "cache_bytes": sum(cache_bytes) / len(cache_bytes) if cache_bytes else None,
+        "seed": config.get("seed"),
+        "prefill_s": _finite(timing.get("prefill_s_mean")),
+        "decode_s": _finite(timing.get("decode_s_mean")),
         "datasets": per_dataset,
         "averages": summary.get("averages") or {},
         "needles": needles,

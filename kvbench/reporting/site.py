@@ -1,10 +1,12 @@
 """``kvbench report``: a self-contained static results site built from the run folders.
 
-    kvbench report [results/runs] --out results/site [--experiment X] [--title T]
+    kvbench report [results/runs] --out results/site [--experiment X] [--title T] [--single-file]
 
 writes ``<out>/index.html`` (the page of :mod:`kvbench.reporting.site_page` with the data embedded),
 ``<out>/plotly.min.js`` (Plotly's offline bundle from the installed ``plotly`` package: no CDN, the site opens from
-disk on a machine without network) and ``<out>/.kvbench-site-cache.json``.  The cache keeps each run folder's
+disk on a machine without network) and ``<out>/.kvbench-site-cache.json``.  With ``single_file`` (``--single-file``)
+the bundle is inlined into ``index.html`` instead (one ~5 MB file to share by mail or as a CI artifact; no
+``plotly.min.js`` is written).  The cache keeps each run folder's
 extras with the sizes and modification times of the files they were read from, so a rebuild reads only the run
 folders that changed (:func:`kvbench.reporting.dashboard_data.load_dashboard_runs`); the bundle is copied only when
 missing or from another Plotly version.
@@ -28,9 +30,20 @@ from typing import Any
 
 from kvbench.errors import KVBenchError
 from kvbench.reporting.aggregate import run_summary
-from kvbench.reporting.dashboard_data import NO_EXPERIMENT, DashboardRuns, leaderboards, load_dashboard_runs, run_id
+from kvbench.reporting.dashboard_data import (
+    NO_EXPERIMENT,
+    DashboardRuns,
+    leaderboards,
+    load_dashboard_runs,
+    paper_values,
+    run_id,
+)
+from kvbench.reporting.palette import palette
+from kvbench.reporting.pivot import SMALL_N, headline, pivots
+from kvbench.reporting.run_views import BROWSER_ROWS
 from kvbench.reporting.site_page import PAGE_TEMPLATE
-from kvbench.run.writers import atomic_write_text
+from kvbench.reporting.site_views import VIEWS_SCRIPT
+from kvbench.storage.writers import atomic_write_text
 
 CACHE_FILE = ".kvbench-site-cache.json"
 PLOTLY_FILE = "plotly.min.js"
@@ -109,7 +122,11 @@ def run_records(runs: DashboardRuns) -> list[dict[str, Any]]:
                 "stand_in": extras.get("stand_in", []),
                 "x": extras.get("budget_tokens_per_layer"),
                 "kept_fraction": extras.get("kept_fraction"),
+                "stored_fraction": extras.get("stored_fraction"),
                 "cache_bytes": extras.get("cache_bytes"),
+                "prefill_s": extras.get("prefill_s"),
+                "decode_s": extras.get("decode_s"),
+                "n_min": min((d.get("n_samples") or 0 for d in per_dataset.values()), default=None),
                 "context_length": extras.get("context_length"),
                 "scores": scores,
                 "mean": {"score": float(means[rid]), "ci95": mean_ci} if rid in means else None,
@@ -122,10 +139,12 @@ def run_records(runs: DashboardRuns) -> list[dict[str, Any]]:
 
 
 def site_data(runs: DashboardRuns, plotly_version: str) -> dict[str, Any]:
-    """The page's embedded data: runs, leaderboards, needle grids, filter choices, build metadata."""
+    """The page's embedded data: runs, the pivot leaderboards and headline charts, the per-run leaderboards, needle
+    grids, the predictions browser's rows, the method palette, filter choices, build metadata."""
     from kvbench.version import __version__
 
     records = run_records(runs)
+    tables = pivots(runs)
     return {
         "root": str(runs.root),
         "generated_at": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -133,7 +152,16 @@ def site_data(runs: DashboardRuns, plotly_version: str) -> dict[str, Any]:
         "plotly_version": plotly_version,
         "filters": {k: sorted({str(r[k]) for r in records}) for k in ("model", "task", "question_mode", "experiment")},
         "runs": records,
+        "palette": palette(r["method"] for r in records),
+        "small_n": SMALL_N,
+        "browser_rows": BROWSER_ROWS,
+        "pivots": tables,
+        "headline": headline(tables, paper_values(runs.scores)),
         "leaderboards": leaderboards(runs),
+        "predictions": {
+            rid: {ds: d["predictions"] for ds, d in e.get("datasets", {}).items() if d.get("predictions")}
+            for rid, e in runs.extras.items()
+        },
         "needles": {rid: e["needles"] for rid, e in runs.extras.items() if e.get("needles")},
     }
 
@@ -157,15 +185,27 @@ def finite_json(value: Any) -> Any:
     return value
 
 
-def render_page(data: dict[str, Any], title: str) -> str:
-    """``index.html``: the template with the title and the data (``</`` escaped so no text closes the script)."""
+def render_page(data: dict[str, Any], title: str, plotly_js: str | None = None) -> str:
+    """``index.html``: the template with the title and the data (``</`` escaped so no text closes the script);
+    ``plotly_js``: the bundle to inline (a single-file page), else the page loads ``plotly.min.js`` beside it."""
     payload = json.dumps(finite_json(data), ensure_ascii=False, allow_nan=False).replace("</", "<\\/")
     escaped = title.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return PAGE_TEMPLATE.replace("__TITLE__", escaped).replace("__DATA__", payload)
+    if plotly_js is None:
+        plotly_tag = f'<script src="{PLOTLY_FILE}"></script>'
+    else:
+        plotly_tag = "<script>" + plotly_js.replace("</script", "<\\/script") + "</script>"
+    page = PAGE_TEMPLATE.replace("__TITLE__", escaped).replace("__VIEWS__", VIEWS_SCRIPT)
+    # The data and the bundle last: neither may have its own text replaced.
+    head, tail = page.split("__PLOTLY__")
+    return head + plotly_tag + tail.replace("__DATA__", payload)
 
 
 def build_site(
-    root: str | Path, out: str | Path, experiment: str | None = None, title: str = "kvbench results"
+    root: str | Path,
+    out: str | Path,
+    experiment: str | None = None,
+    title: str = "kvbench results",
+    single_file: bool = False,
 ) -> SiteResult:
     """Build (or update) the site of the runs under ``root`` in ``out``; see the module docstring."""
     start = time.perf_counter()
@@ -174,11 +214,11 @@ def build_site(
     cache = _read_cache(out)
     runs = load_dashboard_runs(root, experiment=experiment, cache=cache)
     data = site_data(runs, plotly_version)
-    page = render_page(data, title)
+    page = render_page(data, title, get_plotlyjs() if single_file else None)
     out.mkdir(parents=True, exist_ok=True)
     bundle = out / PLOTLY_FILE
     stamp = f"/* plotly.js bundled by kvbench from plotly {plotly_version} */\n"
-    if _head(bundle, len(stamp)) != stamp:
+    if not single_file and _head(bundle, len(stamp)) != stamp:
         atomic_write_text(bundle, stamp + get_plotlyjs())
     atomic_write_text(out / "index.html", page)
     atomic_write_text(out / CACHE_FILE, json.dumps({"version": cache_version(), "runs": cache}))

@@ -1,17 +1,18 @@
 """The results site's one page: HTML, CSS and the script that renders the embedded data with Plotly.
 
 The page (``index.html``) loads ``plotly.min.js`` from its own folder (Plotly's offline bundle, shipped next to it
-by :mod:`kvbench.reporting.site`: no CDN, no server; it opens from disk) and reads its data from the
-``<script id="kvbench-data" type="application/json">`` element.  Everything visible is drawn by the script below
-from that data, and drawn again when a filter (model, task, question mode, experiment) changes:
+by :mod:`kvbench.reporting.site`: no CDN, no server; it opens from disk), or has it inlined (``--single-file``), and
+reads its data from the ``<script id="kvbench-data" type="application/json">`` element.  Everything visible is drawn
+by the script below (and the views of :mod:`kvbench.reporting.site_views`: ``#headline``, ``#pivot``,
+``#predictions``) from that data, and drawn again when a filter (model, task, question mode, experiment) changes:
 
-* ``#leaderboards``: one table per model × task, rows ``tr.lb-row`` (``data-run-id``), score cells ``td.score``
-  (``data-column``, ``data-score``: the exact value), the 95 % interval, the paper's printed value, the best
-  compressed method per budget and question mode in bold (``.best``);
-* ``#budget-plots``: score vs tokens per layer per dataset, one line per method (error bars: the intervals), the
-  full cache as a dashed line;
-* ``#memory-plots``: mean score vs kept fraction, and cache bytes vs budget;
-* ``#needles``: the needle heatmaps of one chosen run;
+* ``#leaderboards`` ("All runs"): one table per model × task, rows ``tr.lb-row`` (``data-run-id``), score cells
+  ``td.score`` (``data-column``, ``data-score``: the exact value), the 95 % interval, the paper's printed value, the
+  best compressed method per budget and question mode in bold (``.best``);
+* ``#budget-plots``: score vs tokens per layer per dataset and the mean, one line per method in its palette colour
+  with its 95 % interval as a band, one full-cache dashed line, a small-n flag in the title;
+* ``#memory-plots``: bytes stored vs tokens kept, and cache bytes vs budget (the full cache a line);
+* ``#needles``: the needle heatmaps of one chosen dataset, every run side by side (depth 0-100 %);
 * ``#provenance``: every run's commit, versions, device, status and data provenance.
 
 A run on stand-in data (or a made-up synthetic run) carries a warning badge in every view it appears in.
@@ -42,6 +43,14 @@ td.best .value { font-weight: bold; }
 .plot { display: inline-block; width: 600px; height: 460px; }
 details pre { text-align: left; font-size: .8em; white-space: pre-wrap; }
 .muted { color: #777; }
+table.pivot th.sortable { cursor: pointer; text-decoration: underline dotted; }
+table.pivot td .mean { font-weight: bold; } table.pivot tr.full-row { background: #f4f4f4; }
+.diff, .mem, .speed { display: block; font-size: .78em; color: #555; } .diff.neg { color: #b71c1c; }
+.swatch { display: inline-block; width: .8em; height: .8em; border-radius: 2px; margin-right: .3em; }
+.smalln { color: #b26a00; font-size: .75em; margin-left: .2em; }
+.warning { background: #fff8e1; border-left: 3px solid #f9a825; padding: .2em .5em; font-size: .85em; }
+.plot.small { width: 380px; height: 320px; }
+table.preds td, table.preds th { text-align: left; max-width: 28em; white-space: pre-wrap; word-break: break-word; }
 </style>
 </head>
 <body>
@@ -49,14 +58,18 @@ details pre { text-align: left; font-size: .8em; white-space: pre-wrap; }
 <p class="muted" id="meta"></p>
 <div id="filters"></div>
 <div id="banner" hidden></div>
-<nav><a href="#leaderboards">Leaderboards</a><a href="#budget-plots">Score vs budget</a>
-<a href="#memory-plots">Memory</a><a href="#needles">Needles</a><a href="#provenance">Provenance</a></nav>
-<h2>Leaderboards</h2><div id="leaderboards"></div>
+<nav><a href="#headline">Headline</a><a href="#pivot">Leaderboard</a><a href="#budget-plots">Score vs budget</a>
+<a href="#memory-plots">Memory</a><a href="#needles">Needles</a><a href="#predictions">Predictions</a>
+<a href="#leaderboards">All runs</a><a href="#provenance">Provenance</a></nav>
+<h2>Headline: mean score vs stored bytes</h2><div id="headline"></div>
+<h2>Leaderboard: methods × budgets</h2><div id="pivot"></div>
 <h2>Score vs budget</h2><div id="budget-plots"></div>
-<h2>Memory and kept fraction</h2><div id="memory-plots"></div>
+<h2>Memory</h2><div id="memory-plots"></div>
 <h2>Needle heatmaps</h2><div id="needles"></div>
+<h2>Predictions</h2><div id="predictions"></div>
+<h2>All runs</h2><div id="leaderboards"></div>
 <h2>Provenance</h2><div id="provenance"></div>
-<script src="plotly.min.js"></script>
+__PLOTLY__
 <script id="kvbench-data" type="application/json">__DATA__</script>
 <script>
 "use strict";
@@ -78,13 +91,21 @@ function flags(list) { return (list || []).map(f => el("span", {class: "flag", t
   "scored on stand-in data: not comparable with published numbers" : "made-up numbers, not a measurement"}, "⚠ " + f)); }
 function label(run) {
   const tag = run.tag && run.tag !== run.question_mode ? "~" + run.tag : "";
-  return run.method + tag + (run.question_mode !== "aware" ? " (" + run.question_mode + ")" : "");
+  return labelOf(run.method) + tag + (run.question_mode !== "aware" ? " (" + run.question_mode + ")" : "");
 }
-const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
-const METHODS = [...new Set(DATA.runs.map(r => r.method))].sort();
-function lineStyle(run) {  // one colour per method; dotted: question-agnostic, dashed: another tag
-  return {color: PALETTE[METHODS.indexOf(run.method) % PALETTE.length],
-          dash: run.question_mode !== "aware" ? "dot" : (run.tag ? "dashdot" : "solid")};
+function colourOf(method) { return (DATA.palette[method] || {}).colour || "#444"; }  // kvbench.reporting.palette
+function labelOf(method) { return (DATA.palette[method] || {}).label || method; }
+function lineStyle(run) {  // one colour per method (the same on every site); dotted: question-agnostic, dashed: another tag
+  return {color: colourOf(run.method), dash: run.question_mode !== "aware" ? "dot" : (run.tag ? "dashdot" : "solid")};
+}
+function band(name, xs, ci, colour, group) {  // the 95 % interval as a filled band (upper edge, then lower edge)
+  const pts = xs.map((x, i) => [x, ci[i]]).filter(p => p[1]);
+  if (!pts.length) return [];
+  return [{type: "scatter", mode: "lines", x: pts.map(p => p[0]), y: pts.map(p => p[1][1]), line: {width: 0},
+           showlegend: false, hoverinfo: "skip", legendgroup: group},
+          {type: "scatter", mode: "lines", x: pts.map(p => p[0]), y: pts.map(p => p[1][0]), line: {width: 0},
+           fill: "tonexty", fillcolor: colour + "22", showlegend: false, hoverinfo: "skip", legendgroup: group,
+           name: name + " 95 % interval"}];
 }
 function budgetAxis(xs) {
   const ticks = [...new Set(xs)].sort((a, b) => a - b);
@@ -151,34 +172,39 @@ function groupBy(items, keyOf) {
   return out;
 }
 
+function pickFull(group) {  // one full-cache reference (the run under budget "full" first), whatever budgets it ran with
+  return group.filter(r => r.method === "full").sort((a, b) => (a.budget !== "full") - (b.budget !== "full"))[0];
+}
+function smallN(runs) { return runs.some(r => r.n_min !== null && r.n_min < SMALL_N); }
+
 function renderBudgetPlots(runs) {
   const box = document.getElementById("budget-plots");
   box.replaceChildren();
   for (const [key, group] of groupBy(runs, r => r.model + " · " + r.task)) {
     const datasets = [...new Set(group.flatMap(r => Object.keys(r.scores)))].sort();
+    const comp = group.filter(r => r.method !== "full" && r.x !== null);
+    const xs = comp.map(r => r.x);
+    const full = pickFull(group);
+    const nNote = smallN(comp) ? " · ⚠ n<" + SMALL_N + " per dataset" : "";
     for (const ds of [...datasets, "mean"]) {
       const traces = [];
-      const comp = group.filter(r => r.method !== "full" && r.x !== null);
-      const xs = comp.map(r => r.x);
+      const val = r => ds === "mean" ? r.mean : r.scores[ds];
       for (const [name, series] of groupBy(comp, label)) {
         series.sort((a, b) => a.x - b.x);
-        const pts = series.filter(r => (ds === "mean" ? r.mean : r.scores[ds]) !== undefined);
-        const val = r => ds === "mean" ? r.mean : r.scores[ds];
+        const pts = series.filter(r => val(r));
         const stand = pts.some(r => r.flags.length) ? " ⚠" : "";
-        traces.push({type: "scatter", mode: "lines+markers", name: name + stand, x: pts.map(r => r.x), line: lineStyle(series[0]),
-          y: pts.map(r => val(r).score), text: pts.map(r => r.budget + (r.flags.length ? " ⚠ " + r.flags.join(", ") : "")),
-          error_y: {type: "data", symmetric: false, array: pts.map(r => val(r).ci95 ? val(r).ci95[1] - val(r).score : 0),
-            arrayminus: pts.map(r => val(r).ci95 ? val(r).score - val(r).ci95[0] : 0)},
+        const style = lineStyle(series[0]);
+        traces.push(...band(name, pts.map(r => r.x), pts.map(r => val(r).ci95), style.color, name));
+        traces.push({type: "scatter", mode: "lines+markers", name: name + stand, legendgroup: name, x: pts.map(r => r.x),
+          line: style, marker: {color: style.color}, y: pts.map(r => val(r).score),
+          text: pts.map(r => r.budget + " (n=" + r.n_min + ")" + (r.flags.length ? " ⚠ " + r.flags.join(", ") : "")),
           hovertemplate: "%{text}: %{y:.2f}<extra>" + name + "</extra>"});
       }
-      for (const full of group.filter(r => r.method === "full")) {
-        const v = ds === "mean" ? full.mean : full.scores[ds];
-        if (!v || !xs.length) continue;
-        traces.push({type: "scatter", mode: "lines", name: "full cache" + (full.tag ? "~" + full.tag : "") + (full.flags.length ? " ⚠" : ""),
-          x: [Math.min(...xs), Math.max(...xs)], y: [v.score, v.score], line: {dash: "dash", color: "black"},
-          hovertemplate: "full cache: %{y:.2f}<extra></extra>"});
-      }
-      if (traces.length) plot(box, traces, {title: {text: key + " · " + ds, font: {size: 13}},
+      const fv = full ? val(full) : null;
+      if (fv && xs.length) traces.push({type: "scatter", mode: "lines", name: "Full cache" + (full.flags.length ? " ⚠" : ""),
+        x: [Math.min(...xs), Math.max(...xs)], y: [fv.score, fv.score], line: {dash: "dash", color: "black"},
+        hovertemplate: "full cache: %{y:.2f}<extra></extra>"});
+      if (traces.length) plot(box, traces, {title: {text: key + " · " + ds + nNote, font: {size: 13}},
         xaxis: budgetAxis(xs), yaxis: {title: {text: "score"}}});
     }
   }
@@ -188,43 +214,61 @@ function renderMemoryPlots(runs) {
   const box = document.getElementById("memory-plots");
   box.replaceChildren();
   for (const [key, group] of groupBy(runs, r => r.model + " · " + r.task)) {
-    const kept = [], bytes = [];
-    for (const [name, series] of groupBy(group, label)) {
+    const comp = group.filter(r => r.method !== "full");
+    const full = pickFull(group);
+    const stored = [], bytes = [];
+    for (const [name, series] of groupBy(comp, label)) {
       series.sort((a, b) => (a.x || 0) - (b.x || 0));
-      const k = series.filter(r => r.kept_fraction !== null && r.mean);
-      kept.push({type: "scatter", mode: "lines+markers", name: name, line: lineStyle(series[0]), x: k.map(r => r.kept_fraction), y: k.map(r => r.mean.score),
-        text: k.map(r => r.budget + (r.flags.length ? " ⚠ " + r.flags.join(", ") : "")), hovertemplate: "%{text}: kept %{x:.1%}, score %{y:.2f}"});
+      const style = lineStyle(series[0]);
+      const k = series.filter(r => r.kept_fraction !== null && r.stored_fraction !== null);
+      stored.push({type: "scatter", mode: "lines+markers", name: name, line: style, marker: {color: style.color},
+        x: k.map(r => r.kept_fraction), y: k.map(r => r.stored_fraction), text: k.map(r => r.budget),
+        hovertemplate: "%{text}: tokens kept %{x:.1%}, bytes stored %{y:.1%}<extra>" + name + "</extra>"});
       const b = series.filter(r => r.cache_bytes !== null && r.x !== null);
-      bytes.push({type: "scatter", mode: "lines+markers", name: name, line: lineStyle(series[0]), x: b.map(r => r.x), y: b.map(r => r.cache_bytes / 1048576),
-        text: b.map(r => r.budget), hovertemplate: "%{text}: %{y:.2f} MiB"});
+      bytes.push({type: "scatter", mode: "lines+markers", name: name, line: style, marker: {color: style.color},
+        x: b.map(r => r.x), y: b.map(r => r.cache_bytes / 1048576), text: b.map(r => r.budget),
+        hovertemplate: "%{text}: %{y:.2f} MiB<extra>" + name + "</extra>"});
     }
-    plot(box, kept, {title: {text: key + " · mean score vs kept fraction", font: {size: 13}},
-      xaxis: {title: {text: "kept fraction of the cache"}, tickformat: ".0%"}, yaxis: {title: {text: "mean score"}}});
+    const xs = comp.filter(r => r.x !== null).map(r => r.x);
+    if (full && full.cache_bytes !== null && xs.length) bytes.push({type: "scatter", mode: "lines", name: "Full cache",
+      x: [Math.min(...xs), Math.max(...xs)], y: [full.cache_bytes / 1048576, full.cache_bytes / 1048576],
+      line: {dash: "dash", color: "black"}, hovertemplate: "full cache: %{y:.2f} MiB<extra></extra>"});
+    plot(box, stored, {title: {text: key + " · bytes stored vs tokens kept", font: {size: 13}},
+      xaxis: fractionAxis("tokens kept (fraction of the context)", comp.map(r => r.kept_fraction).filter(x => x)),
+      yaxis: fractionAxis("bytes stored (fraction of the full cache)", comp.map(r => r.stored_fraction).filter(x => x))});
     plot(box, bytes, {title: {text: key + " · cache size vs budget", font: {size: 13}},
-      xaxis: budgetAxis(group.filter(r => r.x !== null).map(r => r.x)), yaxis: {title: {text: "cache MiB (mean per sample)"}}});
+      xaxis: budgetAxis(xs), yaxis: {title: {text: "cache MiB (mean per sample)"}}});
   }
 }
 
-function renderNeedles(runs) {
+function renderNeedles(runs) {  // one dataset at a time, every run side by side (depth 0-100 %)
   const box = document.getElementById("needles");
   box.replaceChildren();
   const withGrid = runs.filter(r => DATA.needles[r.run_id]);
   if (!withGrid.length) { box.append(el("p", {class: "muted"}, "no run with needle depths in its predictions")); return; }
-  const select = el("select", {id: "needle-run"});
-  for (const r of withGrid) select.append(el("option", {value: r.run_id}, r.run_id + (r.flags.length ? " ⚠ " + r.flags.join(", ") : "")));
+  const datasets = [...new Set(withGrid.flatMap(r => Object.keys(DATA.needles[r.run_id])))].sort();
+  const select = el("select", {id: "needle-dataset"});
+  for (const d of datasets) select.append(el("option", {value: d}, d));
   const plots = el("div", {});
   const draw = () => {
     plots.replaceChildren();
-    const run = RUNS[select.value];
-    for (const [ds, grid] of Object.entries(DATA.needles[select.value])) {
-      plot(plots, [{type: "heatmap", x: grid.lengths.map(String), y: grid.depths, z: grid.z, zmin: 0, zmax: 100,
-        colorscale: [[0, "#d7191c"], [0.5, "#fdae61"], [1, "#1a9641"]], hovertemplate: "length %{x}, depth %{y}%: %{z:.1f}<extra></extra>"}],
-        {title: {text: run.run_id + " · " + ds + (run.flags.length ? " ⚠ " + run.flags.join(", ") : ""), font: {size: 12}},
-         xaxis: {title: {text: "context length"}, type: "category"}, yaxis: {title: {text: "needle depth %"}}});
+    const order = [...withGrid].sort((a, b) => (a.method !== "full") - (b.method !== "full") || a.method.localeCompare(b.method) || (a.x || 0) - (b.x || 0));
+    for (const run of order) {
+      const grid = DATA.needles[run.run_id][select.value];
+      if (!grid) continue;
+      const div = el("div", {class: "plot small"});
+      plots.append(div);
+      Plotly.newPlot(div, [{type: "heatmap", x: grid.lengths.map(String), y: grid.depths, z: grid.z, zmin: 0, zmax: 100,
+        colorscale: [[0, "#d7191c"], [0.5, "#fdae61"], [1, "#1a9641"]], showscale: false,
+        hovertemplate: "length %{x}, depth %{y}%: %{z:.1f}<extra></extra>"}],
+        {title: {text: label(run) + " · " + run.budget + (run.flags.length ? " ⚠" : ""), font: {size: 11, color: colourOf(run.method)}},
+         margin: {t: 30, r: 10, b: 40, l: 45}, xaxis: {title: {text: "context length"}, type: "category"},
+         yaxis: {title: {text: "needle depth %"}, range: [0, 100], tickvals: [0, 25, 50, 75, 100]}},
+        {displaylogo: false, displayModeBar: false, responsive: true});
     }
   };
   select.addEventListener("change", draw);
-  box.append(el("label", {}, "run ", select), plots);
+  box.append(el("label", {}, "dataset ", select), plots);
   draw();
 }
 
@@ -252,9 +296,11 @@ function render() {
   banner.hidden = !flagged.length;
   banner.textContent = flagged.length ? "⚠ " + flagged.length + " of the runs shown are stand-in data or made-up (synthetic) numbers; "
     + "they carry a ⚠ badge wherever they appear and are not comparable with published results." : "";
-  renderLeaderboards(); renderBudgetPlots(runs); renderMemoryPlots(runs); renderNeedles(runs); renderProvenance(runs);
+  renderHeadline(); renderPivot(); renderLeaderboards(); renderBudgetPlots(runs); renderMemoryPlots(runs);
+  renderNeedles(runs); renderPredictions(runs); renderProvenance(runs);
 }
 
+__VIEWS__
 document.getElementById("meta").textContent = DATA.runs.length + " runs from " + DATA.root + " · built " + DATA.generated_at
   + " · kvbench " + DATA.kvbench_version + " · Plotly " + DATA.plotly_version;
 buildFilters();

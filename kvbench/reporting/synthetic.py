@@ -22,7 +22,7 @@ import pandas as pd
 
 from kvbench.reporting.conventions import LONGBENCH21_CATEGORIES, NEEDLEBENCH_SUBTASKS
 from kvbench.reporting.paper_refs import DEFAULT_PAPER_DIR, TABLES, TableSpec, load_reference
-from kvbench.run.writers import METRICS_FILE, run_dir
+from kvbench.storage.writers import METRICS_FILE, run_dir
 
 
 def _clip(value: float) -> float:

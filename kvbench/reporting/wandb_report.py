@@ -1,24 +1,28 @@
 """``kvbench wandb-report``: a W&B Report built as code (``wandb-workspaces``) from the runs on disk.
 
-    kvbench wandb-report --entity E --project P [results/runs] [--experiment X] [--title T] [--dry-run [--out F]]
+    kvbench wandb-report --entity E --project P [results/runs] [--experiment X] [--title T]
+    kvbench wandb-report [--entity E --project P] --dry-run [--out F] [results/runs]
 
 The local run folders say which models, tasks, datasets and paper averages exist; the report's panels read what
 :mod:`kvbench.run.wandb_logging` logged for each run (config ``panel.*``, one history row with the axes, summary
 scores and intervals).  Per model × task, one panel grid whose run set holds that model's and task's runs (and the
 experiment's, with ``--experiment``):
 
-* one line plot per dataset: score vs ``budget_tokens_per_layer``, grouped by ``panel.method`` (one line per
-  method; the full-cache run is its own group, at its context length, and its score is quoted in the panel
-  title from the local results);
+* one line plot per dataset: score vs ``budget_tokens_per_layer`` (log), grouped by ``panel.group`` (one line per
+  method × question mode [× tag]; the run set is grouped the same way), with the 95 % interval's ends
+  (``.../ci95_low|high``) and the full cache's score (``full_cache/<task>/<dataset>``, logged by every compressed
+  run whose full-cache run was on disk: a horizontal line across the budgets; its score is also in the title);
 * the paper averages vs budget (``<task>/avg/<column>``: LongBench16/14, the NeedleBench overall, the run mean
-  that RULER reports);
-* kept fraction vs the mean score (scatter);
-* a parallel-coordinates panel (budget, kept fraction, context length, every dataset, the mean);
-* the run set's runs table, its columns pinned to the method, budget, scores and their 95 % intervals.
+  that RULER reports), with their intervals;
+* the fraction of the full cache's bytes stored vs the mean score (scatter);
+* a parallel-coordinates panel (budget, kept and stored fractions, context length, every dataset, the mean);
+* the run set's runs table, its columns pinned to the method, question mode, budget, scores and their 95 %
+  intervals -- each column named by the library's own conversion of a ``Config`` / ``SummaryMetric``.
 
 ``--dry-run`` writes the report's specification -- the library's own model (``ReportViewspec``) as JSON -- without
 a network: the run sets' project lookup (the only network call before saving) is skipped and the project is
-written by name.  Without it the report is saved to W&B and its URL printed.
+written by name (empty without ``--entity`` / ``--project``, which a dry run does not need).  Without it the report
+is saved to W&B and its URL printed.
 """
 
 from __future__ import annotations
@@ -54,6 +58,18 @@ def _full_cache_note(runs: DashboardRuns, model: str, task: str, dataset: str) -
     return f" (full cache: {', '.join(values)})" if values else ""
 
 
+#: The run set's grouping (config ``panel.<key>``): one group per method, question mode and tag.
+GROUP_KEYS = ("panel.method", "panel.question_mode", "panel.tag")
+
+
+def column(metric: Any) -> str:
+    """The runs-table column of a ``wr.Config`` / ``wr.SummaryMetric`` as the report library writes it
+    (``config:panel.value.method`` for ``Config("panel.method")``: the config key ``panel`` holds a dict)."""
+    from wandb_workspaces.reports.v2.interface import _metric_to_backend_pc
+
+    return str(_metric_to_backend_pc(metric))
+
+
 def build_report(
     runs: DashboardRuns, entity: str, project: str, experiment: str | None = None, title: str | None = None
 ) -> Any:
@@ -75,25 +91,41 @@ def build_report(
         filters = [expr.Config("panel.model") == model, expr.Config("panel.task") == task]
         if experiment:
             filters.append(expr.Config("panel.experiment") == experiment)
-        score_columns = [f"summary:{task}/{d}" for d in datasets]
-        interval_columns = [f"summary:{task}/{d}/ci95_{end}" for d in datasets for end in ("low", "high")]
+        score_columns = [column(wr.SummaryMetric(f"{task}/{d}")) for d in datasets]
+        interval_columns = [
+            column(wr.SummaryMetric(f"{task}/{d}/ci95_{end}")) for d in datasets for end in ("low", "high")
+        ]
         runset = wr.Runset(
             entity=entity,
             project=project,
             name=f"{model} · {task}",
             filters=filters,
-            pinned_columns=["config:panel.method.value", "config:panel.budget.value", *score_columns],
-            visible_columns=[*score_columns, *interval_columns, f"summary:{task}/avg", "summary:kept_fraction"],
+            groupby=list(GROUP_KEYS),
+            pinned_columns=[column(wr.Config(k)) for k in ("panel.method", "panel.question_mode", "panel.budget")]
+            + score_columns,
+            visible_columns=[
+                *score_columns,
+                *interval_columns,
+                column(wr.SummaryMetric(f"{task}/avg")),
+                column(wr.Config("panel.stored_fraction")),
+                column(wr.SummaryMetric("kept_fraction")),
+            ],
         )
         panels: list[Any] = [
             wr.LinePlot(
                 title=f"{task}/{dataset} vs budget" + _full_cache_note(runs, model, task, dataset),
                 x="budget_tokens_per_layer",
-                y=[f"{task}/{dataset}"],
-                groupby=wr.Config("panel.method"),
+                y=[
+                    f"{task}/{dataset}",
+                    f"{task}/{dataset}/ci95_low",
+                    f"{task}/{dataset}/ci95_high",
+                    f"full_cache/{task}/{dataset}",
+                ],
+                groupby=wr.Config("panel.group"),
                 groupby_aggfunc="mean",
+                groupby_rangefunc="minmax",
                 title_x="tokens per layer",
-                title_y=f"{dataset} score",
+                title_y=f"{dataset} score (95 % interval ends; full cache)",
                 log_x=True,
             )
             for dataset in datasets
@@ -104,8 +136,8 @@ def build_report(
                 wr.LinePlot(
                     title=f"{task}: paper averages vs budget",
                     x="budget_tokens_per_layer",
-                    y=[f"{task}/avg/{a}" for a in averages],
-                    groupby=wr.Config("panel.method"),
+                    y=[f"{task}/avg/{a}{end}" for a in averages for end in ("", "/ci95_low", "/ci95_high")],
+                    groupby=wr.Config("panel.group"),
                     groupby_aggfunc="mean",
                     title_x="tokens per layer",
                     log_x=True,
@@ -113,9 +145,10 @@ def build_report(
             )
         panels.append(
             wr.ScatterPlot(
-                title=f"{task}: kept fraction vs mean score",
-                x=wr.SummaryMetric("kept_fraction"),
+                title=f"{task}: bytes stored (fraction of the full cache) vs mean score",
+                x=wr.Config("panel.stored_fraction"),
                 y=wr.SummaryMetric(f"{task}/avg"),
+                log_x=True,
             )
         )
         panels.append(

@@ -1,3 +1,3 @@
-"""One benchmark run and its files: the runner (:mod:`.runner`), the run folder (:mod:`.folder`), provenance,
-the metrics records (:mod:`.records`) and their crash-safe writers (:mod:`.writers`), the printed table, resume,
-the sample cache, the summary, sweeps, termination and W&B logging."""
+"""One benchmark run: the runner (:mod:`.runner`), the metrics records (:mod:`.records`), the printed table,
+resume, the summary, sweeps, batched decoding and W&B logging.  The files a run writes and reads back (folder, writers,
+termination, provenance, sample cache) live one layer down, in :mod:`kvbench.storage`."""

@@ -27,8 +27,8 @@ from typing import Any
 from kvbench.inference.shared_context import GroupTurn, generate_group
 from kvbench.prompting import EncodedPrompt
 from kvbench.run.batched import stop_rules
-from kvbench.run.termination import TERMINATION
 from kvbench.sample import Sample
+from kvbench.storage.termination import TERMINATION
 
 
 def context_groups(samples: Iterable[Sample]) -> list[list[Sample]]:
@@ -81,25 +81,31 @@ def encode_group(
     return encoded.context_ids, turns
 
 
+def extent(dataset: Any, samples: list[Sample]) -> int:
+    """How many samples ``samples`` are in ``task.num_samples``'s unit: context groups for a grouped dataset."""
+    return len(context_groups(samples)) if dataset.context_groups is not None else len(samples)
+
+
 def generate_groups(
     runner: Any,
     loaded: Any,
     dataset: Any,
-    samples: list[Sample],
-    done: set[str],
+    todo: list[Sample],
     encode: Callable[[Sample], EncodedPrompt],
     write: Callable[[Sample, Any, Any], None],
     stops: set[int],
     progress: Any,
 ) -> None:
-    """Generate every group of ``samples`` with a turn not in ``done`` and ``write(sample, encoded, output)`` its
-    missing turns, in order; ``progress`` (a bar or a list) counts written turns."""
+    """Generate every group with a turn in ``todo`` (the dataset's samples not yet written, in order) and
+    ``write(sample, encoded, output)`` its missing turns, in order; the group's other turns come from
+    ``dataset.samples()``.  ``progress`` (a bar or a list) counts written turns."""
     mode = str(dataset.context_groups)
     first_query = str(runner.cfg.task.question_mode)
+    missing = {sample.id for sample in todo}
+    wanted = {str(sample.extra["group"]) for sample in todo}
+    samples = [sample for sample in dataset.samples() if str(sample.extra.get("group")) in wanted]
     try:
         for group in context_groups(samples):
-            if all(sample.id in done for sample in group):
-                continue
             context_ids, encoded = encode_group(loaded.tokenizer, group, mode, encode)
             turns = []
             for sample, turn_encoding in zip(group, encoded, strict=True):
@@ -120,7 +126,7 @@ def generate_groups(
             )
             with TERMINATION.critical():
                 for sample, turn_encoding, turn_output in zip(group, encoded, output.turns, strict=True):
-                    if sample.id in done:
+                    if sample.id not in missing:
                         continue
                     turn_output.record.group_fingerprint = output.context_fingerprint
                     write(sample, turn_encoding, turn_output)

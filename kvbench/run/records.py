@@ -8,6 +8,7 @@ Both evaluation loops use it: kvbench's own (:class:`kvbench.run.runner.Runner`)
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -20,8 +21,11 @@ from omegaconf import DictConfig, OmegaConf
 from kvbench.methods.base import EvictionMethod
 from kvbench.methods.knobs import RECORDED_KNOBS
 from kvbench.run.summary import DatasetScores
-from kvbench.run.termination import TERMINATION
-from kvbench.run.writers import METRICS_FILE, atomic_write_json
+from kvbench.storage.reader import SCHEMA_VERSION
+from kvbench.storage.termination import TERMINATION
+from kvbench.storage.writers import METRICS_FILE, atomic_write_json
+
+LOG = logging.getLogger(__name__)
 
 
 @dataclass
@@ -67,6 +71,43 @@ def cache_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "allocation_exact": all(r["cache"]["requested_per_head"] == r["cache"]["achieved_per_head"] for r in rows),
         "samples_evicted": sum(1 for r in rows if r["cache"]["evicted"]),
     }
+
+
+_WARNED: set[tuple[str, str]] = set()
+
+
+def warn_if_not_as_asked(cache: Mapping[str, Any], cfg: DictConfig) -> None:
+    """Warn once per run (model x method x budget) when a sample could not run what the budget asked: a budget at or
+    above its context (nothing evicted: the full cache; ``requested_per_layer`` records the context length actually
+    used, ``evicted`` false, and the run keeps its own folder, never the full cache's), or an observation window
+    wider than the per-layer budget (``cache``: a prediction row's ``cache`` record)."""
+    run = f"{cfg.model.name}/{cfg.method.name}/{cfg.budget.name}"
+    requested = list(cache.get("requested_per_layer") or [])
+    evicting = str(cfg.budget.spec).strip() != "full" and cfg.method.family != "full"
+    if evicting and not cache.get("evicted") and (run, "budget") not in _WARNED:
+        _WARNED.add((run, "budget"))
+        LOG.warning(
+            "budget %s is at or above the context (%s tokens): nothing was evicted, so this sample ran with the full "
+            "cache; recorded as such (requested_per_layer = the context length, evicted = false) under budget %s",
+            cfg.budget.spec,
+            cache.get("context_tokens"),
+            cfg.budget.name,
+        )
+    window = int(OmegaConf.select(cfg, "method.window", default=0) or 0)
+    in_budget = bool(OmegaConf.select(cfg, "method.window_in_budget", default=True))
+    smallest = min(requested) if requested else None
+    if evicting and in_budget and smallest is not None and window > smallest and (run, "window") not in _WARNED:
+        _WARNED.add((run, "window"))
+        LOG.warning(
+            "method.window=%d is wider than the per-layer budget (%d tokens at its smallest): a layer cannot keep its "
+            "whole observation window, so this is not %s at window %d; achieved_per_layer in predictions.jsonl "
+            "records what each layer kept. Set method.window <= %d, or a larger budget.",
+            window,
+            smallest,
+            cfg.method.name,
+            window,
+            smallest,
+        )
 
 
 def json_number(value: Any) -> float | None:
@@ -116,6 +157,7 @@ def metrics_record(
     ``record_extent``: record ``num_samples_requested`` (kvbench's loop; lm-eval's results do not); ``extra``:
     further sections, after ``timing`` (``attention``; ``lm_eval``)."""
     record: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
         "model": cfg.model.name,
         "task": cfg.task.name,
         "dataset": dataset.name,
@@ -146,8 +188,8 @@ def metrics_record(
 
 def write_metrics(folder: Path, metrics: Mapping[str, Any], write_first: Callable[[], None] | None = None) -> None:
     """Write ``folder/metrics.json`` atomically, after ``write_first`` (the dataset's other files), all in one
-    SIGTERM-deferred section (:data:`kvbench.run.termination.TERMINATION`): the dataset's files are complete or absent
-    as a set.  ``metrics.json`` is written last, since it marks the dataset as done."""
+    SIGTERM-deferred section (:data:`kvbench.storage.termination.TERMINATION`): the dataset's files are complete or
+    absent as a set.  ``metrics.json`` is written last, since it marks the dataset as done."""
     with TERMINATION.critical():
         if write_first is not None:
             write_first()

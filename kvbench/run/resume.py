@@ -4,6 +4,7 @@ recorded in ``config.yaml`` (:func:`with_folder_extent`)."""
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,11 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from kvbench.errors import KVBenchError
-from kvbench.run.writers import CONFIG_FILE, RUN_META_FILE, config_differences, holds_results, read_json, same_run
 from kvbench.sample import Sample
+from kvbench.storage.reader import DamagedFile, read_config_yaml, read_metrics, read_run_meta
+from kvbench.storage.writers import CONFIG_FILE, RUN_META_FILE, config_differences, holds_results, same_run
+
+LOG = logging.getLogger(__name__)
 
 
 def with_folder_extent(folder: Path, cfg: DictConfig) -> DictConfig:
@@ -21,7 +25,10 @@ def with_folder_extent(folder: Path, cfg: DictConfig) -> DictConfig:
     path = folder / CONFIG_FILE
     if not path.exists():
         return cfg
-    recorded = OmegaConf.select(OmegaConf.load(path), "task.num_samples", default=-1)
+    stored = read_config_yaml(path)
+    if stored is None:  # damaged: the run rewrites it (check_existing_run decided it is this run)
+        return cfg
+    recorded = OmegaConf.select(stored, "task.num_samples", default=-1)
     requested = cfg.task.num_samples
     if requested is None or recorded == -1 or (recorded is not None and recorded <= requested):
         return cfg
@@ -35,7 +42,16 @@ def check_existing_run(folder: Path, cfg_hash: str, cfg: DictConfig, note_replac
     meta_path = folder / RUN_META_FILE
     if not meta_path.exists():
         return
-    existing = read_json(meta_path).get("config_hash")
+    try:
+        existing = read_run_meta(meta_path)["config_hash"]
+    except DamagedFile as err:
+        if not holds_results(folder):
+            return  # nothing worth keeping: the run replaces the folder's files
+        if read_config_yaml(folder / CONFIG_FILE) is not None and not config_differences(folder, cfg):
+            if note_replacement:
+                LOG.warning("%s; its config.yaml is this run's, so this run rewrites run_meta.json", err.reason_line)
+            return
+        raise
     if same_run(folder, existing, cfg, cfg_hash):
         return
     if existing and not holds_results(folder):
@@ -82,3 +98,42 @@ def check_resumable(
             "the task data, generator or tokenizer changed since they were written. Nothing was changed; remove the "
             "folder to rerun, or use run.tag"
         )
+
+
+def previous_run_meta(folder: Path, cfg: DictConfig, cfg_hash: str) -> dict[str, Any]:
+    """The folder's ``run_meta.json`` when it records this run (its provenance is carried on), else ``{}``: absent,
+    another config's run being replaced, or damaged (:func:`check_existing_run` found ``config.yaml`` to be this
+    run's, so it is rewritten)."""
+    path = folder / RUN_META_FILE
+    try:
+        meta = read_run_meta(path) if path.exists() else {}
+    except DamagedFile:
+        return {}
+    return meta if same_run(folder, meta.get("config_hash"), cfg, cfg_hash) else {}
+
+
+def trusted_metrics(path: Path) -> dict[str, Any] | None:
+    """A dataset's ``metrics.json`` (:func:`kvbench.storage.reader.read_metrics`), or ``None`` with a warning naming
+    the file when it is damaged: the run then recomputes it from ``predictions.jsonl`` (regenerating only the
+    samples that lack a row).  A file of a newer schema version is refused, never overwritten."""
+    try:
+        return read_metrics(path)
+    except DamagedFile as err:
+        LOG.warning("%s; recomputing it from predictions.jsonl", err.reason_line)
+        return None
+
+
+def lost_predictions(path: Path, rows: dict[str, dict[str, Any]], samples: list[Sample], claimed: int) -> bool:
+    """Whether a finished dataset's ``predictions.jsonl`` lost rows its ``metrics.json`` counted (``claimed``); if
+    so, warns naming the file: the run regenerates exactly the missing samples and rewrites ``metrics.json``."""
+    missing = [sample.id for sample in samples if sample.id not in rows]
+    if not missing:
+        return False
+    LOG.warning(
+        "%s lacks %d of the %d samples its metrics.json counts (%s): regenerating them and rewriting metrics.json",
+        path,
+        len(missing),
+        claimed,
+        ", ".join(missing[:3]) + (" ..." if len(missing) > 3 else ""),
+    )
+    return True

@@ -1,16 +1,15 @@
 """The runner: one model x method x budget x task run, resumable and idempotent.
 
-Order of work (nothing is written under ``results/`` until every input has been validated, the data checked and
-the model loaded):
+Order of work (nothing is written under ``results/`` until every input has been validated and the data checked; a
+run that fails before its first prediction leaves no trace):
 
 1. validate the config, the environment (model, data folder, packages, results root, and that no other process
    holds the run folder), method, budget and task kind (:mod:`kvbench.validation`);
-2. load the tokenizer, build the task's datasets and load and check every sample of every selected dataset, then
-   load the model's weights;
-3. claim the run folder (:mod:`kvbench.run.folder`): create it and take its lock (``.kvbench.lock``: two processes
-   never work in one run folder at once; the second fails clearly, or waits up to ``$KVBENCH_LOCK_WAIT``
-   seconds), check that an existing run there has the same config (else refuse, naming the differences and
-   ``run.tag``; a folder whose run wrote no prediction is replaced, with a note), write ``config.yaml`` and
+2. load the tokenizer, build the task's datasets and load and check every sample of every selected dataset;
+3. claim the run folder (:mod:`kvbench.storage.folder`): create it and lock it (two processes never work in one run
+   folder at once; the second fails clearly, or waits up to ``$KVBENCH_LOCK_WAIT`` seconds), check that an
+   existing run there has the same config (else refuse, naming the differences and ``run.tag``; a folder whose run
+   wrote no prediction is replaced, with a note), load the model's weights, write ``config.yaml`` and
    ``run_meta.json``.  If the run fails before the folder holds any prediction, what it wrote is removed again;
 4. per dataset: skip it if its ``metrics.json`` exists for this config and sample count; report on the first N
    without writing when it covers more samples (``task.num_samples`` is the run's extent, not its identity);
@@ -29,10 +28,12 @@ SIGTERM (SLURM preemption or time limit) raises :class:`Interrupted` at once whi
 but never while a prediction row or ``metrics.json`` is being written: those writes finish first.  The run then
 records ``status: interrupted`` in ``run_meta.json`` and exits; the same command resumes it.
 
-The parts with a job of their own live beside it: validation, the run folder's lock (:mod:`kvbench.run.folder`) and
+The parts with a job of their own live beside it: validation, the run folder's lock (:mod:`kvbench.storage.folder`) and
 resume checks (:mod:`kvbench.run.resume`), the results writer (:mod:`kvbench.run.records`), SIGTERM handling
-(:mod:`kvbench.run.termination`), provenance (:mod:`kvbench.run.provenance`), the score table
-(:mod:`kvbench.run.table`), the sample cache and W&B.
+(:mod:`kvbench.storage.termination`), provenance (:mod:`kvbench.storage.provenance`), the score table
+(:mod:`kvbench.run.table`), the sample cache and W&B; grouped datasets' generation (:mod:`kvbench.run.groups`).
+
+Size: just over 500 lines: the order of work above stays in one class, so it reads top to bottom.
 """
 
 from __future__ import annotations
@@ -50,9 +51,9 @@ import torch
 import transformers
 from omegaconf import DictConfig, OmegaConf
 
-from kvbench.attention.paths import ATTENTION_RECORD, capability_summary
 from kvbench.errors import Interrupted, KVBenchError
 from kvbench.inference.generate import last_token_ids
+from kvbench.kernels.paths import ATTENTION_RECORD, capability_summary
 from kvbench.models.loading import (
     LoadedModel,
     check_device_map,
@@ -63,23 +64,33 @@ from kvbench.models.loading import (
 )
 from kvbench.prompting import encode_sample
 from kvbench.run.batched import generate_dataset
-from kvbench.run.folder import claim_run_folder
-from kvbench.run.groups import context_groups, first_extent, generate_groups
-from kvbench.run.provenance import device_name, git_commit, now, slurm_job_id
+from kvbench.run.groups import extent, first_extent, generate_groups
 from kvbench.run.records import (
     DatasetResult,
     cache_summary,
     json_number,
     metrics_record,
     settings_record,
+    warn_if_not_as_asked,
     write_metrics,
 )
-from kvbench.run.resume import check_existing_run, check_resumable, with_folder_extent
-from kvbench.run.sample_cache import SampleCache
+from kvbench.run.resume import (
+    check_existing_run,
+    check_resumable,
+    lost_predictions,
+    previous_run_meta,
+    trusted_metrics,
+    with_folder_extent,
+)
 from kvbench.run.summary import SUMMARY_FILE, DatasetScores, build_summary, interval_of, sample_scores
 from kvbench.run.table import format_table
-from kvbench.run.termination import TERMINATION, graceful_termination
-from kvbench.run.writers import (
+from kvbench.storage.folder import claim_run_folder
+from kvbench.storage.paths import output_root, run_folder
+from kvbench.storage.provenance import device_name, git_commit, now, slurm_job_id
+from kvbench.storage.reader import SCHEMA_VERSION
+from kvbench.storage.sample_cache import SampleCache
+from kvbench.storage.termination import TERMINATION, graceful_termination
+from kvbench.storage.writers import (
     CONFIG_FILE,
     METRICS_FILE,
     PREDICTIONS_FILE,
@@ -90,9 +101,6 @@ from kvbench.run.writers import (
     atomic_write_json,
     atomic_write_text,
     config_hash,
-    read_json,
-    run_dir,
-    same_run,
 )
 from kvbench.tasks.base import Sample, TaskDataset, build_task
 from kvbench.tasks.provenance import stand_in_warnings
@@ -113,6 +121,7 @@ def _prediction_row(sample: Sample, dataset: TaskDataset, output: Any, encoded: 
         "all_classes": sample.all_classes,
         "length": sample.length,
         "extra": sample.extra,
+        "prompt_end": sample.prompt_end(),
         "input_tokens": len(encoded.input_ids),
         "context_tokens": len(encoded.context_ids),
         "question_tokens": len(encoded.question_ids),
@@ -167,9 +176,7 @@ class Runner:
         if loaded is None and check_device_map(cfg.model.get("device_map")) is None:
             resolve_device(str(cfg.model.device))
         self.cfg_hash = config_hash(cfg)
-        self.folder = run_dir(
-            cfg.run.output_root, cfg.model.name, cfg.task.name, cfg.method.name, cfg.budget.name, cfg.run.tag
-        )
+        self.folder = run_folder(cfg)
         #: The run's ``summary.json`` payload, once :meth:`run` completed.
         self.summary: dict[str, Any] = {}
         #: Paged-attention fallbacks (reason -> calls) of the datasets run so far (``run_meta.json``).
@@ -186,10 +193,11 @@ class Runner:
         check_existing_run(self.folder, self.cfg_hash, cfg, note_replacement=False)
         tokenizer = self.loaded.tokenizer if self.loaded else load_tokenizer(cfg.model)
         data = self.load_data(tokenizer)  # every sample checked before the weights load
-        loaded = self.loaded or load_model(cfg.model, seed=int(cfg.seed), tokenizer=tokenizer)
+        # The folder is claimed before the weights load: an identical run started meanwhile is refused at once.
         with claim_run_folder(self.folder):
             # Checked again under the lock: another job may have started this folder since the first check.
             check_existing_run(self.folder, self.cfg_hash, cfg)
+            loaded = self.loaded or load_model(cfg.model, seed=int(cfg.seed), tokenizer=tokenizer)
             meta = self._write_run_files()
             logger = _wandb_logger(cfg)
             results: list[DatasetResult] = []
@@ -263,11 +271,10 @@ class Runner:
             self.folder / CONFIG_FILE, OmegaConf.to_yaml(with_folder_extent(self.folder, cfg), resolve=True)
         )
         meta_path = self.folder / RUN_META_FILE
-        meta = read_json(meta_path) if meta_path.exists() else {}
-        if not same_run(self.folder, meta.get("config_hash"), cfg, self.cfg_hash):  # a replaced run: start afresh
-            meta = {}
+        meta = previous_run_meta(self.folder, cfg, self.cfg_hash)
         meta.update(
             {
+                "schema_version": SCHEMA_VERSION,
                 "config_hash": self.cfg_hash,
                 "model": cfg.model.name,
                 "task": cfg.task.name,
@@ -301,8 +308,9 @@ class Runner:
         cfg = self.cfg
         folder = self.folder / dataset.name
         metrics_path = folder / METRICS_FILE
-        if metrics_path.exists():
-            existing = read_json(metrics_path)
+        # A damaged metrics.json, or predictions it counts that are gone, is recomputed below (trusted_metrics).
+        existing = trusted_metrics(metrics_path) if metrics_path.exists() else None
+        if existing is not None:
             same_extent = existing.get("n_samples") == len(samples)
             if existing.get("config_hash") == self.cfg_hash and same_extent:
                 if dataset.evaluates_itself:  # lm-eval's scores: no per-sample kvbench predictions to resample
@@ -311,8 +319,9 @@ class Runner:
                         dataset.name, existing["metric"], existing["score"], existing["n_samples"], kept, skipped=True
                     )
                 rows = {row["id"]: row for row in PredictionLog(folder / PREDICTIONS_FILE).load()}
-                return self._dataset_result(dataset, samples, [rows.get(s.id) for s in samples], existing, True)
-            if existing.get("config_hash") == self.cfg_hash and len(samples) < int(existing.get("n_samples", 0)):
+                if not lost_predictions(folder / PREDICTIONS_FILE, rows, samples, existing["n_samples"]):
+                    return self._dataset_result(dataset, samples, [rows.get(s.id) for s in samples], existing, True)
+            elif existing.get("config_hash") == self.cfg_hash and len(samples) < int(existing.get("n_samples", 0)):
                 report = self._report_on_first(dataset, samples, existing)
                 if report is not None:
                     return report
@@ -325,8 +334,7 @@ class Runner:
         done = {row["id"]: row for row in log.load()}
         timing_log = TimingLog(folder / TIMINGS_FILE)
         # Rows past the requested extent (an earlier run asked for more samples) stay in the log, unscored.
-        extent = len(context_groups(samples)) if dataset.context_groups is not None else len(samples)
-        truncated = cfg.task.num_samples is not None and extent == int(cfg.task.num_samples)
+        truncated = cfg.task.num_samples is not None and extent(dataset, samples) == int(cfg.task.num_samples)
         check_resumable(log.path, done, samples, beyond_extent_ok=truncated)
         done = {sample.id: done[sample.id] for sample in samples if sample.id in done}
         use_template = bool(cfg.model.chat_template and dataset.chat_template)
@@ -354,15 +362,14 @@ class Runner:
         def write(sample: Sample, encoded: Any, output: Any) -> None:
             row = _prediction_row(sample, dataset, output, encoded)
             warn_if_above_full(output.record, self.cfg)
+            warn_if_not_as_asked(row["cache"], self.cfg)
             with TERMINATION.critical():
                 log.append(row)
                 timing_log.append({"id": sample.id, "prefill_s": output.prefill_s, "decode_s": output.decode_s})
                 done[sample.id] = row
 
-        if dataset.context_groups is not None:  # compress once, ask many: whole groups (kvbench/run/groups.py)
-            generate_groups(self, loaded, dataset, samples, set(done), encode, write, stops, progress)
-        else:
-            generate_dataset(self, loaded, dataset, todo, encode, write, stops, progress)
+        generate = generate_groups if dataset.context_groups is not None else generate_dataset  # run/groups.py
+        generate(self, loaded, dataset, todo, encode, write, stops, progress)
         rows = [done[s.id] for s in samples]
         attention = ATTENTION_RECORD.summary()
         self.attention_fallbacks.update(attention["fallbacks"])
@@ -444,6 +451,7 @@ class Runner:
             n_samples=int(metrics["n_samples"]),
             kept_fraction=kept,
             sample_scores=per_sample,
+            sample_ids=[sample.id for sample in samples] if per_sample is not None else None,
             no_interval_reason=why,
             timing=metrics.get("timing", {}),
             data_provenance=metrics.get("data_provenance", {}),
@@ -478,7 +486,7 @@ def sample_cache(cfg: DictConfig) -> SampleCache | None:
     setting = cfg.run.get("sample_cache", "auto")
     if setting is None:
         return None
-    root = Path(cfg.run.output_root).parent / "samples" if setting == "auto" else Path(str(setting))
+    root = output_root(cfg).parent / "samples" if setting == "auto" else Path(str(setting)).expanduser()
     return SampleCache(root)
 
 

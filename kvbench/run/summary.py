@@ -9,8 +9,10 @@ averages' intervals resample every dataset at once: resample ``r`` of an average
 resample-``r`` means.
 
 A dataset's score is resampled as the mean of its per-sample scores (:func:`sample_scores`: the dataset's own
-scorer on each sample alone).  When that mean does not reproduce the dataset's score (a score that is not a mean
-over samples), the dataset gets no interval and says why.
+scorer on each sample alone); they are written beside the interval (``per_sample``: ``ids`` and ``scores``), so a
+report can pair two runs' samples (:mod:`kvbench.reporting.pivot`: the difference to the full cache).  When that
+mean does not reproduce the dataset's score (a score that is not a mean over samples), the dataset gets no interval
+and says why.
 
 Averages (``averages``): ``mean``, the plain mean over the run's datasets (the console table's "average"; RULER,
 the needle tasks), plus each paper convention the run's datasets complete (:mod:`kvbench.reporting.conventions`):
@@ -110,6 +112,9 @@ class DatasetScores:
     n_samples: int
     kept_fraction: float
     sample_scores: list[float] | None = None
+    #: The samples' ids, in the order of ``sample_scores`` (written beside them: a paired comparison of two runs
+    #: matches samples by id).
+    sample_ids: list[str] | None = None
     no_interval_reason: str | None = None
     timing: dict[str, Any] = field(default_factory=dict)
     data_provenance: dict[str, Any] = field(default_factory=dict)
@@ -199,6 +204,11 @@ def build_summary(run: Mapping[str, Any], datasets: Sequence[DatasetScores], run
                 "timing": d.timing,
                 "data_provenance": d.data_provenance,
                 "cached": d.cached,
+                **(
+                    {"per_sample": {"ids": list(d.sample_ids), "scores": list(d.sample_scores)}}
+                    if d.sample_scores and d.sample_ids and len(d.sample_ids) == len(d.sample_scores)
+                    else {}
+                ),
             }
         )
     averages = paper_averages({d.dataset: d.score for d in datasets})

@@ -150,26 +150,30 @@ class Composer:
 
 def classify(job: Job, cfg: Any) -> None:
     """Set ``job.state`` from its run folder: ``complete``, ``partial``, ``new`` or ``invalid`` (conflict)."""
-    from kvbench.run.writers import (
+    from kvbench.storage.paths import run_folder
+    from kvbench.storage.reader import DamagedFile, read_metrics, read_run_meta
+    from kvbench.storage.writers import (
         METRICS_FILE,
         RUN_META_FILE,
         config_hash,
         extent_covered,
         holds_results,
-        read_json,
-        run_dir,
         same_run,
     )
 
     cfg_hash = config_hash(cfg)
-    folder = run_dir(cfg.run.output_root, cfg.model.name, cfg.task.name, cfg.method.name, cfg.budget.name, cfg.run.tag)
+    folder = run_folder(cfg)
     job.folder = folder
     job.details["config_hash"] = cfg_hash
     meta_path = folder / RUN_META_FILE
     if not meta_path.exists():
         job.state = "partial" if folder.exists() and any(folder.iterdir()) else "new"
         return
-    meta = read_json(meta_path)
+    try:
+        meta = read_run_meta(meta_path)
+    except DamagedFile:  # the run repairs it when config.yaml is this job's, or refuses naming the file
+        job.state = "partial"
+        return
     same = same_run(folder, meta.get("config_hash"), cfg, cfg_hash)
     if not same and not holds_results(folder):
         job.state = "new"  # the folder's run wrote no prediction: the job replaces it
@@ -185,7 +189,10 @@ def classify(job: Job, cfg: Any) -> None:
     if meta.get("status") == "complete" and datasets:
         for name in datasets:
             path = folder / name / METRICS_FILE
-            metrics = read_json(path) if path.exists() else {}
+            try:
+                metrics = read_metrics(path) if path.exists() else {}
+            except DamagedFile:  # recomputed by the run
+                metrics = {}
             if metrics.get("config_hash") != cfg_hash or not extent_covered(metrics, cfg.task.num_samples):
                 job.state = "partial"
                 return
@@ -199,9 +206,14 @@ def plan(
     overrides: Sequence[str] = (),
     name: str | None = None,
     conf_dir: Path = CONF_DIR,
+    check_environment: bool = False,
 ) -> list[Job]:
-    """Every job of the sweep, classified (see the module docstring)."""
-    from kvbench.validation import validate
+    """Every job of the sweep, classified (see the module docstring).  ``check_environment``: also check each
+    job's environment (model, data, results folder), as a local ``-m`` sweep about to run them does."""
+    from kvbench.validation import validate, validate_run
+
+    def check(cfg: Any) -> None:
+        validate_run(cfg) if check_environment else validate(cfg)
 
     params = experiment_params(experiment, conf_dir) if experiment else {}
     prefix = [f"+experiment={experiment}"] if experiment else []
@@ -214,7 +226,7 @@ def plan(
         for index, job in enumerate(jobs):
             try:
                 cfg = composer.compose(job.overrides)
-                validate(cfg)
+                check(cfg)
             except Exception as err:  # composition/validation errors are reported per job, never fatal
                 job.state, job.reason = "invalid", _short_reason(err)
                 continue
@@ -228,6 +240,25 @@ def plan(
     finally:
         composer.close()
     return jobs
+
+
+def multirun_jobs(command_line: Sequence[str], conf_dir: Path = CONF_DIR) -> list[Job]:
+    """Every job of a ``kvbench -m ...`` command line, composed and checked whole (values, and with the local
+    launcher environment and run folders, :func:`plan`) before the first one runs.  Hydra's own settings
+    (``hydra.*``, ``hydra/launcher=...``) are left to Hydra; ``+experiment=<name>`` brings in that experiment's
+    grid."""
+    experiment, overrides = None, []
+    for item in command_line:
+        key = item.split("=", 1)[0]
+        if item.startswith("-") or key.lstrip("+~").startswith(("hydra.", "hydra/")):
+            continue
+        if key.lstrip("+") == "experiment":
+            experiment = item.split("=", 1)[1]
+        else:
+            overrides.append(item)
+    # A cluster launcher runs the jobs elsewhere: their environment (model, data) is checked there, as slurm_sweep.py.
+    remote = any(item.split("=", 1)[0].lstrip("+") == "hydra/launcher" for item in command_line)
+    return plan(experiment, overrides, name="multirun", conf_dir=conf_dir, check_environment=not remote)
 
 
 def pending(jobs: Sequence[Job]) -> list[Job]:
@@ -249,7 +280,7 @@ def default_manifest_path(name: str, text: str) -> Path:
 
 def write_manifest(path: Path, text: str) -> Path:
     """Write the manifest atomically."""
-    from kvbench.run.writers import atomic_write_text
+    from kvbench.storage.writers import atomic_write_text
 
     atomic_write_text(path, text)
     return path

@@ -15,11 +15,15 @@ What the report panels (``kvbench wandb-report``, :mod:`kvbench.reporting.wandb_
 ends (:func:`panel_fields`, :func:`interval_values`):
 
 * config ``panel.*``: the categorical fields to group and filter by (``panel.method``, ``panel.family``,
-  ``panel.model``, ``panel.task``, ``panel.question_mode``, ``panel.experiment``, ``panel.budget``) and the numeric
-  axes (``panel.budget_tokens_per_layer``, ``panel.kept_fraction``, ``panel.context_length``) -- a namespace of
-  their own, beside the resolved config whose ``model``/``method``/``task`` are the presets' full settings;
-* one history row with the axes (``budget_tokens_per_layer``, ``kept_fraction``, ``context_length``) and the
-  scores, so that a line plot with the budget as x axis, grouped by method, draws score vs budget;
+  ``panel.model``, ``panel.task``, ``panel.question_mode``, ``panel.tag``, ``panel.experiment``, ``panel.budget``,
+  and ``panel.group``: ``<method> · <question mode>[ · <tag>]``, one line per method and question mode) and the
+  numeric axes (``panel.budget_tokens_per_layer``, ``panel.kept_fraction``, ``panel.stored_fraction``,
+  ``panel.context_length``) -- a namespace of their own, beside the resolved config whose ``model``/``method``/
+  ``task`` are the presets' full settings;
+* one history row with the axes, the scores, their intervals (``.../ci95_low|ci95_high``) and, when the same
+  model's and task's full-cache run is on disk beside this one, its scores as ``full_cache/<task>/<dataset>`` and
+  ``full_cache/<task>/avg`` (so that a line plot with the budget as x axis draws the full cache as a horizontal line
+  across the budgets), so that a line plot grouped by ``panel.group`` draws score vs budget with its interval;
 * summary ``<task>/<dataset>/ci95_low|ci95_high`` (the bootstrap 95 % interval) and the paper averages of
   ``summary.json`` as ``<task>/avg/<column>`` with their intervals;
 * ``needle/<dataset>``: the needle heatmap image of every dataset whose predictions carry a depth and a length.
@@ -27,6 +31,7 @@ ends (:func:`panel_fields`, :func:`interval_values`):
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 from typing import Any
@@ -68,11 +73,10 @@ class WandbLogger:
                 "wandb.mode is set but wandb is not installed (pip install kvbench[wandb]); not logging", stacklevel=2
             )
             return None
-        from kvbench.run.writers import config_hash, run_dir
+        from kvbench.storage.paths import run_folder
+        from kvbench.storage.writers import config_hash
 
-        folder = run_dir(
-            cfg.run.output_root, cfg.model.name, cfg.task.name, cfg.method.name, cfg.budget.name, cfg.run.tag
-        )
+        folder = run_folder(cfg)
         try:
             run = wandb.init(
                 project=cfg.wandb.project,
@@ -107,8 +111,10 @@ class WandbLogger:
             self.run.config.update({"panel": panel}, allow_val_change=True)
             values = summary_values(cfg.task.name, results)
             axes = {k: panel[k] for k in AXES if panel.get(k) is not None}
-            self.run.log({**axes, **values, **self._needle_images(wandb, extras)})
-            self.run.summary.update({**values, **interval_values(cfg.task.name, results, extras)})
+            intervals = interval_values(cfg.task.name, results, extras)
+            reference = full_cache_values(self.folder, cfg.task.name)
+            self.run.log({**axes, **values, **intervals, **reference, **self._needle_images(wandb, extras)})
+            self.run.summary.update({**values, **intervals})
             self.run.finish()
         except Exception as err:
             warnings.warn(f"wandb logging failed ({err}); results on disk are unaffected", stacklevel=2)
@@ -147,17 +153,40 @@ class WandbLogger:
 
 
 #: The numeric axes of the panels (config ``panel.<axis>`` and one history row).
-AXES = ("budget_tokens_per_layer", "kept_fraction", "context_length")
+AXES = ("budget_tokens_per_layer", "kept_fraction", "stored_fraction", "context_length")
+
+
+def full_cache_values(folder: Path | None, task: str) -> dict[str, float]:
+    """``full_cache/<task>/<dataset>`` and ``full_cache/<task>/avg``: the scores of the full-cache run of the same
+    model and task (``<folder>/../../full/<budget>/summary.json``, the budget ``full`` first), if there is one."""
+    if folder is None:
+        return {}
+    candidates = sorted(Path(folder).parent.parent.glob("full/*/summary.json"), key=lambda p: p.parent.name != "full")
+    for path in candidates:
+        try:
+            summary = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        values = {f"full_cache/{task}/{row['dataset']}": row["score"] for row in summary.get("datasets") or []}
+        mean = (summary.get("averages") or {}).get("mean") or {}
+        if mean.get("score") is not None:
+            values[f"full_cache/{task}/avg"] = mean["score"]
+        return {k: v for k, v in values.items() if isinstance(v, (int, float))}
+    return {}
 
 
 def panel_fields(cfg: DictConfig, extras: dict[str, Any]) -> dict[str, Any]:
     """Config ``panel.*``: the categorical fields and numeric axes of the report panels (module docstring)."""
+    mode = str(cfg.task.get("question_mode") or "aware")
+    tag = str(cfg.run.get("tag") or "")
     return {
+        "group": " · ".join(p for p in (str(cfg.method.name), mode, tag if tag != mode else "") if p),
+        "tag": tag,
         "method": str(cfg.method.name),
         "family": extras.get("family") or str(cfg.method.get("family") or cfg.method.name),
         "model": str(cfg.model.name),
         "task": str(cfg.task.name),
-        "question_mode": str(cfg.task.get("question_mode") or "aware"),
+        "question_mode": mode,
         "experiment": str(cfg.run.get("experiment") or ""),
         "budget": str(cfg.budget.name),
         **{axis: extras.get(axis) for axis in AXES},

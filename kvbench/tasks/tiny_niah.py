@@ -48,7 +48,7 @@ from typing import Any
 from kvbench.checks import check_known_keys
 from kvbench.models import tiny as tiny_model
 from kvbench.models.tiny import FILLER_WORDS, KEY_WORDS, VALUE_WORDS
-from kvbench.run.sample_cache import cached_samples, source_fingerprint, tokenizer_fingerprint
+from kvbench.storage.sample_cache import cached_samples, source_fingerprint, tokenizer_fingerprint
 from kvbench.tasks.base import Sample, TaskDataset, register_task, select_datasets
 
 #: Task variants, in dataset order.
@@ -299,7 +299,7 @@ class TinyNiahDataset(TaskDataset):
         return spread_depth(index)
 
     def cache_key(self) -> dict[str, Any]:
-        """Everything the samples depend on (:mod:`kvbench.run.sample_cache`): not ``num_samples`` (sample i never
+        """Everything the samples depend on (:mod:`kvbench.storage.sample_cache`): not ``num_samples`` (sample i never
         depends on it), so one stored generation serves every shorter request."""
         return {
             "dataset": self.name,

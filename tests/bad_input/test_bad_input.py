@@ -366,7 +366,7 @@ def test_lock_falls_back_to_an_exclusive_file_where_flock_is_unsupported(tmp_pat
     import fcntl
 
     from kvbench.errors import KVBenchError
-    from kvbench.run.folder import EXCL_LOCK_FILE, run_folder_lock
+    from kvbench.storage.folder import EXCL_LOCK_FILE, run_folder_lock
 
     def no_flock(fd, operation):
         raise OSError(errno.ENOLCK, "No locks available")
@@ -391,11 +391,11 @@ def test_lock_falls_back_to_an_exclusive_file_where_flock_is_unsupported(tmp_pat
 
 def test_busy_lock_names_its_holder_even_before_it_wrote_itself(tmp_path: Path, monkeypatch) -> None:
     from kvbench.errors import KVBenchError
-    from kvbench.run.folder import LOCK_FILE, run_folder_lock
+    from kvbench.storage.folder import LOCK_FILE, run_folder_lock
 
     folder = tmp_path / "run"
     script = (
-        "import sys, time; from pathlib import Path; from kvbench.run.folder import run_folder_lock\n"
+        "import sys, time; from pathlib import Path; from kvbench.storage.folder import run_folder_lock\n"
         "with run_folder_lock(Path(sys.argv[1])):\n    print('locked', flush=True); time.sleep(60)\n"
     )
     holder = subprocess.Popen([sys.executable, "-c", script, str(folder)], cwd=REPO, stdout=subprocess.PIPE, text=True)
@@ -415,7 +415,7 @@ def test_busy_lock_names_its_holder_even_before_it_wrote_itself(tmp_path: Path, 
 # ---------------------------------------------------------------------------------------------------- files
 @pytest.mark.parametrize("umask", [0o022, 0o027])
 def test_result_files_get_the_same_mode_under_the_umask(tmp_path: Path, umask: int) -> None:
-    from kvbench.run.writers import PredictionLog, atomic_write_json
+    from kvbench.storage.writers import PredictionLog, atomic_write_json
 
     previous = os.umask(umask)
     try:
@@ -463,7 +463,7 @@ def test_lock_retry_loop_is_bounded(tmp_path: Path) -> None:
     script = (
         "import pathlib, sys\n"
         "from kvbench.errors import KVBenchError\n"
-        "from kvbench.run.folder import run_folder_lock\n"
+        "from kvbench.storage.folder import run_folder_lock\n"
         "def vanishing(self, *args, **kwargs):\n"
         "    raise FileNotFoundError(2, 'No such file or directory')\n"
         "pathlib.Path.mkdir = vanishing\n"
@@ -483,7 +483,7 @@ def test_lock_retry_loop_is_bounded(tmp_path: Path) -> None:
 def test_busy_run_folder_is_reported_before_data_or_model(root: Path, capsys, monkeypatch) -> None:
     """A second copy of a run learns that its folder is locked before preparing data or loading the model."""
     import kvbench.run.runner
-    from kvbench.run.folder import run_folder_lock
+    from kvbench.storage.folder import run_folder_lock
 
     def no_data(*args, **kwargs):
         raise AssertionError("the tokenizer was loaded although the run folder is busy")
@@ -514,7 +514,7 @@ def test_num_samples_is_the_extent_of_a_run(tmp_path: Path, capsys) -> None:
     first N without deleting or rewriting anything; the config hash does not depend on the count."""
     from kvbench.run.runner import Runner
     from kvbench.run.sweep import Job, classify
-    from kvbench.run.writers import config_hash
+    from kvbench.storage.writers import config_hash
 
     root = tmp_path / "runs"
     shared = ["task.lengths=[1024]", "task.datasets=[niah_single_1k]", "run.print_table=true"]
@@ -723,7 +723,7 @@ def test_lmeval_bridge_checks_model_args_before_lm_eval_runs(capsys, monkeypatch
 def test_num_samples_stays_in_the_identity_of_a_method_that_calibrates_on_a_share_of_them(tmp_path: Path) -> None:
     """XKV's sampled mode calibrates on the first ceil(ratio x N) samples: sample i depends on N, so N is part of its
     run's identity (another count is refused, naming it), while it is not for the others."""
-    from kvbench.run.writers import config_hash
+    from kvbench.storage.writers import config_hash
 
     def hashes(*overrides: str) -> set[str]:
         return {config_hash(tiny_cfg(tmp_path, *overrides, f"task.num_samples={n}")) for n in (2, 4)}

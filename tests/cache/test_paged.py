@@ -12,12 +12,12 @@ import torch
 from omegaconf import OmegaConf
 
 from kvbench import kernels
-from kvbench.attention.paths import plan_attention, varlen_capability
 from kvbench.budget import parse_budget
 from kvbench.cache.kv_cache import BACKEND_ENV, HeadwiseLayer, KVBenchCache
 from kvbench.cache.paged import PagedLayer
 from kvbench.config import MethodConfig
 from kvbench.inference.generate import generate
+from kvbench.kernels.paths import plan_attention, varlen_capability
 from kvbench.methods.base import build_method
 from kvbench.models.loading import build_builtin
 from tests.kernel_devices import kernel_device
@@ -195,7 +195,7 @@ def test_paged_backend_generates_the_same_logits_as_torch_backend(
 def test_paged_backend_on_cuda_matches_torch_backend(page_size: int) -> None:
     """On a GPU the paged backend runs the Triton append / split-K decode kernels (page 16) or varlen_attn
     (page 256, bfloat16: FlashAttention needs half precision): its logits match the torch backend's through prefill
-    eviction, a question chunk and decoding, on the path planned for this machine (kvbench/attention/paths.py)."""
+    eviction, a question chunk and decoding, on the path planned for this machine (kvbench/kernels/paths.py)."""
     from kvbench.cache import paged
 
     dtype = torch.float32 if page_size == 16 else torch.bfloat16

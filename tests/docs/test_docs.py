@@ -8,8 +8,15 @@ anchor or missing page fails), examples that run as shown, and commands that nam
   ``scripts/*.py`` exist, and every ``python run.py`` / ``kvbench`` command names existing presets; the single runs
   (no ``-m``) are composed and checked as ``run.py`` would before any work (:func:`kvbench.validation.check_config`).
 * Every ``tests/``, ``scripts/``, ``conf/`` and ``slurm/`` path the pages name in inline code exists.
+* The user pages (:data:`USER_PAGES`: the front page and getting started) mark every ``bash`` block: ``<!-- runnable
+  -->`` blocks are executed here, as shown, in one scratch working directory per page (blocks in page order, so a
+  report sees the runs before it); ``<!-- runnable: tests/<file>.py -->`` blocks are executed by that test instead
+  (the embedded default by ``tests/end_to_end/test_tiny_model_eviction.py``, which also compares its printed table
+  with the front page's); ``<!-- not-runnable: <why> -->`` blocks (installs, GPUs, hub models, SLURM) are checked
+  like every other block.  The runnable blocks use tiny settings (the tiny model, 1K tokens, 2 samples).
 
-About 10 s on 2 shared cores, most of it the site build.
+About 10 s on 2 shared cores for the site build; the runnable blocks took 28 s of CPU (25 s user + 2 s system, one
+torch thread per command; 2 minutes wall at load average 10).
 """
 
 from __future__ import annotations
@@ -27,6 +34,10 @@ REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
 #: The README stays a front door (issue #36: at most ~300 lines).
 README_MAX_LINES = 300
+#: The pages a new user reads first: every bash block on them says whether and where it is executed.
+USER_PAGES = ("docs/index.md", "docs/getting-started.md")
+#: The marker before a bash block on a user page: ``runnable``, ``runnable: <test file>`` or ``not-runnable: <why>``.
+MARKER = re.compile(r"<!-- (runnable|not-runnable)(?::\s*(.+?))? -->\s*\n```bash\n(.*?)^```", re.DOTALL | re.MULTILINE)
 #: Config groups a command-line override may name, with the folder of their presets.
 GROUPS = {"method": "method", "task": "task", "model": "model", "budget": "budget", "+experiment": "experiment"}
 
@@ -101,7 +112,10 @@ def test_site_builds_strict(tmp_path: Path) -> None:
     snapkv = (built / "methods/snapkv/index.html").read_text(encoding="utf-8")
     assert "FasterDecoding/SnapKV" in snapkv and "Parity evidence" in snapkv and "test_reference_parity.py" in snapkv
     version = re.search(r'^__version__ = "([^"]+)"', (REPO / "kvbench/version.py").read_text(), re.MULTILINE)
-    assert version and f"This page documents kvbench {version.group(1)}" in snapkv
+    assert version and f"This site documents kvbench {version.group(1)}" in snapkv  # once, in the footer
+    index = (built / "index.html").read_text(encoding="utf-8")
+    assert index.count(f"kvbench {version.group(1)}") == 1 and "admonition note" not in index  # no version box
+    assert (built / "stylesheets/extra.css").is_file() and "stylesheets/extra.css" in index  # the wider column
     assert "kvbench.api.evaluate" in (built / "api/index.html").read_text(encoding="utf-8")
 
 
@@ -200,3 +214,52 @@ def test_paths_named_in_the_pages_exist() -> None:
             if "*" not in path and "<" not in path and not (REPO / path).is_file():
                 problems.append(f"{page.relative_to(REPO)}: {path}")
     assert not problems, "named but missing:\n" + "\n".join(problems)
+
+
+def marked_blocks(page: str) -> list[tuple[str, str, str]]:
+    """(kind, detail, body) of every marked bash block of a page, in page order."""
+    return MARKER.findall((REPO / page).read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("page", USER_PAGES)
+def test_every_command_block_on_a_user_page_is_marked(page: str) -> None:
+    """Each bash block says whether the docs tests run it (``runnable``), which test does (``runnable: <file>``), or
+    why it cannot run here (``not-runnable: <why>``)."""
+    text = (REPO / page).read_text(encoding="utf-8")
+    blocks = fenced_blocks(text, "bash")
+    marked = marked_blocks(page)
+    assert len(marked) == len(blocks), f"{page}: {len(blocks) - len(marked)} bash block(s) without a marker"
+    for kind, detail, _ in marked:
+        assert kind == "runnable" or detail, f"{page}: not-runnable without a reason"
+        if kind == "runnable" and detail:
+            assert (REPO / detail).is_file(), f"{page}: runnable by {detail}, which does not exist"
+    assert any(kind == "runnable" and not detail for kind, detail, _ in marked) or page == "docs/index.md"
+
+
+def shell_argv(argv: list[str]) -> list[str]:
+    """A shown command as this test runs it: ``python`` is this interpreter, ``run.py`` and ``scripts/`` are the
+    checkout's (the command runs in a scratch folder), ``kvbench`` is ``python -m kvbench``."""
+    if argv[0] == "kvbench":
+        argv = ["python", "-m", "kvbench", *argv[1:]]
+    assert argv[0] == "python", f"only python / kvbench commands are runnable here: {argv}"
+    rest = [str(REPO / arg) if arg == "run.py" or arg.startswith("scripts/") else arg for arg in argv[1:]]
+    return [sys.executable, *rest]
+
+
+@pytest.mark.parametrize("page", USER_PAGES)
+def test_runnable_blocks_run_as_shown(page: str, tmp_path: Path) -> None:
+    """Every ``<!-- runnable -->`` command, in page order, in one scratch folder: exit status 0, and every file a
+    command names after ``--out`` exists afterwards."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    ran = 0
+    for kind, detail, body in marked_blocks(page):
+        if kind != "runnable" or detail:
+            continue
+        for argv in commands(body):
+            done = subprocess.run(shell_argv(argv), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+            assert done.returncode == 0, f"{page}: {' '.join(argv)}\n{done.stdout[-2000:]}{done.stderr[-3000:]}"
+            if "--out" in argv:
+                assert (tmp_path / argv[argv.index("--out") + 1]).exists(), f"{page}: {' '.join(argv)} wrote nothing"
+            ran += 1
+    if page != "docs/index.md":
+        assert ran >= 3, f"{page}: only {ran} runnable commands"

@@ -7,12 +7,14 @@ wrote: the full cache retrieves (>= 95 % on every task), question-aware SnapKV k
 on multi-value, whose four needles compete for 64 tokens per head), StreamingLLM (sinks + recent window) loses
 them (near chance: the first answer token is computed before eviction, the rest is guessed), and
 question-agnostic SnapKV, which must choose before it sees the question, scores below question-aware SnapKV.
+The same output is the documentation's quick start: the front page shows it verbatim and the README its scores.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,7 +40,7 @@ DATASETS = ("niah_single_2k", "niah_multikey_2k", "niah_multivalue_2k")
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, dict[str, float]]]:
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, dict[str, float]], dict[str, str]]:
     """(stdout of ``python run.py``, variant -> dataset -> score read back from its metrics.json files)."""
     workdir = tmp_path_factory.mktemp("demo")
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
@@ -51,16 +53,19 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, dict[
         label: {d: json.loads((root / folder / d / "metrics.json").read_text())["score"] for d in DATASETS}
         for label, folder in VARIANTS.items()
     }
-    return result.stdout, scores
+    devices = {
+        label: json.loads((root / folder / "run_meta.json").read_text())["device"] for label, folder in VARIANTS.items()
+    }
+    return result.stdout, scores, devices
 
 
 @pytest.fixture(scope="module")
-def scores(demo: tuple[str, dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+def scores(demo: tuple[str, dict[str, dict[str, float]], dict[str, str]]) -> dict[str, dict[str, float]]:
     return demo[1]
 
 
-def test_demo_prints_the_side_by_side_table(demo: tuple[str, dict[str, dict[str, float]]]) -> None:
-    stdout, scores = demo
+def test_demo_prints_the_side_by_side_table(demo: tuple[str, dict[str, dict[str, float]], dict[str, str]]) -> None:
+    stdout, scores, _ = demo
     table = stdout[stdout.index("model=tiny task=tiny_niah budget=64L") :]
     header = table.splitlines()[1]
     for label in ("snapkv q-aware", "full cache", "StreamingLLM", "SnapKV q-agnostic"):
@@ -70,6 +75,15 @@ def test_demo_prints_the_side_by_side_table(demo: tuple[str, dict[str, dict[str,
         printed = [float(cell) for cell in row.split()[1:]]
         expected = [scores[label][dataset] for label in VARIANTS]
         assert printed == pytest.approx(expected, abs=0.051)
+
+
+def test_default_run_sets_its_thread_count(
+    demo: tuple[str, dict[str, dict[str, float]], dict[str, str]],
+) -> None:
+    """The command runs with OMP_NUM_THREADS=2 (or the caller's) in its environment, yet every run of the comparison
+    ran on one torch thread (kvbench.demo.DEMO_THREADS): its CPU time does not depend on the machine's cores."""
+    _, _, devices = demo
+    assert all(device.endswith(", 1 threads)") for device in devices.values()), devices
 
 
 def test_full_cache_retrieves(scores: dict[str, dict[str, float]]) -> None:
@@ -96,3 +110,21 @@ def test_question_agnostic_snapkv_scores_lower_than_aware(scores: dict[str, dict
     assert sum(agnostic.values()) < sum(aware.values()) - 30.0, (aware, agnostic)
     # with 16 needles and no question, 64 tokens per layer cannot hold the right one
     assert agnostic["niah_multikey_2k"] <= aware["niah_multikey_2k"] - 20.0, (aware, agnostic)
+
+
+def test_front_page_shows_what_the_quick_start_prints(
+    demo: tuple[str, dict[str, dict[str, float]], dict[str, str]],
+) -> None:
+    """docs/index.md's quick-start output block is what ``python run.py`` printed (every line), and the README's
+    table has the same scores and kept fractions."""
+    stdout, _, _ = demo
+    page = (REPO / "docs" / "index.md").read_text(encoding="utf-8")
+    shown = re.search(r"<!-- quick-start-output -->\s*```text\n(.*?)```", page, flags=re.DOTALL)
+    assert shown, "docs/index.md has no quick-start output block"
+    assert shown.group(1).strip() == stdout.strip()
+    printed = {line.split()[0]: line.split()[1:] for line in stdout.splitlines() if line.startswith(DATASETS)}
+    printed["cache"] = next(line for line in stdout.splitlines() if line.startswith("cache kept")).split()[2:]
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    for key, values in printed.items():
+        row = next(line for line in readme.splitlines() if line.startswith(f"| {key}"))
+        assert [cell.strip() for cell in row.strip("|").split("|")[1:]] == values, row

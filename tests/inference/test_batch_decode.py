@@ -222,7 +222,7 @@ def test_a_batched_run_is_its_own_run_and_batch_one_keeps_old_hashes() -> None:
     value is part of it, so a batch-1 folder refuses a batched run (GPU products may round differently)."""
     from omegaconf import OmegaConf
 
-    from kvbench.run.writers import config_hash
+    from kvbench.storage.writers import config_hash
 
     base = OmegaConf.create({"model": {"name": "tiny"}, "run": {"output_root": "x"}})
     at_one = OmegaConf.merge(base, {"run": {"decode_batch": 1}})

@@ -94,3 +94,23 @@ def test_tiny_builds_are_size_checked_before_allocating(monkeypatch: pytest.Monk
         zoo.tiny_model("llama")
     probe = zoo.probe("fuyu", full_cache_matches_generate)  # multimodal: listed without building
     assert probe.status == "multimodal" and "vision" in probe.reason
+
+
+def test_support_table_flags_models_that_evict_nothing_in_the_check() -> None:
+    """An architecture whose tiny configuration slides on every layer runs, but eviction does nothing there: its row
+    says so ("✓ no eviction", "**no**"), and the summary line counts those rows; hybrid and full-attention rows say
+    on how many layers eviction acts."""
+    probes = [
+        zoo.Probe("mistral", "MistralForCausalLM", "supported", "", "4 sliding(8)", 0, 4),
+        zoo.Probe("gemma2", "Gemma2ForCausalLM", "supported", "", "2 full + 2 sliding(8)", 2, 4),
+        zoo.Probe("llama", "LlamaForCausalLM", "supported", "", "4 full", 4, 4),
+        zoo.Probe("bloom", "BloomForCausalLM", "unsupported", "no kvbench attention"),
+    ]
+    table = zoo.support_table(probes, "5.x")
+    rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()}
+    assert "| ✓ no eviction | **no**: every layer slides" in rows["mistral"]
+    assert "| ✓ | yes: 2 of 4 layers (2 sliding keep their window) |" in rows["gemma2"]
+    assert "| ✓ | yes: all 4 layers |" in rows["llama"]
+    assert "| ✗ | - | unsupported: no kvbench attention |" in rows["bloom"]
+    summary = table.splitlines()[0]
+    assert "4 causal-LM architectures, 3 supported" in summary and "1 had every layer sliding" in summary

@@ -40,11 +40,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "kvbench.resources",
             "kvbench.budget",
             "kvbench.config",
-            "kvbench.run.writers",
-            "kvbench.run.folder",
-            "kvbench.run.termination",
-            "kvbench.run.provenance",
-            "kvbench.run.sample_cache",
+            "kvbench.storage",
         ),
     ),
     (

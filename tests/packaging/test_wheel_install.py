@@ -3,7 +3,9 @@
 
 Marked slow: about 55 s on 2 shared cores (wheel build, venv and install 12 s; ``kvbench list`` twice 10 s; the
 embedded default with ``task.num_samples=1`` 34 s).  The venv reuses this environment's torch and transformers
-(``--system-site-packages``) and installs only the wheel (``--no-deps``); nothing is downloaded.
+(``--system-site-packages``, and a ``.pth`` naming the running interpreter's site-packages, so that it works from
+inside a virtualenv too: :func:`see_running_environment`) and installs only the wheel (``--no-deps``); nothing is
+downloaded.
 
 ``kvbench`` alone (the embedded default, four runs of 10 samples per dataset) takes about 2.5 min on 2 shared
 cores, so the test runs it with the quick override ``task.num_samples=1``: the same four runs side by side (an
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -52,9 +55,40 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     created = _run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], cwd=root)
     assert created.returncode == 0, created.stderr
     bin_dir = venv / ("Scripts" if os.name == "nt" else "bin")
+    see_running_environment(bin_dir / "python")
     install = _run([str(bin_dir / "python"), "-m", "pip", "install", "--no-deps", "-q", str(wheel)], cwd=root)
     assert install.returncode == 0, install.stderr
     return bin_dir
+
+
+def running_site_dirs() -> list[str]:
+    """The site-packages folders of the interpreter running the tests: a virtualenv's own (where `make setup` put
+    the dependencies) and, where it includes them, the base interpreter's."""
+    return [path for path in site.getsitepackages() if Path(path).is_dir()]
+
+
+def see_running_environment(python: Path) -> None:
+    """Let the new venv import the running interpreter's packages.  ``--system-site-packages`` alone adds the *base*
+    interpreter's site-packages, which inside a virtualenv are not where the dependencies are
+    (``ModuleNotFoundError: omegaconf``); a ``.pth`` file in the new venv names the running interpreter's folders
+    (paths only: the editable kvbench there is not activated, its ``.pth`` is not read)."""
+    purelib = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=python.parent)
+    assert purelib.returncode == 0, purelib.stderr
+    (Path(purelib.stdout.strip()) / "_kvbench_test_running_env.pth").write_text("\n".join(running_site_dirs()) + "\n")
+
+
+def test_the_venv_sees_the_running_environment_not_only_the_base_interpreter(installed: Path, tmp_path: Path) -> None:
+    """From inside a virtualenv too (issue #42): every site-packages folder of the running interpreter is on the new
+    venv's path, after its own (so the wheel's kvbench wins)."""
+    probe = _run([str(installed / "python"), "-c", "import json, sys; print(json.dumps(sys.path))"], cwd=tmp_path)
+    assert probe.returncode == 0, probe.stderr
+    path = [str(Path(p).resolve()) for p in json.loads(probe.stdout)]
+    own = str(Path(installed.parent, "lib").resolve())
+    for folder in running_site_dirs():
+        assert str(Path(folder).resolve()) in path, (folder, path)
+    assert min(i for i, p in enumerate(path) if p.startswith(own)) < min(
+        path.index(str(Path(folder).resolve())) for folder in running_site_dirs()
+    )
 
 
 def test_installed_kvbench_is_the_wheel(installed: Path, tmp_path: Path) -> None:
@@ -92,6 +126,8 @@ def test_kvbench_embedded_default_from_another_folder(installed: Path, tmp_path:
         assert metrics["n_samples"] == 1 and metrics["metric"] == "string_match_all"
         assert 0.0 <= metrics["score"] <= 100.0
         assert len((folder / dataset / "predictions.jsonl").read_text().splitlines()) == 1
-    assert (tmp_path / "logs" / "hydra" / "tiny" / "tiny_niah" / "snapkv" / "64L" / "kvbench.log").is_file()
+    # Hydra's logs beside the results root (results/logs/hydra), not in the current folder (issue #42).
+    assert (tmp_path / "results" / "logs" / "hydra" / "tiny" / "tiny_niah" / "snapkv" / "64L" / "kvbench.log").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results"]
     site_packages = next(installed.parent.glob("lib/python*/site-packages"))
     assert not list(site_packages.glob("**/results/runs"))  # nothing written inside the installed package

@@ -12,6 +12,7 @@ import csv
 import importlib.util
 import io
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -116,7 +117,12 @@ def test_site_leaderboard_equals_aggregate_and_is_incremental(grid: Path, tmp_pa
         peers = [r for r in board["rows"] if (r["budget"], r["question_mode"]) == (row["budget"], row["question_mode"])]
         for column in [*DATASETS, "mean"]:
             scores = [r["cells"][column]["score"] for r in peers]
-            expect_best = row["method"] != "full" and len(peers) > 1 and row["cells"][column]["score"] == max(scores)
+            expect_best = (
+                row["method"] != "full"
+                and len(peers) > 1
+                and max(scores) != min(scores)
+                and row["cells"][column]["score"] == max(scores)
+            )
             assert row["cells"][column]["best"] == expect_best
     grids = data["needles"]["tiny/tiny_niah/snapkv/64L/aware"]
     assert sorted(grids) == sorted(DATASETS) and grids["niah_single_1k"]["lengths"] == [1024]
@@ -225,18 +231,35 @@ def test_wandb_report_dry_run_has_one_budget_panel_per_dataset(grid: Path, tmp_p
     for key, value in (("model", "tiny"), ("task", "tiny_niah"), ("experiment", "default")):
         assert f'Config("panel.{key}") == {value!r}' in runset.filters
     lines = [p for p in grid_block.panels if isinstance(p, wr.LinePlot)]
-    per_dataset = {p.y[0].name: p for p in lines if len(p.y) == 1 and "/avg/" not in p.y[0].name}
+    per_dataset = {p.y[0].name: p for p in lines if "/avg/" not in p.y[0].name}
     assert sorted(per_dataset) == sorted(f"tiny_niah/{d}" for d in DATASETS)
-    for panel in per_dataset.values():
-        assert panel.x.name == "budget_tokens_per_layer"
-        assert isinstance(panel.groupby, wr.Config) and panel.groupby.name == "panel.method"
+    for name, panel in per_dataset.items():
+        assert panel.x.name == "budget_tokens_per_layer" and panel.log_x
+        # One line per method x question mode (x tag), the interval's ends, the full cache across the budgets.
+        assert isinstance(panel.groupby, wr.Config) and panel.groupby.name == "panel.group"
+        assert [m.name for m in panel.y] == [name, f"{name}/ci95_low", f"{name}/ci95_high", f"full_cache/{name}"]
         assert "(full cache: " in panel.title
-    assert any([m.name for m in p.y] == ["tiny_niah/avg/mean"] for p in lines)
+    assert any(p.y[0].name == "tiny_niah/avg/mean" for p in lines)
     [scatter] = [p for p in grid_block.panels if isinstance(p, wr.ScatterPlot)]
-    assert scatter.x.name == "kept_fraction" and scatter.y.name == "tiny_niah/avg"
+    assert scatter.x.name == "panel.stored_fraction" and scatter.y.name == "tiny_niah/avg"
     [parallel] = [p for p in grid_block.panels if isinstance(p, wr.ParallelCoordinatesPlot)]
-    assert len(parallel.columns) == 3 + len(DATASETS) + 1
+    assert len(parallel.columns) == 4 + len(DATASETS) + 1
+    # The run set: grouped by method, question mode and tag; its columns are the library's own names of the
+    # config and summary keys (Config("panel.method") -> "config:panel.value.method": panel is a dict).
+    assert len(runset.groupby) == 3 and all("panel" in str(g) for g in runset.groupby)
+    from wandb_workspaces.reports.v2.interface import _metric_to_frontend_pc
+
+    pinned = [_metric_to_frontend_pc(c) for c in runset.pinned_columns]
+    assert [p.name for p in pinned[:3]] == ["panel.method", "panel.question_mode", "panel.budget"]
+    assert all(isinstance(p, wr.Config) for p in pinned[:3])
     assert "summary:tiny_niah/niah_single_1k/ci95_low" in runset.column_order
+    # A dry run needs no entity or project.
+    bare = tmp_path / "bare.json"
+    result = run_kvbench("wandb-report", str(grid), "--dry-run", "--out", str(bare))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(bare.read_text())["spec"]["blocks"]
+    missing = run_kvbench("wandb-report", str(grid), "--out", str(tmp_path / "x.json"))
+    assert missing.returncode == 2 and "--entity is needed" in missing.stderr
 
 
 def _blank_share(png: bytes) -> float:
@@ -272,7 +295,31 @@ def test_site_in_headless_chromium(grid: Path, tmp_path: Path) -> None:
         drawn = "[...document.querySelectorAll('#{} .plot')].filter(div => div.querySelector('.main-svg')).length"
         assert browser.evaluate(drawn.format("budget-plots")) == len(DATASETS) + 1  # and the mean
         assert browser.evaluate(drawn.format("memory-plots")) == 2
-        assert browser.evaluate(drawn.format("needles")) == len(DATASETS)
+        assert browser.evaluate(drawn.format("needles")) == len(GRID)  # one dataset, every run side by side
+        # The headline chart: one per model x task, a line per method and question mode, the full cache a line.
+        assert browser.evaluate(drawn.format("headline")) == 1
+        names = browser.evaluate("document.querySelector('.headline-plot').data.map(t => t.name)")
+        assert {"SnapKV ⚠ n<10", "StreamingLLM ⚠ n<10", "SnapKV (agnostic) ⚠ n<10", "Full cache"} <= set(names)
+        # The pivot: aware and agnostic apart, one full-cache row each, a row per method, a column per budget.
+        pivots = browser.evaluate(
+            "[...document.querySelectorAll('table.pivot')].map(t => [t.dataset.questionMode,"
+            " t.querySelectorAll('tr.full-row').length, [...t.querySelectorAll('tr.pivot-row')].map(r =>"
+            " r.dataset.method), [...t.querySelectorAll('th.sortable')].map(th => th.dataset.sort)])"
+        )
+        aware_order = sorted(["snapkv", "streamingllm"], key=lambda m: -pivot_avg(grid, m))
+        assert sorted(pivots) == [
+            ["agnostic", 1, ["snapkv"], ["method", "avg", "64L"]],
+            ["aware", 1, aware_order, ["method", "avg", "64L", "128L"]],
+        ]
+        assert "Δ full" in browser.evaluate("document.querySelector('table.pivot tr.pivot-row').innerText")
+        # The predictions browser shows a prediction's text from predictions.jsonl.
+        first = json.loads((grid / GRID_RUN / DATASETS[0] / "predictions.jsonl").read_text().splitlines()[0])
+        browser.evaluate(select_js("pred-dataset", DATASETS[0]))
+        browser.evaluate(select_js("pred-run", "tiny/tiny_niah/snapkv/64L/aware"))
+        shown_texts = browser.evaluate("[...document.querySelectorAll('td.prediction')].map(td => td.textContent)")
+        assert first["prediction"] in shown_texts
+        assert first["prompt_end"][-40:] in browser.evaluate("document.getElementById('predictions').innerText")
+        colours = swatches(browser)
         browser.evaluate(
             "(() => { const s = document.getElementById('filter-question_mode'); s.value = 'agnostic';"
             " s.dispatchEvent(new Event('change')); })()"
@@ -287,5 +334,90 @@ def test_site_in_headless_chromium(grid: Path, tmp_path: Path) -> None:
         assert len(browser.evaluate(rows_js)) == len(GRID)
         png = browser.screenshot()
         assert browser.errors == []
+        # One palette: a second site with another set of methods gives SnapKV the same colour.
+        subset = tmp_path / "subset"
+        shutil.copytree(grid / GRID_RUN, subset / GRID_RUN)
+        assert run_kvbench("report", str(subset), "--out", str(tmp_path / "site2")).returncode == 0
+        browser.open(tmp_path / "site2" / "index.html")
+        assert browser.errors == []
+        assert swatches(browser)["snapkv"] == colours["snapkv"] != colours["streamingllm"]
+        # The single-file page draws its plots with no other file beside it.
+        single = tmp_path / "single"
+        assert run_kvbench("report", str(grid), "--out", str(single), "--single-file").returncode == 0
+        assert sorted(p.name for p in single.iterdir() if not p.name.startswith(".")) == ["index.html"]
+        browser.open(single / "index.html")
+        assert browser.errors == [] and browser.evaluate(drawn.format("headline")) == 1
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     assert _blank_share(png) < 0.95
+
+
+GRID_RUN = "tiny/tiny_niah/snapkv/64L"
+
+
+def select_js(select_id: str, value: str) -> str:
+    """JavaScript that picks ``value`` in the ``<select id=select_id>`` and fires its change event."""
+    return (
+        f"(() => {{ const s = document.getElementById({select_id!r}); s.value = {value!r};"
+        " s.dispatchEvent(new Event('change')); })()"
+    )
+
+
+def swatches(browser: Any) -> dict[str, str]:
+    """Method -> the colour of its swatch in the pivot (the palette as the page shows it)."""
+    return dict(
+        browser.evaluate(
+            "[...document.querySelectorAll('tr.pivot-row')].map(r => [r.dataset.method,"
+            " r.querySelector('.swatch').style.background])"
+        )
+    )
+
+
+def pivot_avg(grid: Path, method: str) -> float:
+    """The mean over budgets of a method's aware runs' means (the pivot's first sort order)."""
+    means = []
+    for budget in ("64L", "128L"):
+        summary = json.loads((grid / f"tiny/tiny_niah/{method}/{budget}/summary.json").read_text())
+        means.append(summary["averages"]["mean"]["score"])
+    return sum(means) / len(means)
+
+
+def _copy_run(grid: Path, run: str, dest: Path, budget: str | None = None, tag: str | None = None) -> None:
+    """Copy a run folder of the grid, rewriting its budget / tag (in the folder name and every metrics.json)."""
+    model, task, method, old_budget = run.split("/")
+    folder = dest / model / task / method / ((budget or old_budget) + (f"~{tag}" if tag else ""))
+    shutil.copytree(grid / run, folder)
+    for metrics in folder.glob("*/metrics.json"):
+        payload = json.loads(metrics.read_text())
+        metrics.write_text(json.dumps({**payload, "budget": budget or payload["budget"], "tag": tag or payload["tag"]}))
+
+
+def test_pivot_pairs_samples_with_the_full_cache_and_keeps_one_full_row(grid: Path, tmp_path: Path) -> None:
+    from kvbench.reporting.dashboard_data import load_dashboard_runs
+    from kvbench.reporting.pivot import pivots
+
+    runs = tmp_path / "runs"
+    _copy_run(grid, "tiny/tiny_niah/full/full", runs)
+    _copy_run(grid, "tiny/tiny_niah/full/full", runs, budget="64L")  # method=full under a second budget
+    _copy_run(grid, GRID_RUN, runs)
+    _copy_run(grid, GRID_RUN, runs, tag="seed1")  # a second seed of the same run
+    [table] = pivots(load_dashboard_runs(runs))
+    assert table["question_mode"] == "aware" and [b["budget"] for b in table["budgets"]] == ["64L"]
+    assert table["full"]["budget"] == "full" and len(table["warnings"]) == 1
+    assert "method=full was run with 2 budgets (full, 64L)" in table["warnings"][0]
+    [row] = table["rows"]
+    cell = row["cells"]["64L"]
+    assert (row["label"], cell["seeds"], cell["n"]) == ("SnapKV", 2, 4)
+    summaries = [json.loads((grid / r / "summary.json").read_text()) for r in (GRID_RUN, "tiny/tiny_niah/full/full")]
+    per_sample = [{d["dataset"]: d["per_sample"] for d in s["datasets"]} for s in summaries]
+    diffs = {}
+    for dataset in DATASETS:
+        mine, full = per_sample[0][dataset], dict(zip(*per_sample[1][dataset].values(), strict=True))
+        diffs[dataset] = [s - full[i] for i, s in zip(mine["ids"], mine["scores"], strict=True)]
+    expected = sum(sum(d) / len(d) for d in diffs.values()) / len(diffs)
+    assert cell["diff"] == pytest.approx(expected)
+    assert cell["diff_ci95"][0] <= cell["diff"] <= cell["diff_ci95"][1]
+    # Two identical seeds pool the same differences twice: no interval end lies outside the differences' range.
+    assert min(min(v) for v in diffs.values()) <= cell["diff_ci95"][0]
+    assert cell["diff_ci95"][1] <= max(max(v) for v in diffs.values())
+    assert cell["mean"] == pytest.approx(summaries[0]["averages"]["mean"]["score"])
+    assert cell["stored_fraction"] > cell["kept_fraction"] > 0  # SnapKV stores a cache per query head

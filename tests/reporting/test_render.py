@@ -29,11 +29,19 @@ from kvbench.reporting.cells import (
     tex_escape,
 )
 from kvbench.reporting.conventions import MissingData
+from kvbench.reporting.palette import method_colour
 from kvbench.reporting.paper_refs import TABLES, errata_keys, load_reference
-from kvbench.reporting.render import MAX_LINES, LatexError, compile_pdf, render_latex, render_markdown
+from kvbench.reporting.render import (
+    MAX_LINES,
+    LatexError,
+    compile_pdf,
+    latex_document,
+    render_latex,
+    render_markdown,
+)
 from kvbench.reporting.synthetic import row_targets, write_synthetic_runs
 from kvbench.reporting.tables import build_all, compare_table, missing_runs, write_tables
-from kvbench.run.writers import PredictionLog, atomic_write_json, run_dir
+from kvbench.storage.writers import PredictionLog, atomic_write_json, run_dir
 
 #: Tables whose synthetic runs the module writes: ±, one-decimal columns, illegible cells, a 37-row table, an
 #: unrecoverable row, ratio budgets and per-category averages.
@@ -104,13 +112,13 @@ def test_paper_cells_print_exactly_as_printed(comparisons):
 def test_ours_take_the_column_precision(comparisons):
     ruler = _md("adakv_late_ruler_text", comparisons)
     header = _line(ruler, "| Budget |")
-    ours = _line(ruler, "| 80% | SnapKV | ours |")
+    ours = _line(ruler, "| 80% | SnapKV | kvbench |")
     values = dict(zip(header, ours, strict=True))
     assert re.fullmatch(r"\d+\.\d\d", values["RULER-16K avg (13 tasks)"])  # printed 87.59
     assert re.fullmatch(r"\d+\.\d", values["S-NIAH-3"])  # printed 62.4
     # Ours on CAKE's "28.3 ± 0.2" row: the column's two decimals, the std stays in the paper's cell and note.
     t2 = _md("cake_t2", comparisons)
-    assert re.fullmatch(r"\d+\.\d\d", _line(t2, "| Random | ours |")[2])
+    assert re.fullmatch(r"\d+\.\d\d", _line(t2, "| Random | kvbench |")[2])
     assert "mean ± std" in t2
 
 
@@ -122,11 +130,11 @@ def test_not_run_and_not_printed_are_told_apart(synthetic_root):
     md = render_markdown(spec, cmp, missing_runs(cmp))
     block = md.split("### Llama-3.1-8B-Instruct · 128\n")[1].split("###")[0]
     header = _line(block, "| Method |")
-    snap_ours = dict(zip(header, _line(block, "| SnapKV | ours |"), strict=True))
+    snap_ours = dict(zip(header, _line(block, "| SnapKV | kvbench |"), strict=True))
     assert set(list(snap_ours.values())[2:]) == {NOT_RUN}
     # Illegible paper cells are "?", while ours (a synthetic run) has a number there and no difference.
     lines = block.splitlines()
-    i = lines.index(next(line for line in lines if line.startswith("| SLM (StreamingLLM) | ours |")))
+    i = lines.index(next(line for line in lines if line.startswith("| SLM (StreamingLLM) | kvbench |")))
     ours, paper, delta = (dict(zip(header, _cells(line), strict=True)) for line in lines[i : i + 3])
     illegible = [c for c in header[2:] if paper[c] == NOT_PRINTED]
     assert illegible and all(re.fullmatch(r"\d+\.\d\d", ours[c]) and delta[c] == "" for c in illegible)
@@ -136,7 +144,7 @@ def test_not_run_and_not_printed_are_told_apart(synthetic_root):
 
 def test_rows_that_can_never_be_measured_print_the_paper_only(comparisons):
     t13 = _md("cake_t13", comparisons)
-    assert "| ours |" not in t13 and "| Δ |" not in t13 and "Reference only" in t13
+    assert "| kvbench |" not in t13 and "| Δ |" not in t13 and "Reference only" in t13
     assert _line(t13, "| Budget |")[:2] == ["Budget", "Method"]  # no ours/paper column
     t14 = _md("cake_t14", comparisons)
     lines = t14.splitlines()
@@ -150,7 +158,7 @@ def test_long_tables_are_split_per_block_as_the_paper_does(comparisons):
     blocks = re.findall(r"^### (.+)$", t5, flags=re.M)
     assert blocks == [f"Llama2-7B-Chat · {b}L" for b in (64, 128, 256, 512, 1024, 2048)]
     for part in t5.split("\n### ")[1:]:
-        assert _line(part, "| Full |")[1] == "ours"  # the full cache heads every budget block
+        assert _line(part, "| Full |")[1] == "kvbench"  # the full cache heads every budget block
     for table in TABLES:
         md = _md(table, comparisons)
         for body in re.findall(r"\|[-:|]+\|\n((?:\|.*\n)+)", md):
@@ -166,11 +174,15 @@ def test_latex_is_complete_floats(comparisons):
         assert tex.isascii(), table
         n = tex.count("\\begin{table}")
         assert n >= 1 and tex.count("\\end{table}") == n, table
-        for part in ("\\caption{", "\\label{", "\\toprule", "\\bottomrule", "\\resizebox{\\ifdim\\width>\\linewidth"):
+        for part in ("\\caption*{", "\\label{", "\\toprule", "\\bottomrule", "\\resizebox{\\ifdim\\width>\\linewidth"):
             assert tex.count(part) == n, (table, part)
         labels += re.findall(r"\\label\{([^}]+)\}", tex)
     assert len(labels) == len(set(labels))
     assert "SYNTHETIC" in render_latex(TABLES["cake_t2"], comparisons["cake_t2"])
+    # One caption number (the paper's, in the text) and paper-facing section titles, not the table ids.
+    assert "\\caption*{CAKE, Table 5: " in render_latex(TABLES["cake_t5"], comparisons["cake_t5"])
+    document = latex_document(["cake_t5"])
+    assert "\\section*{CAKE, Table 5: Llama2-7B-Chat" in document and "\\section{cake" not in document
 
 
 @pytest.mark.skipif(shutil.which("pdflatex") is None, reason="no pdflatex (make setup-latex installs it)")
@@ -271,7 +283,23 @@ def test_full_cache_run_at_a_budget_is_a_line(tmp_path):
     plots.draw_runs_panel(ax, part, full, "L")
     lines = {ln.get_label(): ln for ln in ax.get_lines()}
     assert list(lines["full cache"].get_ydata()) == [90.0, 90.0] and lines["full cache"].get_linestyle() == "--"
-    assert len(lines["snapkv"].get_xdata()) == 2 and len(lines["h2o"].get_xdata()) == 1
+    # Lines are named and coloured by the one palette of every view (kvbench.reporting.palette).
+    assert len(lines["SnapKV"].get_xdata()) == 2 and len(lines["H2O"].get_xdata()) == 1
+    assert lines["SnapKV"].get_color() == method_colour("snapkv") != method_colour("h2o")
+    plt.close(fig)
+
+
+def test_runs_panel_draws_one_full_cache_line_and_interval_bands():
+    part = pd.DataFrame({"method": ["snapkv", "snapkv"], "x": [64.0, 128.0], "score": [40.0, 80.0],
+                         "low": [30.0, 70.0], "high": [50.0, 90.0]})  # fmt: skip
+    full = pd.DataFrame({"budget": ["64L", "full"], "score": [91.0, 90.0]})  # method=full under two budgets
+    fig, ax = plt.subplots()
+    plots.draw_runs_panel(ax, part, full, "L")
+    full_lines = [ln for ln in ax.get_lines() if ln.get_label() == "full cache"]
+    assert len(full_lines) == 1 and list(full_lines[0].get_ydata()) == [90.0, 90.0]  # the run under "full"
+    [band] = ax.collections
+    ys = band.get_paths()[0].vertices[:, 1]
+    assert min(ys) == 30.0 and max(ys) == 90.0
     plt.close(fig)
 
 
@@ -325,3 +353,27 @@ def test_cli_synthetic_demo_and_pdf(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli.main(["--runs", str(repo_runs), "--synthetic", "1", "--out", str(out), "--no-plots"])
     assert "folder of their own" in capsys.readouterr().err
+
+
+def test_paper_plot_draws_our_interval_from_the_runs_summary(synthetic_root, comparisons, tmp_path):
+    runs = load_runs(synthetic_root)
+    cmp = comparisons["cake_t5"]
+    model = cmp.loc[cmp["method"] == "snapkv", "model"].iloc[0]
+    mine = runs[(runs["model"] == model) & (runs["method"] == "snapkv") & (runs["task"] == "longbench")]
+    # CAKE's "avg" is the LongBench-16 mean: summary.json's longbench16 average gives its interval.
+    for path in mine.drop_duplicates("budget")["path"]:
+        summary = {"averages": {"longbench16": {"score": 1.0, "ci95": [20.0, 30.0]}}}
+        atomic_write_json(Path(path).parent.parent / "summary.json", summary)
+    key = plots._average_key("cake_t5", "avg")
+    assert key == "longbench16"
+    panel = plots.with_run_intervals(cmp[(cmp["column"] == "avg") & (cmp["model"] == model)], runs, key)
+    snap = panel[panel["method"] == "snapkv"]
+    assert (snap["low"] == 20.0).all() and (snap["high"] == 30.0).all()
+    assert panel[panel["method"] != "snapkv"]["low"].isna().all()  # the other runs have no summary.json
+    panel = panel.assign(x=[p[1] if p else float("nan") for p in panel["budget"].map(plots.budget_value)])
+    fig, ax = plt.subplots()
+    plots.draw_paper_panel(ax, panel, plots.method_colours(list(dict.fromkeys(panel["method"]))))
+    [band] = ax.collections  # snapkv's interval, and only its
+    ys = band.get_paths()[0].vertices[:, 1]
+    assert (min(ys), max(ys)) == (20.0, 30.0)
+    plt.close(fig)

@@ -21,7 +21,7 @@ from kvbench.reporting.plots import (
 )
 from kvbench.reporting.render import render_latex, render_markdown
 from kvbench.reporting.tables import build_all, compare_table, missing_runs, write_tables
-from kvbench.run.writers import PredictionLog, atomic_write_json, run_dir
+from kvbench.storage.writers import PredictionLog, atomic_write_json, run_dir
 
 
 def write_metrics(
@@ -241,9 +241,9 @@ def test_markdown_and_latex_layout(cake_runs):
     lines = block.splitlines()
     header = next(line for line in lines if line.startswith("| Method"))
     assert "| NrtvQA |" in header and header.rstrip().endswith("| Avg. |")
-    ours_snap = next(line for line in lines if line.startswith("| SnapKV | ours |"))
+    ours_snap = next(line for line in lines if line.startswith("| SnapKV | kvbench |"))
     assert NOT_RUN not in ours_snap
-    ours_pyr = next(line for line in lines if line.startswith("| PyramidKV | ours |"))
+    ours_pyr = next(line for line in lines if line.startswith("| PyramidKV | kvbench |"))
     assert ours_pyr.count(NOT_RUN) == 17
     assert "**" in md and "<u>" in md
     assert "Missing runs" in md and "pyramidkv / 128L" in md

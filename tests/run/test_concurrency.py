@@ -103,7 +103,7 @@ def test_concurrent_runs_of_different_jobs_into_one_tree(tmp_path: Path) -> None
 
 
 def test_second_process_on_the_same_run_folder_fails_clearly_and_writes_nothing(tmp_path: Path) -> None:
-    from kvbench.run.folder import run_folder_lock
+    from kvbench.storage.folder import run_folder_lock
 
     root = tmp_path / "runs"
     folder = root / "tiny" / "tiny_niah" / "snapkv" / "64L"
@@ -122,7 +122,7 @@ def test_second_process_on_the_same_run_folder_fails_clearly_and_writes_nothing(
 
 @pytest.mark.slow
 def test_second_process_waits_for_the_lock_when_asked(tmp_path: Path) -> None:
-    from kvbench.run.folder import run_folder_lock
+    from kvbench.storage.folder import run_folder_lock
 
     root = tmp_path / "runs"
     folder = root / "tiny" / "tiny_niah" / "snapkv" / "64L"

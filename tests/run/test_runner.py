@@ -105,7 +105,7 @@ def test_killed_run_resumes_to_the_same_predictions(tmp_path: Path) -> None:
 
 
 def test_torn_last_line_is_repaired(tmp_path: Path) -> None:
-    from kvbench.run.writers import PredictionLog
+    from kvbench.storage.writers import PredictionLog
 
     log = PredictionLog(tmp_path / "p.jsonl")
     log.append({"id": "a", "prediction": "x"})

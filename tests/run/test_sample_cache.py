@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kvbench.run.sample_cache import SampleCache, source_fingerprint, tokenizer_fingerprint
+from kvbench.storage.sample_cache import SampleCache, source_fingerprint, tokenizer_fingerprint
 from kvbench.tasks.needlebench import build_needlebench
 from kvbench.tasks.ruler import build_ruler
 from tests.task_config import task_config

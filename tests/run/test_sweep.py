@@ -88,8 +88,9 @@ def test_plan_reports_missing_presets_clearly_and_keeps_the_rest(conf_copy: Path
 
 
 def test_plan_flags_two_jobs_sharing_one_run_folder(tmp_path: Path) -> None:
-    # budget.spec changes the config but not budget.name, so both jobs would write into .../64L.
-    jobs = sweep.plan(None, [*FAST, "budget=64L", "budget.spec=64L,96L", f"run.output_root={tmp_path}"], name="dup")
+    # method.window changes the config but not the folder, so both jobs would write into .../snapkv/64L.  (A
+    # budget.spec sweep no longer does: each spec names its own folder, tests/faults/test_sweeps_and_budgets.py.)
+    jobs = sweep.plan(None, [*FAST, "budget=64L", "method.window=8,16", f"run.output_root={tmp_path}"], name="dup")
     assert [j.state for j in jobs] == ["new", "invalid"]
     assert "same run folder as job 0" in (jobs[1].reason or "")
 
@@ -209,7 +210,7 @@ def test_sigterm_mid_dataset_then_requeue_loses_and_duplicates_nothing(tmp_path:
 
 def test_sigterm_during_a_write_is_deferred_until_the_write_is_done() -> None:
     from kvbench.errors import Interrupted
-    from kvbench.run.termination import TERMINATION, graceful_termination
+    from kvbench.storage.termination import TERMINATION, graceful_termination
 
     written = []
     with graceful_termination():

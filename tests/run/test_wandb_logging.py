@@ -116,6 +116,8 @@ def test_offline_mode_logs_group_name_table_and_summary(tmp_path: Path) -> None:
     }
     assert panel["budget_tokens_per_layer"] == 64.0
     assert panel["kept_fraction"] == pytest.approx(sum(kept) / 3)
+    assert panel["group"] == "snapkv · aware" and panel["tag"] == ""  # one line per method and question mode
+    assert panel["stored_fraction"] > panel["kept_fraction"]  # SnapKV stores a cache per query head
     predictions = [json.loads(line) for name in DATASETS for line in (folder / name / "predictions.jsonl").open()]
     context = {name: [] for name in DATASETS}
     for row in predictions:
@@ -133,6 +135,8 @@ def test_offline_mode_logs_group_name_table_and_summary(tmp_path: Path) -> None:
     )
     assert history[("budget_tokens_per_layer",)] == 64
     assert history[("kept_fraction",)] == pytest.approx(sum(kept) / 3)
+    for row in run_summary["datasets"]:  # the intervals in the history row too: the panels draw them
+        assert history[(f"tiny_niah/{row['dataset']}/ci95_low",)] == pytest.approx(row["ci95"][0])
     for name in DATASETS:
         assert history[(f"tiny_niah/{name}",)] == pytest.approx(metrics[name]["score"])
         assert history[(f"needle/{name}", "_type")] == "image-file"

@@ -22,7 +22,8 @@ the model's tokenizer (OpenCompass used tiktoken's gpt-4 encoding).  Prompts are
 model's ``max_input_length`` is an error.  The buffers are OpenCompass's, sized for tiktoken: when the model's
 tokenizer spends more on the prompt text (SentencePiece on Chinese) and the whole input (chat template included) would
 exceed the context length, the haystack is shortened by the excess (``extra["haystack_trimmed"]``; 0 whenever the
-buffer suffices), so every prompt fits its length.  Samples are stored in the sample cache (kvbench.run.sample_cache).
+buffer suffices), so every prompt fits its length.  Samples are stored in the sample cache
+(kvbench.storage.sample_cache).
 
 Inputs: ``PaulGrahamEssays.jsonl``, ``zh_finance.jsonl``, ``needles.jsonl`` and ``multi_needle_reasoning_{en,zh}.json``
 from ``task.data_dir`` or ``./data/needlebench`` (HF dataset ``opencompass/NeedleBench``; ``scripts/prepare_data.py

@@ -17,7 +17,7 @@ from kvbench.metrics.synthetic import (
     needlebench_single_score,
 )
 from kvbench.prompting import render_prompt
-from kvbench.run.sample_cache import cached_samples, source_fingerprint, tokenizer_fingerprint
+from kvbench.storage.sample_cache import cached_samples, source_fingerprint, tokenizer_fingerprint
 from kvbench.tasks.base import Sample, TaskDataset, register_data_preparer, register_task, select_datasets
 from kvbench.tasks.needlebench.inputs import NeedleBenchInputs, unique_needles
 from kvbench.tasks.needlebench.spec import (
@@ -130,7 +130,7 @@ class NeedleBenchDataset(TaskDataset):
         return {name: self.inputs.sources[name] for name in self._input_names()}
 
     def cache_key(self) -> dict[str, Any]:
-        """Everything the samples depend on (see :mod:`kvbench.run.sample_cache`)."""
+        """Everything the samples depend on (see :mod:`kvbench.storage.sample_cache`)."""
         return {
             "dataset": self.name,
             "lengths": self.lengths,

@@ -9,7 +9,7 @@ from typing import Any
 
 from kvbench.checks import check_choice
 from kvbench.metrics.synthetic import ruler_postprocess, string_match_all, string_match_part
-from kvbench.run.sample_cache import cached_samples, source_fingerprint, tokenizer_fingerprint
+from kvbench.storage.sample_cache import cached_samples, source_fingerprint, tokenizer_fingerprint
 from kvbench.tasks.base import Sample, TaskDataset, register_data_preparer, register_task, select_datasets
 from kvbench.tasks.ruler.aggregation import CommonWordsGenerator, FrequentWordsGenerator
 from kvbench.tasks.ruler.inputs import RulerInputs
@@ -97,7 +97,7 @@ class RulerDataset(TaskDataset):
         return self.inputs.used_by(self.task)
 
     def cache_key(self) -> dict[str, Any]:
-        """Everything the samples depend on (see :mod:`kvbench.run.sample_cache`)."""
+        """Everything the samples depend on (see :mod:`kvbench.storage.sample_cache`)."""
         return {
             "task": self.task.name,
             "generator": self.task.generator,

@@ -1,9 +1,15 @@
 """A run folder's lifecycle: one writer at a time, and no trace of a run that wrote no results.
 
-* :func:`run_folder_lock` -- an exclusive lock on ``<folder>/.kvbench.lock``: ``flock``, released by the kernel when
-  the process ends, even on SIGKILL.  On file systems without ``flock`` (some NFS/Lustre mounts) it falls back to
-  an ``O_EXCL`` lock file, ``<folder>/.kvbench.lock.excl``, holding the owner (pid, host, SLURM job); an owner that
-  is provably gone (same host and dead pid, or an earlier attempt of this SLURM job) is replaced.  A second process
+* :func:`run_folder_lock` -- an exclusive ``flock`` on the run folder's own directory, which cannot be stolen: removing
+  or replacing any file inside the folder leaves it held, and a second process can never take it while the first
+  lives.  ``<folder>/.kvbench.lock`` is locked too and names the holder (pid, host, SLURM job).  The kernel releases
+  both when the process ends, even on SIGKILL.  Where directories cannot be locked (NFS, where ``flock`` is emulated
+  with byte-range locks that need a file open for writing) the lock file alone is the lock; where ``flock`` fails
+  altogether (some NFS/Lustre mounts) it falls back to an ``O_EXCL`` lock file, ``<folder>/.kvbench.lock.excl``,
+  holding the owner; an owner that is provably gone (same host and dead pid, or an earlier attempt of this SLURM
+  job) is replaced.  In every mode the folder is registered with :mod:`kvbench.storage.ownership`, and every write
+  into it first checks that what was locked (the folder, else the lock file) is still there, the same inode: a run
+  whose lock was removed or replaced stops before its next write (docs/results.md, "Locks").  A second process
   fails with a :class:`KVBenchError` naming the holder, after waiting up to ``$KVBENCH_LOCK_WAIT`` seconds.  Every
   retry loop is bounded: a folder that vanishes after each ``mkdir`` (``/proc``) ends in an error, not a spin.
 * :func:`check_not_locked` -- the same "in use" error before any heavy work (data, model), without creating anything,
@@ -29,7 +35,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from kvbench.errors import KVBenchError
-from kvbench.run.writers import CONFIG_FILE, PREDICTIONS_FILE, RUN_META_FILE, TIMINGS_FILE, holds_results
+from kvbench.storage import ownership
+from kvbench.storage.writers import CONFIG_FILE, PREDICTIONS_FILE, RUN_META_FILE, TIMINGS_FILE, holds_results
 
 LOCK_FILE = ".kvbench.lock"
 EXCL_LOCK_FILE = ".kvbench.lock.excl"
@@ -100,6 +107,7 @@ def check_not_locked(folder: Path) -> None:
     lock itself is taken later, by :func:`claim_run_folder`, when the run is ready to write)."""
     if lock_wait_seconds() > 0:
         return
+    _probe_directory_lock(folder)
     for name in (LOCK_FILE, EXCL_LOCK_FILE):
         path = folder / name
         try:
@@ -121,26 +129,98 @@ def check_not_locked(folder: Path) -> None:
             os.close(fd)  # releases the shared probe lock, if taken
 
 
+def _probe_directory_lock(folder: Path) -> None:
+    """The "in use" error when another process holds ``folder``'s directory lock (even if its lock file is gone)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:  # no folder (or not a folder: the claim reports it)
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as err:
+        if err.errno in _BUSY:
+            raise _busy_error(folder, _read_holder(folder / LOCK_FILE, patience_s=0.2)) from None
+    finally:
+        os.close(fd)
+
+
 @contextmanager
 def run_folder_lock(folder: Path, wait_s: float | None = None) -> Iterator[Path]:
-    """Hold the run folder's exclusive lock (see the module docstring); yields the lock file's path."""
+    """Hold the run folder's exclusive lock (see the module docstring); yields the lock file's path.
+
+    The lock is ``flock`` on the folder's own directory, which no file removal or replacement inside it can steal;
+    ``.kvbench.lock`` is locked too (what older kvbench versions lock) and names the holder.  Where directories
+    cannot be locked (NFS) the lock file alone is the lock.  The folder (or that lock file) is registered with
+    :mod:`kvbench.storage.ownership`, so every write checks it is still the one locked."""
     deadline = time.monotonic() + lock_wait_seconds(wait_s)
     vanished = 0
     while True:
-        path = folder / LOCK_FILE
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+            dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
         except FileNotFoundError as err:  # a run that wrote nothing removed the folder meanwhile: make it again
-            vanished += 1
-            if vanished > MAX_VANISHED_RETRIES:
-                raise KVBenchError(
-                    f"cannot create the run folder {folder} ({err.strerror or err}, {vanished} tries): its parent "
-                    "does not keep new folders. Point run.output_root at an ordinary writable folder (e.g. "
-                    "run.output_root=results/runs)."
-                ) from err
-            time.sleep(0.01)
+            vanished = _count_vanished(folder, vanished, err)
             continue
+        try:
+            locked = _try_flock(dir_fd)
+        except OSError as err:
+            os.close(dir_fd)
+            if err.errno not in _NO_FLOCK | {errno.EBADF}:  # NFS: directories open read-only cannot be locked
+                raise
+            try:
+                with _lock_file(folder, deadline) as lock_path:
+                    yield lock_path
+                return
+            except _Vanished as vanished_err:
+                vanished = _count_vanished(folder, vanished, vanished_err.__cause__)
+                continue
+        if locked and _same_file(dir_fd, folder):
+            try:
+                with _lock_file(folder, deadline, anchor_fd=dir_fd) as lock_path:
+                    yield lock_path
+                return
+            except _Vanished as err:
+                vanished = _count_vanished(folder, vanished, err.__cause__)
+                continue
+            finally:
+                os.close(dir_fd)
+        os.close(dir_fd)
+        if locked:  # we locked a folder that a discarded run had just removed: take the new one
+            vanished = _count_vanished(folder, vanished, None)
+            continue
+        if time.monotonic() >= deadline:
+            raise _busy_error(folder, _read_holder(folder / LOCK_FILE))
+        time.sleep(min(1.0, max(0.05, deadline - time.monotonic())))
+
+
+class _Vanished(Exception):
+    """The locked folder disappeared before its lock file could be made (a discarded run removed it)."""
+
+
+def _count_vanished(folder: Path, vanished: int, err: BaseException | None) -> int:
+    """One more vanished folder; :class:`KVBenchError` once it keeps happening (see :data:`MAX_VANISHED_RETRIES`)."""
+    vanished += 1
+    if vanished > MAX_VANISHED_RETRIES:
+        why = getattr(err, "strerror", None) or err or "it vanishes as soon as it is made"
+        raise KVBenchError(
+            f"cannot create the run folder {folder} ({why}, {vanished} tries): its parent does not keep new folders. "
+            "Point run.output_root at an ordinary writable folder (e.g. run.output_root=results/runs)."
+        )
+    time.sleep(0.01)
+    return vanished
+
+
+@contextmanager
+def _lock_file(folder: Path, deadline: float, anchor_fd: int | None = None) -> Iterator[Path]:
+    """Lock ``.kvbench.lock`` (``anchor_fd``: the folder's directory, already locked, is what identifies the hold;
+    without it the lock file does) and record the holder in it; falls back to ``O_EXCL`` where ``flock`` is
+    unsupported."""
+    path = folder / LOCK_FILE
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except FileNotFoundError as err:  # the folder vanished: run_folder_lock makes it again
+            raise _Vanished from err
         try:
             locked = _try_flock(fd)
         except OSError as err:
@@ -148,24 +228,29 @@ def run_folder_lock(folder: Path, wait_s: float | None = None) -> Iterator[Path]
             if err.errno not in _NO_FLOCK:
                 raise
             with _excl_lock(folder, deadline) as excl_path:
-                yield excl_path
+                anchor = folder if anchor_fd is not None else excl_path
+                ownership.hold(folder, anchor, ownership.identity_of(anchor))
+                try:
+                    yield excl_path
+                finally:
+                    ownership.release(folder)
             return
-        if locked and _same_file(fd, path):
+        if locked and (anchor_fd is not None or _same_file(fd, path)):
             break
         os.close(fd)
-        if locked:  # we locked a lock file that a finished run had just removed: take the new one
-            vanished += 1
-            if vanished > MAX_VANISHED_RETRIES:
-                raise KVBenchError(f"cannot keep a lock file in {folder}: it vanishes as soon as it is made.")
+        if locked:  # a lock file that a discarded run had just removed: take the new one
             continue
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline:  # an older kvbench (file lock only) holds the folder
             raise _busy_error(folder, _read_holder(path))
         time.sleep(min(1.0, max(0.05, deadline - time.monotonic())))
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, (holder_line() + "\n").encode(), 0)
+        held = ownership.identity(anchor_fd if anchor_fd is not None else fd)
+        ownership.hold(folder, folder if anchor_fd is not None else path, held)
         yield path
     finally:
+        ownership.release(folder)
         os.close(fd)  # closing the descriptor releases the flock
 
 
@@ -258,23 +343,19 @@ def _first_missing(folder: Path) -> Path | None:
 @contextmanager
 def claim_run_folder(folder: Path, wait_s: float | None = None) -> Iterator[None]:
     """Create and lock ``folder`` for one run; if the run fails while the folder holds no results, remove what
-    kvbench wrote there and the folders this call created (see the module docstring)."""
+    kvbench wrote there and the folders this call created (see the module docstring), before the lock is released:
+    a process waiting for it then finds the folder gone and makes a fresh one."""
     created = _first_missing(folder)
-    discarded = False
-    try:
-        with run_folder_lock(folder, wait_s):
-            try:
-                yield
-            except BaseException:
-                if not holds_results(folder):
-                    discard_run_files(folder)
-                    # Removed while still held: a process waiting for it notices and takes a fresh lock file.
-                    (folder / LOCK_FILE).unlink(missing_ok=True)
-                    discarded = True
-                raise
-    finally:
-        if discarded and created is not None:
-            _remove_empty_dirs(folder, created)
+    with run_folder_lock(folder, wait_s):
+        try:
+            yield
+        except BaseException:
+            if not holds_results(folder):
+                discard_run_files(folder)
+                (folder / LOCK_FILE).unlink(missing_ok=True)
+                if created is not None:
+                    _remove_empty_dirs(folder, created)
+            raise
 
 
 def discard_run_files(folder: Path) -> None:

@@ -16,6 +16,7 @@ Layout (one *run* = one model x task x method x budget)::
     {"id": str, "prompt_sha256": str (hash of the sample's prompt parts; resume checks it),
      "prediction": str (post-processed, scored), "raw_prediction": str, "answers": [str],
      "all_classes": [str] | null, "length": int | null, "extra": {...},
+     "prompt_end": str (the last 300 characters of the prompt before the chat template; absent in older runs),
      "input_tokens": int, "context_tokens": int, "question_tokens": int, "truncated": bool,
      "new_tokens": int, "cache": {"requested_per_layer": [int], "achieved_per_layer": [int],
                                   "requested_per_head": [[int]], "achieved_per_head": [[int]], "evicted": bool,
@@ -25,7 +26,8 @@ Layout (one *run* = one model x task x method x budget)::
 
 ``metrics.json``::
 
-    {"model": str, "task": str, "dataset": str, "method": str, "budget": str, "tag": str | null,
+    {"schema_version": 2 (absent: version 1, :mod:`kvbench.storage.reader`), "model": str, "task": str,
+     "dataset": str, "method": str, "budget": str, "tag": str | null,
      "metric": str, "score": float, "scores": {name: float}, "n_samples": int,
      "config_hash": str, "question_mode": "aware" | "agnostic", "dataset_settings": {...},
      "data_provenance": {input: {"source": "official" | "hub" | "stand-in" | "generated", "path"/"repo", "sha256",
@@ -38,11 +40,11 @@ Layout (one *run* = one model x task x method x budget)::
      "settings": {...method/budget knobs that matter, incl. the preset's reference...},
      "timing": {"n": int, "prefill_s_mean": float, "decode_s_mean": float, "total_s": float},
      "attention": {"calls": {path: int}, "fallbacks": {reason: int}} (paged-cache attention paths that ran and
-     any GPU path that was unavailable, :mod:`kvbench.attention.paths`; run_meta.json has the machine's
+     any GPU path that was unavailable, :mod:`kvbench.kernels.paths`; run_meta.json has the machine's
      "attention_capability" and the run's "attention_fallbacks")}
 
 Generated RULER/NeedleBench samples live apart from the runs, in ``run.sample_cache`` (default
-``results/samples/<benchmark>/<dataset>-<key>.jsonl``, see :mod:`kvbench.run.sample_cache`).
+``results/samples/<benchmark>/<dataset>-<key>.jsonl``, see :mod:`kvbench.storage.sample_cache`).
 
 Aggregation (scripts/aggregate.py) discovers runs by finding ``metrics.json`` files; nothing else is needed.
 """
@@ -59,7 +61,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from kvbench.checks import json_error_text
+from kvbench.storage.ownership import check_held
+from kvbench.storage.reader import read_config_yaml, read_metrics, read_prediction_rows
 
 PREDICTIONS_FILE = "predictions.jsonl"
 METRICS_FILE = "metrics.json"
@@ -86,6 +89,7 @@ def atomic_write_text(path: Path, text: str) -> None:
 
     The file gets the mode ``open()`` would give it (``0o666`` less the umask), like the append-only logs.
     """
+    check_held(path)  # the run folder is still the one this process locked (checked again before the rename)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -94,6 +98,7 @@ def atomic_write_text(path: Path, text: str) -> None:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
+        check_held(path)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -125,32 +130,14 @@ class PredictionLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def load(self) -> list[dict[str, Any]]:
-        """Rows already written, in order; repairs a torn last line left by a kill."""
-        if not self.path.exists():
-            return []
-        raw = self.path.read_bytes()
-        complete_end = raw.rfind(b"\n") + 1
-        if complete_end < len(raw):
-            with open(self.path, "r+b") as handle:
-                handle.truncate(complete_end)
-        rows: list[dict[str, Any]] = []
-        seen: set[str] = set()
-        for line_no, line in enumerate(raw[:complete_end].decode("utf-8").splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{self.path}:{line_no}: corrupt prediction row ({json_error_text(err)})") from err
-            if row["id"] in seen:
-                raise ValueError(f"{self.path}:{line_no}: duplicate sample id {row['id']!r}")
-            seen.add(row["id"])
-            rows.append(row)
-        return rows
+        """Rows already written, in order, verified (:func:`kvbench.storage.reader.read_prediction_rows`): a torn
+        last line left by a kill is cut off; any other damage raises :class:`~kvbench.storage.reader.DamagedFile`."""
+        return read_prediction_rows(self.path)
 
     def append(self, row: dict[str, Any]) -> None:
         """Append one row durably."""
         line = json.dumps(row, ensure_ascii=False) + "\n"
+        check_held(self.path)  # the run folder is still the one this process locked
         with open(self.path, "a", encoding="utf-8") as handle:
             handle.write(line)
             handle.flush()
@@ -170,9 +157,10 @@ def holds_results(folder: Path) -> bool:
 
 
 def iter_metrics(root: str | Path) -> Iterator[tuple[Path, dict[str, Any]]]:
-    """Yield ``(path, metrics)`` for every ``metrics.json`` under ``root`` (sorted, for stable output)."""
+    """Yield ``(path, metrics)`` for every ``metrics.json`` under ``root`` (sorted, for stable output), each checked
+    and upgraded to the current schema version (:func:`kvbench.storage.reader.read_metrics`)."""
     for path in sorted(Path(root).rglob(METRICS_FILE)):
-        yield path, read_json(path)
+        yield path, read_metrics(path)
 
 
 class TimingLog:
@@ -189,12 +177,15 @@ class TimingLog:
         """Mean prefill/decode seconds over the rows recorded (the last row per sample id)."""
         rows: dict[str, dict[str, Any]] = {}
         if self.path.exists():
-            for line in self.path.read_text(encoding="utf-8").splitlines():
+            for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError:
                     continue
-                rows[row["id"]] = row
+                if isinstance(row, dict) and all(
+                    isinstance(row.get(k), (int, float)) for k in ("prefill_s", "decode_s")
+                ):
+                    rows[str(row.get("id"))] = row  # a damaged row is skipped: timings are not results
         if not rows:
             return {"n": 0}
         prefill = [r["prefill_s"] for r in rows.values()]
@@ -261,7 +252,7 @@ def config_hash(cfg: DictConfig) -> str:
 def config_differences(folder: Path, cfg: DictConfig) -> list[str]:
     """``key: old -> new`` for every setting that changes results (:data:`NON_SEMANTIC_KEYS` and ``wandb`` aside)
     between the run stored in ``folder`` (its ``config.yaml``) and ``cfg``; empty when they are the same run."""
-    old_cfg = OmegaConf.load(folder / CONFIG_FILE) if (folder / CONFIG_FILE).exists() else OmegaConf.create()
+    old_cfg = read_config_yaml(folder / CONFIG_FILE) or OmegaConf.create()
     old, new = OmegaConf.to_container(old_cfg, resolve=True), OmegaConf.to_container(cfg, resolve=True)
     return _differences(old, new, prefix="", ignored=ignored_keys(cfg))
 
@@ -283,7 +274,11 @@ def same_run(folder: Path, recorded_hash: str | None, cfg: DictConfig, cfg_hash:
     ``config.yaml`` that differs from ``cfg`` in nothing that changes results."""
     if recorded_hash == cfg_hash:
         return True
-    return recorded_hash is not None and (folder / CONFIG_FILE).exists() and not config_differences(folder, cfg)
+    return (
+        recorded_hash is not None
+        and read_config_yaml(folder / CONFIG_FILE) is not None
+        and not config_differences(folder, cfg)
+    )
 
 
 def extent_covered(metrics: dict[str, Any], num_samples: int | None) -> bool:

@@ -1,5 +1,5 @@
 """The paged cache's GPU attention path is chosen up front from what the machine can do, never by swallowing an error
-(kvbench/attention/paths.py, issue #26 items 1-2): torch 2.11's ``varlen_attn`` (no block table) is detected from its
+(kvbench/kernels/paths.py, issue #26 items 1-2): torch 2.11's ``varlen_attn`` (no block table) is detected from its
 signature, a planned path's error propagates, and every fallback is counted and written to metrics.json and
 run_meta.json.  About 3 s on 2 shared cores."""
 
@@ -13,7 +13,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import kvbench
-from kvbench.attention.paths import (
+from kvbench.attention.paged import paged_attention
+from kvbench.cache import paged
+from kvbench.cache.kv_cache import BACKEND_ENV
+from kvbench.kernels.paths import (
     ATTENTION_RECORD,
     AttentionPlan,
     VarlenCapability,
@@ -21,8 +24,6 @@ from kvbench.attention.paths import (
     plan_attention,
     varlen_capability,
 )
-from kvbench.cache import paged
-from kvbench.cache.kv_cache import BACKEND_ENV
 from kvbench.resources import models_dir
 
 CUDA = torch.device("cuda")
@@ -88,7 +89,7 @@ def test_an_error_on_the_planned_path_propagates() -> None:
     # torch 2.13: NotImplementedError (a RuntimeError), FlashAttention has no CPU kernel; torch 2.11: TypeError, its
     # varlen_attn takes no block_table.  Either way the error reaches the caller.
     with pytest.raises((RuntimeError, TypeError)):
-        paged.paged_attention(torch.nn.Module(), query, step, None, 0.0)
+        paged_attention(torch.nn.Module(), query, step, None, 0.0)
 
 
 def test_calls_and_fallbacks_are_recorded_in_metrics_and_run_meta(

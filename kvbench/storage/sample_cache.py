@@ -19,15 +19,16 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import weakref
 from collections.abc import Callable, Iterable
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from kvbench.sample import Sample
 
 FORMAT_VERSION = 1
+LOG = logging.getLogger(__name__)
 
 _TOKENIZER_FINGERPRINTS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
@@ -79,19 +80,35 @@ class SampleCache:
         path = self.path(benchmark, dataset, key)
         if not path.is_file():
             return None
-        with path.open(encoding="utf-8") as handle:
-            try:
-                header = json.loads(handle.readline())
-            except json.JSONDecodeError:
-                return None
-            if header.get("kvbench_sample_cache") != FORMAT_VERSION or header.get("key") != json.loads(
-                json.dumps(key, default=str)
-            ):
-                return None
+        try:
+            lines = path.read_bytes().split(b"\n")
+        except OSError:
+            return None
+        try:
+            header = json.loads(lines[0])
+        except ValueError:  # JSONDecodeError, UnicodeDecodeError
+            return _damaged(path, "its header line is not JSON")
+        if not isinstance(header, dict):
+            return _damaged(path, "its header line is not a JSON object")
+        if header.get("kvbench_sample_cache") != FORMAT_VERSION or header.get("key") != json.loads(
+            json.dumps(key, default=str)
+        ):
+            return None
+        try:
             stored, requested = int(header["count"]), int(header["requested"])
-            if stored < count and requested < count:
-                return None
-            return [Sample.from_json(json.loads(line)) for line in islice(handle, count)]
+        except (KeyError, TypeError, ValueError):
+            return _damaged(path, "its header lacks a valid count")
+        if stored < count and requested < count:
+            return None
+        # Every line the header counts must be complete (ends in a newline) and parse: a partial last line, a
+        # truncated or corrupted file is regenerated, never half-read.
+        body = lines[1 : stored + 1]
+        if len(body) < stored or len(lines) < stored + 2:
+            return _damaged(path, f"it holds fewer complete lines than the {stored} samples its header counts")
+        try:
+            return [Sample.from_json(json.loads(line)) for line in body[:count]]
+        except (ValueError, KeyError, TypeError) as err:
+            return _damaged(path, f"a sample line does not parse ({type(err).__name__}: {err})")
 
     def store(self, benchmark: str, dataset: str, key: dict[str, Any], samples: list[Sample], requested: int) -> Path:
         """Write ``samples`` (generated for a request of ``requested``) atomically; returns the file."""
@@ -105,6 +122,12 @@ class SampleCache:
                 handle.write(json.dumps(sample.to_json(), ensure_ascii=False) + "\n")
         tmp.replace(path)
         return path
+
+
+def _damaged(path: Path, why: str) -> None:
+    """Warn that a stored sample file is damaged (it is regenerated and replaced atomically); returns ``None``."""
+    LOG.warning("%s is damaged (%s): regenerating its samples", path, why)
+    return None
 
 
 def cached_samples(

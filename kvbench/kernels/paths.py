@@ -2,7 +2,7 @@
 what ran (issue #26).
 
 Paths of a decode step (one query token) or a later chunk (a question chunk on a filled cache) of
-:func:`kvbench.cache.paged.paged_attention`:
+:func:`kvbench.attention.paged.paged_attention`:
 
 * ``varlen_paged`` -- ``torch.nn.attention.varlen.varlen_attn`` over the block table (FlashAttention-2's paged KV):
   needs a CUDA tensor, ``page_size`` a multiple of 256, fp16/bf16, a head dim <= 256 divisible by 8, and a torch whose
@@ -73,7 +73,7 @@ def varlen_capability(function: Callable[..., Any] | None = None) -> VarlenCapab
 
 def triton_available() -> bool:
     """Whether ``import triton`` works (the kernels' own check)."""
-    from kvbench.kernels import triton_available as available
+    from kvbench.kernels.ops import triton_available as available
 
     return available()
 
