@@ -9,13 +9,17 @@ the valid choices.  This module imports neither torch nor transformers, so those
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
+from kvbench.budget import Budget, BudgetError, parse_budget
 from kvbench.checks import check_choice
+from kvbench.resources import conf_dir
 
 #: Valid values of the schema's string knobs: the one definition, checked before torch loads (kvbench/validation.py)
 #: and imported by the modules that use them (methods/base.py, methods/token_scores.py, inference/generate.py).
@@ -222,3 +226,109 @@ def register_configs() -> None:
     store.store(group="schema/budget", name="budget", node=BudgetConfig, package="budget")
     store.store(group="schema/task", name="task", node=TaskConfig, package="task")
     store.store(group="schema/wandb", name="wandb", node=WandbConfig, package="wandb")
+
+
+# ---------------------------------------------------------------------------------------------------- group choices
+#: The defaults list of a budget node, as in ``conf/budget/<name>.yaml``.
+_BUDGET_DEFAULTS = ["/schema/budget/budget@_here_", "_self_"]
+
+
+@lru_cache(maxsize=1)
+def budget_presets() -> dict[str, dict[str, str]]:
+    """``conf/budget/<name>.yaml`` presets: name -> ``{"name": ..., "spec": ...}``."""
+    presets = {}
+    for path in sorted((conf_dir() / "budget").glob("*.yaml")):
+        node = OmegaConf.load(path)
+        presets[path.stem] = {"name": str(node.name), "spec": str(node.spec)}
+    return presets
+
+
+def budget_choice(value: str) -> str | None:
+    """The ``budget=`` choice a command-line value stands for: the value itself when it is a preset
+    (``conf/budget/<value>.yaml``); for a budget spec (``80L``, ``0.3x``, ``128/layer``, a bare integer ``512`` =
+    ``512L``), the preset that means the same budget (``0.5x`` -> ``ratio0.5``, so both share one folder and one
+    hash), else a name in the presets' style (``80L``, ``ratio0.3``, ``128perlayer``) whose node
+    :func:`prepare_overrides` registers; ``None`` when ``value`` is neither."""
+    text = str(value).strip()
+    if text in budget_presets():
+        return text
+    try:
+        budget = parse_budget(f"{text}L" if text.isdigit() else _budget_spec(text))
+    except BudgetError:
+        return None
+    for name, node in budget_presets().items():
+        preset = parse_budget(node["spec"])
+        if (preset.kind, preset.value) == (budget.kind, budget.value):
+            return name
+    return _budget_name(budget)
+
+
+def _budget_name(budget: Budget) -> str:
+    """The presets' naming of a budget: ``full``, ``<n>L``, ``<n>perlayer``, ``ratio<r>`` (the inverse of
+    :func:`_budget_spec`)."""
+    if budget.kind == "ratio":
+        return f"ratio{budget.value:.10f}".rstrip("0").rstrip(".")
+    return {"full": "full", "total_per_layer": f"{int(budget.value)}L"}.get(budget.kind, f"{int(budget.value)}perlayer")
+
+
+def _budget_spec(name: str) -> str:
+    """The spec of a budget named in the presets' style (``ratio0.3`` -> ``0.3x``, ``96perlayer`` -> ``96/layer``);
+    a spec is returned as it is."""
+    if name.startswith("ratio"):
+        return f"{name[len('ratio') :]}x"
+    return name.replace("perlayer", "/layer")
+
+
+def register_budget_choice(name: str) -> None:
+    """Register ``budget/<name>`` in Hydra's ConfigStore for a :func:`budget_choice` name with no YAML preset."""
+    if name not in budget_presets():
+        node = {"defaults": _BUDGET_DEFAULTS, "name": name, "spec": _budget_spec(name)}
+        ConfigStore.instance().store(group="budget", name=name, node=node)
+
+
+def prepare_overrides(overrides: Sequence[str]) -> list[str]:
+    """Command-line overrides as Hydra composes them, for every config group: a bare number given to a group
+    (``budget=512``, where Hydra refuses an integer) becomes a string, and every ``budget=`` value, sweeps
+    included (``-m budget=64L,80L``), becomes its :func:`budget_choice`, registered when it has no YAML.  Other
+    arguments (Hydra's flags, other overrides) are returned unchanged; one Hydra cannot parse is left for Hydra to
+    report."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ValueType
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    groups = {path.name for path in conf_dir().iterdir() if path.is_dir()}
+    prepared = []
+    for line in overrides:
+        try:  # Hydra's flags (-m, --cfg job) and what Hydra cannot parse pass through as they are
+            override = parser.parse_override(line) if "=" in line and not line.startswith("-") else None
+        except HydraException:
+            override = None
+        if override is None:
+            prepared.append(line)
+            continue
+        simple = override.value_type in (
+            ValueType.ELEMENT,
+            ValueType.SIMPLE_CHOICE_SWEEP,
+            ValueType.CHOICE_SWEEP,
+            ValueType.RANGE_SWEEP,
+        )
+        if override.key_or_group not in groups or override.is_delete() or not simple:
+            prepared.append(line)
+            continue
+        values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
+        if not all(isinstance(value, (str, int, float)) and not isinstance(value, bool) for value in values):
+            prepared.append(line)
+            continue
+        choices = [str(value) for value in values]
+        if override.key_or_group == "budget":
+            choices = [budget_choice(choice) or choice for choice in choices]
+            for choice in choices:
+                if budget_choice(choice) == choice:
+                    register_budget_choice(choice)
+        if choices == values:  # strings Hydra already reads as they are
+            prepared.append(line)
+            continue
+        key = line.split("=", 1)[0]
+        prepared.append(f"{key}={','.join(repr(choice) for choice in choices)}")
+    return prepared

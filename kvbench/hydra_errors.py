@@ -37,10 +37,7 @@ def hydra_error_message(err: BaseException, overrides: Sequence[str] = ()) -> st
         close = difflib.get_close_matches(name, err.options, n=1, cutoff=0.6)
         hint = f" Did you mean {group}={close[0]}?" if close else ""
         if group == "budget":
-            hint += (
-                " A budget that is not a preset is set with budget.spec=<spec> (e.g. budget.spec=96L, named after "
-                "the budget preset it replaces; forms: full, <n>L, <n>/layer, <r>x with 0<r<=1)."
-            )
+            hint += _budget_hint(name)
         return (
             f"unknown {group} {name!r} (there is no conf/{err.missing_cfg_file}.yaml); valid: "
             f"{', '.join(err.options)}.{hint}"
@@ -68,6 +65,18 @@ def hydra_error_message(err: BaseException, overrides: Sequence[str] = ()) -> st
     if cause is not None and str(cause):
         message += f" ({one_paragraph(str(cause).splitlines()[0])})"
     return message
+
+
+def _budget_hint(name: str) -> str:
+    """Why ``budget=<name>`` is neither a preset nor a budget spec, and the forms a spec takes."""
+    from kvbench.budget import ACCEPTED_FORMS, BudgetError, parse_budget
+
+    try:
+        parse_budget(name)
+        why = ""
+    except BudgetError as err:
+        why = f" {err}." if any(char.isdigit() for char in name) else ""
+    return f"{why} Any budget spec also works as budget=<spec> ({ACCEPTED_FORMS}; a bare integer n means nL)."
 
 
 def _is_schema(object_type: Any) -> bool:

@@ -246,7 +246,7 @@ def list_models() -> str:
 
 # ---------------------------------------------------------------------------------------------------- budgets
 def list_budgets() -> str:
-    """Budget presets: spec and meaning; any spec in the accepted forms works as budget.spec=<spec>."""
+    """Budget presets: spec and meaning; any spec in the accepted forms works as budget=<spec>."""
     from kvbench.budget import ACCEPTED_FORMS, parse_budget
 
     rows = [["preset", "spec", "meaning"]]
@@ -256,7 +256,9 @@ def list_budgets() -> str:
         rows.append([name, budget.spec, meaning])
     return "\n".join(
         [
-            f"Budgets: budget=<preset> (conf/budget/<preset>.yaml), or budget.spec=<spec>: {ACCEPTED_FORMS}.",
+            f"Budgets: budget=<preset> (conf/budget/<preset>.yaml), or budget=<spec>: {ACCEPTED_FORMS}; a bare "
+            "integer n means nL. A spec meaning a preset's budget is that preset (budget=0.5x is ratio0.5: same "
+            "folder, same hash).",
             "Budgets count tokens per stored head and include the observation window (method.window_in_budget).",
             *_table(rows),
         ]
