@@ -357,7 +357,7 @@ def build_nacl(method_cfg: Any) -> EvictionMethod:
         raise ValueError("method.window_in_budget=false: NACL has no observation window (its budget is split whole)")
     knobs = common_knobs(method_cfg)
     groups_reduced = method_cfg.gqa_granularity == "kv_head" and params.kv_head_scores == "group"
-    method = EvictionMethod(
+    return EvictionMethod(
         scorer=NACLScorer(params, knobs["gqa_agg"]),
         layer_allocator=TriggeredUniformAllocator(params.min_eviction_seqlen),
         settings=dataclasses.asdict(params),
@@ -366,7 +366,5 @@ def build_nacl(method_cfg: Any) -> EvictionMethod:
             {"window", "kernel_size", "pooling", "pool_padding", "window_in_budget", "score_dtype", "sink_tokens"}
         )
         | (frozenset() if groups_reduced else frozenset({"gqa_agg"})),
-        **knobs,
+        **{**knobs, "keep_window": False},  # the scorer's tiers decide every kept token
     )
-    method.keep_window = False  # the scorer's tiers decide every kept token
-    return method
