@@ -30,10 +30,10 @@ from kvbench.config import (
     MethodConfig,
     ModelConfig,
     TaskConfig,
-    prepare_overrides,
     register_configs,
 )
 from kvbench.errors import KVBenchError
+from kvbench.overrides import prepare_overrides
 from kvbench.resources import conf_dir
 
 #: Hydra's config name of kvbench's root config.

@@ -83,7 +83,7 @@ def main() -> None:
 
         with reporting_errors():
             sys.exit(dashboards_main(sys.argv[1:]))
-    from kvbench.config import prepare_overrides
+    from kvbench.overrides import prepare_overrides
 
     # Any budget spec (budget=80L, budget=0.3x, budget=512) and a number given to any group, as Hydra composes them.
     sys.argv[1:] = prepare_overrides(sys.argv[1:])

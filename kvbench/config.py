@@ -9,7 +9,6 @@ the valid choices.  This module imports neither torch nor transformers, so those
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Dict, List, Optional
@@ -248,7 +247,7 @@ def budget_choice(value: str) -> str | None:
     (``conf/budget/<value>.yaml``); for a budget spec (``80L``, ``0.3x``, ``128/layer``, a bare integer ``512`` =
     ``512L``), the preset that means the same budget (``0.5x`` -> ``ratio0.5``, so both share one folder and one
     hash), else a name in the presets' style (``80L``, ``ratio0.3``, ``128perlayer``) whose node
-    :func:`prepare_overrides` registers; ``None`` when ``value`` is neither."""
+    :func:`kvbench.overrides.prepare_overrides` registers; ``None`` when ``value`` is neither."""
     text = str(value).strip()
     if text in budget_presets():
         return text
@@ -284,51 +283,3 @@ def register_budget_choice(name: str) -> None:
     if name not in budget_presets():
         node = {"defaults": _BUDGET_DEFAULTS, "name": name, "spec": _budget_spec(name)}
         ConfigStore.instance().store(group="budget", name=name, node=node)
-
-
-def prepare_overrides(overrides: Sequence[str]) -> list[str]:
-    """Command-line overrides as Hydra composes them, for every config group: a bare number given to a group
-    (``budget=512``, where Hydra refuses an integer) becomes a string, and every ``budget=`` value, sweeps
-    included (``-m budget=64L,80L``), becomes its :func:`budget_choice`, registered when it has no YAML.  Other
-    arguments (Hydra's flags, other overrides) are returned unchanged; one Hydra cannot parse is left for Hydra to
-    report."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.core.override_parser.types import ValueType
-    from hydra.errors import HydraException
-
-    parser = OverridesParser.create()
-    groups = {path.name for path in conf_dir().iterdir() if path.is_dir()}
-    prepared = []
-    for line in overrides:
-        try:  # Hydra's flags (-m, --cfg job) and what Hydra cannot parse pass through as they are
-            override = parser.parse_override(line) if "=" in line and not line.startswith("-") else None
-        except HydraException:
-            override = None
-        if override is None:
-            prepared.append(line)
-            continue
-        simple = override.value_type in (
-            ValueType.ELEMENT,
-            ValueType.SIMPLE_CHOICE_SWEEP,
-            ValueType.CHOICE_SWEEP,
-            ValueType.RANGE_SWEEP,
-        )
-        if override.key_or_group not in groups or override.is_delete() or not simple:
-            prepared.append(line)
-            continue
-        values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
-        if not all(isinstance(value, (str, int, float)) and not isinstance(value, bool) for value in values):
-            prepared.append(line)
-            continue
-        choices = [str(value) for value in values]
-        if override.key_or_group == "budget":
-            choices = [budget_choice(choice) or choice for choice in choices]
-            for choice in choices:
-                if budget_choice(choice) == choice:
-                    register_budget_choice(choice)
-        if choices == values:  # strings Hydra already reads as they are
-            prepared.append(line)
-            continue
-        key = line.split("=", 1)[0]
-        prepared.append(f"{key}={','.join(repr(choice) for choice in choices)}")
-    return prepared

@@ -48,6 +48,15 @@ def hydra_error_message(err: BaseException, overrides: Sequence[str] = ()) -> st
         prefix = full_key[: len(full_key) - len(key)]
         valid = [field.name for field in dataclasses.fields(cause.object_type)]
         return unknown_key_message(full_key, key, valid, prefix, added=False)
+    if unknown_key and str(cause.full_key).startswith("method.params.") and cause.parent_node is not None:
+        # A parameter the preset does not have: its own parameters, not the schema's keys.
+        valid = [str(key) for key in cause.parent_node]
+        close = difflib.get_close_matches(str(cause.key), valid, n=1, cutoff=0.6)
+        hint = f" Did you mean method.params.{close[0]}?" if close else ""
+        return (
+            f"{cause.full_key} is not a parameter of this method preset; its parameters are: "
+            f"{', '.join(valid) or 'none'}.{hint} (`kvbench list methods` shows each preset's parameters.)"
+        )
     if isinstance(cause, ValidationError) and getattr(cause, "full_key", None):
         schema = cause.object_type.__name__ if _is_schema(cause.object_type) else "the schema"
         return (

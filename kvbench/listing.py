@@ -133,6 +133,11 @@ def _raw(node: DictConfig) -> dict[str, Any]:
     return data
 
 
+def rows_named(rows: list[list[str]]) -> set[str]:
+    """The first column of a listing's rows."""
+    return {row[0] for row in rows}
+
+
 def _table(rows: list[list[str]]) -> list[str]:
     """Left-aligned columns (the last one unpadded)."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
@@ -145,6 +150,10 @@ def list_methods() -> str:
     """Method presets: family, knobs that differ from the shared defaults, params, paper."""
     from kvbench.config import MethodConfig
     from kvbench.methods.base import method_families
+    from kvbench.methods.recipe import SCORER_METHODS
+    from kvbench.overrides import default_preset
+
+    method_families()  # imports every method module: the one-class methods register themselves
 
     defaults = _raw(OmegaConf.structured(MethodConfig))
     shared = [key for key in defaults if key not in _METHOD_SKIP]
@@ -159,10 +168,19 @@ def list_methods() -> str:
         if data["paper"]:
             settings += f" [paper: {data['paper']}]"
         stores = "query heads" if data["gqa_granularity"] == "query_head" else "KV heads"
+        if name in SCORER_METHODS:
+            settings += " [YAML preset: wins over the class's default]"
         rows.append([name, str(data["family"]), stores, settings or "(the defaults)"])
+    for family, method_class in sorted(SCORER_METHODS.items()):
+        if family not in rows_named(rows):
+            params = default_preset(method_class)["params"]
+            settings = "params: " + _pairs(params, list(params)) if params else ""
+            reference = f" [code: {method_class.reference}]" if method_class.reference else ""
+            rows.append([family, family, "KV heads", f"{settings} [class default, no YAML]{reference}".strip()])
     return "\n".join(
         [
-            "Methods: method=<preset> (conf/method/<preset>.yaml); any knob is overridable, e.g. method.window=16.",
+            "Methods: method=<preset> (conf/method/<preset>.yaml, or a one-class method's default preset); any knob is "
+            "overridable, e.g. method.window=16.",
             "Shared knobs and their defaults: " + _pairs(defaults, shared),
             "Memory: a budget keeping r of the context holds r x the full cache when a preset stores KV heads, and "
             "r x H_q/H_kv x the full cache when it stores query heads (the reference code's layout: at GQA 3:1, "

@@ -44,7 +44,6 @@ tokens, whatever order the samples run in.  Averaging over seeds (as the NACL an
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -62,6 +61,7 @@ from kvbench.methods.base import (
     register_method,
 )
 from kvbench.methods.params import bounded, choice, parse_params
+from kvbench.methods.seeding import layer_generator
 from kvbench.methods.token_scores import aggregate_groups
 
 PROXY_ATTENTIONS = ("full", "causal")
@@ -167,12 +167,6 @@ class Selection:
     def kept(self, head: int) -> torch.Tensor:
         """Sorted positions ``head`` keeps."""
         return torch.sort(torch.cat([self.protected, self.proxy[head], self.random[head]])).values
-
-
-def layer_generator(seed: int, sample_key: int, layer_idx: int) -> torch.Generator:
-    """A CPU generator for one layer of one sample, seeded from ``(seed, sample_key, layer_idx)``."""
-    digest = hashlib.blake2b(f"nacl/{seed}/{sample_key}/{layer_idx}".encode(), digest_size=8).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest, "big") >> 1)
 
 
 def sample_without_replacement(logits: torch.Tensor, count: int, generator: torch.Generator) -> torch.Tensor:

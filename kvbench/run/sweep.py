@@ -141,7 +141,7 @@ class Composer:
         """The job's config (without the ``hydra`` node, like the ``cfg`` that ``run.py`` receives)."""
         from hydra import compose
 
-        from kvbench.config import prepare_overrides
+        from kvbench.overrides import prepare_overrides
 
         return compose(config_name="config", overrides=prepare_overrides(overrides))
 

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 import kvbench
-from kvbench.config import budget_choice, prepare_overrides
+from kvbench.config import budget_choice
 from kvbench.errors import KVBenchError
+from kvbench.overrides import prepare_overrides
 from kvbench.storage.writers import config_hash
 
 REPO = Path(__file__).resolve().parents[2]
