@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from hydra.core.config_store import ConfigStore
 
-from kvbench.config import budget_choice, register_budget_choice
+from kvbench.config import METHOD_LABEL_RESOLVER, budget_choice, register_budget_choice, register_configs
 from kvbench.errors import KVBenchError
 from kvbench.methods.plugins import load_plugin, method_entry_points
 from kvbench.resources import conf_dir
@@ -57,6 +57,7 @@ def register_method_choice(name: str) -> bool:
     method_class = SCORER_METHODS.get(name)
     if method_class is None:
         return False
+    register_configs()  # the label resolver
     ConfigStore.instance().store(group="method", name=name, node=default_preset(method_class))
     return True
 
@@ -68,7 +69,9 @@ def default_preset(method_class: type) -> dict:
 
     family = method_class.family
     params = {field.name: field.default for field in dataclasses.fields(method_class)}
-    node = {"defaults": ["/schema/method/method@_here_", "_self_"], "name": family, "family": family, "params": params}
+    # The name (results folder) names the wrappers that are on: knorm, knorm+ada, knorm+ada+pyramid.
+    label = f"${{{METHOD_LABEL_RESOLVER}:{family},${{.params.allocation}},${{.params.layers}}}}"
+    node = {"defaults": ["/schema/method/method@_here_", "_self_"], "name": label, "family": family, "params": params}
     reference = {"code": method_class.reference} if method_class.reference else {}
     reference.update(PLUGIN_PACKAGES.get(family, {}))
     if reference:
