@@ -52,6 +52,8 @@ def register_method_choice(name: str) -> bool:
             load_plugin(name)
         except ValueError as err:
             raise KVBenchError(str(err)) from None
+    else:  # no such method: Hydra reports the unknown preset (torch never imported)
+        return False
     from kvbench.methods.recipe import SCORER_METHODS
 
     method_class = SCORER_METHODS.get(name)
