@@ -24,8 +24,16 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from kvbench.checks import check_choice, check_min
-from kvbench.config import QUESTION_MODES, BudgetConfig, MethodConfig, ModelConfig, TaskConfig, register_configs
+from kvbench.config import (
+    QUESTION_MODES,
+    BudgetConfig,
+    MethodConfig,
+    ModelConfig,
+    TaskConfig,
+    register_configs,
+)
 from kvbench.errors import KVBenchError, environment_errors
+from kvbench.overrides import prepare_overrides
 from kvbench.resources import conf_dir
 
 #: Hydra's config name of kvbench's root config.
@@ -42,9 +50,10 @@ def compose_config(
     """The run config ``run.py`` would compose for ``method=... budget=... task=... [model=...] <overrides>``.
 
     ``method``/``budget``/``task``: a preset name (``conf/<group>/<name>.yaml``) or a config object; ``budget`` may
-    also be a budget string that is not a preset (``96L``).  ``overrides``: Hydra override strings as on the command
-    line (``"method.window=16"``, ``"task.length=4096"``).  Raises :class:`KVBenchError` naming an unknown preset or
-    key and the valid choices.
+    also be any budget spec (``96L``, ``0.3x``, ``512`` = ``512L``), named as on the command line
+    (:func:`kvbench.config.budget_choice`: ``0.5x`` is the preset ``ratio0.5``).  ``overrides``: Hydra override
+    strings as on the command line (``"method.window=16"``, ``"task.length=4096"``).  Raises :class:`KVBenchError`
+    naming an unknown preset or key and the valid choices.
     """
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
@@ -53,23 +62,21 @@ def compose_config(
     from kvbench.hydra_errors import group_override_message, hydra_error_message
 
     register_configs()
-    choices = [f"{group}={value}" for group, value in (("method", method), ("task", task)) if isinstance(value, str)]
-    budget_preset = isinstance(budget, str) and (conf_dir() / "budget" / f"{budget}.yaml").is_file()
-    if budget_preset:
-        choices.append(f"budget={budget}")
+    choices = [
+        f"{group}={value}"
+        for group, value in (("method", method), ("budget", budget), ("task", task))
+        if isinstance(value, str)
+    ]
     if model is not None:
         choices.append(f"model={model}")
-    all_overrides = [*choices, *overrides]
+    all_overrides = prepare_overrides([*choices, *overrides])
     try:
         with _own_hydra(), initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
             cfg = compose(ROOT_CONFIG, overrides=all_overrides)
         for group, value, schema in (("method", method, MethodConfig), ("task", task, TaskConfig)):
             if not isinstance(value, str):
                 cfg[group] = _group_config(group, value, schema)
-        if isinstance(budget, str) and not budget_preset:
-            name = budget.replace("/layer", "perlayer").replace("/", "_")  # a folder name, as conf/budget's presets
-            cfg.budget = _group_config("budget", {"name": name, "spec": budget}, BudgetConfig)
-        elif not isinstance(budget, str):
+        if not isinstance(budget, str):
             cfg.budget = _group_config("budget", budget, BudgetConfig)
     except (HydraException, OmegaConfBaseException) as err:
         raise KVBenchError(hydra_error_message(err, all_overrides)) from err

@@ -10,12 +10,15 @@ the valid choices.  This module imports neither torch nor transformers, so those
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
+from kvbench.budget import Budget, BudgetError, parse_budget
 from kvbench.checks import check_choice
+from kvbench.resources import conf_dir
 
 #: Valid values of the schema's string knobs: the one definition, checked before torch loads (kvbench/validation.py)
 #: and imported by the modules that use them (methods/base.py, methods/token_scores.py, inference/generate.py).
@@ -213,15 +216,25 @@ class KVBenchConfig:
     seed: int = 0
 
 
-def register_configs() -> None:
-    """Register the schemas with Hydra's ConfigStore, and the ``kvbench_logs`` resolver that places Hydra's own logs
-    beside the results root (:func:`kvbench.storage.paths.hydra_log_dir`; idempotent)."""
-    from omegaconf import OmegaConf
+#: The resolver naming a one-class method's results folder after its wrappers (``${kvbench_method_label:...}``).
+METHOD_LABEL_RESOLVER = "kvbench_method_label"
 
+
+def method_label(family: str, *wrappers: str) -> str:
+    """``family`` followed by every wrapper that is on (``knorm``, ``knorm+ada``, ``knorm+ada+pyramid``); a wrapper
+    at ``uniform`` is off."""
+    return "+".join([family, *(str(wrapper) for wrapper in wrappers if str(wrapper) != "uniform")])
+
+
+def register_configs() -> None:
+    """Register the schemas with Hydra's ConfigStore, :data:`METHOD_LABEL_RESOLVER`, and the ``kvbench_logs`` resolver
+    that places Hydra's own logs beside the results root (:func:`kvbench.storage.paths.hydra_log_dir`; idempotent)."""
     from kvbench.storage.paths import hydra_log_dir
 
     if not OmegaConf.has_resolver("kvbench_logs"):
         OmegaConf.register_new_resolver("kvbench_logs", hydra_log_dir)
+    if not OmegaConf.has_resolver(METHOD_LABEL_RESOLVER):
+        OmegaConf.register_new_resolver(METHOD_LABEL_RESOLVER, method_label)
     store = ConfigStore.instance()
     store.store(name="kvbench_schema", node=KVBenchConfig)
     store.store(group="schema/model", name="model", node=ModelConfig, package="model")
@@ -229,3 +242,61 @@ def register_configs() -> None:
     store.store(group="schema/budget", name="budget", node=BudgetConfig, package="budget")
     store.store(group="schema/task", name="task", node=TaskConfig, package="task")
     store.store(group="schema/wandb", name="wandb", node=WandbConfig, package="wandb")
+
+
+# ---------------------------------------------------------------------------------------------------- group choices
+#: The defaults list of a budget node, as in ``conf/budget/<name>.yaml``.
+_BUDGET_DEFAULTS = ["/schema/budget/budget@_here_", "_self_"]
+
+
+@lru_cache(maxsize=1)
+def budget_presets() -> dict[str, dict[str, str]]:
+    """``conf/budget/<name>.yaml`` presets: name -> ``{"name": ..., "spec": ...}``."""
+    presets = {}
+    for path in sorted((conf_dir() / "budget").glob("*.yaml")):
+        node = OmegaConf.load(path)
+        presets[path.stem] = {"name": str(node.name), "spec": str(node.spec)}
+    return presets
+
+
+def budget_choice(value: str) -> str | None:
+    """The ``budget=`` choice a command-line value stands for: the value itself when it is a preset
+    (``conf/budget/<value>.yaml``); for a budget spec (``80L``, ``0.3x``, ``128/layer``, a bare integer ``512`` =
+    ``512L``), the preset that means the same budget (``0.5x`` -> ``ratio0.5``, so both share one folder and one
+    hash), else a name in the presets' style (``80L``, ``ratio0.3``, ``128perlayer``) whose node
+    :func:`kvbench.overrides.prepare_overrides` registers; ``None`` when ``value`` is neither."""
+    text = str(value).strip()
+    if text in budget_presets():
+        return text
+    try:
+        budget = parse_budget(f"{text}L" if text.isdigit() else _budget_spec(text))
+    except BudgetError:
+        return None
+    for name, node in budget_presets().items():
+        preset = parse_budget(node["spec"])
+        if (preset.kind, preset.value) == (budget.kind, budget.value):
+            return name
+    return _budget_name(budget)
+
+
+def _budget_name(budget: Budget) -> str:
+    """The presets' naming of a budget: ``full``, ``<n>L``, ``<n>perlayer``, ``ratio<r>`` (the inverse of
+    :func:`_budget_spec`)."""
+    if budget.kind == "ratio":
+        return f"ratio{budget.value:.10f}".rstrip("0").rstrip(".")
+    return {"full": "full", "total_per_layer": f"{int(budget.value)}L"}.get(budget.kind, f"{int(budget.value)}perlayer")
+
+
+def _budget_spec(name: str) -> str:
+    """The spec of a budget named in the presets' style (``ratio0.3`` -> ``0.3x``, ``96perlayer`` -> ``96/layer``);
+    a spec is returned as it is."""
+    if name.startswith("ratio"):
+        return f"{name[len('ratio') :]}x"
+    return name.replace("perlayer", "/layer")
+
+
+def register_budget_choice(name: str) -> None:
+    """Register ``budget/<name>`` in Hydra's ConfigStore for a :func:`budget_choice` name with no YAML preset."""
+    if name not in budget_presets():
+        node = {"defaults": _BUDGET_DEFAULTS, "name": name, "spec": _budget_spec(name)}
+        ConfigStore.instance().store(group="budget", name=name, node=node)

@@ -37,10 +37,7 @@ def hydra_error_message(err: BaseException, overrides: Sequence[str] = ()) -> st
         close = difflib.get_close_matches(name, err.options, n=1, cutoff=0.6)
         hint = f" Did you mean {group}={close[0]}?" if close else ""
         if group == "budget":
-            hint += (
-                " A budget that is not a preset is set with budget.spec=<spec> (e.g. budget.spec=96L; the run is "
-                "named after the spec; forms: full, <n>L, <n>/layer, <r>x with 0<r<=1)."
-            )
+            hint += _budget_hint(name)
         return (
             f"unknown {group} {name!r} (there is no conf/{err.missing_cfg_file}.yaml); valid: "
             f"{', '.join(err.options)}.{hint}"
@@ -50,7 +47,16 @@ def hydra_error_message(err: BaseException, overrides: Sequence[str] = ()) -> st
         full_key, key = str(cause.full_key), str(cause.key)
         prefix = full_key[: len(full_key) - len(key)]
         valid = [field.name for field in dataclasses.fields(cause.object_type)]
-        return unknown_key_message(full_key, key, valid, prefix, added=False)
+        return unknown_key_message(full_key, key, valid, prefix, added=False) + _own_parameters(cause, key, prefix)
+    if unknown_key and str(cause.full_key).startswith("method.params.") and cause.parent_node is not None:
+        # A parameter the preset does not have: its own parameters, not the schema's keys.
+        valid = [str(key) for key in cause.parent_node]
+        close = difflib.get_close_matches(str(cause.key), valid, n=1, cutoff=0.6)
+        hint = f" Did you mean method.params.{close[0]}?" if close else ""
+        return (
+            f"{cause.full_key} is not a parameter of this method preset; its parameters are: "
+            f"{', '.join(valid) or 'none'}.{hint} (`kvbench list methods` shows each preset's parameters.)"
+        )
     if isinstance(cause, ValidationError) and getattr(cause, "full_key", None):
         schema = cause.object_type.__name__ if _is_schema(cause.object_type) else "the schema"
         return (
@@ -103,6 +109,30 @@ def _is_number(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _own_parameters(cause: Any, key: str, prefix: str) -> str:
+    """For a misspelt ``method.<key>``: the composed method's own parameters (``method.params.*``), and the one the
+    key is closest to."""
+    node = cause.parent_node
+    if prefix != "method." or node is None or "params" not in node:
+        return ""
+    params = [str(name) for name in node["params"]]
+    close = difflib.get_close_matches(key, params, n=1, cutoff=0.6)
+    hint = f" Did you mean method.params.{close[0]}?" if close else ""
+    return f" The parameters of method={node.get('name')} (method.params.<key>): {', '.join(params) or 'none'}.{hint}"
+
+
+def _budget_hint(name: str) -> str:
+    """Why ``budget=<name>`` is neither a preset nor a budget spec, and the forms a spec takes."""
+    from kvbench.budget import ACCEPTED_FORMS, BudgetError, parse_budget
+
+    try:
+        parse_budget(name)
+        why = ""
+    except BudgetError as err:
+        why = f" {err}." if any(char.isdigit() for char in name) else ""
+    return f"{why} Any budget spec also works as budget=<spec> ({ACCEPTED_FORMS}; a bare integer n means nL)."
 
 
 def _is_schema(object_type: Any) -> bool:

@@ -133,6 +133,11 @@ def _raw(node: DictConfig) -> dict[str, Any]:
     return data
 
 
+def rows_named(rows: list[list[str]]) -> set[str]:
+    """The first column of a listing's rows."""
+    return {row[0] for row in rows}
+
+
 def _table(rows: list[list[str]]) -> list[str]:
     """Left-aligned columns (the last one unpadded)."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
@@ -145,6 +150,11 @@ def list_methods() -> str:
     """Method presets: family, knobs that differ from the shared defaults, params, paper."""
     from kvbench.config import MethodConfig
     from kvbench.methods.base import method_families
+    from kvbench.methods.plugins import PLUGIN_PACKAGES
+    from kvbench.methods.recipe import SCORER_METHODS
+    from kvbench.overrides import default_preset
+
+    method_families()  # imports every method module: the one-class methods register themselves
 
     defaults = _raw(OmegaConf.structured(MethodConfig))
     shared = [key for key in defaults if key not in _METHOD_SKIP]
@@ -159,10 +169,21 @@ def list_methods() -> str:
         if data["paper"]:
             settings += f" [paper: {data['paper']}]"
         stores = "query heads" if data["gqa_granularity"] == "query_head" else "KV heads"
+        if name in SCORER_METHODS:
+            settings += " [YAML preset: wins over the class's default]"
         rows.append([name, str(data["family"]), stores, settings or "(the defaults)"])
+    for family, method_class in sorted(SCORER_METHODS.items()):
+        if family not in rows_named(rows):
+            params = default_preset(method_class)["params"]
+            settings = "params: " + _pairs(params, list(params)) if params else ""
+            reference = f" [code: {method_class.reference}]" if method_class.reference else ""
+            if family in PLUGIN_PACKAGES:
+                reference += " [package: {package} {version}]".format(**PLUGIN_PACKAGES[family])
+            rows.append([family, family, "KV heads", f"{settings} [class default, no YAML]{reference}".strip()])
     return "\n".join(
         [
-            "Methods: method=<preset> (conf/method/<preset>.yaml); any knob is overridable, e.g. method.window=16.",
+            "Methods: method=<preset> (conf/method/<preset>.yaml, or a one-class method's default preset); any knob is "
+            "overridable, e.g. method.window=16.",
             "Shared knobs and their defaults: " + _pairs(defaults, shared),
             "Memory: a budget keeping r of the context holds r x the full cache when a preset stores KV heads, and "
             "r x H_q/H_kv x the full cache when it stores query heads (the reference code's layout: at GQA 3:1, "
@@ -246,7 +267,7 @@ def list_models() -> str:
 
 # ---------------------------------------------------------------------------------------------------- budgets
 def list_budgets() -> str:
-    """Budget presets: spec and meaning; any spec in the accepted forms works as budget.spec=<spec>."""
+    """Budget presets: spec and meaning; any spec in the accepted forms works as budget=<spec>."""
     from kvbench.budget import ACCEPTED_FORMS, parse_budget
 
     rows = [["preset", "spec", "meaning"]]
@@ -256,7 +277,9 @@ def list_budgets() -> str:
         rows.append([name, budget.spec, meaning])
     return "\n".join(
         [
-            f"Budgets: budget=<preset> (conf/budget/<preset>.yaml), or budget.spec=<spec>: {ACCEPTED_FORMS}.",
+            f"Budgets: budget=<preset> (conf/budget/<preset>.yaml), or budget=<spec>: {ACCEPTED_FORMS}; a bare "
+            "integer n means nL. A spec meaning a preset's budget is that preset (budget=0.5x is ratio0.5: same "
+            "folder, same hash).",
             "Budgets count tokens per stored head and include the observation window (method.window_in_budget).",
             *_table(rows),
         ]

@@ -19,14 +19,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 import torch
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from kvbench import kernels
 from kvbench.checks import check_min
-from kvbench.config import check_method_choices
+from kvbench.config import MethodConfig, check_method_choices
 from kvbench.methods.knobs import check_unused_knobs
 from kvbench.methods.token_scores import ScoreOptions
 from kvbench.registry import Registry, submodule_importer
@@ -341,8 +343,16 @@ class EvictionMethod:
 MethodBuilder = Callable[[Any], EvictionMethod]
 
 
+def _discover_methods() -> None:
+    """Import kvbench's method modules, then the installed packages' methods (:mod:`kvbench.methods.plugins`)."""
+    submodule_importer("kvbench.methods")()
+    from kvbench.methods.plugins import load_plugins
+
+    load_plugins()
+
+
 #: Method builders by ``method.family``.
-METHOD_FAMILIES: Registry[MethodBuilder] = Registry("method family", discover=submodule_importer("kvbench.methods"))
+METHOD_FAMILIES: Registry[MethodBuilder] = Registry("method family", discover=_discover_methods)
 
 
 def register_method(family: str) -> Callable[[MethodBuilder], MethodBuilder]:
@@ -356,14 +366,35 @@ def method_families() -> list[str]:
 
 
 def build_method(method_cfg: Any) -> EvictionMethod:
-    """Build the method described by ``method_cfg`` (a :class:`kvbench.config.MethodConfig`); a common knob the
-    family does not use, set away from its default, is an error (:func:`check_unused_knobs`)."""
+    """Build the method described by ``method_cfg``: a :class:`kvbench.config.MethodConfig`, an OmegaConf node of
+    one (the composed ``cfg.method``) or a mapping of its fields.  A common knob the family does not use, set away
+    from its default, is an error (:func:`check_unused_knobs`); so is ``decode_eviction`` for a method that has no
+    decode-time policy (it would change nothing, yet be recorded as if it did)."""
+    method_cfg = as_method_config(method_cfg)
     builder = METHOD_FAMILIES.get(method_cfg.family)
     check_method_choices(method_cfg)
     check_min("method.window", method_cfg.window, 1)
     method = builder(method_cfg)
     check_unused_knobs(method_cfg, method)
+    if method_cfg.decode_eviction and method.decode_policy is None:
+        raise ValueError(
+            f"method.decode_eviction=True is not used by the {method_cfg.family} family: it has no decode-time "
+            "policy, so nothing would be evicted while decoding. Remove the override (method.decode_eviction=false), "
+            "or pick a family that evicts while decoding (h2o, tova, streamingllm, cake, ahakv)"
+        )
     return method
+
+
+def as_method_config(method_cfg: Any) -> DictConfig:
+    """``method_cfg`` as an OmegaConf node of :class:`kvbench.config.MethodConfig` (a node is returned as it is; a
+    dataclass instance or a mapping is merged into the schema, so a misspelt key or a wrong type is refused)."""
+    if isinstance(method_cfg, DictConfig):
+        return method_cfg
+    try:
+        return OmegaConf.merge(OmegaConf.structured(MethodConfig), OmegaConf.structured(method_cfg))
+    except OmegaConfBaseException as err:
+        valid = ", ".join(field.name for field in fields(MethodConfig))
+        raise ValueError(f"method config {method_cfg!r}: {str(err).splitlines()[0]}; the keys are: {valid}") from None
 
 
 def common_knobs(method_cfg: Any) -> dict[str, Any]:

@@ -44,7 +44,6 @@ tokens, whatever order the samples run in.  Averaging over seeds (as the NACL an
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -62,6 +61,7 @@ from kvbench.methods.base import (
     register_method,
 )
 from kvbench.methods.params import bounded, choice, parse_params
+from kvbench.methods.seeding import layer_generator
 from kvbench.methods.token_scores import aggregate_groups
 
 PROXY_ATTENTIONS = ("full", "causal")
@@ -167,12 +167,6 @@ class Selection:
     def kept(self, head: int) -> torch.Tensor:
         """Sorted positions ``head`` keeps."""
         return torch.sort(torch.cat([self.protected, self.proxy[head], self.random[head]])).values
-
-
-def layer_generator(seed: int, sample_key: int, layer_idx: int) -> torch.Generator:
-    """A CPU generator for one layer of one sample, seeded from ``(seed, sample_key, layer_idx)``."""
-    digest = hashlib.blake2b(f"nacl/{seed}/{sample_key}/{layer_idx}".encode(), digest_size=8).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest, "big") >> 1)
 
 
 def sample_without_replacement(logits: torch.Tensor, count: int, generator: torch.Generator) -> torch.Tensor:
@@ -357,7 +351,7 @@ def build_nacl(method_cfg: Any) -> EvictionMethod:
         raise ValueError("method.window_in_budget=false: NACL has no observation window (its budget is split whole)")
     knobs = common_knobs(method_cfg)
     groups_reduced = method_cfg.gqa_granularity == "kv_head" and params.kv_head_scores == "group"
-    method = EvictionMethod(
+    return EvictionMethod(
         scorer=NACLScorer(params, knobs["gqa_agg"]),
         layer_allocator=TriggeredUniformAllocator(params.min_eviction_seqlen),
         settings=dataclasses.asdict(params),
@@ -366,7 +360,5 @@ def build_nacl(method_cfg: Any) -> EvictionMethod:
             {"window", "kernel_size", "pooling", "pool_padding", "window_in_budget", "score_dtype", "sink_tokens"}
         )
         | (frozenset() if groups_reduced else frozenset({"gqa_agg"})),
-        **knobs,
+        **{**knobs, "keep_window": False},  # the scorer's tiers decide every kept token
     )
-    method.keep_window = False  # the scorer's tiers decide every kept token
-    return method

@@ -106,13 +106,11 @@ def build_tova(method_cfg: Any) -> EvictionMethod:
     policy = None
     if method_cfg.decode_eviction:
         policy = CurrentAttentionDecode(params.head_average, params.protect_recent, options.score_dtype)
-    method = EvictionMethod(
+    return EvictionMethod(
         scorer=LastQueryScorer(params.head_average, options.score_dtype),
         decode_policy=policy,
         settings={"head_average": params.head_average, "protect_recent": params.protect_recent},
         ignored_knobs=frozenset({"kernel_size", "pooling", "pool_padding", "gqa_reduce"})
         | (frozenset({"gqa_agg"}) if params.head_average else frozenset()),
-        **knobs,
+        **{**knobs, "keep_window": params.protect_recent},  # the reference protects nothing
     )
-    method.keep_window = params.protect_recent  # the reference protects nothing
-    return method

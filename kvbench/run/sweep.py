@@ -141,7 +141,9 @@ class Composer:
         """The job's config (without the ``hydra`` node, like the ``cfg`` that ``run.py`` receives)."""
         from hydra import compose
 
-        return compose(config_name="config", overrides=overrides)
+        from kvbench.overrides import prepare_overrides
+
+        return compose(config_name="config", overrides=prepare_overrides(overrides))
 
     def close(self) -> None:
         """Release Hydra's global state."""

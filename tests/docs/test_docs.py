@@ -117,6 +117,10 @@ def test_site_builds_strict(tmp_path: Path) -> None:
     assert index.count(f"kvbench {version.group(1)}") == 1 and "admonition note" not in index  # no version box
     assert (built / "stylesheets/extra.css").is_file() and "stylesheets/extra.css" in index  # the wider column
     assert "kvbench.api.evaluate" in (built / "api/index.html").read_text(encoding="utf-8")
+    # A one-class method gets its page and nav entry with no edit: its knobs, reference and test file's evidence.
+    knorm = (built / "methods/knorm/index.html").read_text(encoding="utf-8")
+    assert "kvpress/presses/knorm_press.py" in knorm and "test_knorm.py" in knorm
+    assert 'href="../knorm/"' in (built / "methods/snapkv/index.html").read_text(encoding="utf-8")
 
 
 def docs_examples() -> list[tuple[str, str]]:
@@ -263,3 +267,15 @@ def test_runnable_blocks_run_as_shown(page: str, tmp_path: Path) -> None:
             ran += 1
     if page != "docs/index.md":
         assert ran >= 3, f"{page}: only {ran} runnable commands"
+
+
+def test_method_files_shown_in_the_docs_are_the_files() -> None:
+    """A ``<!-- method-file: <path> -->`` block (the "Add a method" page's KNorm) is that file, byte for byte: the
+    page shows the code that runs (``python run.py method=knorm``, the generic suites, the docs example)."""
+    shown = 0
+    for page in sorted(DOCS.rglob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        for path, code in re.findall(r"<!-- method-file: (\S+) -->\s*```python\n(.*?)```", text, flags=re.DOTALL):
+            assert (REPO / path).read_text(encoding="utf-8") == code, f"{page}: the block differs from {path}"
+            shown += 1
+    assert shown >= 1

@@ -54,6 +54,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "catalogue and validation (reads tasks, methods, models; loads nothing)",
         (
             "kvbench.listing",
+            "kvbench.overrides",
             "kvbench.validation",
             "kvbench.hydra_errors",
             "kvbench.reporting.conventions",

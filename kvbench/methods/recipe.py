@@ -1,0 +1,97 @@
+"""A method that is one class: its dataclass fields are its knobs, and the class registers itself (issue #41).
+
+A scorer method subclasses :class:`ScorerMethod` with a family name and writes one ``score``::
+
+    @dataclass(frozen=True)
+    class KNorm(ScorerMethod, family="knorm"):
+        def score(self, observation: WindowObservation) -> torch.Tensor:
+            return -observation.keys.norm(dim=-1)  # [H, S]: keep the smallest key norms
+
+That is the whole method.  Defining the class registers a builder for ``method.family == "knorm"``
+(:func:`build_scorer_method`, one generic builder for every such class).  Saved as ``kvbench/methods/knorm.py``
+(the module is named after the family), ``method=knorm`` composes with no YAML: :func:`kvbench.config.prepare_overrides`
+finds the module without importing it and registers a default preset (``name: knorm, family: knorm``, the schema's
+defaults) in Hydra's ConfigStore; a ``conf/method/knorm.yaml``, where one exists, is the preset that wins (``kvbench
+list methods`` says which).
+
+* Knobs: the dataclass fields, set as ``method.params.<field>`` and validated by
+  :func:`kvbench.methods.params.parse_params` (type, :func:`~kvbench.methods.params.choice`,
+  :func:`~kvbench.methods.params.bounded`); an unknown one is an error listing the class's fields.
+* Wrappers over any scorer, declared once here: ``allocation: ada`` (Ada-KV's head-wise allocation) and ``layers:
+  pyramid`` (PyramidKV's layer schedule); ``method=knorm method.params.allocation=ada`` runs KNorm under Ada-KV's
+  allocation, and its default preset's name (the results folder) names the wrappers that are on (``knorm+ada``).
+* Protection: :attr:`ScorerMethod.keep_window` is a declared field (off: every token competes on its score, as
+  kvpress's presses); ``method.window`` sizes the protected window when on, ``method.sink_tokens`` protects the
+  first tokens.
+* Score shape: ``[H, S]``, one row per stored head (KV heads, or query heads with ``gqa_granularity=query_head``);
+  ``[H_q, S]`` is accepted and reduced per GQA group by ``method.gqa_agg``.
+* The object is frozen: a recipe, shared by every sample; what a sample accumulates belongs to its session.
+* A class-only method reads no pooling, kernel, GQA-reduction order or score dtype: setting one of those common
+  knobs is an error naming the family (:func:`kvbench.methods.knobs.check_unused_knobs`), as is
+  ``method.decode_eviction`` (no decode-time policy).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+from typing import Any, ClassVar
+
+from kvbench.methods.adakv import PAPER_ALPHA, AdaHeadAllocator
+from kvbench.methods.base import EvictionMethod, TokenScorer, common_knobs, register_method
+from kvbench.methods.params import choice, parse_params
+from kvbench.methods.snapkv import PyramidLayerAllocator
+
+#: The head-allocation wrappers (``method.params.allocation``) and the layer schedules (``method.params.layers``).
+HEAD_ALLOCATIONS = ("uniform", "ada")
+LAYER_SCHEDULES = ("uniform", "pyramid")
+
+#: The one-class methods by family (registered by their class; their builders are in ``METHOD_FAMILIES`` too).
+SCORER_METHODS: dict[str, type[ScorerMethod]] = {}
+#: Common knobs (``MethodConfig`` fields) a scorer method never reads.
+SCORER_METHOD_IGNORED = frozenset({"kernel_size", "pooling", "pool_padding", "gqa_reduce", "score_dtype"})
+
+
+@dataclasses.dataclass(frozen=True)
+class ScorerMethod(TokenScorer):
+    """Base of the one-class methods (module docstring): subclass with ``family=<name>`` and write ``score``."""
+
+    #: Protect the last ``method.window`` prompt tokens (they rank before every other token); off by default.
+    keep_window: bool = False
+    #: Wrapper: how a layer's budget is split over its heads: ``uniform`` or ``ada`` (Ada-KV's head-wise allocation,
+    #: its reference code's settings: safeguard alpha 0.2, floor reading; kvpress's ``AdaKVPress(press)``).
+    allocation: str = choice("uniform", HEAD_ALLOCATIONS)
+    #: Wrapper: how the total budget is split over layers: ``uniform`` or ``pyramid`` (PyramidKV's schedule, beta 20,
+    #: KVCache-Factory's variant, the window ``method.window``).
+    layers: str = choice("uniform", LAYER_SCHEDULES)
+
+    #: The registry name, given as ``class X(ScorerMethod, family="x")``.
+    family: ClassVar[str] = ""
+    #: The code the method reproduces (``repo path@version``), given as ``class X(..., reference="...")``; shown by
+    #: ``kvbench list methods`` and recorded in the method's settings.
+    reference: ClassVar[str] = ""
+
+    def __init_subclass__(cls, family: str | None = None, reference: str = "", **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if family is not None:
+            cls.family, cls.reference = family, reference
+            SCORER_METHODS[family] = cls
+            register_method(family)(partial(build_scorer_method, cls))
+
+
+def build_scorer_method(method_class: type[ScorerMethod], method_cfg: Any) -> EvictionMethod:
+    """The generic builder: the class's fields from ``method.params`` (validated), the common knobs it reads."""
+    recipe = parse_params(method_class, method_cfg.params, method_class.family)
+    knobs = common_knobs(method_cfg)
+    wrappers: dict[str, Any] = {}
+    if recipe.allocation == "ada":
+        wrappers["head_allocator"] = AdaHeadAllocator(PAPER_ALPHA["late"], "floor")
+    if recipe.layers == "pyramid":
+        wrappers["layer_allocator"] = PyramidLayerAllocator(20, knobs["window"])
+    return EvictionMethod(
+        scorer=recipe,
+        **wrappers,
+        settings={**dataclasses.asdict(recipe), **({"reference": recipe.reference} if recipe.reference else {})},
+        ignored_knobs=SCORER_METHOD_IGNORED,
+        **{**knobs, "keep_window": recipe.keep_window},
+    )

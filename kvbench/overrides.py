@@ -1,0 +1,133 @@
+"""Command-line overrides as Hydra composes them (:func:`prepare_overrides`), for ``run.py``/``kvbench``, the API's
+:func:`kvbench.api.compose_config` and the sweep composer alike, so that a choice Hydra has no file for still composes:
+
+* any budget spec (``budget=80L``, ``budget=0.3x``, ``budget=512``) becomes its
+  :func:`kvbench.config.budget_choice`, registered in Hydra's ConfigStore when no ``conf/budget`` YAML exists;
+* ``method=<family>`` of a method defined by a class alone (:mod:`kvbench.methods.recipe`) gets the class's default
+  preset (:func:`register_method_choice`), unless ``conf/method/<family>.yaml`` exists (that YAML wins);
+* a bare number given to any config group becomes a string (Hydra refuses an integer as a group choice).
+
+Nothing here imports torch unless a class-only method is asked for (its module is imported to read its fields), be
+it kvbench's (``kvbench/methods/<family>.py``) or another package's (entry-point group ``kvbench.methods``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+from collections.abc import Sequence
+
+from hydra.core.config_store import ConfigStore
+
+from kvbench.config import METHOD_LABEL_RESOLVER, budget_choice, register_budget_choice, register_configs
+from kvbench.errors import KVBenchError
+from kvbench.methods.plugins import load_plugin, method_entry_points
+from kvbench.resources import conf_dir
+
+
+def class_method_module(name: str) -> str | None:
+    """The module defining the class-only method ``name``, found without importing it: ``kvbench.methods.<name>``
+    (such a module is named after its family); ``None`` when there is none."""
+    if not name.isidentifier():
+        return None
+    module = f"kvbench.methods.{name}"
+    try:
+        return module if importlib.util.find_spec(module) is not None else None
+    except (ImportError, ValueError):
+        return None
+
+
+def register_method_choice(name: str) -> bool:
+    """Register ``method/<name>`` in Hydra's ConfigStore: the default preset of a class-only method (``name`` and
+    ``family`` = ``name``, ``params`` = the class's fields at their defaults, ``reference`` = the class's), unless
+    ``conf/method/<name>.yaml`` exists (that YAML is the preset that wins).  Whether a node was registered."""
+    if (conf_dir() / "method" / f"{name}.yaml").is_file():
+        return False
+    module = class_method_module(name)
+    if module is not None:
+        importlib.import_module(module)
+    elif name in method_entry_points():  # a method of another package (kvbench.methods.plugins)
+        try:
+            load_plugin(name)
+        except ValueError as err:
+            raise KVBenchError(str(err)) from None
+    else:  # no such method: Hydra reports the unknown preset (torch never imported)
+        return False
+    from kvbench.methods.recipe import SCORER_METHODS
+
+    method_class = SCORER_METHODS.get(name)
+    if method_class is None:
+        return False
+    register_configs()  # the label resolver
+    ConfigStore.instance().store(group="method", name=name, node=default_preset(method_class))
+    return True
+
+
+def default_preset(method_class: type) -> dict:
+    """The preset of a class-only method: its family, its fields at their defaults, its reference (with the
+    providing package and version for another package's method, so that they enter the config hash)."""
+    from kvbench.methods.plugins import PLUGIN_PACKAGES
+
+    family = method_class.family
+    params = {field.name: field.default for field in dataclasses.fields(method_class)}
+    # The name (results folder) names the wrappers that are on: knorm, knorm+ada, knorm+ada+pyramid.
+    label = f"${{{METHOD_LABEL_RESOLVER}:{family},${{.params.allocation}},${{.params.layers}}}}"
+    node = {"defaults": ["/schema/method/method@_here_", "_self_"], "name": label, "family": family, "params": params}
+    reference = {"code": method_class.reference} if method_class.reference else {}
+    reference.update(PLUGIN_PACKAGES.get(family, {}))
+    if reference:
+        node["reference"] = reference
+    return node
+
+
+def prepare_overrides(overrides: Sequence[str]) -> list[str]:
+    """Command-line overrides as Hydra composes them, for every config group: a bare number given to a group
+    (``budget=512``, where Hydra refuses an integer) becomes a string, and every ``budget=`` value, sweeps
+    included (``-m budget=64L,80L``), becomes its :func:`budget_choice`, registered when it has no YAML; a
+    ``method=`` value naming a class-only method gets its default preset (:func:`register_method_choice`).  Other
+    arguments (Hydra's flags, other overrides) are returned unchanged; one Hydra cannot parse is left for Hydra to
+    report."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ValueType
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    groups = {path.name for path in conf_dir().iterdir() if path.is_dir()}
+    prepared = []
+    for line in overrides:
+        try:  # Hydra's flags (-m, --cfg job) and what Hydra cannot parse pass through as they are
+            override = parser.parse_override(line) if "=" in line and not line.startswith("-") else None
+        except HydraException:
+            override = None
+        if override is None:
+            prepared.append(line)
+            continue
+        simple = override.value_type in (
+            ValueType.ELEMENT,
+            ValueType.SIMPLE_CHOICE_SWEEP,
+            ValueType.CHOICE_SWEEP,
+            ValueType.RANGE_SWEEP,
+        )
+        if override.key_or_group not in groups or override.is_delete() or not simple:
+            prepared.append(line)
+            continue
+        values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
+        if not all(isinstance(value, (str, int, float)) and not isinstance(value, bool) for value in values):
+            prepared.append(line)
+            continue
+        choices = [str(value) for value in values]
+        if override.key_or_group == "budget":
+            choices = [budget_choice(choice) or choice for choice in choices]
+            for choice in choices:
+                if budget_choice(choice) == choice:
+                    register_budget_choice(choice)
+        if override.key_or_group == "method":
+            for choice in choices:
+                register_method_choice(choice)
+        if choices == values:  # strings Hydra already reads as they are
+            prepared.append(line)
+            continue
+        key = line.split("=", 1)[0]
+        prepared.append(f"{key}={','.join(repr(choice) for choice in choices)}")
+    return prepared

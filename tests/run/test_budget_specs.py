@@ -1,0 +1,81 @@
+"""Any budget spec on the command line (issue #41 item 5): ``budget=80L``, ``budget=0.3x``, ``budget=512`` (= 512L)
+compose and run without a YAML per value; a spec meaning a preset's budget is that preset (same folder, same hash);
+the named presets keep their hashes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import kvbench
+from kvbench.config import budget_choice
+from kvbench.errors import KVBenchError
+from kvbench.overrides import prepare_overrides
+from kvbench.storage.writers import config_hash
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("value", "choice"),
+    [
+        ("64L", "64L"),  # a preset stays itself
+        ("ratio0.5", "ratio0.5"),
+        ("0.5x", "ratio0.5"),  # the preset meaning the same budget
+        ("0.50x", "ratio0.5"),
+        ("512", "512L"),  # a bare integer is tokens per layer
+        ("128/layer", "128perlayer"),
+        ("80L", "80L"),  # no preset: named in the presets' style
+        ("0.3x", "ratio0.3"),
+        ("ratio0.3", "ratio0.3"),
+        ("96perlayer", "96perlayer"),
+        ("0L", None),
+        ("1.5x", None),
+        ("fast", None),
+    ],
+)
+def test_budget_choice(value: str, choice: str | None) -> None:
+    assert budget_choice(value) == choice
+
+
+def test_prepare_overrides_rewrites_only_group_values() -> None:
+    lines = ["budget=512", "method=snapkv", "-m", "budget=64L,0.3x", "model=7", "budget.spec=96L", "task.num_samples=2"]
+    assert prepare_overrides(lines) == [
+        "budget='512L'",
+        "method=snapkv",
+        "-m",
+        "budget='64L','ratio0.3'",
+        "model='7'",  # Hydra now reports an unknown model '7' instead of refusing an integer
+        "budget.spec=96L",
+        "task.num_samples=2",
+    ]
+
+
+def test_a_spec_and_its_preset_share_folder_and_hash() -> None:
+    named, spec = kvbench.compose_config(budget="ratio0.5"), kvbench.compose_config(budget="0.5x")
+    assert (spec.budget.name, spec.budget.spec) == ("ratio0.5", "0.5x")
+    assert config_hash(spec) == config_hash(named)
+    assert config_hash(kvbench.compose_config(budget="512")) == config_hash(kvbench.compose_config(budget="512L"))
+    free = kvbench.compose_config(budget="0.3x")
+    assert (free.budget.name, free.budget.spec) == ("ratio0.3", "0.3x")
+    with pytest.raises(KVBenchError, match=r"unknown budget '0L'.*'0L' must be positive.*budget=<spec>"):
+        kvbench.compose_config(budget="0L")
+
+
+def test_run_py_runs_budget_specs_in_a_multirun(tmp_path: Path) -> None:
+    """``python run.py -m budget=80L,0.3x,512`` runs three jobs into the folders 80L, ratio0.3 and 512L."""
+    env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    args = ["-m", "budget=80L,0.3x,512", "task.lengths=[512]", "task.datasets=[niah_single_512]"]
+    args += ["task.num_samples=1", f"run.output_root={tmp_path}", "run.progress=false", "run.print_table=false"]
+    result = subprocess.run(
+        [sys.executable, "run.py", *args], cwd=REPO, capture_output=True, text=True, timeout=300, env=env
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    method_dir = tmp_path / "tiny" / "tiny_niah" / "snapkv"
+    assert sorted(path.name for path in method_dir.iterdir()) == ["512L", "80L", "ratio0.3"]
+    for budget in ("512L", "80L", "ratio0.3"):
+        assert (method_dir / budget / "niah_single_512" / "predictions.jsonl").read_text().count("\n") == 1
