@@ -1,0 +1,116 @@
+"""Replay kvpress's recorded cases (``tests/fixtures/reference/kvpress/``, kvpress 0.5.5) through a kvbench method.
+
+Per case and layer: the recorded inputs (keys and values ``[H_kv, S, D]`` in the case's dtype) go through the
+method's scorer, whose scores are compared with kvpress's recorded ``score()`` output, then through kvbench's
+eviction session at kvpress's budget (``<max(1, int(S (1 - ratio)))>/layer``, how a kvpress compression ratio is
+spelled in kvbench).  Each head must keep kvpress's positions, or, where the recorded scores tie at the cut, another
+valid top-k of the recorded scores (``tests/reference_recordings.py``: ``is_valid_topk``, ``boundary_tie``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from kvbench.budget import parse_budget
+from kvbench.cache.kv_cache import KVBenchCache
+from kvbench.inference.eviction import EvictionSession
+from kvbench.methods.base import EvictionMethod, WindowObservation
+from tests.methods.helpers import LayerIndex
+from tests.reference_recordings import (
+    RecordedCase,
+    boundary_tie,
+    case_inputs,
+    is_valid_topk,
+    kvpress_n_kept,
+    load_recording,
+)
+
+#: ``(case, layer, inputs of that layer) -> observation``: how a family's scorer sees a recorded layer.
+ObservationOf = Callable[[RecordedCase, int, dict[str, torch.Tensor]], WindowObservation]
+
+
+def keys_values_observation(case: RecordedCase, layer: int, inputs: dict[str, torch.Tensor]) -> WindowObservation:
+    """The observation of a scorer that reads stored keys and values only (one dummy window query per KV head)."""
+    keys, values = inputs["keys"][0], inputs["values"][0]
+    query = torch.zeros(keys.shape[0], 1, keys.shape[-1], dtype=keys.dtype)
+    return WindowObservation(layer, 2 if case.kind == "model" else 1, query, keys, values, keys.shape[-1] ** -0.5)
+
+
+@dataclass
+class ReplayTally:
+    """Selections compared: per (case, layer, head), kept positions equal to kvpress's, or another valid top-k of
+    kvpress's scores where they tie at the cut."""
+
+    cases: int = 0
+    selections: int = 0
+    same: int = 0
+    tied_valid: int = 0
+    max_score_error: float = 0.0
+    kinds: dict[str, int] = field(default_factory=dict)
+
+
+def keep_one_layer(method: EvictionMethod, observation: WindowObservation, n_kept: int) -> list[list[int]]:
+    """kvbench's session on one layer holding ``observation``'s keys and values: kept positions per head."""
+    keys, values = observation.keys, observation.values
+    cache = KVBenchCache(1)
+    cache.update(keys[None], values[None], 0)
+    session = EvictionSession(method, parse_budget(f"{n_kept}/layer"), cache)
+    session.begin_prefill(keys.shape[1])
+    scorer = method.scorer
+
+    class Fixed:  # the scorer as it is, seeing the case's observation instead of the session's
+        def prompt_rows(self, dtype: torch.dtype):
+            return scorer.prompt_rows(dtype)
+
+        def score(self, _: WindowObservation) -> torch.Tensor:
+            return scorer.score(observation)
+
+    method_for_case = EvictionMethod(**{**method.__dict__, "scorer": Fixed()})
+    session.method = method_for_case
+    session.after_attention(LayerIndex(0), observation.queries[None], observation.scaling)
+    session.begin_decode()
+    return [sorted(p.tolist()) for p in cache.headwise_layers[0].positions]
+
+
+def replay(
+    method: EvictionMethod,
+    press: str,
+    observation_of: ObservationOf = keys_values_observation,
+    *,
+    score_atol: float = 0.0,
+    score_press: str | None = None,
+    before_case: Callable[[RecordedCase], None] | None = None,
+) -> ReplayTally:
+    """Replay every case of ``press``'s recording; asserts scores (to ``score_atol``) and selections per head."""
+    tally = ReplayTally()
+    for case in load_recording(press).cases:
+        tally.cases += 1
+        tally.kinds[f"{case.kind}/{case.dtype}"] = tally.kinds.get(f"{case.kind}/{case.dtype}", 0) + 1
+        n_kept = kvpress_n_kept(case.length, case.compression_ratio)
+        for layer, inputs in enumerate(case_inputs(case)):
+            reference = case.layer_scores(layer, score_press)
+            if before_case is not None:
+                before_case(case)
+            observation = observation_of(case, layer, inputs)
+            ours = method.scorer.score(observation).float()
+            error = float((ours - reference).abs().max())
+            tally.max_score_error = max(tally.max_score_error, error)
+            where = (case.inputs, case.dtype, case.compression_ratio, layer)
+            assert error <= score_atol, (*where, error)
+            if before_case is not None:
+                before_case(case)
+            kept = keep_one_layer(method, observation, n_kept)
+            for head, positions in enumerate(kept):
+                tally.selections += 1
+                recorded = case.kept[layer][head]
+                if positions == sorted(recorded):
+                    tally.same += 1
+                    continue
+                assert len(positions) == len(recorded) == n_kept, (*where, head)
+                assert boundary_tie(reference[head], n_kept), (*where, head, positions, sorted(recorded))
+                assert is_valid_topk(reference[head], positions), (*where, head)
+                tally.tied_valid += 1
+    return tally
