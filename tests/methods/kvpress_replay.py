@@ -114,3 +114,30 @@ def replay(
                 assert is_valid_topk(reference[head], positions), (*where, head)
                 tally.tied_valid += 1
     return tally
+
+
+def model_queries(case: RecordedCase, layer: int, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``[H_q, S, D]`` post-RoPE queries of every prompt token of a recorded model case, in the case's dtype, as the
+    tiny Llama computed them (``q_proj`` of the recorded attention input, then transformers' RoPE)."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    from tests.reference_recordings import DTYPES, inputs_meta, tiny_llama_weights
+
+    config = LlamaConfig(**inputs_meta()["model_config"])
+    dtype = DTYPES[case.dtype]
+    weight = tiny_llama_weights(dtype)[f"model.layers.{layer}.self_attn.q_proj.weight"]
+    hidden = inputs["hidden_states"].to(dtype)
+    length = hidden.shape[1]
+    queries = torch.nn.functional.linear(hidden, weight).view(1, length, -1, config.head_dim).transpose(1, 2)
+    # The recorder cast its model with .to(dtype), which casts RoPE's inv_freq buffer too (bfloat16 frequencies).
+    cos, sin = LlamaRotaryEmbedding(config).to(dtype)(queries, torch.arange(length)[None])
+    rotated, _ = apply_rotary_pos_emb(queries, queries, cos, sin)
+    return rotated[0]
+
+
+def prompt_queries_observation(case: RecordedCase, layer: int, inputs: dict[str, torch.Tensor]) -> WindowObservation:
+    """The observation of a scorer that reads every prompt query (and the stored keys and values)."""
+    keys, values = inputs["keys"][0], inputs["values"][0]
+    queries = model_queries(case, layer, inputs)
+    return WindowObservation(layer, 2, queries[:, -1:], keys, values, keys.shape[-1] ** -0.5, prompt_queries=queries)
