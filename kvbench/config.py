@@ -216,8 +216,20 @@ class KVBenchConfig:
     seed: int = 0
 
 
+#: The resolver naming a one-class method's results folder after its wrappers (``${kvbench_method_label:...}``).
+METHOD_LABEL_RESOLVER = "kvbench_method_label"
+
+
+def method_label(family: str, *wrappers: str) -> str:
+    """``family`` followed by every wrapper that is on (``knorm``, ``knorm+ada``, ``knorm+ada+pyramid``); a wrapper
+    at ``uniform`` is off."""
+    return "+".join([family, *(str(wrapper) for wrapper in wrappers if str(wrapper) != "uniform")])
+
+
 def register_configs() -> None:
-    """Register the schemas with Hydra's ConfigStore (idempotent)."""
+    """Register the schemas with Hydra's ConfigStore, and :data:`METHOD_LABEL_RESOLVER` (idempotent)."""
+    if not OmegaConf.has_resolver(METHOD_LABEL_RESOLVER):
+        OmegaConf.register_new_resolver(METHOD_LABEL_RESOLVER, method_label)
     store = ConfigStore.instance()
     store.store(name="kvbench_schema", node=KVBenchConfig)
     store.store(group="schema/model", name="model", node=ModelConfig, package="model")

@@ -47,7 +47,7 @@ def hydra_error_message(err: BaseException, overrides: Sequence[str] = ()) -> st
         full_key, key = str(cause.full_key), str(cause.key)
         prefix = full_key[: len(full_key) - len(key)]
         valid = [field.name for field in dataclasses.fields(cause.object_type)]
-        return unknown_key_message(full_key, key, valid, prefix, added=False)
+        return unknown_key_message(full_key, key, valid, prefix, added=False) + _own_parameters(cause, key, prefix)
     if unknown_key and str(cause.full_key).startswith("method.params.") and cause.parent_node is not None:
         # A parameter the preset does not have: its own parameters, not the schema's keys.
         valid = [str(key) for key in cause.parent_node]
@@ -74,6 +74,18 @@ def hydra_error_message(err: BaseException, overrides: Sequence[str] = ()) -> st
     if cause is not None and str(cause):
         message += f" ({one_paragraph(str(cause).splitlines()[0])})"
     return message
+
+
+def _own_parameters(cause: Any, key: str, prefix: str) -> str:
+    """For a misspelt ``method.<key>``: the composed method's own parameters (``method.params.*``), and the one the
+    key is closest to."""
+    node = cause.parent_node
+    if prefix != "method." or node is None or "params" not in node:
+        return ""
+    params = [str(name) for name in node["params"]]
+    close = difflib.get_close_matches(key, params, n=1, cutoff=0.6)
+    hint = f" Did you mean method.params.{close[0]}?" if close else ""
+    return f" The parameters of method={node.get('name')} (method.params.<key>): {', '.join(params) or 'none'}.{hint}"
 
 
 def _budget_hint(name: str) -> str:

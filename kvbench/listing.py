@@ -150,6 +150,7 @@ def list_methods() -> str:
     """Method presets: family, knobs that differ from the shared defaults, params, paper."""
     from kvbench.config import MethodConfig
     from kvbench.methods.base import method_families
+    from kvbench.methods.plugins import PLUGIN_PACKAGES
     from kvbench.methods.recipe import SCORER_METHODS
     from kvbench.overrides import default_preset
 
@@ -176,6 +177,8 @@ def list_methods() -> str:
             params = default_preset(method_class)["params"]
             settings = "params: " + _pairs(params, list(params)) if params else ""
             reference = f" [code: {method_class.reference}]" if method_class.reference else ""
+            if family in PLUGIN_PACKAGES:
+                reference += " [package: {package} {version}]".format(**PLUGIN_PACKAGES[family])
             rows.append([family, family, "KV heads", f"{settings} [class default, no YAML]{reference}".strip()])
     return "\n".join(
         [

@@ -7,7 +7,8 @@
   preset (:func:`register_method_choice`), unless ``conf/method/<family>.yaml`` exists (that YAML wins);
 * a bare number given to any config group becomes a string (Hydra refuses an integer as a group choice).
 
-Nothing here imports torch unless a class-only method is asked for (its module is imported to read its fields).
+Nothing here imports torch unless a class-only method is asked for (its module is imported to read its fields), be
+it kvbench's (``kvbench/methods/<family>.py``) or another package's (entry-point group ``kvbench.methods``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from collections.abc import Sequence
 
 from hydra.core.config_store import ConfigStore
 
-from kvbench.config import budget_choice, register_budget_choice
+from kvbench.config import METHOD_LABEL_RESOLVER, budget_choice, register_budget_choice, register_configs
+from kvbench.errors import KVBenchError
+from kvbench.methods.plugins import load_plugin, method_entry_points
 from kvbench.resources import conf_dir
 
 
@@ -42,25 +45,39 @@ def register_method_choice(name: str) -> bool:
     if (conf_dir() / "method" / f"{name}.yaml").is_file():
         return False
     module = class_method_module(name)
-    if module is None:
+    if module is not None:
+        importlib.import_module(module)
+    elif name in method_entry_points():  # a method of another package (kvbench.methods.plugins)
+        try:
+            load_plugin(name)
+        except ValueError as err:
+            raise KVBenchError(str(err)) from None
+    else:  # no such method: Hydra reports the unknown preset (torch never imported)
         return False
-    importlib.import_module(module)
     from kvbench.methods.recipe import SCORER_METHODS
 
     method_class = SCORER_METHODS.get(name)
     if method_class is None:
         return False
+    register_configs()  # the label resolver
     ConfigStore.instance().store(group="method", name=name, node=default_preset(method_class))
     return True
 
 
 def default_preset(method_class: type) -> dict:
-    """The preset of a class-only method: its family, its fields at their defaults, its reference."""
+    """The preset of a class-only method: its family, its fields at their defaults, its reference (with the
+    providing package and version for another package's method, so that they enter the config hash)."""
+    from kvbench.methods.plugins import PLUGIN_PACKAGES
+
     family = method_class.family
     params = {field.name: field.default for field in dataclasses.fields(method_class)}
-    node = {"defaults": ["/schema/method/method@_here_", "_self_"], "name": family, "family": family, "params": params}
-    if method_class.reference:
-        node["reference"] = {"code": method_class.reference}
+    # The name (results folder) names the wrappers that are on: knorm, knorm+ada, knorm+ada+pyramid.
+    label = f"${{{METHOD_LABEL_RESOLVER}:{family},${{.params.allocation}},${{.params.layers}}}}"
+    node = {"defaults": ["/schema/method/method@_here_", "_self_"], "name": label, "family": family, "params": params}
+    reference = {"code": method_class.reference} if method_class.reference else {}
+    reference.update(PLUGIN_PACKAGES.get(family, {}))
+    if reference:
+        node["reference"] = reference
     return node
 
 

@@ -5,7 +5,10 @@ Two things are generated at build time, so they cannot drift from the code:
 * every page opens with the kvbench version it documents (``kvbench/version.py``'s ``__version__``);
 * one page per method family, ``methods/<family>.md``, from ``conf/method/*.yaml``: for each preset its header
   comment, its settings, its ``reference:`` block (repo, commit, file, what it reproduces) and the parity evidence
-  (the tests that check the family or name the preset, found by reading ``tests/*.py`` with :mod:`ast`).
+  (the tests that check the family or name the preset, found by reading ``tests/*.py`` with :mod:`ast`);
+* one page per one-class method (``kvbench/methods/<family>.py``, read with :mod:`ast`): its docstring, knobs,
+  reference and the tests of ``tests/methods/test_<family>.py``;
+* the nav's ``Methods`` section gains every method page it does not list (a new method needs no nav edit).
 
 The module reads files only (no kvbench import), so ``mkdocs build`` works without torch.
 """
@@ -124,6 +127,87 @@ def read_presets() -> dict[str, list[Preset]]:
         preset = Preset(path.stem, settings, " ".join(comment_lines), reference_block(text))
         families.setdefault(family, []).append(preset)
     return families
+
+
+@dataclass
+class ClassMethod:
+    """A method defined by one class (``class X(ScorerMethod, family="x")`` in ``kvbench/methods/<x>.py``), read with
+    :mod:`ast`: its module docstring, its knobs (fields: name, default, ``#:`` comment) and its reference."""
+
+    family: str
+    module: str
+    class_name: str
+    doc: str
+    knobs: list[tuple[str, str, str]]
+    reference: str
+
+
+def read_class_methods() -> dict[str, ClassMethod]:
+    """Family -> the one-class method defining it, from ``kvbench/methods/*.py`` (nothing imported)."""
+    found = {}
+    for path in sorted((REPO / "kvbench" / "methods").glob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        tree = ast.parse(text)
+        for node in tree.body:
+            keywords = {k.arg: k.value for k in node.keywords} if isinstance(node, ast.ClassDef) else {}
+            family = keywords.get("family")
+            if not (isinstance(family, ast.Constant) and isinstance(family.value, str)):
+                continue
+            reference = keywords.get("reference")
+            lines = text.splitlines()
+            knobs = []
+            for item in node.body:
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.value is not None:
+                    comment = []
+                    for above in reversed(lines[: item.lineno - 1]):
+                        if not above.strip().startswith("#:"):
+                            break
+                        comment.insert(0, above.strip().removeprefix("#:").strip())
+                    default = ast.get_source_segment(text, item.value) or ""
+                    knobs.append((item.target.id, default, " ".join(comment)))
+            found[family.value] = ClassMethod(
+                family.value,
+                path.relative_to(REPO).as_posix(),
+                node.name,
+                ast.get_docstring(tree) or "",
+                knobs,
+                reference.value if isinstance(reference, ast.Constant) else "",
+            )
+    return found
+
+
+def class_method_page(method: ClassMethod, tests: list[TestEvidence]) -> str:
+    """The Markdown of ``methods/<family>.md`` for a one-class method."""
+    family = method.family
+    lines = [
+        f"# Method `{family}`",
+        "",
+        f"Generated from `{method.module}` (class `{method.class_name}`) and `tests/methods/test_{family}.py` when "
+        "the site is built: a method defined by one class, with no YAML (`method={family}` runs its default preset;"
+        " [Add a method](add-a-method.md) shows how).",
+        "",
+        method.doc,
+        "",
+        f"Run it: `python run.py method={family} budget=0.5x`.",
+        "",
+        "Its own knobs (`method.params.<knob>`), besides those every one-class method has (`keep_window`, the "
+        "wrappers `allocation` and `layers`):",
+        "",
+        "| knob | default | meaning |",
+        "| --- | --- | --- |",
+        *[f"| `{name}` | `{default}` | {_escape_pipes(comment)} |" for name, default, comment in method.knobs],
+        "",
+    ]
+    if method.reference:
+        lines += [f"Reference: `{method.reference}`.", ""]
+    evidence = [test for test in tests if test.file == f"methods/test_{family}.py"]
+    lines += ["## Parity evidence", ""]
+    if evidence:
+        lines += [f"Tests in `tests/methods/test_{family}.py`:", "", "| test | what it checks |", "| --- | --- |"]
+        lines += [f"| `tests/{test.file}::{test.name}` | {_escape_pipes(test.summary)} |" for test in evidence]
+    else:
+        lines.append(f"No test file `tests/methods/test_{family}.py`.")
+    return "\n".join(lines) + "\n"
 
 
 def read_tests() -> list[TestEvidence]:
@@ -260,19 +344,34 @@ def family_page(family: str, presets: list[Preset], tests: list[TestEvidence]) -
 
 
 def on_config(config: Any) -> Any:
-    """Document the checkout that holds ``mkdocs.yml``, wherever ``mkdocs`` is started (MkDocs hook)."""
+    """Document the checkout that holds ``mkdocs.yml``, wherever ``mkdocs`` is started, and put every method page
+    the nav's ``Methods`` section does not list yet at its end (MkDocs hook): a new method needs no nav edit."""
     global REPO
     REPO = Path(config.config_file_path).resolve().parent
+    for section in config["nav"] or []:
+        if isinstance(section, dict) and isinstance(section.get("Methods"), list):
+            listed = {page for entry in section["Methods"] for page in entry.values()}
+            families = sorted(set(read_presets()) | set(read_class_methods()))
+            section["Methods"] += [
+                {family: f"methods/{family}.md"} for family in families if f"methods/{family}.md" not in listed
+            ]
     return config
 
 
 def on_files(files: Any, config: Any) -> Any:
-    """Add ``methods/<family>.md`` for every method family (MkDocs hook)."""
+    """Add ``methods/<family>.md`` for every method family: the YAML presets' families and the one-class methods
+    (MkDocs hook)."""
     from mkdocs.structure.files import File
 
     tests = read_tests()
-    for family, presets in read_presets().items():
-        files.append(File.generated(config, f"methods/{family}.md", content=family_page(family, presets, tests)))
+    presets = read_presets()
+    for family, family_presets in presets.items():
+        content = family_page(family, family_presets, tests)
+        files.append(File.generated(config, f"methods/{family}.md", content=content))
+    for family, method in read_class_methods().items():
+        if family not in presets:
+            content = class_method_page(method, tests)
+            files.append(File.generated(config, f"methods/{family}.md", content=content))
     return files
 
 

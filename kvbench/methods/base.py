@@ -343,8 +343,16 @@ class EvictionMethod:
 MethodBuilder = Callable[[Any], EvictionMethod]
 
 
+def _discover_methods() -> None:
+    """Import kvbench's method modules, then the installed packages' methods (:mod:`kvbench.methods.plugins`)."""
+    submodule_importer("kvbench.methods")()
+    from kvbench.methods.plugins import load_plugins
+
+    load_plugins()
+
+
 #: Method builders by ``method.family``.
-METHOD_FAMILIES: Registry[MethodBuilder] = Registry("method family", discover=submodule_importer("kvbench.methods"))
+METHOD_FAMILIES: Registry[MethodBuilder] = Registry("method family", discover=_discover_methods)
 
 
 def register_method(family: str) -> Callable[[MethodBuilder], MethodBuilder]:

@@ -17,6 +17,9 @@ list methods`` says which).
 * Knobs: the dataclass fields, set as ``method.params.<field>`` and validated by
   :func:`kvbench.methods.params.parse_params` (type, :func:`~kvbench.methods.params.choice`,
   :func:`~kvbench.methods.params.bounded`); an unknown one is an error listing the class's fields.
+* Wrappers over any scorer, declared once here: ``allocation: ada`` (Ada-KV's head-wise allocation) and ``layers:
+  pyramid`` (PyramidKV's layer schedule); ``method=knorm method.params.allocation=ada`` runs KNorm under Ada-KV's
+  allocation, and its default preset's name (the results folder) names the wrappers that are on (``knorm+ada``).
 * Protection: :attr:`ScorerMethod.keep_window` is a declared field (off: every token competes on its score, as
   kvpress's presses); ``method.window`` sizes the protected window when on, ``method.sink_tokens`` protects the
   first tokens.
@@ -34,8 +37,14 @@ import dataclasses
 from functools import partial
 from typing import Any, ClassVar
 
+from kvbench.methods.adakv import PAPER_ALPHA, AdaHeadAllocator
 from kvbench.methods.base import EvictionMethod, TokenScorer, common_knobs, register_method
-from kvbench.methods.params import parse_params
+from kvbench.methods.params import choice, parse_params
+from kvbench.methods.snapkv import PyramidLayerAllocator
+
+#: The head-allocation wrappers (``method.params.allocation``) and the layer schedules (``method.params.layers``).
+HEAD_ALLOCATIONS = ("uniform", "ada")
+LAYER_SCHEDULES = ("uniform", "pyramid")
 
 #: The one-class methods by family (registered by their class; their builders are in ``METHOD_FAMILIES`` too).
 SCORER_METHODS: dict[str, type[ScorerMethod]] = {}
@@ -49,6 +58,12 @@ class ScorerMethod(TokenScorer):
 
     #: Protect the last ``method.window`` prompt tokens (they rank before every other token); off by default.
     keep_window: bool = False
+    #: Wrapper: how a layer's budget is split over its heads: ``uniform`` or ``ada`` (Ada-KV's head-wise allocation,
+    #: its reference code's settings: safeguard alpha 0.2, floor reading; kvpress's ``AdaKVPress(press)``).
+    allocation: str = choice("uniform", HEAD_ALLOCATIONS)
+    #: Wrapper: how the total budget is split over layers: ``uniform`` or ``pyramid`` (PyramidKV's schedule, beta 20,
+    #: KVCache-Factory's variant, the window ``method.window``).
+    layers: str = choice("uniform", LAYER_SCHEDULES)
 
     #: The registry name, given as ``class X(ScorerMethod, family="x")``.
     family: ClassVar[str] = ""
@@ -68,8 +83,14 @@ def build_scorer_method(method_class: type[ScorerMethod], method_cfg: Any) -> Ev
     """The generic builder: the class's fields from ``method.params`` (validated), the common knobs it reads."""
     recipe = parse_params(method_class, method_cfg.params, method_class.family)
     knobs = common_knobs(method_cfg)
+    wrappers: dict[str, Any] = {}
+    if recipe.allocation == "ada":
+        wrappers["head_allocator"] = AdaHeadAllocator(PAPER_ALPHA["late"], "floor")
+    if recipe.layers == "pyramid":
+        wrappers["layer_allocator"] = PyramidLayerAllocator(20, knobs["window"])
     return EvictionMethod(
         scorer=recipe,
+        **wrappers,
         settings={**dataclasses.asdict(recipe), **({"reference": recipe.reference} if recipe.reference else {})},
         ignored_knobs=SCORER_METHOD_IGNORED,
         **{**knobs, "keep_window": recipe.keep_window},

@@ -53,6 +53,7 @@ from omegaconf import DictConfig, OmegaConf
 from kvbench.errors import Interrupted, KVBenchError
 from kvbench.inference.generate import last_token_ids
 from kvbench.kernels.paths import ATTENTION_RECORD, capability_summary
+from kvbench.methods.plugins import PLUGIN_PACKAGES
 from kvbench.models.loading import (
     LoadedModel,
     check_device_map,
@@ -288,6 +289,8 @@ class Runner:
                 "decode_batch": cfg.run.decode_batch,
             }
         )
+        if str(cfg.method.family) in PLUGIN_PACKAGES:  # another package's method (entry-point group kvbench.methods)
+            meta["method_package"] = PLUGIN_PACKAGES[str(cfg.method.family)]
         meta.setdefault("first_start_time", meta["start_time"])
         atomic_write_json(meta_path, meta)
         return meta

@@ -131,6 +131,7 @@ CONFIG_CASES = [
     (["task.datasets=[niah_single_1k]"], ["['niah_single_1k']", "valid datasets: niah_single_2k"]),
     (["task.datasets=[]"], ["task.datasets=[] selects no dataset", "niah_single_2k", "null"]),
     (["task=ruler", "task.datasets=[niah_singel_1]"], ["niah_singel_1", "valid datasets", "niah_single_1"]),
+    (["method=pyramidkv", "method.bta=3"], ["method.bta is not a kvbench", "method=pyramidkv", "beta, schedule"]),
     (["method=pyramidkv", "method.params.bta=3"], ["method.params.bta", "its parameters are: beta, schedule", "beta?"]),
     (["method=snapkv", "method.decode_eviction=true"], ["decode_eviction=True is not used by the snapkv family"]),
     (["budget=-5L"], ["unknown budget '-5L'", "128L", "budget=<spec>", "<n>/layer"]),

@@ -103,6 +103,10 @@ def test_site_builds_strict(tmp_path: Path) -> None:
     version = re.search(r'^__version__ = "([^"]+)"', (REPO / "kvbench/version.py").read_text(), re.MULTILINE)
     assert version and f"This page documents kvbench {version.group(1)}" in snapkv
     assert "kvbench.api.evaluate" in (built / "api/index.html").read_text(encoding="utf-8")
+    # A one-class method gets its page and nav entry with no edit: its knobs, reference and test file's evidence.
+    knorm = (built / "methods/knorm/index.html").read_text(encoding="utf-8")
+    assert "kvpress/presses/knorm_press.py" in knorm and "test_knorm.py" in knorm
+    assert 'href="../knorm/"' in (built / "methods/snapkv/index.html").read_text(encoding="utf-8")
 
 
 def docs_examples() -> list[tuple[str, str]]:
@@ -200,3 +204,15 @@ def test_paths_named_in_the_pages_exist() -> None:
             if "*" not in path and "<" not in path and not (REPO / path).is_file():
                 problems.append(f"{page.relative_to(REPO)}: {path}")
     assert not problems, "named but missing:\n" + "\n".join(problems)
+
+
+def test_method_files_shown_in_the_docs_are_the_files() -> None:
+    """A ``<!-- method-file: <path> -->`` block (the "Add a method" page's KNorm) is that file, byte for byte: the
+    page shows the code that runs (``python run.py method=knorm``, the generic suites, the docs example)."""
+    shown = 0
+    for page in sorted(DOCS.rglob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        for path, code in re.findall(r"<!-- method-file: (\S+) -->\s*```python\n(.*?)```", text, flags=re.DOTALL):
+            assert (REPO / path).read_text(encoding="utf-8") == code, f"{page}: the block differs from {path}"
+            shown += 1
+    assert shown >= 1
