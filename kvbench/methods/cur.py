@@ -45,6 +45,7 @@ class CUR(ScorerMethod, family="cur", reference="NVIDIA/kvpress kvpress/presses/
     use_random_leverage: bool = False
     #: Normalise the squared norms within windows of ``local_window_size`` tokens.
     use_local_approximation: bool = True
+    #: Tokens per window of the local approximation.
     local_window_size: int = bounded(16, 1)
 
     def score(self, observation: WindowObservation) -> torch.Tensor:

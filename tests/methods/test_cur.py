@@ -11,6 +11,7 @@ from tests.reference_recordings import load_recording
 
 
 def test_cur_scores_and_selections_match_kvpress() -> None:
+    """Every recorded case (tensor and tiny-Llama, float32 and bfloat16): scores bit for bit, kept tokens per head."""
     method = build_method({"name": "cur", "family": "cur"})
     tally = replay(method, "CURPress")
     assert tally.max_score_error == 0.0
@@ -19,6 +20,7 @@ def test_cur_scores_and_selections_match_kvpress() -> None:
 
 @pytest.mark.parametrize("leverage_type", ["kv_avg", "key", "value"])
 def test_other_leverage_types_score_their_own_norms(leverage_type: str) -> None:
+    """``kv_avg``, ``key`` and ``value`` (not recorded): the normalised mean / key / value squared norms."""
     case = load_recording("CURPress").cases[0]
     keys, values = torch.rand(2, 40, 16) + 0.1, torch.rand(2, 40, 16) + 0.1
     params = {"leverage_type": leverage_type, "use_local_approximation": False, "num_sinks": 0}
@@ -31,5 +33,6 @@ def test_other_leverage_types_score_their_own_norms(leverage_type: str) -> None:
 
 
 def test_an_unknown_leverage_type_is_refused_with_the_choices() -> None:
+    """A misspelt ``leverage_type`` is an error listing the valid ones."""
     with pytest.raises(ValueError, match="kv_product"):
         build_method({"name": "cur", "family": "cur", "params": {"leverage_type": "keys"}})

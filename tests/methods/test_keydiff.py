@@ -7,6 +7,7 @@ from tests.methods.kvpress_replay import replay
 
 
 def test_keydiff_scores_and_selections_match_kvpress() -> None:
+    """Every recorded case (tensor and tiny-Llama, float32 and bfloat16): scores bit for bit, kept tokens per head."""
     method = build_method({"name": "keydiff", "family": "keydiff"})
     assert method.keep_window is False
     tally = replay(method, "KeyDiffPress")

@@ -14,6 +14,7 @@ from tests.reference_recordings import load_recording
 
 @pytest.mark.parametrize(("press", "lag_size"), [("LagKVPress", 128), ("LagKVPress_lag16", 16)])
 def test_lagkv_scores_and_selections_match_kvpress(press: str, lag_size: int) -> None:
+    """Every recorded case: scores bit for bit, kept tokens per head (a valid top-k where rank scores tie)."""
     method = build_method({"name": "lagkv", "family": "lagkv", "params": {"lag_size": lag_size}})
     tally = replay(method, press)
     assert tally.max_score_error == 0.0

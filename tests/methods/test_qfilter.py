@@ -17,6 +17,7 @@ from tests.reference_recordings import stored_input
 
 
 def test_qfilter_scores_and_selections_match_kvpress(tmp_path: Path) -> None:
+    """The recorded tiny-Llama cases with kvpress's seeded filters: scores bit for bit, kept tokens per head."""
     path = tmp_path / "filters.safetensors"
     save_file({FILTERS_KEY: stored_input("qfilters")}, str(path))
     method = build_method({"name": "qfilter", "family": "qfilter", "params": {"filters": str(path)}})
@@ -45,6 +46,7 @@ def test_filters_point_away_from_the_mean_query_direction_and_keep_the_keys_quer
 
 
 def test_a_filter_file_of_the_wrong_shape_is_refused(tmp_path: Path) -> None:
+    """Filters for another model (wrong layer count) are an error naming the shape this model needs."""
     path = tmp_path / "filters.safetensors"
     save_file({FILTERS_KEY: torch.zeros(3, 2, 16)}, str(path))
     method = build_method({"name": "qfilter", "family": "qfilter", "params": {"filters": str(path)}})
