@@ -52,6 +52,17 @@ def chunked_bidirectional_attention(
     return attention.sum(dim=-2).reshape(heads, padded)[:, :length]
 
 
+def pooled_attention_scores(
+    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, chunk_size: int, mask_padding: bool = False
+) -> torch.Tensor:
+    """``[H_kv, S]`` float32: the chunked non-causal attention of post-RoPE ``queries`` ``[H_q, S, D]`` on ``keys``
+    ``[H_kv, S, D]``, averaged per GQA group, times the ``values``' norms, average-pooled over 3 tokens."""
+    group = queries.shape[0] // keys.shape[0]
+    attention = chunked_bidirectional_attention(queries, keys.repeat_interleave(group, dim=0), chunk_size, mask_padding)
+    per_kv_head = attention.reshape(keys.shape[0], group, -1).mean(dim=1)
+    return F.avg_pool1d(per_kv_head * values.norm(dim=-1), kernel_size=3, stride=1, padding=1)
+
+
 def zscore_all_heads(scores: torch.Tensor) -> torch.Tensor:
     """``(x - mean) / max(std, 1e-6)`` with the mean and (unbiased) std of the whole ``[H, S]`` tensor."""
     return (scores - scores.mean()) / scores.std().clamp_min(1e-6)
@@ -74,16 +85,8 @@ class NonCausalAttn(
 
     def score(self, observation: WindowObservation) -> torch.Tensor:
         """``[H_kv, S]`` float32 z-scores."""
-        return zscore_all_heads(self.pooled_scores(observation))
-
-    def pooled_scores(self, observation: WindowObservation) -> torch.Tensor:
-        """``[H_kv, S]`` float32 group-mean attention times value norms, pooled over 3 tokens (before the z-score)."""
-        queries, keys, values = observation.prompt_queries, observation.keys, observation.values
+        queries, keys = observation.prompt_queries, observation.keys
         if queries is None or queries.shape[1] != keys.shape[1]:
             raise ValueError("noncausal needs every prompt query (TokenScorer.prompt_rows)")
-        group = observation.group_size
-        attention = chunked_bidirectional_attention(
-            queries, keys.repeat_interleave(group, dim=0), self.chunk_size, self.mask_padding
-        )
-        per_kv_head = attention.reshape(keys.shape[0], group, -1).mean(dim=1)
-        return F.avg_pool1d(per_kv_head * values.norm(dim=-1), kernel_size=3, stride=1, padding=1)
+        pooled = pooled_attention_scores(queries, keys, observation.values, self.chunk_size, self.mask_padding)
+        return zscore_all_heads(pooled)

@@ -76,7 +76,7 @@ def keep_one_layer(method: EvictionMethod, observation: WindowObservation, n_kep
 
 
 def replay(
-    method: EvictionMethod,
+    method: EvictionMethod | Callable[[RecordedCase], EvictionMethod],
     press: str,
     observation_of: ObservationOf = keys_values_observation,
     *,
@@ -87,26 +87,29 @@ def replay(
     strict: bool = True,
 ) -> ReplayTally:
     """Replay the cases of ``press``'s recording in ``dtypes``; asserts scores (to ``score_atol``) and, when
-    ``strict``, selections per head (else counts them: ``same``, ``tied_valid``, the rest differ)."""
+    ``strict``, selections per head (else counts them: ``same``, ``tied_valid``, the rest differ).  ``method`` may
+    be a function of the case (settings that follow the case's compression ratio)."""
     tally = ReplayTally()
+    method_of = method if callable(method) else (lambda _: method)
     for case in load_recording(press).cases:
         if case.dtype not in dtypes:
             continue
+        method = method_of(case)
         tally.cases += 1
         tally.kinds[f"{case.kind}/{case.dtype}"] = tally.kinds.get(f"{case.kind}/{case.dtype}", 0) + 1
         n_kept = kvpress_n_kept(case.length, case.compression_ratio)
+        if before_case is not None:
+            before_case(case)  # e.g. the recorder's torch.manual_seed(1234): layer 0 then layer 1 draw from it
         for layer, inputs in enumerate(case_inputs(case)):
             reference = case.layer_scores(layer, score_press)
-            if before_case is not None:
-                before_case(case)
             observation = observation_of(case, layer, inputs)
+            draws = torch.random.get_rng_state()
             ours = method.scorer.score(observation).float()
             error = float((ours - reference).abs().max())
             tally.max_score_error = max(tally.max_score_error, error)
             where = (case.inputs, case.dtype, case.compression_ratio, layer)
             assert error <= score_atol, (*where, error)
-            if before_case is not None:
-                before_case(case)
+            torch.random.set_rng_state(draws)  # the session's score call draws what the first one drew
             kept = keep_one_layer(method, observation, n_kept)
             for head, positions in enumerate(kept):
                 tally.selections += 1
