@@ -25,18 +25,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from kvbench.inference.press import kvbench_attention
+from kvbench.inference.queries import full_attention_layers, record_queries
 from kvbench.methods.qfilter import FILTERS_KEY, filters_from_queries
-
-
-class QueryRecorder:
-    """An attention observer (:class:`kvbench.attention.function.AttentionObserver`): keeps each layer's queries."""
-
-    def __init__(self) -> None:
-        self.queries: dict[int, torch.Tensor] = {}
-
-    def after_attention(self, module: torch.nn.Module, query: torch.Tensor, scaling: float) -> None:
-        self.queries[int(module.layer_idx)] = query[0].detach().float().cpu()
 
 
 def load(model_name: str):
@@ -55,14 +45,11 @@ def compute(model, tokenizer, text: str, max_tokens: int) -> tuple[torch.Tensor,
     ids = tokenizer(text, return_tensors="pt").input_ids[:, :max_tokens]
     if ids.shape[1] < 2:
         raise ValueError(f"the text gives {ids.shape[1]} token(s); Q-Filters need a longer calibration text")
-    recorder = QueryRecorder()
     config = model.config.get_text_config()
     kv_heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
-    with kvbench_attention(model), torch.no_grad():
-        model(input_ids=ids.to(model.device), use_cache=False, kvbench_session=recorder)
-    layer_types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
-    layers = [idx for idx, kind in enumerate(layer_types) if kind == "full_attention"]
-    return torch.stack([filters_from_queries(recorder.queries[idx], kv_heads) for idx in layers]), int(ids.shape[1])
+    queries = record_queries(model, ids)
+    layers = full_attention_layers(model)
+    return torch.stack([filters_from_queries(queries[idx], kv_heads) for idx in layers]), int(ids.shape[1])
 
 
 def main(argv: list[str] | None = None) -> int:

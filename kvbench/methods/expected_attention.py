@@ -13,6 +13,12 @@ Reproduces NVIDIA/kvpress ``kvpress/presses/expected_attention_press.py`` (``Exp
 
 No other token is protected; kvpress's ``compression_ratio`` c is the budget ``<max(1, int(S (1 - c)))>/layer``.
 
+``stats: <file>`` is kvpress's ``ExpectedAttentionStatsPress``: step 1's mean and covariance come from a dataset
+(per layer, cast to the model dtype) instead of the prompt; kvpress downloads them from the Hub
+(``alessiodevoto/exp_att_stats_*``), ``scripts/compute_expected_attention_stats.py`` computes them offline from a
+model's queries on local text (kvpress's procedure: samples of ``sample_chars`` characters, sinks dropped per
+sample, unbiased covariance).
+
 kvbench's pre-RoPE queries: kvpress recomputes them from the layer's input (``q_proj`` of the hidden states);
 kvbench un-rotates the post-RoPE queries it is handed with the model's own rotary tables
 (:attr:`~kvbench.methods.base.WindowObservation.rotary`), in float32, then rounds them to the model dtype.  In
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 from torch.nn import functional as F
@@ -78,33 +85,29 @@ class ExpectedAttention(
     #: Added to the expected attention before the value-norm product.
     epsilon: float = bounded(0.0, 0.0)
 
+    #: A safetensors file of dataset statistics (``query_mean`` ``[L, H_q, D]``, ``query_cov`` ``[L, H_q, D, D]``,
+    #: pre-RoPE; ``scripts/compute_expected_attention_stats.py``): kvpress's ``ExpectedAttentionStatsPress``.
+    stats: str | None = None
+
     def prompt_rows(self, model_dtype: torch.dtype) -> PromptRows:
-        """Every prompt query."""
-        return PromptRows(queries=True)
+        """Every prompt query (none with dataset statistics)."""
+        return PromptRows(queries=self.stats is None)
 
     def score(self, observation: WindowObservation) -> torch.Tensor:
         """``[H_kv, S]`` scores in the model dtype."""
-        queries, keys, values = observation.prompt_queries, observation.keys, observation.values
-        length = keys.shape[1]
-        if queries is None or queries.shape[1] != length:
-            raise ValueError("expected_attention needs every prompt query (TokenScorer.prompt_rows)")
+        keys, values = observation.keys, observation.values
+        length, dim = keys.shape[1], keys.shape[-1]
         if observation.rotary is None:
             raise ValueError("expected_attention needs the model's rotary embedding (a RoPE model)")
         if length <= self.n_sink:
             raise ValueError(f"expected_attention: {length} context tokens, it needs more than n_sink={self.n_sink}")
-        dtype, dim = queries.dtype, keys.shape[-1]
-        positions = torch.arange(self.n_sink, length, device=keys.device)
-        cos, sin = observation.rotary(positions, dtype)
-        prerope = unrotate(queries[:, self.n_sink :], cos, sin).to(dtype)  # [H_q, S - n_sink, D]
-        mean = prerope.mean(dim=1, keepdim=True)
+        mean, covariance = self.query_statistics(observation)
         future = torch.arange(length, length + self.n_future_positions, device=keys.device)
-        rotation = average_rotation(*observation.rotary(future, dtype))
-        mean = mean.squeeze(1) @ rotation.T  # [H_q, D]
+        rotation = average_rotation(*observation.rotary(future, mean.dtype))
+        mean = mean @ rotation.T  # [H_q, D]
         keys_t = keys[:, self.n_sink :].repeat_interleave(observation.group_size, dim=0).transpose(1, 2)
         scores = (mean[:, None, :] @ keys_t).squeeze(1) / math.sqrt(dim)  # [H_q, S - n_sink]
-        if self.use_covariance:
-            centered = prerope - prerope.mean(dim=1, keepdim=True)
-            covariance = torch.einsum("hsi,hsj->hij", centered, centered) / prerope.shape[1]
+        if covariance is not None:
             covariance = rotation @ (covariance @ rotation.T)
             scores = scores + torch.einsum("hin,hij,hjn->hn", keys_t, covariance, keys_t) / dim / 2
         scores = F.softmax(scores, dim=-1)
@@ -112,3 +115,48 @@ class ExpectedAttention(
         if self.use_vnorm:
             scores = (scores + self.epsilon) * values[:, self.n_sink :].norm(dim=-1)
         return F.pad(scores, (self.n_sink, 0), value=scores.max().item() + 1)
+
+    def query_statistics(self, observation: WindowObservation) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Pre-RoPE query mean ``[H_q, D]`` and covariance ``[H_q, D, D]`` (``None`` without ``use_covariance``), in
+        the model dtype: the dataset's (``stats``) or the prompt's, sinks left out (biased covariance, as kvpress)."""
+        if self.stats is not None:
+            mean, covariance = load_stats(self.stats)
+            if mean.shape[0] != observation.num_layers or mean.shape[-1] != observation.keys.shape[-1]:
+                raise ValueError(
+                    f"method.params.stats={self.stats!r}: statistics of shape {tuple(mean.shape)}, this model needs "
+                    f"[{observation.num_layers}, H_q, {observation.keys.shape[-1]}]"
+                )
+            dtype, device = observation.queries.dtype, observation.keys.device
+            mean = mean[observation.layer_idx].to(device=device, dtype=dtype)
+            covariance = covariance[observation.layer_idx].to(device=device, dtype=dtype)
+            return mean, covariance if self.use_covariance else None
+        queries = observation.prompt_queries
+        if queries is None or queries.shape[1] != observation.context_length:
+            raise ValueError("expected_attention needs every prompt query (TokenScorer.prompt_rows)")
+        assert observation.rotary is not None
+        dtype = queries.dtype
+        positions = torch.arange(self.n_sink, queries.shape[1], device=queries.device)
+        prerope = unrotate(queries[:, self.n_sink :], *observation.rotary(positions, dtype)).to(dtype)
+        mean = prerope.mean(dim=1, keepdim=True)
+        covariance = None
+        if self.use_covariance:
+            centered = prerope - mean
+            covariance = torch.einsum("hsi,hsj->hij", centered, centered) / prerope.shape[1]
+        return mean.squeeze(1), covariance
+
+
+@cache
+def load_stats(path: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(query_mean [L, H_q, D], query_cov [L, H_q, D, D])`` of a statistics file (read once per path)."""
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(path)
+    except (OSError, RuntimeError) as err:
+        raise ValueError(f"method.params.stats={path!r}: cannot read a safetensors file ({err})") from None
+    if "query_mean" not in tensors or "query_cov" not in tensors:
+        raise ValueError(
+            f"method.params.stats={path!r}: expected tensors 'query_mean' and 'query_cov' (found {sorted(tensors)}); "
+            "scripts/compute_expected_attention_stats.py writes them"
+        )
+    return tensors["query_mean"], tensors["query_cov"]

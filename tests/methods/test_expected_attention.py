@@ -40,3 +40,36 @@ def test_unrotate_inverts_the_rotation_and_the_average_rotation_is_its_mean() ->
     expected = (vector * cos + rotate_half(vector) * sin).mean(0)
     torch.testing.assert_close(vector @ average_rotation(cos, sin).T, expected)
     assert load_recording("ExpectedAttentionPress").cases[0].settings["n_future_positions"] == 512
+
+
+def test_dataset_statistics_mode_scores_as_kvpress_when_given_the_prompts_own_statistics(tmp_path) -> None:
+    """``stats: <file>`` (kvpress's ``ExpectedAttentionStatsPress``): fed the statistics kvpress computed from each
+    float32 prompt (pre-RoPE ``q_proj`` queries after the sinks, biased covariance), it scores as the recording."""
+    from safetensors.torch import save_file
+
+    from tests.reference_recordings import case_inputs, tiny_llama_weights
+
+    weights = tiny_llama_weights(torch.float32)
+    checked = 0
+    for case in load_recording("ExpectedAttentionPress").cases:
+        if case.dtype != "float32" or case.compression_ratio != 0.5:
+            continue
+        means, covariances, observations = [], [], []
+        for layer, inputs in enumerate(case_inputs(case)):
+            hidden = inputs["hidden_states"][0, 4:]
+            queries = (hidden @ weights[f"model.layers.{layer}.self_attn.q_proj.weight"].T).view(-1, 4, 16)
+            queries = queries.transpose(0, 1)  # [H_q, S - 4, D]
+            centred = queries - queries.mean(1, keepdim=True)
+            means.append(queries.mean(1))
+            covariances.append(torch.einsum("hsi,hsj->hij", centred, centred) / queries.shape[1])
+            observations.append(rotary_observation(case, layer, inputs))
+        path = tmp_path / f"stats_{case.length}.safetensors"
+        save_file({"query_mean": torch.stack(means), "query_cov": torch.stack(covariances)}, str(path))
+        method = build_method({"name": "ea", "family": "expected_attention", "params": {"stats": str(path)}})
+        assert not method.scorer.prompt_rows(torch.float32).queries
+        for layer, observation in enumerate(observations):
+            observation.prompt_queries = None  # the statistics replace the prompt's queries
+            scores = method.scorer.score(observation)
+            torch.testing.assert_close(scores, case.layer_scores(layer), atol=1e-6, rtol=0)
+            checked += 1
+    assert checked == 4  # S = 48 and 128, two layers each
