@@ -15,9 +15,13 @@ from tests.reference_recordings import boundary_tie, case_inputs, is_valid_topk,
 
 @pytest.mark.parametrize(
     ("preset", "press", "window"),
-    [("snapkv_kvpress", "SnapKVPress", 64), ("snapkv_kvpress", "SnapKVPress_window16", 16)],
+    [
+        ("snapkv_kvpress", "SnapKVPress", 64),
+        ("snapkv_kvpress", "SnapKVPress_window16", 16),
+        ("tova_kvpress", "TOVAPress", 1),
+    ],
 )
-def test_snapkv_kvpress_preset_keeps_kvpress_tokens(preset: str, press: str, window: int) -> None:
+def test_window_scorer_kvpress_presets_keep_kvpress_tokens(preset: str, press: str, window: int) -> None:
     """Every recorded tiny-Llama case (float32 and bfloat16): the candidates' scores within rounding of kvpress's,
     kept tokens per head the same or a valid top-k where kvpress's scores tie at the cut."""
     method = method_from_yaml(preset, window=window)
