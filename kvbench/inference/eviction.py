@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -167,9 +167,19 @@ class EvictionSession:
     scoring_impl:
         Kernel implementation of the attention statistics (:attr:`WindowObservation.impl`): ``auto`` (default),
         ``triton``, ``torch``, or ``dense`` (the materialising reference, for comparisons).
+    rotary:
+        The model's rotary embedding tables (:attr:`WindowObservation.rotary`), or ``None``.
     """
 
-    def __init__(self, method: EvictionMethod, budget: Budget, cache: KVBenchCache, scoring_impl: str = "auto") -> None:
+    def __init__(
+        self,
+        method: EvictionMethod,
+        budget: Budget,
+        cache: KVBenchCache,
+        scoring_impl: str = "auto",
+        rotary: Callable[[torch.Tensor, torch.dtype], tuple[torch.Tensor, torch.Tensor]] | None = None,
+    ) -> None:
+        self.rotary = rotary
         self.scoring_impl = check_choice("scoring_impl", scoring_impl, kernels.SCORING_IMPLS)
         self.method = method
         self.budget = budget
@@ -288,6 +298,7 @@ class EvictionSession:
             prompt_column_sums=rows.column_sums,
             impl=self.scoring_impl,
             sample_key=self.sample_key,
+            rotary=self.rotary,
         )
         # With window_in_budget=False every layer keeps its window on top of the budget: allocators see it added.
         off_budget = 0 if self.method.window_in_budget else window

@@ -21,7 +21,7 @@ sees what a one-shot prefill gives it, while the activations (MLP, attention) ar
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -160,6 +160,25 @@ def prompt_segments(compressed: list[int], appended: list[int], chunk: int) -> l
     return segments
 
 
+def rotary_tables(
+    model: PreTrainedModel,
+) -> Callable[[torch.Tensor, torch.dtype], tuple[torch.Tensor, torch.Tensor]] | None:
+    """The model's rotary embedding module as ``(positions [N], dtype) -> (cos, sin) [N, D]`` (what
+    :attr:`kvbench.methods.base.WindowObservation.rotary` holds), or ``None`` when the decoder has no single
+    ``rotary_emb`` (per-layer-type rotations, no RoPE)."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    rotary = getattr(decoder, "rotary_emb", None)
+    if not isinstance(rotary, torch.nn.Module):
+        return None
+
+    def tables(positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        device = next(iter(rotary.buffers()), positions).device
+        cos, sin = rotary(torch.empty(0, dtype=dtype, device=device), positions.to(device)[None])
+        return cos[0], sin[0]
+
+    return tables
+
+
 def prefill(
     model: PreTrainedModel,
     context_ids: Sequence[int],
@@ -187,7 +206,7 @@ def prefill(
     device = input_device(model)  # with a device map each cache layer is created on its own layer's device
     if cache is None:
         cache = build_cache(model, method)
-    session = EvictionSession(method, budget, cache, scoring_impl=scoring_impl)
+    session = EvictionSession(method, budget, cache, scoring_impl=scoring_impl, rotary=rotary_tables(model))
     chunk = resolve_prefill_chunk(prefill_chunk, device, len(compressed)) or len(compressed)
     session.record.prefill_chunk = chunk if chunk < len(compressed) else 0
     segments = prompt_segments(compressed, appended, chunk)

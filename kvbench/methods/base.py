@@ -73,6 +73,10 @@ class WindowObservation:
         A stable number identifying the sample: a hash of the compressed prompt's token ids (0 when unknown).
         Methods that draw random numbers (NACL) seed from it, so a sample's draws do not depend on which samples
         ran before it (resumed runs, subsets, reordering).
+    rotary:
+        The model's rotary position embedding, when it has one: ``rotary(positions [N], dtype) -> (cos, sin)``, each
+        ``[N, D]`` in ``dtype``, as the model's own rotary module computes them (scorers that need pre-RoPE states
+        or future positions' rotations: Expected Attention); ``None`` when unknown.
     """
 
     layer_idx: int
@@ -87,6 +91,7 @@ class WindowObservation:
     impl: str = "auto"
     _stats: dict[Any, kernels.WindowStats] = field(default_factory=dict, repr=False, compare=False)
     sample_key: int = 0
+    rotary: Callable[[torch.Tensor, torch.dtype], tuple[torch.Tensor, torch.Tensor]] | None = None
 
     @property
     def window(self) -> int:
