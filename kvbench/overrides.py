@@ -72,7 +72,8 @@ def default_preset(method_class: type) -> dict:
     family = method_class.family
     params = {field.name: field.default for field in dataclasses.fields(method_class)}
     # The name (results folder) names the wrappers that are on: knorm, knorm+ada, knorm+ada+pyramid, knorm+chunkkv.
-    label = f"${{{METHOD_LABEL_RESOLVER}:{family},${{.params.allocation}},${{.params.layers}},${{.params.selection}}}}"
+    wrappers = ",".join(f"${{.params.{knob}}}" for knob in ("allocation", "layers", "selection", "rescale"))
+    label = f"${{{METHOD_LABEL_RESOLVER}:{family},{wrappers}}}"
     node = {"defaults": ["/schema/method/method@_here_", "_self_"], "name": label, "family": family, "params": params}
     reference = {"code": method_class.reference} if method_class.reference else {}
     reference.update(PLUGIN_PACKAGES.get(family, {}))

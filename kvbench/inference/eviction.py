@@ -251,6 +251,7 @@ class EvictionSession:
         layer = self.cache.headwise_layers[layer_idx]
         policy = self.method.decode_policy
         if self.phase == "compress":
+            self._output_projection = getattr(getattr(module, "o_proj", None), "weight", None)  # CriticalKV's
             self._prefill_chunk(layer_idx, layer, query[0], scaling)
         elif policy is None or self.budget.is_full:
             return
@@ -299,6 +300,7 @@ class EvictionSession:
             impl=self.scoring_impl,
             sample_key=self.sample_key,
             rotary=self.rotary,
+            output_projection=getattr(self, "_output_projection", None),
         )
         # With window_in_budget=False every layer keeps its window on top of the budget: allocators see it added.
         off_budget = 0 if self.method.window_in_budget else window

@@ -18,10 +18,11 @@ list methods`` says which).
   :func:`kvbench.methods.params.parse_params` (type, :func:`~kvbench.methods.params.choice`,
   :func:`~kvbench.methods.params.bounded`); an unknown one is an error listing the class's fields.
 * Wrappers over any scorer, declared once here: ``allocation: ada`` (Ada-KV's head-wise allocation; ``ada_kvpress``
-  kvpress's reading of it), ``layers: pyramid`` (PyramidKV's layer schedule) and ``selection: chunkkv | chunk |
-  block`` (kvpress's ChunkKV, Chunk and Block presses, :mod:`kvbench.methods.selection`, sized by
-  ``selection_length``); ``method=knorm method.params.allocation=ada`` runs KNorm under Ada-KV's allocation, and its
-  default preset's name (the results folder) names the wrappers that are on (``knorm+ada``, ``knorm+chunkkv``).
+  kvpress's reading of it), ``layers: pyramid`` (PyramidKV's layer schedule), ``selection: chunkkv | chunk | block``
+  (kvpress's ChunkKV, Chunk and Block presses, :mod:`kvbench.methods.selection`, sized by ``selection_length``) and
+  ``rescale: critical`` (CriticalKV, :mod:`kvbench.methods.critical`); ``method=knorm method.params.allocation=ada``
+  runs KNorm under Ada-KV's allocation, and its default preset's name (the results folder) names the wrappers that
+  are on (``knorm+ada``, ``knorm+chunkkv``, ``knorm+ada_kvpress+critical``).
 * Protection: :attr:`ScorerMethod.keep_window` is a declared field (off: every token competes on its score, as
   kvpress's presses); ``method.window`` sizes the protected window when on, ``method.sink_tokens`` protects the
   first tokens.
@@ -41,6 +42,7 @@ from typing import Any, ClassVar
 
 from kvbench.methods.adakv import PAPER_ALPHA, AdaHeadAllocator
 from kvbench.methods.base import EvictionMethod, TokenScorer, common_knobs, register_method
+from kvbench.methods.critical import wrap_critical
 from kvbench.methods.kvpress_ada import KvpressAdaAllocator
 from kvbench.methods.params import bounded, choice, parse_params
 from kvbench.methods.selection import SELECTIONS, wrap_selection
@@ -49,6 +51,8 @@ from kvbench.methods.snapkv import PyramidLayerAllocator
 #: The head-allocation wrappers (``method.params.allocation``) and the layer schedules (``method.params.layers``).
 HEAD_ALLOCATIONS = ("uniform", "ada", "ada_kvpress")
 LAYER_SCHEDULES = ("uniform", "pyramid")
+#: The score rescalings (``method.params.rescale``): none, or CriticalKV's.
+RESCALES = ("none", "critical")
 
 #: The one-class methods by family (registered by their class; their builders are in ``METHOD_FAMILIES`` too).
 SCORER_METHODS: dict[str, type[ScorerMethod]] = {}
@@ -75,6 +79,10 @@ class ScorerMethod(TokenScorer):
     selection: str = choice("topk", SELECTIONS)
     #: The chunk or block length of ``selection`` (0: kvpress's default, chunkkv 20, chunk 1024, block 128).
     selection_length: int = bounded(0, 0)
+    #: Wrapper: ``critical`` is CriticalKV (kvpress's ``CriticalKVPress``: the scores rescaled by the values'
+    #: projected L1 norms, two stages); with ``allocation: ada_kvpress``, CriticalAdaKV
+    #: (:mod:`kvbench.methods.critical`).
+    rescale: str = choice("none", RESCALES)
 
     #: The registry name, given as ``class X(ScorerMethod, family="x")``.
     family: ClassVar[str] = ""
@@ -113,4 +121,12 @@ def build_scorer_method(method_class: type[ScorerMethod], method_cfg: Any) -> Ev
         ignored_knobs=SCORER_METHOD_IGNORED,
         **{**knobs, "keep_window": recipe.keep_window},
     )
+    if recipe.rescale == "critical":
+        if recipe.selection != "topk" or recipe.allocation == "ada":
+            raise ValueError(
+                "method.params.rescale=critical combines with method.params.allocation=uniform (CriticalKV) or "
+                f"ada_kvpress (CriticalAdaKV) and selection=topk; got allocation={recipe.allocation!r}, "
+                f"selection={recipe.selection!r}"
+            )
+        return wrap_critical(method, adaptive=recipe.allocation == "ada_kvpress")
     return wrap_selection(method, recipe.selection, recipe.selection_length)
