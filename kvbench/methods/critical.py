@@ -18,7 +18,9 @@ FFY0/AdaKV-in-NVIDIA-kvpress): ``method=knorm method.params.rescale=critical`` (
   scores on the kept tokens and ``-inf`` elsewhere (:class:`~kvbench.methods.selection.SelectedCountAllocator`
   counts them).
 
-A model whose attention has no ``o_proj`` gives no ``output_projection``: the wrapper then refuses to score (a clear
+Protected tokens (the window when the method keeps it, the sinks) score ``max + 1`` before the rescaling, as kvpress's
+presses pad their window: they take stage 1 first, and then compete on the rescaled score.  A model whose attention
+has no ``o_proj`` gives no ``output_projection``: the wrapper then refuses to score (a clear
 error naming the layer).  Parity: ``tests/methods/test_criticalkv.py``.
 """
 
@@ -31,7 +33,7 @@ import torch
 
 from kvbench.methods.base import EvictionMethod, PromptRows, TokenScorer, WindowObservation
 from kvbench.methods.kvpress_ada import KVPRESS_ALPHA_SAFEGUARD
-from kvbench.methods.selection import SelectedCountAllocator
+from kvbench.methods.selection import SelectedCountAllocator, pad_protected
 from kvbench.methods.token_scores import aggregate_groups
 
 #: kvpress's defaults: stage 2's epsilon and stage 1's share of the budget.
@@ -72,32 +74,42 @@ class CriticalScorer(TokenScorer):
     gqa_agg: str = "mean"
     epsilon: float = CRITICAL_EPSILON
     first_stage_ratio: float = FIRST_STAGE_RATIO
+    window: int = 0
+    sink_tokens: int = 0
 
     def prompt_rows(self, model_dtype: torch.dtype) -> PromptRows:
         return self.inner.prompt_rows(model_dtype)
 
     def score(self, observation: WindowObservation) -> torch.Tensor:
+        rescaled, head_budgets = self.rescaled(observation)
+        if head_budgets is None:
+            return rescaled
+        keep = torch.zeros(rescaled.shape, dtype=torch.bool, device=rescaled.device)
+        ranked = rescaled.topk(max(head_budgets), dim=-1).indices
+        for head, count in enumerate(head_budgets):
+            keep[head, ranked[head, :count]] = True
+        return torch.where(keep, rescaled.float(), float("-inf"))
+
+    def rescaled(self, observation: WindowObservation) -> tuple[torch.Tensor, list[int] | None]:
+        """``[H, S]`` the two-stage scores (stage 1's picks at the dtype's largest value) and, for CriticalAdaKV,
+        the per-head budgets (``None`` for CriticalKV: every head keeps the layer budget)."""
         if observation.output_projection is None:
             raise ValueError(
                 f"method.params.rescale=critical needs the attention's output projection (o_proj) at layer "
                 f"{observation.layer_idx}; this model's attention has none"
             )
         scores = aggregate_groups(self.inner.score(observation), observation.num_heads, self.gqa_agg)
+        scores = pad_protected(scores, self.window, self.sink_tokens)
         length = scores.shape[1]
         budget = min(observation.layer_budget or length, length)
         vnorm = projected_value_norms(observation.values, observation.output_projection, observation.queries.shape[0])
-        rescaled = (scores + self.epsilon) * vnorm
         if not self.adaptive:
             first = scores.topk(int(budget * self.first_stage_ratio), dim=-1).indices
-            return rescaled.scatter(-1, first, torch.finfo(rescaled.dtype).max)
+            rescaled = (scores + self.epsilon) * vnorm
+            return rescaled.scatter(-1, first, torch.finfo(rescaled.dtype).max), None
         guarded, head_budgets = kvpress_head_budgets(scores, budget)
         stage_one = _force_top(guarded, [int(count * self.first_stage_ratio) for count in head_budgets])
-        stage_two = (stage_one + self.epsilon) * vnorm
-        keep = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device)
-        ranked = stage_two.topk(max(head_budgets), dim=-1).indices
-        for head, count in enumerate(head_budgets):
-            keep[head, ranked[head, :count]] = True
-        return torch.where(keep, stage_two.float(), float("-inf"))
+        return (stage_one + self.epsilon) * vnorm, head_budgets
 
 
 def kvpress_head_budgets(scores: torch.Tensor, budget: int) -> tuple[torch.Tensor, list[int]]:
@@ -113,7 +125,10 @@ def wrap_critical(method: EvictionMethod, adaptive: bool) -> EvictionMethod:
     """``method`` under CriticalKV (``adaptive``: CriticalAdaKV, which sets its own head counts)."""
     if method.scorer is None:
         raise ValueError(f"method.params.rescale=critical needs a scorer; method {method.name!r} has none")
-    scorer = CriticalScorer(method.scorer, adaptive=adaptive, gqa_agg=method.gqa_agg)
-    if not adaptive:
-        return dataclasses.replace(method, scorer=scorer)
-    return dataclasses.replace(method, scorer=scorer, head_allocator=SelectedCountAllocator())
+    window = method.window if method.keep_window else 0
+    scorer = CriticalScorer(
+        method.scorer, adaptive=adaptive, gqa_agg=method.gqa_agg, window=window, sink_tokens=method.sink_tokens
+    )
+    # The wrapper protects by padding (max + 1 before the rescaling, as kvpress's presses pad their window).
+    wrapped = dataclasses.replace(method, scorer=scorer, keep_window=False, sink_tokens=0)
+    return dataclasses.replace(wrapped, head_allocator=SelectedCountAllocator()) if adaptive else wrapped

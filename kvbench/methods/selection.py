@@ -96,16 +96,10 @@ class SelectionScorer(TokenScorer):
         return torch.where(keep, scores.float(), float("-inf"))
 
     def _protected(self, scores: torch.Tensor) -> torch.Tensor:
-        """``[S]`` bool: the protected tokens (the last ``window``, the first ``sink_tokens``)."""
-        length = scores.shape[1]
-        positions = torch.arange(length, device=scores.device)
-        return (positions >= length - self.window) | (positions < self.sink_tokens)
+        return protected_tokens(scores.shape[1], self.window, self.sink_tokens, scores.device)
 
     def _padded(self, scores: torch.Tensor) -> torch.Tensor:
-        """Protected tokens set to ``max + 1`` (kvpress's padding of a press's window)."""
-        if not self.window and not self.sink_tokens:
-            return scores
-        return torch.where(self._protected(scores), scores.max() + 1, scores)
+        return pad_protected(scores, self.window, self.sink_tokens)
 
     def _chunkkv(self, scores: torch.Tensor, budget: int) -> torch.Tensor:
         """``[H, S]`` bool: the best whole chunks, the same on every head."""
@@ -147,6 +141,20 @@ class SelectionScorer(TokenScorer):
             kept = candidates.gather(-1, scores.topk(budget, dim=-1).indices)
         keep = torch.zeros(heads, length, dtype=torch.bool, device=device)
         return keep.scatter(-1, kept, True)
+
+
+def protected_tokens(length: int, window: int, sink_tokens: int, device: torch.device | None = None) -> torch.Tensor:
+    """``[S]`` bool: the protected tokens of a context of ``length``: the last ``window``, the first ``sink_tokens``."""
+    positions = torch.arange(length, device=device)
+    return (positions >= length - window) | (positions < sink_tokens)
+
+
+def pad_protected(scores: torch.Tensor, window: int, sink_tokens: int) -> torch.Tensor:
+    """``[H, S]`` scores with the protected tokens set to ``max + 1`` (kvpress's padding of a press's window: they
+    rank first, yet a wrapper that rescales the scores sees a finite value)."""
+    if not window and not sink_tokens:
+        return scores
+    return torch.where(protected_tokens(scores.shape[1], window, sink_tokens, scores.device), scores.max() + 1, scores)
 
 
 def _topk_mask(scores: torch.Tensor, count: int) -> torch.Tensor:
