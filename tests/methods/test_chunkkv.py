@@ -77,3 +77,21 @@ def test_kvpress_budget_helper_matches_chunk_count() -> None:
         for ratio in (0.25, 0.5, 0.75, 0.875):
             ours = max(1, chunks * kvpress_n_kept(length, ratio) // length)
             assert ours == max(1, int(chunks * (1 - ratio))), (length, ratio)
+
+
+def test_wrappers_name_the_results_folder_and_compose() -> None:
+    """``method=knorm method.params.selection=chunkkv`` runs in ``knorm+chunkkv``; CriticalAdaKV in
+    ``knorm+ada_kvpress+critical``; each its own config hash."""
+    import kvbench
+    from kvbench.methods.critical import CriticalScorer
+    from kvbench.methods.selection import SelectionScorer
+    from kvbench.storage.writers import config_hash
+    from kvbench.validation import validate
+
+    chunkkv = kvbench.compose_config(method="knorm", budget="64L", overrides=["method.params.selection=chunkkv"])
+    critical = ["method.params.rescale=critical", "method.params.allocation=ada_kvpress"]
+    critical_ada = kvbench.compose_config(method="knorm", budget="64L", overrides=critical)
+    assert [cfg.method.name for cfg in (chunkkv, critical_ada)] == ["knorm+chunkkv", "knorm+ada_kvpress+critical"]
+    assert config_hash(chunkkv) != config_hash(critical_ada)
+    assert isinstance(validate(chunkkv)[0].scorer, SelectionScorer)
+    assert isinstance(validate(critical_ada)[0].scorer, CriticalScorer)
