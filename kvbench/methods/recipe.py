@@ -44,6 +44,7 @@ from kvbench.methods.adakv import PAPER_ALPHA, AdaHeadAllocator
 from kvbench.methods.base import EvictionMethod, TokenScorer, common_knobs, register_method
 from kvbench.methods.critical import wrap_critical
 from kvbench.methods.kvpress_ada import KvpressAdaAllocator
+from kvbench.methods.kvpress_decoding import IntervalDecodingPolicy
 from kvbench.methods.params import bounded, choice, parse_params
 from kvbench.methods.selection import SELECTIONS, wrap_selection
 from kvbench.methods.snapkv import PyramidLayerAllocator
@@ -83,6 +84,11 @@ class ScorerMethod(TokenScorer):
     #: projected L1 norms, two stages); with ``allocation: ada_kvpress``, CriticalAdaKV
     #: (:mod:`kvbench.methods.critical`).
     rescale: str = choice("none", RESCALES)
+    #: Wrapper: kvpress's ``DecodingPress``: every ``decode_interval`` forwards after the prefill, each head is cut back
+    #: to its budget by the scores of the whole cache (0: off; :mod:`kvbench.methods.kvpress_decoding`).
+    decode_interval: int = bounded(0, 0)
+    #: The size ``decode_interval`` cuts each head back to (kvpress's ``target_size``; 0: the head's budget).
+    decode_target: int = bounded(0, 0)
 
     #: The registry name, given as ``class X(ScorerMethod, family="x")``.
     family: ClassVar[str] = ""
@@ -121,6 +127,11 @@ def build_scorer_method(method_class: type[ScorerMethod], method_cfg: Any) -> Ev
         ignored_knobs=SCORER_METHOD_IGNORED,
         **{**knobs, "keep_window": recipe.keep_window},
     )
+    if recipe.decode_interval:
+        policy = IntervalDecodingPolicy(
+            recipe, recipe.decode_interval, knobs["gqa_agg"], knobs["window"], recipe.decode_target
+        )
+        method = dataclasses.replace(method, decode_policy=policy)
     if recipe.rescale == "critical":
         if recipe.selection != "topk" or recipe.allocation == "ada":
             raise ValueError(
