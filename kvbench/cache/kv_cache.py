@@ -11,8 +11,9 @@ A :class:`KVBenchCache` is a transformers :class:`~transformers.cache_utils.Cach
 Both are views of one ``[1, H, C, D]`` buffer per layer with spare capacity, so a decoding step appends without
 copying the layer, and decode-time eviction replaces a slot in place (:meth:`HeadwiseLayer.evict_slots`): a step
 costs what is kept, not a copy of it.  Only kept tokens count (no masks, no "fake" keys):
-:meth:`HeadwiseLayer.kv_bytes` is exactly ``sum_h S_h * D * 2 * itemsize`` (the spare capacity, at most 1/8 of it
-after growth, is :meth:`HeadwiseLayer.capacity_bytes`; an eviction by ``keep`` reallocates to the exact size).
+:meth:`HeadwiseLayer.stored_bytes` is exactly ``sum_h S_h * D * 2 * itemsize`` (with the spare capacity, at most 1/8
+of it after growth, it is :meth:`HeadwiseLayer.allocated_bytes`; an eviction by ``keep`` reallocates to the exact
+size).
 Each head also records the true positions of its kept tokens (int32), which decode-time policies use (StreamingLLM's
 sinks, the recent windows) and which runs report; after in-place evictions slots are no longer in position order.
 
@@ -242,21 +243,19 @@ class HeadwiseLayer(LogicalLengthLayer):
         assert self.position_buffer is not None
         return self.position_buffer[:, : max(self.host_lengths, default=0)]
 
-    def kv_bytes(self) -> int:
-        """Bytes of the stored keys and values (``sum_h S_h * D * 2 * itemsize``; positions metadata excluded)."""
-        if not self.is_initialized:
-            return 0
-        assert self.key_buffer is not None
-        return self.stored_tokens() * self.key_buffer.shape[-1] * 2 * self.key_buffer.element_size()
-
     def token_head_bytes(self) -> int:
         """Key + value bytes of one token of one head (``2 * D * itemsize``; 0 before the first update)."""
         if self.key_buffer is None:
             return 0
         return self.key_buffer.shape[-1] * 2 * self.key_buffer.element_size()
 
-    def capacity_bytes(self) -> int:
-        """Bytes the key and value buffers hold, slack included."""
+    def stored_bytes(self) -> int:
+        """Key + value bytes of the kept tokens: ``sum_h S_h * D * 2 * itemsize`` (what the method costs; the same
+        number on every backend)."""
+        return self.stored_tokens() * self.token_head_bytes()
+
+    def allocated_bytes(self) -> int:
+        """Bytes the key and value buffers hold, spare capacity included (positions metadata excluded)."""
         if not self.is_initialized:
             return 0
         assert self.key_buffer is not None and self.value_buffer is not None
@@ -438,24 +437,22 @@ class KVBenchCache(Cache):
             round(layer.stored_tokens() / layer.num_heads) if layer.num_heads else 0 for layer in self.headwise_layers
         ]
 
-    def kv_bytes(self) -> int:
-        """Bytes held by keys and values over all layers."""
-        return sum(layer.kv_bytes() for layer in self.headwise_layers)
+    def stored_bytes(self) -> int:
+        """Key + value bytes of the kept tokens over all layers (what the method costs): the same number on every
+        backend for the same kept tokens (a paged pool's free slots, a buffer's spare capacity excluded)."""
+        return sum(layer.stored_bytes() for layer in self.headwise_layers)
 
-    def stored_token_bytes(self) -> int:
-        """Key + value bytes of the stored tokens alone (a paged pool's free slots excluded)."""
-        return sum(
-            layer.kv_bytes()
-            if isinstance(layer, SlidingWindowLayer)
-            else layer.stored_tokens() * layer.token_head_bytes()
-            for layer in self.headwise_layers
-        )
+    def allocated_bytes(self) -> int:
+        """Key + value bytes the backend holds for this cache over all layers: spare capacity and free pages
+        included (positions and block tables excluded)."""
+        return sum(layer.allocated_bytes() for layer in self.headwise_layers)
 
     def full_cache_bytes(self) -> int:
         """Bytes a full cache (one sequence per KV head, nothing evicted) would hold for the tokens seen so far:
-        what :meth:`kv_bytes` is compared with (query-head storage can exceed it, ``expand_factor`` times at most)."""
+        what :meth:`stored_bytes` is compared with (query-head storage can exceed it, ``expand_factor`` times at
+        most)."""
         return sum(
-            layer.kv_bytes()  # a sliding-window layer holds its window whatever the method
+            layer.stored_bytes()  # a sliding-window layer holds its window whatever the method
             if isinstance(layer, SlidingWindowLayer)
             else layer.seen_tokens * (layer.num_heads // self.expand_factor) * layer.token_head_bytes()
             for layer in self.headwise_layers

@@ -73,7 +73,7 @@ class PagedKV:
 class PagedLayer(LogicalLengthLayer):
     """One layer's paged per-head KV storage, batch size 1; same kvbench API as
     :class:`~kvbench.cache.kv_cache.HeadwiseLayer` (``positions``, ``head_kv``, ``dense_kv``, ``keep``,
-    ``kv_bytes``...).
+    ``stored_bytes``...).
 
     Parameters
     ----------
@@ -363,21 +363,13 @@ class PagedLayer(LogicalLengthLayer):
             return 0
         return self.head_dim * 2 * self.k_pool.element_size()
 
-    def token_bytes(self) -> int:
-        """Bytes of the stored tokens alone: ``sum_h S_h * D * 2 * itemsize``."""
-        if not self.is_initialized:
-            return 0
-        return self.stored_tokens() * self.head_dim * 2 * self.k_pool.element_size()  # type: ignore[union-attr]
+    def stored_bytes(self) -> int:
+        """Key + value bytes of the kept tokens: ``sum_h S_h * D * 2 * itemsize`` (the same number as the torch
+        backend's for the same kept tokens)."""
+        return self.stored_tokens() * self.token_head_bytes()
 
-    def used_page_bytes(self) -> int:
-        """Bytes of the pages holding tokens (includes each head's partly filled last page)."""
-        if not self.is_initialized:
-            return 0
-        used = sum(len(pages) for pages in self.pages)
-        return used * self.page_size * self.head_dim * 2 * self.k_pool.element_size()  # type: ignore[union-attr]
-
-    def kv_bytes(self) -> int:
-        """Bytes held by the K and V pools (used and free pages; positions and block table excluded)."""
+    def allocated_bytes(self) -> int:
+        """Bytes held by the K and V pools: used and free pages (positions and block table excluded)."""
         if not self.is_initialized:
             return 0
         assert self.k_pool is not None and self.v_pool is not None

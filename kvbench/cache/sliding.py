@@ -82,7 +82,7 @@ class SlidingWindowLayer(LogicalLengthLayer):
     """One sliding-window layer's cache (batch size 1): the last ``window - 1`` tokens, all heads the same length.
 
     Same read API as :class:`kvbench.cache.kv_cache.HeadwiseLayer` (``positions``, ``head_lengths``, ``dense_kv``,
-    ``kv_bytes``...), so records and byte counts cover it; ``keep`` is refused (eviction skips sliding layers).
+    ``stored_bytes``...), so records and byte counts cover it; ``keep`` is refused (eviction skips sliding layers).
     Keys and values are stored per KV head (never expanded per query head: nothing scores them).
 
     Parameters
@@ -158,10 +158,17 @@ class SlidingWindowLayer(LogicalLengthLayer):
         keys, values = self.dense_kv()
         return keys[head], values[head]
 
-    def kv_bytes(self) -> int:
+    def stored_bytes(self) -> int:
+        """Key + value bytes of the stored window (``H_kv * S * D * 2 * itemsize``)."""
         if not self.is_initialized or self.keys is None or self.values is None:
             return 0
         return sum(t.numel() * t.element_size() for t in (self.keys, self.values))
+
+    def allocated_bytes(self) -> int:
+        """Bytes of the key and value storage the window's views keep alive (the last update's concatenation)."""
+        if not self.is_initialized or self.keys is None or self.values is None:
+            return 0
+        return sum(t.untyped_storage().nbytes() for t in (self.keys, self.values))
 
     def keep(self, indices: Sequence[torch.Tensor] | torch.Tensor) -> None:
         raise NotImplementedError("a sliding-window layer is not evicted (it holds at most its window)")

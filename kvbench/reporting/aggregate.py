@@ -5,8 +5,8 @@ path is recorded for reference but never parsed, and no list of methods, models 
 ``metrics.json``::
 
     model, task, dataset, method, budget, tag, question_mode, metric, score, n_samples, config_hash,
-    mean_kept_fraction, mean_cache_bytes, prefill_s_mean, decode_s_mean, settings, dataset_settings, scores,
-    synthetic, path
+    mean_kept_fraction, mean_stored_bytes, mean_stored_vs_full, prefill_s_mean, decode_s_mean, settings,
+    dataset_settings, scores, synthetic, path
 
 ``synthetic`` is true only for the made-up runs of :mod:`kvbench.reporting.synthetic` (never for a measurement).
 ``settings``, ``dataset_settings`` and ``scores`` are canonical JSON strings (sorted keys) so that the frame can be
@@ -39,7 +39,8 @@ RUN_COLUMNS: tuple[str, ...] = (
     "n_samples",
     "config_hash",
     "mean_kept_fraction",
-    "mean_cache_bytes",
+    "mean_stored_bytes",
+    "mean_stored_vs_full",
     "prefill_s_mean",
     "decode_s_mean",
     "settings",
@@ -66,6 +67,21 @@ def _float(value: Any) -> float:
         return math.nan
 
 
+def mean_stored_bytes(cache: dict[str, Any]) -> float:
+    """A dataset's mean stored bytes (the kept tokens' keys and values, the same on every backend) from its
+    ``metrics.json`` ``cache``: the one accessor every memory column and view reads (NaN when not recorded).
+
+    Runs written before ``mean_stored_bytes`` existed have ``mean_cache_bytes``: the stored bytes on the torch
+    backend, the page pool on the paged backend (docs/results.md)."""
+    return _float(cache.get("mean_stored_bytes", cache.get("mean_cache_bytes")))
+
+
+def mean_stored_vs_full(cache: dict[str, Any]) -> float:
+    """A dataset's stored bytes over a full cache's for the same tokens (the stored-bytes fraction beside tokens
+    kept: query-head storage holds more than its token budget suggests; NaN when not recorded)."""
+    return _float(cache.get("mean_stored_vs_full"))
+
+
 def metrics_to_row(metrics: dict[str, Any], path: str | Path = "") -> dict[str, Any]:
     """One tidy row from one ``metrics.json`` payload; raises ``ValueError`` if a required key is missing."""
     missing = [k for k in _REQUIRED if k not in metrics]
@@ -86,7 +102,8 @@ def metrics_to_row(metrics: dict[str, Any], path: str | Path = "") -> dict[str, 
         "n_samples": metrics.get("n_samples"),
         "config_hash": metrics.get("config_hash"),
         "mean_kept_fraction": _float(cache.get("mean_kept_fraction")),
-        "mean_cache_bytes": _float(cache.get("mean_cache_bytes")),
+        "mean_stored_bytes": mean_stored_bytes(cache),
+        "mean_stored_vs_full": mean_stored_vs_full(cache),
         "prefill_s_mean": _float(timing.get("prefill_s_mean")),
         "decode_s_mean": _float(timing.get("decode_s_mean")),
         "settings": _json(metrics.get("settings")),

@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 
 from kvbench.budget import BudgetError, parse_budget
+from kvbench.reporting.aggregate import mean_stored_bytes
 from kvbench.storage.writers import METRICS_FILE, PREDICTIONS_FILE, read_json
 
 SUMMARY_FILE = "summary.json"
@@ -208,7 +209,7 @@ def read_run_extras(folder: Path, datasets: Iterable[str]) -> dict[str, Any]:
         per_dataset[dataset] = {
             "ci95": intervals.get(dataset),
             "kept_fraction": _finite(cache.get("mean_kept_fraction")),
-            "cache_bytes": _finite(cache.get("mean_cache_bytes")),
+            "cache_bytes": _finite(mean_stored_bytes(cache)),
             "context_length": context,
             "data_provenance": provenance,
         }

@@ -54,10 +54,12 @@ def cache_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "mean_requested_per_layer": [round(v, 2) for v in requested.mean(dim=0).tolist()],
         "mean_achieved_per_layer": [round(v, 2) for v in achieved.mean(dim=0).tolist()],
         "mean_kept_fraction": round(float(kept_fraction), 4),
-        "mean_cache_bytes": round(sum(r["cache"]["cache_bytes"] for r in rows) / len(rows), 1),
-        # Memory beside accuracy: stored bytes / the full cache's bytes for the same tokens (> 1: query-head storage).
+        # Memory beside accuracy, the same on every backend: the kept tokens' key + value bytes after the prefill
+        # (mean over samples, and the largest any sample stored at any point); what the backend allocated for them.
+        **byte_summary(rows),
+        # Stored bytes / the full cache's bytes for the same tokens (> 1: query-head storage).
         "mean_stored_vs_full": round(
-            sum(r["cache"]["cache_bytes"] / max(r["cache"].get("full_cache_bytes", 0), 1) for r in rows) / len(rows), 4
+            sum(r["cache"]["stored_bytes"] / max(r["cache"].get("full_cache_bytes", 0), 1) for r in rows) / len(rows), 4
         )
         if all(r["cache"].get("full_cache_bytes") for r in rows)
         else None,
@@ -67,6 +69,21 @@ def cache_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "allocation_exact": all(r["cache"]["requested_per_head"] == r["cache"]["achieved_per_head"] for r in rows),
         "samples_evicted": sum(1 for r in rows if r["cache"]["evicted"]),
     }
+
+
+#: Per-sample byte fields of a ``predictions.jsonl`` row's ``cache`` -> the dataset's ``metrics.json`` fields
+#: (``mean_`` over samples of the value after the prefill; ``peak_``: the largest over samples of the sample's peak).
+BYTE_FIELDS = {"stored_bytes": "peak_stored_bytes", "allocated_bytes": "peak_allocated_bytes"}
+
+
+def byte_summary(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """``mean_stored_bytes``, ``peak_stored_bytes``, ``mean_allocated_bytes``, ``peak_allocated_bytes`` of a
+    dataset's rows (module docstring of :mod:`kvbench.storage.writers`)."""
+    summary: dict[str, float] = {}
+    for field, peak in BYTE_FIELDS.items():
+        summary[f"mean_{field}"] = round(sum(r["cache"][field] for r in rows) / len(rows), 1)
+        summary[peak] = max(r["cache"][peak] for r in rows)
+    return summary
 
 
 def json_number(value: Any) -> float | None:

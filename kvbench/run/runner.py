@@ -137,7 +137,7 @@ def warn_if_above_full(record: Any, cfg: DictConfig) -> None:
             cfg.method.name,
             record.stored_heads,
             record.kv_heads,
-            record.cache_bytes,
+            record.stored_bytes,
             record.full_cache_bytes,
             cfg.budget.name,
         )
