@@ -24,6 +24,7 @@ from typing import Any
 import pandas as pd
 
 from kvbench.storage.writers import METRICS_FILE, read_json
+from kvbench.views.run_views import mean_stored_bytes, mean_stored_vs_full
 
 #: Columns of the tidy runs table, in order.
 RUN_COLUMNS: tuple[str, ...] = (
@@ -65,21 +66,6 @@ def _float(value: Any) -> float:
         return float(value)
     except (TypeError, ValueError):
         return math.nan
-
-
-def mean_stored_bytes(cache: dict[str, Any]) -> float:
-    """A dataset's mean stored bytes (the kept tokens' keys and values, the same on every backend) from its
-    ``metrics.json`` ``cache``: the one accessor every memory column and view reads (NaN when not recorded).
-
-    Runs written before ``mean_stored_bytes`` existed have ``mean_cache_bytes``: the stored bytes on the torch
-    backend, the page pool on the paged backend (docs/results.md)."""
-    return _float(cache.get("mean_stored_bytes", cache.get("mean_cache_bytes")))
-
-
-def mean_stored_vs_full(cache: dict[str, Any]) -> float:
-    """A dataset's stored bytes over a full cache's for the same tokens (the stored-bytes fraction beside tokens
-    kept: query-head storage holds more than its token budget suggests; NaN when not recorded)."""
-    return _float(cache.get("mean_stored_vs_full"))
 
 
 def metrics_to_row(metrics: dict[str, Any], path: str | Path = "") -> dict[str, Any]:

@@ -39,9 +39,9 @@ CACHE_VERSION = 1
 
 
 def cache_version() -> str:
-    """:data:`CACHE_VERSION` and a hash of :mod:`kvbench.reporting.run_views` (which computes the cached extras):
+    """:data:`CACHE_VERSION` and a hash of :mod:`kvbench.views.run_views` (which computes the cached extras):
     a cache written by other code is ignored."""
-    from kvbench.reporting import run_views
+    from kvbench.views import run_views
 
     return f"{CACHE_VERSION}-{hashlib.sha256(Path(run_views.__file__).read_bytes()).hexdigest()[:16]}"
 

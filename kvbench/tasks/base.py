@@ -182,7 +182,13 @@ class TaskKind:
 
 
 #: Task kinds by ``task.kind``.
-TASK_KINDS: Registry[TaskKind] = Registry("task kind", discover=submodule_importer("kvbench.tasks"))
+#: Task kinds registered outside this package, found by name: lm-eval's (its datasets are built by the lm-eval
+#: bridge, a consumer of runs that imports this package; the plug-in module is light, importing the bridge only
+#: when it builds datasets).
+PLUGIN_TASK_MODULES = ("kvbench.lmeval_task",)
+TASK_KINDS: Registry[TaskKind] = Registry(
+    "task kind", discover=submodule_importer("kvbench.tasks", plugins=PLUGIN_TASK_MODULES)
+)
 
 
 def register_task(

@@ -28,7 +28,6 @@ from typing import Any
 import yaml
 
 from kvbench.budget import BudgetError, parse_budget
-from kvbench.reporting.aggregate import mean_stored_bytes
 from kvbench.storage.writers import METRICS_FILE, PREDICTIONS_FILE, read_json
 
 SUMMARY_FILE = "summary.json"
@@ -164,6 +163,28 @@ def budget_tokens_per_layer(budget: str, context_length: float | None, requested
     if parsed.is_full or parsed.kind == "ratio":
         return None if context_length is None else float(parsed.mean_per_layer(round(context_length)))
     return float(parsed.value)
+
+
+def mean_stored_bytes(cache: dict[str, Any]) -> float:
+    """A dataset's mean stored bytes (the kept tokens' keys and values, the same on every backend) from its
+    ``metrics.json`` ``cache``: the one accessor every memory column and view reads (NaN when not recorded).
+
+    Runs written before ``mean_stored_bytes`` existed have ``mean_cache_bytes``: the stored bytes on the torch
+    backend, the page pool on the paged backend (docs/results.md)."""
+    return _number(cache.get("mean_stored_bytes", cache.get("mean_cache_bytes")))
+
+
+def mean_stored_vs_full(cache: dict[str, Any]) -> float:
+    """A dataset's stored bytes over a full cache's for the same tokens (the stored-bytes fraction beside tokens
+    kept: query-head storage holds more than its token budget suggests; NaN when not recorded)."""
+    return _number(cache.get("mean_stored_vs_full"))
+
+
+def _number(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def _finite(value: Any) -> float | None:
