@@ -42,7 +42,15 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from kvbench.cache.base import LogicalLengthLayer, RaggedKV, StorageStats, on_device, sorted_keep_indices
+from kvbench.cache.base import (
+    EvictableLayer,
+    LayerKV,
+    LogicalLengthLayer,
+    RaggedKV,
+    StorageStats,
+    on_device,
+    sorted_keep_indices,
+)
 from kvbench.cache.paged import DEFAULT_PAGE_SIZE, GROWTH_FRACTION, PagedLayer
 from kvbench.cache.sliding import SlidingWindowLayer
 from kvbench.checks import check_choice
@@ -95,7 +103,7 @@ class HeadwiseLayer(LogicalLengthLayer):
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
-    ) -> tuple[torch.Tensor | RaggedKV, torch.Tensor | RaggedKV]:
+    ) -> tuple[LayerKV, LayerKV]:
         """Append ``q`` new tokens to every head and return the layer's full keys and values.
 
         Parameters
@@ -105,7 +113,8 @@ class HeadwiseLayer(LogicalLengthLayer):
 
         Returns
         -------
-        Dense ``[1, H, S, D]`` views, or :class:`RaggedKV` per-head views when heads differ in length.
+        Keys and values as :class:`LayerKV`, whose ``states`` are dense ``[1, H, S, D]`` views, or :class:`RaggedKV`
+        per-head views when heads differ in length.
         """
         key_states, value_states = self._incoming(key_states, value_states)
         new_tokens = key_states.shape[2]
@@ -132,9 +141,10 @@ class HeadwiseLayer(LogicalLengthLayer):
         self.seen_tokens += new_tokens
         self._refresh_views()
         if self.head_keys is None:
-            return self.keys, self.values
+            assert self.keys is not None and self.values is not None
+            return LayerKV(self, self.keys), LayerKV(self, self.values)
         assert self.head_values is not None
-        return RaggedKV(self.head_keys), RaggedKV(self.head_values)
+        return LayerKV(self, RaggedKV(self.head_keys)), LayerKV(self, RaggedKV(self.head_values))
 
     def reset(self) -> None:
         self.__init__(self.expand_factor)  # type: ignore[misc]
@@ -417,8 +427,8 @@ class KVBenchCache(Cache):
             return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     @property
-    def headwise_layers(self) -> list[HeadwiseLayer]:
-        """The layers, typed (:class:`HeadwiseLayer`, or :class:`kvbench.cache.paged.PagedLayer` with the same API)."""
+    def headwise_layers(self) -> list[EvictableLayer]:
+        """The layers, typed: each a :class:`~kvbench.cache.base.EvictableLayer` (torch, paged or sliding)."""
         return self.layers  # type: ignore[return-value]
 
     def reserve(self, extra_tokens: int) -> None:

@@ -34,12 +34,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from kvbench import kernels
-from kvbench.cache.base import LogicalLengthLayer, RaggedKV, StorageStats, sorted_keep_indices
+from kvbench.cache.base import LayerKV, LogicalLengthLayer, RaggedKV, StorageStats, sorted_keep_indices
 from kvbench.kernels.paths import AttentionPlan, plan_attention
 
 #: Default page size on CPU and for the Triton decode kernel (vLLM's default block size).
@@ -48,26 +47,6 @@ DEFAULT_PAGE_SIZE = 16
 REPACK_SLACK = 1.02
 #: The pool grows by at least this fraction of its size when it runs out of pages (amortised O(1) appends).
 GROWTH_FRACTION = 0.125
-
-
-@dataclass
-class PagedKV:
-    """What :meth:`PagedLayer.update` returns (as both "keys" and "values"): the layer plus the new states.
-
-    Attributes
-    ----------
-    layer:
-        The layer (pools, block table, lengths).
-    new_keys, new_values:
-        ``[1, H, q, D]`` the states just appended (after GQA expansion).
-    first_chunk:
-        True when the layer held nothing before this chunk (plain causal prefill over ``new_*``).
-    """
-
-    layer: PagedLayer
-    new_keys: torch.Tensor
-    new_values: torch.Tensor
-    first_chunk: bool
 
 
 class PagedLayer(LogicalLengthLayer):
@@ -140,9 +119,10 @@ class PagedLayer(LogicalLengthLayer):
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
-    ) -> tuple[PagedKV, PagedKV]:
-        """Append ``q`` tokens ``[1, H_kv, q, D]`` to every head (O(H * q) rows written); returns a
-        :class:`PagedKV` for the attention function."""
+    ) -> tuple[LayerKV, LayerKV]:
+        """Append ``q`` tokens ``[1, H_kv, q, D]`` to every head (O(H * q) rows written); returns the new keys and
+        values (after GQA expansion) as :class:`LayerKV` for the attention function
+        (:func:`kvbench.attention.paged.paged_attention` reads the pools through the layer)."""
         key_states, value_states = self._incoming(key_states, value_states)
         new_tokens = key_states.shape[2]
         first_chunk = all(length == 0 for length in self.host_lengths)
@@ -169,8 +149,17 @@ class PagedLayer(LogicalLengthLayer):
         self.seen_tokens += new_tokens
         self.rows_appended += new_tokens * self.num_stored_heads
         self._positions_cache = self._slot_cache = None
-        paged = PagedKV(self, key_states, value_states, first_chunk)
-        return paged, paged
+        return LayerKV(self, key_states, first_chunk), LayerKV(self, value_states, first_chunk)
+
+    def attention_kv(self, keys: LayerKV, values: LayerKV) -> tuple[torch.Tensor | RaggedKV, torch.Tensor | RaggedKV]:
+        """The stored keys and values read back: the first chunk's new states as they are, else dense
+        ``[1, H, S, D]`` or per-head (:class:`RaggedKV`) gathered copies."""
+        if keys.first_chunk:
+            return keys.states, values.states
+        if self.is_ragged:
+            return self.ragged_kv()
+        dense_keys, dense_values = self.dense_kv()
+        return dense_keys[None], dense_values[None]
 
     def _append_one_on_host(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """The torch decode append: slots from the host page lists (no block-table lookups on the device), then
