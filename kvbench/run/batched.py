@@ -15,6 +15,7 @@ from typing import Any
 
 from kvbench.inference.batch import DecodeRequest, ReorderBuffer, generate_batched, resolve_decode_batch
 from kvbench.inference.generate import generate
+from kvbench.run.job import DatasetJob
 
 
 def stop_rules(dataset: Any, stops: set[int]) -> dict[str, Any]:
@@ -28,8 +29,17 @@ def stop_rules(dataset: Any, stops: set[int]) -> dict[str, Any]:
     }
 
 
+def decode_batch_for(job: DatasetJob, loaded: Any, dataset: Any, todo: list[Any], encode: Callable[[Any], Any]) -> int:
+    """``run.decode_batch`` resolved for the device (``auto``: from ``todo``'s prompt lengths and the memory the
+    model leaves), for a run whose first generating dataset is ``dataset``."""
+    return resolve_decode_batch(
+        job.cfg.run.decode_batch, loaded.model, job.method, job.budget,
+        lambda: [len(encode(sample).input_ids) for sample in todo], int(dataset.max_new_tokens),
+    )  # fmt: skip
+
+
 def generate_dataset(
-    runner: Any,
+    job: DatasetJob,
     loaded: Any,
     dataset: Any,
     todo: list[Any],
@@ -39,17 +49,11 @@ def generate_dataset(
     progress: Any,
 ) -> None:
     """Generate a dataset's remaining samples ``todo`` (in order) and ``write(sample, encoded, output)`` each, in sample
-    order: one at a time (:func:`kvbench.inference.generate.generate`, the batch-1 path) when ``run.decode_batch``
-    resolves to 1, else :func:`run_batched`. ``run.decode_batch`` is resolved once per run (``auto``: from the first
-    dataset that generates) into ``runner.resolved_decode_batch``."""
-    cfg = runner.cfg
-    if runner.resolved_decode_batch is None:
-        runner.resolved_decode_batch = resolve_decode_batch(
-            cfg.run.decode_batch, loaded.model, runner.method, runner.budget,
-            lambda: [len(encode(sample).input_ids) for sample in todo], int(dataset.max_new_tokens),
-        )  # fmt: skip
-    if runner.resolved_decode_batch > 1:
-        run_batched(runner, loaded, dataset, todo, encode, write, stops, progress)
+    order: one at a time (:func:`kvbench.inference.generate.generate`, the batch-1 path) when ``job.decode_batch``
+    is 1, else :func:`run_batched`."""
+    cfg = job.cfg
+    if job.decode_batch > 1:
+        run_batched(job, loaded, dataset, todo, encode, write, stops, progress)
         return
     for sample in progress:
         encoded = encode(sample)
@@ -58,8 +62,8 @@ def generate_dataset(
             loaded.tokenizer,
             encoded.context_ids,
             encoded.question_ids,
-            method=runner.method,
-            budget=runner.budget,
+            method=job.method,
+            budget=job.budget,
             question_mode=str(cfg.task.question_mode),
             prefill_chunk=cfg.run.prefill_chunk,
             **stop_rules(dataset, stops),
@@ -68,7 +72,7 @@ def generate_dataset(
 
 
 def run_batched(
-    runner: Any,
+    job: DatasetJob,
     loaded: Any,
     dataset: Any,
     todo: list[Any],
@@ -78,9 +82,9 @@ def run_batched(
     progress: Any,
 ) -> None:
     """Generate ``todo`` (a dataset's samples not yet in ``predictions.jsonl``, in order) in batches of
-    ``runner.resolved_decode_batch``; ``write(sample, encoded, output)`` is called in sample order; ``progress`` (a
+    ``job.decode_batch``; ``write(sample, encoded, output)`` is called in sample order; ``progress`` (a
     progress bar or the plain list) counts written samples."""
-    cfg = runner.cfg
+    cfg = job.cfg
     encoded_by_index: dict[int, Any] = {}
     rules = stop_rules(dataset, stops)
 
@@ -95,10 +99,10 @@ def run_batched(
         loaded.model,
         loaded.tokenizer,
         requests(),
-        method=runner.method,
-        budget=runner.budget,
+        method=job.method,
+        budget=job.budget,
         question_mode=str(cfg.task.question_mode),
-        decode_batch=int(runner.resolved_decode_batch),
+        decode_batch=job.decode_batch,
         prefill_chunk=cfg.run.prefill_chunk,
     )
     try:
