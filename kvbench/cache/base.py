@@ -225,6 +225,26 @@ class LogicalLengthLayer(CacheLayerMixin):
     #: Repeat factor applied to incoming KV heads (num_attention_heads // num_key_value_heads, or 1).
     expand_factor: int = 1
 
+    def _evicting_heads(self, heads: Sequence[int] | None) -> tuple[list[int], torch.Tensor]:
+        """The heads of a one-token eviction (``evict_slots``; ``None``: every head), as a host list and an ``[n]``
+        int64 index on the layer's device."""
+        host_heads = list(range(self.num_heads)) if heads is None else list(heads)  # type: ignore[attr-defined]
+        if heads is None:
+            return host_heads, torch.arange(len(host_heads), device=self.device)
+        return host_heads, torch.tensor(host_heads, dtype=torch.long, device=self.device)
+
+    def _count_evicted(self, host_heads: list[int], rows: torch.Tensor, every_head: bool) -> None:
+        """The bookkeeping of a one-token eviction from ``host_heads`` (``rows`` on the device): one token fewer per
+        head in ``lengths`` and ``host_lengths``, and one row copied per head in :attr:`stats`."""
+        lengths: torch.Tensor = self.lengths  # type: ignore[attr-defined]
+        if every_head:
+            lengths -= 1
+        else:
+            lengths[rows] -= 1
+        for head in host_heads:
+            self.host_lengths[head] -= 1  # type: ignore[attr-defined]
+        self.stats.rows_copied += len(host_heads)  # type: ignore[attr-defined]
+
     def _incoming(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The common start of ``update``: initialise on first use, check batch size 1, and repeat KV heads per
         query head when the layer stores query-head granularity.  Returns ``[1, H, q, D]`` keys and values."""

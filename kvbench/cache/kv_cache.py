@@ -310,20 +310,12 @@ class HeadwiseLayer(LogicalLengthLayer):
         """
         assert self.key_buffer is not None and self.value_buffer is not None and self.position_buffer is not None
         assert self.lengths is not None
-        host_heads = list(range(self.num_heads)) if heads is None else list(heads)
-        index = torch.tensor(host_heads, device=self.device) if heads is not None else None
-        rows = torch.arange(self.num_heads, device=self.device) if index is None else index
+        host_heads, rows = self._evicting_heads(heads)
         last = self.lengths[rows] - 1
         self.key_buffer[0, rows, slots] = self.key_buffer[0, rows, last]
         self.value_buffer[0, rows, slots] = self.value_buffer[0, rows, last]
         self.position_buffer[rows, slots] = self.position_buffer[rows, last]
-        if index is None:
-            self.lengths -= 1
-        else:
-            self.lengths[index] -= 1
-        for head in host_heads:
-            self.host_lengths[head] -= 1
-        self.stats.rows_copied += len(host_heads)
+        self._count_evicted(host_heads, rows, every_head=heads is None)
         self._refresh_views()
         return last
 
@@ -333,14 +325,17 @@ BACKENDS = ("auto", "torch", "paged")
 BACKEND_ENV = "KVBENCH_CACHE_BACKEND"
 
 
-def resolve_backend(backend: str | None, device: torch.device) -> str:
-    """``torch`` or ``paged`` for a cache on ``device``: ``auto`` is paged on CUDA, torch elsewhere.
-
-    ``None`` reads :data:`BACKEND_ENV` (default ``auto``).
-    """
+def backend_setting(backend: str | None) -> str:
+    """The backend asked for, checked: ``backend``, or with ``None`` :data:`BACKEND_ENV` (default ``auto``)."""
     if backend is None:
         backend = os.environ.get(BACKEND_ENV, "auto") or "auto"
-    check_choice("cache backend", backend, BACKENDS)
+    return check_choice("cache backend", backend, BACKENDS)
+
+
+def resolve_backend(backend: str | None, device: torch.device) -> str:
+    """``torch`` or ``paged`` for a cache on ``device``: ``auto`` is paged on CUDA, torch elsewhere (``None``:
+    :func:`backend_setting`)."""
+    backend = backend_setting(backend)
     if backend == "auto":
         return "paged" if device.type == "cuda" else "torch"
     return backend
@@ -380,14 +375,11 @@ class KVBenchCache(Cache):
         sliding_windows: Sequence[int | None] | None = None,
         compress_sliding: bool = False,
     ) -> None:
-        super().__init__(layers=[HeadwiseLayer(expand_factor) for _ in range(num_layers)])
+        self.backend = backend_setting(backend)
         self.expand_factor = expand_factor
-        if backend is None:
-            backend = os.environ.get(BACKEND_ENV, "auto") or "auto"
-        self.backend = check_choice("cache backend", backend, BACKENDS)
         self.page_size = page_size
-        if backend == "paged":
-            self.layers = [self._paged_layer() for _ in range(num_layers)]
+        # ``auto`` starts with torch layers and swaps a layer for a paged one at its first update on CUDA (update).
+        super().__init__(layers=[self._evictable_layer() for _ in range(num_layers)])
         #: Per layer, its sliding window (``None``: full attention).
         self.windows: list[int | None] = [None] * num_layers
         if sliding_windows is not None:
@@ -411,6 +403,10 @@ class KVBenchCache(Cache):
     def _paged_layer(self) -> CacheLayerMixin:
         return PagedLayer(self.expand_factor, page_size=self.page_size or DEFAULT_PAGE_SIZE)
 
+    def _evictable_layer(self) -> CacheLayerMixin:
+        """A new layer of this cache's backend (``auto``: torch until the first update says the device)."""
+        return self._paged_layer() if self.backend == "paged" else HeadwiseLayer(self.expand_factor)
+
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
     ) -> tuple[Any, Any]:
@@ -432,10 +428,10 @@ class KVBenchCache(Cache):
         return self.layers  # type: ignore[return-value]
 
     def reserve(self, extra_tokens: int) -> None:
-        """Pre-allocate room for ``extra_tokens`` more tokens per head (paged layers; no-op for torch layers)."""
-        for layer in self.layers:
-            if hasattr(layer, "reserve"):
-                layer.reserve(extra_tokens)
+        """Pre-allocate room for ``extra_tokens`` more tokens per head in every layer (paged: free pages; torch: a
+        larger buffer, one reallocation; sliding: nothing), so decoding never grows the storage."""
+        for layer in self.headwise_layers:
+            layer.reserve(extra_tokens)
 
     def head_lengths(self) -> list[list[int]]:
         """Stored tokens per layer and head: ``[L][H]``."""

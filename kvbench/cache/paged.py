@@ -82,11 +82,6 @@ class PagedLayer(LogicalLengthLayer):
         self.pages: list[list[int]] = []
         self.host_lengths: list[int] = []
         self.free_pages: list[int] = []
-        #: Rows (tokens x heads) written by appends and moved by compaction / pool growth: a deterministic cost
-        #: proxy checked by the tests (appends must not depend on how much is stored).
-        self.rows_appended = 0
-        self.rows_compacted = 0
-        self.rows_moved_by_growth = 0
         #: Pool rebuilds (growth, repack) and rows they, compaction and one-token evictions copied.
         self.stats = StorageStats()
         self._positions_cache: list[torch.Tensor] | None = None
@@ -147,7 +142,6 @@ class PagedLayer(LogicalLengthLayer):
         self.lengths += new_tokens
         self.host_lengths = [length + new_tokens for length in self.host_lengths]
         self.seen_tokens += new_tokens
-        self.rows_appended += new_tokens * self.num_stored_heads
         self._positions_cache = self._slot_cache = None
         return LayerKV(self, key_states, first_chunk), LayerKV(self, value_states, first_chunk)
 
@@ -205,7 +199,6 @@ class PagedLayer(LogicalLengthLayer):
         grown_v[:old] = self.v_pool
         grown_pos[: old * self.page_size] = self.pos_pool
         self.k_pool, self.v_pool, self.pos_pool = grown_k, grown_v, grown_pos
-        self.rows_moved_by_growth += old * self.page_size
         self.stats.reallocations += 1
         self.stats.rows_copied += self.stored_tokens()
         self.free_pages.extend(range(old + extra - 1, old - 1, -1))  # pop() hands out low pages first
@@ -380,7 +373,6 @@ class PagedLayer(LogicalLengthLayer):
             self._compact_in_place(src, new_lengths)
         self.host_lengths = new_lengths
         self.lengths = torch.tensor(new_lengths, dtype=torch.int32, device=self.device)
-        self.rows_compacted += int(src.numel())
         self.stats.rows_copied += sum(new_lengths)
         self._positions_cache = self._slot_cache = None
 
@@ -404,10 +396,7 @@ class PagedLayer(LogicalLengthLayer):
         """
         assert self.k_pool is not None and self.v_pool is not None and self.pos_pool is not None
         assert self.block_table is not None and self.lengths is not None
-        host_heads = list(range(self.num_stored_heads)) if heads is None else list(heads)
-        rows = torch.arange(self.num_stored_heads, device=self.device)
-        if heads is not None:
-            rows = torch.tensor(host_heads, dtype=torch.long, device=self.device)
+        host_heads, rows = self._evicting_heads(heads)
         last = self.lengths[rows].long() - 1
         size = self.page_size
 
@@ -417,15 +406,10 @@ class PagedLayer(LogicalLengthLayer):
         dst, src = flat(slots.long()), flat(last)
         for pool in (self._flat(self.k_pool), self._flat(self.v_pool), self.pos_pool):
             pool[dst] = pool[src]
-        if heads is None:
-            self.lengths -= 1
-        else:
-            self.lengths[rows] -= 1
-        for head in host_heads:
-            self.host_lengths[head] -= 1
+        self._count_evicted(host_heads, rows, every_head=heads is None)
+        for head in host_heads:  # a head whose last page emptied returns it
             if len(self.pages[head]) > math.ceil(self.host_lengths[head] / size):
                 self.free_pages.append(self.pages[head].pop())
-        self.stats.rows_copied += len(host_heads)
         self._positions_cache = self._slot_cache = None
         return last
 

@@ -1,7 +1,7 @@
 """What one dataset's work needs from its run, handed down instead of the runner itself: the config and its hash,
 the method and budget, the run folder and ``run.decode_batch`` as resolved for the device.
 
-The generation loop (:func:`kvbench.run.batched.generate_dataset`) and a dataset with its own evaluation loop
+The generation loop (:func:`kvbench.run.generation.generate_dataset`) and a dataset with its own evaluation loop
 (:meth:`kvbench.tasks.base.TaskDataset.evaluate`, lm-eval's) read it; nothing writes to it.
 """
 

@@ -30,7 +30,7 @@ but never while a prediction row or ``metrics.json`` is being written: those wri
 records ``status: interrupted`` in ``run_meta.json`` and exits; the same command resumes it.
 
 Per dataset the runner takes its cached result (:meth:`Runner._cached_result`), or generates what is missing
-(:meth:`Runner._generate`, through :func:`kvbench.run.batched.generate_dataset`) and scores and writes it
+(:meth:`Runner._generate`, through :func:`kvbench.run.generation.generate_dataset`) and scores and writes it
 (:meth:`Runner._score_and_write`); what that work needs from the run is handed down as a
 :class:`~kvbench.run.job.DatasetJob`, never the runner itself.
 
@@ -67,7 +67,7 @@ from kvbench.models.loading import (
     stop_token_ids,
 )
 from kvbench.prompting import encode_sample
-from kvbench.run.batched import decode_batch_for, generate_dataset
+from kvbench.run.generation import decode_batch_for, generate_dataset
 from kvbench.run.job import DatasetJob
 from kvbench.run.records import (
     DatasetResult,

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from kvbench import kernels
 from kvbench.budget import parse_budget
+from kvbench.cache.base import StorageStats
 from kvbench.cache.kv_cache import BACKEND_ENV, HeadwiseLayer, KVBenchCache
 from kvbench.cache.paged import PagedLayer
 from kvbench.config import MethodConfig
@@ -86,21 +87,20 @@ def test_paged_layer_holds_the_same_tokens_as_the_torch_layer(impl: str, page_si
 
 
 def test_append_cost_does_not_depend_on_cache_size() -> None:
-    """A decode append writes exactly H rows at 1K and at 64K stored tokens, with no pool copy once reserved;
-    without a reservation, pool growth copies are amortised to <= 1 / GROWTH_FRACTION rows per appended row."""
+    """A decode append stores exactly H rows at 1K and at 64K stored tokens, with no pool copy once reserved (the
+    layer's StorageStats); without a reservation, pool growth copies are amortised to <= 1 / GROWTH_FRACTION rows per
+    appended row."""
     heads, dim = 4, 8
     rows_per_step = {}
     for context in (1024, 65536):
         layer = PagedLayer(page_size=16, impl="torch")
         layer.update(torch.zeros(1, heads, context, dim), torch.zeros(1, heads, context, dim))
         layer.reserve(64)
-        before = (layer.rows_appended, layer.rows_moved_by_growth, layer.rows_compacted)
+        before, stored = StorageStats(**vars(layer.stats)), layer.stored_tokens()
         for _ in range(64):
             layer.update(torch.ones(1, heads, 1, dim), torch.ones(1, heads, 1, dim))
-        appended = layer.rows_appended - before[0]
-        assert layer.rows_moved_by_growth == before[1]  # reserved: no growth
-        assert layer.rows_compacted == before[2]
-        rows_per_step[context] = appended / 64
+        assert layer.stats == before  # reserved: no growth, nothing copied
+        rows_per_step[context] = (layer.stored_tokens() - stored) / 64
         _check_invariants(layer)
     assert rows_per_step == {1024: heads, 65536: heads}
 
@@ -109,8 +109,8 @@ def test_append_cost_does_not_depend_on_cache_size() -> None:
     for _ in range(4096):
         layer.update(torch.ones(1, heads, 1, dim), torch.ones(1, heads, 1, dim))
     decoded_rows = 4096 * heads
-    assert layer.rows_moved_by_growth <= decoded_rows * 9  # geometric growth: bounded amortised copying
-    assert layer.rows_moved_by_growth < 0.5 * (4096 * (1024 + 2048) * heads)  # far below cat's O(S) per step
+    assert layer.stats.rows_copied <= decoded_rows * 9  # geometric growth: bounded amortised copying
+    assert layer.stats.rows_copied < 0.5 * (4096 * (1024 + 2048) * heads)  # far below cat's O(S) per step
     _check_invariants(layer)
 
 

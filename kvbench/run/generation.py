@@ -1,7 +1,7 @@
 """How the runner generates a dataset's samples (issue #33): resolve ``run.decode_batch`` for the device; at 1, one
 sample at a time (:func:`kvbench.inference.generate.generate`, the batch-1 path); above, with
-:func:`kvbench.inference.batch.generate_batched`, each prediction written in sample order through a
-:class:`~kvbench.inference.batch.ReorderBuffer`.
+:func:`kvbench.inference.batched_decode.generate_batched`, each prediction written in sample order through a
+:class:`~kvbench.inference.batched_decode.ReorderBuffer`.
 
 Writes are those of batch 1 (one row per sample, appended as soon as every earlier sample's row is written, under
 the runner's termination guard): a run killed mid-batch loses at most the outputs still waiting for an earlier
@@ -13,14 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kvbench.inference.batch import DecodeRequest, ReorderBuffer, generate_batched, resolve_decode_batch
+from kvbench.inference.batched_decode import DecodeRequest, ReorderBuffer, generate_batched, resolve_decode_batch
 from kvbench.inference.generate import generate
 from kvbench.run.job import DatasetJob
 
 
 def stop_rules(dataset: Any, stops: set[int]) -> dict[str, Any]:
     """A dataset's per-sample stop rules, as keyword arguments of both :func:`~kvbench.inference.generate.generate`
-    and :class:`~kvbench.inference.batch.DecodeRequest`."""
+    and :class:`~kvbench.inference.batched_decode.DecodeRequest`."""
     return {
         "max_new_tokens": int(dataset.max_new_tokens),
         "stop_token_ids": stops,
