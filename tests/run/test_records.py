@@ -36,6 +36,17 @@ def test_dataset_memory_is_mean_and_peak_of_stored_and_allocated_bytes() -> None
     assert "mean_cache_bytes" not in summary
 
 
+def test_rows_written_before_the_stored_bytes_field_still_summarise() -> None:
+    """A resumed or re-reported folder of an older run: its rows' ``cache_bytes`` count as stored bytes, and what
+    they never recorded (allocated bytes, peaks) is null, not made up."""
+    new = _row(100, 160, 400, 480, 400)
+    old = {"cache": {k: v for k, v in new["cache"].items() if "stored" not in k and "allocated" not in k}}
+    old["cache"]["cache_bytes"] = 300
+    summary = cache_summary([new, old])
+    assert summary["mean_stored_bytes"] == 200.0 and summary["peak_stored_bytes"] is None
+    assert summary["mean_allocated_bytes"] is None and summary["peak_allocated_bytes"] is None
+
+
 def test_reporting_reads_stored_bytes_and_older_runs_cache_bytes() -> None:
     assert mean_stored_bytes({"mean_stored_bytes": 200.0, "mean_allocated_bytes": 240.0}) == 200.0
     assert mean_stored_bytes({"mean_cache_bytes": 1024.0}) == 1024.0  # written before issue #40
