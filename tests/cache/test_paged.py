@@ -236,3 +236,21 @@ def test_paged_backend_on_cuda_matches_torch_backend(page_size: int) -> None:
     assert set(record["fallbacks"]) == ({plan.fallback} if plan.fallback else set()), record
     if page_size == 256 and varlen_capability().paged:
         assert plan.fallback is None and record["calls"]["varlen_paged"] > 0, record
+
+
+def test_every_layer_implements_the_evictable_layer_interface() -> None:
+    """The torch, paged and sliding layers all declare EvictableLayer; update returns one LayerKV for the keys and
+    another for the values, each naming its layer (what attention dispatches on), and attention_kv reads back what
+    the chunk attends over."""
+    from kvbench.cache.base import EvictableLayer, LayerKV
+    from kvbench.cache.sliding import SlidingWindowLayer
+
+    keys, values = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+    for layer in (HeadwiseLayer(), PagedLayer(page_size=4, impl="torch"), SlidingWindowLayer(16)):
+        assert isinstance(layer, EvictableLayer), type(layer).__name__
+        key, value = layer.update(keys, values)
+        assert isinstance(key, LayerKV) and isinstance(value, LayerKV) and key is not value
+        assert key.layer is layer and value.layer is layer
+        read_keys, read_values = layer.attention_kv(key, value)
+        assert torch.equal(read_keys, keys) and torch.equal(read_values, values)
+        assert layer.stored_bytes() == 2 * 5 * 8 * 2 * 4 <= layer.allocated_bytes()
