@@ -9,6 +9,7 @@ no list is kept by hand next to it.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import sys
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from typing import Any
 def lazy_reexport(package: str, source: str) -> tuple[Callable[[str], Any], Callable[[], list]]:
     """The module-level ``__getattr__`` and ``__dir__`` of ``package`` that re-export the public names of the module
     ``source`` (no leading underscore, not a module): the first access imports ``source`` and caches the value in
-    the package's namespace; a submodule of ``package`` is never shadowed (Python finds those first)."""
+    the package's namespace; a submodule of ``package`` is never shadowed."""
 
     def public(module: Any) -> set[str]:
         return {
@@ -28,7 +29,9 @@ def lazy_reexport(package: str, source: str) -> tuple[Callable[[str], Any], Call
         }
 
     def __getattr__(name: str) -> Any:
-        if not name.startswith("_"):
+        # ``from package import submodule`` asks here first: a submodule not yet imported is left to the import
+        # system (importing ``source`` to look for it would load what the lazy re-export is there to avoid).
+        if not name.startswith("_") and importlib.util.find_spec(f"{package}.{name}") is None:
             module = importlib.import_module(source)
             if name in public(module):
                 value = getattr(module, name)
