@@ -194,6 +194,28 @@ def budget_tokens_per_layer(budget: str, context_length: float | None, requested
     return float(parsed.value)
 
 
+def mean_stored_bytes(cache: dict[str, Any]) -> float:
+    """A dataset's mean stored bytes (the kept tokens' keys and values, the same on every backend) from its
+    ``metrics.json`` ``cache``: the one accessor every memory column and view reads (NaN when not recorded).
+
+    Runs written before ``mean_stored_bytes`` existed have ``mean_cache_bytes``: the stored bytes on the torch
+    backend, the page pool on the paged backend (docs/results.md)."""
+    return _number(cache.get("mean_stored_bytes", cache.get("mean_cache_bytes")))
+
+
+def mean_stored_vs_full(cache: dict[str, Any]) -> float:
+    """A dataset's stored bytes over a full cache's for the same tokens (the stored-bytes fraction beside tokens
+    kept: query-head storage holds more than its token budget suggests; NaN when not recorded)."""
+    return _number(cache.get("mean_stored_vs_full"))
+
+
+def _number(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
 def _finite(value: Any) -> float | None:
     try:
         number = float(value)
@@ -253,7 +275,7 @@ def read_run_extras(folder: Path, datasets: Iterable[str]) -> dict[str, Any]:
             "decode_s": _finite(timing.get("decode_s_mean")),
             "stored_fraction": stored_fraction(cache),
             "kept_fraction": _finite(cache.get("mean_kept_fraction")),
-            "cache_bytes": _finite(cache.get("mean_cache_bytes")),
+            "cache_bytes": _finite(mean_stored_bytes(cache)),
             "context_length": context,
             "data_provenance": provenance,
         }
