@@ -119,10 +119,8 @@ def _sample_score(row: dict[str, Any]) -> float | None:
 
 
 def stored_fraction(cache: dict[str, Any]) -> float | None:
-    """The fraction of the full cache's bytes a run stores, from a ``metrics.json``'s ``cache`` block (the one place
-    that names the field: ``mean_stored_vs_full``, stored bytes / the full cache's bytes for the same tokens; above
-    the kept fraction for methods that store a cache per query head)."""
-    return _finite(cache.get("mean_stored_vs_full"))
+    """:func:`mean_stored_vs_full` for the site's JSON: ``None`` where it was not recorded."""
+    return _finite(mean_stored_vs_full(cache))
 
 
 def _browser_row(row: dict[str, Any]) -> dict[str, Any]:
