@@ -172,7 +172,7 @@ class Evaluation:
     Attributes
     ----------
     results:
-        One :class:`kvbench.run.runner.DatasetResult` per dataset (score, interval, kept fraction, ...).
+        One :class:`kvbench.run.records.DatasetResult` per dataset (score, interval, kept fraction, ...).
     summary:
         The run's ``summary.json`` (per-dataset scores with bootstrap 95 % intervals, the papers' averages, kept
         fraction, timings, provenance; see :mod:`kvbench.run.summary`).

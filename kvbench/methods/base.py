@@ -106,11 +106,6 @@ class WindowObservation:
         return int(self.keys.shape[1])
 
     @property
-    def group_size(self) -> int:
-        """Query heads per stored head."""
-        return int(self.queries.shape[0] // self.keys.shape[0])
-
-    @property
     def num_heads(self) -> int:
         """Stored heads ``H``."""
         return int(self.keys.shape[0])
@@ -220,7 +215,8 @@ class LayerBudgetAllocator(ABC):
 
     def begin_task(self, name: str, num_samples: int) -> None:  # noqa: B027
         """Optional hook: a new dataset of ``num_samples`` samples starts (stateful allocators such as XKV's
-        sampled mode reset here).  Allocators are otherwise stateless across samples."""
+        sampled mode reset here).  The others carry nothing from one sample to the next: what they hold (the total,
+        the layers seen so far) is the current sample's, set again by :meth:`start`."""
 
     @abstractmethod
     def on_layer(self, observation: WindowObservation) -> dict[int, int]:
