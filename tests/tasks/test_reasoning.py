@@ -125,3 +125,16 @@ def test_prepare_parses_downloads_and_manifest_guards_the_file(tmp_path, monkeyp
     (tmp_path / "aime25").mkdir()
     with pytest.raises(ValueError, match="missing field"):
         write_prepared(tmp_path / "aime25", broken, "aime25", "test")
+
+
+def test_math_verify_grader_switch():
+    from kvbench.tasks.base import task_kind
+
+    need = task_kind("reasoning").required_packages({"options": {"grader": "math_verify"}})
+    assert [n.module for n in need] == ["math_verify"] and "kvbench[reasoning]" in need[0].fix
+    assert task_kind("reasoning").required_packages({"options": {}}) == []
+    pytest.importorskip("math_verify")
+    math500 = _datasets(grader="math_verify")["math500"]
+    samples = math500.samples()
+    outputs = ["so \\boxed{\\dfrac{11}{12}}", "x = \\boxed{-4.0}", "\\boxed{\\sqrt{7}}"]
+    assert math500.score(outputs, samples)["score"] == pytest.approx(200 / 3)
