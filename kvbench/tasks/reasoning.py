@@ -207,7 +207,8 @@ class ReasoningDataset(TaskDataset):
     def score(self, predictions: Sequence[str], samples: Sequence[Sample]) -> dict[str, float]:
         """Accuracy (0-100): the mean over every generated sample (``score``), with a 95 % interval over questions
         (``ci_low``/``ci_high``: Wilson interval of the per-question mean accuracies' total), ``n_questions``,
-        ``n_samples`` per question and, with several samples, ``pass_at_n`` (a question solved by any draw)."""
+        ``n_samples`` per question and, with several samples, ``pass_at_n`` (a question solved by any draw) and
+        ``first_draw`` (the official ``evaluate.py``'s ``acc``: the first draw of each question)."""
         if len(predictions) != len(samples):
             raise ValueError(f"{len(predictions)} predictions for {len(samples)} samples in {self.name!r}")
         per_question: dict[int, list[bool]] = {}
@@ -226,6 +227,8 @@ class ReasoningDataset(TaskDataset):
         }
         if self.n_samples > 1:
             scores["pass_at_n"] = 100 * sum(any(hits) for hits in per_question.values()) / len(per_question)
+            # evaluate.py's "acc": the mean of the score matrix's first column, i.e. the first draw of each question
+            scores["first_draw"] = 100 * sum(hits[0] for hits in per_question.values()) / len(per_question)
         return scores
 
     def describe(self) -> dict[str, Any]:

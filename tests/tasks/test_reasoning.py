@@ -71,6 +71,7 @@ def test_scoring_greedy_and_sampled_with_intervals():
     scores = sampled.score(outputs, draws)
     assert scores["score"] == pytest.approx(100 * (0.5 + 1 + 0.5) / 3)
     assert scores["pass_at_n"] == pytest.approx(100.0)
+    assert scores["first_draw"] == pytest.approx(100.0)  # evaluate.py's acc: draw 0 of each question (all right)
 
 
 def test_wilson_interval_is_a_proper_interval():
