@@ -139,3 +139,12 @@ def test_math_verify_grader_switch():
     samples = math500.samples()
     outputs = ["so \\boxed{\\dfrac{11}{12}}", "x = \\boxed{-4.0}", "\\boxed{\\sqrt{7}}"]
     assert math500.score(outputs, samples)["score"] == pytest.approx(200 / 3)
+
+
+def test_shipped_config_holds_the_builder_defaults():
+    from omegaconf import OmegaConf
+
+    from kvbench.tasks.reasoning import VALID_OPTIONS
+
+    raw = OmegaConf.load(Path(__file__).parents[2] / "conf" / "task" / "reasoning.yaml")
+    assert raw.kind == "reasoning" and OmegaConf.to_container(raw.options) == VALID_OPTIONS
