@@ -16,6 +16,7 @@ from hydra import compose, initialize_config_dir
 
 from kvbench.cli import reporting_hydra_errors, run_job
 from kvbench.config import register_configs
+from kvbench.overrides import prepare_overrides
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf"
@@ -28,7 +29,9 @@ BASE = ["task.lengths=[1024]", "task.num_samples=2", f"task.datasets=[{DATASET}]
 def compose_job(root: Path, *overrides: str):
     register_configs()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("config", overrides=[*BASE, f"run.output_root={root}", "run.print_table=false", *overrides])
+        # As run.py does (kvbench.cli.main): budget specs and numbers given to a group read as names.
+        overrides = prepare_overrides([*BASE, f"run.output_root={root}", "run.print_table=false", *overrides])
+        return compose("config", overrides=overrides)
 
 
 def run_job_status(root: Path, capsys: pytest.CaptureFixture[str], *overrides: str) -> tuple[int, str]:
