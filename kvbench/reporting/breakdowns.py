@@ -20,8 +20,11 @@ import math
 import re
 from typing import Any
 
+import pandas as pd
+
 from kvbench.reporting.dashboard_data import DashboardRuns, run_id
 from kvbench.reporting.palette import method_colour, method_label
+from kvbench.views.run_views import budget_tokens_per_layer
 
 #: Display order and labels of the known sub-scores; any other key is shown after these, under its own name
 #: (``turn_<i>`` keys and ``turn_<i>/<subtask>`` in turn order).
@@ -79,18 +82,19 @@ def _number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _row_key(row: dict[str, Any], extras: dict[str, Any]) -> tuple[Any, ...]:
-    """Full cache first, then by method, tag, question mode and tokens per layer."""
-    x = extras.get("budget_tokens_per_layer")
-    return (row["method"] != "full", row["method"], row["tag"] or "", row["question_mode"], x is None, x or 0)
+def _row_key(row: dict[str, Any]) -> tuple[Any, ...]:
+    """Full cache first, then by method, tag, question mode and tokens per layer (``<n>L`` budgets by ``n``)."""
+    x = budget_tokens_per_layer(row["budget"], None, None)
+    return (row["method"] != "full", row["method"], row["tag"], row["question_mode"], x is None, x or 0, row["budget"])
 
 
-def breakdown_tables(runs: DashboardRuns) -> list[dict[str, Any]]:
-    """One table per model × task × dataset with sub-scores: ``{"model", "task", "dataset", "columns": [{"key",
-    "label"}], "rows": [{"run_id", "method", "label", "colour", "budget", "tag", "question_mode", "score",
-    "values": {key: float | None}}]}`` (rows ordered full cache first, then method and budget)."""
+def breakdown_tables(scores: pd.DataFrame) -> list[dict[str, Any]]:
+    """One table per model × task × dataset with sub-scores, from the tidy frame of
+    :func:`~kvbench.reporting.aggregate.load_runs`: ``{"model", "task", "dataset", "columns": [{"key", "label"}],
+    "rows": [{"run_id", "method", "label", "colour", "budget", "tag", "question_mode", "score", "values": {key:
+    float | None}}]}`` (rows ordered full cache first, then method and budget)."""
     groups: dict[tuple[str, str, str], list[tuple[tuple[Any, ...], dict[str, Any]]]] = {}
-    for rec in runs.scores.to_dict("records"):
+    for rec in scores.to_dict("records"):
         scores = json.loads(rec["scores"] or "{}")
         columns = breakdown_columns(scores)
         if not columns:
@@ -109,7 +113,7 @@ def breakdown_tables(runs: DashboardRuns) -> list[dict[str, Any]]:
             "values": {key: _number(scores[key]) for key in columns},
         }
         key = (rec["model"], rec["task"], rec["dataset"])
-        groups.setdefault(key, []).append((_row_key(row, runs.extras.get(rid, {})), row))
+        groups.setdefault(key, []).append((_row_key(row), row))
     tables = []
     for (model, task, dataset), rows in sorted(groups.items()):
         keys = breakdown_columns(k for _, row in rows for k in row["values"])
@@ -164,3 +168,43 @@ def length_charts(runs: DashboardRuns) -> list[dict[str, Any]]:
             series_list.append(series)
         out.append({"model": model, "task": task, "dataset": dataset, "series": series_list})
     return out
+
+
+def breakdowns_frame(scores: pd.DataFrame) -> pd.DataFrame:
+    """The breakdowns in tidy form (``breakdowns.csv``): one row per run × dataset × sub-score, columns ``model``,
+    ``task``, ``dataset``, ``method``, ``budget``, ``tag``, ``question_mode``, ``score`` (the headline),
+    ``breakdown`` (the ``scores`` key), ``label`` and ``value``."""
+    columns = ["model", "task", "dataset", "method", "budget", "tag", "question_mode", "score", "breakdown"]
+    rows = []
+    for table in breakdown_tables(scores):
+        for row in table["rows"]:
+            for column in table["columns"]:
+                if column["key"] not in row["values"]:
+                    continue
+                ident = [table["model"], table["task"], table["dataset"], row["method"], row["budget"], row["tag"]]
+                value = row["values"][column["key"]]
+                rows.append([*ident, row["question_mode"], row["score"], column["key"], column["label"], value])
+    return pd.DataFrame(rows, columns=[*columns, "label", "value"])
+
+
+def breakdowns_markdown(scores: pd.DataFrame) -> str:
+    """``breakdowns.md``: a Markdown table per model × task × dataset with sub-scores (the site's ``#breakdowns``),
+    a row per run, the headline score then a column per sub-score, one decimal."""
+
+    def cell(value: float | None) -> str:
+        return "–" if value is None else f"{value:.1f}"
+
+    lines = ["# Breakdowns: the sub-scores beside each headline score", ""]
+    tables = breakdown_tables(scores)
+    if not tables:
+        lines.append("No run has sub-scores beside its headline score.")
+    for table in tables:
+        header = ["method", "budget", "mode", "score", *(c["label"] for c in table["columns"])]
+        lines += [f"## {table['model']} · {table['task']} · {table['dataset']}", ""]
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for row in table["rows"]:
+            values = [cell(row["values"].get(c["key"])) for c in table["columns"]]
+            first = [row["label"], row["budget"], row["question_mode"], cell(row["score"])]
+            lines.append("| " + " | ".join([*first, *values]) + " |")
+        lines.append("")
+    return "\n".join(lines)

@@ -165,7 +165,7 @@ def site_data(runs: DashboardRuns, plotly_version: str) -> dict[str, Any]:
             for rid, e in runs.extras.items()
         },
         "needles": {rid: e["needles"] for rid, e in runs.extras.items() if e.get("needles")},
-        "breakdowns": breakdown_tables(runs),
+        "breakdowns": breakdown_tables(runs.scores),
         "length_charts": length_charts(runs),
     }
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from kvbench.reporting.headless import find_chromium
@@ -42,9 +43,7 @@ def write_run(
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from kvbench.reporting.site import build_site
-
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("runs")
     lb = {"score": 40.0, "easy": 50.0, "hard": 30.0, "short": 60.0, "medium": 35.0, "long": 25.0, "n_scored": 8.0}
     write_run(root, "longbench_v2", "longbench_v2", "full", "full", lb, [1, 1])
@@ -56,8 +55,15 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_run(root, "reasoning", "gsm8k", "snapkv", "64L", {**reasoning, "score": 10.0}, [500, 700])
     write_run(root, "reasoning", "gsm8k", "snapkv", "128L", {**reasoning, "score": 20.0}, [400])
     write_run(root, "tiny_niah", "niah", "snapkv", "128L", {"score": 80.0}, [2])  # headline only: no table
+    return root
+
+
+@pytest.fixture(scope="module")
+def site(runs: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from kvbench.reporting.site import build_site
+
     out = tmp_path_factory.mktemp("site")
-    build_site(root, out)
+    build_site(runs, out)
     return out
 
 
@@ -100,3 +106,24 @@ def test_breakdowns_render_in_headless_chromium(site: Path) -> None:
         assert shown[1] == [["easy", "50.0"], ["hard", "10.0"], ["short", "60.0"], ["medium", "35.0"], ["long", "25.0"]]
         drawn = "[...document.querySelectorAll('#length-plots .length-plot')].filter(d => d.querySelector('.main-svg'))"
         assert browser.evaluate(drawn + ".length") == 1
+
+
+def test_make_tables_writes_the_breakdowns(runs: Path, tmp_path: Path) -> None:
+    from kvbench.reporting.aggregate import load_runs
+    from kvbench.reporting.tables import write_runs_overview
+
+    write_runs_overview(load_runs(runs), tmp_path)
+    frame = pd.read_csv(tmp_path / "breakdowns.csv")
+    snap = frame[(frame["dataset"] == "longbench_v2") & (frame["method"] == "snapkv")]
+    assert dict(zip(snap["breakdown"], snap["value"], strict=True)) == {
+        "easy": 50.0,
+        "hard": 10.0,
+        "short": 60.0,
+        "medium": 35.0,
+        "long": 25.0,
+    }
+    assert set(frame["dataset"]) == {"longbench_v2", "scbench_kv", "gsm8k"}
+    markdown = (tmp_path / "breakdowns.md").read_text(encoding="utf-8")
+    assert "## tiny · scbench · scbench_kv" in markdown
+    assert "| method | budget | mode | score | turn 0 | turn 1 · kv | turn 10 · kv |" in markdown
+    assert "| SnapKV | 128L | aware | 20.0 | 50.0 | 10.0 | 60.0 | 35.0 | 25.0 |" in markdown
