@@ -38,15 +38,18 @@ BREAKDOWN_ORDER: dict[str, str] = {
     "pass_at_n": "pass@n",
     "all": "all queries",
 }
-#: ``scores`` keys that are no breakdown column: the headline itself, interval ends, and counts (``n_*``).
-NOT_BREAKDOWNS = frozenset({"score", "overall", "ci_low", "ci_high"})
+#: ``scores`` keys that are no breakdown column: the headline itself, interval ends and counts (``nulls``: empty
+#: predictions); so are ``n_*`` counts and lm-eval's ``*stderr*`` keys (:func:`is_breakdown`).
+NOT_BREAKDOWNS = frozenset({"score", "overall", "ci_low", "ci_high", "nulls"})
 #: Tasks whose runs get the accuracy vs generated length plot (long generations: the length is part of the result).
 LENGTH_PLOT_TASKS = frozenset({"reasoning"})
 _TURN = re.compile(r"^turn_(\d+)(?:/(.*))?$")
 
 
-def _is_breakdown(key: str) -> bool:
-    return key not in NOT_BREAKDOWNS and not key.startswith("n_")
+def is_breakdown(key: str) -> bool:
+    """Whether a ``scores`` key is a sub-score column (not :data:`NOT_BREAKDOWNS`, a ``n_*`` count or a standard
+    error)."""
+    return key not in NOT_BREAKDOWNS and not key.startswith("n_") and "stderr" not in key
 
 
 def _column_order(key: str) -> tuple[Any, ...]:
@@ -61,7 +64,7 @@ def _column_order(key: str) -> tuple[Any, ...]:
 def breakdown_columns(keys: Any) -> list[str]:
     """The breakdown columns among ``scores`` keys, in display order (:data:`BREAKDOWN_ORDER`, then turns, then the
     rest by name)."""
-    return sorted({str(k) for k in keys if _is_breakdown(str(k))}, key=_column_order)
+    return sorted({str(k) for k in keys if is_breakdown(str(k))}, key=_column_order)
 
 
 def column_label(key: str) -> str:

@@ -54,7 +54,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_run(root, "reasoning", "gsm8k", "full", "full", reasoning, [100, 300])
     write_run(root, "reasoning", "gsm8k", "snapkv", "64L", {**reasoning, "score": 10.0}, [500, 700])
     write_run(root, "reasoning", "gsm8k", "snapkv", "128L", {**reasoning, "score": 20.0}, [400])
-    write_run(root, "tiny_niah", "niah", "snapkv", "128L", {"score": 80.0}, [2])  # headline only: no table
+    write_run(root, "tiny_niah", "niah", "snapkv", "128L", {"score": 80.0, "nulls": 1.0}, [2])  # a count: no table
+    lm_eval = {"score": 55.0, "acc,none": 55.0, "acc_stderr,none": 3.0, "acc_norm,none": 60.0}
+    write_run(root, "lmeval", "arc_easy", "snapkv", "128L", lm_eval, [1])
     return root
 
 
@@ -69,7 +71,8 @@ def site(runs: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_breakdown_tables_hold_every_sub_score_in_display_order(site: Path) -> None:
     tables = {t["dataset"]: t for t in embedded_data(site / "index.html")["breakdowns"]}
-    assert set(tables) == {"longbench_v2", "scbench_kv", "gsm8k"}  # niah has only its headline
+    assert set(tables) == {"longbench_v2", "scbench_kv", "gsm8k", "arc_easy"}  # niah has only its headline
+    assert [c["key"] for c in tables["arc_easy"]["columns"]] == ["acc,none", "acc_norm,none"]  # no standard error
     lb = tables["longbench_v2"]
     assert [c["label"] for c in lb["columns"]] == ["Easy", "Hard", "Short", "Medium", "Long"]  # n_scored: a count
     assert [(r["method"], r["budget"]) for r in lb["rows"]] == [("full", "full"), ("snapkv", "128L")]
@@ -122,7 +125,7 @@ def test_make_tables_writes_the_breakdowns(runs: Path, tmp_path: Path) -> None:
         "medium": 35.0,
         "long": 25.0,
     }
-    assert set(frame["dataset"]) == {"longbench_v2", "scbench_kv", "gsm8k"}
+    assert set(frame["dataset"]) == {"longbench_v2", "scbench_kv", "gsm8k", "arc_easy"}
     markdown = (tmp_path / "breakdowns.md").read_text(encoding="utf-8")
     assert "## tiny · scbench · scbench_kv" in markdown
     assert "| method | budget | mode | score | turn 0 | turn 1 · kv | turn 10 · kv |" in markdown
