@@ -31,6 +31,7 @@ import pandas as pd
 
 from kvbench.errors import KVBenchError
 from kvbench.reporting.aggregate import require_runs
+from kvbench.reporting.breakdowns import write_breakdowns
 from kvbench.reporting.paper_refs import TABLES, check_printed_aggregates, errata_keys, load_reference
 from kvbench.reporting.plots import plot_needle_heatmaps, plot_paper_tables, plot_score_vs_budget
 from kvbench.reporting.render import LatexError, compile_pdf
@@ -72,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     comparisons = build_all(runs, args.paper, args.tables)
     missing = write_tables(comparisons, args.out, args.formats)
     write_runs_overview(runs, args.out)
+    write_breakdowns(runs, args.out)
     filled = sum(int(c["ours"].notna().sum()) for c in comparisons.values())
     total = sum(len(c) for c in comparisons.values())
     print(

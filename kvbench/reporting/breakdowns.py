@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -211,3 +212,12 @@ def breakdowns_markdown(scores: pd.DataFrame) -> str:
             lines.append("| " + " | ".join([*first, *values]) + " |")
         lines.append("")
     return "\n".join(lines)
+
+
+def write_breakdowns(scores: pd.DataFrame, out_dir: str | Path) -> None:
+    """``<out_dir>/breakdowns.csv`` (:func:`breakdowns_frame`) and ``breakdowns.md`` (:func:`breakdowns_markdown`):
+    ``make tables``' breakdowns, beside ``runs_summary.{csv,md}``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    breakdowns_frame(scores).to_csv(out / "breakdowns.csv", index=False)
+    (out / "breakdowns.md").write_text(breakdowns_markdown(scores), encoding="utf-8")

@@ -222,10 +222,8 @@ def write_tables(
 
 
 def write_runs_overview(runs: pd.DataFrame, out_dir: str | Path) -> None:
-    """``runs.csv`` (tidy, every dataset of every run), ``runs_summary.{csv,md}`` (one row per run) and
-    ``breakdowns.{csv,md}`` (every sub-score beside a headline: :mod:`kvbench.reporting.breakdowns`)."""
+    """``runs.csv`` (tidy, every dataset of every run) and ``runs_summary.{csv,md}`` (one row per run)."""
     from kvbench.reporting.aggregate import run_summary
-    from kvbench.reporting.breakdowns import breakdowns_frame, breakdowns_markdown
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -233,5 +231,3 @@ def write_runs_overview(runs: pd.DataFrame, out_dir: str | Path) -> None:
     summary = run_summary(runs)
     summary.to_csv(out / "runs_summary.csv", index=False)
     (out / "runs_summary.md").write_text(runs_overview_markdown(summary), encoding="utf-8")
-    breakdowns_frame(runs).to_csv(out / "breakdowns.csv", index=False)
-    (out / "breakdowns.md").write_text(breakdowns_markdown(runs), encoding="utf-8")
