@@ -136,8 +136,8 @@ def breakdown_tables(scores: pd.DataFrame) -> list[dict[str, Any]]:
 def length_charts(runs: DashboardRuns) -> list[dict[str, Any]]:
     """Accuracy vs mean generated tokens per model × task × dataset of :data:`LENGTH_PLOT_TASKS`: ``{"model",
     "task", "dataset", "series": [{"method", "label", "colour", "question_mode", "points": [{"budget", "x" (mean
-    new_tokens), "y" (score), "run_id"}]}]}``, each series' points ordered by tokens per layer; a run without
-    recorded ``new_tokens`` is left out."""
+    new_tokens), "y" (score), "run_id"}]}]}``, each series' points ordered by tokens per layer (the full cache one
+    point: its run under ``full``, else its first); a run without recorded ``new_tokens`` is left out."""
     charts: dict[tuple[str, str, str], dict[tuple[str, str, str], dict[str, Any]]] = {}
     for rec in runs.scores.to_dict("records"):
         if rec["task"] not in LENGTH_PLOT_TASKS:
@@ -169,6 +169,9 @@ def length_charts(runs: DashboardRuns) -> list[dict[str, Any]]:
             series["points"].sort(key=lambda p: (p["_order"] is None, p["_order"] or 0, p["budget"]))
             for point in series["points"]:
                 del point["_order"]
+            if series["method"] == "full":  # one point: the budget does not change the full cache (as the pivot)
+                chosen = [p for p in series["points"] if p["budget"] == "full"] or series["points"]
+                series["points"] = chosen[:1]
             series_list.append(series)
         out.append({"model": model, "task": task, "dataset": dataset, "series": series_list})
     return out

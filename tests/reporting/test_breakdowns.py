@@ -54,6 +54,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_run(root, "reasoning", "gsm8k", "full", "full", reasoning, [100, 300])
     write_run(root, "reasoning", "gsm8k", "snapkv", "64L", {**reasoning, "score": 10.0}, [500, 700])
     write_run(root, "reasoning", "gsm8k", "snapkv", "128L", {**reasoning, "score": 20.0}, [400])
+    write_run(root, "reasoning", "gsm8k", "full", "64L", {**reasoning, "score": 31.0}, [200])  # full: one point
     write_run(root, "tiny_niah", "niah", "snapkv", "128L", {"score": 80.0, "nulls": 1.0}, [2])  # a count: no table
     lm_eval = {"score": 55.0, "acc,none": 55.0, "acc_stderr,none": 3.0, "acc_norm,none": 60.0}
     write_run(root, "lmeval", "arc_easy", "snapkv", "128L", lm_eval, [1])
