@@ -210,7 +210,8 @@ function renderLengthPlots() {
     box.append(div);
     Plotly.newPlot(div, traces, {title: {text: chart.model + " · " + chart.dataset + " · accuracy vs generated length", font: {size: 13}},
       margin: {t: 40, r: 10, b: 40}, legend: {font: {size: 10}, orientation: "h", y: -0.25},
-      xaxis: {title: {text: "mean generated tokens per sample (new_tokens)"}}, yaxis: {title: {text: "accuracy"}}},
+      xaxis: {title: {text: "mean generated tokens per sample (new_tokens)"}, rangemode: "nonnegative"},
+      yaxis: {title: {text: "accuracy"}, rangemode: "nonnegative"}},
       {displaylogo: false, displayModeBar: false, responsive: true});
   }
   if (!box.children.length) box.append(el("p", {class: "muted"}, "no long-reasoning run shown records generated lengths"));
