@@ -6,8 +6,10 @@
 For each table in ``results/paper`` writes ``<out>/<table>.{md,csv,tex}`` (ours / paper / difference in the
 paper's layout and precision, best in bold and second underlined), ``<out>/all_tables.tex`` (one LaTeX document
 of them all), ``<out>/index.md``, ``<out>/missing_runs.{md,csv}`` (every cell we cannot fill), ``<out>/runs.csv``
-and ``<out>/runs_summary.{md,csv}`` (all runs), and PNG plots under ``--plots`` (score versus budget per paper
-table with the paper's values dashed, and per model and task of any runs; needle heatmaps per run and dataset).
+and ``<out>/runs_summary.{md,csv}`` (all runs), ``<out>/breakdowns.{md,csv}`` (every sub-score a run records beside
+its headline: LongBench v2's difficulty and length buckets, SCBench's turns, pass@n; docs/dashboards.md), and PNG
+plots under ``--plots`` (score versus budget per paper table with the paper's values dashed, and per model and task
+of any runs; needle heatmaps per run and dataset).
 ``--pdf`` compiles ``all_tables.pdf`` (needs pdflatex; ``make tables-pdf``).  ``--check-paper`` also writes
 ``<out>/paper_checks.csv``: every printed average recomputed from the paper's own cells, errata flagged.
 
@@ -29,6 +31,7 @@ import pandas as pd
 
 from kvbench.errors import KVBenchError
 from kvbench.reporting.aggregate import require_runs
+from kvbench.reporting.breakdowns import write_breakdowns
 from kvbench.reporting.paper_refs import TABLES, check_printed_aggregates, errata_keys, load_reference
 from kvbench.reporting.plots import plot_needle_heatmaps, plot_paper_tables, plot_score_vs_budget
 from kvbench.reporting.render import LatexError, compile_pdf
@@ -70,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     comparisons = build_all(runs, args.paper, args.tables)
     missing = write_tables(comparisons, args.out, args.formats)
     write_runs_overview(runs, args.out)
+    write_breakdowns(runs, args.out)
     filled = sum(int(c["ours"].notna().sum()) for c in comparisons.values())
     total = sum(len(c) for c in comparisons.values())
     print(

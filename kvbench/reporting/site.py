@@ -30,6 +30,7 @@ from typing import Any
 
 from kvbench.errors import KVBenchError
 from kvbench.reporting.aggregate import run_summary
+from kvbench.reporting.breakdowns import breakdown_tables, length_charts
 from kvbench.reporting.dashboard_data import (
     NO_EXPERIMENT,
     DashboardRuns,
@@ -140,7 +141,8 @@ def run_records(runs: DashboardRuns) -> list[dict[str, Any]]:
 
 def site_data(runs: DashboardRuns, plotly_version: str) -> dict[str, Any]:
     """The page's embedded data: runs, the pivot leaderboards and headline charts, the per-run leaderboards, needle
-    grids, the predictions browser's rows, the method palette, filter choices, build metadata."""
+    grids, the predictions browser's rows, the breakdown tables and accuracy vs generated length charts
+    (:mod:`kvbench.reporting.breakdowns`), the method palette, filter choices, build metadata."""
     from kvbench.version import __version__
 
     records = run_records(runs)
@@ -163,6 +165,8 @@ def site_data(runs: DashboardRuns, plotly_version: str) -> dict[str, Any]:
             for rid, e in runs.extras.items()
         },
         "needles": {rid: e["needles"] for rid, e in runs.extras.items() if e.get("needles")},
+        "breakdowns": breakdown_tables(runs.scores),
+        "length_charts": length_charts(runs),
     }
 
 

@@ -4,7 +4,7 @@ The page (``index.html``) loads ``plotly.min.js`` from its own folder (Plotly's 
 by :mod:`kvbench.reporting.site`: no CDN, no server; it opens from disk), or has it inlined (``--single-file``), and
 reads its data from the ``<script id="kvbench-data" type="application/json">`` element.  Everything visible is drawn
 by the script below (and the views of :mod:`kvbench.reporting.site_views`: ``#headline``, ``#pivot``,
-``#predictions``) from that data, and drawn again when a filter (model, task, question mode, experiment) changes:
+``#breakdowns``, ``#length-plots``, ``#predictions``) from that data, and drawn again when a filter (model, task, question mode, experiment) changes:
 
 * ``#leaderboards`` ("All runs"): one table per model × task, rows ``tr.lb-row`` (``data-run-id``), score cells
   ``td.score`` (``data-column``, ``data-score``: the exact value), the 95 % interval, the paper's printed value, the
@@ -59,12 +59,15 @@ table.preds td, table.preds th { text-align: left; max-width: 28em; white-space:
 <div id="filters"></div>
 <div id="banner" hidden></div>
 <nav><a href="#headline">Headline</a><a href="#pivot">Leaderboard</a><a href="#budget-plots">Score vs budget</a>
-<a href="#memory-plots">Memory</a><a href="#needles">Needles</a><a href="#predictions">Predictions</a>
+<a href="#memory-plots">Memory</a><a href="#breakdowns">Breakdowns</a><a href="#length-plots">Accuracy vs length</a>
+<a href="#needles">Needles</a><a href="#predictions">Predictions</a>
 <a href="#leaderboards">All runs</a><a href="#provenance">Provenance</a></nav>
 <h2>Headline: mean score vs stored bytes</h2><div id="headline"></div>
 <h2>Leaderboard: methods × budgets</h2><div id="pivot"></div>
 <h2>Score vs budget</h2><div id="budget-plots"></div>
 <h2>Memory</h2><div id="memory-plots"></div>
+<h2>Breakdowns: the sub-scores beside the headline</h2><div id="breakdowns"></div>
+<h2>Accuracy vs generated length</h2><div id="length-plots"></div>
 <h2>Needle heatmaps</h2><div id="needles"></div>
 <h2>Predictions</h2><div id="predictions"></div>
 <h2>All runs</h2><div id="leaderboards"></div>
@@ -297,7 +300,7 @@ function render() {
   banner.textContent = flagged.length ? "⚠ " + flagged.length + " of the runs shown are stand-in data or made-up (synthetic) numbers; "
     + "they carry a ⚠ badge wherever they appear and are not comparable with published results." : "";
   renderHeadline(); renderPivot(); renderLeaderboards(); renderBudgetPlots(runs); renderMemoryPlots(runs);
-  renderNeedles(runs); renderPredictions(runs); renderProvenance(runs);
+  renderBreakdowns(); renderLengthPlots(); renderNeedles(runs); renderPredictions(runs); renderProvenance(runs);
 }
 
 __VIEWS__

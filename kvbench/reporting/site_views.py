@@ -10,6 +10,12 @@ embedded data of :mod:`kvbench.reporting.pivot`:
   bootstrap interval, n (⚠ under ``SMALL_N``), bytes stored and tokens kept, prefill and decode seconds per sample;
   one full-cache reference row (``tr.full-row``); the columns sort on a click (``th.sortable``), the rows start
   ordered by their mean over the budgets;
+* ``#breakdowns``: one table per model × task × dataset whose ``metrics.json`` ``scores`` hold sub-scores
+  (``table.breakdown``, ``data-dataset``; :func:`kvbench.reporting.breakdowns.breakdown_tables`): a row per run
+  (``tr.breakdown-row``, ``data-run-id``), the headline score, then a cell per sub-score (``td.bd-cell``,
+  ``data-column``, ``data-value``);
+* ``#length-plots``: for long-reasoning tasks, per dataset the score against the mean generated tokens
+  (``.length-plot``), a line per method through its budgets (:func:`kvbench.reporting.breakdowns.length_charts`);
 * ``#predictions``: the predictions browser: pick a dataset and a run (filtered by the page's filters): each
   sample's id, the end of its prompt, the prediction, the reference answers and the sample's score
   (``table.preds``, ``td.prediction``).
@@ -165,5 +171,49 @@ function renderPredictions(runs) {
     el("label", {}, onlyWrong, " only samples scored below 100"),
     el("p", {class: "muted"}, "the first " + DATA.browser_rows + " samples of each dataset"), out);
   draw();
+}
+
+function renderBreakdowns() {
+  const box = document.getElementById("breakdowns");
+  box.replaceChildren();
+  for (const table of DATA.breakdowns) {
+    if (!shown(table, ["model", "task"])) continue;
+    const rows = table.rows.filter(r => !state.question_mode || r.question_mode === state.question_mode);
+    if (!rows.length) continue;
+    const t = el("table", {class: "breakdown", "data-model": table.model, "data-task": table.task, "data-dataset": table.dataset},
+      el("tr", {}, ...["method", "budget", "mode", "score"].map(h => el("th", {}, h)),
+        ...table.columns.map(c => el("th", {"data-column": c.key}, c.label))));
+    for (const r of rows) {
+      t.append(el("tr", {class: "breakdown-row", "data-run-id": r.run_id},
+        el("td", {class: "key"}, el("span", {class: "swatch", style: "background:" + r.colour}), r.label),
+        el("td", {}, r.budget), el("td", {}, r.question_mode), el("td", {}, el("b", {}, fmt(r.score, 1))),
+        ...table.columns.map(c => el("td", {class: "bd-cell", "data-column": c.key,
+          "data-value": r.values[c.key] === null || r.values[c.key] === undefined ? "" : String(r.values[c.key])}, fmt(r.values[c.key], 1)))));
+    }
+    box.append(el("h3", {}, table.model + " · " + table.task + " · " + table.dataset), t);
+  }
+  if (!box.children.length) box.append(el("p", {class: "muted"}, "no run shown has sub-scores beside its headline"));
+}
+
+function renderLengthPlots() {
+  const box = document.getElementById("length-plots");
+  box.replaceChildren();
+  for (const chart of DATA.length_charts) {
+    if (!shown(chart, ["model", "task"])) continue;
+    const series = chart.series.filter(s => !state.question_mode || s.question_mode === state.question_mode);
+    if (!series.length) continue;
+    const traces = series.map(s => ({type: "scatter", mode: s.method === "full" ? "markers" : "lines+markers", name: s.label,
+      x: s.points.map(p => p.x), y: s.points.map(p => p.y), text: s.points.map(p => p.budget),
+      line: {color: s.colour}, marker: {color: s.method === "full" ? "black" : s.colour, size: s.method === "full" ? 11 : 7, symbol: s.method === "full" ? "star" : "circle"},
+      hovertemplate: "%{text}: %{x:.0f} tokens generated, accuracy %{y:.1f}<extra>" + s.label + "</extra>"}));
+    const div = el("div", {class: "plot length-plot", "data-model": chart.model, "data-task": chart.task, "data-dataset": chart.dataset});
+    box.append(div);
+    Plotly.newPlot(div, traces, {title: {text: chart.model + " · " + chart.dataset + " · accuracy vs generated length", font: {size: 13}},
+      margin: {t: 40, r: 10, b: 40}, legend: {font: {size: 10}, orientation: "h", y: -0.25},
+      xaxis: {title: {text: "mean generated tokens per sample (new_tokens)"}, rangemode: "nonnegative"},
+      yaxis: {title: {text: "accuracy"}, rangemode: "nonnegative"}},
+      {displaylogo: false, displayModeBar: false, responsive: true});
+  }
+  if (!box.children.length) box.append(el("p", {class: "muted"}, "no long-reasoning run shown records generated lengths"));
 }
 """

@@ -134,15 +134,19 @@ def _browser_row(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def read_predictions_view(path: Path) -> tuple[float | None, dict[str, Any] | None, list[dict[str, Any]]]:
-    """The mean prompt length (``input_tokens``) of a dataset's predictions, its needle grid (if it has one) and its
-    first :data:`BROWSER_ROWS` rows for the predictions browser (:func:`_browser_row`).
+def read_predictions_view(
+    path: Path,
+) -> tuple[float | None, dict[str, Any] | None, list[dict[str, Any]], float | None]:
+    """The mean prompt length (``input_tokens``) of a dataset's predictions, its needle grid (if it has one), its
+    first :data:`BROWSER_ROWS` rows for the predictions browser (:func:`_browser_row`) and the mean generated length
+    (``new_tokens``; ``None`` where no row records it).
 
     The grid is ``{"lengths": [int], "depths": [float], "z": [[score or None per length] per depth]}``, each cell
     the mean score (0-100) of the samples with that context length and needle depth.  A torn last line (a killed
     run) is skipped.
     """
     lengths: list[float] = []
+    generated: list[float] = []
     cells: dict[tuple[int, float], list[float]] = {}
     browser: list[dict[str, Any]] = []
     try:
@@ -158,20 +162,23 @@ def read_predictions_view(path: Path) -> tuple[float | None, dict[str, Any] | No
                     browser.append(_browser_row(row))
                 if isinstance(row.get("input_tokens"), (int, float)):
                     lengths.append(float(row["input_tokens"]))
+                if isinstance(row.get("new_tokens"), (int, float)):
+                    generated.append(float(row["new_tokens"]))
                 extra = row.get("extra") or {}
                 depth, length = _first(extra, _DEPTH_KEYS), _first(extra, _LENGTH_KEYS)
                 score = _sample_score(row) if depth is not None and length is not None else None
                 if score is not None:
                     cells.setdefault((int(length), float(depth)), []).append(score)
     except OSError:
-        return None, None, []
-    context = sum(lengths) / len(lengths) if lengths else None
+        return None, None, [], None
+    context = _mean(lengths)
+    generated_length = _mean(generated)
     if not cells:
-        return context, None, browser
+        return context, None, browser, generated_length
     xs = sorted({k[0] for k in cells})
     ys = sorted({k[1] for k in cells})
     z = [[_mean(cells.get((x, y))) for x in xs] for y in ys]
-    return context, {"lengths": xs, "depths": ys, "z": z}, browser
+    return context, {"lengths": xs, "depths": ys, "z": z}, browser, generated_length
 
 
 def _mean(values: list[float] | None) -> float | None:
@@ -230,7 +237,8 @@ def read_run_extras(folder: Path, datasets: Iterable[str]) -> dict[str, Any]:
     ``cache_bytes`` (means over the datasets), ``prefill_s`` / ``decode_s`` (seconds per sample, summary.json),
     ``datasets`` (per dataset: ``ci95``, ``n_samples``, ``per_sample`` (ids and scores, or ``None``), ``predictions``
     (the browser's rows, with each sample's ``score`` where known), ``prefill_s``, ``decode_s``,
-    ``stored_fraction``, ``kept_fraction``, ``cache_bytes``, ``context_length``, ``data_provenance``), ``averages``
+    ``stored_fraction``, ``kept_fraction``, ``cache_bytes``, ``context_length``, ``generated_length`` (mean
+    ``new_tokens``), ``data_provenance``), ``averages``
     (summary.json's paper averages with their ``ci95``) and ``needles`` (dataset -> grid, see
     :func:`read_predictions_view`).
     """
@@ -256,7 +264,7 @@ def read_run_extras(folder: Path, datasets: Iterable[str]) -> dict[str, Any]:
         family = family or (metrics.get("settings") or {}).get("method_family")
         stand_in += [f"{dataset}: {name}" for name, p in provenance.items() if (p or {}).get("source") == "stand-in"]
         requested += [float(v) for v in cache.get("mean_requested_per_layer") or []]
-        context, grid, browser = read_predictions_view(folder / dataset / PREDICTIONS_FILE)
+        context, grid, browser, generated_length = read_predictions_view(folder / dataset / PREDICTIONS_FILE)
         if grid is not None:
             needles[dataset] = grid
         samples = per_sample.get(dataset) or {}
@@ -275,6 +283,7 @@ def read_run_extras(folder: Path, datasets: Iterable[str]) -> dict[str, Any]:
             "kept_fraction": _finite(cache.get("mean_kept_fraction")),
             "cache_bytes": _finite(mean_stored_bytes(cache)),
             "context_length": context,
+            "generated_length": generated_length,
             "data_provenance": provenance,
         }
     run_cfg = config.get("run") or {}
