@@ -311,7 +311,8 @@ def test_needle_heatmaps_per_dataset_in_score_units(tmp_path, monkeypatch):
         folder = run_dir(root, "tiny", "tiny_niah", "snapkv", "64L", "agnostic") / dataset
         atomic_write_json(folder / "metrics.json", {"model": "tiny", "task": "tiny_niah", "dataset": dataset,
                           "method": "snapkv", "budget": "64L", "tag": "agnostic", "question_mode": "agnostic",
-                          "metric": "string_match_all", "score": 100.0 * sum(hits) / 3, "n_samples": 3})  # fmt: skip
+                          "metric": "string_match_all", "score": 100.0 * sum(hits) / 3, "n_samples": 3,
+                          "config_hash": "h"})  # fmt: skip
         log = PredictionLog(folder / "predictions.jsonl")
         for i, hit in enumerate(hits):
             log.append({"id": str(i), "prediction": "7 7" if hit else "", "answers": ["7 7"],
