@@ -95,6 +95,7 @@ def _generate(runner: Any, loaded: Any, encoded: Any, rules: dict[str, Any]) -> 
         budget=runner.budget,
         question_mode=str(runner.cfg.task.question_mode),
         prefill_chunk=runner.cfg.run.prefill_chunk,
+        dataset_state=runner.dataset_state,
         **rules,
     )
 
@@ -131,6 +132,7 @@ def run_batched(
         question_mode=str(cfg.task.question_mode),
         decode_batch=int(runner.resolved_decode_batch),
         prefill_chunk=cfg.run.prefill_chunk,
+        dataset_state=runner.dataset_state,
     )
     try:
         for index, output in outputs:

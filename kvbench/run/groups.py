@@ -123,6 +123,7 @@ def generate_groups(
                 mode=mode,
                 first_query=first_query,
                 prefill_chunk=runner.cfg.run.prefill_chunk,
+                dataset_state=runner.dataset_state,
             )
             with TERMINATION.critical():
                 for sample, turn_encoding, turn_output in zip(group, encoded, output.turns, strict=True):

@@ -184,6 +184,9 @@ class Runner:
         self.attention_fallbacks: Counter[str] = Counter()
         #: ``run.decode_batch`` resolved for the device (``auto``), once the first dataset asked for it.
         self.resolved_decode_batch: int | None = None
+        #: The method's state that spans the dataset being generated (``LayerBudgetAllocator.new_dataset_state``:
+        #: XKV's sampled-mode calibration; ``None`` for the others), created per dataset, passed to every session.
+        self.dataset_state: Any = None
 
     def run(self) -> list[DatasetResult]:
         """Execute the run; returns one result per dataset."""
@@ -343,11 +346,11 @@ class Runner:
         use_template = bool(cfg.model.chat_template and dataset.chat_template)
         stops = stop_token_ids(loaded.tokenizer, loaded.model, list(cfg.model.stop_tokens))
         stops |= last_token_ids(loaded.tokenizer, dataset.stop_token_texts)
-        # Stateful allocators (XKV's sampled mode) calibrate per dataset; a resumed run replays what the finished
-        # samples recorded (dataset order), so it continues exactly as the uninterrupted run would.
-        self.method.layer_allocator.begin_task(dataset.name, len(samples))
+        # What spans the dataset (XKV's sampled mode: its calibration) lives in one object per dataset, passed to
+        # every sample's session; a resumed run feeds it what the finished samples recorded (dataset order), so it
+        # continues exactly as the uninterrupted run would.
         finished = [done[s.id]["cache"].get("allocator_state") for s in samples if s.id in done]
-        self.method.layer_allocator.replay(finished)
+        self.dataset_state = self.method.layer_allocator.new_dataset_state(dataset.name, len(samples), finished)
         todo = [s for s in samples if s.id not in done]
         ATTENTION_RECORD.reset()  # paths and fallbacks of this dataset's samples (metrics.json "attention")
         progress = _progress(todo, f"{dataset.name}", cfg.run.progress, initial=len(done), total=len(samples))
