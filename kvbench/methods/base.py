@@ -9,7 +9,9 @@
 
 :class:`EvictionMethod` bundles them with the method knobs from ``conf/method/<name>.yaml``; a family registers
 a builder with :func:`register_method` (one file per family under ``kvbench/methods/``).  None of the pieces needs
-a model: tests drive them with hand-built tensors.
+a model: tests drive them with hand-built tensors.  A built method is a frozen recipe: what a sample accumulates
+(allocator state, decode caps, running scores) is created by the pieces (``new_state``) and owned by the sample's
+session, what spans a dataset by ``LayerBudgetAllocator.new_dataset_state`` (:mod:`kvbench.methods.state`).
 
 Shapes use ``H_q`` query heads, ``H`` stored heads (KV heads, or query heads with ``gqa_granularity=query_head``),
 ``W`` window queries, ``S`` context tokens, ``D`` head dim.
@@ -17,7 +19,6 @@ Shapes use ``H_q`` query heads, ``H`` stored heads (KV heads, or query heads wit
 
 from __future__ import annotations
 
-import copy
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
@@ -31,6 +32,7 @@ from kvbench import kernels
 from kvbench.checks import check_min
 from kvbench.config import MethodConfig, check_method_choices
 from kvbench.methods.knobs import check_unused_knobs
+from kvbench.methods.state import AllocatorState, DecodeState, ReadOnlyAfterBuild
 from kvbench.methods.token_scores import ScoreOptions
 from kvbench.registry import Registry, submodule_importer
 
@@ -193,37 +195,6 @@ class PromptRows:
 
 
 # ---------------------------------------------------------------------------------------------------- pieces
-class ReadOnlyAfterBuild:
-    """A method piece that is part of a frozen recipe: :class:`EvictionMethod` freezes its pieces when it is built,
-    after which setting an attribute raises.  What a sample accumulates lives in state objects the pieces create
-    (:meth:`LayerBudgetAllocator.new_state`, :meth:`DecodePolicy.new_state`), owned by the sample's
-    :class:`~kvbench.inference.eviction.EvictionSession`."""
-
-    _frozen: bool = False
-
-    def freeze(self) -> None:
-        """Make the piece read-only (idempotent)."""
-        object.__setattr__(self, "_frozen", True)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if self._frozen:
-            raise AttributeError(
-                f"cannot set {type(self).__name__}.{name}: a built method is a frozen recipe; a sample's state "
-                "belongs to its EvictionSession (new_state)"
-            )
-        super().__setattr__(name, value)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
-        """A frozen piece is shared, never copied (nothing in it changes); an unfrozen one is copied as usual."""
-        if self._frozen:
-            return self
-        copied = copy.copy(self)
-        memo[id(self)] = copied
-        for name, value in vars(self).items():
-            object.__setattr__(copied, name, copy.deepcopy(value, memo))
-        return copied
-
-
 class TokenScorer(ReadOnlyAfterBuild, ABC):
     """Importance of each context token at one layer."""
 
@@ -237,32 +208,6 @@ class TokenScorer(ReadOnlyAfterBuild, ABC):
 
         Scores of the window tokens are ignored when the method keeps the window.
         """
-
-
-@dataclass
-class AllocatorState:
-    """One sample's layer-allocation state: created by :meth:`LayerBudgetAllocator.new_state` at the sample's first
-    compressed layer and owned by its :class:`~kvbench.inference.eviction.EvictionSession` (the allocator itself is
-    part of the frozen recipe).  Allocators with more to remember subclass it.
-
-    Attributes
-    ----------
-    total:
-        Tokens per stored head summed over ``num_layers`` layers.
-    num_layers, context_length:
-        Compressible layers, and the compressed prompt's length.
-    budgets:
-        Per layer, the budget planned so far (a static allocator plans every layer at once).
-    dataset:
-        The per-dataset state (:meth:`LayerBudgetAllocator.new_dataset_state`) the sample reads and adds to, or
-        ``None`` for an allocator that has none.
-    """
-
-    total: int
-    num_layers: int
-    context_length: int
-    budgets: list[int] = field(default_factory=list)
-    dataset: Any = None
 
 
 class LayerBudgetAllocator(ReadOnlyAfterBuild, ABC):
@@ -334,33 +279,6 @@ class UniformHeadAllocator(HeadBudgetAllocator):
 
     def allocate(self, scores: torch.Tensor, budget_per_head: int) -> list[int]:
         return [min(budget_per_head, scores.shape[1])] * scores.shape[0]
-
-
-@dataclass
-class DecodeState:
-    """One sample's decode-time state, per compressible model layer: created by :meth:`DecodePolicy.new_state` and
-    owned by the sample's :class:`~kvbench.inference.eviction.EvictionSession` (the policy is part of the frozen
-    recipe).  Plain tensors, so several samples' states can be stacked into batch tensors.
-
-    Attributes
-    ----------
-    caps:
-        Per layer, ``[H]`` int64 (host) the most tokens each stored head keeps while decoding.
-    scores:
-        Per layer, ``[H, C]`` float32 running scores by storage slot (score-driven policies; ``C`` >= the longest
-        head, grown by 1/8 when a head outgrows it).
-    scored:
-        Per layer, ``[H]`` how many slots of each head are scored (the rest were appended since the last step and
-        start at 0).
-    """
-
-    caps: dict[int, torch.Tensor] = field(default_factory=dict)
-    scores: dict[int, torch.Tensor] = field(default_factory=dict)
-    scored: dict[int, torch.Tensor] = field(default_factory=dict)
-
-    def layer_caps(self, layer_idx: int) -> list[int]:
-        """The layer's per-head caps as host integers."""
-        return self.caps[layer_idx].tolist()
 
 
 class DecodePolicy(ReadOnlyAfterBuild, ABC):
