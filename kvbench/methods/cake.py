@@ -271,7 +271,11 @@ def resolve_tau(tau: tuple[float | None, float | None], model: str | None, per_l
 
 
 class RandomLayerAllocator(StaticLayerAllocator):
-    """Table 2's random allocation: the pool split in proportion to uniform random weights (seeded per run)."""
+    """Table 2's random allocation: the pool split in proportion to uniform random weights (seeded per run).
+
+    The one piece of state a built recipe still carries: the generator's draws continue from sample to sample and
+    dataset to dataset over the whole run (unchanged behaviour; a declared run-level state is not built yet).
+    """
 
     def __init__(self, window: int, seed: int) -> None:
         self.window = window
