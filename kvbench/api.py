@@ -59,7 +59,7 @@ def compose_config(
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from kvbench.hydra_errors import group_override_message, hydra_error_message
+    from kvbench.hydra_errors import hydra_error_message
 
     register_configs()
     choices = [
@@ -80,11 +80,6 @@ def compose_config(
             cfg.budget = _group_config("budget", budget, BudgetConfig)
     except (HydraException, OmegaConfBaseException) as err:
         raise KVBenchError(hydra_error_message(err, all_overrides)) from err
-    except ValueError as err:  # Hydra's check of a group override that is a number (method=1)
-        message = group_override_message(err, all_overrides)
-        if message is None:
-            raise
-        raise KVBenchError(message) from None
     return cfg
 
 
@@ -172,7 +167,7 @@ class Evaluation:
     Attributes
     ----------
     results:
-        One :class:`kvbench.run.runner.DatasetResult` per dataset (score, interval, kept fraction, ...).
+        One :class:`kvbench.run.records.DatasetResult` per dataset (score, interval, kept fraction, ...).
     summary:
         The run's ``summary.json`` (per-dataset scores with bootstrap 95 % intervals, the papers' averages, kept
         fraction, timings, provenance; see :mod:`kvbench.run.summary`).

@@ -82,7 +82,8 @@ def json_error_text(err: Any) -> str:
     return f"{msg} at column {err.colno}"
 
 
-#: ``run.decode_batch='auto'``: as many samples per decoding step as fit the device (:mod:`kvbench.inference.batch`).
+#: ``run.decode_batch='auto'``: as many samples per decoding step as fit the device
+#: (:mod:`kvbench.inference.batched_decode`).
 DECODE_BATCH_AUTO = "auto"
 
 

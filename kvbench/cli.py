@@ -35,7 +35,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from kvbench.errors import INTERRUPTED_EXIT, USER_ERROR_EXIT, Interrupted, KVBenchError, environment_error_message
-from kvbench.hydra_errors import group_override_message, hydra_error_message, one_paragraph
+from kvbench.hydra_errors import hydra_error_message, one_paragraph
 from kvbench.validation import validate_run
 
 #: Environment variable that adds the traceback to user-error reports.
@@ -245,10 +245,4 @@ def reporting_hydra_errors(overrides: Sequence[str]) -> Iterator[None]:
         yield
     except (HydraException, OmegaConfBaseException) as err:  # run_job reports everything raised inside a job
         report_user_error(hydra_error_message(err, overrides))
-        sys.exit(USER_ERROR_EXIT)
-    except ValueError as err:  # Hydra's own check of a group override (method=1); any other is a bug
-        message = group_override_message(err, overrides)
-        if message is None:
-            raise
-        report_user_error(message)
         sys.exit(USER_ERROR_EXIT)

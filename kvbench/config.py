@@ -218,12 +218,15 @@ class KVBenchConfig:
 
 #: The resolver naming a one-class method's results folder after its wrappers (``${kvbench_method_label:...}``).
 METHOD_LABEL_RESOLVER = "kvbench_method_label"
+#: A wrapper knob at one of these values is off (left out of the label).
+WRAPPERS_OFF = frozenset({"uniform", "topk", "none", "decode0"})
 
 
 def method_label(family: str, *wrappers: str) -> str:
-    """``family`` followed by every wrapper that is on (``knorm``, ``knorm+ada``, ``knorm+ada+pyramid``); a wrapper
-    at ``uniform`` is off."""
-    return "+".join([family, *(str(wrapper) for wrapper in wrappers if str(wrapper) != "uniform")])
+    """``family`` followed by every wrapper that is on (``knorm``, ``knorm+ada``, ``knorm+ada+pyramid``,
+    ``knorm+chunkkv``); a wrapper at ``uniform`` (allocation, layers), ``topk`` (selection), ``none`` (rescale) or
+    ``decode0`` (decode_interval) is off."""
+    return "+".join([family, *(str(wrapper) for wrapper in wrappers if str(wrapper) not in WRAPPERS_OFF)])
 
 
 def register_configs() -> None:

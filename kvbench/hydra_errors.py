@@ -34,13 +34,18 @@ def hydra_error_message(err: BaseException, overrides: Sequence[str] = ()) -> st
         )
     if isinstance(err, MissingConfigException) and err.missing_cfg_file and err.options:
         group, _, name = err.missing_cfg_file.rpartition("/")
-        close = difflib.get_close_matches(name, err.options, n=1, cutoff=0.6)
+        options = list(err.options)
+        if group == "method":  # the methods a class alone defines have no YAML: Hydra does not list them
+            from kvbench.overrides import class_method_names
+
+            options = sorted({*options, *class_method_names()})
+        close = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
         hint = f" Did you mean {group}={close[0]}?" if close else ""
         if group == "budget":
             hint += _budget_hint(name)
         return (
             f"unknown {group} {name!r} (there is no conf/{err.missing_cfg_file}.yaml); valid: "
-            f"{', '.join(err.options)}.{hint}"
+            f"{', '.join(options)}.{hint}"
         )
     unknown_key = isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and getattr(cause, "full_key", None)
     if unknown_key and _is_schema(cause.object_type):
@@ -74,41 +79,6 @@ def hydra_error_message(err: BaseException, overrides: Sequence[str] = ()) -> st
     if cause is not None and str(cause):
         message += f" ({one_paragraph(str(cause).splitlines()[0])})"
     return message
-
-
-#: Config groups a command line picks a preset of (``model=tiny``): their overrides take names, not numbers.
-PRESET_GROUPS = ("model", "method", "budget", "task", "wandb")
-
-
-def group_override_message(err: BaseException, overrides: Sequence[str]) -> str | None:
-    """The message for Hydra's ``ValueError`` on a group override that is not a name (``method=1``, ``budget=0``:
-    Hydra's parser reads a number), naming the override and the valid presets; ``None`` for any other error."""
-    if not isinstance(err, ValueError) or not str(err).startswith("Config group override must be a string"):
-        return None
-    from kvbench.resources import conf_dir
-
-    for override in overrides:
-        key, sep, value = override.partition("=")
-        group = key.lstrip("+~")
-        if not sep or group not in PRESET_GROUPS or not _is_number(value):
-            continue
-        options = sorted(path.stem for path in (conf_dir() / group).glob("*.yaml"))
-        hint = (
-            " A budget value is set with budget.spec=<spec> (e.g. budget.spec=96L; forms: full, <n>L, <n>/layer, "
-            "<r>x with 0<r<=1)."
-            if group == "budget"
-            else ""
-        )
-        return f"{override}: {group}= takes a preset name, not a number; valid: {', '.join(options)}.{hint}"
-    return f"a config group override is a number, not a preset name ({err}); valid groups: {', '.join(PRESET_GROUPS)}."
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _own_parameters(cause: Any, key: str, prefix: str) -> str:

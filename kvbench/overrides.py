@@ -16,7 +16,9 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import re
 from collections.abc import Sequence
+from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 
@@ -36,6 +38,18 @@ def class_method_module(name: str) -> str | None:
         return module if importlib.util.find_spec(module) is not None else None
     except (ImportError, ValueError):
         return None
+
+
+#: ``class X(ScorerMethod, family="x", ...)`` in a method module's source.
+_CLASS_FAMILY = re.compile(r'^class \w+\([^)]*\bfamily="(\w+)"', re.MULTILINE)
+
+
+def class_method_names() -> list[str]:
+    """Every ``method=<family>`` a class alone defines (``kvbench/methods/*.py``, read as text: nothing imported)
+    or another package adds (entry-point group ``kvbench.methods``), for error messages and listings."""
+    methods_dir = Path(__file__).resolve().parent / "methods"
+    found = {name for path in methods_dir.glob("*.py") for name in _CLASS_FAMILY.findall(path.read_text("utf-8"))}
+    return sorted(found | set(method_entry_points()))
 
 
 def register_method_choice(name: str) -> bool:
@@ -71,8 +85,11 @@ def default_preset(method_class: type) -> dict:
 
     family = method_class.family
     params = {field.name: field.default for field in dataclasses.fields(method_class)}
-    # The name (results folder) names the wrappers that are on: knorm, knorm+ada, knorm+ada+pyramid.
-    label = f"${{{METHOD_LABEL_RESOLVER}:{family},${{.params.allocation}},${{.params.layers}}}}"
+    # The name (results folder) names the wrappers that are on: knorm, knorm+ada, knorm+ada+pyramid, knorm+chunkkv,
+    # knorm+decode4.
+    wrappers = ",".join(f"${{.params.{knob}}}" for knob in ("allocation", "layers", "selection", "rescale"))
+    wrappers += ",decode${.params.decode_interval}"  # decode0: off
+    label = f"${{{METHOD_LABEL_RESOLVER}:{family},{wrappers}}}"
     node = {"defaults": ["/schema/method/method@_here_", "_self_"], "name": label, "family": family, "params": params}
     reference = {"code": method_class.reference} if method_class.reference else {}
     reference.update(PLUGIN_PACKAGES.get(family, {}))

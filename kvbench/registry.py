@@ -14,15 +14,20 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 
-def submodule_importer(package: str, skip: tuple[str, ...] = ("base",)) -> Callable[[], None]:
-    """A ``discover`` function importing every module and subpackage directly under ``package`` (but ``skip``), so
-    their ``@register`` decorators run."""
+def submodule_importer(
+    package: str, skip: tuple[str, ...] = ("base",), plugins: tuple[str, ...] = ()
+) -> Callable[[], None]:
+    """A ``discover`` function importing every module and subpackage directly under ``package`` (but ``skip``), then
+    the ``plugins`` modules (entries registered from a higher package, named here so the lower one never imports
+    it), so their ``@register`` decorators run."""
 
     def discover() -> None:
         path = importlib.import_module(package).__path__
         for module in pkgutil.iter_modules(path):
             if module.name not in skip:
                 importlib.import_module(f"{package}.{module.name}")
+        for plugin in plugins:
+            importlib.import_module(plugin)
 
     return discover
 

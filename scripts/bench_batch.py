@@ -7,7 +7,7 @@ cache, recording every layer's queries, keys and values (``bench_decode.py``'s r
 then replays the recording into ``B`` samples' own caches and sessions (what a one-shot prefill gives each method),
 and times ``--steps`` decoding steps of all ``B`` together: batch 1 is kvbench's batch-1 path
 (:func:`kvbench.inference.prefill.forward_logits` over one cache), ``B > 1`` one
-:func:`kvbench.inference.batch.decode_step` over ``B`` caches.  Every step is timed; the CSV has the medians.
+:func:`kvbench.inference.batched_decode.decode_step` over ``B`` caches.  Every step is timed; the CSV has the medians.
 
 * ``decode_tok_s`` = ``B / median step``, the step's CPU time (this process, all its threads): on a shared machine
   wall times follow the other jobs' load (the wall median is in ``step_wall_ms_median``);
@@ -44,7 +44,7 @@ import torch
 from kvbench.bench.random_models import build_random_model, load_method
 from kvbench.budget import parse_budget
 from kvbench.cache.kv_cache import KVBenchCache
-from kvbench.inference.batch import decode_step
+from kvbench.inference.batched_decode import decode_step
 from kvbench.inference.eviction import EvictionSession
 from kvbench.inference.prefill import build_cache, forward_logits, prefill
 

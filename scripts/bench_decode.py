@@ -180,7 +180,7 @@ def decode_run(
 ) -> dict[str, Any]:
     """Replay the recorded prefill into ``label``'s cache and session, then time ``args.decode_tokens`` steps."""
     method, budget, cache, session, length = replay_prefill(model, prefill, label, ratio, args.backend)
-    stored_after_prefill = cache.kv_bytes()
+    stored_after_prefill = cache.stored_bytes()
     wall, cpu = [], []
     token = first_token
     for step in range(args.decode_tokens):
@@ -195,7 +195,7 @@ def decode_run(
         "decode_ms_per_token": 1000 * statistics.median(wall),
         "decode_cpu_ms_per_token": 1000 * statistics.median(cpu),
         "stored_bytes_after_prefill": stored_after_prefill,
-        "stored_bytes": cache.kv_bytes(),
+        "stored_bytes": cache.stored_bytes(),
     }
 
 

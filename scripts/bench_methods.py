@@ -96,7 +96,7 @@ def main() -> None:
                     "prefill_s": round(prefill_s, 5),
                     "prefill_vs_full": round(prefill_s / full_prefill, 3) if full_prefill else "",
                     "decode_ms_per_token": round(1000 * statistics.median(decode), 3),
-                    "cache_bytes_after_prefill": record.cache_bytes,
+                    "cache_bytes_after_prefill": record.stored_bytes,
                     "kept_tokens_per_head_mean": round(
                         sum(map(sum, record.achieved_per_head)) / sum(map(len, record.achieved_per_head)), 1
                     ),
@@ -107,7 +107,7 @@ def main() -> None:
             print(
                 f"{length:>6} {name:<14} prefill {prefill_s * 1000:8.1f} ms "
                 f"(x{rows[-1]['prefill_vs_full'] or 1:.3f} of full)  decode {rows[-1]['decode_ms_per_token']:7.2f} "
-                f"ms/tok  cache {record.cache_bytes / 2**20:7.3f} MiB",
+                f"ms/tok  cache {record.stored_bytes / 2**20:7.3f} MiB",
                 flush=True,
             )
     out = Path(args.out)

@@ -21,7 +21,7 @@ as ``skipped``, so later phases still run):
    with the real Llama-3 tokenizer: per (method, batch size), whether each sample's greedy tokens and text equal batch
    1's (the first differing step), decode tokens/s, the speed-up over batch 1 and peak memory, all through the
    runner's own functions (batch 1: :func:`kvbench.inference.generate.generate`; above:
-   :func:`kvbench.inference.batch.generate_batched`).
+   :func:`kvbench.inference.batched_decode.generate_batched`).
 8. ``llama``    -> rows in ``parity.csv`` / ``e2e.csv``: the Llama-3.1-8B architecture, last.
 
 ``phases.csv`` logs each phase (status, seconds, why skipped or stopped).  Every row records whether all logits were
@@ -41,7 +41,6 @@ CPU dry run (2-layer slices, Triton interpreter; ``make gpu-dry-run``), and the 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import os
@@ -51,10 +50,15 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the gpu_validation package beside this script
+from gpu_validation.batch import StepLogits, batch_requests, batch_row, generate_outputs, replace_tokens
+from gpu_validation.kernels import KERNEL_CHECKS, WARM_TIMING
+from gpu_validation.plumbing import Clock, FiniteLogits, Rows, Stop, raise_stop
 
 #: Phases in order of value, with their weight in the time split.
 PHASES = {"env": 0.02, "kernels": 0.1, "parity": 0.1, "e2e": 0.24, "decode": 0.22, "batch": 0.2, "llama": 0.12}
@@ -64,7 +68,7 @@ DECODE_METHODS = ["full", "snapkv", "ada_snapkv", "cake"]
 #: Context lengths of the kernel and decode phases (``--contexts`` replaces both).
 REAL_CONTEXTS, SMALL_CONTEXTS = [32768, 131072], [256, 512]
 GPU_TESTS = ["tests/kernels/test_kernels.py", "tests/cache/test_paged.py", "tests/methods/test_fused_scoring.py",
-             "tests/attention/test_cache_attention.py", "tests/attention/test_paths.py"]  # fmt: skip
+             "tests/attention/test_cache_attention.py", "tests/kernels/test_paths.py"]  # fmt: skip
 #: Architecture -> (tokenizer family, chat template, conf/model preset) for kvbench.evaluate.
 ARCH_PROMPTS: dict[str, tuple[str, str | None, str | None]] = {
     "mistral-7b": ("mistral-v3", "mistral-v0.3", "mistral-7b-instruct-v0.3"),
@@ -92,83 +96,6 @@ BATCH_SIZES, SMALL_BATCH_SIZES = [16, 8], [4, 2]
 BATCH_WORK, SMALL_BATCH_WORK = (16, 3072, 32, "1024L"), (4, 160, 6, "64L")
 
 
-class Stop(BaseException):
-    """A signal asked the script to stop (the rows written so far stay); a BaseException, like KeyboardInterrupt,
-    so no library's ``except Exception`` swallows it."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def _raise_stop(signum: int, frame: Any) -> None:
-    raise Stop(signum)
-
-
-class Rows:
-    """One CSV file, each row written, flushed and fsynced at once (a kill loses no finished row)."""
-
-    def __init__(self, path: Path, fields: list[str]) -> None:
-        self.handle = path.open("w", newline="", encoding="utf-8")
-        self.writer = csv.DictWriter(self.handle, fieldnames=fields, extrasaction="ignore")
-        self.writer.writeheader()
-        self.count = 0
-
-    def write(self, row: dict[str, Any]) -> None:
-        self.writer.writerow({k: (json.dumps(v) if isinstance(v, dict | list) else v) for k, v in row.items()})
-        self.handle.flush()
-        os.fsync(self.handle.fileno())
-        self.count += 1
-
-
-class Clock:
-    """The internal deadline and each phase's share of it."""
-
-    def __init__(self, seconds: float) -> None:
-        self.start = time.monotonic()
-        self.end = self.start + seconds
-        self.phase_end = self.end
-        self.longest_unit = 0.0
-
-    def begin_phase(self, name: str, remaining_phases: list[str]) -> None:
-        left = max(0.0, self.end - time.monotonic())
-        weight = sum(PHASES[p] for p in remaining_phases)
-        self.phase_end = time.monotonic() + left * PHASES[name] / weight
-        self.longest_unit = 0.0
-
-    def fits(self) -> bool:
-        """Whether one more unit as long as the phase's longest so far ends within the phase's share."""
-        return time.monotonic() + self.longest_unit <= self.phase_end
-
-    def note_unit(self, seconds: float) -> None:
-        self.longest_unit = max(self.longest_unit, seconds)
-
-
-class FiniteLogits:
-    """Whether every logit the model produced since :meth:`reset` was finite (a forward hook on the LM head; the
-    flag stays on the device, so no host synchronisation per forward)."""
-
-    def __init__(self, model: Any) -> None:
-        import torch
-
-        self.flag = torch.ones((), dtype=torch.bool, device=model.get_output_embeddings().weight.device)
-        self.handle = model.get_output_embeddings().register_forward_hook(self._hook)
-
-    def _hook(self, module: Any, inputs: Any, output: Any) -> None:
-        import torch
-
-        self.flag &= torch.isfinite(output).all()
-
-    def reset(self) -> None:
-        self.flag.fill_(True)
-
-    def value(self) -> bool:
-        return bool(self.flag.item())
-
-    def remove(self) -> None:
-        self.handle.remove()
-
-
 class Validation:
     """The phases; see the module docstring."""
 
@@ -180,7 +107,7 @@ class Validation:
         self.device = torch.device(args.device)
         # The tiny model runs in float32 on CPU (seconds); the 2-layer slices in bfloat16, like the real run.
         self.dtype = torch.float32 if args.small and args.small_arch == "tiny" else torch.bfloat16
-        self.clock = Clock(args.deadline)
+        self.clock = Clock(args.deadline, PHASES)
         self.rows = {
             name: Rows(self.out / f"{name}.csv", fields if name == "phases" else [*fields, *ROW_FIELDS])
             for name, fields in FILES.items()
@@ -576,348 +503,6 @@ class Validation:
         return code
 
 
-# ---------------------------------------------------------------------------------------------------- batch
-#: Appended to every batch-phase context (LongBench-like: a question after the document).
-BATCH_QUESTION = "\n\nQuestion: What is the main topic of the text above?\nAnswer:"
-
-
-def batch_requests(tokenizer: Any, vocab_size: int, samples: int, length: int, max_new: int) -> list[Any]:
-    """``samples`` LongBench-like requests: BOS (if the tokenizer has one) and ``length`` seeded random ordinary tokens
-    of the real tokenizer (no special tokens) as the context, :data:`BATCH_QUESTION` as the question.  No stop token:
-    every sample decodes ``max_new`` tokens, so a decode batch stays full (steady state) and the tokens compared are as
-    many at every batch size."""
-    import torch
-
-    from kvbench.inference.batch import DecodeRequest
-
-    special = torch.tensor(sorted(set(tokenizer.all_special_ids)), dtype=torch.long)
-    question = tokenizer.encode(BATCH_QUESTION, add_special_tokens=False)
-    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-    ordinary = min(vocab_size, int(tokenizer.vocab_size))
-    requests = []
-    for seed in range(samples):
-        ids = torch.randint(0, ordinary, (length,), generator=torch.Generator().manual_seed(1000 + seed))
-        ids = torch.where(torch.isin(ids, special), (ids + 1) % ordinary, ids)  # no special token inside the text
-        requests.append(DecodeRequest(bos + ids.tolist(), question, max_new_tokens=max_new, stop_token_ids=set()))
-    return requests
-
-
-def replace_tokens(request: Any, max_new: int) -> Any:
-    """``request`` with ``max_new`` new tokens."""
-    from dataclasses import replace
-
-    return replace(request, max_new_tokens=max_new)
-
-
-class StepLogits:
-    """The last position's logits ``[B, vocab]`` of every LM-head call, copied and kept on the device (a forward hook;
-    no host synchronisation per forward).  Each copy is one row per sample, a few hundred KB for a real vocabulary."""
-
-    def __init__(self, model: Any) -> None:
-        self.calls: list[Any] = []
-        self.handle = model.get_output_embeddings().register_forward_hook(self._hook)
-
-    def _hook(self, module: Any, inputs: Any, output: Any) -> None:
-        self.calls.append(output[:, -1].detach().clone())
-
-    def take(self) -> list[Any]:
-        """The calls recorded since the last :meth:`take`."""
-        calls, self.calls = self.calls, []
-        return calls
-
-    def remove(self) -> None:
-        self.handle.remove()
-
-
-def generate_outputs(
-    model: Any,
-    tokenizer: Any,
-    arch: str,
-    method: str,
-    budget: str,
-    requests: list[Any],
-    decode_batch: int,
-    recorder: StepLogits,
-) -> tuple[list[Any], list[Any] | None]:
-    """The runner's generation of ``requests`` in order (:mod:`kvbench.run.batched`): at batch 1
-    :func:`kvbench.inference.generate.generate` one sample at a time, above it
-    :func:`kvbench.inference.batch.generate_batched`; one method object per run, as the runner's.
-
-    Also each sample's decoding logits ``[T - 1, vocab]`` (the logits that chose new tokens 2..T; the first comes from
-    the sample's own prefill at every batch size), from ``recorder``: at batch 1 a sample's last ``T - 1`` LM-head
-    calls; at batch N the calls with more than one row, sample ``w * N + b`` being row ``b`` of wave ``w`` (every
-    sample decodes ``max_new_tokens``, so the batch is filled in request order and empties at once).  None where the
-    calls do not have that shape (a sample stopped early, or the samples are not a multiple of N)."""
-    import torch
-
-    from kvbench.bench.random_models import load_method
-    from kvbench.budget import parse_budget
-    from kvbench.inference.batch import generate_batched
-    from kvbench.inference.generate import generate
-
-    method_object, parsed = load_method(method, arch), parse_budget(budget)
-    recorder.take()
-    if decode_batch == 1:
-        outputs, logits = [], []
-        for r in requests:
-            outputs.append(
-                generate(
-                    model,
-                    tokenizer,
-                    r.context_ids,
-                    r.question_ids,
-                    method=method_object,
-                    budget=parsed,
-                    question_mode="aware",
-                    max_new_tokens=r.max_new_tokens,
-                    stop_token_ids=r.stop_token_ids,
-                )
-            )
-            steps = len(outputs[-1].token_ids) - 1
-            calls = recorder.take()
-            logits.append(torch.cat(calls[len(calls) - steps :]) if steps > 0 else None)
-        return outputs, logits
-    finished = dict(
-        generate_batched(
-            model,
-            tokenizer,
-            requests,
-            method=method_object,
-            budget=parsed,
-            question_mode="aware",
-            decode_batch=decode_batch,
-        )
-    )
-    outputs = [finished[index] for index in range(len(requests))]
-    steps = {len(o.token_ids) - 1 for o in outputs}
-    batched = [call for call in recorder.take() if call.shape[0] > 1]
-    if len(requests) % decode_batch or len(steps) != 1 or len(batched) * decode_batch != len(requests) * min(steps):
-        return outputs, None
-    per_wave = min(steps)
-    logits = []
-    for wave in range(len(requests) // decode_batch):
-        stacked = torch.stack(batched[wave * per_wave : (wave + 1) * per_wave], dim=1)  # [N, steps, vocab]
-        logits.extend(stacked.unbind(0))
-    return outputs, logits
-
-
-def first_difference(tokens: list[int], reference: list[int]) -> int | None:
-    """The first step (0 = the first new token) where ``tokens`` differs from ``reference``; None if identical."""
-    for step, (a, b) in enumerate(zip(tokens, reference, strict=False)):
-        if a != b:
-            return step
-    return None if len(tokens) == len(reference) else min(len(tokens), len(reference))
-
-
-def batch_row(
-    outputs: list[Any], logits: list[Any] | None, reference: tuple[list[Any], float, list[Any] | None] | None
-) -> dict[str, Any]:
-    """A ``batch.csv`` row's measurements: decode tokens (every new token after the first, which the prefill gives)
-    over the decode seconds (:class:`~kvbench.inference.generate.GenerationOutput` ``decode_s``: at batch N each
-    sample's share of the steps, so the sum is the run's decoding time); against ``reference`` (batch 1's outputs,
-    tokens/s and decoding logits): per sample whether the token ids are identical and the first differing step, and
-    the largest |logit| difference over the steps fed the same tokens at both batch sizes (up to the step that chose
-    the first differing token), with batch 1's largest |logit| as its scale."""
-    decode_tokens = sum(max(0, len(o.token_ids) - 1) for o in outputs)
-    decode_s = sum(o.decode_s for o in outputs)
-    tok_s = decode_tokens / decode_s if decode_s > 0 else math.nan
-    ref_outputs, ref_tok_s, ref_logits = reference if reference is not None else (outputs, tok_s, logits)
-    firsts = [first_difference(o.token_ids, r.token_ids) for o, r in zip(outputs, ref_outputs, strict=True)]
-    same_text = [o.text == r.text for o, r in zip(outputs, ref_outputs, strict=True)]
-    diff, scale = "", ""
-    if logits is not None and ref_logits is not None:
-        diffs, scales = [0.0], [0.0]
-        for first, got, want in zip(firsts, logits, ref_logits, strict=True):
-            if got is None or want is None:
-                continue
-            same_input = len(got) if first is None else min(first, len(got), len(want))  # call j is fed token j
-            diffs.append(float((got[:same_input].float() - want[:same_input].float()).abs().max())
-                         if same_input else 0.0)  # fmt: skip
-            scales.append(float(want.float().abs().max()))
-        diff, scale = max(diffs), max(scales)
-    return {
-        "max_abs_logit_diff": diff,
-        "logit_scale": scale,
-        "identical": [first is None for first in firsts],
-        "first_diff_step": firsts,
-        "identical_tokens_fraction": sum(first is None for first in firsts) / len(firsts),
-        "identical_text_fraction": sum(same_text) / len(same_text),
-        "decode_tokens": decode_tokens,
-        "decode_s": round(decode_s, 4),
-        "decode_tok_s": round(tok_s, 2),
-        "speedup_vs_1": round(tok_s / ref_tok_s, 3) if ref_tok_s > 0 else math.nan,
-        "prefill_s_mean": round(sum(o.prefill_s for o in outputs) / len(outputs), 4),
-    }
-
-
-# ---------------------------------------------------------------------------------------------------- kernels
-def _paged_state(lengths: list[int], page: int, dim: int, dtype: Any, device: Any, extra: int) -> tuple:
-    """Pools ``[N, D]``, positions, a shuffled block table ``[H, P]`` and lengths for ragged heads, with room for
-    ``extra`` more tokens per head."""
-    import torch
-
-    gen = torch.Generator().manual_seed(sum(lengths))
-    pages = [-(-(n + extra) // page) for n in lengths]
-    order = torch.randperm(sum(pages), generator=gen).to(torch.int32)
-    table = torch.zeros(len(lengths), max(pages), dtype=torch.int32)
-    first = 0
-    for head, count in enumerate(pages):
-        table[head, :count] = order[first : first + count]
-        first += count
-    slots = sum(pages) * page
-    k_pool = torch.randn(slots, dim, generator=gen).to(device=device, dtype=dtype)
-    v_pool = torch.randn(slots, dim, generator=gen).to(device=device, dtype=dtype)
-    pos_pool = torch.zeros(slots, dtype=torch.int32, device=device)
-    return k_pool, v_pool, pos_pool, table.to(device), torch.tensor(lengths, dtype=torch.int32, device=device)
-
-
-def _ragged(tokens: int, heads: int) -> list[int]:
-    import torch
-
-    gen = torch.Generator().manual_seed(tokens)
-    return [tokens - int(x) for x in torch.randint(0, max(1, tokens // 4), (heads,), generator=gen)]
-
-
-#: Time a kernel's second call (the first compiles it); off in the CPU dry run, where the interpreter is slow.
-WARM_TIMING = {"enabled": True}
-
-
-def _timed(device: Any, function: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
-    """``function(*args, **kwargs)`` and its wall time in ms (device synchronised before and after); the kernels
-    checked are idempotent (same inputs, same writes), so the warm call's result is the one returned."""
-    from kvbench.bench.timing import synchronize
-
-    if WARM_TIMING["enabled"]:
-        function(*args, **kwargs)
-    synchronize(device)
-    start = time.perf_counter()
-    out = function(*args, **kwargs)
-    synchronize(device)
-    return out, 1000 * (time.perf_counter() - start)
-
-
-def _rel_err(got: Any, want: Any) -> float:
-    got, want = got.float(), want.float()
-    finite = want.isfinite()
-    scale = float(want[finite].abs().max()) if finite.any() else 1.0
-    return float((got[finite] - want[finite]).abs().max()) / max(scale, 1e-12)
-
-
-def _tolerance(dtype: Any) -> float:
-    import torch
-
-    return 1e-4 if dtype == torch.float32 else 2e-2
-
-
-def _states(tokens: int, heads_q: int, heads: int, dim: int, rows: int, dtype: Any, device: Any) -> tuple:
-    """Queries ``[H_q, rows, D]`` and keys ``[H, S, D]`` as transposed views of ``[S, H, D]`` (the model's layout)."""
-    import torch
-
-    gen = torch.Generator().manual_seed(tokens + rows)
-    keys = torch.randn(tokens, heads, dim, generator=gen).to(device=device, dtype=dtype).transpose(0, 1)
-    queries = (torch.randn(rows, heads_q, dim, generator=gen) * 1.5).to(device=device, dtype=dtype).transpose(0, 1)
-    return queries, keys
-
-
-def check_window_stats(tokens, heads_q, heads, dim, window, dtype, device) -> dict[str, Any]:
-    from kvbench import kernels
-
-    queries, keys = _states(tokens, heads_q, heads, dim, window, dtype, device)
-    prob = None if str(dtype) == "torch.float32" else dtype
-    got, triton_ms = _timed(device, kernels.window_stats, queries, keys, dim**-0.5, prob_dtype=prob, impl="triton")
-    want, torch_ms = _timed(device, kernels.window_stats, queries, keys, dim**-0.5, prob_dtype=prob, impl="torch")
-    fields = ("col_sum", "col_m2", "col_max", "col_entropy", "row_lse", "row_entropy")
-    err = max(_rel_err(getattr(got, f), getattr(want, f)) for f in fields)
-    finite = all(bool(getattr(got, f).isfinite().all()) for f in ("col_sum", "col_max", "row_lse"))
-    return _kernel_row(f"q[{heads_q},{window},{dim}] k[{heads},{tokens},{dim}]T", err, dtype, triton_ms, torch_ms,
-                       finite)  # fmt: skip
-
-
-def check_causal_column_sums(tokens, heads_q, heads, dim, window, dtype, device) -> dict[str, Any]:
-    from kvbench import kernels
-
-    rows = tokens if tokens <= 32768 else 4096  # 128K: one prefill chunk's rows against every key
-    queries, keys = _states(tokens, heads_q, heads, dim, rows, dtype, device)
-    got, triton_ms = _timed(device, kernels.causal_column_sums, queries, keys, dim**-0.5, impl="triton")
-    want, torch_ms = _timed(device, kernels.causal_column_sums, queries, keys, dim**-0.5, impl="torch")
-    return _kernel_row(f"q[{heads_q},{rows},{dim}] k[{heads},{tokens},{dim}]T", _rel_err(got, want), dtype, triton_ms,
-                       torch_ms, bool(got.isfinite().all()))  # fmt: skip
-
-
-def check_paged_append(tokens, heads_q, heads, dim, window, dtype, device) -> dict[str, Any]:
-    import torch
-
-    from kvbench import kernels
-
-    lengths, new = _ragged(tokens, heads), 256
-    errors, times = [], [0.0, 0.0]
-    for count in (1, new):
-        states = [list(_paged_state(lengths, 16, dim, dtype, device, new)) for _ in range(2)]
-        gen = torch.Generator().manual_seed(count)
-        new_k = torch.randn(heads, count, dim, generator=gen).to(device=device, dtype=dtype)
-        new_v = torch.randn(heads, count, dim, generator=gen).to(device=device, dtype=dtype)
-        for index, impl in enumerate(("triton", "torch")):
-            k, v, pos, table, lens = states[index]
-            _, ms = _timed(device, kernels.paged_append, k, v, pos, new_k, new_v, table, lens, tokens, 16, impl=impl)
-            times[index] += ms
-        errors += [_rel_err(a, b) for a, b in zip(states[0][:3], states[1][:3], strict=True)]
-    return _kernel_row(f"H={heads} ragged ~{tokens}, +1 and +{new} tokens, page 16", max(errors), dtype, *times,
-                       bool(states[0][0].isfinite().all()))  # fmt: skip
-
-
-def check_copy_rows(tokens, heads_q, heads, dim, window, dtype, device) -> dict[str, Any]:
-    import torch
-
-    from kvbench import kernels
-
-    gen = torch.Generator().manual_seed(tokens)
-    count = tokens * heads
-    src_k = torch.randn(count, dim, generator=gen).to(device=device, dtype=dtype)
-    src_v = torch.randn(count, dim, generator=gen).to(device=device, dtype=dtype)
-    src = torch.randperm(count, generator=gen)[: count // 2].to(device)
-    dst = torch.randperm(count, generator=gen)[: count // 2].to(device)
-    outs = []
-    times = []
-    for impl in ("triton", "torch"):
-        dst_k, dst_v = torch.zeros_like(src_k), torch.zeros_like(src_v)
-        _, ms = _timed(device, kernels.copy_rows, src_k, src_v, src, dst_k, dst_v, dst, impl=impl)
-        outs.append((dst_k, dst_v))
-        times.append(ms)
-    err = max(_rel_err(outs[0][0], outs[1][0]), _rel_err(outs[0][1], outs[1][1]))
-    return _kernel_row(f"{count // 2} of {count} rows x {dim}", err, dtype, *times, bool(outs[0][0].isfinite().all()))
-
-
-def check_paged_decode(tokens, heads_q, heads, dim, window, dtype, device) -> dict[str, Any]:
-    import torch
-
-    from kvbench import kernels
-
-    lengths = _ragged(tokens, heads)
-    k, v, _, table, lens = _paged_state(lengths, 16, dim, dtype, device, 0)
-    groups = heads_q // heads
-    query = torch.randn(heads, groups, dim, generator=torch.Generator().manual_seed(1)).to(device=device, dtype=dtype)
-    args = (query, k, v, table, lens, dim**-0.5, 16, max(lengths))
-    got, triton_ms = _timed(device, kernels.paged_decode_attention, *args, impl="triton")
-    want, torch_ms = _timed(device, kernels.paged_decode_attention, *args, impl="torch")
-    return _kernel_row(f"q[{heads},{groups},{dim}] ragged ~{tokens}, page 16", _rel_err(got, want), dtype, triton_ms,
-                       torch_ms, bool(got.isfinite().all()))  # fmt: skip
-
-
-def _kernel_row(shape: str, err: float, dtype: Any, triton_ms: float, torch_ms: float, finite: bool) -> dict:
-    tolerance = _tolerance(dtype)
-    return {"shape": shape, "max_rel_err": f"{err:.3g}", "tolerance": tolerance, "ok": finite and err <= tolerance,
-            "triton_ms": round(triton_ms, 3), "torch_ms": round(torch_ms, 3), "finite": finite}  # fmt: skip
-
-
-KERNEL_CHECKS: dict[str, Callable[..., dict[str, Any]]] = {
-    "paged_decode_attention": check_paged_decode,
-    "window_stats": check_window_stats,
-    "causal_column_sums": check_causal_column_sums,
-    "paged_append": check_paged_append,
-    "copy_rows": check_copy_rows,
-}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="folder for the (at most 8) files")
@@ -950,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
         SMALL_CONTEXTS[:] = REAL_CONTEXTS[:] = args.contexts
     args.out.mkdir(parents=True, exist_ok=True)
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM):
-        signal.signal(signum, _raise_stop)
+        signal.signal(signum, raise_stop)
     signal.alarm(int(args.deadline) + 20)
     import torch
 

@@ -192,7 +192,9 @@ def class_method_page(method: ClassMethod, tests: list[TestEvidence]) -> str:
         f"Run it: `python run.py method={family} budget=0.5x`.",
         "",
         "Its own knobs (`method.params.<knob>`), besides those every one-class method has (`keep_window`, the "
-        "wrappers `allocation` and `layers`):",
+        "wrappers `allocation`, `layers`, `selection` with `selection_length`, `rescale`, `decode_interval` with "
+        "`decode_target`: "
+        "[wrappers over any scorer](index.md#wrappers-over-any-scorer)):",
         "",
         "| knob | default | meaning |",
         "| --- | --- | --- |",

@@ -13,7 +13,9 @@ and calls :func:`kvbench.evaluate` for each cell in phase order (each cell is an
 still has the most useful cells: 1 = the full cache on every 2K task (what the model can do at all); 2 = every
 method at 64L question-aware on the cheap cells (RULER 2K, LongBench fixtures); 3 = the same at 256L; 4 = 256L
 question-agnostic; 5 = 64L question-agnostic; 6 = the full cache at 4K, then every method on RULER 4K and NeedleBench 4K
-(NeedleBench 2K: the full cache only, see :data:`FULL_CACHE_ONLY`).
+(NeedleBench 2K: the full cache only, see :data:`FULL_CACHE_ONLY`); 7 = long reasoning (not in the default phases:
+``--phases 7 --out results/smollm2_reasoning``): GSM8K's fixtures with the full cache, SnapKV and H2O (decode-time
+eviction) at 64L, greedy and sampled (two seeded draws per question), :data:`REASONING_CELLS`.
 ``table`` writes ``<out>/grid.md`` and ``<out>/grid.csv`` from the summaries found (score, 95 % interval, samples,
 seconds per sample from the runs' ``timings.jsonl``); with no finished run under ``<out>/runs`` (a fresh clone: the
 run folders are not committed, the tables are) it exits with status 2 and one line, leaving the tables as they are.
@@ -134,6 +136,29 @@ FULL_ONLY_CELLS = (
 )
 
 
+#: Phase 7: GSM8K's three fixture questions (``task=reasoning``), greedy and sampled (R-KV's temperature 0.6, top-p
+#: 0.95, two draws per question), 256 new tokens; run with the full cache and :data:`REASONING_METHODS` at 64L.
+REASONING_MAX_NEW_TOKENS = 256
+REASONING_CELLS = tuple(
+    Cell(
+        f"gsm8k_{decoding}",
+        "reasoning",
+        (
+            "task.data_dir=fixtures",
+            "task.datasets=[gsm8k]",
+            f"task.options.max_new_tokens={REASONING_MAX_NEW_TOKENS}",
+            *extra,
+        ),
+        False,
+    )
+    for decoding, extra in (
+        ("greedy", ()),
+        ("sampled", ("task.options.sampling=sampled", "task.options.n_samples=2")),
+    )
+)
+REASONING_METHODS = ("snapkv", "h2o")
+
+
 #: Cells run with the full cache only: at 2K SmolLM2-135M does not retrieve NeedleBench's needle even with every
 #: token (score 6: it says what the document is about), so eviction rows would measure nothing; at 4K it does (100).
 FULL_CACHE_ONLY = ("needle2k",)
@@ -163,6 +188,9 @@ def planned_runs(phases: list[int]) -> list[tuple[int, Cell, str, str, str]]:
             for m in METHODS
         ]
         runs += [(6, cell, "full", "full", "agnostic") for cell in CELLS]
+    if 7 in phases:
+        for cell in REASONING_CELLS:
+            runs += [(7, cell, "full", "full", "aware")] + [(7, cell, m, "64L", "aware") for m in REASONING_METHODS]
     return runs
 
 
@@ -192,7 +220,7 @@ def run_grid(out: Path, phases: list[int]) -> None:
                 budget,
                 cell.task,
                 question_mode=mode,
-                limit=None if cell.task == "needlebench" else SAMPLES,
+                limit=None if cell.task in ("needlebench", "reasoning") else SAMPLES,
                 output_dir=out,
                 model_config=MODEL,
                 overrides=[*cell.overrides, f"run.tag={tag}"],
@@ -329,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("action", choices=("run", "table"))
     parser.add_argument("--out", type=Path, default=Path("results/smollm2_grid"))
-    parser.add_argument("--phases", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6], choices=range(1, 7))
+    parser.add_argument("--phases", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6], choices=range(1, 8))
     args = parser.parse_args(argv)
     if args.action == "run":
         run_grid(args.out, args.phases)

@@ -1,5 +1,5 @@
 """The registered attention function (:mod:`.function`) and what it calls: the score extras
-(:mod:`.extras`), the ops on cache layers (:mod:`.ops`) and the attention paths (:mod:`.paths`).
+(:mod:`.extras`), the dense and per-head ops (:mod:`.ops`) and attention over paged layers (:mod:`.paged`).
 
 ``from kvbench.attention import ATTENTION_NAME`` keeps working: the public names of :mod:`kvbench.attention.function`
 (the former ``kvbench.attention`` module) are re-exported here, imported on first use so that importing one submodule
@@ -10,26 +10,5 @@ from __future__ import annotations
 
 from kvbench.lazy_exports import lazy_reexport
 
-#: The public names of :mod:`kvbench.attention.function`, re-exported lazily.
-__getattr__, __dir__ = lazy_reexport(
-    __name__,
-    "kvbench.attention.function",
-    {
-        "ATTENTION_NAME",
-        "AttentionDetails",
-        "AttentionObserver",
-        "PagedKV",
-        "RaggedKV",
-        "SlidingWindowLayer",
-        "attend_within_window_by_position",
-        "bottom_right_causal_mask",
-        "dense_attention",
-        "detailed_attention",
-        "kvbench_attention_forward",
-        "on_device",
-        "paged_attention",
-        "ragged_attention",
-        "ragged_detailed_attention",
-        "sliding_causal_mask",
-    },
-)
+#: The public names of :mod:`kvbench.attention.function`, re-exported lazily (read from it: no list kept here).
+__getattr__, __dir__ = lazy_reexport(__name__, "kvbench.attention.function")

@@ -9,10 +9,13 @@ tokens are always the last ``q`` entries of every head's storage (they were just
 * for a multi-token question fed on top of a compressed context (``q > 1``, ``S_h > q``),
 * in decoding (``q == 1``: attend to everything stored).
 
-Dense layers go through transformers' own ``sdpa_attention_forward`` (identical numerics to ``sdpa`` when
-nothing is evicted); ragged layers loop over stored heads, each with its GQA group of query heads; paged layers
-(``KVBenchCache(backend="paged")``) go through :func:`kvbench.attention.paged.paged_attention` (varlen / Triton
-on CUDA, the same per-head SDPA as ragged layers otherwise).
+Every cache layer's ``update`` returns :class:`~kvbench.cache.base.LayerKV` (the layer and that side's states), and
+attention dispatches on the layer (:class:`~kvbench.cache.base.EvictableLayer`), not on the type of the key: a layer
+with an attention plan (``KVBenchCache(backend="paged")``) goes through
+:func:`kvbench.attention.paged.paged_attention` (varlen / Triton on CUDA, the same per-head SDPA as ragged layers
+otherwise); the others hand over what the chunk attends over (:meth:`~kvbench.cache.base.EvictableLayer.attention_kv`):
+dense views go through transformers' own ``sdpa_attention_forward`` (identical numerics to ``sdpa`` when nothing is
+evicted), per-head views loop over stored heads, each with its GQA group of query heads.
 
 Eviction hooks in here, not through monkeypatching: the generation loop passes a ``kvbench_session`` keyword
 argument through the model's forward; after computing a layer's attention this function hands the session the
@@ -35,10 +38,9 @@ from kvbench.attention.extras import (
 )
 from kvbench.attention.ops import bottom_right_causal_mask, dense_attention, ragged_attention
 from kvbench.attention.paged import paged_attention
-from kvbench.cache.base import RaggedKV, on_device
+from kvbench.cache.base import LayerKV, RaggedKV, on_device
 from kvbench.cache.batched import BatchedKV
-from kvbench.cache.paged import PagedKV
-from kvbench.cache.sliding import SlidingWindowLayer, sliding_causal_mask
+from kvbench.cache.sliding import sliding_causal_mask
 
 __all__ = ["ATTENTION_NAME", "AttentionObserver", "bottom_right_causal_mask", "kvbench_attention_forward"]
 
@@ -56,8 +58,8 @@ class AttentionObserver(Protocol):
 def kvbench_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
-    key: torch.Tensor | RaggedKV | PagedKV,
-    value: torch.Tensor | RaggedKV | PagedKV,
+    key: LayerKV | BatchedKV | torch.Tensor | RaggedKV,
+    value: LayerKV | BatchedKV | torch.Tensor | RaggedKV,
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,
@@ -70,8 +72,9 @@ def kvbench_attention_forward(
     query:
         ``[1, H_q, q, D]`` post-RoPE queries of the new tokens.
     key, value:
-        Dense ``[1, H, S, D]``, :class:`RaggedKV` per-head ``[1, 1, S_h, D]``, or :class:`~kvbench.cache.paged.PagedKV`
-        (paged backend), as returned by the cache.
+        What the cache layer's ``update`` returned (:class:`~kvbench.cache.base.LayerKV`), a batched step's
+        :class:`~kvbench.cache.batched.BatchedKV`, or tensors no kvbench cache layer returned (dense
+        ``[1, H, S, D]`` or :class:`RaggedKV`), attended as they are.
     attention_mask:
         Must be ``None``: kvbench runs one unpadded sequence and builds its own masks.
     kwargs:
@@ -87,32 +90,51 @@ def kvbench_attention_forward(
         raise ValueError("kvbench attention expects attention_mask=None (batch size 1, no padding)")
     if isinstance(key, BatchedKV):
         return _batched_rows(module, query, key, scaling, dropout, kwargs), None
+    if not isinstance(key, LayerKV):  # tensors from no kvbench cache layer (another cache, or none)
+        given = _GivenTensors(isinstance(key, RaggedKV))
+        key, value = LayerKV(given, key), LayerKV(given, value)  # type: ignore[arg-type]
+    assert isinstance(value, LayerKV)
     if query.shape[0] != 1:
         raise ValueError(f"kvbench attention runs batch size 1, got {query.shape[0]}")
     details = AttentionDetails.from_kwargs(kwargs)
     session = kwargs.get("kvbench_session")
     cache = getattr(session, "cache", None) or kwargs.get("kvbench_cache")
     layer_idx = getattr(module, "layer_idx", None)
-    cache_layer, cache_window = None, None
+    layer, cache_window = key.layer, None
     if cache is not None and layer_idx is not None:
-        cache_layer = cache.layers[int(layer_idx)]
         cache_window = getattr(cache, "windows", [None] * len(cache.layers))[int(layer_idx)]
     if details.window is None and cache_window is not None:
         # Some models (PhiMoE) put the window in the mask only, which kvbench builds itself: take the layer's.
         details = replace(details, window=cache_window)
     with on_device(query.device):  # this layer's device (a device map spreads layers over GPUs)
-        if details.window is not None and cache_layer is not None and not isinstance(cache_layer, SlidingWindowLayer):
+        evictable = not layer.is_sliding and not isinstance(layer, _GivenTensors)
+        if details.window is not None and cache is not None and layer_idx is not None and evictable:
             # A sliding layer kept evictable (compress_sliding): the window is applied on the true positions.
-            output = _windowed_by_position(query, key, value, cache_layer, scaling, details)
+            output = _windowed_by_position(query, key, value, scaling, details)
             if session is not None:
                 session.after_attention(module, query, scaling if scaling is not None else query.shape[-1] ** -0.5)
             return output, None
-        if details.window is not None and not isinstance(key, torch.Tensor):
+        if details.window is not None and (layer.attention_plan is not None or layer.is_ragged):
             raise NotImplementedError(
                 f"model layer {layer_idx} uses sliding-window attention (window {details.window}) over per-head "
-                f"storage ({type(key).__name__}) without a kvbench session to read its positions from"
+                f"storage ({type(layer).__name__}) without a kvbench session to read its positions from"
             )
         return _attend_and_observe(module, query, key, value, scaling, dropout, session, details)
+
+
+class _GivenTensors:
+    """The stand-in layer of keys and values handed over as tensors, dense or :class:`RaggedKV` (no kvbench cache
+    layer updated them): attended as they are."""
+
+    is_sliding = False
+    attention_plan = None
+
+    def __init__(self, is_ragged: bool) -> None:
+        self.is_ragged = is_ragged
+
+    @staticmethod
+    def attention_kv(keys: LayerKV, values: LayerKV) -> tuple[torch.Tensor | RaggedKV, torch.Tensor | RaggedKV]:
+        return keys.states, values.states
 
 
 def _batched_rows(
@@ -138,15 +160,11 @@ def _batched_rows(
 
 
 def _windowed_by_position(
-    query: torch.Tensor,
-    key: torch.Tensor | RaggedKV | PagedKV,
-    value: torch.Tensor | RaggedKV | PagedKV,
-    layer: Any,
-    scaling: float | None,
-    details: AttentionDetails,
+    query: torch.Tensor, key: LayerKV, value: LayerKV, scaling: float | None, details: AttentionDetails
 ) -> torch.Tensor:
     """Sliding-window attention over an evictable layer (heads may differ in length and hold non-contiguous
     positions): per stored head, query ``p`` sees the kept keys at positions ``p - window < k <= p``."""
+    layer = key.layer
     keys, values = _per_head_kv(key, value)
     query_positions = torch.arange(layer.seen_tokens - query.shape[2], layer.seen_tokens, device=query.device)
     assert details.window is not None
@@ -155,56 +173,41 @@ def _windowed_by_position(
     )
 
 
-def _read_back(
-    key: torch.Tensor | RaggedKV | PagedKV, value: torch.Tensor | RaggedKV | PagedKV
-) -> tuple[torch.Tensor | RaggedKV, torch.Tensor | RaggedKV]:
-    """Paged storage as dense ``[1, H, S, D]`` or per-head (:class:`RaggedKV`) keys and values (the first chunk's
-    new states as they are); other storage unchanged."""
-    if isinstance(key, PagedKV):
-        if key.first_chunk:
-            return key.new_keys, key.new_values
-        if key.layer.is_ragged:
-            return key.layer.ragged_kv()
-        dense_keys, dense_values = key.layer.dense_kv()
-        return dense_keys[None], dense_values[None]
-    assert not isinstance(value, PagedKV)
-    return key, value
-
-
-def _per_head_kv(
-    key: torch.Tensor | RaggedKV | PagedKV, value: torch.Tensor | RaggedKV | PagedKV
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def _per_head_kv(key: LayerKV, value: LayerKV) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Per stored head ``[1, 1, S_h, D]`` keys and values of a layer's ``update`` result."""
-    key, value = _read_back(key, value)
-    if isinstance(key, RaggedKV):
-        assert isinstance(value, RaggedKV)
-        return key.heads, value.heads
-    assert isinstance(value, torch.Tensor)
-    return list(key.split(1, dim=1)), list(value.split(1, dim=1))
+    keys, values = key.layer.attention_kv(key, value)
+    if isinstance(keys, RaggedKV):
+        assert isinstance(values, RaggedKV)
+        return keys.heads, values.heads
+    assert isinstance(values, torch.Tensor)
+    return list(keys.split(1, dim=1)), list(values.split(1, dim=1))
 
 
 def _attend_and_observe(
     module: torch.nn.Module,
     query: torch.Tensor,
-    key: torch.Tensor | RaggedKV | PagedKV,
-    value: torch.Tensor | RaggedKV | PagedKV,
+    key: LayerKV,
+    value: LayerKV,
     scaling: float | None,
     dropout: float,
     session: AttentionObserver | None,
     details: AttentionDetails,
 ) -> tuple[torch.Tensor, None]:
-    """The attention output for the cache layer's storage kind, then the session's callback."""
+    """The attention output for the cache layer (its kernels when it has an attention plan, else the dense or
+    per-head views it hands over), then the session's callback."""
     effective_scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
     if details.needs_eager or details.window is not None:
         output = _detailed(module, query, key, value, effective_scaling, details)
-    elif isinstance(key, PagedKV):
-        output = paged_attention(module, query, key, scaling, dropout)
-    elif isinstance(key, RaggedKV):
-        assert isinstance(value, RaggedKV)
-        output = ragged_attention(query, key, value, scaling, dropout)
+    elif key.layer.attention_plan is not None:
+        output = paged_attention(module, query, key, value, scaling, dropout)
     else:
-        assert isinstance(value, torch.Tensor)
-        output = dense_attention(module, query, key, value, scaling, dropout)
+        keys, values = key.layer.attention_kv(key, value)
+        if isinstance(keys, RaggedKV):
+            assert isinstance(values, RaggedKV)
+            output = ragged_attention(query, keys, values, scaling, dropout)
+        else:
+            assert isinstance(values, torch.Tensor)
+            output = dense_attention(module, query, keys, values, scaling, dropout)
     if session is not None:
         session.after_attention(module, query, effective_scaling)
     return output, None
@@ -213,8 +216,8 @@ def _attend_and_observe(
 def _detailed(
     module: torch.nn.Module,
     query: torch.Tensor,
-    key: torch.Tensor | RaggedKV | PagedKV,
-    value: torch.Tensor | RaggedKV | PagedKV,
+    key: LayerKV,
+    value: LayerKV,
     scaling: float,
     details: AttentionDetails,
 ) -> torch.Tensor:
@@ -223,24 +226,24 @@ def _detailed(
     A sliding layer without soft-capping or sinks keeps SDPA (a boolean window mask); the others are computed eagerly
     (:func:`kvbench.attention.extras.detailed_attention`).  Paged storage is read back as dense or per-head tensors.
     """
-    key, value = _read_back(key, value)
-    if isinstance(key, RaggedKV):
-        assert isinstance(value, RaggedKV)
-        return ragged_detailed_attention(query, key, value, scaling, details, bottom_right_causal_mask)
-    assert isinstance(value, torch.Tensor)
-    query_length, key_length = query.shape[2], key.shape[2]
+    keys, values = key.layer.attention_kv(key, value)
+    if isinstance(keys, RaggedKV):
+        assert isinstance(values, RaggedKV)
+        return ragged_detailed_attention(query, keys, values, scaling, details, bottom_right_causal_mask)
+    assert isinstance(values, torch.Tensor)
+    query_length, key_length = query.shape[2], keys.shape[2]
     mask = None
     if details.window is not None and key_length > 1:
         mask = sliding_causal_mask(query_length, key_length, details.window, query.device)
     elif query_length > 1:
         mask = bottom_right_causal_mask(query_length, key_length, query.device)
     if details.needs_eager:
-        return detailed_attention(query, key, value, scaling, mask, details)
-    groups = query.shape[1] // key.shape[1]
+        return detailed_attention(query, keys, values, scaling, mask, details)
+    groups = query.shape[1] // keys.shape[1]
     output = torch.nn.functional.scaled_dot_product_attention(
         query,
-        key.repeat_interleave(groups, dim=1),
-        value.repeat_interleave(groups, dim=1),
+        keys.repeat_interleave(groups, dim=1),
+        values.repeat_interleave(groups, dim=1),
         attn_mask=mask[None, None] if mask is not None else None,
         scale=scaling,
     )

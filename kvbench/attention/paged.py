@@ -13,7 +13,8 @@ import torch
 
 from kvbench import kernels
 from kvbench.attention.ops import dense_attention, ragged_attention
-from kvbench.cache.paged import PagedKV, PagedLayer
+from kvbench.cache.base import LayerKV
+from kvbench.cache.paged import PagedLayer
 from kvbench.kernels.paths import ATTENTION_RECORD
 
 
@@ -46,17 +47,25 @@ def _varlen_paged(query: torch.Tensor, layer: PagedLayer, scaling: float | None,
 
 
 def paged_attention(
-    module: torch.nn.Module, query: torch.Tensor, paged: PagedKV, scaling: float | None, dropout: float
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    keys: LayerKV,
+    values: LayerKV,
+    scaling: float | None,
+    dropout: float,
 ) -> torch.Tensor:
-    """Causal attention of ``query`` ``[1, H_q, q, D]`` over a paged layer; returns ``[1, q, H_q, D]``.
+    """Causal attention of ``query`` ``[1, H_q, q, D]`` over a paged layer (``keys`` / ``values``: what its
+    ``update`` returned); returns ``[1, q, H_q, D]``.
 
     The path is the layer's :attr:`PagedLayer.attention_plan` (see the module docstring); errors propagate.
     """
-    layer = paged.layer
+    layer = keys.layer
+    assert isinstance(layer, PagedLayer)
     q_len = query.shape[2]
-    if paged.first_chunk:
+    if keys.first_chunk:
         ATTENTION_RECORD.note("dense_prefill", None)
-        return dense_attention(module, query, paged.new_keys, paged.new_values, scaling, dropout)
+        assert isinstance(keys.states, torch.Tensor) and isinstance(values.states, torch.Tensor)
+        return dense_attention(module, query, keys.states, values.states, scaling, dropout)
     plan = layer.attention_plan
     assert plan is not None
     kind = "decode" if q_len == 1 else "chunk"

@@ -96,7 +96,7 @@ def stored_bytes(
                 keep = [torch.randperm(context, generator=gen)[:c].to(device) for c in counts]
                 layer.keep(keep)
                 per_token = dim * 2 * torch.tensor([], dtype=dtype).element_size()
-                ratio = layer.kv_bytes() / (sum(counts) * per_token)
+                ratio = layer.allocated_bytes() / (sum(counts) * per_token)
                 rows.append(
                     {
                         "page_size": page_size,
@@ -104,7 +104,7 @@ def stored_bytes(
                         "allocation": allocation,
                         "heads": heads,
                         "kept_tokens": sum(counts),
-                        "stored_bytes": layer.kv_bytes(),
+                        "allocated_bytes": layer.allocated_bytes(),
                         "kept_bytes": sum(counts) * per_token,
                         "ratio": ratio,
                     }

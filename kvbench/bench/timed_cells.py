@@ -71,7 +71,7 @@ def run_cell(
     session.begin_decode()
     synchronize(device)
     prefill_s = time.perf_counter() - state.started
-    bytes_after_prefill = cache.kv_bytes()
+    bytes_after_prefill = cache.stored_bytes()
     kept_after_prefill = sum(map(sum, cache.head_lengths()))
     cache.reserve(spec.decode_tokens)  # paged: decode headroom, so no pool growth inside the timed loop
     decode_times, cache_bytes_seen = [], []
@@ -83,22 +83,23 @@ def run_cell(
         next_id = torch.argmax(logits).view(1, 1)
         synchronize(device)
         decode_times.append(time.perf_counter() - start)
-        cache_bytes_seen.append(_token_bytes(cache))
+        cache_bytes_seen.append(cache.stored_bytes())
     record = session.finish()
     peak_mem = torch.cuda.max_memory_allocated(device) - base_mem if device.type == "cuda" else None
     per_token = statistics.median(decode_times) if decode_times else float("nan")
     weights = _weight_bytes_read_per_token(model)
     kept_final = sum(map(sum, cache.head_lengths()))
-    bytes_per_token = _bytes_per_stored_token(cache)
+    stored_final = cache.stored_bytes()
     return {
         "prefill_s": prefill_s,
         "decode_s": sum(decode_times),
         "decode_ms_per_token": 1000 * per_token,
         "cache_bytes_after_prefill": bytes_after_prefill,
         "kept_tokens_after_prefill": kept_after_prefill,
-        "cache_bytes_final": cache.kv_bytes(),
+        "cache_bytes_final": cache.stored_bytes(),
         "kept_tokens_final": kept_final,
-        "stored_bytes_ratio": cache.kv_bytes() / (kept_final * bytes_per_token) if kept_final else float("nan"),
+        # What the backend holds per stored byte (the paged pool's partly filled pages and decode headroom).
+        "stored_bytes_ratio": cache.allocated_bytes() / stored_final if stored_final else float("nan"),
         "peak_prefill_cache_bytes": getattr(record, "peak_prefill_bytes", ""),
         "peak_mem_bytes": peak_mem if peak_mem is not None else "",
         "weight_bytes_read": weights,
@@ -109,22 +110,6 @@ def run_cell(
 
 def _backend_of(cache: KVBenchCache) -> str:
     return "paged" if isinstance(cache.layers[0], PagedLayer) else "torch"
-
-
-def _bytes_per_stored_token(cache: KVBenchCache) -> int:
-    """K + V bytes of one token of one head."""
-    for layer in cache.layers:
-        if isinstance(layer, PagedLayer) and layer.is_initialized:
-            return layer.head_dim * 2 * layer.k_pool.element_size()  # type: ignore[union-attr]
-        if layer.is_initialized and layer.num_heads:
-            keys, _ = layer.head_kv(0)  # type: ignore[attr-defined]
-            return keys.shape[-1] * 2 * keys.element_size()
-    return 0
-
-
-def _token_bytes(cache: KVBenchCache) -> int:
-    """Bytes of the stored tokens (what a decode step's attention reads)."""
-    return sum(map(sum, cache.head_lengths())) * _bytes_per_stored_token(cache)
 
 
 def _weight_bytes_read_per_token(model: torch.nn.Module) -> int:

@@ -10,25 +10,5 @@ from __future__ import annotations
 
 from kvbench.lazy_exports import lazy_reexport
 
-#: The public names of :mod:`kvbench.cache.kv_cache`, re-exported lazily.
-__getattr__, __dir__ = lazy_reexport(
-    __name__,
-    "kvbench.cache.kv_cache",
-    {
-        "BACKENDS",
-        "BACKEND_ENV",
-        "DEFAULT_PAGE_SIZE",
-        "GROWTH_FRACTION",
-        "HeadwiseLayer",
-        "KVBenchCache",
-        "LogicalLengthLayer",
-        "PagedLayer",
-        "RaggedKV",
-        "SlidingWindowLayer",
-        "StorageStats",
-        "check_choice",
-        "on_device",
-        "resolve_backend",
-        "sorted_keep_indices",
-    },
-)
+#: The public names of :mod:`kvbench.cache.kv_cache`, re-exported lazily (read from it: no list kept here).
+__getattr__, __dir__ = lazy_reexport(__name__, "kvbench.cache.kv_cache")

@@ -1,9 +1,9 @@
-"""What every kvbench cache layer shares, below both storage backends (:mod:`kvbench.cache.kv_cache`'s torch layers and
-:mod:`kvbench.cache.paged`'s pages): the ragged per-head view returned by ``update``, the checked ``keep`` indices, and
-the logical-length layer base class.
+"""What every kvbench cache layer shares, below both storage backends (:mod:`kvbench.cache.kv_cache`'s torch layers,
+:mod:`kvbench.cache.paged`'s pages) and the sliding window (:mod:`kvbench.cache.sliding`): the declared layer
+interface :class:`EvictableLayer`, what ``update`` returns (:class:`LayerKV`, with the ragged per-head view
+:class:`RaggedKV`), the checked ``keep`` indices, and the logical-length layer base class.
 
-Imports flow one way: ``cache.base`` <- ``attention.ops`` <- ``cache.paged`` <- ``cache.kv_cache`` <-
-``attention.function``.
+Imports flow one way: ``cache.base`` <- ``cache.{kv_cache,paged,sliding}`` <- ``attention``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from transformers.cache_utils import CacheLayerMixin
@@ -36,6 +36,99 @@ class RaggedKV:
     @property
     def lengths(self) -> list[int]:
         return [int(head.shape[2]) for head in self.heads]
+
+
+@dataclass
+class LayerKV:
+    """What a kvbench cache layer's ``update`` returns for the keys, and (a second instance) for the values: the layer
+    itself, which attention dispatches on (:meth:`EvictableLayer.attention_kv`, :attr:`EvictableLayer.attention_plan`),
+    and that side's states.
+
+    Attributes
+    ----------
+    layer:
+        The cache layer that was updated.
+    states:
+        Torch and sliding layers: what the new queries attend over, dense ``[1, H, S, D]`` or :class:`RaggedKV`
+        per-head ``[1, 1, S_h, D]`` views.  Paged layers: the ``[1, H, q, D]`` states just appended (after GQA
+        expansion), which the first chunk attends over as they are.
+    first_chunk:
+        True when the layer held nothing before this chunk (plain causal prefill over ``states``).
+    """
+
+    layer: EvictableLayer
+    states: torch.Tensor | RaggedKV
+    first_chunk: bool = False
+
+
+@runtime_checkable
+class EvictableLayer(Protocol):
+    """The interface every kvbench cache layer implements (torch :class:`~kvbench.cache.kv_cache.HeadwiseLayer`, paged
+    :class:`~kvbench.cache.paged.PagedLayer`, :class:`~kvbench.cache.sliding.SlidingWindowLayer`), for one sequence
+    (batch size 1) of ``H`` stored heads: what the eviction session, the decode policies, attention and the records
+    use, and nothing else.  Lengths are per stored head; positions are the kept tokens' true positions."""
+
+    #: Tokens seen (prompt + generated), whatever was evicted.
+    seen_tokens: int
+    #: Whether the layer is a sliding window (never evicted).
+    is_sliding: bool
+    #: The attention paths of a paged layer (:func:`kvbench.kernels.paths.plan_attention`); ``None``: attention runs
+    #: on the tensors :meth:`attention_kv` returns.
+    attention_plan: Any
+
+    # -- append, and what attention reads
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
+    ) -> tuple[LayerKV, LayerKV]:
+        """Append ``[1, H_kv, q, D]`` new keys and values; returns one :class:`LayerKV` for each."""
+        ...
+
+    def attention_kv(self, keys: LayerKV, values: LayerKV) -> tuple[torch.Tensor | RaggedKV, torch.Tensor | RaggedKV]:
+        """The keys and values the chunk just appended attends over, dense ``[1, H, S, D]`` or per head
+        (:class:`RaggedKV`), from what :meth:`update` returned."""
+        ...
+
+    # -- what is stored
+    @property
+    def num_heads(self) -> int: ...
+
+    @property
+    def is_ragged(self) -> bool: ...
+
+    @property
+    def positions(self) -> list[torch.Tensor]: ...
+
+    def head_lengths(self) -> list[int]: ...
+
+    def stored_tokens(self) -> int: ...
+
+    def head_kv(self, head: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def dense_kv(self) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    # -- keep / evict
+    def keep(self, indices: Sequence[torch.Tensor] | torch.Tensor) -> None:
+        """Keep only the given stored slots of each head (per head 1-D indices) and free the rest."""
+        ...
+
+    def evict_slots(self, slots: torch.Tensor, heads: Sequence[int] | None = None) -> torch.Tensor:
+        """Evict one token of each of ``heads`` in place (its last token moves into slot ``slots[i]``)."""
+        ...
+
+    def reserve(self, extra_tokens: int) -> None:
+        """Make room for ``extra_tokens`` more tokens per head ahead of time."""
+        ...
+
+    # -- bytes (docs/results.md)
+    def token_head_bytes(self) -> int: ...
+
+    def stored_bytes(self) -> int:
+        """Key + value bytes of the kept tokens (the same on every backend)."""
+        ...
+
+    def allocated_bytes(self) -> int:
+        """Key + value bytes the layer's storage holds (spare capacity, free pages included)."""
+        ...
 
 
 @dataclass
@@ -108,6 +201,12 @@ class LogicalLengthLayer(CacheLayerMixin):
     is_croppable = False
     #: Tokens this layer has seen (prompt + generated); subclasses keep it up to date in ``update``.
     seen_tokens: int = 0
+    #: Attention over stored tensors (:meth:`attention_kv`); the paged layer sets its planned kernel paths.
+    attention_plan: Any = None
+
+    def attention_kv(self, keys: LayerKV, values: LayerKV) -> tuple[torch.Tensor | RaggedKV, torch.Tensor | RaggedKV]:
+        """What :meth:`update` returned is what the chunk attends over (dense or per-head views)."""
+        return keys.states, values.states
 
     def get_seq_length(self) -> int:
         """Tokens seen so far (the logical sequence length), not the number stored."""
@@ -125,6 +224,26 @@ class LogicalLengthLayer(CacheLayerMixin):
 
     #: Repeat factor applied to incoming KV heads (num_attention_heads // num_key_value_heads, or 1).
     expand_factor: int = 1
+
+    def _evicting_heads(self, heads: Sequence[int] | None) -> tuple[list[int], torch.Tensor]:
+        """The heads of a one-token eviction (``evict_slots``; ``None``: every head), as a host list and an ``[n]``
+        int64 index on the layer's device."""
+        host_heads = list(range(self.num_heads)) if heads is None else list(heads)  # type: ignore[attr-defined]
+        if heads is None:
+            return host_heads, torch.arange(len(host_heads), device=self.device)
+        return host_heads, torch.tensor(host_heads, dtype=torch.long, device=self.device)
+
+    def _count_evicted(self, host_heads: list[int], rows: torch.Tensor, every_head: bool) -> None:
+        """The bookkeeping of a one-token eviction from ``host_heads`` (``rows`` on the device): one token fewer per
+        head in ``lengths`` and ``host_lengths``, and one row copied per head in :attr:`stats`."""
+        lengths: torch.Tensor = self.lengths  # type: ignore[attr-defined]
+        if every_head:
+            lengths -= 1
+        else:
+            lengths[rows] -= 1
+        for head in host_heads:
+            self.host_lengths[head] -= 1  # type: ignore[attr-defined]
+        self.stats.rows_copied += len(host_heads)  # type: ignore[attr-defined]
 
     def _incoming(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The common start of ``update``: initialise on first use, check batch size 1, and repeat KV heads per

@@ -11,8 +11,9 @@ A :class:`KVBenchCache` is a transformers :class:`~transformers.cache_utils.Cach
 Both are views of one ``[1, H, C, D]`` buffer per layer with spare capacity, so a decoding step appends without
 copying the layer, and decode-time eviction replaces a slot in place (:meth:`HeadwiseLayer.evict_slots`): a step
 costs what is kept, not a copy of it.  Only kept tokens count (no masks, no "fake" keys):
-:meth:`HeadwiseLayer.kv_bytes` is exactly ``sum_h S_h * D * 2 * itemsize`` (the spare capacity, at most 1/8 of it
-after growth, is :meth:`HeadwiseLayer.capacity_bytes`; an eviction by ``keep`` reallocates to the exact size).
+:meth:`HeadwiseLayer.stored_bytes` is exactly ``sum_h S_h * D * 2 * itemsize`` (with the spare capacity, at most 1/8
+of it after growth, it is :meth:`HeadwiseLayer.allocated_bytes`; an eviction by ``keep`` reallocates to the exact
+size).
 Each head also records the true positions of its kept tokens (int32), which decode-time policies use (StreamingLLM's
 sinks, the recent windows) and which runs report; after in-place evictions slots are no longer in position order.
 
@@ -41,7 +42,15 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from kvbench.cache.base import LogicalLengthLayer, RaggedKV, StorageStats, on_device, sorted_keep_indices
+from kvbench.cache.base import (
+    EvictableLayer,
+    LayerKV,
+    LogicalLengthLayer,
+    RaggedKV,
+    StorageStats,
+    on_device,
+    sorted_keep_indices,
+)
 from kvbench.cache.paged import DEFAULT_PAGE_SIZE, GROWTH_FRACTION, PagedLayer
 from kvbench.cache.sliding import SlidingWindowLayer
 from kvbench.checks import check_choice
@@ -94,7 +103,7 @@ class HeadwiseLayer(LogicalLengthLayer):
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
-    ) -> tuple[torch.Tensor | RaggedKV, torch.Tensor | RaggedKV]:
+    ) -> tuple[LayerKV, LayerKV]:
         """Append ``q`` new tokens to every head and return the layer's full keys and values.
 
         Parameters
@@ -104,7 +113,8 @@ class HeadwiseLayer(LogicalLengthLayer):
 
         Returns
         -------
-        Dense ``[1, H, S, D]`` views, or :class:`RaggedKV` per-head views when heads differ in length.
+        Keys and values as :class:`LayerKV`, whose ``states`` are dense ``[1, H, S, D]`` views, or :class:`RaggedKV`
+        per-head views when heads differ in length.
         """
         key_states, value_states = self._incoming(key_states, value_states)
         new_tokens = key_states.shape[2]
@@ -131,9 +141,10 @@ class HeadwiseLayer(LogicalLengthLayer):
         self.seen_tokens += new_tokens
         self._refresh_views()
         if self.head_keys is None:
-            return self.keys, self.values
+            assert self.keys is not None and self.values is not None
+            return LayerKV(self, self.keys), LayerKV(self, self.values)
         assert self.head_values is not None
-        return RaggedKV(self.head_keys), RaggedKV(self.head_values)
+        return LayerKV(self, RaggedKV(self.head_keys)), LayerKV(self, RaggedKV(self.head_values))
 
     def reset(self) -> None:
         self.__init__(self.expand_factor)  # type: ignore[misc]
@@ -242,21 +253,19 @@ class HeadwiseLayer(LogicalLengthLayer):
         assert self.position_buffer is not None
         return self.position_buffer[:, : max(self.host_lengths, default=0)]
 
-    def kv_bytes(self) -> int:
-        """Bytes of the stored keys and values (``sum_h S_h * D * 2 * itemsize``; positions metadata excluded)."""
-        if not self.is_initialized:
-            return 0
-        assert self.key_buffer is not None
-        return self.stored_tokens() * self.key_buffer.shape[-1] * 2 * self.key_buffer.element_size()
-
     def token_head_bytes(self) -> int:
         """Key + value bytes of one token of one head (``2 * D * itemsize``; 0 before the first update)."""
         if self.key_buffer is None:
             return 0
         return self.key_buffer.shape[-1] * 2 * self.key_buffer.element_size()
 
-    def capacity_bytes(self) -> int:
-        """Bytes the key and value buffers hold, slack included."""
+    def stored_bytes(self) -> int:
+        """Key + value bytes of the kept tokens: ``sum_h S_h * D * 2 * itemsize`` (what the method costs; the same
+        number on every backend)."""
+        return self.stored_tokens() * self.token_head_bytes()
+
+    def allocated_bytes(self) -> int:
+        """Bytes the key and value buffers hold, spare capacity included (positions metadata excluded)."""
         if not self.is_initialized:
             return 0
         assert self.key_buffer is not None and self.value_buffer is not None
@@ -301,20 +310,12 @@ class HeadwiseLayer(LogicalLengthLayer):
         """
         assert self.key_buffer is not None and self.value_buffer is not None and self.position_buffer is not None
         assert self.lengths is not None
-        host_heads = list(range(self.num_heads)) if heads is None else list(heads)
-        index = torch.tensor(host_heads, device=self.device) if heads is not None else None
-        rows = torch.arange(self.num_heads, device=self.device) if index is None else index
+        host_heads, rows = self._evicting_heads(heads)
         last = self.lengths[rows] - 1
         self.key_buffer[0, rows, slots] = self.key_buffer[0, rows, last]
         self.value_buffer[0, rows, slots] = self.value_buffer[0, rows, last]
         self.position_buffer[rows, slots] = self.position_buffer[rows, last]
-        if index is None:
-            self.lengths -= 1
-        else:
-            self.lengths[index] -= 1
-        for head in host_heads:
-            self.host_lengths[head] -= 1
-        self.stats.rows_copied += len(host_heads)
+        self._count_evicted(host_heads, rows, every_head=heads is None)
         self._refresh_views()
         return last
 
@@ -324,14 +325,17 @@ BACKENDS = ("auto", "torch", "paged")
 BACKEND_ENV = "KVBENCH_CACHE_BACKEND"
 
 
-def resolve_backend(backend: str | None, device: torch.device) -> str:
-    """``torch`` or ``paged`` for a cache on ``device``: ``auto`` is paged on CUDA, torch elsewhere.
-
-    ``None`` reads :data:`BACKEND_ENV` (default ``auto``).
-    """
+def backend_setting(backend: str | None) -> str:
+    """The backend asked for, checked: ``backend``, or with ``None`` :data:`BACKEND_ENV` (default ``auto``)."""
     if backend is None:
         backend = os.environ.get(BACKEND_ENV, "auto") or "auto"
-    check_choice("cache backend", backend, BACKENDS)
+    return check_choice("cache backend", backend, BACKENDS)
+
+
+def resolve_backend(backend: str | None, device: torch.device) -> str:
+    """``torch`` or ``paged`` for a cache on ``device``: ``auto`` is paged on CUDA, torch elsewhere (``None``:
+    :func:`backend_setting`)."""
+    backend = backend_setting(backend)
     if backend == "auto":
         return "paged" if device.type == "cuda" else "torch"
     return backend
@@ -371,14 +375,11 @@ class KVBenchCache(Cache):
         sliding_windows: Sequence[int | None] | None = None,
         compress_sliding: bool = False,
     ) -> None:
-        super().__init__(layers=[HeadwiseLayer(expand_factor) for _ in range(num_layers)])
+        self.backend = backend_setting(backend)
         self.expand_factor = expand_factor
-        if backend is None:
-            backend = os.environ.get(BACKEND_ENV, "auto") or "auto"
-        self.backend = check_choice("cache backend", backend, BACKENDS)
         self.page_size = page_size
-        if backend == "paged":
-            self.layers = [self._paged_layer() for _ in range(num_layers)]
+        # ``auto`` starts with torch layers and swaps a layer for a paged one at its first update on CUDA (update).
+        super().__init__(layers=[self._evictable_layer() for _ in range(num_layers)])
         #: Per layer, its sliding window (``None``: full attention).
         self.windows: list[int | None] = [None] * num_layers
         if sliding_windows is not None:
@@ -402,6 +403,10 @@ class KVBenchCache(Cache):
     def _paged_layer(self) -> CacheLayerMixin:
         return PagedLayer(self.expand_factor, page_size=self.page_size or DEFAULT_PAGE_SIZE)
 
+    def _evictable_layer(self) -> CacheLayerMixin:
+        """A new layer of this cache's backend (``auto``: torch until the first update says the device)."""
+        return self._paged_layer() if self.backend == "paged" else HeadwiseLayer(self.expand_factor)
+
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
     ) -> tuple[Any, Any]:
@@ -418,15 +423,15 @@ class KVBenchCache(Cache):
             return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     @property
-    def headwise_layers(self) -> list[HeadwiseLayer]:
-        """The layers, typed (:class:`HeadwiseLayer`, or :class:`kvbench.cache.paged.PagedLayer` with the same API)."""
+    def headwise_layers(self) -> list[EvictableLayer]:
+        """The layers, typed: each a :class:`~kvbench.cache.base.EvictableLayer` (torch, paged or sliding)."""
         return self.layers  # type: ignore[return-value]
 
     def reserve(self, extra_tokens: int) -> None:
-        """Pre-allocate room for ``extra_tokens`` more tokens per head (paged layers; no-op for torch layers)."""
-        for layer in self.layers:
-            if hasattr(layer, "reserve"):
-                layer.reserve(extra_tokens)
+        """Pre-allocate room for ``extra_tokens`` more tokens per head in every layer (paged: free pages; torch: a
+        larger buffer, one reallocation; sliding: nothing), so decoding never grows the storage."""
+        for layer in self.headwise_layers:
+            layer.reserve(extra_tokens)
 
     def head_lengths(self) -> list[list[int]]:
         """Stored tokens per layer and head: ``[L][H]``."""
@@ -438,24 +443,22 @@ class KVBenchCache(Cache):
             round(layer.stored_tokens() / layer.num_heads) if layer.num_heads else 0 for layer in self.headwise_layers
         ]
 
-    def kv_bytes(self) -> int:
-        """Bytes held by keys and values over all layers."""
-        return sum(layer.kv_bytes() for layer in self.headwise_layers)
+    def stored_bytes(self) -> int:
+        """Key + value bytes of the kept tokens over all layers (what the method costs): the same number on every
+        backend for the same kept tokens (a paged pool's free slots, a buffer's spare capacity excluded)."""
+        return sum(layer.stored_bytes() for layer in self.headwise_layers)
 
-    def stored_token_bytes(self) -> int:
-        """Key + value bytes of the stored tokens alone (a paged pool's free slots excluded)."""
-        return sum(
-            layer.kv_bytes()
-            if isinstance(layer, SlidingWindowLayer)
-            else layer.stored_tokens() * layer.token_head_bytes()
-            for layer in self.headwise_layers
-        )
+    def allocated_bytes(self) -> int:
+        """Key + value bytes the backend holds for this cache over all layers: spare capacity and free pages
+        included (positions and block tables excluded)."""
+        return sum(layer.allocated_bytes() for layer in self.headwise_layers)
 
     def full_cache_bytes(self) -> int:
         """Bytes a full cache (one sequence per KV head, nothing evicted) would hold for the tokens seen so far:
-        what :meth:`kv_bytes` is compared with (query-head storage can exceed it, ``expand_factor`` times at most)."""
+        what :meth:`stored_bytes` is compared with (query-head storage can exceed it, ``expand_factor`` times at
+        most)."""
         return sum(
-            layer.kv_bytes()  # a sliding-window layer holds its window whatever the method
+            layer.stored_bytes()  # a sliding-window layer holds its window whatever the method
             if isinstance(layer, SlidingWindowLayer)
             else layer.seen_tokens * (layer.num_heads // self.expand_factor) * layer.token_head_bytes()
             for layer in self.headwise_layers

@@ -34,12 +34,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from kvbench import kernels
-from kvbench.cache.base import LogicalLengthLayer, RaggedKV, StorageStats, sorted_keep_indices
+from kvbench.cache.base import LayerKV, LogicalLengthLayer, RaggedKV, StorageStats, sorted_keep_indices
 from kvbench.kernels.paths import AttentionPlan, plan_attention
 
 #: Default page size on CPU and for the Triton decode kernel (vLLM's default block size).
@@ -50,30 +49,10 @@ REPACK_SLACK = 1.02
 GROWTH_FRACTION = 0.125
 
 
-@dataclass
-class PagedKV:
-    """What :meth:`PagedLayer.update` returns (as both "keys" and "values"): the layer plus the new states.
-
-    Attributes
-    ----------
-    layer:
-        The layer (pools, block table, lengths).
-    new_keys, new_values:
-        ``[1, H, q, D]`` the states just appended (after GQA expansion).
-    first_chunk:
-        True when the layer held nothing before this chunk (plain causal prefill over ``new_*``).
-    """
-
-    layer: PagedLayer
-    new_keys: torch.Tensor
-    new_values: torch.Tensor
-    first_chunk: bool
-
-
 class PagedLayer(LogicalLengthLayer):
     """One layer's paged per-head KV storage, batch size 1; same kvbench API as
     :class:`~kvbench.cache.kv_cache.HeadwiseLayer` (``positions``, ``head_kv``, ``dense_kv``, ``keep``,
-    ``kv_bytes``...).
+    ``stored_bytes``...).
 
     Parameters
     ----------
@@ -103,11 +82,6 @@ class PagedLayer(LogicalLengthLayer):
         self.pages: list[list[int]] = []
         self.host_lengths: list[int] = []
         self.free_pages: list[int] = []
-        #: Rows (tokens x heads) written by appends and moved by compaction / pool growth: a deterministic cost
-        #: proxy checked by the tests (appends must not depend on how much is stored).
-        self.rows_appended = 0
-        self.rows_compacted = 0
-        self.rows_moved_by_growth = 0
         #: Pool rebuilds (growth, repack) and rows they, compaction and one-token evictions copied.
         self.stats = StorageStats()
         self._positions_cache: list[torch.Tensor] | None = None
@@ -140,9 +114,10 @@ class PagedLayer(LogicalLengthLayer):
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
-    ) -> tuple[PagedKV, PagedKV]:
-        """Append ``q`` tokens ``[1, H_kv, q, D]`` to every head (O(H * q) rows written); returns a
-        :class:`PagedKV` for the attention function."""
+    ) -> tuple[LayerKV, LayerKV]:
+        """Append ``q`` tokens ``[1, H_kv, q, D]`` to every head (O(H * q) rows written); returns the new keys and
+        values (after GQA expansion) as :class:`LayerKV` for the attention function
+        (:func:`kvbench.attention.paged.paged_attention` reads the pools through the layer)."""
         key_states, value_states = self._incoming(key_states, value_states)
         new_tokens = key_states.shape[2]
         first_chunk = all(length == 0 for length in self.host_lengths)
@@ -167,10 +142,18 @@ class PagedLayer(LogicalLengthLayer):
         self.lengths += new_tokens
         self.host_lengths = [length + new_tokens for length in self.host_lengths]
         self.seen_tokens += new_tokens
-        self.rows_appended += new_tokens * self.num_stored_heads
         self._positions_cache = self._slot_cache = None
-        paged = PagedKV(self, key_states, value_states, first_chunk)
-        return paged, paged
+        return LayerKV(self, key_states, first_chunk), LayerKV(self, value_states, first_chunk)
+
+    def attention_kv(self, keys: LayerKV, values: LayerKV) -> tuple[torch.Tensor | RaggedKV, torch.Tensor | RaggedKV]:
+        """The stored keys and values read back: the first chunk's new states as they are, else dense
+        ``[1, H, S, D]`` or per-head (:class:`RaggedKV`) gathered copies."""
+        if keys.first_chunk:
+            return keys.states, values.states
+        if self.is_ragged:
+            return self.ragged_kv()
+        dense_keys, dense_values = self.dense_kv()
+        return dense_keys[None], dense_values[None]
 
     def _append_one_on_host(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """The torch decode append: slots from the host page lists (no block-table lookups on the device), then
@@ -216,7 +199,6 @@ class PagedLayer(LogicalLengthLayer):
         grown_v[:old] = self.v_pool
         grown_pos[: old * self.page_size] = self.pos_pool
         self.k_pool, self.v_pool, self.pos_pool = grown_k, grown_v, grown_pos
-        self.rows_moved_by_growth += old * self.page_size
         self.stats.reallocations += 1
         self.stats.rows_copied += self.stored_tokens()
         self.free_pages.extend(range(old + extra - 1, old - 1, -1))  # pop() hands out low pages first
@@ -363,21 +345,13 @@ class PagedLayer(LogicalLengthLayer):
             return 0
         return self.head_dim * 2 * self.k_pool.element_size()
 
-    def token_bytes(self) -> int:
-        """Bytes of the stored tokens alone: ``sum_h S_h * D * 2 * itemsize``."""
-        if not self.is_initialized:
-            return 0
-        return self.stored_tokens() * self.head_dim * 2 * self.k_pool.element_size()  # type: ignore[union-attr]
+    def stored_bytes(self) -> int:
+        """Key + value bytes of the kept tokens: ``sum_h S_h * D * 2 * itemsize`` (the same number as the torch
+        backend's for the same kept tokens)."""
+        return self.stored_tokens() * self.token_head_bytes()
 
-    def used_page_bytes(self) -> int:
-        """Bytes of the pages holding tokens (includes each head's partly filled last page)."""
-        if not self.is_initialized:
-            return 0
-        used = sum(len(pages) for pages in self.pages)
-        return used * self.page_size * self.head_dim * 2 * self.k_pool.element_size()  # type: ignore[union-attr]
-
-    def kv_bytes(self) -> int:
-        """Bytes held by the K and V pools (used and free pages; positions and block table excluded)."""
+    def allocated_bytes(self) -> int:
+        """Bytes held by the K and V pools: used and free pages (positions and block table excluded)."""
         if not self.is_initialized:
             return 0
         assert self.k_pool is not None and self.v_pool is not None
@@ -399,7 +373,6 @@ class PagedLayer(LogicalLengthLayer):
             self._compact_in_place(src, new_lengths)
         self.host_lengths = new_lengths
         self.lengths = torch.tensor(new_lengths, dtype=torch.int32, device=self.device)
-        self.rows_compacted += int(src.numel())
         self.stats.rows_copied += sum(new_lengths)
         self._positions_cache = self._slot_cache = None
 
@@ -423,10 +396,7 @@ class PagedLayer(LogicalLengthLayer):
         """
         assert self.k_pool is not None and self.v_pool is not None and self.pos_pool is not None
         assert self.block_table is not None and self.lengths is not None
-        host_heads = list(range(self.num_stored_heads)) if heads is None else list(heads)
-        rows = torch.arange(self.num_stored_heads, device=self.device)
-        if heads is not None:
-            rows = torch.tensor(host_heads, dtype=torch.long, device=self.device)
+        host_heads, rows = self._evicting_heads(heads)
         last = self.lengths[rows].long() - 1
         size = self.page_size
 
@@ -436,15 +406,10 @@ class PagedLayer(LogicalLengthLayer):
         dst, src = flat(slots.long()), flat(last)
         for pool in (self._flat(self.k_pool), self._flat(self.v_pool), self.pos_pool):
             pool[dst] = pool[src]
-        if heads is None:
-            self.lengths -= 1
-        else:
-            self.lengths[rows] -= 1
-        for head in host_heads:
-            self.host_lengths[head] -= 1
+        self._count_evicted(host_heads, rows, every_head=heads is None)
+        for head in host_heads:  # a head whose last page emptied returns it
             if len(self.pages[head]) > math.ceil(self.host_lengths[head] / size):
                 self.free_pages.append(self.pages[head].pop())
-        self.stats.rows_copied += len(host_heads)
         self._positions_cache = self._slot_cache = None
         return last
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import get_layer_types_and_kwargs
 
-from kvbench.cache.base import LogicalLengthLayer
+from kvbench.cache.base import LayerKV, LogicalLengthLayer
 from kvbench.errors import KVBenchError
 
 #: transformers layer types that are plain causal attention over every token.
@@ -82,7 +82,7 @@ class SlidingWindowLayer(LogicalLengthLayer):
     """One sliding-window layer's cache (batch size 1): the last ``window - 1`` tokens, all heads the same length.
 
     Same read API as :class:`kvbench.cache.kv_cache.HeadwiseLayer` (``positions``, ``head_lengths``, ``dense_kv``,
-    ``kv_bytes``...), so records and byte counts cover it; ``keep`` is refused (eviction skips sliding layers).
+    ``stored_bytes``...), so records and byte counts cover it; ``keep`` is refused (eviction skips sliding layers).
     Keys and values are stored per KV head (never expanded per query head: nothing scores them).
 
     Parameters
@@ -110,9 +110,9 @@ class SlidingWindowLayer(LogicalLengthLayer):
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[LayerKV, LayerKV]:
         """Append ``q`` tokens; return the ``[1, H_kv, S, D]`` keys and values the new queries attend over (the stored
-        ``<= window - 1`` tokens and the new ones), then keep only the last ``window - 1``."""
+        ``<= window - 1`` tokens and the new ones, as :class:`LayerKV`), then keep only the last ``window - 1``."""
         key_states, value_states = self._incoming(key_states, value_states)
         assert self.keys is not None and self.values is not None
         full_keys = torch.cat([self.keys, key_states], dim=-2)
@@ -125,7 +125,7 @@ class SlidingWindowLayer(LogicalLengthLayer):
         first = self.seen_tokens - stored
         positions = torch.arange(first, self.seen_tokens, dtype=torch.int32, device=self.device)
         self.positions = [positions] * self.keys.shape[1]
-        return full_keys, full_values
+        return LayerKV(self, full_keys), LayerKV(self, full_values)
 
     def reset(self) -> None:
         self.keys = self.values = None
@@ -158,12 +158,28 @@ class SlidingWindowLayer(LogicalLengthLayer):
         keys, values = self.dense_kv()
         return keys[head], values[head]
 
-    def kv_bytes(self) -> int:
+    def token_head_bytes(self) -> int:
+        """Key + value bytes of one token of one head (0 before the first update)."""
+        if self.keys is None:
+            return 0
+        return self.keys.shape[-1] * 2 * self.keys.element_size()
+
+    def stored_bytes(self) -> int:
+        """Key + value bytes of the stored window (``H_kv * S * D * 2 * itemsize``)."""
         if not self.is_initialized or self.keys is None or self.values is None:
             return 0
         return sum(t.numel() * t.element_size() for t in (self.keys, self.values))
 
+    def allocated_bytes(self) -> int:
+        """Bytes of the key and value storage the window's views keep alive (the last update's concatenation)."""
+        if not self.is_initialized or self.keys is None or self.values is None:
+            return 0
+        return sum(t.untyped_storage().nbytes() for t in (self.keys, self.values))
+
     def keep(self, indices: Sequence[torch.Tensor] | torch.Tensor) -> None:
+        raise NotImplementedError("a sliding-window layer is not evicted (it holds at most its window)")
+
+    def evict_slots(self, slots: torch.Tensor, heads: Sequence[int] | None = None) -> torch.Tensor:
         raise NotImplementedError("a sliding-window layer is not evicted (it holds at most its window)")
 
     def reserve(self, extra_tokens: int) -> None:

@@ -48,11 +48,17 @@ class CacheRecord:
     achieved_per_layer: list[int] = field(default_factory=list)
     achieved_per_head: list[list[int]] = field(default_factory=list)
     evicted: bool = False
-    cache_bytes: int = 0
-    #: Largest KV bytes held at any point of the compressed prefill (measured when each layer's attention is done,
+    #: Key + value bytes of the kept tokens once the prefill is compressed (what the method costs; the same on every
+    #: backend), and what the backend holds for them then (spare capacity / free pages included).
+    stored_bytes: int = 0
+    allocated_bytes: int = 0
+    #: Largest stored bytes at any point of the compressed prefill (measured when each layer's attention is done,
     #: before its eviction: earlier layers compressed so far + this layer's full cache; with a chunked prefill every
     #: layer holds its full cache until its last chunk).
     peak_prefill_bytes: int = 0
+    #: Largest stored / allocated bytes over the whole sample (prefill, question, decoding).
+    peak_stored_bytes: int = 0
+    peak_allocated_bytes: int = 0
     final_per_layer: list[int] = field(default_factory=list)
     #: Tokens per forward of the compressed prefill (0: one forward; ``run.prefill_chunk``).
     prefill_chunk: int = 0
@@ -62,7 +68,7 @@ class CacheRecord:
     #: Heads stored per layer (KV heads, or query heads with ``gqa_granularity=query_head``) and the model's KV heads.
     stored_heads: int = 0
     kv_heads: int = 0
-    #: Bytes the full cache (KV heads, nothing evicted) holds for the same tokens, when ``cache_bytes`` was measured,
+    #: Bytes the full cache (KV heads, nothing evicted) holds for the same tokens, when ``stored_bytes`` was measured,
     #: and whether the stored cache exceeded it then or at the end (query-head storage at a generous budget).
     full_cache_bytes: int = 0
     exceeds_full_cache: bool = False
@@ -243,7 +249,8 @@ class EvictionSession:
         """End of the sample: fill the final sizes and return the record."""
         self._finish_prefill()
         self.record.final_per_layer = self.cache.layer_lengths()
-        if self.cache.stored_token_bytes() > self.cache.full_cache_bytes():
+        self._note_bytes(prefill=False)
+        if self.cache.stored_bytes() > self.cache.full_cache_bytes():
             self.record.exceeds_full_cache = True
         if self.allocator_state is not None:
             self.record.allocator_state = self.method.layer_allocator.sample_state(self.allocator_state)
@@ -261,11 +268,12 @@ class EvictionSession:
         layer_idx = int(module.layer_idx)
         if layer_idx not in self._rank:  # a sliding-window layer: never evicted
             if self.phase == "compress":
-                self.record.peak_prefill_bytes = max(self.record.peak_prefill_bytes, self.cache.kv_bytes())
+                self._note_bytes(prefill=True)
             return
         layer = self.cache.headwise_layers[layer_idx]
         policy = self.method.decode_policy
         if self.phase == "compress":
+            self._output_projection = getattr(getattr(module, "o_proj", None), "weight", None)  # CriticalKV's
             self._prefill_chunk(layer_idx, layer, query[0], scaling)
         elif policy is None or self.budget.is_full:
             return
@@ -273,6 +281,7 @@ class EvictionSession:
             assert self.decode_state is not None
             policy.step(self.decode_state, layer_idx, layer, query[0], scaling)
         elif self.phase == "append":
+            self._note_bytes(prefill=False)  # the question is stored, not yet evicted
             # A multi-token forward after the prefill: each policy does what its reference does with one
             # (TOVA scores the last query; H2O adds every new row's attention; both then evict to the caps).
             assert self.decode_state is not None
@@ -282,7 +291,7 @@ class EvictionSession:
     def _prefill_chunk(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
         """One prefill forward at a layer: keep the rows the method needs; compress after the last chunk."""
         context = layer.seen_tokens
-        self.record.peak_prefill_bytes = max(self.record.peak_prefill_bytes, self.cache.kv_bytes())
+        self._note_bytes(prefill=True)
         if not self.compresses:
             self._requested[layer_idx] = (context, [context] * layer.num_heads)
             return
@@ -316,6 +325,7 @@ class EvictionSession:
             impl=self.scoring_impl,
             sample_key=self.sample_key,
             rotary=self.rotary,
+            output_projection=getattr(self, "_output_projection", None),
         )
         # With window_in_budget=False every layer keeps its window on top of the budget: allocators see it added.
         off_budget = 0 if self.method.window_in_budget else window
@@ -399,12 +409,26 @@ class EvictionSession:
                 scores = self._scores.get(layer_idx)
                 self.method.decode_policy.start_layer(self.decode_state, layer_idx, layer, caps, scores)
         record.achieved_per_layer = self.cache.layer_lengths()
-        record.cache_bytes = self.cache.kv_bytes()
+        record.stored_bytes = self.cache.stored_bytes()
+        record.allocated_bytes = self.cache.allocated_bytes()
+        self._note_bytes(prefill=False)
         record.full_cache_bytes = self.cache.full_cache_bytes()
         layers = [self.cache.headwise_layers[idx] for idx in self.compressible]
         record.stored_heads = layers[0].num_heads if layers else 0
         record.kv_heads = record.stored_heads // self.cache.expand_factor
-        record.exceeds_full_cache = self.cache.stored_token_bytes() > record.full_cache_bytes
+        record.exceeds_full_cache = record.stored_bytes > record.full_cache_bytes
+
+    def _note_bytes(self, prefill: bool) -> None:
+        """Raise the record's peaks to the cache's current stored / allocated bytes (``prefill``: the prefill peak
+        too).  Measured at every layer of the prefill, of a question appended after it, and at the end of the sample:
+        a decoding step appends one token per head and evicts at most one, so stored bytes only grow while decoding
+        (a step's one token per head before its eviction is not counted)."""
+        stored, allocated = self.cache.stored_bytes(), self.cache.allocated_bytes()
+        record = self.record
+        if prefill:
+            record.peak_prefill_bytes = max(record.peak_prefill_bytes, stored)
+        record.peak_stored_bytes = max(record.peak_stored_bytes, stored)
+        record.peak_allocated_bytes = max(record.peak_allocated_bytes, allocated)
 
 
 def _pad_scores(scores: list[torch.Tensor], protected: list[torch.Tensor]) -> torch.Tensor:

@@ -103,7 +103,7 @@ def generate(
     cache, session, position, logits = state.cache, state.session, state.position, state.logits
     device = input_device(model)
     session.begin_decode()
-    _sync(devices)
+    sync_devices(devices)
     prefill_s = time.perf_counter() - state.started
 
     start = time.perf_counter()
@@ -114,7 +114,7 @@ def generate(
             break
         logits = forward_logits(model, [next_id], position, cache, session, device)[-1]
         position += 1
-    _sync(devices)
+    sync_devices(devices)
     decode_s = time.perf_counter() - start
     record = session.finish()
     return GenerationOutput(stream.generated, stream.text(), record, prefill_s, decode_s, stream.stop_reason)
@@ -122,7 +122,7 @@ def generate(
 
 class GreedyStream:
     """One sample's greedy choice (or seeded draw, ``sampling``) and stop rules, step by step: shared by
-    :func:`generate` (batch 1) and the batched decoder (:mod:`kvbench.inference.batch`), so both stop alike.
+    :func:`generate` (batch 1) and the batched decoder (:mod:`kvbench.inference.batched_decode`), so both stop alike.
 
     Stop tokens and stop strings are ignored for the first ``min_new_tokens`` tokens (LongBench's ``min_length`` for
     samsum: the stop tokens' logits are masked, so the model picks another token).  A stop token ends the output and
@@ -203,7 +203,7 @@ def last_token_ids(tokenizer: PreTrainedTokenizerBase, texts: tuple[str, ...] | 
     return ids
 
 
-def _sync(devices: set[torch.device]) -> None:
+def sync_devices(devices: set[torch.device]) -> None:
     """Wait for every CUDA device the model computes on (timings)."""
     for device in devices:
         if device.type == "cuda":

@@ -38,7 +38,7 @@ from kvbench.budget import Budget
 from kvbench.cache.kv_cache import KVBenchCache
 from kvbench.checks import check_choice
 from kvbench.inference.eviction import EvictionSession
-from kvbench.inference.generate import GenerationOutput, GreedyStream, _sync
+from kvbench.inference.generate import GenerationOutput, GreedyStream, sync_devices
 from kvbench.inference.prefill import forward_logits, prefill
 from kvbench.methods.base import EvictionMethod
 from kvbench.models.loading import input_device, model_devices
@@ -114,7 +114,7 @@ def _decode_turn(
             break
         logits = forward_logits(model, [next_id], position, cache, session, device)[-1]
         position += 1
-    _sync(devices)
+    sync_devices(devices)
     record = session.finish()
     return GenerationOutput(
         stream.generated, stream.text(), record, prefill_s, time.perf_counter() - start, stream.stop_reason
@@ -164,7 +164,7 @@ def generate_group(
     )
     cache, session, position, logits = state.cache, state.session, state.position, state.logits
     session.begin_append()  # closes the compression (records it, starts the decode policies' layers) exactly once
-    _sync(model_devices(model))
+    sync_devices(model_devices(model))
     prefill_s = time.perf_counter() - state.started
     fingerprint = cache_fingerprint(cache)
     kept = (

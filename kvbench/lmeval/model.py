@@ -48,7 +48,7 @@ from kvbench.budget import Budget, parse_budget
 from kvbench.checks import check_choice, check_decode_batch
 from kvbench.config import QUESTION_MODES
 from kvbench.errors import KVBenchError
-from kvbench.inference.batch import DecodeRequest, ReorderBuffer, generate_batched, resolve_decode_batch
+from kvbench.inference.batched_decode import DecodeRequest, ReorderBuffer, generate_batched, resolve_decode_batch
 from kvbench.inference.generate import GenerationOutput, generate
 from kvbench.lmeval.args import check_model_args
 from kvbench.lmeval.loglikelihood import cache_fingerprint, compress_context, score_continuation
@@ -299,7 +299,7 @@ class KVBenchLM(TemplateLM):
     def generate_until(self, requests: Sequence[Any], disable_tqdm: bool = False) -> list[str]:
         """Greedy generation with the method applied, for each ``(context, gen_kwargs)`` request; with
         ``decode_batch`` > 1 the requests are prefilled one at a time and decoded together
-        (:func:`kvbench.inference.batch.generate_batched`), answers in request order."""
+        (:func:`kvbench.inference.batched_decode.generate_batched`), answers in request order."""
         eos_text = self.tokenizer.decode(self.eot_token_id, skip_special_tokens=False)
         stops = stop_token_ids(self.tokenizer, self.model, [])
         prepared: list[tuple[DecodeRequest, tuple[str, ...]]] = []

@@ -31,6 +31,7 @@ from omegaconf import OmegaConf
 from kvbench.errors import KVBenchError
 from kvbench.lmeval import LM_EVAL_VERSION, require_lm_eval
 from kvbench.lmeval.tasks import dataset_label, load_tasks, task_manager
+from kvbench.run.job import DatasetJob
 from kvbench.storage.writers import PREDICTIONS_FILE, atomic_write_text
 from kvbench.tasks.base import Sample, TaskDataset, select_datasets
 
@@ -122,22 +123,23 @@ class LMEvalDataset(TaskDataset):
     def describe(self) -> dict[str, Any]:
         return {"lm_eval_config": _jsonable(self.task.dump_config()), "metric": self.metric_name, **self.options}
 
-    def evaluate(self, runner: Any, loaded: Any, samples: Sequence[Sample]) -> Any:
-        """Run lm-eval on this task with the runner's model, method and budget; write the dataset's files and
-        return its :class:`~kvbench.run.records.DatasetResult`."""
+    def evaluate(self, job: DatasetJob, loaded: Any, samples: Sequence[Sample]) -> Any:
+        """Run lm-eval on this task with the run's method and budget (``job``, a :class:`~kvbench.run.job.DatasetJob`)
+        on the ``loaded`` model; write the dataset's files and return its
+        :class:`~kvbench.run.records.DatasetResult`."""
         import lm_eval
 
         from kvbench.lmeval.model import KVBenchLM
         from kvbench.run.records import DatasetResult, cache_summary, metrics_record, settings_record, write_metrics
 
-        cfg = runner.cfg
-        folder = runner.folder / self.name
+        cfg = job.cfg
+        folder = job.run_folder / self.name
         folder.mkdir(parents=True, exist_ok=True)
         lm = KVBenchLM.from_loaded(
             loaded.model,
             loaded.tokenizer,
-            runner.method,
-            runner.budget,
+            job.method,
+            job.budget,
             question_mode=str(cfg.task.question_mode),
             prefill_chunk=cfg.run.prefill_chunk,
             decode_batch=cfg.run.decode_batch,
@@ -147,7 +149,7 @@ class LMEvalDataset(TaskDataset):
         # What spans the task (XKV's sampled mode: its calibration over the compressed contexts, in order) lives in
         # one object per task; a resumed task's cached requests are not replayed (their contexts are not compressed
         # again).
-        lm.dataset_state = runner.method.layer_allocator.new_dataset_state(self.name, len(samples))
+        lm.dataset_state = job.method.layer_allocator.new_dataset_state(self.name, len(samples))
         limit = len(samples) if cfg.task.num_samples is not None else None
         output = lm_eval.simple_evaluate(
             model=lm,
@@ -171,14 +173,14 @@ class LMEvalDataset(TaskDataset):
         compressed = [r for r in records if r["cache"]["achieved_per_layer"]]  # one-token contexts compress nothing
         metrics = metrics_record(
             cfg,
-            runner.cfg_hash,
+            job.cfg_hash,
             self,
             score=score,
             scores=numbers,
             n_samples=len(rows),
             provenance=self.provenance(),
             cache={**cache_summary(compressed), "contexts": len(records)},
-            settings=settings_record(cfg, runner.method, extra={"loglikelihood_protocol": LOGLIKELIHOOD_PROTOCOL}),
+            settings=settings_record(cfg, job.method, extra={"loglikelihood_protocol": LOGLIKELIHOOD_PROTOCOL}),
             timing=_timing(records),
             record_extent=False,
             lm_eval={

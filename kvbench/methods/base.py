@@ -80,6 +80,9 @@ class WindowObservation:
         The model's rotary position embedding, when it has one: ``rotary(positions [N], dtype) -> (cos, sin)``, each
         ``[N, D]`` in ``dtype``, as the model's own rotary module computes them (scorers that need pre-RoPE states
         or future positions' rotations: Expected Attention); ``None`` when unknown.
+    output_projection:
+        ``[hidden, H_q D]`` the layer's attention output projection weight (``o_proj.weight``), when the model has
+        one (CriticalKV's value norms); ``None`` when unknown.
     """
 
     layer_idx: int
@@ -95,6 +98,7 @@ class WindowObservation:
     _stats: dict[Any, kernels.WindowStats] = field(default_factory=dict, repr=False, compare=False)
     sample_key: int = 0
     rotary: Callable[[torch.Tensor, torch.dtype], tuple[torch.Tensor, torch.Tensor]] | None = None
+    output_projection: torch.Tensor | None = None
 
     @property
     def window(self) -> int:
@@ -103,11 +107,6 @@ class WindowObservation:
     @property
     def context_length(self) -> int:
         return int(self.keys.shape[1])
-
-    @property
-    def group_size(self) -> int:
-        """Query heads per stored head."""
-        return int(self.queries.shape[0] // self.keys.shape[0])
 
     @property
     def num_heads(self) -> int:

@@ -105,13 +105,14 @@ class ExpectedAttention(
         future = torch.arange(length, length + self.n_future_positions, device=keys.device)
         rotation = average_rotation(*observation.rotary(future, mean.dtype))
         mean = mean @ rotation.T  # [H_q, D]
-        keys_t = keys[:, self.n_sink :].repeat_interleave(observation.group_size, dim=0).transpose(1, 2)
+        group = mean.shape[0] // keys.shape[0]  # query heads per stored head
+        keys_t = keys[:, self.n_sink :].repeat_interleave(group, dim=0).transpose(1, 2)
         scores = (mean[:, None, :] @ keys_t).squeeze(1) / math.sqrt(dim)  # [H_q, S - n_sink]
         if covariance is not None:
             covariance = rotation @ (covariance @ rotation.T)
             scores = scores + torch.einsum("hin,hij,hjn->hn", keys_t, covariance, keys_t) / dim / 2
         scores = F.softmax(scores, dim=-1)
-        scores = scores.view(keys.shape[0], observation.group_size, -1).mean(dim=1)
+        scores = scores.view(keys.shape[0], group, -1).mean(dim=1)
         if self.use_vnorm:
             scores = (scores + self.epsilon) * values[:, self.n_sink :].norm(dim=-1)
         return F.pad(scores, (self.n_sink, 0), value=scores.max().item() + 1)

@@ -17,9 +17,12 @@ list methods`` says which).
 * Knobs: the dataclass fields, set as ``method.params.<field>`` and validated by
   :func:`kvbench.methods.params.parse_params` (type, :func:`~kvbench.methods.params.choice`,
   :func:`~kvbench.methods.params.bounded`); an unknown one is an error listing the class's fields.
-* Wrappers over any scorer, declared once here: ``allocation: ada`` (Ada-KV's head-wise allocation) and ``layers:
-  pyramid`` (PyramidKV's layer schedule); ``method=knorm method.params.allocation=ada`` runs KNorm under Ada-KV's
-  allocation, and its default preset's name (the results folder) names the wrappers that are on (``knorm+ada``).
+* Wrappers over any scorer, declared once here: ``allocation: ada`` (Ada-KV's head-wise allocation; ``ada_kvpress``
+  kvpress's reading of it), ``layers: pyramid`` (PyramidKV's layer schedule), ``selection: chunkkv | chunk | block``
+  (kvpress's ChunkKV, Chunk and Block presses, :mod:`kvbench.methods.selection`, sized by ``selection_length``) and
+  ``rescale: critical`` (CriticalKV, :mod:`kvbench.methods.critical`); ``method=knorm method.params.allocation=ada``
+  runs KNorm under Ada-KV's allocation, and its default preset's name (the results folder) names the wrappers that
+  are on (``knorm+ada``, ``knorm+chunkkv``, ``knorm+ada_kvpress+critical``).
 * Protection: :attr:`ScorerMethod.keep_window` is a declared field (off: every token competes on its score, as
   kvpress's presses); ``method.window`` sizes the protected window when on, ``method.sink_tokens`` protects the
   first tokens.
@@ -39,12 +42,18 @@ from typing import Any, ClassVar
 
 from kvbench.methods.adakv import PAPER_ALPHA, AdaHeadAllocator
 from kvbench.methods.base import EvictionMethod, TokenScorer, common_knobs, register_method
-from kvbench.methods.params import choice, parse_params
+from kvbench.methods.critical import wrap_critical
+from kvbench.methods.kvpress_ada import KvpressAdaAllocator
+from kvbench.methods.kvpress_decoding import IntervalDecodingPolicy
+from kvbench.methods.params import bounded, choice, parse_params
+from kvbench.methods.selection import SELECTIONS, wrap_selection
 from kvbench.methods.snapkv import PyramidLayerAllocator
 
 #: The head-allocation wrappers (``method.params.allocation``) and the layer schedules (``method.params.layers``).
-HEAD_ALLOCATIONS = ("uniform", "ada")
+HEAD_ALLOCATIONS = ("uniform", "ada", "ada_kvpress")
 LAYER_SCHEDULES = ("uniform", "pyramid")
+#: The score rescalings (``method.params.rescale``): none, or CriticalKV's.
+RESCALES = ("none", "critical")
 
 #: The one-class methods by family (registered by their class; their builders are in ``METHOD_FAMILIES`` too).
 SCORER_METHODS: dict[str, type[ScorerMethod]] = {}
@@ -59,11 +68,27 @@ class ScorerMethod(TokenScorer):
     #: Protect the last ``method.window`` prompt tokens (they rank before every other token); off by default.
     keep_window: bool = False
     #: Wrapper: how a layer's budget is split over its heads: ``uniform`` or ``ada`` (Ada-KV's head-wise allocation,
-    #: its reference code's settings: safeguard alpha 0.2, floor reading; kvpress's ``AdaKVPress(press)``).
+    #: its reference code's settings: safeguard alpha 0.2, floor reading) or ``ada_kvpress`` (kvpress's
+    #: ``AdaKVPress(press)``: safeguard then one top-k over the layer, :mod:`kvbench.methods.kvpress_ada`).
     allocation: str = choice("uniform", HEAD_ALLOCATIONS)
     #: Wrapper: how the total budget is split over layers: ``uniform`` or ``pyramid`` (PyramidKV's schedule, beta 20,
     #: KVCache-Factory's variant, the window ``method.window``).
     layers: str = choice("uniform", LAYER_SCHEDULES)
+    #: Wrapper: which tokens a head keeps given the scores: ``topk`` (each head its top-k), or kvpress's ``chunkkv``
+    #: (ChunkKVPress: whole chunks, the same on every head), ``chunk`` (ChunkPress: each chunk its own top-k) or
+    #: ``block`` (BlockPress: block-wise scoring); :mod:`kvbench.methods.selection`.
+    selection: str = choice("topk", SELECTIONS)
+    #: The chunk or block length of ``selection`` (0: kvpress's default, chunkkv 20, chunk 1024, block 128).
+    selection_length: int = bounded(0, 0)
+    #: Wrapper: ``critical`` is CriticalKV (kvpress's ``CriticalKVPress``: the scores rescaled by the values'
+    #: projected L1 norms, two stages); with ``allocation: ada_kvpress``, CriticalAdaKV
+    #: (:mod:`kvbench.methods.critical`).
+    rescale: str = choice("none", RESCALES)
+    #: Wrapper: kvpress's ``DecodingPress``: every ``decode_interval`` forwards after the prefill, each head is cut back
+    #: to its budget by the scores of the whole cache (0: off; :mod:`kvbench.methods.kvpress_decoding`).
+    decode_interval: int = bounded(0, 0)
+    #: The size ``decode_interval`` cuts each head back to (kvpress's ``target_size``; 0: the head's budget).
+    decode_target: int = bounded(0, 0)
 
     #: The registry name, given as ``class X(ScorerMethod, family="x")``.
     family: ClassVar[str] = ""
@@ -86,12 +111,33 @@ def build_scorer_method(method_class: type[ScorerMethod], method_cfg: Any) -> Ev
     wrappers: dict[str, Any] = {}
     if recipe.allocation == "ada":
         wrappers["head_allocator"] = AdaHeadAllocator(PAPER_ALPHA["late"], "floor")
+    elif recipe.allocation == "ada_kvpress":
+        wrappers["head_allocator"] = KvpressAdaAllocator()
     if recipe.layers == "pyramid":
         wrappers["layer_allocator"] = PyramidLayerAllocator(20, knobs["window"])
-    return EvictionMethod(
+    if recipe.selection != "topk" and recipe.allocation != "uniform":
+        raise ValueError(
+            f"method.params.selection={recipe.selection!r} sets its own per-head counts: it does not combine with "
+            f"method.params.allocation={recipe.allocation!r}; valid with it: allocation=uniform"
+        )
+    method = EvictionMethod(
         scorer=recipe,
         **wrappers,
         settings={**dataclasses.asdict(recipe), **({"reference": recipe.reference} if recipe.reference else {})},
         ignored_knobs=SCORER_METHOD_IGNORED,
         **{**knobs, "keep_window": recipe.keep_window},
     )
+    if recipe.decode_interval:
+        policy = IntervalDecodingPolicy(
+            recipe, recipe.decode_interval, knobs["gqa_agg"], knobs["window"], recipe.decode_target
+        )
+        method = dataclasses.replace(method, decode_policy=policy)
+    if recipe.rescale == "critical":
+        if recipe.selection != "topk" or recipe.allocation == "ada":
+            raise ValueError(
+                "method.params.rescale=critical combines with method.params.allocation=uniform (CriticalKV) or "
+                f"ada_kvpress (CriticalAdaKV) and selection=topk; got allocation={recipe.allocation!r}, "
+                f"selection={recipe.selection!r}"
+            )
+        return wrap_critical(method, adaptive=recipe.allocation == "ada_kvpress")
+    return wrap_selection(method, recipe.selection, recipe.selection_length)

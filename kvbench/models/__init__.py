@@ -11,35 +11,5 @@ from __future__ import annotations
 
 from kvbench.lazy_exports import lazy_reexport
 
-#: The public names of :mod:`kvbench.models.loading`, re-exported lazily.
-__getattr__, __dir__ = lazy_reexport(
-    __name__,
-    "kvbench.models.loading",
-    {
-        "ATTENTION_NAME",
-        "BUILTIN_MODELS",
-        "DEVICE_MAP_STRATEGIES",
-        "DTYPES",
-        "DTYPE_NAMES",
-        "KVBenchError",
-        "LoadedModel",
-        "ModelSource",
-        "REAL_VOCAB_MODELS",
-        "RealVocabModel",
-        "build_builtin",
-        "builtin_config",
-        "builtin_tokenizer",
-        "byte_level_tokenizer",
-        "check_device_map",
-        "download_hint",
-        "ensure_converted",
-        "input_device",
-        "load_model",
-        "load_tokenizer",
-        "model_devices",
-        "resolve_device",
-        "resolve_model_source",
-        "stop_token_ids",
-        "validate_model_config",
-    },
-)
+#: The public names of :mod:`kvbench.models.loading`, re-exported lazily (read from it: no list kept here).
+__getattr__, __dir__ = lazy_reexport(__name__, "kvbench.models.loading")

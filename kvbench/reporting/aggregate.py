@@ -5,8 +5,8 @@ path is recorded for reference but never parsed, and no list of methods, models 
 ``metrics.json``::
 
     model, task, dataset, method, budget, tag, question_mode, metric, score, n_samples, config_hash,
-    mean_kept_fraction, mean_cache_bytes, prefill_s_mean, decode_s_mean, settings, dataset_settings, scores,
-    synthetic, path
+    mean_kept_fraction, mean_stored_bytes, mean_stored_vs_full, prefill_s_mean, decode_s_mean, settings,
+    dataset_settings, scores, synthetic, path
 
 ``synthetic`` is true only for the made-up runs of :mod:`kvbench.reporting.synthetic` (never for a measurement).
 ``settings``, ``dataset_settings`` and ``scores`` are canonical JSON strings (sorted keys) so that the frame can be
@@ -26,6 +26,7 @@ import pandas as pd
 from kvbench.errors import KVBenchError
 from kvbench.storage.reader import read_metrics
 from kvbench.storage.writers import METRICS_FILE
+from kvbench.views.run_views import mean_stored_bytes, mean_stored_vs_full
 
 #: Columns of the tidy runs table, in order.
 RUN_COLUMNS: tuple[str, ...] = (
@@ -41,7 +42,8 @@ RUN_COLUMNS: tuple[str, ...] = (
     "n_samples",
     "config_hash",
     "mean_kept_fraction",
-    "mean_cache_bytes",
+    "mean_stored_bytes",
+    "mean_stored_vs_full",
     "prefill_s_mean",
     "decode_s_mean",
     "settings",
@@ -88,7 +90,8 @@ def metrics_to_row(metrics: dict[str, Any], path: str | Path = "") -> dict[str, 
         "n_samples": metrics.get("n_samples"),
         "config_hash": metrics.get("config_hash"),
         "mean_kept_fraction": _float(cache.get("mean_kept_fraction")),
-        "mean_cache_bytes": _float(cache.get("mean_cache_bytes")),
+        "mean_stored_bytes": mean_stored_bytes(cache),
+        "mean_stored_vs_full": mean_stored_vs_full(cache),
         "prefill_s_mean": _float(timing.get("prefill_s_mean")),
         "decode_s_mean": _float(timing.get("decode_s_mean")),
         "settings": _json(metrics.get("settings")),

@@ -2,7 +2,7 @@
 
 :func:`load_dashboard_runs` reads the runs exactly as ``scripts/aggregate.py`` does
 (:func:`~kvbench.reporting.aggregate.load_runs`, strict: a corrupt ``metrics.json`` is an error, not a skipped
-file), adds each run folder's extras (:func:`kvbench.reporting.run_views.read_run_extras`, reused from a cache for
+file), adds each run folder's extras (:func:`kvbench.views.run_views.read_run_extras`, reused from a cache for
 unchanged folders) and keeps the runs of one experiment when asked.  :func:`leaderboards` builds one table per
 model × task whose rows and values are :func:`~kvbench.reporting.aggregate.run_summary`'s (``runs_summary.csv``),
 with each cell's 95 % interval, the paper's printed value where a paper table's row matches the run, and the best
@@ -25,7 +25,7 @@ import pandas as pd
 
 from kvbench.errors import KVBenchError
 from kvbench.reporting.aggregate import RUN_KEY, load_runs, no_runs_found, not_a_runs_folder, run_summary
-from kvbench.reporting.run_views import file_signature, read_run_extras, run_folder_of
+from kvbench.views.run_views import file_signature, read_run_extras, run_folder_of
 
 #: The columns that identify one run (one row of a leaderboard, one row of ``runs_summary.csv``).
 RUN_ID_COLUMNS: tuple[str, ...] = tuple(k for k in RUN_KEY if k != "dataset")

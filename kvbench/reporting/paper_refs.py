@@ -27,7 +27,7 @@ from pathlib import Path
 import pandas as pd
 
 from kvbench import resources
-from kvbench.reporting.conventions import (
+from kvbench.views.conventions import (
     LONGBENCH16,
     NEEDLEBENCH_SUBTASKS,
     Convention,

@@ -15,7 +15,7 @@ reference row, the full cache.  A cell holds:
   Runs without per-sample scores get ``mean − full mean`` and no interval;
 * ``n``: samples per dataset (the smallest over the datasets, summed over seeds); ``small_n`` when under
   :data:`SMALL_N`;
-* ``stored_fraction`` (bytes stored / the full cache's bytes, :func:`~kvbench.reporting.run_views.stored_fraction`),
+* ``stored_fraction`` (bytes stored / the full cache's bytes, :func:`~kvbench.views.run_views.stored_fraction`),
   ``kept_fraction`` (tokens kept), ``prefill_s`` / ``decode_s`` (seconds per sample).
 
 The full cache is one row: when ``method=full`` was run under several budgets (the budget does not change it) the

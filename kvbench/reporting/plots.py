@@ -19,7 +19,7 @@
   the row (``score`` / ``extra.score``, 0-100) when present, else recomputed: the needle-grid word-set recall of
   :mod:`kvbench.metrics.synthetic` for ``needle_grid`` runs, RULER's ``string_match_all`` (share of reference
   strings contained in the prediction, case-insensitive) otherwise.  The heatmap itself is drawn by
-  :func:`kvbench.reporting.needle_heatmap.plot_needle_heatmap`, the same function that writes each run's heatmap.
+  :func:`kvbench.views.needle_heatmap.plot_needle_heatmap`, the same function that writes each run's heatmap.
 
 Everything is written with the non-interactive Agg backend, so this runs on headless machines.
 """
@@ -40,12 +40,12 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.lines import Line2D
 
-from kvbench.reporting.conventions import LONGBENCH14, LONGBENCH16
-from kvbench.reporting.needle_heatmap import plot_needle_heatmap
 from kvbench.reporting.palette import FULL_CACHE_COLOUR, method_colour, method_label
 from kvbench.reporting.paper_refs import TABLES, load_reference
 from kvbench.reporting.pivot import SMALL_N
 from kvbench.storage.writers import PREDICTIONS_FILE
+from kvbench.views.conventions import LONGBENCH14, LONGBENCH16
+from kvbench.views.needle_heatmap import plot_needle_heatmap
 
 _BUDGET_RE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>L|/layer|x)$")
 

@@ -40,10 +40,10 @@ from kvbench.reporting.dashboard_data import (
 )
 from kvbench.reporting.palette import palette
 from kvbench.reporting.pivot import SMALL_N, headline, pivots
-from kvbench.reporting.run_views import BROWSER_ROWS
 from kvbench.reporting.site_page import PAGE_TEMPLATE
 from kvbench.reporting.site_views import VIEWS_SCRIPT
 from kvbench.storage.writers import atomic_write_text
+from kvbench.views.run_views import BROWSER_ROWS
 
 CACHE_FILE = ".kvbench-site-cache.json"
 PLOTLY_FILE = "plotly.min.js"
@@ -52,9 +52,9 @@ CACHE_VERSION = 1
 
 
 def cache_version() -> str:
-    """:data:`CACHE_VERSION` and a hash of :mod:`kvbench.reporting.run_views` (which computes the cached extras):
+    """:data:`CACHE_VERSION` and a hash of :mod:`kvbench.views.run_views` (which computes the cached extras):
     a cache written by other code is ignored."""
-    from kvbench.reporting import run_views
+    from kvbench.views import run_views
 
     return f"{CACHE_VERSION}-{hashlib.sha256(Path(run_views.__file__).read_bytes()).hexdigest()[:16]}"
 

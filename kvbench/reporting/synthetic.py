@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvbench.reporting.conventions import LONGBENCH21_CATEGORIES, NEEDLEBENCH_SUBTASKS
 from kvbench.reporting.paper_refs import DEFAULT_PAPER_DIR, TABLES, TableSpec, load_reference
 from kvbench.storage.writers import METRICS_FILE, run_dir
+from kvbench.views.conventions import LONGBENCH21_CATEGORIES, NEEDLEBENCH_SUBTASKS
 
 
 def _clip(value: float) -> float:

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvbench.reporting.conventions import MissingData
 from kvbench.reporting.paper_refs import CELL_COLUMNS, DEFAULT_PAPER_DIR, TABLES, TableSpec, load_reference
 from kvbench.reporting.render import latex_document, render_latex, render_markdown, runs_overview_markdown
+from kvbench.views.conventions import MissingData
 
 #: Columns of a comparison frame.
 COMPARISON_COLUMNS: tuple[str, ...] = (

@@ -26,7 +26,8 @@ from typing import Any
 
 from kvbench.inference.shared_context import GroupTurn, generate_group
 from kvbench.prompting import EncodedPrompt
-from kvbench.run.batched import stop_rules
+from kvbench.run.generation import stop_rules
+from kvbench.run.job import DatasetJob
 from kvbench.sample import Sample
 from kvbench.storage.termination import TERMINATION
 
@@ -87,7 +88,7 @@ def extent(dataset: Any, samples: list[Sample]) -> int:
 
 
 def generate_groups(
-    runner: Any,
+    job: DatasetJob,
     loaded: Any,
     dataset: Any,
     todo: list[Sample],
@@ -100,7 +101,7 @@ def generate_groups(
     ``write(sample, encoded, output)`` its missing turns, in order; the group's other turns come from
     ``dataset.samples()``.  ``progress`` (a bar or a list) counts written turns."""
     mode = str(dataset.context_groups)
-    first_query = str(runner.cfg.task.question_mode)
+    first_query = str(job.cfg.task.question_mode)
     missing = {sample.id for sample in todo}
     wanted = {str(sample.extra["group"]) for sample in todo}
     samples = [sample for sample in dataset.samples() if str(sample.extra.get("group")) in wanted]
@@ -118,12 +119,12 @@ def generate_groups(
                 loaded.tokenizer,
                 context_ids,
                 turns,
-                method=runner.method,
-                budget=runner.budget,
+                method=job.method,
+                budget=job.budget,
                 mode=mode,
                 first_query=first_query,
-                prefill_chunk=runner.cfg.run.prefill_chunk,
-                dataset_state=runner.dataset_state,
+                prefill_chunk=job.cfg.run.prefill_chunk,
+                dataset_state=job.dataset_state,
             )
             with TERMINATION.critical():
                 for sample, turn_encoding, turn_output in zip(group, encoded, output.turns, strict=True):

@@ -58,10 +58,12 @@ def cache_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "mean_requested_per_layer": [round(v, 2) for v in requested.mean(dim=0).tolist()],
         "mean_achieved_per_layer": [round(v, 2) for v in achieved.mean(dim=0).tolist()],
         "mean_kept_fraction": round(float(kept_fraction), 4),
-        "mean_cache_bytes": round(sum(r["cache"]["cache_bytes"] for r in rows) / len(rows), 1),
-        # Memory beside accuracy: stored bytes / the full cache's bytes for the same tokens (> 1: query-head storage).
+        # Memory beside accuracy, the same on every backend: the kept tokens' key + value bytes after the prefill
+        # (mean over samples, and the largest any sample stored at any point); what the backend allocated for them.
+        **byte_summary(rows),
+        # Stored bytes / the full cache's bytes for the same tokens (> 1: query-head storage).
         "mean_stored_vs_full": round(
-            sum(r["cache"]["cache_bytes"] / max(r["cache"].get("full_cache_bytes", 0), 1) for r in rows) / len(rows), 4
+            sum(row_stored_bytes(r) / max(r["cache"].get("full_cache_bytes", 0), 1) for r in rows) / len(rows), 4
         )
         if all(r["cache"].get("full_cache_bytes") for r in rows)
         else None,
@@ -108,6 +110,31 @@ def warn_if_not_as_asked(cache: Mapping[str, Any], cfg: DictConfig) -> None:
             window,
             smallest,
         )
+
+
+#: Per-sample byte fields of a ``predictions.jsonl`` row's ``cache`` -> the dataset's ``metrics.json`` fields
+#: (``mean_`` over samples of the value after the prefill; ``peak_``: the largest over samples of the sample's peak).
+BYTE_FIELDS = {"stored_bytes": "peak_stored_bytes", "allocated_bytes": "peak_allocated_bytes"}
+
+
+def row_stored_bytes(row: dict[str, Any]) -> int:
+    """A prediction row's stored bytes; a row written before issue #40 has ``cache_bytes`` instead (the stored bytes
+    on the torch backend, the page pool on the paged one: docs/results.md)."""
+    cache = row["cache"]
+    return cache["stored_bytes"] if "stored_bytes" in cache else cache["cache_bytes"]
+
+
+def byte_summary(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    """``mean_stored_bytes``, ``peak_stored_bytes``, ``mean_allocated_bytes``, ``peak_allocated_bytes`` of a
+    dataset's rows (module docstring of :mod:`kvbench.storage.writers`); ``None`` for a field some rows lack (rows
+    written before issue #40 have no allocated bytes and no peaks)."""
+    summary: dict[str, float | None] = {"mean_stored_bytes": round(sum(map(row_stored_bytes, rows)) / len(rows), 1)}
+    for field, peak in BYTE_FIELDS.items():
+        if field != "stored_bytes":
+            known = all(field in r["cache"] for r in rows)
+            summary[f"mean_{field}"] = round(sum(r["cache"][field] for r in rows) / len(rows), 1) if known else None
+        summary[peak] = max(r["cache"][peak] for r in rows) if all(peak in r["cache"] for r in rows) else None
+    return summary
 
 
 def json_number(value: Any) -> float | None:

@@ -28,8 +28,14 @@ SIGTERM (SLURM preemption or time limit) raises :class:`Interrupted` at once whi
 but never while a prediction row or ``metrics.json`` is being written: those writes finish first.  The run then
 records ``status: interrupted`` in ``run_meta.json`` and exits; the same command resumes it.
 
+Per dataset the runner takes its cached result (:meth:`Runner._cached_result`), or generates what is missing
+(:meth:`Runner._generate`, through :func:`kvbench.run.generation.generate_dataset`) and scores and writes it
+(:meth:`Runner._score_and_write`); what that work needs from the run is handed down as a
+:class:`~kvbench.run.job.DatasetJob`, never the runner itself.
+
 The parts with a job of their own live beside it: validation, the run folder's lock (:mod:`kvbench.storage.folder`) and
-resume checks (:mod:`kvbench.run.resume`), the results writer (:mod:`kvbench.run.records`), SIGTERM handling
+resume checks (:mod:`kvbench.run.resume`), ``config.yaml`` and ``run_meta.json`` (:mod:`kvbench.run.run_meta`), the
+results writer (:mod:`kvbench.run.records`), SIGTERM handling
 (:mod:`kvbench.storage.termination`), provenance (:mod:`kvbench.storage.provenance`), the score table
 (:mod:`kvbench.run.table`), the sample cache and W&B; grouped datasets' generation (:mod:`kvbench.run.groups`).
 
@@ -40,21 +46,19 @@ from __future__ import annotations
 
 import logging
 import math
-import platform
 import sys
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from kvbench.errors import Interrupted, KVBenchError
 from kvbench.inference.generate import last_token_ids
-from kvbench.kernels.paths import ATTENTION_RECORD, capability_summary
-from kvbench.methods.plugins import PLUGIN_PACKAGES
+from kvbench.kernels.paths import ATTENTION_RECORD
 from kvbench.models.loading import (
     LoadedModel,
     check_device_map,
@@ -64,8 +68,9 @@ from kvbench.models.loading import (
     stop_token_ids,
 )
 from kvbench.prompting import encode_sample
-from kvbench.run.batched import generate_dataset
+from kvbench.run.generation import decode_batch_for, generate_dataset
 from kvbench.run.groups import extent, first_extent, generate_groups
+from kvbench.run.job import DatasetJob
 from kvbench.run.records import (
     DatasetResult,
     cache_summary,
@@ -75,24 +80,16 @@ from kvbench.run.records import (
     warn_if_not_as_asked,
     write_metrics,
 )
-from kvbench.run.resume import (
-    check_existing_run,
-    check_resumable,
-    lost_predictions,
-    previous_run_meta,
-    trusted_metrics,
-    with_folder_extent,
-)
+from kvbench.run.resume import check_existing_run, check_resumable, lost_predictions, trusted_metrics
+from kvbench.run.run_meta import write_run_files
 from kvbench.run.summary import SUMMARY_FILE, DatasetScores, build_summary, interval_of, sample_scores
 from kvbench.run.table import format_table
 from kvbench.storage.folder import claim_run_folder
 from kvbench.storage.paths import output_root, run_folder
-from kvbench.storage.provenance import device_name, git_commit, now, slurm_job_id
-from kvbench.storage.reader import SCHEMA_VERSION
+from kvbench.storage.provenance import now
 from kvbench.storage.sample_cache import SampleCache
 from kvbench.storage.termination import TERMINATION, graceful_termination
 from kvbench.storage.writers import (
-    CONFIG_FILE,
     METRICS_FILE,
     PREDICTIONS_FILE,
     RUN_META_FILE,
@@ -100,13 +97,11 @@ from kvbench.storage.writers import (
     PredictionLog,
     TimingLog,
     atomic_write_json,
-    atomic_write_text,
     config_hash,
 )
 from kvbench.tasks.base import Sample, TaskDataset, build_task
 from kvbench.tasks.provenance import stand_in_warnings
 from kvbench.validation import ValidatedRun, check_samples, validate_run
-from kvbench.version import __version__
 
 LOG = logging.getLogger(__name__)
 
@@ -152,10 +147,21 @@ def warn_if_above_full(record: Any, cfg: DictConfig) -> None:
             cfg.method.name,
             record.stored_heads,
             record.kv_heads,
-            record.cache_bytes,
+            record.stored_bytes,
             record.full_cache_bytes,
             cfg.budget.name,
         )
+
+
+@dataclass
+class _Generated:
+    """A dataset's generation, for scoring: every sample's prediction row (sample order), the data provenance,
+    whether the chat template was used, and the timing summary of ``timings.jsonl``."""
+
+    rows: list[dict[str, Any]]
+    provenance: dict[str, Any]
+    use_template: bool
+    timing: dict[str, Any]
 
 
 class Runner:
@@ -184,9 +190,6 @@ class Runner:
         self.attention_fallbacks: Counter[str] = Counter()
         #: ``run.decode_batch`` resolved for the device (``auto``), once the first dataset asked for it.
         self.resolved_decode_batch: int | None = None
-        #: The method's state that spans the dataset being generated (``LayerBudgetAllocator.new_dataset_state``:
-        #: XKV's sampled-mode calibration; ``None`` for the others), created per dataset, passed to every session.
-        self.dataset_state: Any = None
 
     def run(self) -> list[DatasetResult]:
         """Execute the run; returns one result per dataset."""
@@ -202,7 +205,7 @@ class Runner:
             # Checked again under the lock: another job may have started this folder since the first check.
             check_existing_run(self.folder, self.cfg_hash, cfg)
             loaded = self.loaded or load_model(cfg.model, seed=int(cfg.seed), tokenizer=tokenizer)
-            meta = self._write_run_files()
+            meta = write_run_files(self.folder, self.cfg, self.cfg_hash)
             logger = _wandb_logger(cfg)
             results: list[DatasetResult] = []
             status = "failed"
@@ -269,70 +272,55 @@ class Runner:
             raise KVBenchError(f"task={cfg.task.name}: cannot load its data: {err}") from err
         return data
 
-    def _write_run_files(self) -> dict[str, Any]:
-        cfg = self.cfg
-        atomic_write_text(
-            self.folder / CONFIG_FILE, OmegaConf.to_yaml(with_folder_extent(self.folder, cfg), resolve=True)
-        )
-        meta_path = self.folder / RUN_META_FILE
-        meta = previous_run_meta(self.folder, cfg, self.cfg_hash)
-        meta.update(
-            {
-                "schema_version": SCHEMA_VERSION,
-                "config_hash": self.cfg_hash,
-                "model": cfg.model.name,
-                "task": cfg.task.name,
-                "method": cfg.method.name,
-                "budget": cfg.budget.name,
-                "tag": cfg.run.tag,
-                "git_commit": git_commit(),
-                "kvbench_version": __version__,
-                "torch_version": torch.__version__,
-                "transformers_version": transformers.__version__,
-                "python_version": platform.python_version(),
-                "device": device_name(cfg.model.device),
-                "device_map": OmegaConf.to_container(cfg.model.device_map)
-                if isinstance(cfg.model.get("device_map"), DictConfig)
-                else cfg.model.get("device_map"),
-                "hostname": platform.node(),
-                "command": sys.argv,
-                "start_time": now(),
-                "end_time": None,
-                "status": "running",
-                "slurm_job": slurm_job_id(),
-                "attention_capability": capability_summary(),
-                "decode_batch": cfg.run.decode_batch,
-            }
-        )
-        if str(cfg.method.family) in PLUGIN_PACKAGES:  # another package's method (entry-point group kvbench.methods)
-            meta["method_package"] = PLUGIN_PACKAGES[str(cfg.method.family)]
-        meta.setdefault("first_start_time", meta["start_time"])
-        atomic_write_json(meta_path, meta)
-        return meta
-
     def _run_dataset(self, loaded: LoadedModel, dataset: TaskDataset, samples: list[Sample]) -> DatasetResult:
+        """One dataset: its cached result when an earlier run finished it, else generate what is missing, then score
+        and write."""
+        cached = self._cached_result(dataset, samples)
+        if cached is not None:
+            return cached
+        if dataset.evaluates_itself:  # a dataset with its own evaluation loop (lm-eval tasks: kvbench/lmeval)
+            return dataset.evaluate(self._job(), loaded, samples)
+        generated = self._generate(loaded, dataset, samples)
+        return self._score_and_write(dataset, samples, generated)
+
+    def _job(self, dataset_state: Any = None) -> DatasetJob:
+        """What a dataset's work needs from this run (:class:`~kvbench.run.job.DatasetJob`), with the method's
+        state across the dataset (``dataset_state``)."""
+        return DatasetJob(
+            self.cfg, self.cfg_hash, self.method, self.budget, self.folder, self.resolved_decode_batch or 1,
+            dataset_state,
+        )  # fmt: skip
+
+    def _cached_result(self, dataset: TaskDataset, samples: list[Sample]) -> DatasetResult | None:
+        """The dataset's result from what an earlier run of this config wrote: its ``metrics.json`` when it covers
+        exactly ``samples``, or a report on the first ``len(samples)`` when it covers more; ``None``: run it."""
+        metrics_path = self.folder / dataset.name / METRICS_FILE
+        if not metrics_path.exists():
+            return None
+        # A damaged metrics.json, or predictions it counts that are gone, is recomputed (trusted_metrics: None).
+        existing = trusted_metrics(metrics_path)
+        if existing is None or existing.get("config_hash") != self.cfg_hash:
+            return None
+        if existing.get("n_samples") == len(samples):
+            if dataset.evaluates_itself:  # lm-eval's scores: no per-sample kvbench predictions to resample
+                kept = existing.get("cache", {}).get("mean_kept_fraction", 1.0)
+                return DatasetResult(
+                    dataset.name, existing["metric"], existing["score"], existing["n_samples"], kept, skipped=True
+                )
+            predictions = self.folder / dataset.name / PREDICTIONS_FILE
+            rows = {row["id"]: row for row in PredictionLog(predictions).load()}
+            if lost_predictions(predictions, rows, samples, existing["n_samples"]):
+                return None  # rows gone since metrics.json was written: regenerate them
+            return self._dataset_result(dataset, samples, [rows.get(s.id) for s in samples], existing, True)
+        if len(samples) < int(existing.get("n_samples", 0)):
+            return self._report_on_first(dataset, samples, existing)
+        return None
+
+    def _generate(self, loaded: LoadedModel, dataset: TaskDataset, samples: list[Sample]) -> _Generated:
+        """Resume the dataset's ``predictions.jsonl``: generate the samples it lacks, appending each row as soon as
+        it exists; returns every sample's row, in sample order."""
         cfg = self.cfg
         folder = self.folder / dataset.name
-        metrics_path = folder / METRICS_FILE
-        # A damaged metrics.json, or predictions it counts that are gone, is recomputed below (trusted_metrics).
-        existing = trusted_metrics(metrics_path) if metrics_path.exists() else None
-        if existing is not None:
-            same_extent = existing.get("n_samples") == len(samples)
-            if existing.get("config_hash") == self.cfg_hash and same_extent:
-                if dataset.evaluates_itself:  # lm-eval's scores: no per-sample kvbench predictions to resample
-                    kept = existing.get("cache", {}).get("mean_kept_fraction", 1.0)
-                    return DatasetResult(
-                        dataset.name, existing["metric"], existing["score"], existing["n_samples"], kept, skipped=True
-                    )
-                rows = {row["id"]: row for row in PredictionLog(folder / PREDICTIONS_FILE).load()}
-                if not lost_predictions(folder / PREDICTIONS_FILE, rows, samples, existing["n_samples"]):
-                    return self._dataset_result(dataset, samples, [rows.get(s.id) for s in samples], existing, True)
-            elif existing.get("config_hash") == self.cfg_hash and len(samples) < int(existing.get("n_samples", 0)):
-                report = self._report_on_first(dataset, samples, existing)
-                if report is not None:
-                    return report
-        if dataset.evaluates_itself:  # a dataset with its own evaluation loop (lm-eval tasks: kvbench/lmeval)
-            return dataset.evaluate(self, loaded, samples)
         provenance = dataset.provenance()
         for warning in stand_in_warnings(dataset.name, provenance):
             LOG.warning(warning)
@@ -350,7 +338,7 @@ class Runner:
         # every sample's session; a resumed run feeds it what the finished samples recorded (dataset order), so it
         # continues exactly as the uninterrupted run would.
         finished = [done[s.id]["cache"].get("allocator_state") for s in samples if s.id in done]
-        self.dataset_state = self.method.layer_allocator.new_dataset_state(dataset.name, len(samples), finished)
+        dataset_state = self.method.layer_allocator.new_dataset_state(dataset.name, len(samples), finished)
         todo = [s for s in samples if s.id not in done]
         ATTENTION_RECORD.reset()  # paths and fallbacks of this dataset's samples (metrics.json "attention")
         progress = _progress(todo, f"{dataset.name}", cfg.run.progress, initial=len(done), total=len(samples))
@@ -374,9 +362,15 @@ class Runner:
                 timing_log.append({"id": sample.id, "prefill_s": output.prefill_s, "decode_s": output.decode_s})
                 done[sample.id] = row
 
+        if self.resolved_decode_batch is None:  # resolved once per run, from the first dataset that generates
+            self.resolved_decode_batch = decode_batch_for(self._job(), loaded, dataset, todo, encode)
         generate = generate_groups if dataset.context_groups is not None else generate_dataset  # run/groups.py
-        generate(self, loaded, dataset, todo, encode, write, stops, progress)
-        rows = [done[s.id] for s in samples]
+        generate(self._job(dataset_state), loaded, dataset, todo, encode, write, stops, progress)
+        return _Generated([done[s.id] for s in samples], provenance, use_template, timing_log.summary())
+
+    def _score_and_write(self, dataset: TaskDataset, samples: list[Sample], generated: _Generated) -> DatasetResult:
+        """Score the dataset's rows and write its ``metrics.json`` (and the dataset's report) atomically."""
+        cfg, rows = self.cfg, generated.rows
         attention = ATTENTION_RECORD.summary()
         self.attention_fallbacks.update(attention["fallbacks"])
         scores = dataset.score([r["prediction"] for r in rows], samples)
@@ -387,19 +381,20 @@ class Runner:
             score=scores["score"],
             scores={k: json_number(v) for k, v in scores.items()},
             n_samples=len(rows),
-            provenance=provenance,
+            provenance=generated.provenance,
             cache=cache_summary(rows),
             settings=settings_record(
                 cfg,
                 self.method,
-                {"max_input_length": cfg.model.max_input_length, "chat_template": use_template},
+                {"max_input_length": cfg.model.max_input_length, "chat_template": generated.use_template},
                 {"decode_batch": self.resolved_decode_batch or 1},
             ),
-            timing=timing_log.summary(),
+            timing=generated.timing,
             attention=attention,
         )
         label = f"{cfg.model.name} {cfg.method.name} {cfg.budget.name} {dataset.name}"
         predictions = [r["prediction"] for r in rows]
+        folder = self.folder / dataset.name
         write_metrics(folder, metrics, lambda: dataset.write_report(predictions, samples, folder, label))
         return self._dataset_result(dataset, samples, rows, metrics, False)
 

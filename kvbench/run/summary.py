@@ -15,7 +15,7 @@ mean does not reproduce the dataset's score (a score that is not a mean over sam
 and says why.
 
 Averages (``averages``): ``mean``, the plain mean over the run's datasets (the console table's "average"; RULER,
-the needle tasks), plus each paper convention the run's datasets complete (:mod:`kvbench.reporting.conventions`):
+the needle tasks), plus each paper convention the run's datasets complete (:mod:`kvbench.views.conventions`):
 ``longbench16`` (Ada-KV, CAKE), ``longbench14`` (XKV), LongBench's category means and ``longbench21`` (AhaKV), and
 NeedleBench's subtask means and ``needlebench_overall`` (0.4 / 0.3 / 0.3, CAKE).
 """
@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from kvbench.reporting.conventions import (
+from kvbench.views.conventions import (
     LONGBENCH14,
     LONGBENCH16,
     LONGBENCH21_CATEGORIES,

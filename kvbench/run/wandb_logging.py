@@ -120,7 +120,7 @@ class WandbLogger:
             warnings.warn(f"wandb logging failed ({err}); results on disk are unaffected", stacklevel=2)
 
     def _extras(self, results: list[Any]) -> dict[str, Any]:
-        from kvbench.reporting.run_views import read_run_extras
+        from kvbench.views.run_views import read_run_extras
 
         if self.folder is None:
             return {}
@@ -128,7 +128,7 @@ class WandbLogger:
 
     def _needle_images(self, wandb: Any, extras: dict[str, Any]) -> dict[str, Any]:
         """``needle/<dataset>``: a W&B image of each needle grid (the PNG is written under the run's wandb/)."""
-        from kvbench.reporting.needle_heatmap import plot_needle_heatmap
+        from kvbench.views.needle_heatmap import plot_needle_heatmap
 
         images = {}
         for dataset, grid in (extras.get("needles") or {}).items():

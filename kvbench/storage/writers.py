@@ -20,7 +20,12 @@ Layout (one *run* = one model x task x method x budget)::
      "input_tokens": int, "context_tokens": int, "question_tokens": int, "truncated": bool,
      "new_tokens": int, "cache": {"requested_per_layer": [int], "achieved_per_layer": [int],
                                   "requested_per_head": [[int]], "achieved_per_head": [[int]], "evicted": bool,
-                                  "cache_bytes": int, "context_tokens": int, "final_per_layer": [int],
+                                  "stored_bytes": int (kept tokens' K+V bytes after the prefill, the same on
+                                  every backend), "allocated_bytes": int (what the backend held then, spare
+                                  capacity / free pages included), "peak_stored_bytes": int,
+                                  "peak_allocated_bytes": int (the sample's peaks), "peak_prefill_bytes": int
+                                  (stored peak of the compressed prefill), "context_tokens": int,
+                                  "final_per_layer": [int],
                                   "decode_cap_per_layer": [int], "allocator_state": {...} | null},
      "stop_reason": str, "question_lost": bool}
 
@@ -33,7 +38,9 @@ Layout (one *run* = one model x task x method x budget)::
      "data_provenance": {input: {"source": "official" | "hub" | "stand-in" | "generated", "path"/"repo", "sha256",
                                  ...}},
      "scorer": {...backend settings...}, "cache": {"mean_requested_per_layer": [float],
-     "mean_achieved_per_layer": [float], "mean_kept_fraction": float, "mean_cache_bytes": float,
+     "mean_achieved_per_layer": [float], "mean_kept_fraction": float, "mean_stored_bytes": float,
+     "peak_stored_bytes": int, "mean_allocated_bytes": float, "peak_allocated_bytes": int (means over samples after
+     the prefill, peaks over samples of each sample's peak; docs/results.md), "mean_stored_vs_full": float | null,
      "budget_exact": bool (every layer kept its requested budget), "allocation_exact": bool (every head kept what
      the method allocated it; Ada-KV's reference rounds heads on their own, so its layers may drift by a few
      tokens), "samples_evicted": int},

@@ -100,10 +100,11 @@ class TaskDataset(ABC):
         Called by the runner after scoring, with the post-processed predictions in sample order.
         """
 
-    def evaluate(self, runner: Any, loaded: Any, samples: Sequence[Sample]) -> Any:
+    def evaluate(self, job: Any, loaded: Any, samples: Sequence[Sample]) -> Any:
         """The dataset's own evaluation loop, for a dataset that sets :attr:`evaluates_itself`: run ``samples``
-        with the runner's (:class:`kvbench.run.runner.Runner`) method and budget on the ``loaded`` model, write the
-        dataset's files (:func:`kvbench.run.records.write_metrics`) and return its
+        with the run's method and budget (``job``: a :class:`kvbench.run.job.DatasetJob`, the run's settings handed
+        down by the runner) on the ``loaded`` model, write the dataset's files
+        (:func:`kvbench.run.records.write_metrics`, in ``job.run_folder / self.name``) and return its
         :class:`~kvbench.run.records.DatasetResult`."""
         raise NotImplementedError(f"{type(self).__name__} does not evaluate itself (evaluates_itself is False)")
 
@@ -199,7 +200,13 @@ class TaskKind:
 
 
 #: Task kinds by ``task.kind``.
-TASK_KINDS: Registry[TaskKind] = Registry("task kind", discover=submodule_importer("kvbench.tasks"))
+#: Task kinds registered outside this package, found by name: lm-eval's (its datasets are built by the lm-eval
+#: bridge, a consumer of runs that imports this package; the plug-in module is light, importing the bridge only
+#: when it builds datasets).
+PLUGIN_TASK_MODULES = ("kvbench.lmeval_task",)
+TASK_KINDS: Registry[TaskKind] = Registry(
+    "task kind", discover=submodule_importer("kvbench.tasks", plugins=PLUGIN_TASK_MODULES)
+)
 
 
 def register_task(

@@ -35,10 +35,10 @@ import numpy as np
 
 from kvbench import resources
 from kvbench.metrics.synthetic import needle_rouge_score, needle_set_recall
-from kvbench.reporting.needle_heatmap import plot_needle_heatmap
 from kvbench.tasks import provenance
 from kvbench.tasks.base import Sample, TaskDataset, register_data_preparer, register_task, select_datasets
 from kvbench.tasks.text_inputs import TextTokenizer, download, load_essays, option_values, resolve_input_dir
+from kvbench.views.needle_heatmap import plot_needle_heatmap
 
 log = logging.getLogger(__name__)
 

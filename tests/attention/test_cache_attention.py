@@ -175,14 +175,15 @@ def test_cache_really_frees_evicted_tokens() -> None:
     layer = HeadwiseLayer()
     keys = torch.randn(1, 3, 30, 16, dtype=torch.bfloat16)
     layer.update(keys, keys.clone())
-    assert layer.kv_bytes() == 3 * 30 * 16 * 2 * 2
+    assert layer.stored_bytes() == layer.allocated_bytes() == 3 * 30 * 16 * 2 * 2
     layer.keep([torch.arange(5), torch.arange(10), torch.arange(29)])
     assert layer.is_ragged and layer.head_lengths() == [5, 10, 29]
-    assert layer.kv_bytes() == (5 + 10 + 29) * 16 * 2 * 2
+    assert layer.stored_bytes() == (5 + 10 + 29) * 16 * 2 * 2
+    assert layer.allocated_bytes() == 3 * 29 * 16 * 2 * 2  # one buffer as wide as the longest head
     assert layer.positions[1].tolist() == list(range(10))
     layer.keep([torch.tensor([0, 4]), torch.tensor([3, 9]), torch.tensor([1, 28])])
     assert not layer.is_ragged and layer.keys.shape == (1, 3, 2, 16)
-    assert layer.kv_bytes() == 3 * 2 * 16 * 2 * 2
+    assert layer.stored_bytes() == layer.allocated_bytes() == 3 * 2 * 16 * 2 * 2  # the old buffers are freed
     assert layer.positions[2].tolist() == [1, 28]
     with pytest.raises(IndexError):
         layer.keep([torch.tensor([5]), torch.tensor([0]), torch.tensor([0])])

@@ -325,21 +325,21 @@ def tiny_cfg(root: Path, *overrides: str):
 def test_run_failing_before_its_first_prediction_leaves_no_folder(root: Path, monkeypatch, capsys) -> None:
     """A failure after the folder was claimed (here: generation raising) removes what the run wrote, so the next
     command -- with another config for the same folder -- runs instead of being refused."""
-    import kvbench.run.batched
+    import kvbench.run.generation
     from kvbench.run.runner import Runner
 
-    real_generate = kvbench.run.batched.generate
+    real_generate = kvbench.run.generation.generate
 
     def broken_generate(*args, **kwargs):
         raise RuntimeError("out of memory (simulated)")
 
     before = tree_hash(root)
-    monkeypatch.setattr(kvbench.run.batched, "generate", broken_generate)
+    monkeypatch.setattr(kvbench.run.generation, "generate", broken_generate)
     with pytest.raises(RuntimeError, match="simulated"):
         Runner(tiny_cfg(root, "method=streamingllm")).run()
     assert tree_hash(root) == before
     assert not (root / "tiny" / "tiny_niah" / "streamingllm").exists()
-    monkeypatch.setattr(kvbench.run.batched, "generate", real_generate)
+    monkeypatch.setattr(kvbench.run.generation, "generate", real_generate)
     Runner(tiny_cfg(root, "method=streamingllm", "method.window=8")).run()
     assert (root / "tiny" / "tiny_niah" / "streamingllm" / "64L" / "niah_single_1k" / "metrics.json").exists()
 

@@ -197,3 +197,32 @@ def test_scbench_num_samples_counts_context_groups(tmp_path: Path) -> None:
         "task.options.max_new_tokens=2",
     )
     assert [r["id"] for r in rows(folder, "scbench_qa_eng")] == [f"scbench_qa_eng-0#t{t}" for t in range(3)]
+
+
+def test_reasoning_sampled_decode_time_budget_end_to_end(tmp_path: Path) -> None:
+    """GSM8K fixtures under H2O's decode-time eviction with a budget above the prompt: the cache grows to the budget
+    during generation and is held there; two seeded draws per question, each with its own row, generated length and
+    cache record; accuracy with its interval over questions."""
+    _, results = run(
+        tmp_path,
+        "task=reasoning",
+        "task.data_dir=fixtures",
+        "task.datasets=[gsm8k]",
+        "task.num_samples=2",  # rows: one question x two draws
+        "task.options.sampling=sampled",
+        "task.options.n_samples=2",
+        "task.options.max_new_tokens=40",
+        "method=h2o",
+        "budget.spec=270L",
+    )
+    folder = next(tmp_path.glob("*/reasoning/h2o/270L"))
+    draws = rows(folder, "gsm8k")
+    assert [row["id"] for row in draws] == ["0#0", "0#1"] and results[0].dataset == "gsm8k"
+    for row in draws:
+        cache = row["cache"]
+        assert row["input_tokens"] < 270 < row["input_tokens"] + row["new_tokens"]
+        assert set(cache["decode_cap_per_layer"]) == {270} and set(cache["final_per_layer"]) == {270}
+    assert draws[0]["raw_prediction"] != draws[1]["raw_prediction"]  # separately seeded draws
+    metrics = json.loads((folder / "gsm8k" / "metrics.json").read_text())
+    assert metrics["dataset_settings"]["decoding"] == {"temperature": 0.6, "top_p": 0.95, "seed": 0}
+    assert metrics["scores"]["ci_low"] <= metrics["score"] <= metrics["scores"]["ci_high"]

@@ -25,7 +25,7 @@ import kvbench.attention  # noqa: F401  (registers the "kvbench" attention)
 from kvbench.bench.random_models import load_method
 from kvbench.budget import parse_budget
 from kvbench.cache.batched import BatchedCache
-from kvbench.inference.batch import (
+from kvbench.inference.batched_decode import (
     DecodeRequest,
     ReorderBuffer,
     auto_decode_batch,

@@ -204,13 +204,13 @@ def test_query_head_storage_above_the_full_cache_is_recorded_and_warned_once(tin
     query_heads = run_method(model, tokenizer, method_from_yaml("snapkv"), "0.75x", context=200, new=4).record
     assert (query_heads.stored_heads, query_heads.kv_heads) == (4, 2)
     assert query_heads.exceeds_full_cache
-    assert query_heads.cache_bytes == pytest.approx(1.5 * query_heads.full_cache_bytes, rel=0.02)
+    assert query_heads.stored_bytes == pytest.approx(1.5 * query_heads.full_cache_bytes, rel=0.02)
     kv_heads = run_method(
         model, tokenizer, method_from_yaml("snapkv", gqa_granularity="kv_head"), "0.75x", context=200, new=4
     ).record
     assert (kv_heads.stored_heads, kv_heads.kv_heads) == (2, 2)
     assert not kv_heads.exceeds_full_cache
-    assert kv_heads.cache_bytes == pytest.approx(0.75 * kv_heads.full_cache_bytes, rel=0.02)
+    assert kv_heads.stored_bytes == pytest.approx(0.75 * kv_heads.full_cache_bytes, rel=0.02)
     cfg = OmegaConf.create({"model": {"name": "tiny"}, "method": {"name": "snapkv"}, "budget": {"name": "r075"}})
     with caplog.at_level(logging.WARNING, logger="kvbench"):
         for record in (query_heads, query_heads, kv_heads):

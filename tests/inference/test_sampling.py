@@ -49,7 +49,7 @@ def test_batched_sampling_draws_what_batch_one_draws(tiny_llama):
     """Each sample keeps its own seeded generator: the batched decoder draws the same tokens as batch 1."""
     from kvbench.bench.random_models import load_method
     from kvbench.budget import parse_budget
-    from kvbench.inference.batch import DecodeRequest, generate_batched
+    from kvbench.inference.batched_decode import DecodeRequest, generate_batched
     from kvbench.inference.generate import generate
 
     model, tokenizer = tiny_llama

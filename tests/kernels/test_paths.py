@@ -84,12 +84,12 @@ def test_an_error_on_the_planned_path_propagates() -> None:
     keys = torch.randn(1, 2, 300, 8, dtype=torch.bfloat16)
     layer.update(keys, keys)
     layer.attention_plan = AttentionPlan("varlen_paged", "varlen_paged")
-    step, _ = layer.update(keys[:, :, :1], keys[:, :, :1])
+    step_keys, step_values = layer.update(keys[:, :, :1], keys[:, :, :1])
     query = torch.randn(1, 4, 1, 8, dtype=torch.bfloat16)
     # torch 2.13: NotImplementedError (a RuntimeError), FlashAttention has no CPU kernel; torch 2.11: TypeError, its
     # varlen_attn takes no block_table.  Either way the error reaches the caller.
     with pytest.raises((RuntimeError, TypeError)):
-        paged_attention(torch.nn.Module(), query, step, None, 0.0)
+        paged_attention(torch.nn.Module(), query, step_keys, step_values, None, 0.0)
 
 
 def test_calls_and_fallbacks_are_recorded_in_metrics_and_run_meta(

@@ -9,6 +9,7 @@ valid top-k of the recorded scores (``tests/reference_recordings.py``: ``is_vali
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -65,8 +66,8 @@ def keep_one_layer(method: EvictionMethod, observation: WindowObservation, n_kep
         def prompt_rows(self, dtype: torch.dtype):
             return scorer.prompt_rows(dtype)
 
-        def score(self, _: WindowObservation) -> torch.Tensor:
-            return scorer.score(observation)
+        def score(self, seen: WindowObservation) -> torch.Tensor:  # the layer budget is the session's
+            return scorer.score(dataclasses.replace(observation, layer_budget=seen.layer_budget))
 
     method_for_case = EvictionMethod(**{**method.__dict__, "scorer": Fixed()})
     session.method = method_for_case

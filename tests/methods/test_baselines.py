@@ -47,7 +47,7 @@ def test_achieved_equals_allocation_per_layer_and_head(tiny_llama, name: str, gr
         assert record.requested_per_layer == [64] * 4
     # Real memory: bytes = kept tokens x (keys + values) x head_dim x itemsize (float32).
     kept_tokens = sum(sum(h) for h in record.achieved_per_head)
-    assert record.cache_bytes == kept_tokens * 2 * 16 * 4
+    assert record.stored_bytes == kept_tokens * 2 * 16 * 4
     assert record.evicted
 
 

@@ -161,7 +161,10 @@ def test_cascading_peak_memory_stays_near_the_total_budget() -> None:
     layer_full = 160 * per_token
     sizes: list[int] = []
     _, session = _prefill_layers(
-        method_from_yaml("cake", decode_eviction=False), "64L", layers, observe=lambda i, c: sizes.append(c.kv_bytes())
+        method_from_yaml("cake", decode_eviction=False),
+        "64L",
+        layers,
+        observe=lambda i, c: sizes.append(c.stored_bytes()),
     )
     assert max(sizes) <= total_bytes  # after every stage: within the total budget
     assert total_bytes < session.record.peak_prefill_bytes <= total_bytes + layer_full

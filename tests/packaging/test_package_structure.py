@@ -1,6 +1,7 @@
-"""The package's shape (issues #21, #31): imports flow one way (no cycle between kvbench modules), only down the
-layers of :data:`LAYERS` (a module never imports one from a higher layer), and every module is small enough to read
-in one sitting (at most :data:`MAX_LINES` lines unless its docstring states why, on a line starting ``Size:``).
+"""The package's shape (issues #21, #31, #40): imports flow one way (no cycle between kvbench modules), only down
+the layers of :data:`LAYERS` (a module never imports one from a higher layer), no two packages import each other and
+every package sits in one layer (folders are layers), and every module is small enough to read in one sitting (at
+most :data:`MAX_LINES` lines unless its docstring states why, on a line starting ``Size:``).
 
 Both checks read the source with :mod:`ast` (nothing is imported), so they cost well under a second.
 
@@ -44,33 +45,24 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     (
-        "kernels, metrics and plots on plain tensors / strings / rows",
-        ("kvbench.kernels", "kvbench.metrics", "kvbench.reporting.needle_heatmap"),
+        "kernels, metrics and views of run folders on plain tensors / strings / rows",
+        ("kvbench.kernels", "kvbench.metrics", "kvbench.views"),
     ),
     ("cache, attention function, eviction methods", ("kvbench.cache", "kvbench.attention", "kvbench.methods")),
     ("models and prompts", ("kvbench.models", "kvbench.prompting")),
     ("tasks", ("kvbench.tasks",)),
     (
         "catalogue and validation (reads tasks, methods, models; loads nothing)",
-        (
-            "kvbench.listing",
-            "kvbench.overrides",
-            "kvbench.validation",
-            "kvbench.hydra_errors",
-            "kvbench.reporting.conventions",
-            "kvbench.reporting.run_views",
-        ),
+        ("kvbench.listing", "kvbench.overrides", "kvbench.validation", "kvbench.hydra_errors"),
     ),
     ("inference: eviction session, prefill, generation, press hooks", ("kvbench.inference",)),
     ("one run and its results", ("kvbench.run",)),
+    ("consumers of runs: reporting, the bench", ("kvbench.reporting", "kvbench.bench")),
     (
-        "consumers of runs: reporting, the lm-eval bridge, the bench",
-        # kvbench.tasks.lmeval: the lm-eval task kind, a plug-in that the task registry finds by its dynamic
-        # discovery (no module of the tasks layer imports it); it builds its datasets with kvbench.lmeval.runner.
-        ("kvbench.reporting", "kvbench.lmeval", "kvbench.bench", "kvbench.tasks.lmeval"),
-    ),
-    (
-        "entry points: public API, CLI, dashboards, demo",
+        "entry points: public API, CLI, dashboards, demo, the lm-eval bridge",
+        # kvbench.lmeval_task: the lm-eval task kind, a plug-in that the task registry finds by name
+        # (kvbench.tasks.base.PLUGIN_TASK_MODULES; no module of the tasks layer imports it); it builds its datasets
+        # with kvbench.lmeval.runner.
         (
             "kvbench",
             "kvbench.__main__",
@@ -78,7 +70,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "kvbench.cli",
             "kvbench.dashboards",
             "kvbench.demo",
-            "kvbench.lmeval.__main__",
+            "kvbench.lmeval",
+            "kvbench.lmeval_task",
         ),
     ),
 ]
@@ -272,6 +265,65 @@ def test_no_import_points_up_the_layers() -> None:
     upward, unplaced = imports_up_the_layers(import_graph(), LAYERS)
     assert not unplaced, "modules in no layer of LAYERS (add them where their imports put them): " + ", ".join(unplaced)
     assert not upward, "imports pointing up the layers of LAYERS:\n" + "\n".join("  " + line for line in upward)
+
+
+def package_of(module: str) -> str:
+    """The kvbench package a module belongs to: ``kvbench.<name>`` (a subpackage, or a module directly under
+    kvbench, which is a package of its own); the root ``kvbench`` for its ``__init__``."""
+    return ".".join(module.split(".")[:2])
+
+
+def two_way_package_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Pairs of packages that import each other (each way one module edge or more), one readable line per pair
+    naming the module edges of both ways."""
+    edges: dict[tuple[str, str], list[str]] = {}
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            pair = (package_of(module), package_of(target))
+            if pair[0] != pair[1]:
+                edges.setdefault(pair, []).append(f"{module} -> {target}")
+    return [
+        f"{a} <-> {b}: {', '.join(edges[(a, b)])}; {', '.join(edges[(b, a)])}"
+        for a, b in sorted(edges)
+        if a < b and (b, a) in edges
+    ]
+
+
+def packages_in_several_layers(graph: dict[str, set[str]], layers: list[tuple[str, tuple[str, ...]]]) -> list[str]:
+    """Packages (:func:`package_of`) whose modules sit in more than one layer, one readable line each."""
+    spread: dict[str, dict[str, list[str]]] = {}
+    for module in sorted(graph):
+        index = layer_index(module, layers)
+        if index is not None:
+            spread.setdefault(package_of(module), {}).setdefault(layers[index][0], []).append(module)
+    return [
+        f"{package}: " + "; ".join(f"{layer}: {', '.join(modules)}" for layer, modules in by_layer.items())
+        for package, by_layer in sorted(spread.items())
+        if len(by_layer) > 1
+    ]
+
+
+def test_package_checks_report_a_two_way_import_and_a_split_package() -> None:
+    layers = [("low", ("p.low",)), ("high", ("p.high", "p.low.plugin"))]
+    graph = {"p.low.a": {"p.low.b"}, "p.low.b": set(), "p.high.c": {"p.low.a"}, "p.high": {"p.high.c"}}
+    assert two_way_package_imports(graph) == []
+    assert packages_in_several_layers(graph, layers) == []
+    graph["p.low.b"] = {"p.high"}  # a module of p.low imports the package p.high, which imports p.low
+    assert two_way_package_imports(graph) == ["p.high <-> p.low: p.high.c -> p.low.a; p.low.b -> p.high"]
+    graph["p.low.plugin"] = set()
+    assert packages_in_several_layers(graph, layers) == ["p.low: low: p.low.a, p.low.b; high: p.low.plugin"]
+
+
+def test_no_two_packages_import_each_other() -> None:
+    pairs = two_way_package_imports(import_graph())
+    assert not pairs, "packages importing each other (move modules to where their imports put them):\n" + "\n".join(
+        "  " + pair for pair in pairs
+    )
+
+
+def test_every_package_sits_in_one_layer() -> None:
+    split = packages_in_several_layers(import_graph(), LAYERS)
+    assert not split, "packages spread over several layers of LAYERS:\n" + "\n".join("  " + line for line in split)
 
 
 def _docstring_states_size_reason(path: Path) -> bool:

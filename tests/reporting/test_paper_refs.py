@@ -11,7 +11,6 @@ import math
 import pandas as pd
 import pytest
 
-from kvbench.reporting.conventions import LONGBENCH14, LONGBENCH16, NEEDLEBENCH_DATASETS
 from kvbench.reporting.paper_refs import (
     DEFAULT_PAPER_DIR,
     ERRATA,
@@ -23,6 +22,7 @@ from kvbench.reporting.paper_refs import (
     reference_as_runs,
 )
 from kvbench.reporting.tables import compare_table
+from kvbench.views.conventions import LONGBENCH14, LONGBENCH16, NEEDLEBENCH_DATASETS
 from tests.conf_names import BUDGETS, METHODS, MODELS, TASKS, UNIMPLEMENTED_METHODS
 
 EXTRA_TASKS = {"latency"}  # efficiency tables (reference only)

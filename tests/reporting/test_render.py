@@ -28,7 +28,6 @@ from kvbench.reporting.cells import (
     printed_decimals,
     tex_escape,
 )
-from kvbench.reporting.conventions import MissingData
 from kvbench.reporting.palette import method_colour
 from kvbench.reporting.paper_refs import TABLES, errata_keys, load_reference
 from kvbench.reporting.render import (
@@ -42,6 +41,7 @@ from kvbench.reporting.render import (
 from kvbench.reporting.synthetic import row_targets, write_synthetic_runs
 from kvbench.reporting.tables import build_all, compare_table, missing_runs, write_tables
 from kvbench.storage.writers import PredictionLog, atomic_write_json, run_dir
+from kvbench.views.conventions import MissingData
 
 #: Tables whose synthetic runs the module writes: ±, one-decimal columns, illegible cells, a 37-row table, an
 #: unrecoverable row, ratio budgets and per-category averages.

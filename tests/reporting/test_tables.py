@@ -11,7 +11,6 @@ import pytest
 
 from kvbench.reporting.aggregate import expand_settings, load_runs, run_summary
 from kvbench.reporting.cells import NOT_RUN
-from kvbench.reporting.conventions import LONGBENCH16, LONGBENCH21, Convention, MissingData
 from kvbench.reporting.paper_refs import TABLES, TableSpec, load_reference
 from kvbench.reporting.plots import (
     budget_value,
@@ -22,6 +21,7 @@ from kvbench.reporting.plots import (
 from kvbench.reporting.render import render_latex, render_markdown
 from kvbench.reporting.tables import build_all, compare_table, missing_runs, write_tables
 from kvbench.storage.writers import PredictionLog, atomic_write_json, run_dir
+from kvbench.views.conventions import LONGBENCH16, LONGBENCH21, Convention, MissingData
 
 
 def write_metrics(

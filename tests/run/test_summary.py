@@ -7,7 +7,6 @@ import math
 
 import pytest
 
-from kvbench.reporting.conventions import LONGBENCH16, LONGBENCH21_CATEGORIES, longbench21_average_from_categories
 from kvbench.run.summary import (
     BOOTSTRAP_RESAMPLES,
     DatasetScores,
@@ -18,6 +17,7 @@ from kvbench.run.summary import (
     paper_averages,
     sample_scores,
 )
+from kvbench.views.conventions import LONGBENCH16, LONGBENCH21_CATEGORIES, longbench21_average_from_categories
 
 SCORES = [0.0, 100.0, 100.0, 50.0, 0.0, 100.0, 25.0, 100.0, 75.0, 100.0]
 

@@ -92,3 +92,15 @@ def test_smollm2_grid_table_without_runs_leaves_the_committed_grid(
     err = capsys.readouterr().err
     assert "no finished run" in err and "left as they are" in err and err.strip().count("\n") == 0
     assert folder_snapshot(out) == before
+
+
+def test_smollm2_grid_reasoning_phase_plans_full_and_two_methods_greedy_and_sampled() -> None:
+    """Phase 7 (long reasoning, opt-in): GSM8K's fixtures with the full cache, SnapKV and H2O, greedy and sampled."""
+    grid = script("smollm2_grid")
+    planned = {(cell.name, method, budget) for _, cell, method, budget, _ in grid.planned_runs([7])}
+    assert planned == {
+        (f"gsm8k_{decoding}", method, budget)
+        for decoding in ("greedy", "sampled")
+        for method, budget in (("full", "full"), ("snapkv", "64L"), ("h2o", "64L"))
+    }
+    assert all(run[0] == 7 for run in grid.planned_runs([7])) and not any(r[0] == 7 for r in grid.planned_runs([1, 2]))

@@ -1,7 +1,9 @@
 """``task=lmeval``: lm-evaluation-harness tasks (``task.lm_eval_tasks``), evaluated by :mod:`kvbench.lmeval.runner`.
 
-Registered here so the task kind is known without lm-eval installed (validation, ``kvbench list``); building the
-datasets needs the ``lmeval`` extra and says so when it is missing.
+Registered here, outside both :mod:`kvbench.tasks` and :mod:`kvbench.lmeval` (the task registry finds it by name,
+:data:`kvbench.tasks.base.PLUGIN_TASK_MODULES`), so the task kind is known without lm-eval installed or imported
+(validation, ``kvbench list``), and the tasks package never imports the lm-eval bridge, which imports it; building
+the datasets needs the ``lmeval`` extra and says so when it is missing.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """How the runner generates a dataset's samples (issue #33): resolve ``run.decode_batch`` for the device; at 1, one
 sample at a time (:func:`kvbench.inference.generate.generate`, the batch-1 path); above, with
-:func:`kvbench.inference.batch.generate_batched`, each prediction written in sample order through a
-:class:`~kvbench.inference.batch.ReorderBuffer`.
+:func:`kvbench.inference.batched_decode.generate_batched`, each prediction written in sample order through a
+:class:`~kvbench.inference.batched_decode.ReorderBuffer`.
 
 Writes are those of batch 1 (one row per sample, appended as soon as every earlier sample's row is written, under
 the runner's termination guard): a run killed mid-batch loses at most the outputs still waiting for an earlier
@@ -13,14 +13,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kvbench.inference.batch import DecodeRequest, ReorderBuffer, generate_batched, resolve_decode_batch
+from kvbench.inference.batched_decode import DecodeRequest, ReorderBuffer, generate_batched, resolve_decode_batch
 from kvbench.inference.generate import generate
+from kvbench.run.job import DatasetJob
 
 
 def stop_rules(dataset: Any, stops: set[int], sample_id: str | None = None) -> dict[str, Any]:
     """A dataset's per-sample stop rules and token choice, as keyword arguments of both
-    :func:`~kvbench.inference.generate.generate` and :class:`~kvbench.inference.batch.DecodeRequest`; a dataset
-    that samples (``dataset.sampling``) gets a seed of its own per ``sample_id``."""
+    :func:`~kvbench.inference.generate.generate` and :class:`~kvbench.inference.batched_decode.DecodeRequest`; a
+    dataset that samples (``dataset.sampling``) gets a seed of its own per ``sample_id``."""
     sampling = getattr(dataset, "sampling", None)
     return {
         "max_new_tokens": int(dataset.max_new_tokens),
@@ -42,8 +43,17 @@ def _pass_record(encoded: Any, output: Any) -> dict[str, Any]:
     }
 
 
+def decode_batch_for(job: DatasetJob, loaded: Any, dataset: Any, todo: list[Any], encode: Callable[[Any], Any]) -> int:
+    """``run.decode_batch`` resolved for the device (``auto``: from ``todo``'s prompt lengths and the memory the
+    model leaves), for a run whose first generating dataset is ``dataset``."""
+    return resolve_decode_batch(
+        job.cfg.run.decode_batch, loaded.model, job.method, job.budget,
+        lambda: [len(encode(sample).input_ids) for sample in todo], int(dataset.max_new_tokens),
+    )  # fmt: skip
+
+
 def generate_dataset(
-    runner: Any,
+    job: DatasetJob,
     loaded: Any,
     dataset: Any,
     todo: list[Any],
@@ -53,23 +63,16 @@ def generate_dataset(
     progress: Any,
 ) -> None:
     """Generate a dataset's remaining samples ``todo`` (in order) and ``write(sample, encoded, output)`` each, in sample
-    order: one at a time (:func:`kvbench.inference.generate.generate`, the batch-1 path) when ``run.decode_batch``
-    resolves to 1, else :func:`run_batched`. ``run.decode_batch`` is resolved once per run (``auto``: from the first
-    dataset that generates) into ``runner.resolved_decode_batch``."""
-    cfg = runner.cfg
-    if runner.resolved_decode_batch is None:
-        runner.resolved_decode_batch = resolve_decode_batch(
-            cfg.run.decode_batch, loaded.model, runner.method, runner.budget,
-            lambda: [len(encode(sample).input_ids) for sample in todo], int(dataset.max_new_tokens),
-        )  # fmt: skip
+    order: one at a time (:func:`kvbench.inference.generate.generate`, the batch-1 path) when ``job.decode_batch``
+    is 1 or the dataset is multi-pass (a later pass needs the earlier text), else :func:`run_batched`."""
     multi_pass = getattr(dataset, "multi_pass", False)
-    if runner.resolved_decode_batch > 1 and not multi_pass:  # a later pass needs the earlier text: batch 1
-        run_batched(runner, loaded, dataset, todo, encode, write, stops, progress)
+    if job.decode_batch > 1 and not multi_pass:
+        run_batched(job, loaded, dataset, todo, encode, write, stops, progress)
         return
     for sample in progress:
         encoded = encode(sample)
         rules = stop_rules(dataset, stops, sample.id)
-        output = _generate(runner, loaded, encoded, rules)
+        output = _generate(job, loaded, encoded, rules)
         step = 1
         # A multi-pass dataset (LongBench v2's chain of thought) builds the next prompt from the text so far: each pass
         # is a fresh prefill, compressed by the method like any prompt, and recorded in the row's "later_passes".
@@ -78,30 +81,30 @@ def generate_dataset(
             next_encoded = encode(next_sample)
             next_rules = {**rules, **stop_rules(dataset, stops, f"{sample.id}#pass{step + 1}")}
             next_rules["max_new_tokens"] = int(max_new_tokens)
-            later = _generate(runner, loaded, next_encoded, next_rules)
+            later = _generate(job, loaded, next_encoded, next_rules)
             output.later_passes.append(_pass_record(next_encoded, later))
             step += 1
         write(sample, encoded, output)
 
 
-def _generate(runner: Any, loaded: Any, encoded: Any, rules: dict[str, Any]) -> Any:
-    """One batch-1 generation of an encoded prompt under the runner's method and budget."""
+def _generate(job: DatasetJob, loaded: Any, encoded: Any, rules: dict[str, Any]) -> Any:
+    """One batch-1 generation of an encoded prompt under the job's method and budget."""
     return generate(
         loaded.model,
         loaded.tokenizer,
         encoded.context_ids,
         encoded.question_ids,
-        method=runner.method,
-        budget=runner.budget,
-        question_mode=str(runner.cfg.task.question_mode),
-        prefill_chunk=runner.cfg.run.prefill_chunk,
-        dataset_state=runner.dataset_state,
+        method=job.method,
+        budget=job.budget,
+        question_mode=str(job.cfg.task.question_mode),
+        prefill_chunk=job.cfg.run.prefill_chunk,
+        dataset_state=job.dataset_state,
         **rules,
     )
 
 
 def run_batched(
-    runner: Any,
+    job: DatasetJob,
     loaded: Any,
     dataset: Any,
     todo: list[Any],
@@ -111,9 +114,9 @@ def run_batched(
     progress: Any,
 ) -> None:
     """Generate ``todo`` (a dataset's samples not yet in ``predictions.jsonl``, in order) in batches of
-    ``runner.resolved_decode_batch``; ``write(sample, encoded, output)`` is called in sample order; ``progress`` (a
+    ``job.decode_batch``; ``write(sample, encoded, output)`` is called in sample order; ``progress`` (a
     progress bar or the plain list) counts written samples."""
-    cfg = runner.cfg
+    cfg = job.cfg
     encoded_by_index: dict[int, Any] = {}
 
     def requests() -> Iterator[DecodeRequest]:
@@ -127,12 +130,12 @@ def run_batched(
         loaded.model,
         loaded.tokenizer,
         requests(),
-        method=runner.method,
-        budget=runner.budget,
+        method=job.method,
+        budget=job.budget,
         question_mode=str(cfg.task.question_mode),
-        decode_batch=int(runner.resolved_decode_batch),
+        decode_batch=job.decode_batch,
         prefill_chunk=cfg.run.prefill_chunk,
-        dataset_state=runner.dataset_state,
+        dataset_state=job.dataset_state,
     )
     try:
         for index, output in outputs:

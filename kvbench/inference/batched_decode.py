@@ -32,7 +32,7 @@ from kvbench.budget import Budget
 from kvbench.cache.batched import BatchedCache
 from kvbench.checks import DECODE_BATCH_AUTO, check_decode_batch
 from kvbench.inference.eviction import EvictionSession
-from kvbench.inference.generate import GenerationOutput, GreedyStream
+from kvbench.inference.generate import GenerationOutput, GreedyStream, sync_devices
 from kvbench.inference.prefill import prefill
 from kvbench.methods.base import EvictionMethod
 from kvbench.models.loading import input_device, model_devices
@@ -179,7 +179,7 @@ def generate_batched(
         for slot, row in zip(active, logits, strict=True):
             slot.position += 1
             slot.next_id = slot.stream.push(row)
-        _sync(devices)
+        sync_devices(devices)
         share = (time.perf_counter() - started) / len(active)
         still: list[_Slot] = []
         for slot in active:
@@ -215,7 +215,7 @@ def _start(
         dataset_state=dataset_state,
     )
     state.session.begin_decode()
-    _sync(devices)
+    sync_devices(devices)
     prefill_s = time.perf_counter() - state.started
     stream = GreedyStream(
         tokenizer,
@@ -258,13 +258,6 @@ def decode_step(
         logits_to_keep=1,
     )
     return output.logits[:, -1]
-
-
-def _sync(devices: set[torch.device]) -> None:
-    """Wait for every CUDA device the model computes on (timings)."""
-    for device in devices:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
 
 
 class ReorderBuffer:

@@ -119,10 +119,8 @@ def _sample_score(row: dict[str, Any]) -> float | None:
 
 
 def stored_fraction(cache: dict[str, Any]) -> float | None:
-    """The fraction of the full cache's bytes a run stores, from a ``metrics.json``'s ``cache`` block (the one place
-    that names the field: ``mean_stored_vs_full``, stored bytes / the full cache's bytes for the same tokens; above
-    the kept fraction for methods that store a cache per query head)."""
-    return _finite(cache.get("mean_stored_vs_full"))
+    """:func:`mean_stored_vs_full` for the site's JSON: ``None`` where it was not recorded."""
+    return _finite(mean_stored_vs_full(cache))
 
 
 def _browser_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -194,6 +192,28 @@ def budget_tokens_per_layer(budget: str, context_length: float | None, requested
     return float(parsed.value)
 
 
+def mean_stored_bytes(cache: dict[str, Any]) -> float:
+    """A dataset's mean stored bytes (the kept tokens' keys and values, the same on every backend) from its
+    ``metrics.json`` ``cache``: the one accessor every memory column and view reads (NaN when not recorded).
+
+    Runs written before ``mean_stored_bytes`` existed have ``mean_cache_bytes``: the stored bytes on the torch
+    backend, the page pool on the paged backend (docs/results.md)."""
+    return _number(cache.get("mean_stored_bytes", cache.get("mean_cache_bytes")))
+
+
+def mean_stored_vs_full(cache: dict[str, Any]) -> float:
+    """A dataset's stored bytes over a full cache's for the same tokens (the stored-bytes fraction beside tokens
+    kept: query-head storage holds more than its token budget suggests; NaN when not recorded)."""
+    return _number(cache.get("mean_stored_vs_full"))
+
+
+def _number(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
 def _finite(value: Any) -> float | None:
     try:
         number = float(value)
@@ -253,7 +273,7 @@ def read_run_extras(folder: Path, datasets: Iterable[str]) -> dict[str, Any]:
             "decode_s": _finite(timing.get("decode_s_mean")),
             "stored_fraction": stored_fraction(cache),
             "kept_fraction": _finite(cache.get("mean_kept_fraction")),
-            "cache_bytes": _finite(cache.get("mean_cache_bytes")),
+            "cache_bytes": _finite(mean_stored_bytes(cache)),
             "context_length": context,
             "data_provenance": provenance,
         }

@@ -1,0 +1,69 @@
+"""Replay kvpress's recorded wrapper presses (ChunkKV, Chunk, Block, AdaKV, ...) through a kvbench method: per case,
+layer and KV head, the kept positions of kvbench's session at kvpress's budget against the recorded ones.
+
+Unlike :func:`tests.methods.kvpress_replay.replay`, the scores are not compared (a wrapper's selection is not one
+score call); the heads of a layer whose kept sets differ count as ``tied_valid`` when ``valid(case, layer, kept)``
+says the layer's selection is another valid choice among tied recorded scores, else as ``differ``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from kvbench.methods.base import EvictionMethod, WindowObservation
+from tests.methods.kvpress_replay import ObservationOf, keep_one_layer, keys_values_observation, model_queries
+from tests.reference_recordings import RecordedCase, case_inputs, kvpress_n_kept, load_recording
+
+#: ``(case, layer, kvbench's kept positions per head) -> whether the layer's selection is a valid choice among
+#: kvpress's ties`` (asked when some head differs from kvpress's).
+TieCheck = Callable[[RecordedCase, int, list[list[int]]], bool]
+
+
+@dataclass
+class KeptTally:
+    """Cases replayed and per-(case, layer, head) selections: the same as kvpress's, a valid tie, or different."""
+
+    cases: int = 0
+    same: int = 0
+    tied_valid: int = 0
+    differ: int = 0
+
+    @property
+    def selections(self) -> int:
+        return self.same + self.tied_valid + self.differ
+
+
+def replay_kept(
+    method: EvictionMethod,
+    press: str,
+    observation_of: ObservationOf = keys_values_observation,
+    valid: TieCheck | None = None,
+) -> KeptTally:
+    """Every recorded case of ``press`` (both dtypes) through ``method`` at ``<max(1, int(S (1 - r)))>/layer``."""
+    tally = KeptTally()
+    for case in load_recording(press).cases:
+        tally.cases += 1
+        n_kept = kvpress_n_kept(case.length, case.compression_ratio)
+        for layer, inputs in enumerate(case_inputs(case)):
+            kept = keep_one_layer(method, observation_of(case, layer, inputs), n_kept)
+            same = sum(positions == sorted(case.kept[layer][head]) for head, positions in enumerate(kept))
+            tally.same += same
+            if same < len(kept):
+                tied = valid is not None and valid(case, layer, kept)
+                tally.tied_valid += (len(kept) - same) if tied else 0
+                tally.differ += 0 if tied else len(kept) - same
+    return tally
+
+
+def window_observation(window: int) -> ObservationOf:
+    """The observation of a window scorer (SnapKV): the tiny Llama's last ``window`` queries, keys and values."""
+
+    def observation(case: RecordedCase, layer: int, inputs: dict[str, torch.Tensor]) -> WindowObservation:
+        keys, values = inputs["keys"][0], inputs["values"][0]
+        queries = model_queries(case, layer, inputs)[:, -window:]
+        return WindowObservation(layer, 2, queries, keys, values, keys.shape[-1] ** -0.5)
+
+    return observation
