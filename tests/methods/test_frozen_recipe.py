@@ -13,12 +13,17 @@ from tests.methods.helpers import method_from_yaml, run_method
 
 #: Presets covering every stateful piece: allocators (CAKE's cascade, XKV's sampled calibration, NACL's trigger),
 #: every decode policy, Ada-KV's head allocator and a one-class method with both wrappers.
-PRESETS = ["snapkv", "ada_pyramidkv", "cake", "xkv_sampled", "nacl", "h2o", "tova", "streamingllm", "ahakv", "knorm"]
+PRESETS = [
+    "snapkv", "ada_pyramidkv", "cake", "xkv_sampled", "nacl", "h2o", "tova", "streamingllm", "ahakv", "knorm",
+    "knorm_decoding",
+]  # fmt: skip
 
 
 def _build(name: str) -> EvictionMethod:
     if name == "knorm":  # a one-class method (no YAML), with Ada-KV head allocation and the pyramid schedule
         return build_method({"name": "knorm", "family": "knorm", "params": {"allocation": "ada", "layers": "pyramid"}})
+    if name == "knorm_decoding":  # kvpress's DecodingPress over KNorm: a decode policy with counters and queries
+        return build_method({"name": "knorm", "family": "knorm", "params": {"decode_interval": 2}})
     return method_from_yaml(name)
 
 
