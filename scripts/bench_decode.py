@@ -230,8 +230,9 @@ def micro_step_us(label: str, context: int, kv_heads: int, groups: int, steps: i
     cache.update(keys, keys.clone(), 0)
     layer = cache.headwise_layers[0]
     policy = method.decode_policy
+    state = None if policy is None else policy.new_state()  # the sample's decode state (caps, running scores)
     if policy is not None:
-        policy.start_layer(0, layer, layer.head_lengths(), None)
+        policy.start_layer(state, 0, layer, layer.head_lengths(), None)
     new, query = torch.randn(1, kv_heads, 1, 64, generator=gen), torch.randn(kv_heads * groups, 1, 64, generator=gen)
     cache.reserve(steps + 20)
     for step in range(steps + 20):
@@ -239,7 +240,7 @@ def micro_step_us(label: str, context: int, kv_heads: int, groups: int, steps: i
             start = time.process_time()
         cache.update(new, new, 0)
         if policy is not None:
-            policy.step(0, layer, query, 0.125)
+            policy.step(state, 0, layer, query, 0.125)
     return (time.process_time() - start) / steps * 1e6
 
 

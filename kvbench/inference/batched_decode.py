@@ -8,10 +8,10 @@ batch, attention and the decode-time policy run per sample over its own storage)
 batch and the next sample is prefilled and takes its place (continuous batching). Outputs come back as samples finish,
 with their index; the caller restores the order (:class:`ReorderBuffer`).
 
-Per-sample state: each sample gets its own copy of the method's decode policy (policies keep per-layer caps and
-running scores), taken from a pristine copy made before the first sample; the scorer and the allocators are shared,
-as at batch 1, since only the prefill (one sample at a time) uses them.  A stateful allocator's record
-(``allocator_state``) is read right after the sample's prefill, where batch 1's equals it.
+Per-sample state: the method is a frozen recipe shared by every sample; each sample's session owns what it
+accumulates (the allocator's state, the decode policy's caps and running scores), so nothing is copied.  A dataset's
+state (XKV's sampled mode: ``dataset_state``) is read and extended by the prefills, one sample at a time in request
+order, as at batch 1.
 
 Exactness: on CPU in float32 the tokens and cache records equal batch 1's (``tests/inference/test_batch_decode.py``);
 the batched matrix products of the dense parts may round differently from batch 1's in the last bits on some backends
@@ -20,10 +20,9 @@ the batched matrix products of the dense parts may round differently from batch 
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -123,12 +122,10 @@ class _Slot:
     position: int
     next_id: int
     prefill_s: float
-    allocator_state: Any
     decode_s: float = 0.0
 
     def output(self) -> GenerationOutput:
         record = self.session.finish()
-        record.allocator_state = self.allocator_state  # read after this sample's prefill (module docstring)
         text = self.stream.text()
         return GenerationOutput(
             self.stream.generated, text, record, self.prefill_s, self.decode_s, self.stream.stop_reason
@@ -146,6 +143,7 @@ def generate_batched(
     question_mode: str,
     decode_batch: int,
     prefill_chunk: int | None = None,
+    dataset_state: Any = None,
 ) -> Iterator[tuple[int, GenerationOutput]]:
     """Greedy generation of ``requests`` with up to ``decode_batch`` samples decoded per model forward.
 
@@ -153,12 +151,12 @@ def generate_batched(
     :func:`kvbench.inference.generate.generate` returns for that request alone, except ``decode_s``: the sample's share
     of the batched steps it took part in (each step's time divided by the samples in it), so the shares of a run add up
     to its decoding time. Requests are read lazily: one is prefilled when a place in the batch frees up.
+    ``dataset_state``: the dataset's allocator state, given to every sample's session (:func:`prefill`).
     """
     if check_decode_batch(decode_batch, "decode_batch") == DECODE_BATCH_AUTO:
         raise ValueError("generate_batched needs a number: resolve decode_batch='auto' first (resolve_decode_batch)")
     devices = model_devices(model)
     device = input_device(model)
-    pristine_policy = copy.deepcopy(method.decode_policy)
     pending = enumerate(requests)
     active: list[_Slot] = []
     exhausted = False
@@ -168,8 +166,8 @@ def generate_batched(
             if item is None:
                 exhausted = True
                 break
-            slot = _start(model, tokenizer, item[0], item[1], method, pristine_policy, budget, question_mode,
-                          prefill_chunk, devices)  # fmt: skip
+            slot = _start(model, tokenizer, item[0], item[1], method, budget, question_mode, prefill_chunk,
+                          devices, dataset_state)  # fmt: skip
             if slot.stream.done:
                 yield slot.index, slot.output()
             else:
@@ -199,27 +197,26 @@ def _start(
     index: int,
     request: DecodeRequest,
     method: EvictionMethod,
-    pristine_policy: Any,
     budget: Budget,
     question_mode: str,
     prefill_chunk: int | None,
     devices: set[torch.device],
+    dataset_state: Any,
 ) -> _Slot:
     """Prefill one request alone (as batch 1 does) and choose its first token."""
-    own_method = replace(method, decode_policy=copy.deepcopy(pristine_policy))
     state = prefill(
         model,
         request.context_ids,
         request.question_ids,
-        method=own_method,
+        method=method,
         budget=budget,
         question_mode=question_mode,
         prefill_chunk=prefill_chunk,
+        dataset_state=dataset_state,
     )
     state.session.begin_decode()
     sync_devices(devices)
     prefill_s = time.perf_counter() - state.started
-    allocator_state = copy.deepcopy(method.layer_allocator.sample_state())
     stream = GreedyStream(
         tokenizer,
         request.max_new_tokens,
@@ -232,7 +229,7 @@ def _start(
     if not stream.done:
         assert state.logits is not None
         next_id = stream.push(state.logits)
-    return _Slot(index, state.session, stream, state.position, next_id, prefill_s, allocator_state)
+    return _Slot(index, state.session, stream, state.position, next_id, prefill_s)
 
 
 def _batched_step(model: PreTrainedModel, active: list[_Slot], device: torch.device) -> torch.Tensor:

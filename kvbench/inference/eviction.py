@@ -32,7 +32,7 @@ from kvbench.budget import Budget
 from kvbench.cache.base import on_device
 from kvbench.cache.kv_cache import HeadwiseLayer, KVBenchCache
 from kvbench.checks import check_choice
-from kvbench.methods.base import EvictionMethod, PromptRows, WindowObservation
+from kvbench.methods.base import AllocatorState, DecodeState, EvictionMethod, PromptRows, WindowObservation
 from kvbench.methods.token_scores import aggregate_groups
 
 Phase = Literal["idle", "compress", "append", "decode"]
@@ -175,6 +175,14 @@ class EvictionSession:
         ``triton``, ``torch``, or ``dense`` (the materialising reference, for comparisons).
     rotary:
         The model's rotary embedding tables (:attr:`WindowObservation.rotary`), or ``None``.
+    dataset_state:
+        What the method's layer allocator keeps across the samples of a dataset
+        (:meth:`~kvbench.methods.base.LayerBudgetAllocator.new_dataset_state`: XKV's sampled mode), created once
+        per dataset by the runner; ``None``: the sample stands alone.
+
+    The method is a frozen recipe shared by every sample; what this sample accumulates is the session's:
+    :attr:`allocator_state` (the layer allocator's, from the first compressed layer on) and :attr:`decode_state`
+    (the decode policy's caps and running scores).
     """
 
     def __init__(
@@ -184,6 +192,7 @@ class EvictionSession:
         cache: KVBenchCache,
         scoring_impl: str = "auto",
         rotary: Callable[[torch.Tensor, torch.dtype], tuple[torch.Tensor, torch.Tensor]] | None = None,
+        dataset_state: Any = None,
     ) -> None:
         self.rotary = rotary
         self.scoring_impl = check_choice("scoring_impl", scoring_impl, kernels.SCORING_IMPLS)
@@ -200,7 +209,12 @@ class EvictionSession:
         self._scores: dict[int, list[torch.Tensor]] = {}
         self._requested: dict[int, tuple[int, list[int]]] = {}
         self._decode_caps: dict[int, list[int]] = {}
-        self._allocator_started = False
+        self.dataset_state = dataset_state
+        #: The layer allocator's state for this sample (``None`` until the first compressed layer needs it).
+        self.allocator_state: AllocatorState | None = None
+        #: The decode policy's state for this sample (``None`` without a policy).
+        policy = method.decode_policy
+        self.decode_state: DecodeState | None = None if policy is None else policy.new_state()
         self._rows: dict[int, PrefillRows] = {}
         self.sample_key = 0
 
@@ -238,7 +252,8 @@ class EvictionSession:
         self._note_bytes(prefill=False)
         if self.cache.stored_bytes() > self.cache.full_cache_bytes():
             self.record.exceeds_full_cache = True
-        self.record.allocator_state = self.method.layer_allocator.sample_state()
+        if self.allocator_state is not None:
+            self.record.allocator_state = self.method.layer_allocator.sample_state(self.allocator_state)
         return self.record
 
     # ------------------------------------------------------------------ attention callback
@@ -263,12 +278,14 @@ class EvictionSession:
         elif policy is None or self.budget.is_full:
             return
         elif self.phase == "decode":
-            policy.step(layer_idx, layer, query[0], scaling)
+            assert self.decode_state is not None
+            policy.step(self.decode_state, layer_idx, layer, query[0], scaling)
         elif self.phase == "append":
             self._note_bytes(prefill=False)  # the question is stored, not yet evicted
             # A multi-token forward after the prefill: each policy does what its reference does with one
             # (TOVA scores the last query; H2O adds every new row's attention; both then evict to the caps).
-            policy.append(layer_idx, layer, query[0], scaling)
+            assert self.decode_state is not None
+            policy.append(self.decode_state, layer_idx, layer, query[0], scaling)
 
     # ------------------------------------------------------------------ prefill compression
     def _prefill_chunk(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
@@ -315,11 +332,11 @@ class EvictionSession:
         if self.budget.fixed_per_layer:
             budgets = {rank: int(self.budget.value) + off_budget}
         else:
-            if not self._allocator_started:
+            allocator = self.method.layer_allocator
+            if self.allocator_state is None:
                 total = self.budget.total(context, num_compressible) + num_compressible * off_budget
-                self.method.layer_allocator.start(total, num_compressible, context)
-                self._allocator_started = True
-            budgets = self.method.layer_allocator.on_layer(observation)
+                self.allocator_state = allocator.new_state(total, num_compressible, context, self.dataset_state)
+            budgets = allocator.on_layer(self.allocator_state, observation)
         if rank in budgets:
             observation.layer_budget = int(budgets[rank])
         assert self.method.scorer is not None
@@ -352,7 +369,11 @@ class EvictionSession:
         self._requested[layer_idx] = (keep_total, counts)
         # While decoding, a head that was cut keeps its allocation; one that was not grows to the layer budget before
         # evicting -- unless the allocator sets its own decode budget (CAKE's, when its prefill trigger did not fire).
-        decode_budget = method.layer_allocator.decode_budget(self._rank[layer_idx])
+        decode_budget = (
+            None
+            if self.allocator_state is None
+            else method.layer_allocator.decode_budget(self.allocator_state, self._rank[layer_idx])
+        )
         self._decode_caps[layer_idx] = [
             decode_budget if decode_budget is not None else count if count < length else max(keep_total, length)
             for count, length in zip(counts, lengths, strict=True)
@@ -384,7 +405,9 @@ class EvictionSession:
             caps = self._decode_caps.get(layer_idx, requested_heads)
             record.decode_cap_per_layer.append(round(sum(caps) / len(caps)) if caps else 0)
             if self.method.decode_policy is not None and not self.budget.is_full and layer_idx in self._rank:
-                self.method.decode_policy.start_layer(layer_idx, layer, caps, self._scores.get(layer_idx))
+                assert self.decode_state is not None
+                scores = self._scores.get(layer_idx)
+                self.method.decode_policy.start_layer(self.decode_state, layer_idx, layer, caps, scores)
         record.achieved_per_layer = self.cache.layer_lengths()
         record.stored_bytes = self.cache.stored_bytes()
         record.allocated_bytes = self.cache.allocated_bytes()

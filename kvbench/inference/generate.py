@@ -76,6 +76,7 @@ def generate(
     min_new_tokens: int = 0,
     prefill_chunk: int | None = None,
     sampling: Sampling | None = None,
+    dataset_state: Any = None,
 ) -> GenerationOutput:
     """Greedy generation (or seeded ``sampling``) with ``method`` applied at ``budget``.
 
@@ -85,6 +86,8 @@ def generate(
     tokens' logits are masked, so the model picks another token).  A stop token ends the output and is part of it
     (as in ``generate()``); the text is decoded with ``skip_special_tokens=True``.
     ``prefill_chunk``: tokens per forward of the compressed prefill (:func:`resolve_prefill_chunk`).
+    ``dataset_state``: what the method's layer allocator keeps across a dataset's samples (XKV's sampled mode;
+    :meth:`~kvbench.methods.base.LayerBudgetAllocator.new_dataset_state`), ``None`` for a sample alone.
     """
     devices = model_devices(model)
     state = prefill(
@@ -95,6 +98,7 @@ def generate(
         budget=budget,
         question_mode=question_mode,
         prefill_chunk=prefill_chunk,
+        dataset_state=dataset_state,
     )
     cache, session, position, logits = state.cache, state.session, state.position, state.logits
     device = input_device(model)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -191,6 +192,7 @@ def prefill(
     cache: KVBenchCache | None = None,
     scoring_impl: str = "auto",
     hold_last: bool = False,
+    dataset_state: Any = None,
 ) -> PrefillState:
     """Prefill one prompt with ``method`` applied at ``budget``: the single prefill sequence of kvbench.
 
@@ -198,7 +200,8 @@ def prefill(
     per forward of the compressed prompt (:func:`resolve_prefill_chunk`); ``cache``: an empty cache to fill (default
     :func:`build_cache`, e.g. the bench's paged backend); ``scoring_impl``: the session's attention-statistics kernels.
     ``hold_last``: the last segment is not fed but returned in :attr:`PrefillState.held` (its phase entered), for a
-    caller that runs it through the model's own forward (``kvbench.press``).
+    caller that runs it through the model's own forward (``kvbench.press``).  ``dataset_state``: what the method's
+    layer allocator keeps across a dataset's samples (:class:`~kvbench.inference.eviction.EvictionSession`).
     """
     compressed, appended = split_question(list(context_ids), list(question_ids), question_mode)
     if not compressed:
@@ -206,7 +209,9 @@ def prefill(
     device = input_device(model)  # with a device map each cache layer is created on its own layer's device
     if cache is None:
         cache = build_cache(model, method)
-    session = EvictionSession(method, budget, cache, scoring_impl=scoring_impl, rotary=rotary_tables(model))
+    session = EvictionSession(
+        method, budget, cache, scoring_impl=scoring_impl, rotary=rotary_tables(model), dataset_state=dataset_state
+    )
     chunk = resolve_prefill_chunk(prefill_chunk, device, len(compressed)) or len(compressed)
     session.record.prefill_chunk = chunk if chunk < len(compressed) else 0
     segments = prompt_segments(compressed, appended, chunk)

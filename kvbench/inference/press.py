@@ -190,6 +190,7 @@ class Press:
         self._cache: KVBenchCache | None = None
         self._session: EvictionSession | None = None
         self._nested = False
+        self._dataset_state: Any = None
 
     # ------------------------------------------------------------------ entering and leaving
     def __enter__(self) -> PressRecord:
@@ -197,7 +198,8 @@ class Press:
             raise RuntimeError("this press is already active; a press cannot be nested in itself")
         self._attention = kvbench_attention(self.model)
         self._attention.__enter__()
-        self.method.layer_allocator.begin_task("press", 1)
+        # The prompts run in this press share what spans them (XKV's sampled mode: one calibration per press).
+        self._dataset_state = self.method.layer_allocator.new_dataset_state("press", 1)
         try:
             self._handles = [
                 self.model.register_forward_pre_hook(self._before_forward, with_kwargs=True),
@@ -272,6 +274,7 @@ class Press:
                 question_mode=self.question_mode,
                 prefill_chunk=self.prefill_chunk,
                 hold_last=True,
+                dataset_state=self._dataset_state,
             )
         finally:
             self._nested = False

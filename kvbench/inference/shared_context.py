@@ -15,10 +15,11 @@ dropped after the turn (``clear_temp_kv_cache``), so the next prompt starts righ
   shared state -- uncompressed, but a decode-time method (H2O, TOVA, ...) evicts on append as it does on any
   appended question -- and its answer generated on a copy that is dropped afterwards.
 
-Copies are ``copy.deepcopy`` of the cache *and* the eviction session (with its method: a decode-time policy's
-per-layer state travels with the cache), as the lm-eval bridge copies a compressed cache per continuation
-(:mod:`kvbench.lmeval.loglikelihood`).  The compressed prefill runs exactly once per group: :func:`prefill` is called
-once, and :attr:`GroupOutput.context_fingerprint` hashes the kept positions right after it.
+Copies are ``copy.deepcopy`` of the cache *and* the eviction session (the session owns the sample's decode-time
+state, which travels with the cache; the method, a frozen recipe, is shared, not copied), as the lm-eval bridge
+copies a compressed cache per continuation (:mod:`kvbench.lmeval.loglikelihood`).  The compressed prefill runs
+exactly once per group: :func:`prefill` is called once, and :attr:`GroupOutput.context_fingerprint` hashes the kept
+positions right after it.
 """
 
 from __future__ import annotations
@@ -133,6 +134,7 @@ def generate_group(
     first_query: str = "aware",
     prefill_chunk: int | None = None,
     keep_positions: bool = False,
+    dataset_state: Any = None,
 ) -> GroupOutput:
     """Answer every turn of one context group from one compressed prefill of ``context_ids`` (module docstring).
 
@@ -158,6 +160,7 @@ def generate_group(
         budget=budget,
         question_mode="agnostic",
         prefill_chunk=prefill_chunk,
+        dataset_state=dataset_state,
     )
     cache, session, position, logits = state.cache, state.session, state.position, state.logits
     session.begin_append()  # closes the compression (records it, starts the decode policies' layers) exactly once

@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -86,8 +87,10 @@ def compress_context(
     budget: Budget,
     question_mode: str = "agnostic",
     prefill_chunk: int | None = None,
+    dataset_state: Any = None,
 ) -> CompressedContext:
-    """Prefill ``context_ids`` with ``method`` applied at ``budget`` (see the module docstring for the split)."""
+    """Prefill ``context_ids`` with ``method`` applied at ``budget`` (see the module docstring for the split);
+    ``dataset_state``: the method's state across the task's contexts (XKV's sampled mode), or ``None``."""
     check_choice("question_mode", question_mode, QUESTION_MODES)
     if not context_ids:
         raise ValueError("empty context: lm-eval passes at least the prefix token")
@@ -95,7 +98,15 @@ def compress_context(
     cache = build_cache(model, method)
     if not compressed:  # a one-token context in agnostic mode: nothing to compress
         return CompressedContext(cache, CacheRecord(), 0, tail, None, cache_fingerprint(cache))
-    state = prefill(model, compressed, method=method, budget=budget, prefill_chunk=prefill_chunk, cache=cache)
+    state = prefill(
+        model,
+        compressed,
+        method=method,
+        budget=budget,
+        prefill_chunk=prefill_chunk,
+        cache=cache,
+        dataset_state=dataset_state,
+    )
     record = state.session.finish()
     device = input_device(model)
     if device.type == "cuda":

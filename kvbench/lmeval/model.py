@@ -197,6 +197,10 @@ class KVBenchLM(TemplateLM):
         self.prefill_chunk = prefill_chunk
         #: ``run.decode_batch``: generations decoded together (1 = one at a time; ``auto``: from free GPU memory).
         self.decode_batch = check_decode_batch(decode_batch, "decode_batch", error=KVBenchError)
+        #: The method's state across one task's compressed contexts (XKV's sampled mode:
+        #: ``LayerBudgetAllocator.new_dataset_state``), set per task by kvbench's lm-eval runner; ``None``: each
+        #: context stands alone.
+        self.dataset_state: Any = None
         #: One entry per compressed context (loglikelihood groups and generations), in the order they ran.
         self.records: list[dict[str, Any]] = []
 
@@ -257,6 +261,7 @@ class KVBenchLM(TemplateLM):
                 budget=self.budget,
                 question_mode=self.question_mode,
                 prefill_chunk=self.prefill_chunk,
+                dataset_state=self.dataset_state,
             )
             for index in indices:
                 answer = score_continuation(self.model, compressed, prepared[index][1])
@@ -360,13 +365,14 @@ class KVBenchLM(TemplateLM):
                         stop_token_ids=item.stop_token_ids,
                         stop_strings=item.stop_strings,
                         prefill_chunk=self.prefill_chunk,
+                        dataset_state=self.dataset_state,
                     ),
                 )
             return
         buffer = ReorderBuffer()
         for index, output in generate_batched(
             self.model, self.tokenizer, prepared, method=self.method, budget=self.budget, question_mode="aware",
-            decode_batch=batch, prefill_chunk=self.prefill_chunk,
+            decode_batch=batch, prefill_chunk=self.prefill_chunk, dataset_state=self.dataset_state,
         ):  # fmt: skip
             yield from buffer.add(index, (index, output))
 

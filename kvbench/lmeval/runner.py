@@ -146,9 +146,10 @@ class LMEvalDataset(TaskDataset):
             max_length=self.options["max_length"],
         )
         lm.model_name = str(cfg.model.name)
-        # Stateful allocators (XKV's sampled mode) calibrate per dataset, over its compressed contexts in order; a
-        # resumed task's cached requests are not replayed (their contexts are not compressed again).
-        job.method.layer_allocator.begin_task(self.name, len(samples))
+        # What spans the task (XKV's sampled mode: its calibration over the compressed contexts, in order) lives in
+        # one object per task; a resumed task's cached requests are not replayed (their contexts are not compressed
+        # again).
+        lm.dataset_state = job.method.layer_allocator.new_dataset_state(self.name, len(samples))
         limit = len(samples) if cfg.task.num_samples is not None else None
         output = lm_eval.simple_evaluate(
             model=lm,

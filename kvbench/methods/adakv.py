@@ -215,22 +215,24 @@ def _build(method_cfg: Any, family: str, pyramid: bool) -> EvictionMethod:
     params = parse_params(AdaKVParams, method_cfg.params, family)
     alpha = resolve_alpha(params)
     options = score_options(method_cfg)
-    method = EvictionMethod(
-        scorer=WindowVoteScorer(options, row_reduce="mean"),
-        head_allocator=AdaHeadAllocator(alpha, params.alpha_reading, params.normalize, params.rounding),
-        **common_knobs(method_cfg),
-    )
-    method.settings = {
+    settings: dict[str, Any] = {
         "alpha": alpha,
         "alpha_reading": params.alpha_reading,
         "normalize": params.normalize,
         "rounding": params.rounding,
         "gqa_reduce": options.gqa_reduce,
     }
+    layers: dict[str, Any] = {}
     if pyramid:
-        method.layer_allocator = PyramidLayerAllocator(params.beta, int(method_cfg.window), params.schedule)
-        method.settings.update(beta=params.beta, schedule=params.schedule)
-    return method
+        layers["layer_allocator"] = PyramidLayerAllocator(params.beta, int(method_cfg.window), params.schedule)
+        settings.update(beta=params.beta, schedule=params.schedule)
+    return EvictionMethod(
+        scorer=WindowVoteScorer(options, row_reduce="mean"),
+        head_allocator=AdaHeadAllocator(alpha, params.alpha_reading, params.normalize, params.rounding),
+        settings=settings,
+        **layers,
+        **common_knobs(method_cfg),
+    )
 
 
 @register_method("ada_snapkv")

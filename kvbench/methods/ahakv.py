@@ -44,6 +44,7 @@ import torch.nn.functional as F
 
 from kvbench import kernels
 from kvbench.methods.base import (
+    DecodeState,
     EvictionMethod,
     PromptRows,
     TokenScorer,
@@ -158,29 +159,33 @@ class AhaDecode(ScoredDecodePolicy):
         self.params = params
         self.evicts_on_append = params.evict_on_append
 
-    def _step_gain(self, layer_idx: int, visible: torch.Tensor, head_dim: int) -> torch.Tensor:
+    def _step_gain(self, state: DecodeState, layer_idx: int, visible: torch.Tensor, head_dim: int) -> torch.Tensor:
         """SG factors for rows seeing ``visible`` tokens, ``k`` from the layer's decode caps."""
-        caps = self.caps[layer_idx]
+        caps = state.layer_caps(layer_idx)
         k = max(round(sum(caps) / len(caps)) - (self.recent_window if self.params.lambda_k == "selected" else 0), 1)
         return sg_multiplier(visible, k, head_dim, self.params.lambda_reading, self.params.min_log)
 
-    def logit_factor(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor) -> float | None:
+    def logit_factor(
+        self, state: DecodeState, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor
+    ) -> float | None:
         """The new token's step gain: ``i`` = every token seen so far (computed on the host: no device round trip)."""
         if not self.sgs:
             return None
-        caps = self.caps[layer_idx]
+        caps = state.layer_caps(layer_idx)
         k = max(round(sum(caps) / len(caps)) - (self.recent_window if self.params.lambda_k == "selected" else 0), 1)
         return sg_multiplier_scalar(
             layer.seen_tokens, k, query.shape[-1], self.params.lambda_reading, self.params.min_log
         )
 
-    def append_row_scale(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor) -> torch.Tensor | None:
+    def append_row_scale(
+        self, state: DecodeState, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor
+    ) -> torch.Tensor | None:
         """Each appended row's step gain: ``i`` = the tokens that row sees."""
         if not self.sgs:
             return None
         rows = query.shape[1]
         visible = torch.arange(layer.seen_tokens - rows + 1, layer.seen_tokens + 1)
-        return self._step_gain(layer_idx, visible, query.shape[-1])
+        return self._step_gain(state, layer_idx, visible, query.shape[-1])
 
     def update_scores(self, old: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
         return old + attention

@@ -9,7 +9,9 @@
 
 :class:`EvictionMethod` bundles them with the method knobs from ``conf/method/<name>.yaml``; a family registers
 a builder with :func:`register_method` (one file per family under ``kvbench/methods/``).  None of the pieces needs
-a model: tests drive them with hand-built tensors.
+a model: tests drive them with hand-built tensors.  A built method is a frozen recipe: what a sample accumulates
+(allocator state, decode caps, running scores) is created by the pieces (``new_state``) and owned by the sample's
+session, what spans a dataset by ``LayerBudgetAllocator.new_dataset_state`` (:mod:`kvbench.methods.state`).
 
 Shapes use ``H_q`` query heads, ``H`` stored heads (KV heads, or query heads with ``gqa_granularity=query_head``),
 ``W`` window queries, ``S`` context tokens, ``D`` head dim.
@@ -30,6 +32,7 @@ from kvbench import kernels
 from kvbench.checks import check_min
 from kvbench.config import MethodConfig, check_method_choices
 from kvbench.methods.knobs import check_unused_knobs
+from kvbench.methods.state import AllocatorState, DecodeState, ReadOnlyAfterBuild
 from kvbench.methods.token_scores import ScoreOptions
 from kvbench.registry import Registry, submodule_importer
 
@@ -191,7 +194,7 @@ class PromptRows:
 
 
 # ---------------------------------------------------------------------------------------------------- pieces
-class TokenScorer(ABC):
+class TokenScorer(ReadOnlyAfterBuild, ABC):
     """Importance of each context token at one layer."""
 
     def prompt_rows(self, model_dtype: torch.dtype) -> PromptRows:
@@ -206,34 +209,36 @@ class TokenScorer(ABC):
         """
 
 
-class LayerBudgetAllocator(ABC):
-    """Splits the total budget over layers.  Called once per sample (:meth:`start`), then layer by layer."""
+class LayerBudgetAllocator(ReadOnlyAfterBuild, ABC):
+    """Splits the total budget over layers: a frozen recipe; what a sample accumulates is its
+    :class:`AllocatorState` (:meth:`new_state`), what a dataset accumulates (XKV's sampled mode) the object
+    :meth:`new_dataset_state` returns."""
 
-    def start(self, total: int, num_layers: int, context_length: int) -> None:
-        """Begin a sample: ``total`` tokens per stored head summed over ``num_layers`` layers."""
-        self.total, self.num_layers, self.context_length = total, num_layers, context_length
+    def new_dataset_state(self, name: str, num_samples: int, finished: Sequence[dict[str, Any] | None] = ()) -> Any:
+        """The state that spans the dataset ``name`` of ``num_samples`` samples, or ``None`` (the default: samples
+        are independent).  The runner creates it once per dataset and passes it to every sample's session;
+        ``finished`` are :meth:`sample_state` of the samples a resumed run already finished, in dataset order (they
+        are fed back so the run continues as the uninterrupted one would)."""
+        return None
 
-    def begin_task(self, name: str, num_samples: int) -> None:  # noqa: B027
-        """Optional hook: a new dataset of ``num_samples`` samples starts (stateful allocators such as XKV's
-        sampled mode reset here).  The others carry nothing from one sample to the next: what they hold (the total,
-        the layers seen so far) is the current sample's, set again by :meth:`start`."""
+    def new_state(self, total: int, num_layers: int, context_length: int, dataset: Any = None) -> AllocatorState:
+        """Begin a sample: ``total`` tokens per stored head summed over ``num_layers`` layers; ``dataset`` is the
+        dataset's state (:meth:`new_dataset_state`, ``None`` = a fresh one where the allocator needs one)."""
+        return AllocatorState(total, num_layers, context_length, dataset=dataset)
 
     @abstractmethod
-    def on_layer(self, observation: WindowObservation) -> dict[int, int]:
+    def on_layer(self, state: AllocatorState, observation: WindowObservation) -> dict[int, int]:
         """Budgets (tokens per head) to enforce now, for layer ``observation.layer_idx`` and possibly earlier
         layers whose budget changed (a cascading allocator may shrink them; they are re-compressed by score)."""
 
-    def decode_budget(self, layer_idx: int) -> int | None:
+    def decode_budget(self, state: AllocatorState, layer_idx: int) -> int | None:
         """The size decode-time eviction keeps for a layer the prefill did not compress; ``None`` = its prefill
         budget (CAKE's code skips the prefill eviction below its trigger and still caps decoding at ``C``)."""
         return None
 
-    def sample_state(self) -> dict[str, Any] | None:
+    def sample_state(self, state: AllocatorState) -> dict[str, Any] | None:
         """What this sample taught a stateful allocator (stored with the prediction; ``None`` = stateless)."""
         return None
-
-    def replay(self, states: list[dict[str, Any] | None]) -> None:  # noqa: B027
-        """Feed back :meth:`sample_state` of the samples a resumed run already finished, in dataset order."""
 
 
 class StaticLayerAllocator(LayerBudgetAllocator):
@@ -243,12 +248,13 @@ class StaticLayerAllocator(LayerBudgetAllocator):
     def plan(self, total: int, num_layers: int, context_length: int) -> list[int]:
         """Budget per layer; sums to ``total`` (up to the context-length cap applied by the caller)."""
 
-    def start(self, total: int, num_layers: int, context_length: int) -> None:
-        super().start(total, num_layers, context_length)
-        self.budgets = self.plan(total, num_layers, context_length)
+    def new_state(self, total: int, num_layers: int, context_length: int, dataset: Any = None) -> AllocatorState:
+        state = super().new_state(total, num_layers, context_length, dataset)
+        state.budgets = self.plan(total, num_layers, context_length)
+        return state
 
-    def on_layer(self, observation: WindowObservation) -> dict[int, int]:
-        return {observation.layer_idx: self.budgets[observation.layer_idx]}
+    def on_layer(self, state: AllocatorState, observation: WindowObservation) -> dict[int, int]:
+        return {observation.layer_idx: state.budgets[observation.layer_idx]}
 
 
 class UniformLayerAllocator(StaticLayerAllocator):
@@ -259,7 +265,7 @@ class UniformLayerAllocator(StaticLayerAllocator):
         return [base + (1 if layer < extra else 0) for layer in range(num_layers)]
 
 
-class HeadBudgetAllocator(ABC):
+class HeadBudgetAllocator(ReadOnlyAfterBuild, ABC):
     """Splits one layer's budget over its stored heads."""
 
     @abstractmethod
@@ -274,46 +280,63 @@ class UniformHeadAllocator(HeadBudgetAllocator):
         return [min(budget_per_head, scores.shape[1])] * scores.shape[0]
 
 
-class DecodePolicy(ABC):
-    """Eviction while generating.  Called after each decoding step's attention at every layer."""
+class DecodePolicy(ReadOnlyAfterBuild, ABC):
+    """Eviction while generating.  Called after each decoding step's attention at every layer, with the sample's
+    :class:`DecodeState` (:meth:`new_state`)."""
 
     #: Whether the policy also reduces after a multi-token append (question-agnostic mode's question); what it
     #: scores the appended rows with is :meth:`append`'s business (default: the last appended query, as TOVA's
     #: reference, which reduces after every forward).
     evicts_on_append: bool = False
 
-    def start_layer(  # noqa: B027
-        self, layer_idx: int, layer: HeadwiseLayer, head_budgets: list[int], scores: list[torch.Tensor] | None = None
+    def new_state(self) -> DecodeState:
+        """A sample's empty decode state (filled layer by layer by :meth:`start_layer`)."""
+        return DecodeState()
+
+    def start_layer(
+        self,
+        state: DecodeState,
+        layer_idx: int,
+        layer: HeadwiseLayer,
+        head_budgets: list[int],
+        scores: list[torch.Tensor] | None = None,
     ) -> None:
         """The layer's prefill is done.
 
         ``head_budgets`` are the per-head caps to keep during decoding; ``scores`` (per head ``[S_h]``, aligned
         with the stored tokens) are the prefill indicator's scores of the kept tokens, when there are any.
         """
+        state.caps[layer_idx] = torch.tensor(head_budgets, dtype=torch.int64)
 
     @abstractmethod
-    def step(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
+    def step(
+        self, state: DecodeState, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float
+    ) -> None:
         """One decoding step at ``layer`` (the new token is already stored); ``query`` is ``[H_q, 1, D]``.
 
         May call ``layer.keep(...)`` to evict.
         """
 
-    def append(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
+    def append(
+        self, state: DecodeState, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float
+    ) -> None:
         """A multi-token forward after the prefill (question-agnostic mode's question) at ``layer``: the ``q`` new
         tokens are already stored (the last ``q`` slots of every head); ``query`` is ``[H_q, q, D]``.
 
         Default: when :attr:`evicts_on_append`, one :meth:`step` with the last appended query; else nothing.
         """
         if self.evicts_on_append:
-            self.step(layer_idx, layer, query[:, -1:], scaling)
+            self.step(state, layer_idx, layer, query[:, -1:], scaling)
 
 
 # ---------------------------------------------------------------------------------------------------- method
-@dataclass
+@dataclass(frozen=True)
 class EvictionMethod:
     """A complete eviction method: the pieces plus the knobs that govern how they are combined.
 
-    ``scorer=None`` means no prefill eviction (``full``, or decode-only policies).
+    A frozen recipe: building it freezes its pieces (:class:`ReadOnlyAfterBuild`), so one method object serves every
+    sample of a run, batched or not; each sample's state lives in its session.  Variants are made with
+    :func:`dataclasses.replace`.  ``scorer=None`` means no prefill eviction (``full``, or decode-only policies).
     """
 
     name: str
@@ -338,6 +361,15 @@ class EvictionMethod:
     #: and ``gqa_reduce`` when ignored.  Narrower than ``ignored_knobs`` where the machinery still reads a knob the
     #: scores do not (StreamingLLM's ``window`` sizes the protected window and ``window_in_budget=false``'s extra).
     unused_knobs: frozenset[str] | None = None
+
+    def __post_init__(self) -> None:
+        for piece in (self.scorer, self.layer_allocator, self.head_allocator, self.decode_policy):
+            if isinstance(piece, ReadOnlyAfterBuild):
+                piece.freeze()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> EvictionMethod:
+        """The recipe is immutable: a copy of something that holds it (a session) shares it."""
+        return self
 
     @property
     def evicts(self) -> bool:

@@ -39,7 +39,7 @@ it (``--compress --cascading --window_size 32``, gamma 200, tau from ``config/mo
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -47,7 +47,9 @@ import torch
 
 from kvbench.kernels import WindowStats
 from kvbench.methods.base import (
+    AllocatorState,
     DecodePolicy,
+    DecodeState,
     EvictionMethod,
     LayerBudgetAllocator,
     StaticLayerAllocator,
@@ -203,6 +205,17 @@ def split_pool_monotone(
     return budgets
 
 
+@dataclass
+class CakeState(AllocatorState):
+    """One sample's CAKE allocation: the layers' preferences so far, the temperatures for its budget, and whether
+    the prompt was below the code's eviction trigger (``budgets``: the last split of the pool, without windows)."""
+
+    preferences: list[float] = field(default_factory=list)
+    tau1: float = 1.0
+    tau2: float = 1.0
+    below_trigger: bool = False
+
+
 class CakeLayerAllocator(LayerBudgetAllocator):
     """Preference-prioritised adaptive allocation, cascading or one-shot (see module docstring)."""
 
@@ -216,40 +229,39 @@ class CakeLayerAllocator(LayerBudgetAllocator):
         self.adjust = adjust
         self.score_dtype = rounding
 
-    def start(self, total: int, num_layers: int, context_length: int) -> None:
-        super().start(total, num_layers, context_length)
-        self.preferences: list[float] = []
-        self.budgets: list[int] = []
-        self.tau1, self.tau2 = resolve_tau(self.tau, self.model, total // max(num_layers, 1))
-        self.below_trigger = False
+    def new_state(self, total: int, num_layers: int, context_length: int, dataset: Any = None) -> CakeState:
+        tau1, tau2 = resolve_tau(self.tau, self.model, total // max(num_layers, 1))
+        return CakeState(total, num_layers, context_length, dataset=dataset, tau1=tau1, tau2=tau2)
 
-    def on_layer(self, observation: WindowObservation) -> dict[int, int]:
+    def on_layer(self, state: AllocatorState, observation: WindowObservation) -> dict[int, int]:
+        assert isinstance(state, CakeState)
         window = min(self.window, observation.window)
-        average = self.total // self.num_layers  # the code's cache_size C (window included)
-        context = self.context_length
+        average = state.total // state.num_layers  # the code's cache_size C (window included)
+        context = state.context_length
         if context <= average + window:  # the code's trigger: nothing is evicted at or below C + S_w
-            self.below_trigger = True
+            state.below_trigger = True
             return {observation.layer_idx: context}
         dtype = observation.model_dtype
         rnd = rounding_to(dtype) if self.score_dtype == "model" else no_rounding
         stats = observation.window_stats(probability_dtype(dtype, self.score_dtype))
-        self.preferences.append(layer_preference(stats, window, self.tau1, self.tau2, self.preference, rnd))
-        seen = len(self.preferences)
-        if not self.cascading and seen < self.num_layers:
+        state.preferences.append(layer_preference(stats, window, state.tau1, state.tau2, self.preference, rnd))
+        seen = len(state.preferences)
+        if not self.cascading and seen < state.num_layers:
             return {}
-        pool = max(average - window, 0) * self.num_layers
+        pool = max(average - window, 0) * state.num_layers
         cap = context - window
         if self.adjust == "monotone":
-            previous: list[int | None] = [*self.budgets, None]
-            past = split_pool_monotone(self.preferences, pool, [cap] * seen, previous if self.cascading else None)
+            previous: list[int | None] = [*state.budgets, None]
+            past = split_pool_monotone(state.preferences, pool, [cap] * seen, previous if self.cascading else None)
         else:
-            past = adjust_budgets(preference_shares(self.preferences, pool), pool, cap)
-        self.budgets = past
+            past = adjust_budgets(preference_shares(state.preferences, pool), pool, cap)
+        state.budgets = past
         return {layer: min(max(budget, 0), cap) + window for layer, budget in enumerate(past)}
 
-    def decode_budget(self, layer_idx: int) -> int | None:
+    def decode_budget(self, state: AllocatorState, layer_idx: int) -> int | None:
         """Below the trigger the code still decodes with ``C`` per layer (its default layer budget + the window)."""
-        return self.total // self.num_layers if self.below_trigger else None
+        assert isinstance(state, CakeState)
+        return state.total // state.num_layers if state.below_trigger else None
 
 
 def resolve_tau(tau: tuple[float | None, float | None], model: str | None, per_layer: int) -> tuple[float, float]:
@@ -259,7 +271,11 @@ def resolve_tau(tau: tuple[float | None, float | None], model: str | None, per_l
 
 
 class RandomLayerAllocator(StaticLayerAllocator):
-    """Table 2's random allocation: the pool split in proportion to uniform random weights (seeded per run)."""
+    """Table 2's random allocation: the pool split in proportion to uniform random weights (seeded per run).
+
+    The one piece of state a built recipe still carries: the generator's draws continue from sample to sample and
+    dataset to dataset over the whole run (unchanged behaviour; a declared run-level state is not built yet).
+    """
 
     def __init__(self, window: int, seed: int) -> None:
         self.window = window
@@ -319,13 +335,17 @@ class CakeDecode(ScoredDecodePolicy):
         self.gqa_reduce = gqa_reduce
         self.evicts_on_append = evict_on_append
 
-    def step(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
-        self._evict_by_rows(layer_idx, layer, query, scaling)
+    def step(
+        self, state: DecodeState, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float
+    ) -> None:
+        self._evict_by_rows(state, layer_idx, layer, query, scaling)
 
-    def append(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
+    def append(
+        self, state: DecodeState, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float
+    ) -> None:
         """The code's decoding branch on a multi-token forward: the last ``window`` rows, unmasked, row mean."""
         if self.evicts_on_append:
-            self._evict_by_rows(layer_idx, layer, query[:, -self.recent_window :], scaling)
+            self._evict_by_rows(state, layer_idx, layer, query[:, -self.recent_window :], scaling)
 
     def row_mean_attention(
         self, layer: HeadwiseLayer, rows: torch.Tensor, scaling: float
@@ -359,8 +379,10 @@ class CakeDecode(ScoredDecodePolicy):
         reduced = round_to(by_position.mean(dim=1), dtype)
         return round_to(pool_scores(reduced, self.kernel_size, self.pooling), dtype)
 
-    def _evict_by_rows(self, layer_idx: int, layer: HeadwiseLayer, rows: torch.Tensor, scaling: float) -> None:
-        caps = self.caps[layer_idx]
+    def _evict_by_rows(
+        self, state: DecodeState, layer_idx: int, layer: HeadwiseLayer, rows: torch.Tensor, scaling: float
+    ) -> None:
+        caps = state.layer_caps(layer_idx)
         heads = one_token_evictions(layer.head_lengths(), caps)
         if heads == []:
             return  # skip the attention computation when nothing is over budget

@@ -34,6 +34,7 @@ import torch
 from kvbench.checks import check_choice
 from kvbench.methods.base import (
     DecodePolicy,
+    DecodeState,
     EvictionMethod,
     PromptRows,
     TokenScorer,
@@ -102,11 +103,6 @@ class ScoredDecodePolicy(DecodePolicy):
         self.recent_window = recent_window
         self.gqa_agg = gqa_agg
         self.score_dtype = score_dtype
-        self.caps: dict[int, list[int]] = {}
-        #: Per layer ``[H, C]`` running scores by slot; ``_scored`` ``[H]``: slots scored so far (the rest are
-        #: tokens appended since the last step, which start at 0).
-        self.scores: dict[int, torch.Tensor] = {}
-        self._scored: dict[int, torch.Tensor] = {}
 
     def rounding_dtype(self, query: torch.Tensor) -> torch.dtype | None:
         """The dtype scores are rounded to for queries ``query`` (``None``: float32)."""
@@ -114,43 +110,54 @@ class ScoredDecodePolicy(DecodePolicy):
             return query.dtype
         return None
 
-    def logit_factor(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor) -> float | None:
+    def logit_factor(
+        self, state: DecodeState, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor
+    ) -> float | None:
         """A factor on the decoding step's scaled logits (AhaKV's step-gain softmax); ``None`` = none."""
         return None
 
-    def append_row_scale(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor) -> torch.Tensor | None:
+    def append_row_scale(
+        self, state: DecodeState, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor
+    ) -> torch.Tensor | None:
         """``[q]`` factors on an append's scaled logits, one per appended row; ``None`` = none."""
         return None
 
     def start_layer(
-        self, layer_idx: int, layer: HeadwiseLayer, head_budgets: list[int], scores: list[torch.Tensor] | None = None
+        self,
+        state: DecodeState,
+        layer_idx: int,
+        layer: HeadwiseLayer,
+        head_budgets: list[int],
+        scores: list[torch.Tensor] | None = None,
     ) -> None:
-        self.caps[layer_idx] = list(head_budgets)
+        super().start_layer(state, layer_idx, layer, head_budgets, scores)
         lengths = layer.head_lengths()
         device = layer.positions[0].device
         padded = torch.zeros((len(lengths), max(lengths, default=0)), dtype=torch.float32, device=device)
         if scores is not None:
             for head, score in enumerate(scores):
                 padded[head, : score.shape[0]] = score.float()
-        self.scores[layer_idx] = padded
-        self._scored[layer_idx] = torch.tensor(lengths, device=device)
+        state.scores[layer_idx] = padded
+        state.scored[layer_idx] = torch.tensor(lengths, device=device)
 
-    def head_scores(self, layer_idx: int) -> list[torch.Tensor]:
+    @staticmethod
+    def head_scores(state: DecodeState, layer_idx: int) -> list[torch.Tensor]:
         """The running scores of a layer's stored tokens, per head ``[S_h]`` by slot (for inspection)."""
-        scores = self.scores[layer_idx]
-        return [scores[head, :length] for head, length in enumerate(self._scored[layer_idx].tolist())]
+        scores = state.scores[layer_idx]
+        return [scores[head, :length] for head, length in enumerate(state.scored[layer_idx].tolist())]
 
-    def _aligned_scores(self, layer_idx: int, layer: HeadwiseLayer) -> torch.Tensor:
+    @staticmethod
+    def _aligned_scores(state: DecodeState, layer_idx: int, layer: HeadwiseLayer) -> torch.Tensor:
         """``[H, S_max]`` view of the running scores, zero for tokens appended since the last step (the buffer
         grows by 1/8 when a head outgrows it, so this is amortised O(H) per step)."""
-        scores = self.scores[layer_idx]
+        scores = state.scores[layer_idx]
         width = max(layer.head_lengths(), default=0)
         if width > scores.shape[1]:
             grown = scores.new_zeros((scores.shape[0], max(width, scores.shape[1] + scores.shape[1] // 8 + 1)))
             grown[:, : scores.shape[1]] = scores
-            self.scores[layer_idx] = scores = grown
+            state.scores[layer_idx] = scores = grown
         view = scores[:, :width]
-        fresh = torch.arange(width, device=scores.device) >= self._scored[layer_idx][:, None]
+        fresh = torch.arange(width, device=scores.device) >= state.scored[layer_idx][:, None]
         view.masked_fill_(fresh, 0.0)
         return view
 
@@ -166,26 +173,31 @@ class ScoredDecodePolicy(DecodePolicy):
         recent = torch.tensor([min(self.recent_window, cap) for cap in caps], device=positions.device)
         return positions >= layer.seen_tokens - recent[:, None]
 
-    def step(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
+    def step(
+        self, state: DecodeState, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float
+    ) -> None:
         dtype = self.rounding_dtype(query)
-        factor = self.logit_factor(layer_idx, layer, query)
+        factor = self.logit_factor(state, layer_idx, layer, query)
         attention, stored = padded_decode_attention(layer, query, scaling, self.gqa_agg, dtype, factor)
-        self._score_and_evict(layer_idx, layer, attention, stored, dtype)
+        self._score_and_evict(state, layer_idx, layer, attention, stored, dtype)
 
-    def append(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
+    def append(
+        self, state: DecodeState, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float
+    ) -> None:
         """With :attr:`evicts_on_append`, FMInference H2O's handling of a multi-token forward: the appended rows'
         attention sums (:func:`~kvbench.methods.token_scores.appended_attention`) go into the running scores, then every
         head is evicted to its cap at once; without, the appended tokens wait (score 0) for the next step."""
         if not self.evicts_on_append:
             return
         dtype = self.rounding_dtype(query)
-        row_scale = self.append_row_scale(layer_idx, layer, query)
+        row_scale = self.append_row_scale(state, layer_idx, layer, query)
         sums = appended_attention(layer, query, scaling, self.gqa_agg, dtype, row_scale)
         padded = torch.nn.utils.rnn.pad_sequence(sums, batch_first=True)  # [H, S_max], 0 past each head
-        self._score_and_evict(layer_idx, layer, padded, None, dtype)
+        self._score_and_evict(state, layer_idx, layer, padded, None, dtype)
 
     def _score_and_evict(
         self,
+        state: DecodeState,
         layer_idx: int,
         layer: HeadwiseLayer,
         attention: torch.Tensor,
@@ -194,11 +206,11 @@ class ScoredDecodePolicy(DecodePolicy):
     ) -> None:
         """Fold this step's ``[H, S_max]`` attention into the scores (rounded to ``dtype`` as the reference keeps
         them), then evict every head down to its cap: in place when each over-cap head is one token over."""
-        view = self._aligned_scores(layer_idx, layer)
+        view = self._aligned_scores(state, layer_idx, layer)
         view.copy_(round_to(self.update_scores(view, attention), dtype))
         assert layer.lengths is not None
-        self._scored[layer_idx] = layer.lengths.clone()
-        caps = self.caps[layer_idx]
+        state.scored[layer_idx] = layer.lengths.clone()
+        caps = state.layer_caps(layer_idx)
         heads = one_token_evictions(layer.head_lengths(), caps)
         if heads == []:
             return
@@ -207,11 +219,11 @@ class ScoredDecodePolicy(DecodePolicy):
         ranked = view if protected is None else view.masked_fill(protected, float("inf"))
         if heads is not None:
             slots, last, rows = evict_lowest(layer, heads, ranked, stored)
-            scores = self.scores[layer_idx]
+            scores = state.scores[layer_idx]
             if rows is None:
                 rows = torch.arange(scores.shape[0], device=scores.device)
             scores[rows, slots] = scores[rows, last]
-            self._scored[layer_idx] = layer.lengths.clone()
+            state.scored[layer_idx] = layer.lengths.clone()
             return
 
         def top_ranked(head: int, length: int, cap: int) -> torch.Tensor:
@@ -220,8 +232,8 @@ class ScoredDecodePolicy(DecodePolicy):
         keep = evict_to_caps(layer, caps, top_ranked)
         assert keep is not None
         index = torch.nn.utils.rnn.pad_sequence(keep, batch_first=True)
-        self.scores[layer_idx] = view.gather(1, index)
-        self._scored[layer_idx] = layer.lengths.clone()
+        state.scores[layer_idx] = view.gather(1, index)
+        state.scored[layer_idx] = layer.lengths.clone()
 
 
 class HeavyHitterDecode(ScoredDecodePolicy):

@@ -18,23 +18,33 @@ Parity: ``tests/methods/test_kvpress_decoding.py``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
-from kvbench.methods.base import DecodePolicy, TokenScorer, WindowObservation, evict_to_caps
+from kvbench.methods.base import DecodePolicy, DecodeState, TokenScorer, WindowObservation, evict_to_caps
 from kvbench.methods.token_scores import aggregate_groups
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
     from kvbench.cache.kv_cache import HeadwiseLayer
 
 
+@dataclass
+class IntervalDecodeState(DecodeState):
+    """One sample's :class:`IntervalDecodingPolicy` state: besides the caps, per layer the forwards counted since its
+    last compression and the last ``window`` queries ``[H_q, <=W, D]`` of those forwards (``None``: none yet)."""
+
+    steps: dict[int, int] = field(default_factory=dict)
+    queries: dict[int, torch.Tensor | None] = field(default_factory=dict)
+
+
 class IntervalDecodingPolicy(DecodePolicy):
     """Every ``interval`` forwards per layer, each head cut to its cap (``target`` when set) by ``scorer``'s scores
     of the whole cache.
 
-    Per-sample state (reset by :meth:`start_layer`): the forwards counted since the layer's last compression, its
-    caps and the queries of those forwards."""
+    Per-sample state (:class:`IntervalDecodeState`, the session's; reset per layer by :meth:`start_layer`): the
+    forwards counted since the layer's last compression, its caps and the queries of those forwards."""
 
     evicts_on_append = True
 
@@ -42,31 +52,45 @@ class IntervalDecodingPolicy(DecodePolicy):
         self, scorer: TokenScorer, interval: int, gqa_agg: str = "mean", window: int = 32, target: int = 0
     ) -> None:
         self.scorer, self.interval, self.gqa_agg, self.window, self.target = scorer, interval, gqa_agg, window, target
-        self._steps: dict[int, int] = {}
-        self._caps: dict[int, list[int]] = {}
-        self._queries: dict[int, torch.Tensor | None] = {}
+
+    def new_state(self) -> IntervalDecodeState:
+        return IntervalDecodeState()
 
     def start_layer(
-        self, layer_idx: int, layer: HeadwiseLayer, head_budgets: list[int], scores: list[torch.Tensor] | None = None
+        self,
+        state: DecodeState,
+        layer_idx: int,
+        layer: HeadwiseLayer,
+        head_budgets: list[int],
+        scores: list[torch.Tensor] | None = None,
     ) -> None:
-        self._steps[layer_idx], self._caps[layer_idx], self._queries[layer_idx] = 0, list(head_budgets), None
+        assert isinstance(state, IntervalDecodeState)
+        super().start_layer(state, layer_idx, layer, head_budgets, scores)
+        state.steps[layer_idx], state.queries[layer_idx] = 0, None
 
-    def step(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
-        self._forward(layer_idx, layer, query, scaling)
+    def step(
+        self, state: DecodeState, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float
+    ) -> None:
+        self._forward(state, layer_idx, layer, query, scaling)
 
-    def append(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
-        self._forward(layer_idx, layer, query, scaling)
+    def append(
+        self, state: DecodeState, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float
+    ) -> None:
+        self._forward(state, layer_idx, layer, query, scaling)
 
-    def _forward(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
+    def _forward(
+        self, state: DecodeState, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float
+    ) -> None:
         """One forward's ``query`` ``[H_q, q, D]`` (its tokens already stored): count it, compress when due."""
-        seen = self._queries.get(layer_idx)
+        assert isinstance(state, IntervalDecodeState)
+        seen = state.queries.get(layer_idx)
         recent = query if seen is None else torch.cat([seen, query], dim=1)
-        self._queries[layer_idx] = recent[:, -self.window :]
-        self._steps[layer_idx] = self._steps.get(layer_idx, 0) + 1
-        if self._steps[layer_idx] < self.interval:
+        state.queries[layer_idx] = recent[:, -self.window :]
+        state.steps[layer_idx] = state.steps.get(layer_idx, 0) + 1
+        if state.steps[layer_idx] < self.interval:
             return
-        self._steps[layer_idx], self._queries[layer_idx] = 0, None
-        caps = [self.target] * layer.num_heads if self.target else self._caps[layer_idx]
+        state.steps[layer_idx], state.queries[layer_idx] = 0, None
+        caps = [self.target] * layer.num_heads if self.target else state.layer_caps(layer_idx)
         keys, values, _ = layer.padded_kv()  # [H, S_max, D]; slots past a head's length are stale
         observation = WindowObservation(layer_idx, 0, recent, keys, values, scaling)
         scores = aggregate_groups(self.scorer.score(observation).float(), layer.num_heads, self.gqa_agg)

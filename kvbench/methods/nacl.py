@@ -52,6 +52,7 @@ from typing import Any
 import torch
 
 from kvbench.methods.base import (
+    AllocatorState,
     EvictionMethod,
     PromptRows,
     TokenScorer,
@@ -330,10 +331,10 @@ class TriggeredUniformAllocator(UniformLayerAllocator):
     def __init__(self, min_length: int) -> None:
         self.min_length = min_length
 
-    def on_layer(self, observation: WindowObservation) -> dict[int, int]:
-        if self.context_length <= self.min_length:
-            return {observation.layer_idx: self.context_length}
-        return super().on_layer(observation)
+    def on_layer(self, state: AllocatorState, observation: WindowObservation) -> dict[int, int]:
+        if state.context_length <= self.min_length:
+            return {observation.layer_idx: state.context_length}
+        return super().on_layer(state, observation)
 
 
 @register_method("nacl")

@@ -16,6 +16,7 @@ import torch
 
 from kvbench.methods.base import (
     DecodePolicy,
+    DecodeState,
     EvictionMethod,
     TokenScorer,
     WindowObservation,
@@ -46,17 +47,13 @@ class SinkWindowDecode(DecodePolicy):
     def __init__(self, sink_tokens: int, evict_on_append: bool = True) -> None:
         self.sink_tokens = sink_tokens
         self.evicts_on_append = evict_on_append
-        self.caps: dict[int, list[int]] = {}
 
-    def start_layer(
-        self, layer_idx: int, layer: HeadwiseLayer, head_budgets: list[int], scores: list[torch.Tensor] | None = None
+    def step(
+        self, state: DecodeState, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float
     ) -> None:
-        self.caps[layer_idx] = list(head_budgets)
-
-    def step(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
         """Evict the oldest non-sink token of each head over its cap, in place (one slot per head, vectorised);
         a head further over its cap (a lowered cap) keeps its sinks and most recent tokens by position."""
-        caps = self.caps[layer_idx]
+        caps = state.layer_caps(layer_idx)
         lengths = layer.head_lengths()
         heads = one_token_evictions(lengths, caps)
         if heads == []:

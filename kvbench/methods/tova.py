@@ -23,6 +23,7 @@ import torch
 
 from kvbench.methods.base import (
     DecodePolicy,
+    DecodeState,
     EvictionMethod,
     TokenScorer,
     WindowObservation,
@@ -71,20 +72,24 @@ class CurrentAttentionDecode(ScoredDecodePolicy):
     def update_scores(self, old: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
         return attention
 
-    def step(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
+    def step(
+        self, state: DecodeState, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float
+    ) -> None:
         if self.head_average and not layer.is_ragged:
             # All heads hold the same tokens in the same slots: the reference's mean of the current attention over
             # every query head, so every head evicts the same slot.
             dtype = self.rounding_dtype(query)
             per_query_head, stored = padded_decode_attention(layer, query, scaling, None, dtype)  # [H_q, S]
             attention = round_to(per_query_head.mean(dim=0, keepdim=True), dtype).expand(layer.num_heads, -1)
-            self._score_and_evict(layer_idx, layer, attention, stored, dtype)
+            self._score_and_evict(state, layer_idx, layer, attention, stored, dtype)
             return
-        super().step(layer_idx, layer, query, scaling)
+        super().step(state, layer_idx, layer, query, scaling)
 
-    def append(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float) -> None:
+    def append(
+        self, state: DecodeState, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float
+    ) -> None:
         """The reference reduces after every forward with its last query: one :meth:`step` with it."""
-        DecodePolicy.append(self, layer_idx, layer, query, scaling)
+        DecodePolicy.append(self, state, layer_idx, layer, query, scaling)
 
 
 @dataclass

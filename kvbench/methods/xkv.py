@@ -16,19 +16,22 @@
 * Sampling mode (``params.sampling``): the first ``ceil(sample_ratio x task samples)`` samples of a task run
   the full XKV and record each layer's share ``n_i / N``; later samples reuse the averaged shares, rescaled to
   their ``N`` by largest remainder, and evict layer by layer without scoring the allocation.  The task size comes
-  from :meth:`begin_task` when the runner calls it, else ``params.task_samples``.
+  from the dataset the runner runs (the dataset's :class:`XKVCalibration`, the declared home of this state, which
+  the runner creates per dataset and passes to every sample's session), else ``params.task_samples``.
 * No decode-time eviction.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from kvbench.methods.base import (
+    AllocatorState,
     EvictionMethod,
     LayerBudgetAllocator,
     TokenScorer,
@@ -129,6 +132,50 @@ def rescale_shares(shares: list[float], total: int, caps: list[int]) -> list[int
     return counts
 
 
+@dataclass
+class XKVCalibration:
+    """The declared home of XKV's sampled mode across one dataset: the runner creates it per dataset
+    (:meth:`XKVLayerAllocator.new_dataset_state`, i.e. ``LayerBudgetAllocator.new_dataset_state``) and passes it to
+    every sample's session; the first ``calibration_samples`` samples add their shares, later ones reuse the average.
+
+    Attributes
+    ----------
+    calibration_samples:
+        ``ceil(sample_ratio x dataset samples)`` (at least 1).
+    recorded_shares:
+        Per calibrated sample, each layer's share ``n_i / N``, in dataset order.
+    shared_shares:
+        Their average once ``calibration_samples`` samples calibrated, else ``None``.
+    allocations:
+        Per sample of the dataset so far, its per-layer allocation ``n_i`` (window excluded; for inspection).
+    """
+
+    calibration_samples: int
+    recorded_shares: list[list[float]] = field(default_factory=list)
+    shared_shares: list[float] | None = None
+    allocations: list[list[int]] = field(default_factory=list)
+
+    def record(self, shares: list[float]) -> None:
+        """Add one calibration sample's shares; the average is fixed once enough samples have calibrated."""
+        self.recorded_shares.append(shares)
+        if len(self.recorded_shares) >= self.calibration_samples:
+            count = len(self.recorded_shares)
+            self.shared_shares = [sum(col) / count for col in zip(*self.recorded_shares, strict=True)]
+
+
+@dataclass
+class XKVState(AllocatorState):
+    """One sample's XKV allocation: every layer's ``w_i`` so far (``[t - ows]`` each), the pool ``N``, the per-layer
+    caps, the planned allocation when it reuses the sampled shares, and its calibration shares when it calibrated.
+    ``dataset`` is the :class:`XKVCalibration` of its dataset."""
+
+    pool: int = 0
+    caps: list[int] = field(default_factory=list)
+    layer_scores: list[torch.Tensor] = field(default_factory=list)
+    planned: list[int] | None = None
+    calibrated: list[float] | None = None
+
+
 class XKVLayerAllocator(LayerBudgetAllocator):
     """Collects every layer's ``w_i``, then allocates (or reuses the sampled allocation)."""
 
@@ -146,68 +193,63 @@ class XKVLayerAllocator(LayerBudgetAllocator):
         self.target_retention = target_retention
         self.sampling = sampling
         self.sample_ratio = sample_ratio
-        self.begin_task("", task_samples)
+        self.task_samples = task_samples
 
-    def begin_task(self, name: str, num_samples: int) -> None:
-        """Reset the sampled allocation: calibrate on the first ``ceil(ratio x num_samples)`` samples."""
-        self.calibration_samples = max(1, math.ceil(self.sample_ratio * num_samples))
-        self.recorded_shares: list[list[float]] = []
-        self.shared_shares: list[float] | None = None
-        self.allocations: list[list[int]] = []
+    def new_dataset_state(
+        self, name: str, num_samples: int, finished: Sequence[dict[str, Any] | None] = ()
+    ) -> XKVCalibration:
+        """A dataset's calibration: the first ``ceil(ratio x num_samples)`` samples calibrate.  ``finished`` (a
+        resumed run) re-records the finished samples' shares, so it reuses the allocation the uninterrupted run
+        would (never recalibrating on later samples)."""
+        calibration = XKVCalibration(max(1, math.ceil(self.sample_ratio * num_samples)))
+        for state in finished:
+            shares = (state or {}).get("xkv_calibration_shares")
+            if shares is not None and self.sampling and calibration.shared_shares is None:
+                calibration.record([float(x) for x in shares])
+        return calibration
 
-    @property
-    def reusing(self) -> bool:
-        """Whether this sample uses the averaged (sampled) allocation."""
-        return self.sampling and self.shared_shares is not None
+    def new_state(self, total: int, num_layers: int, context_length: int, dataset: Any = None) -> XKVState:
+        """A sample's state; without a dataset state (a caller that runs one sample alone) a fresh calibration
+        sized by ``params.task_samples``."""
+        calibration = dataset if dataset is not None else self.new_dataset_state("", self.task_samples)
+        state = XKVState(
+            total,
+            num_layers,
+            context_length,
+            dataset=calibration,
+            pool=max(total - num_layers * self.window, 0),
+            caps=[max(context_length - self.window, 0)] * num_layers,
+        )
+        if self.sampling and calibration.shared_shares is not None:  # reuse the averaged (sampled) allocation
+            state.planned = rescale_shares(calibration.shared_shares, state.pool, state.caps)
+            calibration.allocations.append(state.planned)
+        return state
 
-    def start(self, total: int, num_layers: int, context_length: int) -> None:
-        super().start(total, num_layers, context_length)
-        self.calibrated: list[float] | None = None  # this sample's shares, when it calibrates
-        self.layer_scores: list[torch.Tensor] = []
-        self.pool = max(total - num_layers * self.window, 0)
-        self.caps = [max(context_length - self.window, 0)] * num_layers
-        self.planned: list[int] | None = None
-        if self.reusing:
-            assert self.shared_shares is not None
-            self.planned = rescale_shares(self.shared_shares, self.pool, self.caps)
-            self.allocations.append(self.planned)
-
-    def on_layer(self, observation: WindowObservation) -> dict[int, int]:
+    def on_layer(self, state: AllocatorState, observation: WindowObservation) -> dict[int, int]:
+        assert isinstance(state, XKVState)
         window = min(self.window, observation.window)
-        if self.planned is not None:
-            return {observation.layer_idx: self.planned[observation.layer_idx] + window}
-        self.layer_scores.append(importance(observation, self.options).mean(dim=0))
-        if len(self.layer_scores) < self.num_layers:
+        if state.planned is not None:
+            return {observation.layer_idx: state.planned[observation.layer_idx] + window}
+        state.layer_scores.append(importance(observation, self.options).mean(dim=0))
+        if len(state.layer_scores) < state.num_layers:
             return {}
         if self.target_retention is not None:
-            past = xkv_allocate_for_retention(self.layer_scores, self.target_retention)
+            past = xkv_allocate_for_retention(state.layer_scores, self.target_retention)
         else:
-            past = xkv_allocate(self.layer_scores, self.pool)
-        self.allocations.append(past)
-        if self.sampling and self.shared_shares is None:
+            past = xkv_allocate(state.layer_scores, state.pool)
+        calibration: XKVCalibration = state.dataset
+        calibration.allocations.append(past)
+        state.budgets = past
+        if self.sampling and calibration.shared_shares is None:
             used = sum(past)
-            self.calibrated = [n / used if used else 1.0 / len(past) for n in past]
-            self._record(self.calibrated)
+            state.calibrated = [n / used if used else 1.0 / len(past) for n in past]
+            calibration.record(state.calibrated)
         return {layer: n + window for layer, n in enumerate(past)}
 
-    def _record(self, shares: list[float]) -> None:
-        """Add one calibration sample's shares; the average is fixed once enough samples have calibrated."""
-        self.recorded_shares.append(shares)
-        if len(self.recorded_shares) >= self.calibration_samples:
-            count = len(self.recorded_shares)
-            self.shared_shares = [sum(col) / count for col in zip(*self.recorded_shares, strict=True)]
-
-    def sample_state(self) -> dict[str, Any] | None:
+    def sample_state(self, state: AllocatorState) -> dict[str, Any] | None:
         """The calibration shares of this sample (stored with its prediction), ``None`` when it did not calibrate."""
-        return {"xkv_calibration_shares": self.calibrated} if self.sampling and self.calibrated else None
-
-    def replay(self, states: list[dict[str, Any] | None]) -> None:
-        """A resumed run: re-record the finished samples' calibration shares, so it reuses the allocation the
-        uninterrupted run would (never recalibrating on later samples)."""
-        for state in states:
-            shares = (state or {}).get("xkv_calibration_shares")
-            if shares is not None and self.sampling and self.shared_shares is None:
-                self._record([float(x) for x in shares])
+        assert isinstance(state, XKVState)
+        return {"xkv_calibration_shares": state.calibrated} if self.sampling and state.calibrated else None
 
 
 @dataclass
@@ -219,7 +261,7 @@ class XKVParams:
     target_retention: float | None = bounded(None, 0.0, 1.0, low_open=True)
     sampling: bool = False
     sample_ratio: float = bounded(0.1, 0.0, 1.0, low_open=True)
-    #: Task size used for the calibration count when the runner does not call begin_task (LongBench: 200).
+    #: Task size used for the calibration count when no dataset state is passed (LongBench: 200).
     task_samples: int = 200
 
 

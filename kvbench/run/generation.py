@@ -98,6 +98,7 @@ def _generate(job: DatasetJob, loaded: Any, encoded: Any, rules: dict[str, Any])
         budget=job.budget,
         question_mode=str(job.cfg.task.question_mode),
         prefill_chunk=job.cfg.run.prefill_chunk,
+        dataset_state=job.dataset_state,
         **rules,
     )
 
@@ -134,6 +135,7 @@ def run_batched(
         question_mode=str(cfg.task.question_mode),
         decode_batch=job.decode_batch,
         prefill_chunk=cfg.run.prefill_chunk,
+        dataset_state=job.dataset_state,
     )
     try:
         for index, output in outputs:

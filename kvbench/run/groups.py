@@ -124,6 +124,7 @@ def generate_groups(
                 mode=mode,
                 first_query=first_query,
                 prefill_chunk=job.cfg.run.prefill_chunk,
+                dataset_state=job.dataset_state,
             )
             with TERMINATION.critical():
                 for sample, turn_encoding, turn_output in zip(group, encoded, output.turns, strict=True):

@@ -283,11 +283,13 @@ class Runner:
         generated = self._generate(loaded, dataset, samples)
         return self._score_and_write(dataset, samples, generated)
 
-    def _job(self) -> DatasetJob:
-        """What a dataset's work needs from this run (:class:`~kvbench.run.job.DatasetJob`)."""
+    def _job(self, dataset_state: Any = None) -> DatasetJob:
+        """What a dataset's work needs from this run (:class:`~kvbench.run.job.DatasetJob`), with the method's
+        state across the dataset (``dataset_state``)."""
         return DatasetJob(
-            self.cfg, self.cfg_hash, self.method, self.budget, self.folder, self.resolved_decode_batch or 1
-        )
+            self.cfg, self.cfg_hash, self.method, self.budget, self.folder, self.resolved_decode_batch or 1,
+            dataset_state,
+        )  # fmt: skip
 
     def _cached_result(self, dataset: TaskDataset, samples: list[Sample]) -> DatasetResult | None:
         """The dataset's result from what an earlier run of this config wrote: its ``metrics.json`` when it covers
@@ -332,11 +334,11 @@ class Runner:
         use_template = bool(cfg.model.chat_template and dataset.chat_template)
         stops = stop_token_ids(loaded.tokenizer, loaded.model, list(cfg.model.stop_tokens))
         stops |= last_token_ids(loaded.tokenizer, dataset.stop_token_texts)
-        # Stateful allocators (XKV's sampled mode) calibrate per dataset; a resumed run replays what the finished
-        # samples recorded (dataset order), so it continues exactly as the uninterrupted run would.
-        self.method.layer_allocator.begin_task(dataset.name, len(samples))
+        # What spans the dataset (XKV's sampled mode: its calibration) lives in one object per dataset, passed to
+        # every sample's session; a resumed run feeds it what the finished samples recorded (dataset order), so it
+        # continues exactly as the uninterrupted run would.
         finished = [done[s.id]["cache"].get("allocator_state") for s in samples if s.id in done]
-        self.method.layer_allocator.replay(finished)
+        dataset_state = self.method.layer_allocator.new_dataset_state(dataset.name, len(samples), finished)
         todo = [s for s in samples if s.id not in done]
         ATTENTION_RECORD.reset()  # paths and fallbacks of this dataset's samples (metrics.json "attention")
         progress = _progress(todo, f"{dataset.name}", cfg.run.progress, initial=len(done), total=len(samples))
@@ -363,7 +365,7 @@ class Runner:
         if self.resolved_decode_batch is None:  # resolved once per run, from the first dataset that generates
             self.resolved_decode_batch = decode_batch_for(self._job(), loaded, dataset, todo, encode)
         generate = generate_groups if dataset.context_groups is not None else generate_dataset  # run/groups.py
-        generate(self._job(), loaded, dataset, todo, encode, write, stops, progress)
+        generate(self._job(dataset_state), loaded, dataset, todo, encode, write, stops, progress)
         return _Generated([done[s.id] for s in samples], provenance, use_template, timing_log.summary())
 
     def _score_and_write(self, dataset: TaskDataset, samples: list[Sample], generated: _Generated) -> DatasetResult:

@@ -68,18 +68,18 @@ def _requests(vocab: int, count: int, stops: set[int], seed: int = 1, **rules) -
 def _compare(model, tokenizer, name: str, requests: list[DecodeRequest], batch: int, question_mode: str) -> None:
     """Batch ``batch`` equals one-at-a-time generation: tokens, text, stop reason and the whole cache record."""
     budget = parse_budget("16L")
-    methods = [load_method(name), load_method(name)]  # one per mode, shared by its samples as in the runner
-    for method in methods:  # stateful allocators (XKV's sampled mode) calibrate on the first samples of a task
-        method.layer_allocator.begin_task("compare", len(requests))
+    method = load_method(name)  # one frozen recipe, shared by every sample of both modes
+    # What spans a dataset (XKV's sampled mode calibrates on its first samples): one state per mode, as per dataset.
+    alone_state, batched_state = (method.layer_allocator.new_dataset_state("compare", len(requests)) for _ in "ab")
     alone = [
-        generate(model, tokenizer, r.context_ids, r.question_ids, method=methods[0], budget=budget,
+        generate(model, tokenizer, r.context_ids, r.question_ids, method=method, budget=budget,
                  question_mode=question_mode, max_new_tokens=r.max_new_tokens, stop_token_ids=r.stop_token_ids,
-                 stop_strings=r.stop_strings, min_new_tokens=r.min_new_tokens)
+                 stop_strings=r.stop_strings, min_new_tokens=r.min_new_tokens, dataset_state=alone_state)
         for r in requests
     ]  # fmt: skip
     batched = dict(
-        generate_batched(model, tokenizer, requests, method=methods[1], budget=budget,
-                         question_mode=question_mode, decode_batch=batch)
+        generate_batched(model, tokenizer, requests, method=method, budget=budget,
+                         question_mode=question_mode, decode_batch=batch, dataset_state=batched_state)
     )  # fmt: skip
     assert sorted(batched) == list(range(len(requests)))
     for index, expected in enumerate(alone):

@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_flatten
 
 from kvbench.cache.kv_cache import KVBenchCache
 from kvbench.run import runner
-from tests.methods.helpers import method_from_yaml, run_method
+from tests.methods.helpers import method_from_yaml, run_method, with_step_hook
 
 #: aten ops that read a device value back to the host (or whose output size depends on data): a sync on CUDA.
 SYNC_OPS = {"_local_scalar_dense", "nonzero", "unique_dim", "_unique2", "masked_select", "item"}
@@ -70,24 +70,25 @@ def _cache_at_cap(backend: str, kv_heads: int, context: int, ragged: bool, seed:
     return cache, layer, gen
 
 
-def _decode(cache, layer, policy, gen, steps: int, groups: int = 2) -> None:
-    """``steps`` decoding steps at layer 0: append one token, then the policy's step."""
+def _decode(cache, layer, policy, state, gen, steps: int, groups: int = 2) -> None:
+    """``steps`` decoding steps at layer 0: append one token, then the policy's step (the sample's ``state``)."""
     heads = layer.num_heads
     for _ in range(steps):
         new = torch.randn(1, heads, 1, HEAD_DIM, generator=gen)
         cache.update(new, torch.randn(new.shape, generator=gen), 0)
         query = torch.randn(heads * groups, 1, HEAD_DIM, generator=gen)
-        policy.step(0, layer, query, HEAD_DIM**-0.5)
+        policy.step(state, 0, layer, query, HEAD_DIM**-0.5)
 
 
 def _counted_steps(name: str, backend: str, kv_heads: int, ragged: bool = False, context: int = 96):
     cache, layer, gen = _cache_at_cap(backend, kv_heads, context, ragged)
     policy = _policy(name)
-    policy.start_layer(0, layer, layer.head_lengths(), None)
-    _decode(cache, layer, policy, gen, steps=2)  # warm-up: the first append makes room once
+    state = policy.new_state()
+    policy.start_layer(state, 0, layer, layer.head_lengths(), None)
+    _decode(cache, layer, policy, state, gen, steps=2)  # warm-up: the first append makes room once
     before = (layer.stats.reallocations, layer.stats.rows_copied, layer.head_lengths())
     with OpCounter() as counter:
-        _decode(cache, layer, policy, gen, steps=3)
+        _decode(cache, layer, policy, state, gen, steps=3)
     return counter, layer, before
 
 
@@ -140,8 +141,9 @@ def test_streamingllm_in_place_keeps_the_sinks_and_the_most_recent_tokens(ragged
     cache, layer, gen = _cache_at_cap("torch", 2, 60, ragged)
     policy = _policy("streamingllm")
     caps = layer.head_lengths()
-    policy.start_layer(0, layer, caps, None)
-    _decode(cache, layer, policy, gen, steps=20)
+    state = policy.new_state()
+    policy.start_layer(state, 0, layer, caps, None)
+    _decode(cache, layer, policy, state, gen, steps=20)
     first = [0, 8]
     for head, positions in enumerate(_sorted_positions(layer)):
         sinks = [p for p in range(4) if p >= first[head] or not ragged]
@@ -182,11 +184,12 @@ def test_h2o_in_place_keeps_what_the_rule_spelled_out_keeps(backend: str) -> Non
     cache = KVBenchCache(1, backend=backend)
     cache.update(keys[None, :, :cap], keys[None, :, :cap].clone(), 0)
     layer = cache.headwise_layers[0]
-    policy.start_layer(0, layer, [cap, cap], None)
+    state = policy.new_state()
+    policy.start_layer(state, 0, layer, [cap, cap], None)
     for step, query in enumerate(queries):
         new = keys[None, :, cap + step : cap + step + 1]
         cache.update(new, new.clone(), 0)
-        policy.step(0, layer, query, HEAD_DIM**-0.5)
+        policy.step(state, 0, layer, query, HEAD_DIM**-0.5)
     assert _sorted_positions(layer) == _reference_h2o(keys, queries, cap, 8, groups)
     for head in range(2):  # every slot still holds its own token's key
         stored_keys, _ = layer.head_kv(head)
@@ -242,15 +245,13 @@ def test_generation_at_the_cap_never_rebuilds_the_storage(tiny_llama, monkeypatc
     model, tokenizer = tiny_llama
     method = method_from_yaml(name)
     rebuilds: list[list[int]] = []
-    policy, original = method.decode_policy, method.decode_policy.step
 
-    def step(layer_idx, layer, query, scaling):
-        original(layer_idx, layer, query, scaling)
+    def after(layer_idx, layer, state):
         if layer_idx == 0:
             rebuilds.append([])
         rebuilds[-1].append(layer.stats.reallocations)
 
-    policy.step = step
+    method = with_step_hook(method, after)
     out = run_method(model, tokenizer, method, "64L", context=200, new=32)
     assert out.record.final_per_layer == [64] * 4
     assert len(rebuilds) == 31 and rebuilds[1] == rebuilds[-1]

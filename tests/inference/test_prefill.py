@@ -9,6 +9,8 @@ on 2 CPU cores.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -16,6 +18,7 @@ from transformers import AutoModelForCausalLM
 from kvbench.budget import parse_budget
 from kvbench.inference.generate import CPU_PREFILL_CHUNK, generate, resolve_prefill_chunk
 from kvbench.inference.prefill import prefill
+from kvbench.methods.base import PromptRows, TokenScorer, WindowObservation
 from kvbench.models.loading import build_builtin
 from kvbench.models.tiny import DEFAULT_MODEL_DIR, build_tokenizer
 from kvbench.tasks.tiny_niah import build_instance
@@ -101,20 +104,29 @@ def test_chunked_prefill_in_bf16_keeps_the_same_tokens_at_layer_0(random_tiny_bf
         assert chunked[0] == one_shot[0], f"chunk {chunk}"
 
 
+class _CapturingScorer(TokenScorer):
+    """A scorer that records each observation's all-rows column sums, then scores as ``scorer`` does."""
+
+    def __init__(self, scorer: TokenScorer, captured: list[torch.Tensor]) -> None:
+        self.scorer = scorer
+        self.captured = captured
+
+    def prompt_rows(self, model_dtype: torch.dtype) -> PromptRows:
+        return self.scorer.prompt_rows(model_dtype)
+
+    def score(self, observation: WindowObservation) -> torch.Tensor:
+        self.captured.append(observation.prompt_column_sums.clone())
+        return self.scorer.score(observation)
+
+
 def test_h2o_column_sums_accumulated_over_chunks_equal_the_one_shot_sums(random_tiny) -> None:
     """The session's all-rows column sums after a chunked prefill == those of one forward (H2O's scores)."""
     model, _, ids = random_tiny
     sums = []
     for chunk in (0, 37):
-        method = method_from_yaml("h2o")
         captured: list[torch.Tensor] = []
-        scorer_score = method.scorer.score
-
-        def capture(observation, scorer_score=scorer_score, captured=captured):
-            captured.append(observation.prompt_column_sums.clone())
-            return scorer_score(observation)
-
-        method.scorer.score = capture
+        method = method_from_yaml("h2o")
+        method = dataclasses.replace(method, scorer=_CapturingScorer(method.scorer, captured))
         _kept_after_prefill(model, method, "48L", ids, chunk)
         sums.append(captured)
     assert len(sums[0]) == len(sums[1]) == model.config.num_hidden_layers

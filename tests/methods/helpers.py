@@ -3,6 +3,7 @@ hand-built tensors, a planted dominant key, and a short greedy run on a tiny mod
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -13,7 +14,7 @@ from kvbench.cache.kv_cache import KVBenchCache
 from kvbench.config import MethodConfig
 from kvbench.inference.eviction import EvictionSession
 from kvbench.inference.generate import generate
-from kvbench.methods.base import build_method
+from kvbench.methods.base import DecodePolicy, DecodeState, build_method
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -26,6 +27,36 @@ def method_from_yaml(name: str, **overrides):
     for key, value in overrides.items():
         node[key] = value
     return build_method(node)
+
+
+class StepHook(DecodePolicy):
+    """A decode policy that runs ``policy`` and then ``after(layer_idx, layer, state)`` after every step (the method
+    is a frozen recipe: a test observes its steps through a wrapped policy, ``dataclasses.replace(method,
+    decode_policy=StepHook(...))``, not by patching the shared one)."""
+
+    def __init__(self, policy: DecodePolicy, after) -> None:
+        self.policy = policy
+        self.after = after
+        self.evicts_on_append = policy.evicts_on_append
+
+    def new_state(self) -> DecodeState:
+        return self.policy.new_state()
+
+    def start_layer(self, state, layer_idx, layer, head_budgets, scores=None) -> None:
+        self.policy.start_layer(state, layer_idx, layer, head_budgets, scores)
+
+    def step(self, state, layer_idx, layer, query, scaling) -> None:
+        self.policy.step(state, layer_idx, layer, query, scaling)
+        self.after(layer_idx, layer, state)
+
+    def append(self, state, layer_idx, layer, query, scaling) -> None:
+        self.policy.append(state, layer_idx, layer, query, scaling)
+
+
+def with_step_hook(method, after):
+    """``method`` with ``after(layer_idx, layer, state)`` called after each decoding step of its policy (``state``:
+    the sample's :class:`~kvbench.methods.base.DecodeState`)."""
+    return dataclasses.replace(method, decode_policy=StepHook(method.decode_policy, after))
 
 
 class LayerIndex(torch.nn.Module):

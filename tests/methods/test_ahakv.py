@@ -12,7 +12,7 @@ from kvbench.budget import parse_budget
 from kvbench.cache.kv_cache import KVBenchCache
 from kvbench.inference.eviction import EvictionSession
 from kvbench.methods.ahakv import AhaScorer, sg_multiplier, value_prior
-from tests.methods.helpers import CONF, LayerIndex, method_from_yaml, run_method
+from tests.methods.helpers import CONF, LayerIndex, method_from_yaml, run_method, with_step_hook
 
 CONTEXT, DIM, WINDOW = 100, 8, 32
 X, Y = 10, 20  # the two candidates; a budget of WINDOW + 1 keeps exactly one token outside the window
@@ -144,12 +144,14 @@ def test_presets_keep_the_budget_through_decoding(tiny_llama, name: str) -> None
 
 def test_decoding_accumulates_and_keeps_the_recent_window(tiny_llama) -> None:
     model, tokenizer = tiny_llama
-    method = method_from_yaml("ahakv")
+    states = []  # the sample's decode state, owned by its session
+    method = with_step_hook(method_from_yaml("ahakv"), lambda layer_idx, layer, state: states.append(state))
     out = run_method(model, tokenizer, method, "64L", context=300, new=10)
     assert out.record.final_per_layer == [64] * 4
-    policy = method.decode_policy
-    for layer in policy.scores:
-        scores = policy.head_scores(layer)
+    policy, state = method.decode_policy.policy, states[-1]
+    assert all(s is state for s in states)
+    for layer in state.scores:
+        scores = policy.head_scores(state, layer)
         # Running scores: prefill's enhanced scores plus one probability mass per decoding step, minus evictions.
         assert all(s.shape[0] == 64 for s in scores), layer
         assert all(float(s.sum()) > 0 for s in scores)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -90,10 +91,12 @@ def _random_layers(num_layers: int, seed: int = 0, context: int = 160):
     return layers
 
 
-def _prefill_layers(method, budget: str, layers, observe=None) -> tuple[KVBenchCache, EvictionSession]:
+def _prefill_layers(
+    method, budget: str, layers, observe=None, dataset_state=None
+) -> tuple[KVBenchCache, EvictionSession]:
     """Feed layers one at a time, as a model's prefill does (layer l's KV enters the cache at its turn)."""
     cache = KVBenchCache(len(layers))
-    session = EvictionSession(method, parse_budget(budget), cache)
+    session = EvictionSession(method, parse_budget(budget), cache, dataset_state=dataset_state)
     session.begin_prefill(layers[0][0].shape[1])
     for idx, (keys, queries) in enumerate(layers):
         cache.update(keys[None], keys[None].clone() * 0.5, idx)
@@ -136,8 +139,9 @@ def test_cascading_equals_one_shot_eviction_with_final_budgets(seed: int, budget
         assert all(a <= b for a, b in zip(after, before, strict=False))
     assert all(a <= f for a, f in zip(achieved, final, strict=True))
     # One-shot: the same indicator, each layer evicted once with what the cascade left it.
-    one_shot = method_from_yaml("cake", decode_eviction=False)
-    one_shot.layer_allocator = _FixedBudgets(achieved)
+    one_shot = dataclasses.replace(
+        method_from_yaml("cake", decode_eviction=False), layer_allocator=_FixedBudgets(achieved)
+    )
     reference, _ = _prefill_layers(one_shot, budget, layers)
     assert _positions(cache) == _positions(reference)
     # Vanilla P2A (all preferences first, then one eviction per layer) gets the final budgets: the same tokens
@@ -185,8 +189,7 @@ def test_theorem1_and_peak_bytes_on_the_tiny_model(tiny_llama, budget: str) -> N
     vanilla, vanilla_record = _prefill_model(model, method_from_yaml("cake", params={"cascading": False}), budget, ids)
     assert record.requested_per_layer == vanilla_record.requested_per_layer == record.achieved_per_layer
     assert _positions(cascade) == _positions(vanilla)
-    one_shot = method_from_yaml("cake")
-    one_shot.layer_allocator = _FixedBudgets(record.requested_per_layer)
+    one_shot = dataclasses.replace(method_from_yaml("cake"), layer_allocator=_FixedBudgets(record.requested_per_layer))
     reference, _ = _prefill_model(model, one_shot, budget, ids)
     assert _positions(cascade) == _positions(reference)
     config = model.config

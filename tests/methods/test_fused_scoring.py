@@ -87,9 +87,9 @@ def test_allocator_statistics_fused_equal_dense(dtype: torch.dtype, impl: str) -
     preferences = []
     for which in (impl, "dense"):
         allocator = CakeLayerAllocator(32, 1.0, 1.0, None, cascading=True)
-        allocator.start(64 * 2, 2, CONTEXT)
-        allocator.on_layer(_observation(keys, values, queries, which, 32))
-        preferences.append(float(allocator.preferences[0]))
+        state = allocator.new_state(64 * 2, 2, CONTEXT)
+        allocator.on_layer(state, _observation(keys, values, queries, which, 32))
+        preferences.append(float(state.preferences[0]))
     assert preferences[0] == pytest.approx(preferences[1], rel=1e-4 if dtype == torch.float32 else 1e-2)
     method = method_from_yaml("xkv")
     fused = importance(_observation(keys, values, queries, impl, method.window), method.layer_allocator.options).cpu()

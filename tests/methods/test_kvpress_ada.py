@@ -7,6 +7,8 @@ asserted equal."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -46,8 +48,7 @@ def test_ada_kvpress_over_knorm_keeps_kvpress_tokens() -> None:
 
 
 def test_ada_kvpress_over_snapkv_and_expected_attention_keeps_kvpress_tokens() -> None:
-    snapkv = method_from_yaml("snapkv_kvpress", window=16)
-    snapkv.head_allocator = KvpressAdaAllocator()
+    snapkv = dataclasses.replace(method_from_yaml("snapkv_kvpress", window=16), head_allocator=KvpressAdaAllocator())
     tally = replay_kept(snapkv, "AdaKVPress_SnapKVPress", window_observation(16), valid=tied_layer_topk)
     assert tally.cases == 16 and tally.differ == 0, tally
     params = {"allocation": "ada_kvpress", "epsilon": 0.01}

@@ -113,11 +113,12 @@ def test_interval_policy_counts_forwards_per_layer() -> None:
     keys = torch.randn(1, 2, 6, 4, generator=torch.Generator().manual_seed(0))
     cache.update(keys, keys, 0)
     layer = cache.headwise_layers[0]
-    policy.start_layer(0, layer, [4, 4])
+    state = policy.new_state()  # the sample's counters, caps and queries (its session's)
+    policy.start_layer(state, 0, layer, [4, 4])
     query = torch.zeros(2, 1, 4)
-    policy.step(0, layer, query, 0.5)
+    policy.step(state, 0, layer, query, 0.5)
     assert layer.head_lengths() == [6, 6]
-    policy.step(0, layer, query, 0.5)
+    policy.step(state, 0, layer, query, 0.5)
     assert layer.head_lengths() == [4, 4]
     norms = keys[0, 0].norm(dim=-1)
     assert sorted(layer.positions[0].tolist()) == sorted((-norms).topk(4).indices.tolist())

@@ -10,6 +10,7 @@ the random part is compared by its rules and, separately, by distribution.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -191,8 +192,7 @@ def test_random_draws_follow_the_codes_sampling_distribution():
 )
 def test_selection_matches_the_reference_code(seed, kv_heads, groups, granularity, budget, length):
     keys, queries = _layer(seed, kv_heads, groups, length)
-    method = _nacl(sink_tokens=4, kv_head_scores="head_index")
-    method.gqa_granularity = granularity
+    method = dataclasses.replace(_nacl(sink_tokens=4, kv_head_scores="head_index"), gqa_granularity=granularity)
     expand = groups if granularity == "query_head" else 1
     cache, session = _run_session(method, budget, [(keys, queries)], expand=expand, prompt_ids=list(range(length)))
     kept = _kept(cache)

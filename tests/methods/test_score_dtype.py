@@ -245,7 +245,7 @@ def _h2o_run(score_dtype: str, keys, queries, steps, question=None, family: str 
         ref.check_and_follow(now, 40)
         # kvbench's slots leave position order once decoding evicts in place (#32): compare in position order.
         order = torch.argsort(layer.positions[0])
-        running = session.method.decode_policy.head_scores(0)[0][order]
+        running = session.method.decode_policy.head_scores(session.decode_state, 0)[0][order]
         if score_dtype == "model":
             assert torch.equal(running, ref.scores.float())  # bit for bit: bf16 sums, each addition rounded
         else:

@@ -11,6 +11,7 @@ import torch
 from kvbench.methods.base import WindowObservation
 from kvbench.methods.token_scores import ScoreOptions, window_attention
 from kvbench.methods.xkv import (
+    XKVCalibration,
     XKVLayerAllocator,
     XKVScorer,
     mean_retention,
@@ -87,7 +88,7 @@ def test_session_applies_the_allocation_with_the_window_kept() -> None:
     budgets = session.record.requested_per_layer
     assert sum(budgets) == 40 * 5 and len(set(budgets)) > 1
     assert budgets == session.record.achieved_per_layer
-    expected = method.layer_allocator.allocations[-1]
+    expected = session.allocator_state.budgets  # the sample's own state, in its session
     assert budgets == [n + 8 for n in expected]  # ows = 8 window tokens on top of each n_i
     for layer in cache.headwise_layers:
         positions = [p.tolist() for p in layer.positions]
@@ -100,20 +101,30 @@ def test_session_applies_the_allocation_with_the_window_kept() -> None:
 def test_sampled_mode_reuses_one_averaged_allocation() -> None:
     method = method_from_yaml("xkv_sampled", params={"sampling": True, "sample_ratio": 0.1, "task_samples": 20})
     allocator = method.layer_allocator
-    assert isinstance(allocator, XKVLayerAllocator) and allocator.calibration_samples == 2
-    records = [_prefill_layers(method, "40L", _random_layers(4, seed, context=120))[1].record for seed in range(5)]
-    calibration = allocator.allocations[:2]
+    assert isinstance(allocator, XKVLayerAllocator)
+    # Without a dataset's state a sample stands alone: a fresh calibration sized by params.task_samples.
+    _, alone = _prefill_layers(method, "40L", _random_layers(4, 0, context=120))
+    assert alone.allocator_state.dataset.calibration_samples == 2
+    dataset = allocator.new_dataset_state("task", 20)  # the runner's per-dataset state, passed to every session
+    assert isinstance(dataset, XKVCalibration) and dataset.calibration_samples == 2
+    records = [
+        _prefill_layers(method, "40L", _random_layers(4, seed, context=120), dataset_state=dataset)[1].finish()
+        for seed in range(5)
+    ]
+    calibration = dataset.allocations[:2]
     assert calibration[0] != calibration[1]  # personalised while calibrating
-    reused = allocator.allocations[2:]
+    reused = dataset.allocations[2:]
     assert reused[0] == reused[1] == reused[2]
     shares = [sum(col) / 2 for col in zip(*[[n / sum(a) for n in a] for a in calibration], strict=True)]
     assert reused[0] == rescale_shares(shares, 4 * 32, [112] * 4)
     assert all(r.requested_per_layer == records[2].requested_per_layer for r in records[2:])
     # Reused allocations are known upfront: layers are evicted as they come, the peak drops below the full cache.
     assert records[3].peak_prefill_bytes < records[0].peak_prefill_bytes
-    # A new task starts a new calibration.
-    allocator.begin_task("next", 30)
-    assert allocator.calibration_samples == 3 and not allocator.reusing
+    # A new dataset starts a new calibration; a resumed one is fed the shares its finished samples recorded.
+    fresh = allocator.new_dataset_state("next", 30)
+    assert fresh.calibration_samples == 3 and fresh.shared_shares is None
+    resumed = allocator.new_dataset_state("task", 20, [r.allocator_state for r in records[:2]])
+    assert resumed.shared_shares == dataset.shared_shares
 
 
 def test_rescale_shares_is_exact() -> None:

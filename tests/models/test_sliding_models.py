@@ -11,6 +11,7 @@ Qwen2 on tiny random configurations (all-full models: the rest of the suite and 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -176,12 +177,10 @@ def test_compress_sliding_switch_evicts_sliding_layers_too(name: str, method_con
     torch.manual_seed(0)
     built = AutoModelForCausalLM.from_config(CONFIGS[name](), attn_implementation="eager").eval()
     reference = generate(built)
-    full = build_method(method_configs["full"])
-    full.compress_sliding = True
+    full = dataclasses.replace(build_method(method_configs["full"]), compress_sliding=True)
     with kvbench.press(built, full, parse_budget("full")):
         assert generate(built) == reference
-    snapkv = build_method(method_configs["snapkv"])
-    snapkv.compress_sliding = True
+    snapkv = dataclasses.replace(build_method(method_configs["snapkv"]), compress_sliding=True)
     with kvbench.press(built, snapkv, parse_budget(f"{BUDGET}L"), "agnostic", context_length=CONTEXT) as record:
         generate(built)
     last = record.last

@@ -23,25 +23,21 @@ from kvbench.cache.kv_cache import KVBenchCache
 from kvbench.inference.eviction import EvictionSession
 from kvbench.methods.ahakv import AhaScorer, sg_multiplier
 from kvbench.methods.decoding import padded_decode_attention
-from tests.methods.helpers import LayerIndex, method_from_yaml, run_method
+from tests.methods.helpers import LayerIndex, method_from_yaml, run_method, with_step_hook
 from tests.parity.test_reference_parity import ref_window_probs
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
-def _lengths_per_step(method) -> list[list[int]]:
-    """Wrap the method's decode policy: layer 0's per-head lengths after every step."""
+def _lengths_per_step(method):
+    """The method with its decode policy observed: layer 0's per-head lengths after every step."""
     seen: list[list[int]] = []
-    policy = method.decode_policy
-    original = policy.step
 
-    def step(layer_idx, layer, query, scaling):
-        original(layer_idx, layer, query, scaling)
+    def after(layer_idx, layer, state):
         if layer_idx == 0:
             seen.append(layer.head_lengths())
 
-    policy.step = step
-    return seen
+    return with_step_hook(method, after), seen
 
 
 # ------------------------------------------------------------------------------------------ cap = budget
@@ -50,7 +46,7 @@ def test_the_cache_grows_to_the_budget_before_decoding_evicts(tiny_llama, name: 
     """Prompt 100 tokens, budget 120 per layer, 40 new tokens: 101, 102, ... 120, 120, 120 (not 100 throughout)."""
     model, tokenizer = tiny_llama
     method = method_from_yaml(name)
-    seen = _lengths_per_step(method)
+    method, seen = _lengths_per_step(method)
     out = run_method(model, tokenizer, method, "120L", context=80, new=40)  # 80 context + 20 question tokens
     assert not out.record.evicted  # the prompt fits the budget: nothing is evicted at prefill
     assert out.record.decode_cap_per_layer == [120] * 4
@@ -63,7 +59,7 @@ def test_cake_below_its_trigger_decodes_at_the_layer_budget(tiny_llama) -> None:
     """S = 140 <= C + 32 = 152: no prefill eviction (the code's trigger), then decoding caps every layer at C."""
     model, tokenizer = tiny_llama
     method = method_from_yaml("cake")
-    seen = _lengths_per_step(method)
+    method, seen = _lengths_per_step(method)
     out = run_method(model, tokenizer, method, "120L", context=120, new=6)
     assert not out.record.evicted and out.record.achieved_per_layer == [140] * 4
     assert out.record.decode_cap_per_layer == [120] * 4

@@ -1,0 +1,105 @@
+"""What a method's pieces are and what a sample accumulates, kept apart (issue #41 item 4).
+
+* :class:`ReadOnlyAfterBuild` -- a piece of a built method (scorer, allocators, decode policy) is read-only: the
+  method (:class:`~kvbench.methods.base.EvictionMethod`) is a frozen recipe, shared by every sample of a run, batched
+  or not, and never copied.
+* :class:`AllocatorState` -- one sample's layer-allocation state (``LayerBudgetAllocator.new_state``).
+* :class:`DecodeState` -- one sample's decode-time state (``DecodePolicy.new_state``): per layer, the caps ``[H]``
+  and the running scores ``[H, C]`` as tensors, so several samples' states can be stacked into batch tensors.
+
+Both states are owned by the sample's :class:`~kvbench.inference.eviction.EvictionSession`.  What spans a dataset
+(XKV's sampled mode: :class:`~kvbench.methods.xkv.XKVCalibration`) is created once per dataset by the runner
+(``LayerBudgetAllocator.new_dataset_state``) and passed to every session (``AllocatorState.dataset``).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+class ReadOnlyAfterBuild:
+    """A method piece that is part of a frozen recipe: :class:`EvictionMethod` freezes its pieces when it is built,
+    after which setting an attribute raises.  What a sample accumulates lives in state objects the pieces create
+    (:meth:`LayerBudgetAllocator.new_state`, :meth:`DecodePolicy.new_state`), owned by the sample's
+    :class:`~kvbench.inference.eviction.EvictionSession`."""
+
+    _frozen: bool = False
+
+    def freeze(self) -> None:
+        """Make the piece read-only (idempotent)."""
+        object.__setattr__(self, "_frozen", True)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self._frozen:
+            raise AttributeError(
+                f"cannot set {type(self).__name__}.{name}: a built method is a frozen recipe; a sample's state "
+                "belongs to its EvictionSession (new_state)"
+            )
+        super().__setattr__(name, value)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        """A frozen piece is shared, never copied (nothing in it changes); an unfrozen one is copied as usual."""
+        if self._frozen:
+            return self
+        copied = copy.copy(self)
+        memo[id(self)] = copied
+        for name, value in vars(self).items():
+            object.__setattr__(copied, name, copy.deepcopy(value, memo))
+        return copied
+
+
+@dataclass
+class AllocatorState:
+    """One sample's layer-allocation state: created by :meth:`LayerBudgetAllocator.new_state` at the sample's first
+    compressed layer and owned by its :class:`~kvbench.inference.eviction.EvictionSession` (the allocator itself is
+    part of the frozen recipe).  Allocators with more to remember subclass it.
+
+    Attributes
+    ----------
+    total:
+        Tokens per stored head summed over ``num_layers`` layers.
+    num_layers, context_length:
+        Compressible layers, and the compressed prompt's length.
+    budgets:
+        Per layer, the budget planned so far (a static allocator plans every layer at once).
+    dataset:
+        The per-dataset state (:meth:`LayerBudgetAllocator.new_dataset_state`) the sample reads and adds to, or
+        ``None`` for an allocator that has none.
+    """
+
+    total: int
+    num_layers: int
+    context_length: int
+    budgets: list[int] = field(default_factory=list)
+    dataset: Any = None
+
+
+@dataclass
+class DecodeState:
+    """One sample's decode-time state, per compressible model layer: created by :meth:`DecodePolicy.new_state` and
+    owned by the sample's :class:`~kvbench.inference.eviction.EvictionSession` (the policy is part of the frozen
+    recipe).  Plain tensors, so several samples' states can be stacked into batch tensors.
+
+    Attributes
+    ----------
+    caps:
+        Per layer, ``[H]`` int64 (host) the most tokens each stored head keeps while decoding.
+    scores:
+        Per layer, ``[H, C]`` float32 running scores by storage slot (score-driven policies; ``C`` >= the longest
+        head, grown by 1/8 when a head outgrows it).
+    scored:
+        Per layer, ``[H]`` how many slots of each head are scored (the rest were appended since the last step and
+        start at 0).
+    """
+
+    caps: dict[int, torch.Tensor] = field(default_factory=dict)
+    scores: dict[int, torch.Tensor] = field(default_factory=dict)
+    scored: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def layer_caps(self, layer_idx: int) -> list[int]:
+        """The layer's per-head caps as host integers."""
+        return self.caps[layer_idx].tolist()
