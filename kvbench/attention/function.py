@@ -90,9 +90,12 @@ def kvbench_attention_forward(
         raise ValueError("kvbench attention expects attention_mask=None (batch size 1, no padding)")
     if isinstance(key, BatchedKV):
         return _batched_rows(module, query, key, scaling, dropout, kwargs), None
-    if not isinstance(key, LayerKV):  # tensors from no kvbench cache layer (another cache, or none)
-        given = _GivenTensors(isinstance(key, RaggedKV))
-        key, value = LayerKV(given, key), LayerKV(given, value)  # type: ignore[arg-type]
+    if not isinstance(key, LayerKV):
+        # Dense tensors: a kvbench layer's dense states (returned as tensors, since some models reshape them before
+        # attention), found through the cache and the module's layer index; else tensors of another cache or none.
+        owner = _cache_layer(module, kwargs) if isinstance(key, torch.Tensor) else None
+        holder = owner if owner is not None else _GivenTensors(isinstance(key, RaggedKV))
+        key, value = LayerKV(holder, key), LayerKV(holder, value)  # type: ignore[arg-type]
     assert isinstance(value, LayerKV)
     if query.shape[0] != 1:
         raise ValueError(f"kvbench attention runs batch size 1, got {query.shape[0]}")
@@ -120,6 +123,17 @@ def kvbench_attention_forward(
                 f"storage ({type(layer).__name__}) without a kvbench session to read its positions from"
             )
         return _attend_and_observe(module, query, key, value, scaling, dropout, session, details)
+
+
+def _cache_layer(module: torch.nn.Module, kwargs: dict[str, Any]) -> Any:
+    """The kvbench cache layer of ``module`` (its ``layer_idx``) in the forward's session or cache, if any."""
+    session = kwargs.get("kvbench_session")
+    cache = getattr(session, "cache", None) or kwargs.get("kvbench_cache")
+    layer_idx = getattr(module, "layer_idx", None)
+    layers = getattr(cache, "layers", None)
+    if layers is None or layer_idx is None or not 0 <= int(layer_idx) < len(layers):
+        return None
+    return layers[int(layer_idx)]
 
 
 class _GivenTensors:

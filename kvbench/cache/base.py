@@ -80,7 +80,9 @@ class EvictableLayer(Protocol):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
     ) -> tuple[LayerKV, LayerKV]:
-        """Append ``[1, H_kv, q, D]`` new keys and values; returns one :class:`LayerKV` for each."""
+        """Append ``[1, H_kv, q, D]`` new keys and values; returns one :class:`LayerKV` for each, except dense
+        states, which are returned as the ``[1, H, S, D]`` tensors themselves (some models reshape or cast the keys
+        and values before attention; the attention function finds their layer through the cache)."""
         ...
 
     def attention_kv(self, keys: LayerKV, values: LayerKV) -> tuple[torch.Tensor | RaggedKV, torch.Tensor | RaggedKV]:

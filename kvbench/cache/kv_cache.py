@@ -140,9 +140,9 @@ class HeadwiseLayer(LogicalLengthLayer):
         self.host_lengths = [length + new_tokens for length in self.host_lengths]
         self.seen_tokens += new_tokens
         self._refresh_views()
-        if self.head_keys is None:
+        if self.head_keys is None:  # dense: plain tensors, which some models reshape before attention
             assert self.keys is not None and self.values is not None
-            return LayerKV(self, self.keys), LayerKV(self, self.values)
+            return self.keys, self.values  # type: ignore[return-value]
         assert self.head_values is not None
         return LayerKV(self, RaggedKV(self.head_keys)), LayerKV(self, RaggedKV(self.head_values))
 

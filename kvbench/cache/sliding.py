@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import get_layer_types_and_kwargs
 
-from kvbench.cache.base import LayerKV, LogicalLengthLayer
+from kvbench.cache.base import LogicalLengthLayer
 from kvbench.errors import KVBenchError
 
 #: transformers layer types that are plain causal attention over every token.
@@ -110,9 +110,9 @@ class SlidingWindowLayer(LogicalLengthLayer):
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
-    ) -> tuple[LayerKV, LayerKV]:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append ``q`` tokens; return the ``[1, H_kv, S, D]`` keys and values the new queries attend over (the stored
-        ``<= window - 1`` tokens and the new ones, as :class:`LayerKV`), then keep only the last ``window - 1``."""
+        ``<= window - 1`` tokens and the new ones, as dense tensors), then keep only the last ``window - 1``."""
         key_states, value_states = self._incoming(key_states, value_states)
         assert self.keys is not None and self.values is not None
         full_keys = torch.cat([self.keys, key_states], dim=-2)
@@ -125,7 +125,7 @@ class SlidingWindowLayer(LogicalLengthLayer):
         first = self.seen_tokens - stored
         positions = torch.arange(first, self.seen_tokens, dtype=torch.int32, device=self.device)
         self.positions = [positions] * self.keys.shape[1]
-        return LayerKV(self, full_keys), LayerKV(self, full_values)
+        return full_keys, full_values
 
     def reset(self) -> None:
         self.keys = self.values = None

@@ -20,6 +20,7 @@ sees what a one-shot prefill gives it, while the activations (MLP, attention) ar
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -166,16 +167,28 @@ def rotary_tables(
 ) -> Callable[[torch.Tensor, torch.dtype], tuple[torch.Tensor, torch.Tensor]] | None:
     """The model's rotary embedding module as ``(positions [N], dtype) -> (cos, sin) [N, D]`` (what
     :attr:`kvbench.methods.base.WindowObservation.rotary` holds), or ``None`` when the decoder has no single
-    ``rotary_emb`` (per-layer-type rotations, no RoPE)."""
+    ``rotary_emb`` (no RoPE).
+
+    A rotary module with one table per layer type (Gemma-3: ``forward(x, position_ids, layer_type)``) gives the
+    full-attention layers' tables, the layers eviction acts on.  Half-width tables (gpt-oss rotates the two halves
+    of a head with ``cos``, ``sin`` of ``D / 2``) are widened to Llama's ``[c, c]`` form, the same rotation."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     rotary = getattr(decoder, "rotary_emb", None)
     if not isinstance(rotary, torch.nn.Module):
         return None
+    per_layer_type = "layer_type" in inspect.signature(rotary.forward).parameters
+    layer_type = {"layer_type": "full_attention"} if per_layer_type else {}
+    # One frequency per rotated pair: Llama-style tables repeat them ([f, f]); half-width ones (gpt-oss) do not.
+    inv_freq = getattr(rotary, "full_attention_inv_freq" if per_layer_type else "inv_freq", None)
+    pairs = inv_freq.shape[-1] if isinstance(inv_freq, torch.Tensor) else None
 
     def tables(positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         device = next(iter(rotary.buffers()), positions).device
-        cos, sin = rotary(torch.empty(0, dtype=dtype, device=device), positions.to(device)[None])
-        return cos[0], sin[0]
+        cos, sin = rotary(torch.empty(0, dtype=dtype, device=device), positions.to(device)[None], **layer_type)
+        cos, sin = cos[0], sin[0]
+        if cos.shape[-1] == pairs:
+            cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
+        return cos, sin
 
     return tables
 

@@ -239,9 +239,10 @@ def test_paged_backend_on_cuda_matches_torch_backend(page_size: int) -> None:
 
 
 def test_every_layer_implements_the_evictable_layer_interface() -> None:
-    """The torch, paged and sliding layers all declare EvictableLayer; update returns one LayerKV for the keys and
-    another for the values, each naming its layer (what attention dispatches on), and attention_kv reads back what
-    the chunk attends over."""
+    """The torch, paged and sliding layers all declare EvictableLayer; the paged layer's update returns one LayerKV
+    for the keys and another for the values, each naming its layer (what attention dispatches on); dense states come
+    back as the tensors themselves (models reshape or cast them before attention; the attention function finds their
+    layer through the cache), and attention_kv reads back what the chunk attends over."""
     from kvbench.cache.base import EvictableLayer, LayerKV
     from kvbench.cache.sliding import SlidingWindowLayer
 
@@ -249,8 +250,12 @@ def test_every_layer_implements_the_evictable_layer_interface() -> None:
     for layer in (HeadwiseLayer(), PagedLayer(page_size=4, impl="torch"), SlidingWindowLayer(16)):
         assert isinstance(layer, EvictableLayer), type(layer).__name__
         key, value = layer.update(keys, values)
-        assert isinstance(key, LayerKV) and isinstance(value, LayerKV) and key is not value
-        assert key.layer is layer and value.layer is layer
+        if isinstance(layer, PagedLayer):
+            assert isinstance(key, LayerKV) and isinstance(value, LayerKV) and key is not value
+            assert key.layer is layer and value.layer is layer
+        else:
+            assert isinstance(key, torch.Tensor) and isinstance(value, torch.Tensor), type(layer).__name__
+            key, value = LayerKV(layer, key), LayerKV(layer, value)
         read_keys, read_values = layer.attention_kv(key, value)
         assert torch.equal(read_keys, keys) and torch.equal(read_values, values)
         assert layer.stored_bytes() == 2 * 5 * 8 * 2 * 4 <= layer.allocated_bytes()

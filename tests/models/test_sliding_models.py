@@ -118,7 +118,7 @@ def test_sliding_layer_equals_transformers_sliding_layer() -> None:
         keys, values = torch.randn(1, 2, length, 8), torch.randn(1, 2, length, 8)
         our_k, our_v = ours.update(keys, values)
         their_k, their_v = theirs.update(keys, values)
-        assert torch.equal(our_k.states, their_k) and torch.equal(our_v.states, their_v)
+        assert torch.equal(our_k, their_k) and torch.equal(our_v, their_v)
         assert torch.equal(ours.keys, theirs.keys)
         assert ours.get_seq_length() == theirs.get_seq_length()
         assert ours.positions[0].tolist() == list(range(ours.seen_tokens - ours.keys.shape[2], ours.seen_tokens))
