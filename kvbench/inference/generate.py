@@ -108,12 +108,7 @@ def generate(
 
     start = time.perf_counter()
     stream = GreedyStream(tokenizer, max_new_tokens, stop_token_ids, stop_strings, min_new_tokens, sampling)
-    while not stream.done:
-        next_id = stream.push(logits)
-        if stream.done:
-            break
-        logits = forward_logits(model, [next_id], position, cache, session, device)[-1]
-        position += 1
+    decode_stream(model, stream, logits, position, cache, session, device)
     sync_devices(devices)
     decode_s = time.perf_counter() - start
     record = session.finish()
@@ -189,6 +184,25 @@ class GreedyStream:
             # Like an eos, the stop string ends the output and is not part of it.
             text = text[: min(text.find(s) for s in self.stop_strings if s in text)]
         return text
+
+
+def decode_stream(
+    model: PreTrainedModel,
+    stream: GreedyStream,
+    logits: torch.Tensor,
+    position: int,
+    cache: Any,
+    session: Any,
+    device: torch.device,
+) -> None:
+    """Decode one token at a time into ``stream`` until it is done: ``logits`` ``[V]`` are the last prompt token's,
+    ``position`` the next token's position; each chosen token is fed back through ``cache`` and ``session``."""
+    while not stream.done:
+        next_id = stream.push(logits)
+        if stream.done:
+            break
+        logits = forward_logits(model, [next_id], position, cache, session, device)[-1]
+        position += 1
 
 
 def last_token_ids(tokenizer: PreTrainedTokenizerBase, texts: tuple[str, ...] | list[str]) -> set[int]:

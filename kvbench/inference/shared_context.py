@@ -38,7 +38,7 @@ from kvbench.budget import Budget
 from kvbench.cache.kv_cache import KVBenchCache
 from kvbench.checks import check_choice
 from kvbench.inference.eviction import EvictionSession
-from kvbench.inference.generate import GenerationOutput, GreedyStream, sync_devices
+from kvbench.inference.generate import GenerationOutput, GreedyStream, decode_stream, sync_devices
 from kvbench.inference.prefill import forward_logits, prefill
 from kvbench.methods.base import EvictionMethod
 from kvbench.models.loading import input_device, model_devices
@@ -108,12 +108,7 @@ def _decode_turn(
     stream = GreedyStream(
         tokenizer, turn.max_new_tokens, turn.stop_token_ids, turn.stop_strings, turn.min_new_tokens, turn.sampling
     )
-    while not stream.done:
-        next_id = stream.push(logits)
-        if stream.done:
-            break
-        logits = forward_logits(model, [next_id], position, cache, session, device)[-1]
-        position += 1
+    decode_stream(model, stream, logits, position, cache, session, device)
     sync_devices(devices)
     record = session.finish()
     return GenerationOutput(
