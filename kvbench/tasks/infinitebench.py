@@ -47,7 +47,6 @@ FIXTURES_DIR = INFINITEBENCH_DIR / "fixtures"
 DEFAULT_DATA_DIR = Path("data") / "infinitebench"
 DEFAULT_HUB_REPO = "xinrongzhang2022/InfiniteBench"
 DEFAULT_HUB_REVISION = "main"
-MANIFEST_FILE = "MANIFEST.json"
 TEMPLATES = ("auto", "yarn-mistral", "gpt4", "claude2")
 #: ``MODEL_TO_PROMPT_TEMPLATE``'s open models, matched in the model preset's path (the tokenizer's ``name_or_path``).
 OFFICIAL_OPEN_MODELS = {
@@ -155,29 +154,6 @@ def load_task_file(path: Path) -> list[dict[str, Any]]:
     return lines
 
 
-def _verify(folder: Path, name: str) -> None:
-    """Check ``<folder>/<name>`` against the preparer's ``MANIFEST.json`` sha256, when there is one."""
-    manifest = folder / MANIFEST_FILE
-    if manifest.is_file():
-        expected = json.loads(manifest.read_text(encoding="utf-8"))["files"].get(name, {}).get("sha256")
-        actual = provenance.file_sha256(folder / name)
-        if expected is not None and expected != actual:
-            raise ValueError(f"{folder / name}: sha256 {actual} differs from {manifest} ({expected}); {_HOW_TO_GET}")
-
-
-def _hub_file(name: str, repo: str, revision: str) -> tuple[Path, str | None]:
-    try:
-        from huggingface_hub import hf_hub_download
-
-        path = Path(hf_hub_download(repo_id=repo, filename=name, repo_type="dataset", revision=revision))
-    except Exception as err:
-        raise RuntimeError(
-            f"could not download InfiniteBench {name} ({repo}@{revision}): {type(err).__name__}. Offline: run "
-            f"{_HOW_TO_GET} on a machine with network access, or set task.data_dir"
-        ) from err
-    return path, path.parent.name
-
-
 def auto_template(tokenizer: Any) -> tuple[str, str]:
     """``(template, rule)`` for ``task.options.template=auto``: the official ``MODEL_TO_PROMPT_TEMPLATE`` entry when
     the model preset's path names one of its open models (all use ``yarn_mistral_templates``), else the documented
@@ -225,22 +201,16 @@ class InfiniteBenchDataset(TaskDataset):
         if data_dir is None and DEFAULT_DATA_DIR.is_dir():
             data_dir = str(DEFAULT_DATA_DIR)
         if data_dir is None:
-            path, commit = _hub_file(file_name, self.hub_repo, self.hub_revision)
-            self._provenance = {
-                "data": {
-                    "source": "hub",
-                    "repo": self.hub_repo,
-                    "revision": self.hub_revision,
-                    "commit": commit,
-                    "files": {file_name: provenance.file_sha256(path)},
-                }
-            }
+            path, commit = provenance.hub_dataset_file(
+                "InfiniteBench", self.hub_repo, file_name, self.hub_revision, _HOW_TO_GET
+            )
+            self._provenance = {"data": provenance.hub(self.hub_repo, self.hub_revision, commit, {file_name: path})}
             return load_task_file(path)
         folder = FIXTURES_DIR if data_dir == "fixtures" else Path(data_dir).expanduser()
         path = folder / file_name
         if not path.is_file():
             raise FileNotFoundError(f"InfiniteBench file {path} not found; run {_HOW_TO_GET}")
-        _verify(folder, file_name)
+        provenance.verify_prepared(folder, file_name, _HOW_TO_GET)
         stand_in = folder == FIXTURES_DIR
         record = provenance.stand_in(path, file_name, _HOW_TO_GET) if stand_in else provenance.official(path)
         self._provenance = {"data": record}
@@ -338,15 +308,19 @@ def prepare_infinitebench(
     with their sha256; every later read verifies it."""
     target_dir = Path(target_dir)
     target_dir.mkdir(parents=True, exist_ok=True)
-    manifest: dict[str, Any] = {"hub_repo": hub_repo, "hub_revision": hub_revision, "files": {}}
+    counts: dict[str, int] = {}
+    commit = None
     for name in task_names():
-        source, commit = _hub_file(f"{name}.jsonl", hub_repo, hub_revision)
+        source, commit = provenance.hub_dataset_file(
+            "InfiniteBench", hub_repo, f"{name}.jsonl", hub_revision, _HOW_TO_GET
+        )
         lines = load_task_file(source)
         target = target_dir / f"{name}.jsonl"
         tmp = target.with_suffix(".jsonl.tmp")
         tmp.write_bytes(source.read_bytes())
         tmp.replace(target)
-        manifest["commit"] = commit
-        manifest["files"][target.name] = {"sha256": provenance.file_sha256(target), "lines": len(lines)}
+        counts[target.name] = len(lines)
         print(f"infinitebench: wrote {len(lines)} lines to {target}")
-    (target_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    provenance.write_manifest(
+        target_dir, {"hub_repo": hub_repo, "hub_revision": hub_revision, "commit": commit}, counts
+    )

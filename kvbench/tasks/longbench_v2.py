@@ -55,7 +55,6 @@ from kvbench.tasks.base import Sample, TaskDataset, register_data_preparer, regi
 LONGBENCH_V2_DIR = resources.tasks_dir() / "longbench_v2"
 FIXTURES_DIR = LONGBENCH_V2_DIR / "fixtures"
 DATA_FILE = "data.json"
-MANIFEST_FILE = "MANIFEST.json"
 DEFAULT_DATA_DIR = Path("data") / "longbench_v2"
 DEFAULT_HUB_REPO = "THUDM/LongBench-v2"
 DEFAULT_HUB_REVISION = "main"
@@ -146,53 +145,18 @@ def load_data_file(path: Path) -> list[dict[str, Any]]:
     return [check_line(row, f"{path}[{index}]") for index, row in enumerate(rows)]
 
 
-def verify_manifest(folder: Path) -> None:
-    """When ``folder`` has a ``MANIFEST.json`` (written by the preparer), check ``data.json``'s sha256 against it."""
-    manifest_path = folder / MANIFEST_FILE
-    if not manifest_path.is_file():
-        return
-    expected = json.loads(manifest_path.read_text(encoding="utf-8"))["files"][DATA_FILE]["sha256"]
-    actual = provenance.file_sha256(folder / DATA_FILE)
-    if actual != expected:
-        raise ValueError(
-            f"{folder / DATA_FILE}: sha256 {actual} differs from {manifest_path} ({expected}); the file changed "
-            f"after download: re-run {_HOW_TO_GET}"
-        )
-
-
-def _hub_file(repo: str, revision: str) -> tuple[Path, str | None]:
-    """``data.json`` from the hub (huggingface_hub's cache) and the commit it came from."""
-    try:
-        from huggingface_hub import hf_hub_download
-
-        path = Path(hf_hub_download(repo_id=repo, filename=DATA_FILE, repo_type="dataset", revision=revision))
-    except Exception as err:
-        raise RuntimeError(
-            f"could not download LongBench v2 ({repo}@{revision}, {DATA_FILE}): {type(err).__name__}. Offline: run "
-            f"{_HOW_TO_GET} on a machine with network access, or set task.data_dir"
-        ) from err
-    return path, path.parent.name
-
-
 def load_lines(data_dir: str | None, hub_repo: str, hub_revision: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The official lines and their provenance record (see the module docstring for ``data_dir``)."""
     if data_dir is None and DEFAULT_DATA_DIR.is_dir():
         data_dir = str(DEFAULT_DATA_DIR)
     if data_dir is None:
-        path, commit = _hub_file(hub_repo, hub_revision)
-        record = {
-            "source": "hub",
-            "repo": hub_repo,
-            "revision": hub_revision,
-            "commit": commit,
-            "files": {DATA_FILE: provenance.file_sha256(path)},
-        }
-        return load_data_file(path), record
+        path, commit = provenance.hub_dataset_file("LongBench v2", hub_repo, DATA_FILE, hub_revision, _HOW_TO_GET)
+        return load_data_file(path), provenance.hub(hub_repo, hub_revision, commit, {DATA_FILE: path})
     folder = FIXTURES_DIR if data_dir == "fixtures" else Path(data_dir).expanduser()
     path = folder / DATA_FILE
     if not path.is_file():
         raise FileNotFoundError(f"LongBench v2 file {path} not found; run {_HOW_TO_GET} (or task.data_dir=fixtures)")
-    verify_manifest(folder)
+    provenance.verify_prepared(folder, DATA_FILE, _HOW_TO_GET)
     if folder == FIXTURES_DIR:
         return load_data_file(path), provenance.stand_in(path, DATA_FILE, _HOW_TO_GET)
     return load_data_file(path), provenance.official(path)
@@ -341,7 +305,7 @@ def prepare_longbench_v2(
     commit, sha256, line count); every later read verifies the sha256."""
     target_dir = Path(target_dir)
     target_dir.mkdir(parents=True, exist_ok=True)
-    path, commit = _hub_file(hub_repo, hub_revision)
+    path, commit = provenance.hub_dataset_file("LongBench v2", hub_repo, DATA_FILE, hub_revision, _HOW_TO_GET)
     write_prepared(target_dir, path, {"hub_repo": hub_repo, "hub_revision": hub_revision, "commit": commit})
 
 
@@ -351,7 +315,5 @@ def write_prepared(target_dir: Path, source: Path, origin: dict[str, Any]) -> No
     tmp = target_dir / f"{DATA_FILE}.tmp"
     shutil.copyfile(source, tmp)
     tmp.replace(target_dir / DATA_FILE)
-    files = {DATA_FILE: {"sha256": provenance.file_sha256(target_dir / DATA_FILE), "lines": len(lines)}}
-    manifest = {**origin, "files": files}
-    (target_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    provenance.write_manifest(target_dir, origin, {DATA_FILE: len(lines)})
     print(f"longbench_v2: wrote {len(lines)} questions to {target_dir / DATA_FILE}")

@@ -13,6 +13,7 @@ One record per input (an essay corpus, a QA set, a LongBench file, a needle file
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -67,3 +68,65 @@ def digest_of(hashes: dict[str, str]) -> str:
     """One sha256 for several files, from their names and sha256s."""
     blob = "\n".join(f"{name}\t{sha}" for name, sha in sorted(hashes.items()))
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+#: The file a data preparer (``scripts/prepare_data.py <benchmark>``) writes beside the files it prepared.
+MANIFEST_FILE = "MANIFEST.json"
+
+
+def write_manifest(folder: Path, origin: dict[str, Any], lines: dict[str, int]) -> None:
+    """Write ``folder/MANIFEST.json``: ``origin`` (where the files came from) and, per prepared file name in
+    ``lines``, its sha256 and line (or record) count; every later read checks it (:func:`verify_prepared`)."""
+    files = {name: {"sha256": file_sha256(folder / name), "lines": count} for name, count in lines.items()}
+    text = json.dumps({**origin, "files": files}, indent=2) + "\n"
+    tmp = folder / f"{MANIFEST_FILE}.tmp"
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(folder / MANIFEST_FILE)
+
+
+def verify_prepared(folder: Path, name: str, how_to_get: str) -> None:
+    """Check ``folder/name`` against the sha256 its preparer recorded in ``folder/MANIFEST.json``.
+
+    No manifest: nothing to check (a hand-made folder; its provenance records the file's own sha256).  A manifest
+    that does not parse, or a file whose sha256 differs, raises ``ValueError`` naming the file and ``how_to_get``.
+    Manifests written before the ``files`` layout (one file, a top-level ``sha256``) are read too."""
+    manifest_path = folder / MANIFEST_FILE
+    if not manifest_path.is_file():
+        return
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{manifest_path}: damaged (not JSON: {err}); re-run {how_to_get}") from err
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{manifest_path}: damaged (not a JSON object); re-run {how_to_get}")
+    entry = manifest.get("files", {}).get(name) if isinstance(manifest.get("files"), dict) else None
+    expected = entry.get("sha256") if isinstance(entry, dict) else manifest.get("sha256")
+    if expected is None:
+        return
+    actual = file_sha256(folder / name)
+    if actual != expected:
+        raise ValueError(
+            f"{folder / name}: sha256 {actual} differs from {manifest_path} ({expected}); the file changed after it "
+            f"was prepared: re-run {how_to_get}"
+        )
+
+
+def hub_dataset_file(benchmark: str, repo: str, filename: str, revision: str, how_to_get: str) -> tuple[Path, str]:
+    """``filename`` of hub dataset ``repo`` at ``revision`` (huggingface_hub's cache) and the commit it came from;
+    offline or failing, a ``RuntimeError`` saying how to prepare the data elsewhere."""
+    try:
+        from huggingface_hub import hf_hub_download
+
+        path = Path(hf_hub_download(repo_id=repo, filename=filename, repo_type="dataset", revision=revision))
+    except Exception as err:
+        raise RuntimeError(
+            f"could not download {benchmark} {filename} ({repo}@{revision}): {type(err).__name__}. Offline: run "
+            f"{how_to_get} on a machine with network access, or set task.data_dir"
+        ) from err
+    return path, path.parent.name
+
+
+def hub(repo: str, revision: str, commit: str | None, paths: dict[str, Path]) -> dict[str, Any]:
+    """Record of files downloaded from hub dataset ``repo`` (name -> local path)."""
+    files = {name: file_sha256(path) for name, path in paths.items()}
+    return {"source": "hub", "repo": repo, "revision": revision, "commit": commit, "files": files}

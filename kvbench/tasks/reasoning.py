@@ -43,7 +43,6 @@ from kvbench.tasks.base import PackageNeed, Sample, TaskDataset, register_data_p
 FIXTURES_DIR = resources.tasks_dir() / "reasoning" / "fixtures"
 DEFAULT_DATA_DIR = Path("data") / "reasoning"
 DATA_FILE = "test.jsonl"
-MANIFEST_FILE = "MANIFEST.json"
 #: ``prompt_type=qwen25-math-cot``'s input template (``evaluation/utils.py``), ``{input}`` the question.
 PROMPT_TEMPLATE = (
     "<|im_start|>system\nPlease reason step by step, and put your final answer within \\boxed{{}}.<|im_end|>\n"
@@ -125,16 +124,6 @@ def _dataset_folder(data_dir: str | None, name: str) -> Path:
     return folder
 
 
-def _verify_manifest(folder: Path) -> None:
-    manifest = folder / MANIFEST_FILE
-    if not manifest.is_file():
-        return
-    expected = json.loads(manifest.read_text(encoding="utf-8"))["sha256"]
-    actual = provenance.file_sha256(folder / DATA_FILE)
-    if actual != expected:
-        raise ValueError(f"{folder / DATA_FILE}: sha256 {actual} differs from {manifest} ({expected}); {_HOW_TO_GET}")
-
-
 def wilson_interval(successes: float, total: int, z: float = 1.96) -> tuple[float, float]:
     """95 % Wilson score interval of a proportion (0-1); ``(0, 0)`` for ``total == 0``."""
     if total == 0:
@@ -172,7 +161,7 @@ class ReasoningDataset(TaskDataset):
     def samples(self) -> Sequence[Sample]:
         if self._samples is None:
             folder = _dataset_folder(self.data_dir, self.name)
-            _verify_manifest(folder)
+            provenance.verify_prepared(folder, DATA_FILE, _HOW_TO_GET)
             path = folder / DATA_FILE
             examples = load_examples(path)[: self.num_samples]
             self._samples = []
@@ -329,6 +318,5 @@ def write_prepared(folder: Path, downloaded: Path, name: str, source: str) -> No
         except (KeyError, IndexError) as err:
             raise ValueError(f"{source} line {index + 1}: missing field {err} for {name}") from err
     downloaded.replace(folder / DATA_FILE)
-    manifest = {"source": source, "sha256": provenance.file_sha256(folder / DATA_FILE), "lines": len(examples)}
-    (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    provenance.write_manifest(folder, {"source": source}, {DATA_FILE: len(examples)})
     print(f"reasoning: wrote {len(examples)} {name} questions to {folder / DATA_FILE}")

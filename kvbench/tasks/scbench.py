@@ -48,7 +48,6 @@ LOG = logging.getLogger(__name__)
 FIXTURES_DIR = SCBENCH_DIR / "fixtures"
 DEFAULT_DATA_DIR = Path("data") / "scbench"
 DEFAULT_HUB_REPO = "microsoft/SCBench"
-MANIFEST_FILE = "MANIFEST.json"
 MODES = ("multi_turn", "multi_request")
 VALID_OPTIONS: dict[str, Any] = {
     "mode": "multi_turn",
@@ -105,15 +104,6 @@ def load_task_file(path: Path) -> list[dict[str, Any]]:
                 raise ValueError(f"{path}:{number}: multi_turns[{index}] needs a string 'input' and an 'answer'")
         examples.append(obj)
     return examples
-
-
-def _verify(folder: Path, name: str) -> None:
-    manifest = folder / MANIFEST_FILE
-    if manifest.is_file():
-        expected = json.loads(manifest.read_text(encoding="utf-8"))["files"].get(name, {}).get("sha256")
-        actual = provenance.file_sha256(folder / name)
-        if expected is not None and expected != actual:
-            raise ValueError(f"{folder / name}: sha256 {actual} differs from {manifest} ({expected}); {_HOW_TO_GET}")
 
 
 def hub_examples(task: str, repo: str, revision: str) -> list[dict[str, Any]]:
@@ -178,7 +168,7 @@ class SCBenchDataset(TaskDataset):
         path = folder / file_name
         if not path.is_file():
             raise FileNotFoundError(f"SCBench file {path} not found; run {_HOW_TO_GET}")
-        _verify(folder, file_name)
+        provenance.verify_prepared(folder, file_name, _HOW_TO_GET)
         stand_in = folder == FIXTURES_DIR
         record = provenance.stand_in(path, file_name, _HOW_TO_GET) if stand_in else provenance.official(path)
         self._provenance = {"data": record}
@@ -354,7 +344,7 @@ def prepare_scbench(
     ``<task>.jsonl`` (each line checked by :func:`load_task_file`) and ``MANIFEST.json`` with their sha256."""
     target_dir = Path(target_dir)
     target_dir.mkdir(parents=True, exist_ok=True)
-    manifest: dict[str, Any] = {"hub_repo": hub_repo, "hub_revision": hub_revision, "files": {}}
+    counts: dict[str, int] = {}
     for name in task_names():
         rows = loader(name) if loader is not None else hub_examples(name, hub_repo, hub_revision)
         target = target_dir / f"{name}.jsonl"
@@ -362,6 +352,6 @@ def prepare_scbench(
         tmp.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
         load_task_file(tmp)
         tmp.replace(target)
-        manifest["files"][target.name] = {"sha256": provenance.file_sha256(target), "lines": len(rows)}
+        counts[target.name] = len(rows)
         print(f"scbench: wrote {len(rows)} examples to {target}")
-    (target_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    provenance.write_manifest(target_dir, {"hub_repo": hub_repo, "hub_revision": hub_revision}, counts)

@@ -134,9 +134,9 @@ def test_options_data_and_preparer(tmp_path, monkeypatch):
     datasets = build_task(task_config("infinitebench", data_dir="fixtures", options={"max_new_tokens": 8}), None)
     assert [d.name for d in datasets] == task_names() and max(d.max_new_tokens for d in datasets) == 8
     assert not datasets[0].chat_template and datasets[0].truncation == "middle_joined_half"
-    import kvbench.tasks.infinitebench as module
+    from kvbench.tasks import provenance
 
-    monkeypatch.setattr(module, "_hub_file", lambda name, repo, rev: (FIXTURES_DIR / name, "c0ffee"))
+    monkeypatch.setattr(provenance, "hub_dataset_file", lambda _b, _r, name, _v, _h: (FIXTURES_DIR / name, "c0ffee"))
     prepare_infinitebench(tmp_path)
     dataset = InfiniteBenchDataset("passkey", data_dir=str(tmp_path), num_samples=1, options=dict(VALID_OPTIONS))
     assert len(dataset.samples()) == 1 and dataset.provenance()["data"]["source"] == "official"

@@ -146,9 +146,9 @@ def test_options_are_checked_and_sampling_is_the_official_temperature():
 
 
 def test_prepared_data_is_verified_against_its_manifest(tmp_path, monkeypatch):
-    import kvbench.tasks.longbench_v2 as module
+    from kvbench.tasks import provenance
 
-    monkeypatch.setattr(module, "_hub_file", lambda repo, revision: (FIXTURES_DIR / "data.json", "abc123"))
+    monkeypatch.setattr(provenance, "hub_dataset_file", lambda *args: (FIXTURES_DIR / "data.json", "abc123"))
     prepare_longbench_v2(tmp_path)
     manifest = json.loads((tmp_path / "MANIFEST.json").read_text())
     assert manifest["commit"] == "abc123" and manifest["files"]["data.json"]["lines"] == 6
