@@ -35,7 +35,7 @@ from kvbench.checks import check_choice
 from kvbench.methods.base import AllocatorState, DecodeState, EvictionMethod, PromptRows, WindowObservation
 from kvbench.methods.token_scores import aggregate_groups
 
-Phase = Literal["idle", "compress", "append", "decode"]
+Phase = Literal["idle", "compress", "replay", "append", "decode"]
 
 
 @dataclass
@@ -80,6 +80,14 @@ class CacheRecord:
     compressible_layers: list[int] = field(default_factory=list)
     #: The sliding-window layers (:mod:`kvbench.cache.sliding`): never evicted, each holds at most its window.
     sliding_layers: list[int] = field(default_factory=list)
+    #: Forwards a method ran on top of the prompt to score it (KVzip's context reconstruction), and their seconds
+    #: (part of the prefill time).
+    extra_forwards: int = 0
+    extra_forward_s: float = 0.0
+    #: ``original`` (kept keys at their prompt positions) or ``rerotated`` (Finch: re-rotated to contiguous positions
+    #: ``0 .. n-1``, and the tokens after the prompt continue from ``next_position``).
+    key_positions: str = "original"
+    next_position: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -217,12 +225,40 @@ class EvictionSession:
         self.decode_state: DecodeState | None = None if policy is None else policy.new_state()
         self._rows: dict[int, PrefillRows] = {}
         self.sample_key = 0
+        #: Question tokens at the end of the compressed prompt (question-aware mode; set by the prefill): the
+        #: observation window of a scorer whose window is the question (Finch).
+        self.question_tokens = 0
+        #: Per layer, ``[H, S]`` scores from the replay forwards (KVzip), in the model dtype.
+        self._replay_scores: dict[int, torch.Tensor] = {}
+        self._replay_span = (0, 0)
+        self.replayed = False
+        #: Where the tokens after the compressed prompt are fed: ``None`` = after its last position; a number when
+        #: the kept keys were re-rotated to contiguous positions (Finch).
+        self.next_position: int | None = None
 
     # ------------------------------------------------------------------ phases
     @property
     def compresses(self) -> bool:
         """Whether prefill compression applies (a scorer and a non-full budget)."""
         return self.method.scorer is not None and not self.budget.is_full
+
+    @property
+    def replays(self) -> bool:
+        """Whether the scorer scores the prompt by forwards of its own after the prefill (KVzip's context
+        reconstruction, :mod:`kvbench.inference.replay`) and compresses every layer at once after them."""
+        return self.compresses and bool(getattr(self.method.scorer, "replays_context", False))
+
+    def observation_window(self) -> int:
+        """Window queries the scorer sees: ``method.window``, or the question's tokens for a scorer whose window is
+        the question (Finch's ``question_window``; ``method.window`` when the compressed prompt has no question)."""
+        if getattr(self.method.scorer, "question_window", False) and self.question_tokens > 0:
+            return self.question_tokens
+        return self.method.window
+
+    @property
+    def position_shift(self) -> int:
+        """How many positions earlier than the count of tokens fed the next token goes (re-rotated keys: Finch)."""
+        return 0 if self.next_position is None else self.context_length - self.next_position
 
     def begin_prefill(self, context_length: int, prompt_ids: Sequence[int] | None = None) -> None:
         """The next forwards are the (compressed) context prefill of ``context_length`` tokens, in one forward or
@@ -272,7 +308,9 @@ class EvictionSession:
             return
         layer = self.cache.headwise_layers[layer_idx]
         policy = self.method.decode_policy
-        if self.phase == "compress":
+        if self.phase == "replay":
+            self._replay_layer(layer_idx, layer, query[0])
+        elif self.phase == "compress":
             self._output_projection = getattr(getattr(module, "o_proj", None), "weight", None)  # CriticalKV's
             self._prefill_chunk(layer_idx, layer, query[0], scaling)
         elif policy is None or self.budget.is_full:
@@ -296,9 +334,11 @@ class EvictionSession:
             self._requested[layer_idx] = (context, [context] * layer.num_heads)
             return
         assert self.method.scorer is not None
+        if self.replays:
+            return  # scored by the replay forwards after the prefill, then compressed (compress_replayed)
         rows = self._rows.setdefault(layer_idx, PrefillRows())
         needs = self.method.scorer.prompt_rows(query.dtype)
-        rows.add(layer, query, scaling, self.method.window, needs, self.scoring_impl, self.context_length)
+        rows.add(layer, query, scaling, self.observation_window(), needs, self.scoring_impl, self.context_length)
         if context < self.context_length:
             return  # more chunks to come
         del self._rows[layer_idx]
@@ -309,7 +349,7 @@ class EvictionSession:
         num_heads = layer.num_heads
         keys, values = layer.dense_kv()
         assert rows.window_queries is not None
-        window = min(self.method.window, context)
+        window = min(self.observation_window(), context)
         queries = rows.window_queries[:, -window:]
         # Allocators and scorers see the compressible layers only, numbered 0..L_c-1 (sliding layers skipped).
         rank, num_compressible = self._rank[layer_idx], len(self.compressible)
@@ -349,6 +389,87 @@ class EvictionSession:
         self._scores[layer_idx] = list(scores.unbind(0))
         for target_rank, layer_budget in sorted(budgets.items()):
             self._shrink_layer(self.compressible[target_rank], int(layer_budget), window)
+        if getattr(self.method.scorer, "rerotates_keys", False):
+            self._rerotate(layer_idx, layer)
+
+    def _rerotate(self, layer_idx: int, layer: HeadwiseLayer) -> None:
+        """Re-rotate the layer's kept keys to contiguous positions ``0 .. n-1`` (Finch); every compressed layer must
+        keep the same ``n`` per head, the position the tokens after the prompt continue from."""
+        if self.rotary is None:
+            raise ValueError(f"{self.method.family}: key re-rotation needs a model with a rotary embedding (RoPE)")
+        if self.cache.sliding_layers:
+            raise ValueError(
+                f"{self.method.family}: key re-rotation on a model with sliding-window layers is not supported (their "
+                "keys keep their positions); set method.params.rerotate_keys=false"
+            )
+        lengths = layer.head_lengths()
+        if len(set(lengths)) != 1 or (self.next_position is not None and lengths[0] != self.next_position):
+            raise ValueError(
+                f"{self.method.family}: key re-rotation needs every head of every layer to keep the same number of "
+                f"tokens, got {lengths} at layer {layer_idx} (next position {self.next_position}); use a uniform "
+                "budget (no allocation/layers wrapper) or method.params.rerotate_keys=false"
+            )
+        keys, _ = layer.dense_kv()
+        positions = torch.stack(layer.positions).long()
+        rotated = self.method.scorer.rerotated(keys, positions, self.rotary)  # type: ignore[union-attr]
+        new_positions = torch.arange(lengths[0], device=positions.device).expand_as(positions)
+        with on_device(layer.positions[0].device):
+            layer.rewrite_keys(rotated, new_positions)
+        layer.seen_tokens = lengths[0]
+        self.next_position = lengths[0]
+        self.record.key_positions, self.record.next_position = "rerotated", lengths[0]
+
+    # ------------------------------------------------------------------ replay forwards (KVzip)
+    def begin_replay(self, start: int, end: int) -> None:
+        """The next forward is a replay of the prompt (KVzip) that scores the prompt tokens ``start .. end - 1``; it
+        is stored on top of the prompt and removed by :meth:`end_replay`."""
+        self.phase = "replay"
+        self._replay_span = (start, end)
+
+    def _replay_layer(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor) -> None:
+        """Score the replayed span at one layer from the replay's queries ``[H_q, q, D]`` (post-RoPE)."""
+        if layer_idx not in self._rank:
+            raise ValueError(f"{self.method.family} does not support sliding-window layers")
+        keys, _ = layer.dense_kv()  # [H, S + q, D]: the prompt, then the replay
+        scores = self._replay_scores.get(layer_idx)
+        if scores is None:
+            scores = torch.zeros(layer.num_heads, self.context_length, dtype=keys.dtype, device=keys.device)
+            self._replay_scores[layer_idx] = scores
+        start, end = self._replay_span
+        scorer = self.method.scorer
+        scores[:, start:end] = scorer.replay_scores(query, keys, start, end)  # type: ignore[union-attr]
+        self._note_bytes(prefill=True)
+
+    def end_replay(self) -> None:
+        """Remove the replayed tokens from every layer: the cache holds the prompt again."""
+        context = self.context_length
+        for layer_idx in self.compressible:
+            layer = self.cache.headwise_layers[layer_idx]
+            keep = torch.arange(context, device=layer.positions[0].device)
+            with on_device(keep.device):
+                layer.keep([keep] * layer.num_heads)
+            layer.seen_tokens = context
+        self.phase = "compress"
+
+    def compress_replayed(self) -> None:
+        """Evict every layer at once from the replay scores (the scorer's ``select`` splits the budget over layers
+        and heads)."""
+        context, num_layers = self.context_length, len(self.compressible)
+        scores = [self._replay_scores[layer_idx] for layer_idx in self.compressible]
+        per_layer = int(self.budget.value) if self.budget.fixed_per_layer else None
+        total = self.budget.total(context, num_layers)
+        kept = self.method.scorer.select(scores, total, per_layer)  # type: ignore[union-attr]
+        for layer_idx, layer_scores, heads in zip(self.compressible, scores, kept, strict=True):
+            layer = self.cache.headwise_layers[layer_idx]
+            counts = [int(idx.numel()) for idx in heads]
+            self._requested[layer_idx] = (round(sum(counts) / len(counts)), counts)
+            self._decode_caps[layer_idx] = counts
+            self._scores[layer_idx] = [s.float()[idx] for s, idx in zip(layer_scores, heads, strict=True)]
+            if any(count < context for count in counts):
+                with on_device(layer.positions[0].device):
+                    layer.keep(heads)
+                self.record.evicted = True
+        self._replay_scores.clear()
 
     def _shrink_layer(self, layer_idx: int, keep_total: int, window: int) -> None:
         """Evict ``layer_idx`` down to ``keep_total`` tokens per head (window and sinks included)."""
