@@ -80,10 +80,9 @@ class CacheRecord:
     compressible_layers: list[int] = field(default_factory=list)
     #: The sliding-window layers (:mod:`kvbench.cache.sliding`): never evicted, each holds at most its window.
     sliding_layers: list[int] = field(default_factory=list)
-    #: Forwards a method ran on top of the prompt to score it (KVzip's context reconstruction), and their seconds
-    #: (part of the prefill time).
+    #: Forwards a method ran on top of the prompt to score it (KVzip's context reconstruction); their seconds are
+    #: part of the sample's prefill seconds (the run's timing log, ``prefill_s_mean``).
     extra_forwards: int = 0
-    extra_forward_s: float = 0.0
     #: ``original`` (kept keys at their prompt positions) or ``rerotated`` (Finch: re-rotated to contiguous positions
     #: ``0 .. n-1``, and the tokens after the prompt continue from ``next_position``).
     key_positions: str = "original"
@@ -235,6 +234,8 @@ class EvictionSession:
         #: Where the tokens after the compressed prompt are fed: ``None`` = after its last position; a number when
         #: the kept keys were re-rotated to contiguous positions (Finch).
         self.next_position: int | None = None
+        #: Per re-rotated layer, the prompt positions ``[H, n]`` its kept keys came from.
+        self.rerotated_from: dict[int, torch.Tensor] = {}
 
     # ------------------------------------------------------------------ phases
     @property
@@ -416,6 +417,7 @@ class EvictionSession:
         with on_device(layer.positions[0].device):
             layer.rewrite_keys(rotated, new_positions)
         layer.seen_tokens = lengths[0]
+        self.rerotated_from[layer_idx] = positions
         self.next_position = lengths[0]
         self.record.key_positions, self.record.next_position = "rerotated", lengths[0]
 

@@ -6,14 +6,13 @@ After the compressed prompt is prefilled (every layer whole), the scorer's ``rep
 through kvbench's own forward (:func:`kvbench.inference.prefill.forward_logits`), cache and attention function, at
 the positions right after the prompt; the session's ``replay`` phase hands each layer's queries to the scorer
 (``replay_scores``), then the pass's tokens are removed from the cache.  Once every pass is done, the session
-evicts every layer at once (``select``).  The passes and their seconds are recorded
-(:attr:`~kvbench.inference.eviction.CacheRecord.extra_forwards`, ``extra_forward_s``), and are part of the prefill
-time.
+evicts every layer at once (``select``).  The number of passes is recorded
+(:attr:`~kvbench.inference.eviction.CacheRecord.extra_forwards`, in every prediction row's ``cache``); their seconds
+are part of the sample's prefill seconds.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,7 +41,6 @@ def replay_context(
     if session.cache.sliding_layers:
         raise ValueError(f"{session.method.family} does not support models with sliding-window layers")
     scorer = session.method.scorer
-    started = time.perf_counter()
     passes = scorer.replay_passes(list(prompt_ids), tokenizer)  # type: ignore[union-attr]
     context = len(prompt_ids)
     for replay_ids, start, end in passes:
@@ -52,4 +50,3 @@ def replay_context(
     session.compress_replayed()
     session.replayed = True
     session.record.extra_forwards = len(passes)
-    session.record.extra_forward_s = time.perf_counter() - started

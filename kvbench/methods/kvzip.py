@@ -14,7 +14,7 @@ authors; the original is snu-mllab/KVzip), which kvbench's tests hold as recordi
    ``min(n_sink, chunk start)`` keys, the chunk's keys and the replay's own keys; a token's score is its largest
    probability over the replay's queries and the KV head's query heads (stored in the model dtype); the replay's
    tokens are then removed from the cache (kvbench's own forward, cache and attention:
-   :mod:`kvbench.inference.replay`; the passes are recorded as ``extra_forwards`` / ``extra_forward_s``);
+   :mod:`kvbench.inference.replay`; the passes are recorded as ``extra_forwards``, their time in the prefill seconds);
 4. the first ``n_sink`` tokens get ``max + 1`` of every layer's scores; the lowest scores over all layers and heads
    are evicted (``layerwise: false``: kvpress's global choice, so layers and heads keep different numbers), or the
    lowest of each layer (``layerwise: true``, and always under a ``<n>/layer`` budget).

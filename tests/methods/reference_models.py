@@ -1,0 +1,73 @@
+"""What the KVzip and Finch parity tests share: the recorded tiny Llama in kvbench's attention, the recordings of
+``scripts/reference/record_kvzip_finch.py`` (kvpress 0.5.5, outside the project), and a budget of an exact total."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+import kvbench.attention.function as attention
+from kvbench.budget import Budget
+from tests.reference_recordings import DTYPES, tiny_llama_weights
+
+REFERENCE = Path(__file__).resolve().parents[1] / "fixtures" / "reference"
+
+
+@cache
+def recording(name: str) -> dict:
+    """``kvzip/KVzipPress`` or ``finch/FinchPress``: the JSON the recorder wrote."""
+    return json.loads((REFERENCE / f"{name}.json").read_text())
+
+
+def tiny_llama(dtype: str, config: dict) -> LlamaForCausalLM:
+    """The recorded tiny Llama (the kvpress fixtures' weights) in ``dtype``, on kvbench's attention."""
+    model = LlamaForCausalLM(LlamaConfig(**config))
+    model.load_state_dict(tiny_llama_weights(DTYPES[dtype]), strict=False)
+    model = model.to(DTYPES[dtype]).eval()
+    model.set_attn_implementation(attention.ATTENTION_NAME)
+    return model
+
+
+def tokenizer(name: str) -> PreTrainedTokenizerFast:
+    """The recorder's character-level tokenizer (``tokenizer`` or ``tokenizer_chat``, with a chat template)."""
+    return PreTrainedTokenizerFast.from_pretrained(str(REFERENCE / "kvzip" / name))
+
+
+@dataclass(frozen=True)
+class ExactTotal(Budget):
+    """A budget of exactly ``tokens`` per stored head over all layers (kvpress's ratios need totals that ``<n>L``
+    cannot spell)."""
+
+    tokens: int = 0
+
+    def total(self, context_length: int, num_layers: int) -> int:
+        return self.tokens
+
+
+def exact_total(tokens: int) -> ExactTotal:
+    return ExactTotal(f"{tokens}total", "total_per_layer", 0, tokens)
+
+
+@dataclass
+class Tally:
+    """Per (case, layer, head): the reference's kept set, another valid top-k of its scores where they tie, or not."""
+
+    cases: int = 0
+    same: int = 0
+    tied: int = 0
+    differ: int = 0
+
+    def summary(self) -> str:
+        return f"{self.cases} cases: {self.same} same, {self.tied} tied, {self.differ} differ"
+
+
+def valid_topk(scores: torch.Tensor, kept: torch.Tensor) -> bool:
+    """Whether the ``kept`` mask (same shape as ``scores``) holds scores all >= every evicted one."""
+    if bool(kept.all()) or not bool(kept.any()):
+        return True
+    return bool(scores[kept].min() >= scores[~kept].max())

@@ -1,0 +1,105 @@
+"""KVzip against NVIDIA/kvpress 0.5.5's ``KVzipPress`` (recorded by ``scripts/reference/record_kvzip_finch.py``):
+the recorded tiny Llama (float32 and bfloat16) prefills seeded prompts through kvbench's prefill, which replays the
+context (repeat prompt, chunks) through kvbench's own forward, cache and attention; every layer and head keeps
+kvpress's positions, or another valid top-k of kvpress's scores where they tie."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvbench.budget import parse_budget
+from kvbench.inference.prefill import prefill
+from kvbench.methods.base import build_method
+from kvbench.methods.kvzip import FIRST_PROMPT, NEXT_PROMPT, chat_template_parts
+from tests.methods.reference_models import Tally, exact_total, recording, tiny_llama, tokenizer, valid_topk
+
+
+def kvzip(**params):
+    return build_method({"name": "kvzip", "family": "kvzip", "params": params})
+
+
+def run_case(case: dict, config: dict, models: dict):
+    model = models.setdefault(case["dtype"], tiny_llama(case["dtype"], config))
+    heads = config["num_key_value_heads"]
+    kept_total = sum(len(head) for layer in case["kept"] for head in layer)
+    assert kept_total % heads == 0
+    with torch.no_grad():
+        state = prefill(
+            model,
+            case["input_ids"],
+            method=kvzip(**case["settings"]),
+            budget=exact_total(kept_total // heads),
+            tokenizer=tokenizer(case["tokenizer"]),
+        )
+    return state
+
+
+def test_kvzip_keeps_kvpress_tokens_on_the_recorded_tiny_llama() -> None:
+    data = recording("kvzip/KVzipPress")
+    tally, models = Tally(), {}
+    for case in data["cases"]:
+        state = run_case(case, data["model_config"], models)
+        length = len(case["input_ids"])
+        scores = torch.tensor(case["scores"])  # [L, H, S]
+        ours = torch.zeros(scores.shape, dtype=torch.bool)
+        for layer, cache_layer in enumerate(state.cache.headwise_layers):
+            for head, positions in enumerate(cache_layer.positions):
+                ours[layer, head, positions.long()] = True
+        theirs = torch.zeros_like(ours)
+        for layer, heads in enumerate(case["kept"]):
+            for head, positions in enumerate(heads):
+                theirs[layer, head, positions] = True
+        tally.cases += 1
+        scope = [scores[layer] for layer in range(scores.shape[0])] if case["settings"]["layerwise"] else [scores]
+        masks = [ours[layer] for layer in range(ours.shape[0])] if case["settings"]["layerwise"] else [ours]
+        for layer in range(scores.shape[0]):
+            for head in range(scores.shape[1]):
+                if torch.equal(ours[layer, head], theirs[layer, head]):
+                    tally.same += 1
+                elif int(ours.sum()) == int(theirs.sum()) and all(map(valid_topk, scope, masks)):
+                    tally.tied += 1
+                else:
+                    tally.differ += 1
+        chunk = case["settings"]["chunk_size"]
+        prefix, _ = chat_template_parts(tokenizer(case["tokenizer"]))
+        assert state.session.record.extra_forwards == -(-(length - prefix) // chunk)
+        assert state.position == length  # positions are not moved
+    print("kvzip parity:", tally.summary())
+    assert tally.cases == 12 and tally.differ == 0, tally.summary()
+    assert tally.same >= 40, tally.summary()  # 12 cases x 2 layers x 2 heads = 48 selections
+
+
+def test_replay_passes_follow_kvpress_prompts_and_chat_template() -> None:
+    chat = tokenizer("tokenizer_chat")
+    prefix, suffix = chat_template_parts(chat)
+    assert (prefix, suffix) == (len("[user]"), chat.encode("[assistant]"))
+    assert chat_template_parts(tokenizer("tokenizer")) == (0, tokenizer("tokenizer").encode("\n"))
+    ids = list(range(10, 60))
+    passes = kvzip(chunk_size=20).scorer.replay_passes(ids, chat)
+    assert [(start, end) for _, start, end in passes] == [(6, 26), (26, 46), (46, 50)]
+    first, second = passes[0][0], passes[1][0]
+    assert first == chat.encode(FIRST_PROMPT) + suffix + ids[6:26]
+    assert second == chat.encode(NEXT_PROMPT) + ids[18:26] + suffix + ids[26:46]
+
+
+def test_kvzip_per_layer_budget_keeps_the_same_count_per_layer_and_varies_heads() -> None:
+    data = recording("kvzip/KVzipPress")
+    case = data["cases"][2]
+    model = tiny_llama("float32", data["model_config"])
+    with torch.no_grad():
+        state = prefill(
+            model, case["input_ids"], method=kvzip(chunk_size=64), budget=parse_budget("30/layer"),
+            tokenizer=tokenizer("tokenizer"),
+        )  # fmt: skip
+    record = state.session.finish()
+    assert [sum(heads) for heads in record.achieved_per_head] == [60, 60]
+    assert record.extra_forwards == 3 and record.evicted
+
+
+def test_kvzip_refuses_wrappers_and_a_missing_tokenizer() -> None:
+    with pytest.raises(ValueError, match="allocation"):
+        kvzip(allocation="ada")
+    model = tiny_llama("float32", recording("kvzip/KVzipPress")["model_config"])
+    with pytest.raises(ValueError, match="tokenizer"), torch.no_grad():
+        prefill(model, list(range(40)), method=kvzip(), budget=parse_budget("8L"))
