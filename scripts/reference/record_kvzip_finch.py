@@ -164,12 +164,12 @@ def record_finch(out: Path) -> list[dict]:
             scores, indices = {}, {}
             original_score = press.score
 
-            def score(module, *args, **kwargs):
+            def score(module, *args, original_score=original_score, scores=scores, **kwargs):
                 result = original_score(module, *args, **kwargs)
                 scores[int(module.layer_idx)] = result[0].float().clone()
                 return result
 
-            def rerotate(module, kept, keys):
+            def rerotate(module, kept, keys, indices=indices):
                 indices[int(module.layer_idx)] = kept[0].clone()
                 return original_rerotate(module, kept, keys)
 
@@ -178,7 +178,8 @@ def record_finch(out: Path) -> list[dict]:
             cache = DynamicCache()
             try:
                 with torch.no_grad(), press(model):
-                    model.model(input_ids=torch.tensor([context + [FINCH_DELIMITER] + question_ids]), past_key_values=cache)
+                    prompt = torch.tensor([[*context, FINCH_DELIMITER, *question_ids]])
+                    model.model(input_ids=prompt, past_key_values=cache)
             finally:
                 KeyRerotationPress.rerotate_keys = staticmethod(original_rerotate)
             layers = range(MODEL_CONFIG["num_hidden_layers"])

@@ -12,7 +12,14 @@ from kvbench.budget import parse_budget
 from kvbench.inference.generate import generate
 from kvbench.inference.prefill import prefill
 from kvbench.methods.base import build_method
-from tests.methods.reference_models import Tally, recording, tiny_llama, tokenizer, valid_topk
+from tests.methods.reference_models import (
+    Tally,
+    assert_batched_equals_batch_one,
+    recording,
+    tiny_llama,
+    tokenizer,
+    valid_topk,
+)
 
 #: Largest difference allowed between kvbench's and kvpress's re-rotated keys (same kept tokens).
 KEY_TOLERANCE = {"float32": 1e-5, "bfloat16": 0.0}
@@ -59,8 +66,8 @@ def test_finch_keeps_and_rerotates_as_kvpress_on_the_recorded_tiny_llama() -> No
                 mask[ours] = True
                 tally.tied += valid_topk(scores[head], mask)
                 tally.differ += not valid_topk(scores[head], mask)
-        expected_position = case["next_position"] if settings["rerotate_keys"] else len(case["context_ids"]) + len(
-            case["question_ids"]
+        expected_position = (
+            case["next_position"] if settings["rerotate_keys"] else len(case["context_ids"]) + len(case["question_ids"])
         )
         assert state.position == expected_position
         record = state.session.finish()
@@ -90,3 +97,9 @@ def test_rerotation_needs_equal_counts_per_head() -> None:
     model = tiny_llama("float32", recording("finch/FinchPress")["model_config"])
     with pytest.raises(ValueError, match="same number"), torch.no_grad():
         prefill(model, list(range(60)), list(range(5)), method=finch(allocation="ada"), budget=parse_budget("16L"))
+
+
+def test_batched_decoding_gives_batch_one_tokens() -> None:
+    """``run.decode_batch``: every sample decodes from its own re-rotated position, in the batch as alone."""
+    assert_batched_equals_batch_one("finch", "aware", 4, 3)
+    assert_batched_equals_batch_one("finch", "agnostic", 3, 2)

@@ -12,7 +12,15 @@ from kvbench.budget import parse_budget
 from kvbench.inference.prefill import prefill
 from kvbench.methods.base import build_method
 from kvbench.methods.kvzip import FIRST_PROMPT, NEXT_PROMPT, chat_template_parts
-from tests.methods.reference_models import Tally, exact_total, recording, tiny_llama, tokenizer, valid_topk
+from tests.methods.reference_models import (
+    Tally,
+    assert_batched_equals_batch_one,
+    exact_total,
+    recording,
+    tiny_llama,
+    tokenizer,
+    valid_topk,
+)
 
 
 def kvzip(**params):
@@ -103,3 +111,9 @@ def test_kvzip_refuses_wrappers_and_a_missing_tokenizer() -> None:
     model = tiny_llama("float32", recording("kvzip/KVzipPress")["model_config"])
     with pytest.raises(ValueError, match="tokenizer"), torch.no_grad():
         prefill(model, list(range(40)), method=kvzip(), budget=parse_budget("8L"))
+
+
+def test_batched_decoding_gives_batch_one_tokens() -> None:
+    """``run.decode_batch``: each sample replays its context alone, then decodes in the batch (tokens, records)."""
+    assert_batched_equals_batch_one("kvzip", "aware", 4, 3)
+    assert_batched_equals_batch_one("kvzip", "agnostic", 3, 2)
