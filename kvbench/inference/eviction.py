@@ -32,6 +32,7 @@ from kvbench.budget import Budget
 from kvbench.cache.base import on_device
 from kvbench.cache.kv_cache import HeadwiseLayer, KVBenchCache
 from kvbench.checks import check_choice
+from kvbench.inference.session_passes import SessionPasses
 from kvbench.methods.base import AllocatorState, DecodeState, EvictionMethod, PromptRows, WindowObservation
 from kvbench.methods.token_scores import aggregate_groups
 
@@ -166,7 +167,7 @@ class PrefillRows:
         return self.queries[0] if len(self.queries) == 1 else torch.cat(self.queries, dim=1)
 
 
-class EvictionSession:
+class EvictionSession(SessionPasses):
     """Drives one sample's eviction (see module docstring).
 
     Parameters
@@ -392,86 +393,6 @@ class EvictionSession:
             self._shrink_layer(self.compressible[target_rank], int(layer_budget), window)
         if getattr(self.method.scorer, "rerotates_keys", False):
             self._rerotate(layer_idx, layer)
-
-    def _rerotate(self, layer_idx: int, layer: HeadwiseLayer) -> None:
-        """Re-rotate the layer's kept keys to contiguous positions ``0 .. n-1`` (Finch); every compressed layer must
-        keep the same ``n`` per head, the position the tokens after the prompt continue from."""
-        if self.rotary is None:
-            raise ValueError(f"{self.method.family}: key re-rotation needs a model with a rotary embedding (RoPE)")
-        if self.cache.sliding_layers:
-            raise ValueError(
-                f"{self.method.family}: key re-rotation on a model with sliding-window layers is not supported (their "
-                "keys keep their positions); set method.params.rerotate_keys=false"
-            )
-        lengths = layer.head_lengths()
-        if len(set(lengths)) != 1 or (self.next_position is not None and lengths[0] != self.next_position):
-            raise ValueError(
-                f"{self.method.family}: key re-rotation needs every head of every layer to keep the same number of "
-                f"tokens, got {lengths} at layer {layer_idx} (next position {self.next_position}); use a uniform "
-                "budget (no allocation/layers wrapper) or method.params.rerotate_keys=false"
-            )
-        keys, _ = layer.dense_kv()
-        positions = torch.stack(layer.positions).long()
-        rotated = self.method.scorer.rerotated(keys, positions, self.rotary)  # type: ignore[union-attr]
-        new_positions = torch.arange(lengths[0], device=positions.device).expand_as(positions)
-        with on_device(layer.positions[0].device):
-            layer.rewrite_keys(rotated, new_positions)
-        layer.seen_tokens = lengths[0]
-        self.rerotated_from[layer_idx] = positions
-        self.next_position = lengths[0]
-        self.record.key_positions, self.record.next_position = "rerotated", lengths[0]
-
-    # ------------------------------------------------------------------ replay forwards (KVzip)
-    def begin_replay(self, start: int, end: int) -> None:
-        """The next forward is a replay of the prompt (KVzip) that scores the prompt tokens ``start .. end - 1``; it
-        is stored on top of the prompt and removed by :meth:`end_replay`."""
-        self.phase = "replay"
-        self._replay_span = (start, end)
-
-    def _replay_layer(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor) -> None:
-        """Score the replayed span at one layer from the replay's queries ``[H_q, q, D]`` (post-RoPE)."""
-        if layer_idx not in self._rank:
-            raise ValueError(f"{self.method.family} does not support sliding-window layers")
-        keys, _ = layer.dense_kv()  # [H, S + q, D]: the prompt, then the replay
-        scores = self._replay_scores.get(layer_idx)
-        if scores is None:
-            scores = torch.zeros(layer.num_heads, self.context_length, dtype=keys.dtype, device=keys.device)
-            self._replay_scores[layer_idx] = scores
-        start, end = self._replay_span
-        scorer = self.method.scorer
-        scores[:, start:end] = scorer.replay_scores(query, keys, start, end)  # type: ignore[union-attr]
-        self._note_bytes(prefill=True)
-
-    def end_replay(self) -> None:
-        """Remove the replayed tokens from every layer: the cache holds the prompt again."""
-        context = self.context_length
-        for layer_idx in self.compressible:
-            layer = self.cache.headwise_layers[layer_idx]
-            keep = torch.arange(context, device=layer.positions[0].device)
-            with on_device(keep.device):
-                layer.keep([keep] * layer.num_heads)
-            layer.seen_tokens = context
-        self.phase = "compress"
-
-    def compress_replayed(self) -> None:
-        """Evict every layer at once from the replay scores (the scorer's ``select`` splits the budget over layers
-        and heads)."""
-        context, num_layers = self.context_length, len(self.compressible)
-        scores = [self._replay_scores[layer_idx] for layer_idx in self.compressible]
-        per_layer = int(self.budget.value) if self.budget.fixed_per_layer else None
-        total = self.budget.total(context, num_layers)
-        kept = self.method.scorer.select(scores, total, per_layer)  # type: ignore[union-attr]
-        for layer_idx, layer_scores, heads in zip(self.compressible, scores, kept, strict=True):
-            layer = self.cache.headwise_layers[layer_idx]
-            counts = [int(idx.numel()) for idx in heads]
-            self._requested[layer_idx] = (round(sum(counts) / len(counts)), counts)
-            self._decode_caps[layer_idx] = counts
-            self._scores[layer_idx] = [s.float()[idx] for s, idx in zip(layer_scores, heads, strict=True)]
-            if any(count < context for count in counts):
-                with on_device(layer.positions[0].device):
-                    layer.keep(heads)
-                self.record.evicted = True
-        self._replay_scores.clear()
 
     def _shrink_layer(self, layer_idx: int, keep_total: int, window: int) -> None:
         """Evict ``layer_idx`` down to ``keep_total`` tokens per head (window and sinks included)."""
