@@ -21,8 +21,9 @@ Reproduces NVIDIA/kvpress ``kvpress/presses/finch_press.py`` (``FinchPress``, kv
    (``context_length = cache.get_seq_length()`` after a Finch press).
 
 kvpress's ``chunk_length`` (a top-k per chunk of the context) is not reproduced (its default is off).  Re-rotation
-needs every head of every layer to keep the same number of tokens (a uniform budget, no allocation wrapper) and a
-model without sliding-window layers; both are refused with a clear error otherwise.  Parity:
+needs every head of every layer to keep the same number of tokens (a uniform budget; the allocation, layers,
+selection and decoding wrappers are refused with it) and a model without sliding-window layers (refused with a clear
+error); ``rerotate_keys: false`` lifts both.  Parity:
 ``tests/methods/test_finch.py``.
 """
 
@@ -50,6 +51,15 @@ class Finch(ScorerMethod, family="finch", reference="NVIDIA/kvpress kvpress/pres
     rerotate_keys: bool = True
     #: The window is the question (kvpress's delimiter); off: the last ``method.window`` prompt tokens.
     question_window: bool = True
+
+    def __post_init__(self) -> None:
+        uneven = {"allocation": "uniform", "layers": "uniform", "selection": "topk", "decode_interval": 0}
+        for name, default in uneven.items():
+            if self.rerotate_keys and getattr(self, name) != default:
+                raise ValueError(
+                    f"method.params.{name}={getattr(self, name)!r}: key re-rotation needs every head of every layer "
+                    f"to keep the same number of tokens; valid with rerotate_keys=true: {name}={default}"
+                )
 
     @property
     def rerotates_keys(self) -> bool:
