@@ -111,3 +111,29 @@ def test_batched_decoding_gives_batch_one_tokens() -> None:
     """``run.decode_batch``: every sample decodes from its own re-rotated position, in the batch as alone."""
     assert_batched_equals_batch_one("finch", "aware", 4, 3)
     assert_batched_equals_batch_one("finch", "agnostic", 3, 2)
+
+
+@pytest.mark.parametrize("family", ["finch", "kvzip"])
+def test_paged_backend_keeps_and_stores_what_the_torch_backend_does(family: str) -> None:
+    """The paged storage (page size 8, torch kernels) re-rotates (``rewrite_keys``) and replays (``keep``) alike."""
+    from kvbench.cache.kv_cache import KVBenchCache
+
+    data = recording("finch/FinchPress")
+    model = tiny_llama("bfloat16", data["model_config"])
+    case = data["cases"][3]
+    method = build_method({"name": family, "family": family, "params": {"chunk_size": 64} if family == "kvzip" else {}})
+    caches = []
+    for backend in ("torch", "paged"):
+        with torch.no_grad():
+            state = prefill(
+                model, case["context_ids"], case["question_ids"], method=method, budget=parse_budget("30L"),
+                cache=KVBenchCache(2, backend=backend, page_size=8), tokenizer=tokenizer("tokenizer"),
+            )  # fmt: skip
+        caches.append((state.position, state.session.finish().to_json(), state.cache))
+    (position, record, torch_cache), (paged_position, paged_record, paged_cache) = caches
+    assert (paged_position, paged_record["achieved_per_head"]) == (position, record["achieved_per_head"])
+    for ours, paged in zip(torch_cache.headwise_layers, paged_cache.headwise_layers, strict=True):
+        assert type(ours).__name__ != type(paged).__name__
+        for head in range(ours.num_heads):
+            assert torch.equal(ours.positions[head], paged.positions[head])
+            assert torch.equal(ours.head_kv(head)[0], paged.head_kv(head)[0])
