@@ -114,8 +114,9 @@ class SessionPasses:
         and heads)."""
         context, num_layers = self.context_length, len(self.compressible)
         scores = [self._replay_scores[layer_idx] for layer_idx in self.compressible]
-        per_layer = int(self.budget.value) if self.budget.fixed_per_layer else None
-        total = self.budget.total(context, num_layers)
+        heads = scores[0].shape[0]
+        per_layer = int(self.budget.value) * heads if self.budget.fixed_per_layer else None
+        total = self.budget.total(context, num_layers) * heads
         kept = self.method.scorer.select(scores, total, per_layer)  # type: ignore[union-attr]
         for layer_idx, layer_scores, heads in zip(self.compressible, scores, kept, strict=True):
             layer = self.cache.headwise_layers[layer_idx]

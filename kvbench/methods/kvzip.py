@@ -128,20 +128,19 @@ class KVzip(ScorerMethod, family="kvzip", reference="NVIDIA/kvpress kvpress/pres
         probs = F.softmax(logits, dim=-1)
         return probs[..., sink : sink + end - start].amax(dim=(-3, -2))[0]
 
-    def select(self, scores: list[torch.Tensor], total: int, per_layer: int | None) -> list[list[torch.Tensor]]:
+    def select(self, scores: list[torch.Tensor], kept: int, per_layer: int | None) -> list[list[torch.Tensor]]:
         """Per layer, per head, the kept token indices (sorted).
 
-        ``scores``: per layer ``[H, S]`` (model dtype); ``total``: tokens per head summed over layers (the budget);
-        ``per_layer``: tokens per head of every layer (a ``<n>/layer`` budget), or ``None``.
+        ``scores``: per layer ``[H, S]`` (model dtype); ``kept``: tokens kept over all layers and heads (the budget's
+        total per head times ``H``; ``layerwise``: ``kept // L`` per layer, over its heads); ``per_layer``: tokens
+        kept per layer over its heads (a ``<n>/layer`` budget: ``n H``), or ``None``.
         """
         stacked = torch.stack(scores)  # [L, H, S]
         layers, heads, length = stacked.shape
         stacked[..., : self.n_sink] = stacked.amax() + 1.0
         if per_layer is not None or self.layerwise:
-            per_head = per_layer if per_layer is not None else total // layers
-            counts = [min(per_head, length) * heads] * layers
+            counts = [min(per_layer if per_layer is not None else kept // layers, heads * length)] * layers
         else:
-            kept = min(total * heads, layers * heads * length)
             order = torch.argsort(stacked.reshape(-1).float(), descending=True, stable=True)[:kept]
             counts = torch.bincount(order // (heads * length), minlength=layers).tolist()
         kept_per_layer = []

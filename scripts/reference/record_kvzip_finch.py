@@ -16,8 +16,12 @@ Outputs (JSON, one file per press, in ``tests/fixtures/reference/{kvzip,finch}/`
   head (the complement of ``module.masked_key_indices``) and ``score_val`` (float32 ``[L, H, S]``, after the sinks'
   ``max + 1``);
 * ``FinchPress.json``: per case (dtype, context ids, question ids, ratio, settings) the kept positions per layer and
-  KV head (the indices ``KeyRerotationPress.rerotate_keys`` received), ``score()`` (float32 ``[H, S]``) and the
-  compressed cache's keys (re-rotated; float32 ``[H, n, D]``) with the position the pipeline continues from.
+  KV head (the indices ``KeyRerotationPress.rerotate_keys`` received), ``score()`` (float32 ``[H, S]``), the
+  position the pipeline continues from, and (in ``finch/tensors.safetensors``, the case's dtype) the compressed
+  cache's keys ``[H, n, D]`` per layer;
+* ``KeyRerotationPress.json``: ``rerotate_keys`` alone on seeded random keys and kept positions (the kept keys and
+  the result in ``finch/tensors.safetensors``); ``KVzipPress_select.json``: ``compress_post`` alone on seeded random
+  (and rounded, so tied) ``score_val``.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from pathlib import Path
 import torch
 from kvpress import FinchPress, KVzipPress
 from kvpress.presses.key_rerotation_press import KeyRerotationPress
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, models
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -59,6 +63,8 @@ PROMPT_SEED = 4400
 #: Ids drawn for prompts: the tokenizer's 97 characters (ids 0..96).
 PROMPT_VOCAB = 97
 FINCH_DELIMITER = 127
+#: Tensors the JSON files name (``tensors`` keys), written to ``finch/tensors.safetensors`` in their dtype.
+TENSORS: dict[str, torch.Tensor] = {}
 
 
 def write_tokenizer(path: Path, chat: bool) -> None:
@@ -183,6 +189,9 @@ def record_finch(out: Path) -> list[dict]:
             finally:
                 KeyRerotationPress.rerotate_keys = staticmethod(original_rerotate)
             layers = range(MODEL_CONFIG["num_hidden_layers"])
+            tensor_name = f"finch/{dtype_name}/case{salt}"
+            for layer in layers:
+                TENSORS[f"{tensor_name}/layer{layer}/keys"] = cache.layers[layer].keys[0].contiguous()
             if press.rerotate_keys:
                 kept = [indices[layer].tolist() for layer in layers]
             else:  # top-k of the recorded scores, as FinchPress.compress (unsorted: sort per head)
@@ -201,10 +210,80 @@ def record_finch(out: Path) -> list[dict]:
                     },
                     "kept": kept,
                     "scores": [float32_list(scores[layer]) for layer in layers],
-                    "keys": [float32_list(cache.layers[layer].keys[0]) for layer in layers],
+                    "tensors": tensor_name,
                     "next_position": cache.get_seq_length(),
                 }
             )
+    return cases
+
+
+# ------------------------------------------------------------------------------------------------ seeded tensors
+TENSOR_SEED = 4401
+#: (layers, KV heads, tokens, ratio, layerwise, levels): ``levels`` > 0 rounds the scores to that many values (ties).
+SELECT_CASES = [
+    (2, 2, 40, 0.5, False, 0),
+    (3, 2, 64, 0.75, False, 0),
+    (2, 4, 50, 0.6, False, 8),
+    (2, 2, 40, 0.5, True, 0),
+    (3, 2, 33, 0.3, True, 5),
+]
+
+
+def record_kvzip_select() -> list[dict]:
+    """``KVzipPress.compress_post`` on seeded random ``score_val`` ``[L, 1, H, S]`` (the selection alone)."""
+    cases = []
+    generator = torch.Generator().manual_seed(TENSOR_SEED)
+    for dtype_name, dtype in DTYPES.items():
+        for layers, heads, length, ratio, layerwise, levels in SELECT_CASES:
+            scores = torch.rand((layers, 1, heads, length), generator=generator)
+            if levels:
+                scores = (scores * levels).floor() / levels
+            config = dict(MODEL_CONFIG, num_hidden_layers=layers, num_key_value_heads=heads, num_attention_heads=heads)
+            model = LlamaForCausalLM(LlamaConfig(**config, attn_implementation="sdpa"))
+            press = KVzipPress(compression_ratio=ratio, layerwise=layerwise)
+            press.score_val = scores.to(dtype)
+            press.compress_post(model)
+            kept = []
+            for layer in model.model.layers:
+                _, head_idx, positions = layer.self_attn.masked_key_indices
+                mask = torch.ones(heads, length, dtype=torch.bool)
+                mask[head_idx, positions] = False
+                kept.append([torch.nonzero(row).flatten().tolist() for row in mask])
+            cases.append(
+                {
+                    "dtype": dtype_name,
+                    "compression_ratio": ratio,
+                    "settings": {"n_sink": press.n_sink, "layerwise": layerwise},
+                    "scores": float32_list(scores[:, 0].to(dtype)),
+                    "final_scores": float32_list(press.score_val[:, 0]),
+                    "kept": kept,
+                }
+            )
+    return cases
+
+
+#: (KV heads, tokens, kept): seeded random keys ``[1, H, S, 16]`` and per head ``kept`` sorted random positions.
+REROTATE_CASES = [(2, 40, 12), (2, 300, 77), (3, 128, 128)]
+
+
+def record_rerotation() -> list[dict]:
+    """``KeyRerotationPress.rerotate_keys`` on seeded random keys and kept positions (the tiny Llama's rotary)."""
+    cases = []
+    generator = torch.Generator().manual_seed(TENSOR_SEED + 1)
+    model = LlamaForCausalLM(LlamaConfig(**MODEL_CONFIG))
+    module = model.model.layers[0].self_attn
+    module.rotary_emb = model.model.rotary_emb
+    for dtype_name, dtype in DTYPES.items():
+        for heads, length, kept in REROTATE_CASES:
+            keys = torch.randn((1, heads, length, MODEL_CONFIG["head_dim"]), generator=generator)
+            order = torch.stack([torch.randperm(length, generator=generator)[:kept] for _ in range(heads)])
+            indices = order.sort(dim=-1).values[None]
+            rotated = KeyRerotationPress.rerotate_keys(module, indices, keys.to(dtype))
+            kept_keys = keys[0].gather(1, indices[0, :, :, None].expand(-1, -1, keys.shape[-1]))
+            name = f"rerotation/{dtype_name}/case{len(cases)}"
+            TENSORS[f"{name}/kept_keys"] = kept_keys.to(dtype).contiguous()
+            TENSORS[f"{name}/rotated"] = rotated[0].contiguous()
+            cases.append({"dtype": dtype_name, "tensors": name, "length": length, "positions": indices[0].tolist()})
     return cases
 
 
@@ -233,8 +312,12 @@ def main() -> int:
     write_tokenizer(kvzip_dir / "tokenizer", chat=False)
     write_tokenizer(kvzip_dir / "tokenizer_chat", chat=True)
     write(kvzip_dir / "KVzipPress.json", "KVzipPress", record_kvzip(kvzip_dir))
+    write(kvzip_dir / "KVzipPress_select.json", "KVzipPress", record_kvzip_select())
     finch_dir = FIXTURES / "finch"
     write(finch_dir / "FinchPress.json", "FinchPress", record_finch(finch_dir))
+    write(finch_dir / "KeyRerotationPress.json", "KeyRerotationPress", record_rerotation())
+    save_file(TENSORS, finch_dir / "tensors.safetensors", metadata={"recorder": Path(__file__).name})
+    (finch_dir / "tensors.safetensors").chmod(0o644)
     return 0
 
 

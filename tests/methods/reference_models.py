@@ -24,6 +24,14 @@ def recording(name: str) -> dict:
     return json.loads((REFERENCE / f"{name}.json").read_text())
 
 
+@cache
+def recorded_tensors() -> dict[str, torch.Tensor]:
+    """The tensors the Finch and re-rotation recordings name (``tensors`` keys), in the case's dtype."""
+    from safetensors.torch import load_file
+
+    return load_file(REFERENCE / "finch" / "tensors.safetensors")
+
+
 def tiny_llama(dtype: str, config: dict) -> LlamaForCausalLM:
     """The recorded tiny Llama (the kvpress fixtures' weights) in ``dtype``, on kvbench's attention."""
     model = LlamaForCausalLM(LlamaConfig(**config))

@@ -12,9 +12,11 @@ from kvbench.budget import parse_budget
 from kvbench.inference.generate import generate
 from kvbench.inference.prefill import prefill
 from kvbench.methods.base import build_method
+from kvbench.methods.finch import rerotate_keys
 from tests.methods.reference_models import (
     Tally,
     assert_batched_equals_batch_one,
+    recorded_tensors,
     recording,
     tiny_llama,
     tokenizer,
@@ -56,7 +58,8 @@ def test_finch_keeps_and_rerotates_as_kvpress_on_the_recorded_tiny_llama() -> No
                 ours = sorted(kept[head].tolist())
                 if ours == case["kept"][layer][head]:
                     tally.same += 1
-                    expected = torch.tensor(case["keys"][layer][head])  # [n, D]; top-k order without re-rotation
+                    # [n, D]; in top-k order without re-rotation
+                    expected = recorded_tensors()[f"{case['tensors']}/layer{layer}/keys"][head].float()
                     if not settings["rerotate_keys"]:
                         nearest = (keys[head][:, None] - expected[None]).abs().amax(-1).argmin(dim=1)
                         expected = expected[nearest]
@@ -137,3 +140,19 @@ def test_paged_backend_keeps_and_stores_what_the_torch_backend_does(family: str)
         for head in range(ours.num_heads):
             assert torch.equal(ours.positions[head], paged.positions[head])
             assert torch.equal(ours.head_kv(head)[0], paged.head_kv(head)[0])
+
+
+def test_rerotation_of_seeded_keys_equals_kvpress() -> None:
+    """``KeyRerotationPress.rerotate_keys`` on seeded random keys and kept positions (the tiny Llama's rotary):
+    bitwise equal in float32 and bfloat16."""
+    from kvbench.inference.prefill import rotary_tables
+
+    data = recording("finch/KeyRerotationPress")
+    rotary = rotary_tables(tiny_llama("float32", recording("finch/FinchPress")["model_config"]))
+    assert rotary is not None
+    for case in data["cases"]:
+        kept_keys = recorded_tensors()[f"{case['tensors']}/kept_keys"]
+        expected = recorded_tensors()[f"{case['tensors']}/rotated"]
+        got = rerotate_keys(kept_keys, torch.tensor(case["positions"]), rotary)
+        assert got.dtype == expected.dtype and torch.equal(got, expected), case["tensors"]
+    assert len(data["cases"]) == 6

@@ -117,3 +117,39 @@ def test_batched_decoding_gives_batch_one_tokens() -> None:
     """``run.decode_batch``: each sample replays its context alone, then decodes in the batch (tokens, records)."""
     assert_batched_equals_batch_one("kvzip", "aware", 4, 3)
     assert_batched_equals_batch_one("kvzip", "agnostic", 3, 2)
+
+
+def test_selection_on_seeded_scores_equals_kvpress() -> None:
+    """``KVzipPress.compress_post`` alone on seeded random scores, some rounded to a few values (many ties): the
+    same kept positions per layer and head, or another valid top-k of the scores (over all layers, or per layer)."""
+    data = recording("kvzip/KVzipPress_select")
+    tally = Tally()
+    for case in data["cases"]:
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[case["dtype"]]
+        scores = torch.tensor(case["scores"]).to(dtype)  # [L, H, S]
+        final = torch.tensor(case["final_scores"])  # after the sinks' max + 1
+        theirs = torch.zeros(final.shape, dtype=torch.bool)
+        for layer, heads in enumerate(case["kept"]):
+            for head, positions in enumerate(heads):
+                theirs[layer, head, positions] = True
+        layers, heads, _ = scores.shape
+        layerwise = case["settings"]["layerwise"]
+        method = kvzip(layerwise=layerwise)
+        kept = method.scorer.select(list(scores.unbind(0)), int(theirs.sum()), None)
+        ours = torch.zeros_like(theirs)
+        for layer, per_head in enumerate(kept):
+            for head, positions in enumerate(per_head):
+                ours[layer, head, positions] = True
+        tally.cases += 1
+        scope = list(zip(final.unbind(0), ours.unbind(0), strict=True)) if layerwise else [(final, ours)]
+        valid = all(valid_topk(s, m) for s, m in scope)
+        for layer in range(layers):
+            for head in range(heads):
+                if torch.equal(ours[layer, head], theirs[layer, head]):
+                    tally.same += 1
+                elif valid and int(ours.sum()) == int(theirs.sum()):
+                    tally.tied += 1
+                else:
+                    tally.differ += 1
+    print("kvzip selection parity:", tally.summary())
+    assert tally.cases == 10 and tally.differ == 0, tally.summary()
