@@ -153,3 +153,17 @@ def test_selection_on_seeded_scores_equals_kvpress() -> None:
                     tally.differ += 1
     print("kvzip selection parity:", tally.summary())
     assert tally.cases == 10 and tally.differ == 0, tally.summary()
+
+
+@pytest.mark.parametrize("family", ["kvzip", "finch"])
+def test_press_onto_a_users_generate_is_refused_by_name(family: str) -> None:
+    """``kvbench.press`` runs the prompt's last segment through the model's own forward: a method that replays the
+    context or moves positions after the prefill cannot, and says so."""
+    import kvbench
+
+    model = tiny_llama("float32", recording("kvzip/KVzipPress")["model_config"])
+    method = build_method({"name": family, "family": family})
+    ids = torch.tensor([list(range(1, 60))])
+    refused = pytest.raises(ValueError, match=f"method '{family}' runs forwards of its own")
+    with refused, torch.no_grad(), kvbench.press(model, method, parse_budget("8L")):
+        model.generate(ids, max_new_tokens=2, do_sample=False, pad_token_id=0)
