@@ -231,6 +231,7 @@ class EvictionSession(SessionPasses):
         #: Per layer, ``[H, S]`` scores from the replay forwards (KVzip), in the model dtype.
         self._replay_scores: dict[int, torch.Tensor] = {}
         self._replay_span = (0, 0)
+        self._replay_prefix: int | None = None
         self.replayed = False
         #: Where the tokens after the compressed prompt are fed: ``None`` = after its last position; a number when
         #: the kept keys were re-rotated to contiguous positions (Finch).

@@ -43,6 +43,7 @@ class SessionPasses:
     _rank: dict[int, int]
     _replay_scores: dict[int, torch.Tensor]
     _replay_span: tuple[int, int]
+    _replay_prefix: int | None
     _requested: dict[int, tuple[int, list[int]]]
     _decode_caps: dict[int, list[int]]
     _scores: dict[int, list[torch.Tensor]]
@@ -83,6 +84,7 @@ class SessionPasses:
         is stored on top of the prompt and removed by :meth:`end_replay`."""
         self.phase = "replay"
         self._replay_span = (start, end)
+        self._replay_prefix = start if self._replay_prefix is None else min(self._replay_prefix, start)
 
     def _replay_layer(self, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor) -> None:
         """Score the replayed span at one layer from the replay's queries ``[H_q, q, D]`` (post-RoPE)."""
@@ -117,7 +119,8 @@ class SessionPasses:
         heads = scores[0].shape[0]
         per_layer = int(self.budget.value) * heads if self.budget.fixed_per_layer else None
         total = self.budget.total(context, num_layers) * heads
-        kept = self.method.scorer.select(scores, total, per_layer)  # type: ignore[union-attr]
+        prefix = self._replay_prefix or 0  # the prompt tokens before the first replayed one (chat template prefix)
+        kept = self.method.scorer.select(scores, total, per_layer, prefix)  # type: ignore[union-attr]
         for layer_idx, layer_scores, heads in zip(self.compressible, scores, kept, strict=True):
             layer = self.cache.headwise_layers[layer_idx]
             counts = [int(idx.numel()) for idx in heads]

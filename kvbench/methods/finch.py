@@ -106,10 +106,14 @@ def rerotate_keys(
 ) -> torch.Tensor:
     """kvpress's ``KeyRerotationPress.rerotate_keys``: keys ``[H, n, D]`` (post-RoPE at ``positions`` ``[H, n]``)
     rotated by ``d = i - positions`` for slot ``i``: ``k cos(d) + rotate_half(k) sin(d)``, the tables ``[H n, D]``
-    from the model's rotary embedding at the (negative) positions ``d`` in float32, cast to the keys' dtype."""
+    from the model's rotary embedding at the (negative) positions ``d`` in float32 (divided by its attention scaling
+    when it has one: kvpress rotates by ``inv_freq`` alone), cast to the keys' dtype."""
     heads, kept, dim = keys.shape
     delta = torch.arange(kept, device=positions.device)[None, :] - positions  # [H, n]
     cos, sin = rotary(delta.reshape(-1), torch.float32)
+    scale = rotary(torch.zeros(1, dtype=torch.long, device=positions.device), torch.float32)[0][0, 0]
+    if float(scale) != 1.0:  # RoPE variants that scale the tables (YaRN's attention factor): a pure rotation here
+        cos, sin = cos / scale, sin / scale
     cos = cos.reshape(heads, kept, dim).to(device=keys.device, dtype=keys.dtype)
     sin = sin.reshape(heads, kept, dim).to(device=keys.device, dtype=keys.dtype)
     return keys * cos + rotate_half(keys) * sin

@@ -15,7 +15,9 @@ authors; the original is snu-mllab/KVzip), which kvbench's tests hold as recordi
    probability over the replay's queries and the KV head's query heads (stored in the model dtype); the replay's
    tokens are then removed from the cache (kvbench's own forward, cache and attention:
    :mod:`kvbench.inference.replay`; the passes are recorded as ``extra_forwards``, their time in the prefill seconds);
-4. the first ``n_sink`` tokens get ``max + 1`` of every layer's scores; the lowest scores over all layers and heads
+4. the first ``n_sink`` tokens get ``max + 1`` of every layer's scores (the prefix past them is never scored: 0,
+   evicted first; ``keep_prefix: true`` protects it, as the original protects its system prompt); the lowest
+   scores over all layers and heads
    are evicted (``layerwise: false``: kvpress's global choice, so layers and heads keep different numbers), or the
    lowest of each layer (``layerwise: true``, and always under a ``<n>/layer`` budget).
 
@@ -75,6 +77,9 @@ class KVzip(ScorerMethod, family="kvzip", reference="NVIDIA/kvpress kvpress/pres
     chunk_size: int = bounded(2048, 1)
     #: Every layer evicts the same number (kvpress's ``layerwise``); off: the lowest scores over all layers.
     layerwise: bool = False
+    #: Protect the chat template's prefix (the tokens before the replayed context) as the original snu-mllab/KVzip
+    #: protects its system prompt; off (kvpress): the prefix past ``n_sink`` is never scored (0) and goes first.
+    keep_prefix: bool = False
 
     #: The session runs :meth:`replay_passes` after the prefill and compresses with :meth:`select`.
     replays_context: ClassVar[bool] = True
@@ -128,16 +133,20 @@ class KVzip(ScorerMethod, family="kvzip", reference="NVIDIA/kvpress kvpress/pres
         probs = F.softmax(logits, dim=-1)
         return probs[..., sink : sink + end - start].amax(dim=(-3, -2))[0]
 
-    def select(self, scores: list[torch.Tensor], kept: int, per_layer: int | None) -> list[list[torch.Tensor]]:
+    def select(
+        self, scores: list[torch.Tensor], kept: int, per_layer: int | None, prefix: int = 0
+    ) -> list[list[torch.Tensor]]:
         """Per layer, per head, the kept token indices (sorted).
 
         ``scores``: per layer ``[H, S]`` (model dtype); ``kept``: tokens kept over all layers and heads (the budget's
         total per head times ``H``; ``layerwise``: ``kept // L`` per layer, over its heads); ``per_layer``: tokens
-        kept per layer over its heads (a ``<n>/layer`` budget: ``n H``), or ``None``.
+        kept per layer over its heads (a ``<n>/layer`` budget: ``n H``), or ``None``; ``prefix``: the prompt tokens
+        before the replayed ones (protected with ``keep_prefix``).
         """
         stacked = torch.stack(scores)  # [L, H, S]
         layers, heads, length = stacked.shape
-        stacked[..., : self.n_sink] = stacked.amax() + 1.0
+        protected = max(self.n_sink, prefix) if self.keep_prefix else self.n_sink
+        stacked[..., :protected] = stacked.amax() + 1.0
         if per_layer is not None or self.layerwise:
             counts = [min(per_layer if per_layer is not None else kept // layers, heads * length)] * layers
         else:

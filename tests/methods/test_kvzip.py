@@ -167,3 +167,20 @@ def test_press_onto_a_users_generate_is_refused_by_name(family: str) -> None:
     refused = pytest.raises(ValueError, match=f"method '{family}' runs forwards of its own")
     with refused, torch.no_grad(), kvbench.press(model, method, parse_budget("8L")):
         model.generate(ids, max_new_tokens=2, do_sample=False, pad_token_id=0)
+
+
+def test_keep_prefix_protects_the_chat_template_prefix_that_kvpress_evicts_first() -> None:
+    """kvpress never scores the chat template's prefix past ``n_sink`` (0: evicted first, as recorded); the switch
+    ``keep_prefix`` protects it, as the original KVzip protects its system prompt."""
+    data = recording("kvzip/KVzipPress")
+    case = data["cases"][1]  # the chat tokenizer: a 6-token prefix, n_sink 4
+    assert all(4 not in head and 5 not in head for layer in case["kept"] for head in layer)
+    model = tiny_llama("float32", data["model_config"])
+    with torch.no_grad():
+        state = prefill(
+            model, case["input_ids"], method=kvzip(keep_prefix=True), budget=exact_total(24),
+            tokenizer=tokenizer("tokenizer_chat"),
+        )  # fmt: skip
+    kept = [set(p.tolist()) for layer in state.cache.headwise_layers for p in layer.positions]
+    assert all(set(range(6)) <= head for head in kept)
+    assert sum(map(len, kept)) == sum(len(head) for layer in case["kept"] for head in layer)
