@@ -184,3 +184,20 @@ def test_keep_prefix_protects_the_chat_template_prefix_that_kvpress_evicts_first
     kept = [set(p.tolist()) for layer in state.cache.headwise_layers for p in layer.positions]
     assert all(set(range(6)) <= head for head in kept)
     assert sum(map(len, kept)) == sum(len(head) for layer in case["kept"] for head in layer)
+
+
+def test_lm_eval_bridge_replays_with_its_tokenizer_and_scores_after_rerotated_keys() -> None:
+    """``kvbench.lmeval``: KVzip replays the context with the harness's tokenizer; after Finch's re-rotation the
+    continuation is fed from the kept tokens' next position (question-agnostic: the context's last token first)."""
+    from kvbench.lmeval.loglikelihood import compress_context
+
+    model = tiny_llama("float32", recording("kvzip/KVzipPress")["model_config"])
+    ids = list(range(1, 90))
+    for family, position, forwards in (("kvzip", 88, 1), ("finch", 10, 0)):
+        method = build_method({"name": family, "family": family})
+        context = compress_context(
+            model, ids, method=method, budget=parse_budget("10L"), question_mode="agnostic",
+            tokenizer=tokenizer("tokenizer"),
+        )  # fmt: skip
+        assert (context.position, context.record.extra_forwards) == (position, forwards), family
+        assert context.record.evicted
