@@ -201,3 +201,19 @@ def test_lm_eval_bridge_replays_with_its_tokenizer_and_scores_after_rerotated_ke
         )  # fmt: skip
         assert (context.position, context.record.extra_forwards) == (position, forwards), family
         assert context.record.evicted
+
+
+def test_no_observation_window_warning_for_a_method_without_a_window(caplog) -> None:
+    """KVzip has no observation window: layers below ``method.window`` tokens are not warned about (a method that
+    protects one still is: ``tests/faults/test_sweeps_and_budgets.py``)."""
+    import logging
+
+    import kvbench
+    from kvbench.run.records import keeps_window, warn_if_not_as_asked
+
+    cfg = kvbench.compose_config(method="kvzip", budget="64L")
+    assert not keeps_window(cfg) and keeps_window(kvbench.compose_config(method="snapkv"))
+    assert keeps_window(kvbench.compose_config(method="knorm", overrides=["method.params.keep_window=true"]))
+    with caplog.at_level(logging.WARNING):
+        warn_if_not_as_asked({"requested_per_layer": [90, 12], "evicted": True, "context_tokens": 500}, cfg)
+    assert "is wider than the per-layer budget" not in caplog.text
