@@ -121,6 +121,10 @@ class EvictableLayer(Protocol):
         """Make room for ``extra_tokens`` more tokens per head ahead of time."""
         ...
 
+    def rewrite_keys(self, keys: torch.Tensor, positions: torch.Tensor) -> None:
+        """Overwrite every stored key ``[H, S, D]`` and position ``[H, S]`` of a dense layer (key re-rotation)."""
+        ...
+
     # -- bytes (docs/results.md)
     def token_head_bytes(self) -> int: ...
 

@@ -291,6 +291,16 @@ class HeadwiseLayer(LogicalLengthLayer):
         self.lengths = torch.tensor(new_lengths, dtype=torch.long, device=self.device)
         self._refresh_views()
 
+    def rewrite_keys(self, keys: torch.Tensor, positions: torch.Tensor) -> None:
+        """Overwrite every stored key and position in place (key re-rotation: Finch): ``keys`` ``[H, S, D]`` and
+        ``positions`` ``[H, S]`` for a dense layer of ``S`` tokens per head (values are unchanged)."""
+        assert self.key_buffer is not None and self.position_buffer is not None
+        if self.is_ragged or tuple(keys.shape[:2]) != (self.num_heads, self.host_lengths[0]):
+            raise ValueError(f"rewrite_keys needs [H, S, D] keys of a dense layer, got {tuple(keys.shape)}")
+        stored = self.host_lengths[0]
+        self.key_buffer[0, :, :stored] = keys.to(self.key_buffer.dtype)
+        self.position_buffer[:, :stored] = positions.to(torch.int32)
+
     def evict_slots(self, slots: torch.Tensor, heads: Sequence[int] | None = None) -> torch.Tensor:
         """Evict one token from each of ``heads`` in place: its last stored token moves into slot ``slots[i]``.
 

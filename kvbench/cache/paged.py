@@ -376,6 +376,17 @@ class PagedLayer(LogicalLengthLayer):
         self.stats.rows_copied += sum(new_lengths)
         self._positions_cache = self._slot_cache = None
 
+    def rewrite_keys(self, keys: torch.Tensor, positions: torch.Tensor) -> None:
+        """Overwrite every stored key and position in place (key re-rotation: Finch): ``keys`` ``[H, S, D]`` and
+        ``positions`` ``[H, S]`` for a dense layer of ``S`` tokens per head (values are unchanged)."""
+        assert self.k_pool is not None and self.pos_pool is not None
+        if self.is_ragged or tuple(keys.shape[:2]) != (self.num_heads, self.host_lengths[0]):
+            raise ValueError(f"rewrite_keys needs [H, S, D] keys of a dense layer, got {tuple(keys.shape)}")
+        slots = self.slot_matrix().reshape(-1)
+        self._flat(self.k_pool).index_copy_(0, slots, keys.reshape(-1, self.head_dim).to(self.k_pool.dtype))
+        self.pos_pool.index_copy_(0, slots, positions.reshape(-1).to(self.pos_pool.dtype))
+        self._positions_cache = None
+
     def evict_slots(self, slots: torch.Tensor, heads: Sequence[int] | None = None) -> torch.Tensor:
         """Evict one token from each of ``heads`` in place: its last stored token moves into slot ``slots[i]``
         (same contract as :meth:`kvbench.cache.kv_cache.HeadwiseLayer.evict_slots`).

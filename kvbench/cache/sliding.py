@@ -182,5 +182,8 @@ class SlidingWindowLayer(LogicalLengthLayer):
     def evict_slots(self, slots: torch.Tensor, heads: Sequence[int] | None = None) -> torch.Tensor:
         raise NotImplementedError("a sliding-window layer is not evicted (it holds at most its window)")
 
+    def rewrite_keys(self, keys: torch.Tensor, positions: torch.Tensor) -> None:
+        raise NotImplementedError("a sliding-window layer's keys are not re-rotated (it is never evicted)")
+
     def reserve(self, extra_tokens: int) -> None:
         """Nothing to pre-allocate (the layer never grows past its window)."""

@@ -213,6 +213,7 @@ def _start(
         question_mode=question_mode,
         prefill_chunk=prefill_chunk,
         dataset_state=dataset_state,
+        tokenizer=tokenizer,
     )
     state.session.begin_decode()
     sync_devices(devices)

@@ -32,10 +32,11 @@ from kvbench.budget import Budget
 from kvbench.cache.base import on_device
 from kvbench.cache.kv_cache import HeadwiseLayer, KVBenchCache
 from kvbench.checks import check_choice
+from kvbench.inference.session_passes import SessionPasses
 from kvbench.methods.base import AllocatorState, DecodeState, EvictionMethod, PromptRows, WindowObservation
 from kvbench.methods.token_scores import aggregate_groups
 
-Phase = Literal["idle", "compress", "append", "decode"]
+Phase = Literal["idle", "compress", "replay", "append", "decode"]
 
 
 @dataclass
@@ -80,6 +81,13 @@ class CacheRecord:
     compressible_layers: list[int] = field(default_factory=list)
     #: The sliding-window layers (:mod:`kvbench.cache.sliding`): never evicted, each holds at most its window.
     sliding_layers: list[int] = field(default_factory=list)
+    #: Forwards a method ran on top of the prompt to score it (KVzip's context reconstruction); their seconds are
+    #: part of the sample's prefill seconds (the run's timing log, ``prefill_s_mean``).
+    extra_forwards: int = 0
+    #: ``original`` (kept keys at their prompt positions) or ``rerotated`` (Finch: re-rotated to contiguous positions
+    #: ``0 .. n-1``, and the tokens after the prompt continue from ``next_position``).
+    key_positions: str = "original"
+    next_position: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -159,7 +167,7 @@ class PrefillRows:
         return self.queries[0] if len(self.queries) == 1 else torch.cat(self.queries, dim=1)
 
 
-class EvictionSession:
+class EvictionSession(SessionPasses):
     """Drives one sample's eviction (see module docstring).
 
     Parameters
@@ -217,12 +225,43 @@ class EvictionSession:
         self.decode_state: DecodeState | None = None if policy is None else policy.new_state()
         self._rows: dict[int, PrefillRows] = {}
         self.sample_key = 0
+        #: Question tokens at the end of the compressed prompt (question-aware mode; set by the prefill): the
+        #: observation window of a scorer whose window is the question (Finch).
+        self.question_tokens = 0
+        #: Per layer, ``[H, S]`` scores from the replay forwards (KVzip), in the model dtype.
+        self._replay_scores: dict[int, torch.Tensor] = {}
+        self._replay_span = (0, 0)
+        self._replay_prefix: int | None = None
+        self.replayed = False
+        #: Where the tokens after the compressed prompt are fed: ``None`` = after its last position; a number when
+        #: the kept keys were re-rotated to contiguous positions (Finch).
+        self.next_position: int | None = None
+        #: Per re-rotated layer, the prompt positions ``[H, n]`` its kept keys came from.
+        self.rerotated_from: dict[int, torch.Tensor] = {}
 
     # ------------------------------------------------------------------ phases
     @property
     def compresses(self) -> bool:
         """Whether prefill compression applies (a scorer and a non-full budget)."""
         return self.method.scorer is not None and not self.budget.is_full
+
+    @property
+    def replays(self) -> bool:
+        """Whether the scorer scores the prompt by forwards of its own after the prefill (KVzip's context
+        reconstruction, :mod:`kvbench.inference.replay`) and compresses every layer at once after them."""
+        return self.compresses and bool(getattr(self.method.scorer, "replays_context", False))
+
+    def observation_window(self) -> int:
+        """Window queries the scorer sees: ``method.window``, or the question's tokens for a scorer whose window is
+        the question (Finch's ``question_window``; ``method.window`` when the compressed prompt has no question)."""
+        if getattr(self.method.scorer, "question_window", False) and self.question_tokens > 0:
+            return self.question_tokens
+        return self.method.window
+
+    @property
+    def position_shift(self) -> int:
+        """How many positions earlier than the count of tokens fed the next token goes (re-rotated keys: Finch)."""
+        return 0 if self.next_position is None else self.context_length - self.next_position
 
     def begin_prefill(self, context_length: int, prompt_ids: Sequence[int] | None = None) -> None:
         """The next forwards are the (compressed) context prefill of ``context_length`` tokens, in one forward or
@@ -272,7 +311,9 @@ class EvictionSession:
             return
         layer = self.cache.headwise_layers[layer_idx]
         policy = self.method.decode_policy
-        if self.phase == "compress":
+        if self.phase == "replay":
+            self._replay_layer(layer_idx, layer, query[0])
+        elif self.phase == "compress":
             self._output_projection = getattr(getattr(module, "o_proj", None), "weight", None)  # CriticalKV's
             self._prefill_chunk(layer_idx, layer, query[0], scaling)
         elif policy is None or self.budget.is_full:
@@ -296,9 +337,11 @@ class EvictionSession:
             self._requested[layer_idx] = (context, [context] * layer.num_heads)
             return
         assert self.method.scorer is not None
+        if self.replays:
+            return  # scored by the replay forwards after the prefill, then compressed (compress_replayed)
         rows = self._rows.setdefault(layer_idx, PrefillRows())
         needs = self.method.scorer.prompt_rows(query.dtype)
-        rows.add(layer, query, scaling, self.method.window, needs, self.scoring_impl, self.context_length)
+        rows.add(layer, query, scaling, self.observation_window(), needs, self.scoring_impl, self.context_length)
         if context < self.context_length:
             return  # more chunks to come
         del self._rows[layer_idx]
@@ -309,7 +352,7 @@ class EvictionSession:
         num_heads = layer.num_heads
         keys, values = layer.dense_kv()
         assert rows.window_queries is not None
-        window = min(self.method.window, context)
+        window = min(self.observation_window(), context)
         queries = rows.window_queries[:, -window:]
         # Allocators and scorers see the compressible layers only, numbered 0..L_c-1 (sliding layers skipped).
         rank, num_compressible = self._rank[layer_idx], len(self.compressible)
@@ -349,6 +392,8 @@ class EvictionSession:
         self._scores[layer_idx] = list(scores.unbind(0))
         for target_rank, layer_budget in sorted(budgets.items()):
             self._shrink_layer(self.compressible[target_rank], int(layer_budget), window)
+        if getattr(self.method.scorer, "rerotates_keys", False):
+            self._rerotate(layer_idx, layer)
 
     def _shrink_layer(self, layer_idx: int, keep_total: int, window: int) -> None:
         """Evict ``layer_idx`` down to ``keep_total`` tokens per head (window and sinks included)."""

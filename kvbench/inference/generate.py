@@ -99,6 +99,7 @@ def generate(
         question_mode=question_mode,
         prefill_chunk=prefill_chunk,
         dataset_state=dataset_state,
+        tokenizer=tokenizer,
     )
     cache, session, position, logits = state.cache, state.session, state.position, state.logits
     device = input_device(model)

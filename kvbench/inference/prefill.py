@@ -35,6 +35,7 @@ from kvbench.cache.sliding import layer_windows
 from kvbench.checks import check_choice
 from kvbench.config import QUESTION_MODES
 from kvbench.inference.eviction import EvictionSession
+from kvbench.inference.replay import replay_context
 from kvbench.methods.base import EvictionMethod
 from kvbench.models.loading import input_device
 
@@ -114,6 +115,11 @@ def split_question(
     if question_mode == "aware" or not question_ids:
         return list(context_ids) + list(question_ids), []
     return list(context_ids), list(question_ids)
+
+
+def aware_question_tokens(context_ids: Sequence[int], question_ids: Sequence[int], question_mode: str) -> bool:
+    """Whether the compressed prompt ends with the question (question-aware mode with a question)."""
+    return question_mode == "aware" and len(question_ids) > 0 and len(context_ids) > 0
 
 
 @dataclass
@@ -206,6 +212,7 @@ def prefill(
     scoring_impl: str = "auto",
     hold_last: bool = False,
     dataset_state: Any = None,
+    tokenizer: Any = None,
 ) -> PrefillState:
     """Prefill one prompt with ``method`` applied at ``budget``: the single prefill sequence of kvbench.
 
@@ -215,6 +222,10 @@ def prefill(
     ``hold_last``: the last segment is not fed but returned in :attr:`PrefillState.held` (its phase entered), for a
     caller that runs it through the model's own forward (``kvbench.press``).  ``dataset_state``: what the method's
     layer allocator keeps across a dataset's samples (:class:`~kvbench.inference.eviction.EvictionSession`).
+    ``tokenizer``: for a method that scores the prompt by forwards of its own (KVzip's repeat prompt,
+    :mod:`kvbench.inference.replay`), run after the compressed prompt is stored and before the question is appended.
+    A method that re-rotates the kept keys (Finch) moves the tokens after the compressed prompt to the positions
+    right after the kept ones (:attr:`~kvbench.inference.eviction.EvictionSession.position_shift`).
     """
     compressed, appended = split_question(list(context_ids), list(question_ids), question_mode)
     if not compressed:
@@ -227,17 +238,28 @@ def prefill(
     )
     chunk = resolve_prefill_chunk(prefill_chunk, device, len(compressed)) or len(compressed)
     session.record.prefill_chunk = chunk if chunk < len(compressed) else 0
+    if aware_question_tokens(context_ids, question_ids, question_mode):
+        session.question_tokens = len(question_ids)
     segments = prompt_segments(compressed, appended, chunk)
     held = segments.pop() if hold_last else None
+    if held is not None and (session.replays or getattr(method.scorer, "rerotates_keys", False)):
+        raise ValueError(
+            f"method {method.family!r} runs forwards of its own or moves positions after the prefill: it does not "
+            "run with a held last segment (kvbench.press); use kvbench's runner"
+        )
 
     started = time.perf_counter()
     session.begin_prefill(len(compressed), prompt_ids=compressed)
     position, logits = 0, None
     for segment in segments:
         if segment.appended:
+            replay_context(model, session, compressed, tokenizer, device, forward_logits)
             session.begin_append()
-        logits = forward_logits(model, segment.ids, segment.start, cache, session, device)[-1]
-        position = segment.start + len(segment.ids)
+        start = segment.start - session.position_shift
+        logits = forward_logits(model, segment.ids, start, cache, session, device)[-1]
+        position = start + len(segment.ids)
+    replay_context(model, session, compressed, tokenizer, device, forward_logits)
+    position -= 0 if appended else session.position_shift
     if held is not None and held.appended:
         session.begin_append()
     return PrefillState(cache, session, compressed, appended, position, logits, held, started)

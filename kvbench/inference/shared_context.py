@@ -156,6 +156,7 @@ def generate_group(
         question_mode="agnostic",
         prefill_chunk=prefill_chunk,
         dataset_state=dataset_state,
+        tokenizer=tokenizer,
     )
     cache, session, position, logits = state.cache, state.session, state.position, state.logits
     session.begin_append()  # closes the compression (records it, starts the decode policies' layers) exactly once

@@ -88,9 +88,11 @@ def compress_context(
     question_mode: str = "agnostic",
     prefill_chunk: int | None = None,
     dataset_state: Any = None,
+    tokenizer: Any = None,
 ) -> CompressedContext:
     """Prefill ``context_ids`` with ``method`` applied at ``budget`` (see the module docstring for the split);
-    ``dataset_state``: the method's state across the task's contexts (XKV's sampled mode), or ``None``."""
+    ``dataset_state``: the method's state across the task's contexts (XKV's sampled mode), or ``None``;
+    ``tokenizer``: for a method that replays the context (KVzip's repeat prompt)."""
     check_choice("question_mode", question_mode, QUESTION_MODES)
     if not context_ids:
         raise ValueError("empty context: lm-eval passes at least the prefix token")
@@ -106,6 +108,7 @@ def compress_context(
         prefill_chunk=prefill_chunk,
         cache=cache,
         dataset_state=dataset_state,
+        tokenizer=tokenizer,
     )
     record = state.session.finish()
     device = input_device(model)
@@ -116,7 +119,7 @@ def compress_context(
     assert logits is not None
     first_logits = logits if not tail else None
     return CompressedContext(
-        cache, record, len(compressed), tail, first_logits, cache_fingerprint(cache), prefill_s=elapsed
+        cache, record, state.position, tail, first_logits, cache_fingerprint(cache), prefill_s=elapsed
     )
 
 

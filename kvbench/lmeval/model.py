@@ -262,6 +262,7 @@ class KVBenchLM(TemplateLM):
                 question_mode=self.question_mode,
                 prefill_chunk=self.prefill_chunk,
                 dataset_state=self.dataset_state,
+                tokenizer=self.tokenizer,
             )
             for index in indices:
                 answer = score_continuation(self.model, compressed, prepared[index][1])

@@ -78,6 +78,17 @@ def cache_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 _WARNED: set[tuple[str, str]] = set()
 
 
+def keeps_window(cfg: DictConfig) -> bool:
+    """Whether the method protects an observation window: the paper families do; a one-class method only with
+    ``method.params.keep_window`` (its class default otherwise: off, e.g. KVzip, which has no window at all)."""
+    from kvbench.methods.recipe import SCORER_METHODS
+
+    method_class = SCORER_METHODS.get(str(cfg.method.family))
+    if method_class is None:
+        return True
+    return bool(OmegaConf.select(cfg, "method.params.keep_window", default=method_class.keep_window))
+
+
 def warn_if_not_as_asked(cache: Mapping[str, Any], cfg: DictConfig) -> None:
     """Warn once per run (model x method x budget) when a sample could not run what the budget asked: a budget at or
     above its context (nothing evicted: the full cache; ``requested_per_layer`` records the context length actually
@@ -95,7 +106,7 @@ def warn_if_not_as_asked(cache: Mapping[str, Any], cfg: DictConfig) -> None:
             cache.get("context_tokens"),
             cfg.budget.name,
         )
-    window = int(OmegaConf.select(cfg, "method.window", default=0) or 0)
+    window = int(OmegaConf.select(cfg, "method.window", default=0) or 0) if keeps_window(cfg) else 0
     in_budget = bool(OmegaConf.select(cfg, "method.window_in_budget", default=True))
     smallest = min(requested) if requested else None
     if evicting and in_budget and smallest is not None and window > smallest and (run, "window") not in _WARNED:

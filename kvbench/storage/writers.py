@@ -26,7 +26,11 @@ Layout (one *run* = one model x task x method x budget)::
                                   "peak_allocated_bytes": int (the sample's peaks), "peak_prefill_bytes": int
                                   (stored peak of the compressed prefill), "context_tokens": int,
                                   "final_per_layer": [int],
-                                  "decode_cap_per_layer": [int], "allocator_state": {...} | null},
+                                  "decode_cap_per_layer": [int], "allocator_state": {...} | null,
+                                  "extra_forwards": int (forwards the method ran to score the prompt: KVzip's
+                                  replays; their time is in the prefill seconds), "key_positions": "original" |
+                                  "rerotated" (Finch: kept keys re-rotated to 0..n-1), "next_position": int | null
+                                  (where the tokens after the prompt went, when re-rotated)},
      "stop_reason": str, "question_lost": bool}
 
 ``metrics.json``::

@@ -142,6 +142,8 @@ def test_every_method_family_keeps_exact_budgets(
     extra = {"context_length": CONTEXT} if question_mode == "agnostic" else {}
     for family in method_families():
         method = build_method(method_configs[family])
+        if getattr(method.scorer, "replays_context", False) or getattr(method.scorer, "rerotates_keys", False):
+            continue  # KVzip, Finch: they refuse sliding-window layers and kvbench.press (tests/methods/test_*.py)
         with kvbench.press(built, method, parse_budget(f"{BUDGET}L"), question_mode, **extra) as record:
             generate(built)
         last = record.last

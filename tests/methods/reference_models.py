@@ -1,0 +1,111 @@
+"""What the KVzip and Finch parity tests share: the recorded tiny Llama in kvbench's attention, the recordings of
+``scripts/reference/record_kvzip_finch.py`` (kvpress 0.5.5, outside the project), and a budget of an exact total."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+import kvbench.attention.function as attention
+from kvbench.budget import Budget
+from tests.reference_recordings import DTYPES, tiny_llama_weights
+
+REFERENCE = Path(__file__).resolve().parents[1] / "fixtures" / "reference"
+
+
+@cache
+def recording(name: str) -> dict:
+    """``kvzip/KVzipPress`` or ``finch/FinchPress``: the JSON the recorder wrote."""
+    return json.loads((REFERENCE / f"{name}.json").read_text())
+
+
+@cache
+def recorded_tensors() -> dict[str, torch.Tensor]:
+    """The tensors the Finch and re-rotation recordings name (``tensors`` keys), in the case's dtype."""
+    from safetensors.torch import load_file
+
+    return load_file(REFERENCE / "finch" / "tensors.safetensors")
+
+
+def tiny_llama(dtype: str, config: dict) -> LlamaForCausalLM:
+    """The recorded tiny Llama (the kvpress fixtures' weights) in ``dtype``, on kvbench's attention."""
+    model = LlamaForCausalLM(LlamaConfig(**config))
+    model.load_state_dict(tiny_llama_weights(DTYPES[dtype]), strict=False)
+    model = model.to(DTYPES[dtype]).eval()
+    model.set_attn_implementation(attention.ATTENTION_NAME)
+    return model
+
+
+def tokenizer(name: str) -> PreTrainedTokenizerFast:
+    """The recorder's character-level tokenizer (``tokenizer`` or ``tokenizer_chat``, with a chat template)."""
+    return PreTrainedTokenizerFast.from_pretrained(str(REFERENCE / "kvzip" / name))
+
+
+@dataclass(frozen=True)
+class ExactTotal(Budget):
+    """A budget of exactly ``tokens`` per stored head over all layers (kvpress's ratios need totals that ``<n>L``
+    cannot spell)."""
+
+    tokens: int = 0
+
+    def total(self, context_length: int, num_layers: int) -> int:
+        return self.tokens
+
+
+def exact_total(tokens: int) -> ExactTotal:
+    return ExactTotal(f"{tokens}total", "total_per_layer", 0, tokens)
+
+
+@dataclass
+class Tally:
+    """Per (case, layer, head): the reference's kept set, another valid top-k of its scores where they tie, or not."""
+
+    cases: int = 0
+    same: int = 0
+    tied: int = 0
+    differ: int = 0
+
+    def summary(self) -> str:
+        return f"{self.cases} cases: {self.same} same, {self.tied} tied, {self.differ} differ"
+
+
+def valid_topk(scores: torch.Tensor, kept: torch.Tensor) -> bool:
+    """Whether the ``kept`` mask (same shape as ``scores``) holds scores all >= every evicted one."""
+    if bool(kept.all()) or not bool(kept.any()):
+        return True
+    return bool(scores[kept].min() >= scores[~kept].max())
+
+
+def assert_batched_equals_batch_one(family: str, question_mode: str, count: int, batch: int) -> None:
+    """``run.decode_batch``: generation in a batch of ``batch`` gives every sample its batch-1 tokens, text, stop
+    reason and cache record (the tiny random GQA Llama, seeded prompts, ``16L``)."""
+    from kvbench.budget import parse_budget
+    from kvbench.inference.batched_decode import generate_batched
+    from kvbench.inference.generate import generate
+    from kvbench.methods.base import build_method
+    from tests.inference.test_batch_decode import _model, _requests
+
+    model, byte_tokenizer = _model("tiny-random-llama")
+    method = build_method({"name": family, "family": family})
+    budget = parse_budget("16L")
+    requests = _requests(model.config.vocab_size, count, stops={7}, seed=1 if question_mode == "aware" else 2)
+    alone = [
+        generate(model, byte_tokenizer, r.context_ids, r.question_ids, method=method, budget=budget,
+                 question_mode=question_mode, max_new_tokens=r.max_new_tokens, stop_token_ids=r.stop_token_ids)
+        for r in requests
+    ]  # fmt: skip
+    batched = dict(
+        generate_batched(model, byte_tokenizer, requests, method=method, budget=budget, question_mode=question_mode,
+                         decode_batch=batch)
+    )  # fmt: skip
+    assert sorted(batched) == list(range(count))
+    for index, expected in enumerate(alone):
+        got = batched[index]
+        assert (got.token_ids, got.text, got.stop_reason) == (expected.token_ids, expected.text, expected.stop_reason)
+        assert got.record.to_json() == expected.record.to_json(), f"{family} sample {index}: cache record"
+        assert expected.record.evicted
