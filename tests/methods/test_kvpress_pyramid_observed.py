@@ -1,7 +1,7 @@
 """kvpress-variant PyramidKV (``pyramidkv_kvpress``) and ObservedAttention (``observed_attention``) against
-NVIDIA/kvpress 0.5.5's recorded ``PyramidKVPress`` and ``ObservedAttentionPress`` (issue #43 item 9): the recorded tiny Llama
-(float32 and bfloat16), every layer's budget as kvpress's, every head's kept tokens kvpress's or another valid top-k
-of kvpress's scores where they tie at the cut."""
+NVIDIA/kvpress 0.5.5's recorded ``PyramidKVPress`` and ``ObservedAttentionPress`` (issue #43 item 9): the recorded
+tiny Llama (float32 and bfloat16), every layer's budget as kvpress's, every head's kept tokens kvpress's or another
+valid top-k of kvpress's scores where they tie at the cut."""
 
 from __future__ import annotations
 
