@@ -36,6 +36,8 @@ BUDGET_SEMANTICS = {
     "allocator ({n} per layer when uniform)",
     "fixed_per_layer": "exactly {n} tokens per head in every layer (layer allocators bypassed)",
     "ratio": "keep {r} of the context: round({r} x context) x num_layers tokens per stored head in total",
+    "compression": "kvpress's compression ratio {r}: max(1, int(context x (1 - {r}))) x num_layers tokens per stored "
+    "head in total",
 }
 #: Method fields shown in the header (their schema defaults) and, per preset, where they differ.
 _METHOD_SKIP = ("name", "family", "params", "paper", "reference")
