@@ -12,8 +12,9 @@
 Unlike KVCache-Factory's schedule (:func:`kvbench.methods.snapkv.pyramid_schedule`), the arithmetic is in floats,
 rounded per layer with Python's ``round`` (half to even), and the window sits inside the layer budget.  kvbench's
 mean per layer is the budget's (``<n>L``; ``<c>cr`` gives ``max(1, int(S (1 - c)))``); kvpress uses ``S (1 - c)``
-unrounded, so where ``S (1 - c)`` is not an integer a layer's budget may differ by one token (the recorded
-cases' ``S (1 - c)`` are integers).
+unrounded, so where ``S (1 - c)`` is not an integer a layer's budget may differ by up to two tokens (its
+fraction enters ``2 n``; one token in the fall-back, ``round`` against ``int``); the recorded cases' ``S (1 - c)``
+are integers.
 """
 
 from __future__ import annotations
