@@ -15,7 +15,7 @@ counts ``S - j`` (``arange(S, 0, -1)`` cast to the model dtype: above 256 tokens
 group mean each rounded to the model dtype.  kvpress's ``compression_ratio`` c is the budget
 ``<max(1, int(S (1 - c)))>/layer`` (``<c>cr``).  Memory: a budget of n keeps n tokens per KV head and layer.
 Differences from FMInference H2O (``method=h2o``): no recent window, the per-key normalisation, no decode-time
-eviction.  Parity: ``tests/methods/test_kvpress_pyramid_observed.py``.
+eviction.  Parity: ``tests/methods/test_observed_attention.py``.
 """
 
 from __future__ import annotations

@@ -1,18 +1,17 @@
-"""kvpress-variant PyramidKV (``pyramidkv_kvpress``) and ObservedAttention (``observed_attention``) against
-NVIDIA/kvpress 0.5.5's recorded ``PyramidKVPress`` and ``ObservedAttentionPress`` (issue #43 item 9): the recorded
-tiny Llama (float32 and bfloat16), every layer's budget as kvpress's, every head's kept tokens kvpress's or another
-valid top-k of kvpress's scores where they tie at the cut."""
+"""kvpress-variant PyramidKV (``pyramidkv_kvpress``: ``params.schedule: kvpress``) against NVIDIA/kvpress 0.5.5's
+recorded ``PyramidKVPress`` (issue #43 item 9): the recorded tiny Llama (float32 and bfloat16), every layer's budget
+as kvpress's, every head's kept tokens kvpress's or another valid top-k of kvpress's scores where they tie at the
+cut."""
 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from kvbench.budget import parse_budget
 from kvbench.methods.base import WindowObservation, build_method
 from kvbench.methods.kvpress_pyramid import kvpress_pyramid_budgets
 from tests.methods.helpers import method_from_yaml
-from tests.methods.kvpress_replay import keep_one_layer, model_queries, prompt_queries_observation, replay
+from tests.methods.kvpress_replay import keep_one_layer, model_queries
 from tests.reference_recordings import boundary_tie, case_inputs, is_valid_topk, kvpress_n_kept, load_recording
 
 
@@ -60,15 +59,3 @@ def test_pyramidkv_kvpress_schedule_is_a_pyramidkv_choice() -> None:
     assert method.layer_allocator.plan(2 * 24, 2, 48) == [32, 16]
     with pytest.raises(ValueError, match="kvpress"):
         build_method({"name": "p", "family": "pyramidkv", "params": {"schedule": "kv_press"}})
-
-
-def test_observed_attention_scores_and_selections_match_kvpress() -> None:
-    """Every recorded eager-attention case (float32 and bfloat16): the same scores bit for bit (the bf16 rounding of
-    eager attention and of kvpress's sums, counts, quotient and group mean), kept tokens per head kvpress's or a valid
-    top-k where kvpress's scores tie (2 bf16 heads)."""
-    method = build_method({"name": "observed_attention", "family": "observed_attention"})
-    assert method.scorer.prompt_rows(torch.bfloat16).column_sums and not method.keep_window
-    assert method.decode_policy is None
-    tally = replay(method, "ObservedAttentionPress", prompt_queries_observation)
-    assert tally.kinds == {"model/float32": 8, "model/bfloat16": 8}
-    assert tally.same + tally.tied_valid == tally.selections == 64 and tally.max_score_error == 0.0
