@@ -23,6 +23,7 @@ from kvbench.budget import parse_budget
 from kvbench.inference.batched_decode import generate_batched
 from kvbench.inference.generate import generate
 from kvbench.methods.base import build_method
+from kvbench.methods.kvpress_pyramid import kvpress_pyramid_budgets
 from kvbench.models.loading import build_builtin
 from tests.inference.test_batch_decode import _requests
 from tests.methods.helpers import method_from_yaml
@@ -110,7 +111,8 @@ def test_wrappers_compress_full_attention_layers_only_on_sliding_models(arch: st
     torch.manual_seed(0)
     built = AutoModelForCausalLM.from_config(CONFIGS[arch](), attn_implementation="eager").eval()
     ids = torch.tensor([PROMPT])
-    for name in ("knorm+chunkkv", "keydiff+critical", "knorm+decode_ratio", "expected_attention+ada_kvpress"):
+    wrappers = ("knorm+chunkkv", "keydiff+critical", "knorm+decode_ratio", "expected_attention+ada_kvpress")
+    for name in (*wrappers, "pyramidkv_kvpress"):
         with kvbench.press(built, method_of(BATCHED[name]), parse_budget("0.5cr"), "aware") as record:
             built.generate(ids, max_new_tokens=5, do_sample=False, pad_token_id=0)
         last = record.last
@@ -118,11 +120,13 @@ def test_wrappers_compress_full_attention_layers_only_on_sliding_models(arch: st
         assert last.compressible_layers == [i for i in range(len(last.achieved_per_head)) if i not in SLIDING[arch]]
         assert last.evicted and last.requested_per_head == last.achieved_per_head, name
         assert all(max(last.achieved_per_head[i]) <= WINDOW - 1 for i in last.sliding_layers), name
-        if name != "expected_attention+ada_kvpress":  # Ada-KV moves budget between heads, not layers
-            kept = kvpress_n_kept(len(PROMPT), 0.5)
-            assert [last.requested_per_layer[i] for i in last.compressible_layers] == [kept] * len(
-                last.compressible_layers
-            ), name
+        kept, layers = kvpress_n_kept(len(PROMPT), 0.5), len(last.compressible_layers)
+        requested = [last.requested_per_layer[i] for i in last.compressible_layers]
+        if name == "pyramidkv_kvpress":  # kvpress's pyramid over the full-attention layers only (window 16 here)
+            assert requested == kvpress_pyramid_budgets(kept, 16, 20, layers, len(PROMPT)), requested
+            assert requested[0] > requested[-1]
+        elif name != "expected_attention+ada_kvpress":  # Ada-KV moves budget between heads, not layers
+            assert requested == [kept] * layers, name
 
 
 def test_one_class_methods_and_wrappers_run_through_lm_eval(tmp_path) -> None:
