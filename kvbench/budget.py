@@ -9,6 +9,11 @@ Accepted ``budget.spec`` strings:
   bypassed (the "KV size n" of SnapKV-style tables).
 * ``<r>x`` with ``0 < r <= 1`` (e.g. ``0.2x``) -- keep a ratio ``r`` of the context: a total of
   ``round(r x context_len) x num_layers``, distributed by the layer allocator.
+* ``<c>cr`` with ``0 <= c < 1`` (e.g. ``0.25cr``) -- NVIDIA/kvpress's ``compression_ratio`` c: a total of
+  ``max(1, int(context_len x (1 - c))) x num_layers`` (kvpress's ``compute_n_kept``: floor, never 0), distributed by
+  the layer allocator (uniform: that many per layer).  kvpress protects no window: use it with methods that do not
+  (the one-class methods, the ``*_kvpress`` presets), and ``task.question_mode=agnostic`` so that only the context
+  is compressed, as kvpress's pipeline.
 
 All budgets count tokens per stored head and, by default, include the observation window
 (``method.window_in_budget``).  When a layer's budget is at least the context length nothing is evicted there.
@@ -20,13 +25,17 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-BudgetKind = Literal["full", "total_per_layer", "fixed_per_layer", "ratio"]
+BudgetKind = Literal["full", "total_per_layer", "fixed_per_layer", "ratio", "compression"]
 
-ACCEPTED_FORMS = "'full', '<n>L' (e.g. 128L), '<n>/layer' (e.g. 128/layer), '<r>x' with 0<r<=1 (e.g. 0.2x)"
+ACCEPTED_FORMS = (
+    "'full', '<n>L' (e.g. 128L), '<n>/layer' (e.g. 128/layer), '<r>x' with 0<r<=1 (e.g. 0.2x), "
+    "'<c>cr' (kvpress's compression ratio) with 0<=c<1 (e.g. 0.25cr)"
+)
 
 _TOTAL = re.compile(r"^(\d+)L$")
 _FIXED = re.compile(r"^(\d+)/layer$")
 _RATIO = re.compile(r"^(\d*\.?\d+)x$")
+_COMPRESSION = re.compile(r"^(\d*\.?\d+)cr$")
 
 
 class BudgetError(ValueError):
@@ -39,7 +48,8 @@ class Budget:
 
     spec: str
     kind: BudgetKind
-    #: Tokens per layer (``<n>L``, ``<n>/layer``) or the kept ratio (``<r>x``); 0 for ``full``.
+    #: Tokens per layer (``<n>L``, ``<n>/layer``), the kept ratio (``<r>x``) or kvpress's compression ratio
+    #: (``<c>cr``); 0 for ``full``.
     value: float
 
     @property
@@ -55,8 +65,8 @@ class Budget:
         """Total tokens per stored head over all layers for a context of ``context_length`` tokens."""
         if self.kind == "full":
             return context_length * num_layers
-        if self.kind == "ratio":
-            return max(1, round(self.value * context_length)) * num_layers
+        if self.kind in ("ratio", "compression"):
+            return self.mean_per_layer(context_length) * num_layers
         return int(self.value) * num_layers
 
     def mean_per_layer(self, context_length: int) -> int:
@@ -65,7 +75,14 @@ class Budget:
             return context_length
         if self.kind == "ratio":
             return max(1, round(self.value * context_length))
+        if self.kind == "compression":
+            return max(1, int(context_length * (1 - self.value)))
         return int(self.value)
+
+    @property
+    def follows_context(self) -> bool:
+        """Whether the budget is a share of each sample's context (``<r>x``, ``<c>cr``)."""
+        return self.kind in ("ratio", "compression")
 
 
 def parse_budget(spec: str) -> Budget:
@@ -82,6 +99,11 @@ def parse_budget(spec: str) -> Budget:
         if not 0 < ratio <= 1:
             raise BudgetError(f"budget {spec!r}: ratio must be in (0, 1]; accepted forms: {ACCEPTED_FORMS}")
         return Budget(text, "ratio", ratio)
+    if match := _COMPRESSION.match(text):
+        compression = float(match.group(1))
+        if not 0 <= compression < 1:
+            raise BudgetError(f"budget {spec!r}: compression ratio must be in [0, 1); accepted forms: {ACCEPTED_FORMS}")
+        return Budget(text, "compression", compression)
     raise BudgetError(f"invalid budget {spec!r}; accepted forms: {ACCEPTED_FORMS}")
 
 
@@ -93,8 +115,10 @@ def _positive(budget: Budget) -> Budget:
 
 def budget_label(spec: str) -> str:
     """The folder-safe name of a budget string, as the presets name theirs: ``full``, ``64L``, ``128/layer`` ->
-    ``128perlayer``, ``0.2x`` -> ``ratio0.2``."""
+    ``128perlayer``, ``0.2x`` -> ``ratio0.2``, ``0.25cr`` -> ``cr0.25``."""
     text = str(spec).strip()
+    if match := _COMPRESSION.match(text):
+        return f"cr{match.group(1)}"
     if match := _FIXED.match(text):
         return f"{match.group(1)}perlayer"
     if match := _RATIO.match(text):

@@ -287,6 +287,8 @@ def _budget_name(budget: Budget) -> str:
     :func:`_budget_spec`)."""
     if budget.kind == "ratio":
         return f"ratio{budget.value:.10f}".rstrip("0").rstrip(".")
+    if budget.kind == "compression":
+        return f"cr{budget.value:.10f}".rstrip("0").rstrip(".")
     return {"full": "full", "total_per_layer": f"{int(budget.value)}L"}.get(budget.kind, f"{int(budget.value)}perlayer")
 
 
@@ -295,6 +297,8 @@ def _budget_spec(name: str) -> str:
     a spec is returned as it is."""
     if name.startswith("ratio"):
         return f"{name[len('ratio') :]}x"
+    if name.startswith("cr"):
+        return f"{name[len('cr') :]}cr"
     return name.replace("perlayer", "/layer")
 
 

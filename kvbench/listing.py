@@ -36,6 +36,8 @@ BUDGET_SEMANTICS = {
     "allocator ({n} per layer when uniform)",
     "fixed_per_layer": "exactly {n} tokens per head in every layer (layer allocators bypassed)",
     "ratio": "keep {r} of the context: round({r} x context) x num_layers tokens per stored head in total",
+    "compression": "kvpress's compression ratio {r}: max(1, int(context x (1 - {r}))) x num_layers tokens per stored "
+    "head in total",
 }
 #: Method fields shown in the header (their schema defaults) and, per preset, where they differ.
 _METHOD_SKIP = ("name", "family", "params", "paper", "reference")
@@ -168,6 +170,10 @@ def list_methods() -> str:
             settings += ("; " if settings else "") + "params: " + _pairs(data["params"], list(data["params"]))
         if data["paper"]:
             settings += f" [paper: {data['paper']}]"
+        elif (data.get("reference") or {}).get("file"):  # e.g. the kvpress-variant presets: the code they reproduce
+            settings += " [code: {repo} {file}@{version}]".format(
+                version=str(data["reference"].get("commit", "")).split(" ")[0], **data["reference"]
+            )
         stores = "query heads" if data["gqa_granularity"] == "query_head" else "KV heads"
         if name in SCORER_METHODS:
             settings += " [YAML preset: wins over the class's default]"
@@ -187,7 +193,9 @@ def list_methods() -> str:
             "Shared knobs and their defaults: " + _pairs(defaults, shared),
             "Memory: a budget keeping r of the context holds r x the full cache when a preset stores KV heads, and "
             "r x H_q/H_kv x the full cache when it stores query heads (the reference code's layout: at GQA 3:1, "
-            "r=0.5 holds 1.5x the full cache); method.gqa_granularity=kv_head switches to KV heads.",
+            "r=0.5 holds 1.5x the full cache); method.gqa_granularity=kv_head switches to KV heads.  kvpress's "
+            "compression ratio c (budget=<c>cr) keeps max(1, int(S (1 - c))) of S tokens per layer and KV head: "
+            "about 1 - c of the full cache.",
             *_table(rows),
             f"Registered method families: {', '.join(method_families())}",
         ]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kvbench.overrides import class_method_names
+
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
@@ -13,7 +15,8 @@ def options(group: str) -> set[str]:
 
 
 MODELS = options("model")
-METHODS = options("method")
+#: The method presets: YAML files and the class-only methods (``kvbench/methods/<family>.py``, no YAML needed).
+METHODS = options("method") | set(class_method_names())
 BUDGETS = options("budget")
 TASKS = options("task")
 #: Methods the papers' tables name but kvbench cannot implement faithfully (none left: NACL is kvbench/methods/nacl.py).

@@ -3,7 +3,8 @@
 Each of ``pretrained``, ``method`` and ``budget`` is first read as a kvbench preset (``conf/model/<name>.yaml``,
 ``conf/method/<name>.yaml``, ``conf/budget/<name>.yaml``, merged into its typed schema as Hydra would), else as a
 value: ``pretrained`` as a ``model.path`` (a local Hugging Face folder, a hub id, or ``builtin:<name>``), ``budget``
-as a budget string (``0.2x``, ``128L``, ``64/layer``, ``full``).  ``method`` must be a preset.
+as a budget string (``0.2x``, ``128L``, ``64/layer``, ``0.25cr``, ``full``).  ``method`` must be a preset or a
+method a class alone defines (``knorm``, ``keydiff``, ...: its default preset, as ``run.py method=<name>``).
 """
 
 from __future__ import annotations
@@ -55,7 +56,11 @@ def method_config(method: str, **overrides: Any) -> DictConfig:
     """The :class:`~kvbench.config.MethodConfig` of preset ``method``; ``overrides`` replace its keys."""
     cfg = load_preset("method", method, MethodConfig)
     if cfg is None:
-        names = preset_names("method")
+        cfg = class_method_preset(method)
+    if cfg is None:
+        from kvbench.overrides import class_method_names
+
+        names = sorted({*preset_names("method"), *class_method_names()})
         close = difflib.get_close_matches(method, names, n=1, cutoff=0.6)
         hint = f" Did you mean method={close[0]}?" if close else ""
         raise KVBenchError(
@@ -64,6 +69,20 @@ def method_config(method: str, **overrides: Any) -> DictConfig:
     for key, value in overrides.items():
         cfg[key] = value
     return cfg
+
+
+def class_method_preset(method: str) -> DictConfig | None:
+    """The default preset of a method a class alone defines (``kvbench/methods/<family>.py`` or another package's,
+    no YAML), as ``run.py method=<method>`` composes it, merged into the schema; ``None`` when there is none."""
+    from hydra.core.config_store import ConfigStore
+
+    from kvbench.overrides import register_method_choice
+
+    if not method.isidentifier() or not register_method_choice(method):
+        return None
+    node = OmegaConf.create(ConfigStore.instance().load(f"method/{method}.yaml").node)
+    node.pop("defaults", None)
+    return OmegaConf.merge(OmegaConf.structured(MethodConfig), node)
 
 
 def budget_config(budget: str) -> DictConfig:

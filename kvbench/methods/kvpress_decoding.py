@@ -12,6 +12,10 @@ The target is the head's decode cap (the budget), or ``method.params.decode_targ
 with a budget that keeps the prompt (``budget=<S>/layer``) and ``decode_target``; ``PrefillDecodingPress`` is the
 prefill budget plus ``decode_target``.  A budget smaller than the prompt without ``decode_target`` compresses the
 prefill to the budget and decodes at the same size (kvpress's ``PrefillDecodingPress`` with one size for both).
+``method.params.decode_ratio=r`` is kvpress's ``CompressionRatioDecodingPress``: each compression cuts to
+``max(1, int(seen (1 - r)))`` tokens per head, ``seen`` the tokens the layer has seen so far (kvpress's
+``max(position_ids) + 1``, the current forward's included); with ``budget=<S>/layer`` the prefill stays whole as
+kvpress's.
 The decode compressions rank by the scorer itself (not by a ``selection`` or ``rescale`` wrapper).
 Parity: ``tests/methods/test_kvpress_decoding.py``.
 """
@@ -49,9 +53,29 @@ class IntervalDecodingPolicy(DecodePolicy):
     evicts_on_append = True
 
     def __init__(
-        self, scorer: TokenScorer, interval: int, gqa_agg: str = "mean", window: int = 32, target: int = 0
+        self,
+        scorer: TokenScorer,
+        interval: int,
+        gqa_agg: str = "mean",
+        window: int = 32,
+        target: int = 0,
+        ratio: float = 0.0,
     ) -> None:
+        if not 0.0 <= ratio < 1.0:
+            raise ValueError(f"method.params.decode_ratio={ratio}: a compression ratio in [0, 1) (0: off)")
+        if ratio and target:
+            raise ValueError(
+                f"method.params.decode_ratio={ratio} and decode_target={target}: the target is either a size or a "
+                "ratio of the tokens seen; set one of them"
+            )
         self.scorer, self.interval, self.gqa_agg, self.window, self.target = scorer, interval, gqa_agg, window, target
+        self.ratio = ratio
+
+    def caps(self, state: IntervalDecodeState, layer_idx: int, layer: HeadwiseLayer) -> list[int]:
+        """Per head, the size a compression cuts to: ``ratio``'s share of the tokens seen, ``target``, or the cap."""
+        if self.ratio:
+            return [max(1, int(layer.seen_tokens * (1 - self.ratio)))] * layer.num_heads
+        return [self.target] * layer.num_heads if self.target else state.layer_caps(layer_idx)
 
     def new_state(self) -> IntervalDecodeState:
         return IntervalDecodeState()
@@ -90,7 +114,7 @@ class IntervalDecodingPolicy(DecodePolicy):
         if state.steps[layer_idx] < self.interval:
             return
         state.steps[layer_idx], state.queries[layer_idx] = 0, None
-        caps = [self.target] * layer.num_heads if self.target else state.layer_caps(layer_idx)
+        caps = self.caps(state, layer_idx, layer)
         keys, values, _ = layer.padded_kv()  # [H, S_max, D]; slots past a head's length are stale
         observation = WindowObservation(layer_idx, 0, recent, keys, values, scaling)
         scores = aggregate_groups(self.scorer.score(observation).float(), layer.num_heads, self.gqa_agg)

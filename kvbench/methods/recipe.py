@@ -89,6 +89,9 @@ class ScorerMethod(TokenScorer):
     decode_interval: int = bounded(0, 0)
     #: The size ``decode_interval`` cuts each head back to (kvpress's ``target_size``; 0: the head's budget).
     decode_target: int = bounded(0, 0)
+    #: kvpress's ``CompressionRatioDecodingPress``: ``decode_interval`` cuts to ``max(1, int(seen (1 - r)))`` of the
+    #: tokens seen so far (0: off; ``r`` in ``[0, 1)``, exclusive with ``decode_target``).
+    decode_ratio: float = bounded(0.0, 0.0, 1.0)
 
     #: The registry name, given as ``class X(ScorerMethod, family="x")``.
     family: ClassVar[str] = ""
@@ -129,7 +132,7 @@ def build_scorer_method(method_class: type[ScorerMethod], method_cfg: Any) -> Ev
     )
     if recipe.decode_interval:
         policy = IntervalDecodingPolicy(
-            recipe, recipe.decode_interval, knobs["gqa_agg"], knobs["window"], recipe.decode_target
+            recipe, recipe.decode_interval, knobs["gqa_agg"], knobs["window"], recipe.decode_target, recipe.decode_ratio
         )
         method = dataclasses.replace(method, decode_policy=policy)
     if recipe.rescale == "critical":

@@ -11,7 +11,7 @@ Zefan-Cai/KVCache-Factory ``pyramidkv/pyramidkv_utils.py`` (``SnapKVCluster``, `
 * Each head keeps its top ``C - W`` candidates plus the window; nothing is evicted when ``S < C``.
 * PyramidKV's layer schedule (:func:`pyramid_schedule`) is integer arithmetic, in the variant of KVCache-Factory
   (default) or of AdaKV's ``pyram_mode``; ``params.schedule: sum_preserving`` is kvbench's variant whose total is
-  exactly ``L x C``.
+  exactly ``L x C``; ``kvpress`` is NVIDIA/kvpress's ``PyramidKVPress`` (:mod:`kvbench.methods.kvpress_pyramid`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 from kvbench.checks import check_choice, check_min
 from kvbench.methods.base import (
     EvictionMethod,
+    LayerBudgetAllocator,
     StaticLayerAllocator,
     TokenScorer,
     UniformLayerAllocator,
@@ -32,10 +33,11 @@ from kvbench.methods.base import (
     register_method,
     score_options,
 )
+from kvbench.methods.kvpress_pyramid import KvpressPyramidAllocator, kvpress_pyramid_budgets
 from kvbench.methods.params import bounded, choice, parse_params
 from kvbench.methods.token_scores import ScoreOptions, window_votes, with_window_columns
 
-PYRAMID_SCHEDULES = ("kvcache_factory", "adakv", "sum_preserving")
+PYRAMID_SCHEDULES = ("kvcache_factory", "adakv", "sum_preserving", "kvpress")
 
 
 class WindowVoteScorer(TokenScorer):
@@ -81,6 +83,8 @@ def pyramid_schedule(
     One layer, or a budget not above the window, is uniform (the references assume ``L > 1`` and ``C > W``).
     """
     check_choice("method.params.schedule", variant, PYRAMID_SCHEDULES)
+    if variant == "kvpress":
+        return kvpress_pyramid_budgets(average, window, beta, num_layers, context_length)
     base = average - window
     if variant != "adakv" and context_length < average:
         return [context_length] * num_layers
@@ -159,9 +163,14 @@ def build_pyramidkv(method_cfg: Any) -> EvictionMethod:
     """PyramidKV: SnapKV's indicator with the pyramid layer schedule."""
     params = parse_params(PyramidKVParams, method_cfg.params, "pyramidkv")
     options = score_options(method_cfg)
+    allocator: LayerBudgetAllocator = (  # kvpress: kvbench.methods.kvpress_pyramid
+        KvpressPyramidAllocator(params.beta, int(method_cfg.window))
+        if params.schedule == "kvpress"
+        else PyramidLayerAllocator(params.beta, int(method_cfg.window), params.schedule)
+    )
     return EvictionMethod(
         scorer=WindowVoteScorer(options),
-        layer_allocator=PyramidLayerAllocator(params.beta, int(method_cfg.window), params.schedule),
+        layer_allocator=allocator,
         settings={"gqa_reduce": options.gqa_reduce, "beta": params.beta, "schedule": params.schedule},
         **common_knobs(method_cfg),
     )

@@ -244,6 +244,14 @@ TABLES: dict[str, TableSpec] = {
         ),
         _t("xkv_t3", "XKV", "Table III: LongBench 14 datasets at compression ratios 1.6% and 1.2%", tags=("xkv", None)),
         _t("xkv_t4", "XKV", "Table IV: efficiency on NarrativeQA", kind="measure", convention=Convention("none")),
+        _t(
+            "kvpress_leaderboard",
+            "NVIDIA/kvpress leaderboard (evaluation/leaderboard.sh @ 8bb29b9)",
+            "RULER 4K score, Qwen3-8B, compression ratios 0.25 to 0.875 (kvpress's budget), question-agnostic",
+            convention=Convention("run_mean", min_datasets=13),
+            tags=("kvpress_lb",),
+            row_header="Press",
+        ),
     ]
 }
 

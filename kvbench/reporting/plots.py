@@ -47,12 +47,21 @@ from kvbench.storage.writers import PREDICTIONS_FILE
 from kvbench.views.conventions import LONGBENCH14, LONGBENCH16
 from kvbench.views.needle_heatmap import plot_needle_heatmap
 
-_BUDGET_RE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>L|/layer|x)$")
+_BUDGET_RE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<unit>L|/layer|x|cr)$")
 
 
-_NAMED_RE = {re.compile(r"^ratio(?P<n>\d+(?:\.\d+)?)$"): "x", re.compile(r"^(?P<n>\d+)perlayer$"): "/layer"}
-_AXIS_LABEL = {"L": "budget n (total n × layers)", "/layer": "tokens per layer", "x": "kept ratio"}
-_SUFFIX = {"L": "L", "/layer": "per-layer", "x": "ratio"}
+_NAMED_RE = {
+    re.compile(r"^ratio(?P<n>\d+(?:\.\d+)?)$"): "x",
+    re.compile(r"^(?P<n>\d+)perlayer$"): "/layer",
+    re.compile(r"^cr(?P<n>\d+(?:\.\d+)?)$"): "cr",
+}
+_AXIS_LABEL = {
+    "L": "budget n (total n × layers)",
+    "/layer": "tokens per layer",
+    "x": "kept ratio",
+    "cr": "compression ratio (kvpress)",
+}
+_SUFFIX = {"L": "L", "/layer": "per-layer", "x": "ratio", "cr": "compression"}
 
 
 def budget_value(budget: str) -> tuple[str, float] | None:

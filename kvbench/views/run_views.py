@@ -192,9 +192,9 @@ def budget_tokens_per_layer(budget: str, context_length: float | None, requested
         parsed = parse_budget(budget)
     except BudgetError:
         return float(sum(requested) / len(requested)) if requested else None
-    if parsed.kind == "ratio" and requested:
+    if parsed.follows_context and requested:
         return float(sum(requested) / len(requested))
-    if parsed.is_full or parsed.kind == "ratio":
+    if parsed.is_full or parsed.follows_context:
         return None if context_length is None else float(parsed.mean_per_layer(round(context_length)))
     return float(parsed.value)
 

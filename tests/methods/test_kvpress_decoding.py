@@ -4,6 +4,7 @@ single decoding steps (teacher-forced, the recorded ids), and every layer and he
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -35,9 +36,11 @@ def tiny_llama(dtype: str) -> LlamaForCausalLM:
     return model
 
 
-def kept_after_decoding(case: RecordedCase, interval: int, budget: int, target: int) -> list[list[list[int]]]:
+def kept_after_decoding(
+    case: RecordedCase, interval: int, budget: int, target: int = 0, ratio: float = 0.0
+) -> list[list[list[int]]]:
     """kvbench's session over the case: prefill at ``budget``, the question, single steps; positions per head."""
-    params = {"decode_interval": interval, "decode_target": target}
+    params = {"decode_interval": interval, "decode_target": target, "decode_ratio": ratio}
     cache = run_case(case, build_method({"name": "knorm", "family": "knorm", "params": params}), budget)
     return [[sorted(p.tolist()) for p in layer.positions] for layer in cache.headwise_layers]
 
@@ -102,6 +105,31 @@ def test_prefill_decoding_press_keeps_kvpress_tokens() -> None:
         assert same_or_tied(case, kept), (case.inputs, case.compression_ratio)
         same += kept == [[sorted(head) for head in layer] for layer in case.kept]
     assert len(cases) == 16 and same > 0
+
+
+def test_compression_ratio_decoding_press_keeps_kvpress_tokens() -> None:
+    """``CompressionRatioDecodingPress(KnormPress, interval 4, ratio r)``: the prompt kept whole
+    (``budget=<S>/layer``), ``decode_ratio=r``; each compression cuts to ``max(1, int(seen (1 - r)))``."""
+    cases = load_recording("CompressionRatioDecodingPress_KnormPress").cases
+    same = 0
+    for case in cases:
+        kept = kept_after_decoding(
+            case, case.settings["compression_interval"], case.length, ratio=case.compression_ratio
+        )
+        assert [len(layer[0]) for layer in kept] == [len(layer[0]) for layer in case.kept], case.inputs
+        assert same_or_tied(case, kept), (case.inputs, case.dtype, case.compression_ratio)
+        same += kept == [[sorted(head) for head in layer] for layer in case.kept]
+    assert len(cases) == 16 and same > 0
+
+
+def test_decode_ratio_is_a_ratio_and_excludes_decode_target() -> None:
+    """A ratio outside ``[0, 1)`` and a ratio with a target are refused, naming the knob."""
+    for params in (
+        {"decode_interval": 4, "decode_ratio": 1.0},
+        {"decode_interval": 4, "decode_ratio": 0.5, "decode_target": 8},
+    ):
+        with pytest.raises(ValueError, match="decode_ratio"):
+            build_method({"name": "knorm", "family": "knorm", "params": params})
 
 
 def test_interval_policy_counts_forwards_per_layer() -> None:

@@ -37,6 +37,7 @@ from kvbench.reporting.render import (
     latex_document,
     render_latex,
     render_markdown,
+    table_blocks,
 )
 from kvbench.reporting.synthetic import row_targets, write_synthetic_runs
 from kvbench.reporting.tables import build_all, compare_table, missing_runs, write_tables
@@ -161,8 +162,11 @@ def test_long_tables_are_split_per_block_as_the_paper_does(comparisons):
         assert _line(part, "| Full |")[1] == "kvbench"  # the full cache heads every budget block
     for table in TABLES:
         md = _md(table, comparisons)
-        for body in re.findall(r"\|[-:|]+\|\n((?:\|.*\n)+)", md):
-            assert body.count("\n") <= MAX_LINES, table
+        bodies = re.findall(r"\|[-:|]+\|\n((?:\|.*\n)+)", md)
+        # A longer body only where the table is already split one block apart (kvpress's leaderboard: 13 presses
+        # at one ratio).
+        if any(body.count("\n") > MAX_LINES for body in bodies):
+            assert len(bodies) == len(table_blocks(comparisons[table])), table
     # Short tables stay whole: XKV's two ratios (10 rows) and the RULER numbers.
     assert "###" not in _md("adakv_late_ruler_text", comparisons)
 

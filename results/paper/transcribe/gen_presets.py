@@ -9,6 +9,8 @@ OUT = Path(__file__).resolve().parents[3] / "conf" / "experiment"
 LB14 = "[narrativeqa, qasper, multifieldqa_en, hotpotqa, 2wikimqa, musique, gov_report, qmsum, multi_news, trec, triviaqa, samsum, lcc, repobench-p]"
 NB32 = "  options:\n    size: 32k\n"
 NB8 = "  options:\n    size: 8k\n"
+KVPRESS_LB = ("task:\n  question_mode: agnostic\n  length: 4096\n  options:\n    chat_template: model\n"
+              "    answer_prefix: assistant\n")
 
 EXTRA = {  # table -> (yaml body added under the top level, comment lines)
     "adakv_early_t1": ("method:\n  gqa_granularity: query_head\n", [
@@ -34,8 +36,11 @@ EXTRA = {  # table -> (yaml body added under the top level, comment lines)
         "XKV's 14 LongBench datasets (no passage_count / passage_retrieval_en).",
         "Compression ratios 1.6 % and 1.2 % are run as 128L and 96L (the spec's hypothesis: ratio = per-layer",
         "budget / 8000 tokens of Llama-3's truncated prompts)."]),
+    "kvpress_leaderboard": (KVPRESS_LB, [
+        "NVIDIA/kvpress's leaderboard (evaluation/leaderboard.sh @ 8bb29b9): RULER 4K, the model's chat template,",
+        "only the context compressed; budgets cr<c> are kvpress's compression ratios (see the preset's comments)."]),
 }
-FULL_EXTRA = {"cake_nb32k": "task:\n" + NB32, "cake_nb8k": "task:\n" + NB8}
+FULL_EXTRA = {"cake_nb32k": "task:\n" + NB32, "cake_nb8k": "task:\n" + NB8, "kvpress_lb": KVPRESS_LB}
 
 
 def write(name, models, methods, budgets, task, tag, title, body="", comments=(), full_cmd=None):
