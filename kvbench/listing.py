@@ -146,6 +146,15 @@ def _table(rows: list[list[str]]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------------- methods
+def _reference_note(reference: dict) -> str:
+    """`` [code: repo@commit file]`` of a preset's ``reference:`` block (empty without one)."""
+    if not reference or "repo" not in reference:
+        return ""
+    commit = (str(reference.get("commit") or "").split() or [""])[0]  # a sha, or a version ("0.5.5 (PyPI ...)")
+    at = f"@{commit[:12]}" if commit else ""
+    return f" [code: {reference['repo']}{at} {reference.get('file', '')}]".replace(" ]", "]")
+
+
 def list_methods() -> str:
     """Method presets: family, knobs that differ from the shared defaults, params, paper."""
     from kvbench.config import MethodConfig
@@ -168,6 +177,7 @@ def list_methods() -> str:
             settings += ("; " if settings else "") + "params: " + _pairs(data["params"], list(data["params"]))
         if data["paper"]:
             settings += f" [paper: {data['paper']}]"
+        settings += _reference_note(data["reference"])
         stores = "query heads" if data["gqa_granularity"] == "query_head" else "KV heads"
         if name in SCORER_METHODS:
             settings += " [YAML preset: wins over the class's default]"

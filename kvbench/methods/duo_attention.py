@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from kvbench.methods.base import EvictionMethod, TokenScorer, WindowObservation, common_knobs, register_method
-from kvbench.methods.kept_sets import KeepScoredTokens, keep_only, resolve_data_path
+from kvbench.methods.kept_sets import KeepScoredTokens, files_digest, keep_only, resolve_data_path
 from kvbench.methods.params import bounded, choice, parse_params
 
 SELECTIONS = ("quantile", "kvpress")
@@ -64,6 +64,7 @@ class DuoPattern:
     sink_size: int
     recent_size: int
     source: str
+    sha256: str
 
 
 def load_duo_pattern(path: str) -> DuoPattern:
@@ -78,7 +79,8 @@ def load_duo_pattern(path: str) -> DuoPattern:
         sink, recent = int(config["sink_size"]), int(config["recent_size"])
     except (ValueError, KeyError, TypeError) as err:
         raise ValueError(f"method.params.pattern {path!r}: unreadable pattern ({err}); {ESTIMATE_HINT}") from None
-    return DuoPattern(np.clip(gates, 0, 1), sink, recent, str(folder))
+    digest = files_digest(*(folder / name for name in PATTERN_FILES))
+    return DuoPattern(np.clip(gates, 0, 1), sink, recent, str(folder), digest)
 
 
 def retrieval_heads(gates: np.ndarray, sparsity: float, selection: str, tie_noise_seed: int | None) -> np.ndarray:
@@ -173,6 +175,7 @@ def build_duo_attention(method_cfg: Any) -> EvictionMethod:
     scorer = DuoAttentionScorer(retrieval, sink, params.recent_size, pattern.source)
     settings = {
         "pattern": params.pattern,
+        "pattern_sha256": pattern.sha256,
         "sparsity": params.sparsity,
         "selection": params.selection,
         "tie_noise_seed": params.tie_noise_seed,

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from kvbench.methods.base import EvictionMethod, TokenScorer, WindowObservation, common_knobs, register_method
-from kvbench.methods.kept_sets import KeepScoredTokens, keep_only, resolve_data_path
+from kvbench.methods.kept_sets import KeepScoredTokens, files_digest, keep_only, resolve_data_path
 from kvbench.methods.params import bounded, parse_params
 from kvbench.methods.snapkv import WindowVoteScorer
 from kvbench.methods.token_scores import ScoreOptions
@@ -46,8 +46,8 @@ ESTIMATE_HINT = (
 )
 
 
-def load_head_scores(path: str) -> tuple[torch.Tensor, list[str]]:
-    """``[N]`` float64 mean score per head in the file's key order, and the keys (``"<layer>-<head>"``)."""
+def load_head_scores(path: str) -> tuple[torch.Tensor, str]:
+    """``[N]`` float64 mean score per head in the file's key order, and the file's digest (16 hex)."""
     file = resolve_data_path(path, "method.params.head_scores", ESTIMATE_HINT)
     try:
         with open(file) as handle:
@@ -55,7 +55,7 @@ def load_head_scores(path: str) -> tuple[torch.Tensor, list[str]]:
         means = [sum(map(float, values)) / len(values) for values in table.values()]
     except (ValueError, TypeError, ZeroDivisionError, AttributeError) as err:
         raise ValueError(f"method.params.head_scores {path!r}: unreadable head scores ({err}); {ESTIMATE_HINT}") from None
-    return torch.tensor(means, dtype=torch.float64), list(table)
+    return torch.tensor(means, dtype=torch.float64), files_digest(file)
 
 
 def head_shares(scores: torch.Tensor, temp: float) -> torch.Tensor:
@@ -128,7 +128,7 @@ def build_headkv(method_cfg: Any) -> EvictionMethod:
             f"method.gqa_granularity={method_cfg.gqa_granularity!r}: HeadKV's scores and budgets are per query head "
             "(the reference repeats the KV heads); valid: query_head"
         )
-    scores, _ = load_head_scores(params.head_scores)
+    scores, digest = load_head_scores(params.head_scores)
     options = ScoreOptions(
         kernel_size=int(method_cfg.kernel_size),
         pooling=str(method_cfg.pooling),
@@ -143,7 +143,7 @@ def build_headkv(method_cfg: Any) -> EvictionMethod:
     return EvictionMethod(
         scorer=scorer,
         head_allocator=KeepScoredTokens(),
-        settings={"head_scores": params.head_scores, "beta": params.beta, "temp": params.temp},
+        settings={"head_scores": params.head_scores, "head_scores_sha256": digest, "beta": params.beta, "temp": params.temp},
         ignored_knobs=frozenset({"gqa_agg", "gqa_reduce"}),
         **{**common_knobs(method_cfg), "keep_window": False},
     )

@@ -10,6 +10,7 @@ the session's padded scores) count as kept as well.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import torch
@@ -43,3 +44,11 @@ def resolve_data_path(path: str, what: str, hint: str) -> Path:
         if candidate.exists():
             return candidate
     raise ValueError(f"{what} {path!r} not found (neither as given nor under {resources.shipped_root()}); {hint}")
+
+
+def files_digest(*files: Path) -> str:
+    """SHA-256 (16 hex) of the files' bytes in order: recorded with a run, as the run's config names only the path."""
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(file.read_bytes())
+    return digest.hexdigest()[:16]
