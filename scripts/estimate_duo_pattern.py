@@ -17,12 +17,13 @@ contexts (GPUs).
 What this command does instead, named the **streaming-deviation proxy**: one forward per probe, no training.  For
 every layer and KV head it measures how much the head's attention output changes when the head keeps only the
 ``--sink-size`` first and ``--recent-size`` latest keys: the relative squared error ``||o_stream - o_full||^2 /
-||o_full||^2`` of each of the last ``--last-rows`` query rows (the question, where the paper's distillation loss is
-measured too: on the answer's positions; rows within ``sink + recent`` of the start are skipped), averaged over
-those rows, the head's GQA group and the probes; the gates are these deviations divided by the largest one.  A head that streaming attention reproduces gets a gate near
-0 (streaming), one that reads far-away tokens a gate near 1 (retrieval): the quantity the paper's distillation loss
-penalises, measured per head in isolation instead of through the model's output, without the L1 trade-off.  The
-ranking of heads is what ``params.sparsity`` uses; the gate values themselves are not the paper's.
+||o_full||^2`` of each of the last ``--last-rows`` query rows (the question; the paper's distillation loss is
+measured on the answer's positions, ``label_mask`` in ``train.py``; rows within ``sink + recent`` of the start are
+skipped), averaged over those rows, the head's GQA group and the probes; the gates are these deviations divided by
+the largest one.  A head that streaming attention reproduces gets a gate near 0 (streaming), one that reads
+far-away tokens a gate near 1 (retrieval): the quantity the paper's distillation penalises, measured per head in
+isolation instead of through the model's output, without the L1 trade-off.  The ranking of heads is what
+``params.sparsity`` uses; the gate values themselves are not the paper's.
 """
 
 from __future__ import annotations
@@ -101,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     model, tokenizer = load_model(args.model)
     try:
         probes = read_probes(args, tokenizer)
-        deviation = torch.stack([probe_deviation(model, p, args.sink_size, args.recent_size, args.last_rows) for p in probes])
+        deviation = torch.stack(
+            [probe_deviation(model, p, args.sink_size, args.recent_size, args.last_rows) for p in probes]
+        )
     except (ValueError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     per_probe = [probe_scores(model, probe, args.answer_tokens) for probe in probes]
     layers, heads = per_probe[0].shape
-    table = {f"{l}-{h}": [float(s[l, h]) for s in per_probe] for l in range(layers) for h in range(heads)}
+    table = {f"{lay}-{h}": [float(s[lay, h]) for s in per_probe] for lay in range(layers) for h in range(heads)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(table) + "\n")
     print(f"{args.out}: {layers} layers x {heads} query heads from {len(probes)} probes")

@@ -54,7 +54,9 @@ def load_head_scores(path: str) -> tuple[torch.Tensor, str]:
             table = json.loads(handle.readline())
         means = [sum(map(float, values)) / len(values) for values in table.values()]
     except (ValueError, TypeError, ZeroDivisionError, AttributeError) as err:
-        raise ValueError(f"method.params.head_scores {path!r}: unreadable head scores ({err}); {ESTIMATE_HINT}") from None
+        raise ValueError(
+            f"method.params.head_scores {path!r}: unreadable head scores ({err}); {ESTIMATE_HINT}"
+        ) from None
     return torch.tensor(means, dtype=torch.float64), files_digest(file)
 
 
@@ -143,7 +145,12 @@ def build_headkv(method_cfg: Any) -> EvictionMethod:
     return EvictionMethod(
         scorer=scorer,
         head_allocator=KeepScoredTokens(),
-        settings={"head_scores": params.head_scores, "head_scores_sha256": digest, "beta": params.beta, "temp": params.temp},
+        settings={
+            "head_scores": params.head_scores,
+            "head_scores_sha256": digest,
+            "beta": params.beta,
+            "temp": params.temp,
+        },
         ignored_knobs=frozenset({"gqa_agg", "gqa_reduce"}),
         **{**common_knobs(method_cfg), "keep_window": False},
     )

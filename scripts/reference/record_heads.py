@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import shutil
 import sys
@@ -40,7 +39,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import record_kvpress as rk  # noqa: E402  (the tiny Llama, the kept-index tracker, the writers)
+import record_kvpress as rk  # the tiny Llama, the kept-index tracker, the writers
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "reference" / "heads"
@@ -218,8 +217,15 @@ def record_headkv(headkv_root: Path, commit: str, models: dict, stored: dict, ex
                 for beta in HEADKV_BETAS:
                     kept, capacities = headkv_kept(cluster_class, 0, capacity, beta, queries, keys, values)
                     cases.append(
-                        {"kind": "tensor", "inputs": f"tensor/S{length}", "dtype": dtype, "capacity": capacity,
-                         "beta": beta, "head_capacity": capacities, "kept": [kept]}  # fmt: skip
+                        {
+                            "kind": "tensor",
+                            "inputs": f"tensor/S{length}",
+                            "dtype": dtype,
+                            "capacity": capacity,
+                            "beta": beta,
+                            "head_capacity": capacities,
+                            "kept": [kept],
+                        }
                     )
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
@@ -248,16 +254,29 @@ def record_headkv(headkv_root: Path, commit: str, models: dict, stored: dict, ex
                         kept, capacities = headkv_kept(cluster_class, layer, capacity, beta, queries, keys, values)
                         kept_layers.append(kept)
                     cases.append(
-                        {"kind": "model", "inputs": f"model/sdpa/{dtype}/S{length}", "dtype": dtype,
-                         "capacity": capacity, "beta": beta, "head_capacity": capacities, "kept": kept_layers}  # fmt: skip
+                        {
+                            "kind": "model",
+                            "inputs": f"model/sdpa/{dtype}/S{length}",
+                            "dtype": dtype,
+                            "capacity": capacity,
+                            "beta": beta,
+                            "head_capacity": capacities,
+                            "kept": kept_layers,
+                        }
                     )
     return {
         "method": "headkv",
         "references": {
             "original": {"repo": "FYYFU/HeadKV", "commit": commit, "file": "headkv/snapkv_utils.py"},
         },
-        "settings": {"window_size": HEADKV_WINDOW, "kernel_size": HEADKV_KERNEL, "pooling": "maxpool", "temp": 1,
-                     "head_choice": "reason", "scores": "headkv_scores_tiny_llama.json"},  # fmt: skip
+        "settings": {
+            "window_size": HEADKV_WINDOW,
+            "kernel_size": HEADKV_KERNEL,
+            "pooling": "maxpool",
+            "temp": 1,
+            "head_choice": "reason",
+            "scores": "headkv_scores_tiny_llama.json",
+        },
         "cases": cases,
     }
 
@@ -295,9 +314,15 @@ def record_simlayer(models: dict, stored: dict) -> dict:
                         press = kvpress.SimLayerKVPress(lazy_threshold=threshold, **settings)
                         tracker = model_prefill(model, press, length, dtype, stored)
                         cases.append(
-                            {"kind": "model", "inputs": f"model/sdpa/{dtype}/S{length}", "dtype": dtype,
-                             "lazy_threshold": threshold, **settings, "lazy_scores": list(lazy_scores),
-                             "kept": tracker.kept()}  # fmt: skip
+                            {
+                                "kind": "model",
+                                "inputs": f"model/sdpa/{dtype}/S{length}",
+                                "dtype": dtype,
+                                "lazy_threshold": threshold,
+                                **settings,
+                                "lazy_scores": list(lazy_scores),
+                                "kept": tracker.kept(),
+                            }
                         )
     finally:
         SnapKVPress.compute_window_attention = staticmethod(original)

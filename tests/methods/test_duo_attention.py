@@ -36,18 +36,26 @@ def test_kept_tokens_match_kvpress_on_the_tiny_llama() -> None:
     explicitly and with the budget spelling them (budget = sinks + recent, recent_size null)."""
     cases = [c for c in recording("DuoAttention")["cases"] if c["kind"] == "model"]
     assert len(cases) == 12
+    original_heads = {
+        c["sparsity"]: c["original_retrieval"]
+        for c in recording("DuoAttention")["cases"]
+        if c["kind"] == "head_selection" and c["pattern"] == "duo_pattern_tiny_llama"
+    }
     selections = 0
     for case in cases:
         sink, recent = case["sink_size"], case["recent_size"]
         explicit = duo_method(case["pattern"], sparsity=case["sparsity"], selection="kvpress", recent_size=recent)
         from_budget = duo_method(case["pattern"], sparsity=case["sparsity"], selection="kvpress")
+        # The original's selection picks the same heads on this pattern (recorded), so it keeps the same tokens.
+        assert original_heads[case["sparsity"]] == case["kvpress_retrieval"]
+        original = duo_method(case["pattern"], sparsity=case["sparsity"], recent_size=recent)
         for layer, inputs in enumerate(model_layers(case["inputs"], case["dtype"])):
             queries = inputs["queries"][:, -32:]
-            for method, budget in ((explicit, 64), (from_budget, sink + recent)):
+            for method, budget in ((explicit, 64), (from_budget, sink + recent), (original, 64)):
                 kept = kept_by_kvbench(method, layer, 2, queries, inputs["keys"], inputs["values"], budget)
                 assert kept == [sorted(h) for h in case["kept"][layer]], (case["inputs"], case["sparsity"], layer)
                 selections += len(kept)
-    assert selections == 12 * 2 * 2 * 2
+    assert selections == 12 * 2 * 3 * 2
 
 
 def test_budget_is_what_a_streaming_head_keeps() -> None:
@@ -61,7 +69,7 @@ def test_budget_is_what_a_streaming_head_keeps() -> None:
 
 
 def test_pattern_errors_name_the_path_and_the_estimation_command(tmp_path) -> None:
-    with pytest.raises(ValueError, match="estimate_duo_pattern.py"):
+    with pytest.raises(ValueError, match=r"estimate_duo_pattern\.py"):
         duo_method("no_such_pattern")
     (tmp_path / "full_attention_heads.tsv").write_text("0.5\t0.5\n")
     with pytest.raises(ValueError, match=r"lacks \['config.json'\]"):
@@ -70,4 +78,6 @@ def test_pattern_errors_name_the_path_and_the_estimation_command(tmp_path) -> No
     inputs = model_layers("model/sdpa/float32/S48", "float32")[0]
     with pytest.raises(ValueError, match="4 layers x 4 KV heads"):
         kept_by_kvbench(method, 0, 2, inputs["queries"][:, -32:], inputs["keys"], inputs["values"], 20)
-    assert np.array_equal(load_duo_pattern(str(HEADS / "duo_pattern_tiny_llama")).gates, [[0.8125, 0.046875], [1, 0.3125]])
+    assert np.array_equal(
+        load_duo_pattern(str(HEADS / "duo_pattern_tiny_llama")).gates, [[0.8125, 0.046875], [1, 0.3125]]
+    )

@@ -62,7 +62,7 @@ def test_head_scores_must_fit_the_model() -> None:
     inputs = case_layers(recording("HeadKV")["cases"][0])[0]
     with pytest.raises(ValueError, match="hold 8 heads; the model has 3 compressible layers"):
         kept_by_kvbench(method, 0, 3, inputs["queries"][:, -WINDOW:], inputs["keys"], inputs["values"], 16)
-    with pytest.raises(ValueError, match="estimate_headkv_scores.py"):
+    with pytest.raises(ValueError, match=r"estimate_headkv_scores\.py"):
         method_from_yaml("headkv", params={"head_scores": "no/such/file.json"})
     with pytest.raises(ValueError, match="valid: query_head"):
         method_from_yaml("headkv", gqa_granularity="kv_head", params={"head_scores": SCORES})

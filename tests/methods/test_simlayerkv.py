@@ -39,6 +39,7 @@ def test_budget_sets_what_a_lazy_layer_keeps() -> None:
     kept = kept_by_kvbench(method, 0, 2, inputs["queries"][:, -32:], inputs["keys"], inputs["values"], 20)
     assert kept == [[0, 1, 2, 3, *range(32, 48)]] * 2
     strict = method_from_yaml("simlayerkv", params={"lazy_threshold": 0.99})
-    assert kept_by_kvbench(strict, 0, 2, inputs["queries"][:, -32:], inputs["keys"], inputs["values"], 20) == [
-        list(range(48))
-    ] * 2
+    assert (
+        kept_by_kvbench(strict, 0, 2, inputs["queries"][:, -32:], inputs["keys"], inputs["values"], 20)
+        == [list(range(48))] * 2
+    )
