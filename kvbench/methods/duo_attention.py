@@ -79,6 +79,8 @@ def load_duo_pattern(path: str) -> DuoPattern:
         sink, recent = int(config["sink_size"]), int(config["recent_size"])
     except (ValueError, KeyError, TypeError) as err:
         raise ValueError(f"method.params.pattern {path!r}: unreadable pattern ({err}); {ESTIMATE_HINT}") from None
+    if gates.size == 0:
+        raise ValueError(f"method.params.pattern {path!r}: full_attention_heads.tsv holds no gate; {ESTIMATE_HINT}")
     digest = files_digest(*(folder / name for name in PATTERN_FILES))
     return DuoPattern(np.clip(gates, 0, 1), sink, recent, str(folder), digest)
 

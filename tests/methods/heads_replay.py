@@ -12,6 +12,7 @@ import json
 from functools import cache
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -66,3 +67,38 @@ def kept_by_kvbench(
     """
     observation = WindowObservation(layer, num_layers, queries, keys, values, keys.shape[-1] ** -0.5)
     return keep_one_layer(method, observation, per_layer_budget)
+
+
+#: The families that read a per-model head file, and the ``method.params`` key naming it.
+HEAD_FILE_PARAMS = {"duo_attention": "pattern", "headkv": "head_scores"}
+
+
+def fitted_to_model(method_cfg: Any, model_config: Any, folder: Path) -> Any:
+    """``method_cfg`` with its per-model head file (DuoAttention's pattern, HeadKV's scores) replaced by a seeded one
+    of the model's shape (compressible layers x KV heads, or x query heads for HeadKV), written under ``folder``;
+    any other family's config unchanged.  For generic suites that run every family on other models than the one the
+    shipped files were estimated for (a mismatched file is an error, by design)."""
+    family = str(method_cfg.family)
+    if family not in HEAD_FILE_PARAMS:
+        return method_cfg
+    from omegaconf import OmegaConf
+
+    from kvbench.cache.sliding import layer_windows
+
+    layers = sum(window is None for window in layer_windows(model_config))
+    if layers == 0:  # nothing is compressed: the shipped file is never read
+        return method_cfg
+    heads = model_config.num_key_value_heads if family == "duo_attention" else model_config.num_attention_heads
+    gates = torch.rand(layers, heads, generator=torch.Generator().manual_seed(44)).tolist()
+    if family == "duo_attention":
+        target = folder / f"duo_{layers}x{heads}"
+        target.mkdir(parents=True, exist_ok=True)
+        (target / "full_attention_heads.tsv").write_text("\n".join("\t".join(map(str, row)) for row in gates) + "\n")
+        (target / "config.json").write_text(json.dumps({"sink_size": 4, "recent_size": 16}))
+    else:
+        target = folder / f"headkv_{layers}x{heads}.json"
+        scores = {f"{layer}-{head}": [gates[layer][head]] for layer in range(layers) for head in range(heads)}
+        target.write_text(json.dumps(scores) + "\n")
+    fitted = OmegaConf.create(OmegaConf.to_container(method_cfg))
+    fitted.params[HEAD_FILE_PARAMS[family]] = str(target)
+    return fitted
