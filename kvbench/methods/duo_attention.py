@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from kvbench.methods.base import EvictionMethod, TokenScorer, WindowObservation, common_knobs, register_method
-from kvbench.methods.kept_sets import KeepScoredTokens, files_digest, keep_only, resolve_data_path
+from kvbench.methods.kept_sets import HeadFileMismatch, KeepScoredTokens, files_digest, keep_only, resolve_data_path
 from kvbench.methods.params import bounded, choice, parse_params
 
 SELECTIONS = ("quantile", "kvpress")
@@ -52,7 +52,7 @@ PATTERN_FILES = ("full_attention_heads.tsv", "config.json")
 ESTIMATE_HINT = (
     "give method.params.pattern=<folder with full_attention_heads.tsv and config.json> (mit-han-lab/duo-attention's "
     "attn_patterns/<model>/<run>/, downloaded on your machine), or estimate one with "
-    "`python scripts/estimate_duo_pattern.py model=<model> --out <folder>`"
+    "`python scripts/estimate_duo_pattern.py --model <model> --probes <probes.jsonl> --out <folder>`"
 )
 
 
@@ -132,7 +132,7 @@ class DuoAttentionScorer(TokenScorer):
         """``[H_kv, S]``: 1 on every kept token, ``-inf`` on the streaming heads' dropped middle."""
         layers, heads = self.retrieval.shape
         if (observation.num_layers, observation.num_heads) != (layers, heads):
-            raise ValueError(
+            raise HeadFileMismatch(
                 f"DuoAttention pattern {self.source} is {layers} layers x {heads} KV heads; the model has "
                 f"{observation.num_layers} compressible layers x {observation.num_heads} stored heads. {ESTIMATE_HINT}"
             )

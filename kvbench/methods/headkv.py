@@ -34,15 +34,15 @@ from typing import Any
 import torch
 
 from kvbench.methods.base import EvictionMethod, TokenScorer, WindowObservation, common_knobs, register_method
-from kvbench.methods.kept_sets import KeepScoredTokens, files_digest, keep_only, resolve_data_path
+from kvbench.methods.kept_sets import HeadFileMismatch, KeepScoredTokens, files_digest, keep_only, resolve_data_path
 from kvbench.methods.params import bounded, parse_params
 from kvbench.methods.snapkv import WindowVoteScorer
 from kvbench.methods.token_scores import ScoreOptions
 
 ESTIMATE_HINT = (
     "give method.params.head_scores=<FYYFU/HeadKV's Important_Head/head_score/<model>_retrieval_reasoning_heads.json, "
-    "downloaded on your machine>, or estimate one with `python scripts/estimate_headkv_scores.py model=<model> "
-    "--out <file>`"
+    "downloaded on your machine>, or estimate one with "
+    "`python scripts/estimate_headkv_scores.py --model <model> --probes <probes.jsonl> --out <file>`"
 )
 
 
@@ -87,7 +87,7 @@ class HeadKVScorer(TokenScorer):
         """``[H_q, S]``: the votes of the kept candidates, 0 on the window, ``-inf`` on the dropped tokens."""
         layers, heads, length = observation.num_layers, observation.num_heads, observation.context_length
         if layers * heads != self.shares.numel():
-            raise ValueError(
+            raise HeadFileMismatch(
                 f"HeadKV head scores {self.source} hold {self.shares.numel()} heads; the model has {layers} "
                 f"compressible layers x {heads} stored heads ({layers * heads}). {ESTIMATE_HINT}"
             )

@@ -16,10 +16,16 @@ from pathlib import Path
 import torch
 
 from kvbench import resources
+from kvbench.errors import KVBenchError
 from kvbench.methods.base import HeadBudgetAllocator
 
 #: The score of a token a head drops.
 DROPPED = float("-inf")
+
+
+class HeadFileMismatch(KVBenchError, ValueError):
+    """A per-model head file (DuoAttention's pattern, HeadKV's scores) whose shape is not the model's: found at the
+    first compressed layer, a clear error (exit 2 on the CLI) naming both shapes and how to make a fitting file."""
 
 
 def keep_only(scores: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
