@@ -24,10 +24,12 @@ NVIDIA/kvpress 0.5.5's ``DuoAttentionPress``:
   read for that size).  Retrieval heads keep all ``S`` tokens, so a layer's mean cache is
   ``(1 - s) S + s (sinks + recent)`` per head, above the budget: the run records it (``achieved_per_head``).  A
   streaming head holding at most ``sinks + recent`` tokens keeps them all.
-* Phases: prefill only, as kvpress (which masks the streaming heads' middle tokens after the prefill and keeps every
-  generated token).  Not reproduced: the original's streaming heads also attend with their sink + recent mask
-  *during* the prefill (blocksparse / chunked), so later layers see other hidden states, and they keep rolling their
-  window while decoding; neither is a switch here.
+* Phases: prefill only by default, as kvpress (which masks the streaming heads' middle tokens after the prefill
+  and keeps every generated token).  ``method.decode_eviction: true`` is the original's streaming cache while
+  decoding (and after a question appended in question-agnostic mode): every streaming head keeps rolling its sinks +
+  recent tokens (the oldest non-sink goes), retrieval heads keep growing.  Not reproduced: the original's streaming
+  heads also attend with their sink + recent mask *during* the prefill (blocksparse / chunked), so later layers see
+  other hidden states; kvbench evicts once after a full prefill.
 * The pattern is per KV head: ``method.gqa_granularity`` must be ``kv_head``.  The pattern must have the model's
   shape (compressible layers x KV heads); a mismatch is an error naming both.
 
@@ -46,6 +48,8 @@ import torch
 from kvbench.methods.base import EvictionMethod, TokenScorer, WindowObservation, common_knobs, register_method
 from kvbench.methods.kept_sets import HeadFileMismatch, KeepScoredTokens, files_digest, keep_only, resolve_data_path
 from kvbench.methods.params import bounded, choice, parse_params
+from kvbench.methods.state import DecodeState
+from kvbench.methods.streamingllm import SinkWindowDecode
 
 SELECTIONS = ("quantile", "kvpress")
 PATTERN_FILES = ("full_attention_heads.tsv", "config.json")
@@ -129,7 +133,8 @@ class DuoAttentionScorer(TokenScorer):
         return sinks, recent
 
     def score(self, observation: WindowObservation) -> torch.Tensor:
-        """``[H_kv, S]``: 1 on every kept token, ``-inf`` on the streaming heads' dropped middle."""
+        """``[H_kv, S]``: :data:`RETRIEVAL_SCORE` on a retrieval head's tokens, 1 on a streaming head's kept ones,
+        ``-inf`` on its dropped middle (the decode policy tells the heads apart by these scores)."""
         layers, heads = self.retrieval.shape
         if (observation.num_layers, observation.num_heads) != (layers, heads):
             raise HeadFileMismatch(
@@ -141,7 +146,35 @@ class DuoAttentionScorer(TokenScorer):
         keep = streaming_keep(length, sinks, recent).to(observation.keys.device)
         retrieval = self.retrieval[observation.layer_idx].to(observation.keys.device)
         kept = retrieval[:, None] | keep[None, :]
-        return keep_only(torch.ones(heads, length, device=observation.keys.device), kept)
+        scores = torch.where(retrieval[:, None], RETRIEVAL_SCORE, 1.0).expand(heads, length)
+        return keep_only(scores.to(observation.keys.device), kept)
+
+
+#: The score of every token of a retrieval head (a streaming head's kept tokens score 1).
+RETRIEVAL_SCORE = 2.0
+#: A retrieval head's decode cap: it is never cut.
+UNCAPPED = 2**62
+
+
+class StreamingHeadsDecode(SinkWindowDecode):
+    """The original's streaming cache while decoding (``method.decode_eviction``): a streaming head keeps its sinks
+    + recent tokens, a retrieval head everything.  The heads are told apart by the prefill scores of their kept
+    tokens (:data:`RETRIEVAL_SCORE`)."""
+
+    def __init__(self, sink_size: int, recent_size: int | None) -> None:
+        super().__init__(sink_size)
+        self.recent_size = recent_size
+
+    def start_layer(self, state: DecodeState, layer_idx: int, layer, head_budgets, scores=None) -> None:
+        """Caps: a streaming head its sinks + recent (the set sizes, else its prefill cap: the budget), a retrieval
+        head :data:`UNCAPPED`; a layer the prefill did not score keeps its caps."""
+        caps = list(head_budgets)
+        for head, kept in enumerate(scores or []):
+            if kept.numel() and bool((kept == RETRIEVAL_SCORE).all()):
+                caps[head] = UNCAPPED
+            elif self.recent_size is not None:
+                caps[head] = self.sink_tokens + self.recent_size
+        super().start_layer(state, layer_idx, layer, caps, scores)
 
 
 @dataclass
@@ -186,9 +219,11 @@ def build_duo_attention(method_cfg: Any) -> EvictionMethod:
         "retrieval_heads": int(retrieval.sum()),
         "heads": int(retrieval.size),
     }
+    policy = StreamingHeadsDecode(sink, params.recent_size) if method_cfg.decode_eviction else None
     return EvictionMethod(
         scorer=scorer,
         head_allocator=KeepScoredTokens(),
+        decode_policy=policy,
         settings=settings,
         ignored_knobs=IGNORED_KNOBS,
         **{**common_knobs(method_cfg), "keep_window": False},

@@ -8,7 +8,7 @@ import pytest
 
 from kvbench.methods.duo_attention import load_duo_pattern, retrieval_heads
 from tests.methods.heads_replay import HEADS, kept_by_kvbench, model_layers, recording
-from tests.methods.helpers import method_from_yaml
+from tests.methods.helpers import method_from_yaml, run_method
 
 
 def duo_method(pattern: str, **params):
@@ -81,3 +81,24 @@ def test_pattern_errors_name_the_path_and_the_estimation_command(tmp_path) -> No
     assert np.array_equal(
         load_duo_pattern(str(HEADS / "duo_pattern_tiny_llama")).gates, [[0.8125, 0.046875], [1, 0.3125]]
     )
+
+
+def test_decode_eviction_rolls_the_streaming_heads_only(tiny_llama, tmp_path) -> None:
+    """``method.decode_eviction: true`` (the original's streaming cache): while decoding, every streaming head stays
+    at its sinks + recent, retrieval heads grow by one token a step; off (kvpress's), every head grows."""
+    model, tokenizer = tiny_llama  # 4 layers x 2 KV heads
+    (tmp_path / "full_attention_heads.tsv").write_text("0.9\t0.1\n0.2\t0.8\n0.7\t0.3\n0.4\t0.6\n")
+    (tmp_path / "config.json").write_text('{"sink_size": 4, "recent_size": 16}')
+    params = {"pattern": str(tmp_path), "sparsity": 0.5}
+    rolling = run_method(
+        model, tokenizer, method_from_yaml("duo_attention", decode_eviction=True, params=params), "40L"
+    )
+    growing = run_method(model, tokenizer, method_from_yaml("duo_attention", params=params), "40L")
+    prompt, new = 320, 12
+    retrieval = [[1, 0], [0, 1], [1, 0], [0, 1]]  # the higher gate of each layer (sparsity 0.5: 4 of 8 streaming)
+    for layer, heads in enumerate(retrieval):
+        assert rolling.record.achieved_per_head[layer] == [prompt if r else 40 for r in heads]
+        final = [prompt + new - 1 if r else 40 for r in heads]  # the last generated token is never stored
+        assert rolling.record.final_per_layer[layer] == round(sum(final) / 2)  # the mean over the layer's heads
+    # Off: streaming heads grow from 40 like the retrieval heads (kvpress masks the prefill only).
+    assert growing.record.final_per_layer == [round((prompt + new - 1 + 40 + new - 1) / 2)] * 4
