@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -50,6 +50,9 @@ from kvbench.methods.kept_sets import HeadFileMismatch, KeepScoredTokens, files_
 from kvbench.methods.params import bounded, choice, parse_params
 from kvbench.methods.state import DecodeState
 from kvbench.methods.streamingllm import SinkWindowDecode
+
+if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
+    from kvbench.cache.kv_cache import HeadwiseLayer
 
 SELECTIONS = ("quantile", "kvpress")
 PATTERN_FILES = ("full_attention_heads.tsv", "config.json")
@@ -165,7 +168,14 @@ class StreamingHeadsDecode(SinkWindowDecode):
         super().__init__(sink_size)
         self.recent_size = recent_size
 
-    def start_layer(self, state: DecodeState, layer_idx: int, layer, head_budgets, scores=None) -> None:
+    def start_layer(
+        self,
+        state: DecodeState,
+        layer_idx: int,
+        layer: HeadwiseLayer,
+        head_budgets: list[int],
+        scores: list[torch.Tensor] | None = None,
+    ) -> None:
         """Caps: a streaming head its sinks + recent (the set sizes, else its prefill cap: the budget), a retrieval
         head :data:`UNCAPPED`; a layer the prefill did not score keeps its caps."""
         caps = list(head_budgets)
