@@ -148,6 +148,15 @@ def _table(rows: list[list[str]]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------------- methods
+def _reference_note(reference: dict) -> str:
+    """`` [code: repo@commit file]`` of a preset's ``reference:`` block (empty without one)."""
+    if not reference or "repo" not in reference:
+        return ""
+    commit = (str(reference.get("commit") or "").split() or [""])[0]  # a sha, or a version ("0.5.5 (PyPI ...)")
+    at = f"@{commit[:12]}" if commit else ""
+    return f" [code: {reference['repo']}{at} {reference.get('file', '')}]".replace(" ]", "]")
+
+
 def list_methods() -> str:
     """Method presets: family, knobs that differ from the shared defaults, params, paper."""
     from kvbench.config import MethodConfig
@@ -170,10 +179,7 @@ def list_methods() -> str:
             settings += ("; " if settings else "") + "params: " + _pairs(data["params"], list(data["params"]))
         if data["paper"]:
             settings += f" [paper: {data['paper']}]"
-        elif (data.get("reference") or {}).get("file"):  # e.g. the kvpress-variant presets: the code they reproduce
-            settings += " [code: {repo} {file}@{version}]".format(
-                version=str(data["reference"].get("commit", "")).split(" ")[0], **data["reference"]
-            )
+        settings += _reference_note(data.get("reference") or {})
         stores = "query heads" if data["gqa_granularity"] == "query_head" else "KV heads"
         if name in SCORER_METHODS:
             settings += " [YAML preset: wins over the class's default]"
