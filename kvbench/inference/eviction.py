@@ -298,7 +298,9 @@ class EvictionSession:
         assert self.method.scorer is not None
         rows = self._rows.setdefault(layer_idx, PrefillRows())
         needs = self.method.scorer.prompt_rows(query.dtype)
-        rows.add(layer, query, scaling, self.method.window, needs, self.scoring_impl, self.context_length)
+        pruner = self.method.key_channel_pruner
+        window = self.method.window if pruner is None else max(self.method.window, pruner.window)
+        rows.add(layer, query, scaling, window, needs, self.scoring_impl, self.context_length)
         if context < self.context_length:
             return  # more chunks to come
         del self._rows[layer_idx]
@@ -349,6 +351,12 @@ class EvictionSession:
         self._scores[layer_idx] = list(scores.unbind(0))
         for target_rank, layer_budget in sorted(budgets.items()):
             self._shrink_layer(self.compressible[target_rank], int(layer_budget), window)
+        pruner = self.method.key_channel_pruner
+        if pruner is not None:  # ThinK: after the tokens, the key channels (kvpress's ComposedPress order)
+            head_keys = [layer.head_kv(head)[0] for head in range(num_heads)]
+            channels = pruner.kept_channels(rows.window_queries[:, -pruner.window :], head_keys)
+            if channels is not None:
+                layer.prune_key_channels(channels)
 
     def _shrink_layer(self, layer_idx: int, keep_total: int, window: int) -> None:
         """Evict ``layer_idx`` down to ``keep_total`` tokens per head (window and sinks included)."""

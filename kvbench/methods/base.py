@@ -329,6 +329,20 @@ class DecodePolicy(ReadOnlyAfterBuild, ABC):
             self.step(state, layer_idx, layer, query[:, -1:], scaling)
 
 
+class KeyChannelPruner(ReadOnlyAfterBuild, ABC):
+    """Which key channels each stored head keeps once a layer's prefill eviction is done (ThinK,
+    :mod:`kvbench.methods.think`); the cache then stores those channels only
+    (:meth:`kvbench.cache.base.EvictableLayer.prune_key_channels`)."""
+
+    #: The last prompt queries :meth:`kept_channels` reads.
+    window: int = 32
+
+    @abstractmethod
+    def kept_channels(self, queries: torch.Tensor, keys: list[torch.Tensor]) -> torch.Tensor | None:
+        """``[H, D_k]`` the channels each stored head keeps, from the last ``window`` queries ``[H_q, W, D]`` and each
+        head's kept keys ``[S_h, D]``; ``None`` keeps every channel."""
+
+
 # ---------------------------------------------------------------------------------------------------- method
 @dataclass(frozen=True)
 class EvictionMethod:
@@ -361,9 +375,12 @@ class EvictionMethod:
     #: and ``gqa_reduce`` when ignored.  Narrower than ``ignored_knobs`` where the machinery still reads a knob the
     #: scores do not (StreamingLLM's ``window`` sizes the protected window and ``window_in_budget=false``'s extra).
     unused_knobs: frozenset[str] | None = None
+    #: After a layer's prefill eviction, the key channels each head keeps (ThinK; ``None``: every channel).
+    key_channel_pruner: KeyChannelPruner | None = None
 
     def __post_init__(self) -> None:
-        for piece in (self.scorer, self.layer_allocator, self.head_allocator, self.decode_policy):
+        pieces = (self.scorer, self.layer_allocator, self.head_allocator, self.decode_policy, self.key_channel_pruner)
+        for piece in pieces:
             if isinstance(piece, ReadOnlyAfterBuild):
                 piece.freeze()
 
