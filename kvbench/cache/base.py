@@ -256,7 +256,8 @@ class LogicalLengthLayer(CacheLayerMixin):
             raise ValueError("this layer's key channels were already pruned")
         heads = self.num_heads  # type: ignore[attr-defined]
         if channels.dim() != 2 or channels.shape[0] != heads or not 0 < channels.shape[1] <= head_dim:
-            raise ValueError(f"key channels must be [{heads}, D_k] with 0 < D_k <= {head_dim}, got {tuple(channels.shape)}")
+            shape = tuple(channels.shape)
+            raise ValueError(f"key channels must be [{heads}, D_k] with 0 < D_k <= {head_dim}, got {shape}")
         channels = torch.sort(channels.to(device=self.device, dtype=torch.long), dim=1).values  # type: ignore[attr-defined]
         if bool((channels[:, 0] < 0).any()) or bool((channels[:, -1] >= head_dim).any()):
             raise IndexError(f"key channel out of range [0, {head_dim})")

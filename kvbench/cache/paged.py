@@ -369,7 +369,8 @@ class PagedLayer(LogicalLengthLayer):
         self.key_channels = channels
         plan = self.attention_plan
         if plan is not None and (plan.decode, plan.chunk) != ("torch_gather", "torch_gather"):
-            self.attention_plan = AttentionPlan("torch_gather", "torch_gather", "pruned key channels", ("decode", "chunk"))
+            reason = "pruned key channels"
+            self.attention_plan = AttentionPlan("torch_gather", "torch_gather", reason, ("decode", "chunk"))
         self.stats.reallocations += 1
         self.stats.rows_copied += self.stored_tokens()
 
