@@ -298,8 +298,8 @@ class EvictionSession:
         assert self.method.scorer is not None
         rows = self._rows.setdefault(layer_idx, PrefillRows())
         needs = self.method.scorer.prompt_rows(query.dtype)
-        pruner = self.method.key_channel_pruner
-        window = self.method.window if pruner is None else max(self.method.window, pruner.window)
+        pruner, policy = self.method.key_channel_pruner, self.method.decode_policy
+        window = max(self.method.window, 0 if pruner is None else pruner.window, policy.prompt_window if policy else 0)
         rows.add(layer, query, scaling, window, needs, self.scoring_impl, self.context_length)
         if context < self.context_length:
             return  # more chunks to come
@@ -357,6 +357,9 @@ class EvictionSession:
             channels = pruner.kept_channels(rows.window_queries[:, -pruner.window :], head_keys)
             if channels is not None:
                 layer.prune_key_channels(channels)
+        policy = self.method.decode_policy
+        if policy is not None and policy.prompt_window and self.decode_state is not None:
+            policy.take_prompt_queries(self.decode_state, layer_idx, rows.window_queries[:, -policy.prompt_window :])
 
     def _shrink_layer(self, layer_idx: int, keep_total: int, window: int) -> None:
         """Evict ``layer_idx`` down to ``keep_total`` tokens per head (window and sinks included)."""

@@ -288,10 +288,16 @@ class DecodePolicy(ReadOnlyAfterBuild, ABC):
     #: scores the appended rows with is :meth:`append`'s business (default: the last appended query, as TOVA's
     #: reference, which reduces after every forward).
     evicts_on_append: bool = False
+    #: How many of the last prompt queries the policy reads (:meth:`take_prompt_queries`; 0: none).
+    prompt_window: int = 0
 
     def new_state(self) -> DecodeState:
         """A sample's empty decode state (filled layer by layer by :meth:`start_layer`)."""
         return DecodeState()
+
+    def take_prompt_queries(self, state: DecodeState, layer_idx: int, queries: torch.Tensor) -> None:
+        """The layer's last :attr:`prompt_window` prompt queries ``[H_q, <=W, D]``, handed over by the session once
+        the layer's prefill is compressed (before :meth:`start_layer`; R-KV's query cache).  Default: ignored."""
 
     def start_layer(
         self,
