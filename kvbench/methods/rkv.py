@@ -119,7 +119,12 @@ def rkv_scores(queries: torch.Tensor, keys: torch.Tensor, window: int, params: R
 @dataclasses.dataclass(frozen=True)
 class RKVScorer(TokenScorer):
     """The prefill compression: :func:`rkv_scores` of the prompt (the window's scores are ``+inf``; the session
-    keeps the window anyway)."""
+    keeps the window anyway).
+
+    When the layer's budget ``B`` is known (every allocator but a cascading one), the scores returned are the
+    reference's ``torch.topk(Z, B - W)`` ranks (``B - W`` for its first pick down to 1, -1 for the others): the session
+    then keeps exactly the reference's tokens, ties included, and the decode policy reads the reference cache's order
+    from them (:meth:`RKVPolicy.start_layer`)."""
 
     params: RKVParams
 
@@ -127,8 +132,17 @@ class RKVScorer(TokenScorer):
         keys, window = observation.keys, observation.window
         heads, length = keys.shape[0], keys.shape[1]
         scores = torch.full((heads, length), torch.inf, dtype=torch.float32, device=keys.device)
-        if length > window:
-            scores[:, : length - window] = rkv_scores(observation.queries, keys, window, self.params).float()
+        if length <= window:
+            return scores
+        final = rkv_scores(observation.queries, keys, window, self.params)
+        budget = observation.layer_budget
+        if budget is None or not window < budget <= length:
+            scores[:, : length - window] = final.float()
+            return scores
+        picks = budget - window
+        top = final.topk(picks, dim=-1).indices  # [H, B - W], the reference's picks in its order
+        ranks = torch.arange(picks, 0, -1, dtype=torch.float32, device=keys.device).expand(heads, -1)
+        scores[:, : length - window] = torch.full_like(final, -1.0, dtype=torch.float32).scatter(1, top, ranks)
         return scores
 
 

@@ -1,0 +1,136 @@
+"""R-KV (``method=rkv``): the reference's kept tokens, in its cache order, at the prefill and while decoding.
+
+Parity: ``tests/fixtures/reference/rkv/R1KV.json`` (recorded by ``scripts/reference/record_rkv.py`` from
+Zefan-Cai/R-KV at d15c9767, outside kvbench): one ``R1KV.update_kv`` call on seeded tensors, and the decode flow of
+``rkv/modeling.py`` over seeded streams and over layer 0 of the tiny random Llama, float32 and bfloat16.  kvbench runs
+the same inputs through its eviction session (one layer) and must hold the same tokens per head, in the same order.
+Then: batched decoding gives the batch-1 tokens, and the knobs are checked.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from kvbench.budget import parse_budget
+from kvbench.cache.kv_cache import KVBenchCache
+from kvbench.inference.eviction import EvictionSession
+from tests.methods.helpers import LayerIndex, method_from_yaml
+
+RECORDING = Path(__file__).resolve().parents[1] / "fixtures" / "reference" / "rkv"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@cache
+def recording() -> dict:
+    return json.loads((RECORDING / "R1KV.json").read_text())
+
+
+@cache
+def tensors() -> dict[str, torch.Tensor]:
+    return load_file(RECORDING / "streams.safetensors")
+
+
+def kvbench_cache_order(case: dict) -> list[list[int]]:
+    """The positions kvbench holds per head at the end of ``case``, in the reference cache's order (the policy's)."""
+    dtype = DTYPES[case["dtype"]]
+    keys = tensors()[f"{case['tensors']}/keys"].to(dtype)  # [1, H_kv, T, D]
+    queries = tensors()[f"{case['tensors']}/queries"].to(dtype)  # [1, H_q, T or W, D]
+    buffer = case.get("divide_length", 128)
+    method = method_from_yaml("rkv", window=case["window"], params={"buffer": buffer})
+    prompt = case.get("prompt", keys.shape[2])
+    cache = KVBenchCache(1)
+    session = EvictionSession(method, parse_budget(f"{case['budget']}/layer"), cache)
+    scaling = keys.shape[-1] ** -0.5
+    session.begin_prefill(prompt)
+    cache.update(keys[:, :, :prompt], torch.zeros_like(keys[:, :, :prompt]), 0)
+    session.after_attention(LayerIndex(0), queries[:, :, :prompt], scaling)
+    session.begin_decode()
+    for token in range(prompt, case.get("total", prompt)):
+        step = slice(token, token + 1)
+        cache.update(keys[:, :, step], torch.zeros_like(keys[:, :, step]), 0)
+        session.after_attention(LayerIndex(0), queries[:, :, step], scaling)
+    layer = cache.layers[0]
+    order = session.decode_state.order[0]
+    return [layer.positions[head][order[head]].tolist() for head in range(layer.num_heads)]
+
+
+def test_kvbench_keeps_the_reference_tokens_in_its_order_on_every_recorded_case() -> None:
+    """Every case and KV head: the same kept positions in the same cache order (which the next compression's
+    max-pooling runs over)."""
+    cases = recording()["cases"]
+    differ = []
+    for case in cases:
+        got = kvbench_cache_order(case)
+        for head, expected in enumerate(case["kept"]):
+            if got[head] != expected:
+                differ.append((case["tensors"], case["dtype"], head, sorted(got[head]) == sorted(expected)))
+    assert not differ, differ
+    assert {c["dtype"] for c in cases} == {"float32", "bfloat16"}
+    assert {c.get("source", "seeded") for c in cases} == {"seeded", "tiny_llama_layer0"}
+    assert sum(len(c["compressed_at"]) for c in cases if c["kind"] == "stream") >= 40  # decode compressions replayed
+
+
+def test_the_cache_is_compressed_when_the_buffer_fills() -> None:
+    """Between two compressions the cache grows by up to the buffer; after each compressing forward (every 10 tokens
+    fed) it holds the budget."""
+    generator = torch.Generator().manual_seed(2)
+    keys, queries = torch.randn(1, 2, 100, 16, generator=generator), torch.randn(1, 4, 100, 16, generator=generator)
+    method = method_from_yaml("rkv", params={"buffer": 10})
+    cache = KVBenchCache(1)
+    session = EvictionSession(method, parse_budget("24/layer"), cache)
+    session.begin_prefill(30)
+    cache.update(keys[:, :, :30], keys[:, :, :30], 0)
+    session.after_attention(LayerIndex(0), queries[:, :, :30], 0.25)
+    session.begin_decode()
+    lengths = [cache.layers[0].head_lengths()[0]]
+    for token in range(30, 100):
+        cache.update(keys[:, :, token : token + 1], keys[:, :, token : token + 1], 0)
+        session.after_attention(LayerIndex(0), queries[:, :, token : token + 1], 0.25)
+        lengths.append(cache.layers[0].head_lengths()[0])
+    assert lengths[0] == 24 and max(lengths) == 24 + 9  # the 10th token's forward appends it, then compresses
+    assert [token for token, length in zip(range(30, 100), lengths[1:], strict=True) if length == 24] == list(
+        range(30, 100, 10)
+    )
+
+
+def test_bad_rkv_knobs_name_the_valid_choices() -> None:
+    with pytest.raises(ValueError, match="retain_direction"):
+        method_from_yaml("rkv", params={"retain_direction": "middle"})
+    with pytest.raises(ValueError, match="mix_lambda"):
+        method_from_yaml("rkv", params={"mix_lambda": 2.0})
+    with pytest.raises(ValueError, match="method.pooling"):
+        method_from_yaml("rkv", pooling="avg")
+
+
+@pytest.mark.parametrize("mode", ["aware", "agnostic"])
+def test_rkv_batched_decoding_gives_the_batch_one_tokens(mode: str) -> None:
+    """A small buffer (4) so the caches are compressed while decoding: batch 3 gives batch 1's tokens and records."""
+    from kvbench.inference.batched_decode import generate_batched
+    from kvbench.inference.generate import generate
+    from tests.inference.test_batch_decode import _model, _requests
+
+    model, tokenizer = _model("tiny-random-llama")
+    requests = _requests(model.config.vocab_size, 3, set())
+    method, budget = method_from_yaml("rkv", params={"buffer": 4}), parse_budget("16L")
+    alone = [
+        generate(model, tokenizer, r.context_ids, r.question_ids, method=method, budget=budget, question_mode=mode,
+                 max_new_tokens=r.max_new_tokens, stop_token_ids=r.stop_token_ids)
+        for r in requests
+    ]  # fmt: skip
+    batched = dict(
+        generate_batched(model, tokenizer, requests, method=method, budget=budget, question_mode=mode, decode_batch=3)
+    )
+    for index, expected in enumerate(alone):
+        assert batched[index].token_ids == expected.token_ids, f"sample {index}"
+        assert batched[index].record.to_json() == expected.record.to_json(), f"sample {index}: cache record"
+    assert any(
+        final < achieved + len(r.token_ids) - 1
+        for r in alone
+        for final, achieved in zip(r.record.final_per_layer, r.record.achieved_per_layer, strict=True)
+    )  # the policy evicted while decoding
