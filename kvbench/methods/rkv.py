@@ -79,7 +79,7 @@ def importance(queries: torch.Tensor, keys: torch.Tensor, window: int, pool_size
 
     ``queries`` ``[H_q, W', D]`` (the last ``W' <= window`` queries), ``keys`` ``[H, L, D]``, in the model dtype.
     """
-    heads, length, dim = keys.shape
+    heads, dim = keys.shape[0], keys.shape[2]
     groups = queries.shape[0] // heads
     query, key = queries[None], keys[None]  # the reference's [1, heads, ...] layout
     if groups == 1:
@@ -95,7 +95,7 @@ def importance(queries: torch.Tensor, keys: torch.Tensor, window: int, pool_size
 def redundancy(keys: torch.Tensor, threshold: float, retain_direction: str) -> torch.Tensor:
     """``[H, L]`` redundancy of each key: softmax over the cache of its mean cosine similarity to the others, each
     row's spared near-duplicate (and the diagonal) zeroed first.  ``keys`` ``[H, L, D]`` in the model dtype."""
-    heads, length, _ = keys.shape
+    length = keys.shape[1]
     unit = keys / (keys.norm(dim=-1, keepdim=True) + 1e-8)
     similarity = torch.matmul(unit, unit.transpose(-1, -2))  # [H, L, L]
     similarity.diagonal(dim1=-2, dim2=-1).zero_()

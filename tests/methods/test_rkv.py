@@ -104,7 +104,7 @@ def test_bad_rkv_knobs_name_the_valid_choices() -> None:
         method_from_yaml("rkv", params={"retain_direction": "middle"})
     with pytest.raises(ValueError, match="mix_lambda"):
         method_from_yaml("rkv", params={"mix_lambda": 2.0})
-    with pytest.raises(ValueError, match="method.pooling"):
+    with pytest.raises(ValueError, match=r"method\.pooling"):
         method_from_yaml("rkv", pooling="avg")
 
 
