@@ -31,6 +31,7 @@ from omegaconf.errors import OmegaConfBaseException
 from kvbench import kernels
 from kvbench.checks import check_min
 from kvbench.config import MethodConfig, check_method_choices
+from kvbench.methods.channels import KeyChannelPruner
 from kvbench.methods.knobs import check_unused_knobs
 from kvbench.methods.state import AllocatorState, DecodeState, ReadOnlyAfterBuild
 from kvbench.methods.token_scores import ScoreOptions
@@ -333,20 +334,6 @@ class DecodePolicy(ReadOnlyAfterBuild, ABC):
         """
         if self.evicts_on_append:
             self.step(state, layer_idx, layer, query[:, -1:], scaling)
-
-
-class KeyChannelPruner(ReadOnlyAfterBuild, ABC):
-    """Which key channels each stored head keeps once a layer's prefill eviction is done (ThinK,
-    :mod:`kvbench.methods.think`); the cache then stores those channels only
-    (:meth:`kvbench.cache.base.EvictableLayer.prune_key_channels`)."""
-
-    #: The last prompt queries :meth:`kept_channels` reads.
-    window: int = 32
-
-    @abstractmethod
-    def kept_channels(self, queries: torch.Tensor, keys: list[torch.Tensor]) -> torch.Tensor | None:
-        """``[H, D_k]`` the channels each stored head keeps, from the last ``window`` queries ``[H_q, W, D]`` and each
-        head's kept keys ``[S_h, D]``; ``None`` keeps every channel."""
 
 
 # ---------------------------------------------------------------------------------------------------- method

@@ -32,7 +32,8 @@ from typing import Any
 import torch
 from omegaconf import open_dict
 
-from kvbench.methods.base import METHOD_FAMILIES, EvictionMethod, KeyChannelPruner, register_method
+from kvbench.methods.base import METHOD_FAMILIES, EvictionMethod, register_method
+from kvbench.methods.channels import KeyChannelPruner
 from kvbench.methods.params import bounded, parse_params
 
 REFERENCE = "NVIDIA/kvpress kvpress/presses/think_press.py@0.5.5 (ThinKPress; ThinK: SalesforceAIResearch/ThinK)"

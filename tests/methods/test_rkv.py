@@ -36,8 +36,9 @@ def tensors() -> dict[str, torch.Tensor]:
     return load_file(RECORDING / "streams.safetensors")
 
 
-def kvbench_cache_order(case: dict) -> list[list[int]]:
-    """The positions kvbench holds per head at the end of ``case``, in the reference cache's order (the policy's)."""
+def kvbench_cache_order(case: dict) -> tuple[list[list[int]], list[int]]:
+    """The positions kvbench holds per head at the end of ``case``, in the reference cache's order (the policy's),
+    and the tokens whose decoding forward compressed the cache."""
     dtype = DTYPES[case["dtype"]]
     keys = tensors()[f"{case['tensors']}/keys"].to(dtype)  # [1, H_kv, T, D]
     queries = tensors()[f"{case['tensors']}/queries"].to(dtype)  # [1, H_q, T or W, D]
@@ -51,13 +52,15 @@ def kvbench_cache_order(case: dict) -> list[list[int]]:
     cache.update(keys[:, :, :prompt], torch.zeros_like(keys[:, :, :prompt]), 0)
     session.after_attention(LayerIndex(0), queries[:, :, :prompt], scaling)
     session.begin_decode()
+    layer, compressed_at = cache.layers[0], []
+    keep = layer.keep
+    layer.keep = lambda indices: (compressed_at.append(layer.seen_tokens - 1), keep(indices))  # a spy, this layer only
     for token in range(prompt, case.get("total", prompt)):
         step = slice(token, token + 1)
         cache.update(keys[:, :, step], torch.zeros_like(keys[:, :, step]), 0)
         session.after_attention(LayerIndex(0), queries[:, :, step], scaling)
-    layer = cache.layers[0]
     order = session.decode_state.order[0]
-    return [layer.positions[head][order[head]].tolist() for head in range(layer.num_heads)]
+    return [layer.positions[head][order[head]].tolist() for head in range(layer.num_heads)], compressed_at
 
 
 def test_kvbench_keeps_the_reference_tokens_in_its_order_on_every_recorded_case() -> None:
@@ -66,14 +69,17 @@ def test_kvbench_keeps_the_reference_tokens_in_its_order_on_every_recorded_case(
     cases = recording()["cases"]
     differ = []
     for case in cases:
-        got = kvbench_cache_order(case)
+        got, compressed_at = kvbench_cache_order(case)
+        if case["kind"] == "stream":
+            assert compressed_at == [token for token in case["compressed_at"] if token > 0], case
         for head, expected in enumerate(case["kept"]):
             if got[head] != expected:
                 differ.append((case["tensors"], case["dtype"], head, sorted(got[head]) == sorted(expected)))
     assert not differ, differ
     assert {c["dtype"] for c in cases} == {"float32", "bfloat16"}
     assert {c.get("source", "seeded") for c in cases} == {"seeded", "tiny_llama_layer0"}
-    assert sum(len(c["compressed_at"]) for c in cases if c["kind"] == "stream") >= 40  # decode compressions replayed
+    compressions = sum(len(c["compressed_at"]) for c in cases if c["kind"] == "stream")
+    assert compressions >= 80  # prefill and decode compressions replayed (84 recorded)
 
 
 def test_the_cache_is_compressed_when_the_buffer_fills() -> None:
