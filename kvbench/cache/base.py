@@ -243,6 +243,10 @@ class LogicalLengthLayer(CacheLayerMixin):
     #: Key channels dropped per stored head (0 unless ``prune_key_channels`` ran).
     dropped_key_channels: int = 0
 
+    def prune_key_channels(self, channels: torch.Tensor) -> None:
+        """Storage that keeps every key channel (a sliding window, never evicted) refuses to prune them."""
+        raise NotImplementedError(f"{type(self).__name__} keeps every key channel")
+
     def full_token_head_bytes(self) -> int:
         """Key + value bytes of one token of one head with every key channel (a full cache's)."""
         if self.dropped_key_channels == 0:
