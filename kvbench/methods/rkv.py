@@ -7,7 +7,8 @@ holds at least ``B`` tokens and the compression is due:
 
 * at the prefill, always (the whole prompt);
 * at a forward after it, when the tokens fed before that forward are a multiple of ``buffer`` (128, ``divide_length``,
-  ``divide_method=step_length``): the cache grows by up to ``buffer`` generated tokens between two compressions.
+  ``divide_method=step_length``): the cache grows by up to ``buffer`` generated tokens between two compressions.  A
+  question appended in one forward (question-agnostic mode, which the reference does not have) is one such forward.
 
 A compression keeps the last ``W = method.window`` (8) tokens of the cache and the top ``B - W`` of the others by
 

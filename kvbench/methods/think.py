@@ -19,8 +19,9 @@ What differs from kvpress, by design (docs/methods/think.md):
   channels; kvpress appends them whole (its hook only runs during the prefill).
 * ``gqa_granularity=query_head`` scores channels per query head (kvpress: per KV head, the default here).
 
-Other knobs go to the token method: ``method=think method.params.tokens=knorm`` (its own params ride along in
-``method.params``).  Parity: ``tests/methods/test_think.py`` (recordings: ``tests/fixtures/reference/think/``).
+Other knobs go to the token method: ``method=think method.params.tokens=knorm +method.params.allocation=ada`` (its
+own params ride along in ``method.params``; the common knobs it does not read must be back at their defaults).
+Parity: ``tests/methods/test_think.py`` (recordings: ``tests/fixtures/reference/think/``).
 """
 
 from __future__ import annotations

@@ -184,8 +184,10 @@ def test_bad_think_knobs_name_the_valid_choices() -> None:
         think_method(0.5, tokens="no_such_family")
 
 
-def test_think_batched_decoding_gives_the_batch_one_tokens() -> None:
+@pytest.mark.parametrize("mode", ["aware", "agnostic"])
+def test_think_batched_decoding_gives_the_batch_one_tokens(mode: str) -> None:
+    """Batch 3 gives batch 1's tokens and cache records (agnostic: the question is stored with the pruned width)."""
     from tests.inference.test_batch_decode import _compare, _model, _requests
 
     model, tokenizer = _model("tiny-random-llama")
-    _compare(model, tokenizer, "think", _requests(model.config.vocab_size, 3, set()), 3, "aware")
+    _compare(model, tokenizer, "think", _requests(model.config.vocab_size, 3, set()), 3, mode)
