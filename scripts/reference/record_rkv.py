@@ -20,6 +20,9 @@ Two kinds of cases, float32 and bfloat16, written to ``R1KV.json`` with their te
   tensors, and layer 0 of the tiny random Llama (its keys and post-RoPE queries of a 128-token prompt; layer 0's states
   do not depend on what the cache holds, so the teacher-forced stream is what the model computes).
 
+* ``model``: the whole tiny Llama (both layers) teacher-forced over seeded ids, rkv/modeling.py's flow applied by hooks
+  on each attention module (:func:`run_tiny_llama`).
+
 Recorded per case: the cache's token positions per KV head in the reference cache's order (tracked through a value
 channel that carries each token's position), and for streams the forwards at which it compressed.
 """
@@ -145,6 +148,79 @@ def tiny_llama_layer0(dtype_name: str) -> tuple[torch.Tensor, torch.Tensor]:
     return captured["keys"].detach(), captured["queries"].detach()
 
 
+MODEL_RUNS = [  # (prompt, total, budget, window, divide_length) over MODEL_IDS_SEED's ids
+    (40, 100, 24, 8, 8),
+    (30, 100, 32, 8, 16),
+]
+MODEL_IDS_SEED = 4408
+
+
+def run_tiny_llama(R1KV, dtype_name: str, ids: torch.Tensor, prompt: int, budget: int, window: int, divide: int):
+    """The tiny Llama (both layers, sdpa) teacher-forced over ``ids`` ``[1, T]`` with rkv/modeling.py's flow applied
+    by hooks on each attention module: a pre-hook keeps the query cache (post-RoPE queries of the last ``window``
+    tokens), a post-hook compresses the layer's cache when the flow says so (the reference compresses the prompt before
+    storing it and a decoding step's cache after its attention: either way attention saw the whole cache).  Returns,
+    per layer, the positions per KV head in cache order, and the compressing forwards."""
+    from transformers import DynamicCache
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from record_kvpress import build_model_weights, load_model
+
+    model = load_model(build_model_weights(), DTYPES[dtype_name], "sdpa")
+    layers = model.model.layers
+    kv = [R1KV(budget=budget, window_size=window, mix_lambda=0.07, retain_ratio=0.2, retain_direction="last")
+          for _ in layers]  # fmt: skip
+    query_cache: dict[int, torch.Tensor] = {}
+    positions: dict[int, torch.Tensor] = {}
+    flow = {"compression": None, "compressed_at": []}
+
+    def before(module, args, kwargs):
+        hidden = kwargs["hidden_states"]
+        shape = (*hidden.shape[:-1], -1, module.head_dim)
+        query = module.q_proj(hidden).view(shape).transpose(1, 2)
+        cos, sin = kwargs["position_embeddings"]
+        query, _ = apply_rotary_pos_emb(query, query, cos, sin)
+        idx = module.layer_idx
+        seen = query_cache.get(idx)
+        query_cache[idx] = (query if seen is None else torch.cat([seen, query], dim=2))[:, :, -window:]
+
+    def after(module, args, kwargs, output):
+        idx = module.layer_idx
+        layer = kwargs["past_key_values"].layers[idx]
+        new = kwargs["hidden_states"].shape[1]
+        start = 0 if idx not in positions else int(positions[idx].max()) + 1
+        fresh = torch.arange(start, start + new).expand(layer.keys.shape[1], -1)
+        positions[idx] = fresh if idx not in positions else torch.cat([positions[idx], fresh], dim=1)
+        if flow["compression"] is False:
+            return output
+        if layer.keys.shape[2] >= budget and idx == 0:
+            flow["compressed_at"].append(start if flow["compression"] is True else 0)
+        tracked = torch.zeros(1, *positions[idx].shape, DIM)
+        tracked[..., 0] = positions[idx].float()
+        keys, values = layer.keys, layer.values
+        layer.keys, layer.values = kv[idx].update_kv(keys, query_cache[idx], values)
+        _, tracked = kv[idx].update_kv(keys, query_cache[idx], tracked)  # the same selection, carrying positions
+        positions[idx] = tracked[0, :, :, 0].long()
+        return output
+
+    handles = []
+    for layer in layers:
+        handles.append(layer.self_attn.register_forward_pre_hook(before, with_kwargs=True))
+        handles.append(layer.self_attn.register_forward_hook(after, with_kwargs=True))
+    cache, length = DynamicCache(), 0
+    with torch.no_grad():
+        chunks = [(0, prompt)] + [(t, t + 1) for t in range(prompt, ids.shape[1])]
+        for lo, hi in chunks:
+            model.model(input_ids=ids[:, lo:hi], past_key_values=cache, position_ids=torch.arange(lo, hi)[None])
+            length += hi - lo  # rkv/modeling.py's self.length; the flag for the next forward
+            flow["compression"] = length % divide == 0
+    for handle in handles:
+        handle.remove()
+    kept = [[[int(p) for p in positions[idx][h].tolist()] for h in range(positions[idx].shape[0])] for idx in positions]
+    return kept, flow["compressed_at"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repo", type=Path, required=True)
@@ -184,6 +260,18 @@ def main() -> None:
                 {"kind": "stream", "tensors": key, "source": name, "dtype": dtype_name, "prompt": prompt,
                  "total": total, "budget": budget, "window": window, "divide_length": divide, "kept": kept,
                  "compressed_at": compressed_at}
+            )  # fmt: skip
+    ids = torch.randint(
+        0, 128, (1, max(run[1] for run in MODEL_RUNS)), generator=torch.Generator().manual_seed(MODEL_IDS_SEED)
+    )
+    tensors["tiny_llama/input_ids"] = ids
+    for prompt, total, budget, window, divide in MODEL_RUNS:
+        for dtype_name in DTYPES:
+            kept, compressed_at = run_tiny_llama(R1KV, dtype_name, ids[:, :total], prompt, budget, window, divide)
+            cases.append(
+                {"kind": "model", "tensors": "tiny_llama/input_ids", "source": "tiny_llama", "dtype": dtype_name,
+                 "prompt": prompt, "total": total, "budget": budget, "window": window, "divide_length": divide,
+                 "kept_per_layer": kept, "compressed_at": compressed_at}
             )  # fmt: skip
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(args.out / "streams.safetensors"))
     recording = {

@@ -1,8 +1,9 @@
 """R-KV (``method=rkv``): the reference's kept tokens, in its cache order, at the prefill and while decoding.
 
 Parity: ``tests/fixtures/reference/rkv/R1KV.json`` (recorded by ``scripts/reference/record_rkv.py`` from
-Zefan-Cai/R-KV at d15c9767, outside kvbench): one ``R1KV.update_kv`` call on seeded tensors, and the decode flow of
-``rkv/modeling.py`` over seeded streams and over layer 0 of the tiny random Llama, float32 and bfloat16.  kvbench runs
+Zefan-Cai/R-KV at d15c9767, outside kvbench): one ``R1KV.update_kv`` call on seeded tensors, the decode flow of
+``rkv/modeling.py`` over seeded streams and over layer 0 of the tiny random Llama, and the whole tiny Llama
+teacher-forced with that flow on every layer, float32 and bfloat16.  kvbench runs
 the same inputs through its eviction session (one layer) and must hold the same tokens per head, in the same order.
 Then: batched decoding gives the batch-1 tokens, and the knobs are checked.
 """
@@ -63,10 +64,59 @@ def kvbench_cache_order(case: dict) -> tuple[list[list[int]], list[int]]:
     return [layer.positions[head][order[head]].tolist() for head in range(layer.num_heads)], compressed_at
 
 
+def kvbench_tiny_llama(case: dict) -> tuple[list[list[list[int]]], list[int]]:
+    """The tiny Llama (both layers) teacher-forced over the case's ids through kvbench's session with ``method=rkv``:
+    per layer the positions per head in the reference cache's order, and the tokens whose forward compressed layer 0
+    (0: the prefill)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from kvbench import attention
+    from kvbench.inference.prefill import forward_logits
+    from tests.reference_recordings import inputs_meta, tiny_llama_weights
+
+    dtype = DTYPES[case["dtype"]]
+    model = LlamaForCausalLM(LlamaConfig(**inputs_meta()["model_config"]))
+    model.load_state_dict(tiny_llama_weights(dtype), strict=False)
+    model = model.to(dtype).eval()
+    model.set_attn_implementation(attention.ATTENTION_NAME)
+    ids = tensors()["tiny_llama/input_ids"][0, : case["total"]].tolist()
+    method = method_from_yaml("rkv", window=case["window"], params={"buffer": case["divide_length"]})
+    cache = KVBenchCache(2)
+    session = EvictionSession(method, parse_budget(f"{case['budget']}/layer"), cache)
+    prompt, compressed_at = case["prompt"], []
+    with torch.no_grad():
+        session.begin_prefill(prompt)
+        forward_logits(model, ids[:prompt], 0, cache, session, torch.device("cpu"))
+        if cache.layers[0].head_lengths()[0] < prompt or prompt == case["budget"]:
+            compressed_at.append(0)
+        session.begin_decode()
+        layer0, keep = cache.layers[0], cache.layers[0].keep
+        layer0.keep = lambda indices: (compressed_at.append(layer0.seen_tokens - 1), keep(indices))  # a spy
+        for position in range(prompt, len(ids)):
+            forward_logits(model, ids[position : position + 1], position, cache, session, torch.device("cpu"))
+    kept = []
+    for idx, layer in enumerate(cache.layers):
+        order = session.decode_state.order[idx]
+        kept.append([layer.positions[head][order[head]].tolist() for head in range(layer.num_heads)])
+    return kept, compressed_at
+
+
+def test_the_tiny_llama_keeps_the_reference_tokens_in_its_order() -> None:
+    """The whole tiny Llama, teacher-forced (prompt, then one token per forward), R-KV compressing both layers as
+    rkv/modeling.py does (layer 1 sees layer 0's compressed cache): the same tokens in the same order per layer and
+    head, compressed at the same forwards, float32 and bfloat16."""
+    cases = [case for case in recording()["cases"] if case["kind"] == "model"]
+    assert {case["dtype"] for case in cases} == {"float32", "bfloat16"}
+    for case in cases:
+        kept, compressed_at = kvbench_tiny_llama(case)
+        assert compressed_at == case["compressed_at"], case["dtype"]
+        assert kept == case["kept_per_layer"], (case["dtype"], case["prompt"])
+
+
 def test_kvbench_keeps_the_reference_tokens_in_its_order_on_every_recorded_case() -> None:
     """Every case and KV head: the same kept positions in the same cache order (which the next compression's
     max-pooling runs over)."""
-    cases = recording()["cases"]
+    cases = [case for case in recording()["cases"] if case["kind"] != "model"]
     differ = []
     for case in cases:
         got, compressed_at = kvbench_cache_order(case)
