@@ -135,8 +135,10 @@ class RKVScorer(TokenScorer):
         scores = torch.full((heads, length), torch.inf, dtype=torch.float32, device=keys.device)
         if length <= window:
             return scores
-        final = rkv_scores(observation.queries, keys, window, self.params)
         budget = observation.layer_budget
+        if budget is not None and budget <= window < length:
+            raise ValueError(f"R-KV needs a budget above method.window={window}, got {budget} tokens per head")
+        final = rkv_scores(observation.queries, keys, window, self.params)
         if budget is None or not window < budget <= length:
             scores[:, : length - window] = final.float()
             return scores

@@ -19,6 +19,10 @@ What differs from kvpress, by design (docs/methods/think.md):
   channels; kvpress appends them whole (its hook only runs during the prefill).
 * ``gqa_granularity=query_head`` scores channels per query head (kvpress: per KV head, the default here).
 
+ThinK's own code (SalesforceAIResearch/ThinK@4243c26, ``ThinK_flash/src/kv_pruning_utils.py``
+``key_pruner_query_driven``) scores channels with the same formula on keys repeated per query head and keeps the last
+``recent_size`` (32) keys whole; kvbench follows kvpress's reading (reviewed by ThinK's first author).
+
 Other knobs go to the token method: ``method=think method.params.tokens=knorm +method.params.allocation=ada`` (its
 own params ride along in ``method.params``; the common knobs it does not read must be back at their defaults).
 Parity: ``tests/methods/test_think.py`` (recordings: ``tests/fixtures/reference/think/``).

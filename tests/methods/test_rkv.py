@@ -162,6 +162,14 @@ def test_bad_rkv_knobs_name_the_valid_choices() -> None:
         method_from_yaml("rkv", params={"mix_lambda": 2.0})
     with pytest.raises(ValueError, match=r"method\.pooling"):
         method_from_yaml("rkv", pooling="avg")
+    generator = torch.Generator().manual_seed(0)
+    keys, queries = torch.randn(1, 2, 30, 16, generator=generator), torch.randn(1, 4, 30, 16, generator=generator)
+    cache = KVBenchCache(1)
+    session = EvictionSession(method_from_yaml("rkv"), parse_budget("8/layer"), cache)
+    session.begin_prefill(30)
+    cache.update(keys, keys, 0)
+    with pytest.raises(ValueError, match=r"budget above method\.window=8, got 8"):
+        session.after_attention(LayerIndex(0), queries, 0.25)
 
 
 @pytest.mark.parametrize("mode", ["aware", "agnostic"])
