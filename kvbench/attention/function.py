@@ -15,7 +15,9 @@ with an attention plan (``KVBenchCache(backend="paged")``) goes through
 :func:`kvbench.attention.paged.paged_attention` (varlen / Triton on CUDA, the same per-head SDPA as ragged layers
 otherwise); the others hand over what the chunk attends over (:meth:`~kvbench.cache.base.EvictableLayer.attention_kv`):
 dense views go through transformers' own ``sdpa_attention_forward`` (identical numerics to ``sdpa`` when nothing is
-evicted), per-head views loop over stored heads, each with its GQA group of query heads.
+evicted), per-head views loop over stored heads, each with its GQA group of query heads.  A layer that stores fewer
+key channels (ThinK: :attr:`~kvbench.cache.base.EvictableLayer.key_channels`) is attended with the matching query
+channels (:func:`~kvbench.cache.base.select_query_channels`), on every path, at the model's softmax scale.
 
 Eviction hooks in here, not through monkeypatching: the generation loop passes a ``kvbench_session`` keyword
 argument through the model's forward; after computing a layer's attention this function hands the session the
@@ -38,7 +40,7 @@ from kvbench.attention.extras import (
 )
 from kvbench.attention.ops import bottom_right_causal_mask, dense_attention, ragged_attention
 from kvbench.attention.paged import paged_attention
-from kvbench.cache.base import LayerKV, RaggedKV, on_device
+from kvbench.cache.base import LayerKV, RaggedKV, on_device, select_query_channels
 from kvbench.cache.batched import BatchedKV
 from kvbench.cache.sliding import sliding_causal_mask
 
@@ -104,6 +106,10 @@ def kvbench_attention_forward(
     cache = getattr(session, "cache", None) or kwargs.get("kvbench_cache")
     layer_idx = getattr(module, "layer_idx", None)
     layer, cache_window = key.layer, None
+    channels = getattr(layer, "key_channels", None)
+    if channels is not None:  # ThinK: the layer stores fewer key channels; attend with the matching query channels
+        scaling = scaling if scaling is not None else query.shape[-1] ** -0.5  # the model's scale, not D_k's
+        query = select_query_channels(query, channels)
     if cache is not None and layer_idx is not None:
         cache_window = getattr(cache, "windows", [None] * len(cache.layers))[int(layer_idx)]
     if details.window is None and cache_window is not None:

@@ -125,8 +125,23 @@ class EvictableLayer(Protocol):
         """Overwrite every stored key ``[H, S, D]`` and position ``[H, S]`` of a dense layer (key re-rotation)."""
         ...
 
+    # -- key channels (ThinK: a layer may store fewer key channels than the model's head dim)
+    #: ``[H, D_k]`` int64 the key channels each stored head keeps, ascending (``None``: all ``D``).
+    key_channels: torch.Tensor | None
+
+    def prune_key_channels(self, channels: torch.Tensor) -> None:
+        """Keep only key channels ``channels`` ``[H, D_k]`` of every stored head, for the stored tokens and every
+        later one (attention then uses the matching query channels: :func:`select_query_channels`)."""
+        ...
+
     # -- bytes (docs/results.md)
-    def token_head_bytes(self) -> int: ...
+    def token_head_bytes(self) -> int:
+        """Key + value bytes of one stored token of one head (``(D_k + D_v) * itemsize``)."""
+        ...
+
+    def full_token_head_bytes(self) -> int:
+        """:meth:`token_head_bytes` with every key channel (what a full cache holds per token and head)."""
+        ...
 
     def stored_bytes(self) -> int:
         """Key + value bytes of the kept tokens (the same on every backend)."""
@@ -161,6 +176,24 @@ def on_device(device: torch.device) -> AbstractContextManager[Any]:
     device of the tensors it gets, not on the process's current device.
     """
     return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
+
+
+def gather_key_channels(states: torch.Tensor, channels: torch.Tensor) -> torch.Tensor:
+    """``states`` ``[1, H, q, D]`` reduced to each head's ``channels`` ``[H, D_k]``: ``[1, H, q, D_k]``."""
+    heads, width = channels.shape
+    index = channels.to(states.device)[None, :, None, :].expand(1, heads, states.shape[2], width)
+    return states.gather(-1, index)
+
+
+def select_query_channels(query: torch.Tensor, channels: torch.Tensor) -> torch.Tensor:
+    """The query channels matching a layer's stored key channels: ``query`` ``[1, H_q, q, D]`` with ``channels``
+    ``[H, D_k]`` (the ``H_q / H`` query heads of a group share their stored head's) -> ``[1, H_q, q, D_k]``.
+
+    Since a dropped key channel contributes nothing to ``q . k``, the logits equal those of the full query against
+    keys whose dropped channels are zero (kvpress's ThinKPress); the softmax scale stays the model's.
+    """
+    groups = query.shape[1] // channels.shape[0]
+    return gather_key_channels(query, channels.repeat_interleave(groups, dim=0))
 
 
 def sorted_keep_indices(
@@ -209,6 +242,37 @@ class LogicalLengthLayer(CacheLayerMixin):
     seen_tokens: int = 0
     #: Attention over stored tensors (:meth:`attention_kv`); the paged layer sets its planned kernel paths.
     attention_plan: Any = None
+    #: ``[H, D_k]`` the key channels each stored head keeps (``None``: all); set by ``prune_key_channels``.
+    key_channels: torch.Tensor | None = None
+    #: Key channels dropped per stored head (0 unless ``prune_key_channels`` ran).
+    dropped_key_channels: int = 0
+
+    def prune_key_channels(self, channels: torch.Tensor) -> None:
+        """Storage that keeps every key channel (a sliding window, never evicted) refuses to prune them."""
+        raise NotImplementedError(f"{type(self).__name__} keeps every key channel")
+
+    def full_token_head_bytes(self) -> int:
+        """Key + value bytes of one token of one head with every key channel (a full cache's)."""
+        if self.dropped_key_channels == 0:
+            return self.token_head_bytes()  # type: ignore[attr-defined]
+        itemsize = torch.empty((), dtype=self.dtype).element_size()  # type: ignore[attr-defined]
+        return self.token_head_bytes() + self.dropped_key_channels * itemsize  # type: ignore[attr-defined]
+
+    def _check_key_channels(self, channels: torch.Tensor, head_dim: int) -> torch.Tensor:
+        """``channels`` as ``[H, D_k]`` int64 on the layer's device, checked (once per layer: no second pruning)."""
+        if self.key_channels is not None:
+            raise ValueError("this layer's key channels were already pruned")
+        heads = self.num_heads  # type: ignore[attr-defined]
+        if channels.dim() != 2 or channels.shape[0] != heads or not 0 < channels.shape[1] <= head_dim:
+            shape = tuple(channels.shape)
+            raise ValueError(f"key channels must be [{heads}, D_k] with 0 < D_k <= {head_dim}, got {shape}")
+        channels = torch.sort(channels.to(device=self.device, dtype=torch.long), dim=1).values  # type: ignore[attr-defined]
+        if bool((channels[:, 0] < 0).any()) or bool((channels[:, -1] >= head_dim).any()):
+            raise IndexError(f"key channel out of range [0, {head_dim})")
+        if channels.shape[1] > 1 and bool((channels[:, 1:] == channels[:, :-1]).any()):
+            raise ValueError("duplicate key channels")
+        self.dropped_key_channels = head_dim - channels.shape[1]
+        return channels
 
     def attention_kv(self, keys: LayerKV, values: LayerKV) -> tuple[torch.Tensor | RaggedKV, torch.Tensor | RaggedKV]:
         """What :meth:`update` returned is what the chunk attends over (dense or per-head views)."""
@@ -253,7 +317,8 @@ class LogicalLengthLayer(CacheLayerMixin):
 
     def _incoming(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The common start of ``update``: initialise on first use, check batch size 1, and repeat KV heads per
-        query head when the layer stores query-head granularity.  Returns ``[1, H, q, D]`` keys and values."""
+        query head when the layer stores query-head granularity, and keep only the layer's key channels when they were
+        pruned.  Returns ``[1, H, q, D_k]`` keys and ``[1, H, q, D]`` values."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         if key_states.shape[0] != 1:
@@ -261,4 +326,6 @@ class LogicalLengthLayer(CacheLayerMixin):
         if self.expand_factor > 1:
             key_states = key_states.repeat_interleave(self.expand_factor, dim=1)
             value_states = value_states.repeat_interleave(self.expand_factor, dim=1)
+        if self.key_channels is not None:  # a pruned layer stores every later key with its kept channels only
+            key_states = gather_key_channels(key_states, self.key_channels)
         return key_states, value_states

@@ -148,6 +148,7 @@ class HeadwiseLayer(LogicalLengthLayer):
 
     def reset(self) -> None:
         self.__init__(self.expand_factor)  # type: ignore[misc]
+        self.key_channels, self.dropped_key_channels = None, 0
 
     # ------------------------------------------------------------------ buffer management
     def _ensure_capacity(self, tokens: int) -> None:
@@ -254,10 +255,24 @@ class HeadwiseLayer(LogicalLengthLayer):
         return self.position_buffer[:, : max(self.host_lengths, default=0)]
 
     def token_head_bytes(self) -> int:
-        """Key + value bytes of one token of one head (``2 * D * itemsize``; 0 before the first update)."""
-        if self.key_buffer is None:
+        """Key + value bytes of one token of one head (``(D_k + D) * itemsize``, ``D_k = D`` unless the key channels
+        were pruned; 0 before the first update)."""
+        if self.key_buffer is None or self.value_buffer is None:
             return 0
-        return self.key_buffer.shape[-1] * 2 * self.key_buffer.element_size()
+        return (self.key_buffer.shape[-1] + self.value_buffer.shape[-1]) * self.key_buffer.element_size()
+
+    def prune_key_channels(self, channels: torch.Tensor) -> None:
+        """Keep only key channels ``channels`` ``[H, D_k]`` of every head (one new ``[1, H, C, D_k]`` key buffer; later
+        appends store those channels only): :meth:`EvictableLayer.prune_key_channels`."""
+        assert self.key_buffer is not None
+        channels = self._check_key_channels(channels, self.key_buffer.shape[-1])
+        heads, capacity = self.key_buffer.shape[1], self.key_buffer.shape[2]
+        index = channels[None, :, None, :].expand(1, heads, capacity, channels.shape[1])
+        self.key_buffer = self.key_buffer.gather(-1, index)
+        self.key_channels = channels
+        self.stats.reallocations += 1
+        self.stats.rows_copied += self.stored_tokens()
+        self._refresh_views()
 
     def stored_bytes(self) -> int:
         """Key + value bytes of the kept tokens: ``sum_h S_h * D * 2 * itemsize`` (what the method costs; the same
@@ -470,6 +485,6 @@ class KVBenchCache(Cache):
         return sum(
             layer.stored_bytes()  # a sliding-window layer holds its window whatever the method
             if isinstance(layer, SlidingWindowLayer)
-            else layer.seen_tokens * (layer.num_heads // self.expand_factor) * layer.token_head_bytes()
+            else layer.seen_tokens * (layer.num_heads // self.expand_factor) * layer.full_token_head_bytes()
             for layer in self.headwise_layers
         )

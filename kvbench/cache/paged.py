@@ -124,7 +124,7 @@ class PagedLayer(LogicalLengthLayer):
         self._ensure_pages([length + new_tokens for length in self.host_lengths])
         assert self.k_pool is not None and self.v_pool is not None and self.pos_pool is not None
         assert self.block_table is not None and self.lengths is not None
-        if new_tokens == 1 and not kernels.use_triton(self.impl, key_states):
+        if new_tokens == 1 and not kernels.use_triton(self.kernel_impl, key_states):
             self._append_one_on_host(key_states, value_states)
         else:
             kernels.paged_append(
@@ -137,7 +137,7 @@ class PagedLayer(LogicalLengthLayer):
                 self.lengths,
                 self.seen_tokens,
                 self.page_size,
-                impl=self.impl,
+                impl=self.kernel_impl,
             )
         self.lengths += new_tokens
         self.host_lengths = [length + new_tokens for length in self.host_lengths]
@@ -170,11 +170,18 @@ class PagedLayer(LogicalLengthLayer):
 
     def reset(self) -> None:
         self.__init__(self.expand_factor, self.page_size, self.impl)  # type: ignore[misc]
+        self.key_channels, self.dropped_key_channels = None, 0
+
+    @property
+    def kernel_impl(self) -> str:
+        """The append / copy kernels' implementation: :attr:`impl`, or ``torch`` once the key channels were pruned
+        (the Triton kernels take one head dim for keys and values)."""
+        return self.impl if self.key_channels is None else "torch"
 
     # ------------------------------------------------------------------ page management
     def _flat(self, pool: torch.Tensor) -> torch.Tensor:
         """``[num_pages * page_size, D]`` view of a pool."""
-        return pool.view(-1, self.head_dim)
+        return pool.view(-1, pool.shape[-1])
 
     @property
     def num_pages(self) -> int:
@@ -183,7 +190,8 @@ class PagedLayer(LogicalLengthLayer):
 
     def _allocate_pool(self, num_pages: int) -> None:
         shape = (num_pages, self.page_size, 1, self.head_dim)
-        self.k_pool = torch.empty(shape, dtype=self.dtype, device=self.device)
+        key_width = self.head_dim if self.key_channels is None else self.key_channels.shape[1]
+        self.k_pool = torch.empty((*shape[:3], key_width), dtype=self.dtype, device=self.device)
         self.v_pool = torch.empty(shape, dtype=self.dtype, device=self.device)
         self.pos_pool = torch.empty(num_pages * self.page_size, dtype=torch.int32, device=self.device)
 
@@ -192,7 +200,7 @@ class PagedLayer(LogicalLengthLayer):
         assert self.k_pool is not None and self.v_pool is not None and self.pos_pool is not None
         old = self.num_pages
         extra = needed if exact else max(needed, math.ceil(old * GROWTH_FRACTION))
-        grown_k = self.k_pool.new_empty((old + extra, *self.k_pool.shape[1:]))
+        grown_k = self.k_pool.new_empty((old + extra, *self.k_pool.shape[1:]))  # keeps a pruned key width
         grown_v = self.v_pool.new_empty((old + extra, *self.v_pool.shape[1:]))
         grown_pos = self.pos_pool.new_empty((old + extra) * self.page_size)
         grown_k[:old] = self.k_pool
@@ -313,9 +321,8 @@ class PagedLayer(LogicalLengthLayer):
             raise ValueError("layer is ragged (heads differ in length); use head_kv(h)")
         assert self.k_pool is not None and self.v_pool is not None
         slots = self.slot_matrix().reshape(-1)
-        shape = (self.num_stored_heads, -1, self.head_dim)
-        keys = self._flat(self.k_pool).index_select(0, slots).view(shape)
-        return keys, self._flat(self.v_pool).index_select(0, slots).view(shape)
+        keys = self._flat(self.k_pool).index_select(0, slots).view(self.num_stored_heads, -1, self.k_pool.shape[-1])
+        return keys, self._flat(self.v_pool).index_select(0, slots).view(self.num_stored_heads, -1, self.head_dim)
 
     def padded_kv(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Keys ``[H, S_max, D]``, values ``[H, S_max, D]`` and positions ``[H, S_max]`` (gathered in one
@@ -324,7 +331,7 @@ class PagedLayer(LogicalLengthLayer):
         slots = self.slot_matrix()
         shape = (self.num_stored_heads, slots.shape[1], self.head_dim)
         flat = slots.reshape(-1)
-        keys = self._flat(self.k_pool).index_select(0, flat).view(shape)
+        keys = self._flat(self.k_pool).index_select(0, flat).view(*shape[:2], self.k_pool.shape[-1])
         values = self._flat(self.v_pool).index_select(0, flat).view(shape)
         return keys, values, self.pos_pool.index_select(0, flat).view(slots.shape)
 
@@ -340,10 +347,32 @@ class PagedLayer(LogicalLengthLayer):
         return RaggedKV([k[None, None] for k, _ in pairs]), RaggedKV([v[None, None] for _, v in pairs])
 
     def token_head_bytes(self) -> int:
-        """Key + value bytes of one token of one head (``2 * D * itemsize``; 0 before the first update)."""
+        """Key + value bytes of one token of one head (``(D_k + D) * itemsize``, ``D_k = D`` unless the key channels
+        were pruned; 0 before the first update)."""
         if self.k_pool is None:
             return 0
-        return self.head_dim * 2 * self.k_pool.element_size()
+        return (self.k_pool.shape[-1] + self.head_dim) * self.k_pool.element_size()
+
+    def prune_key_channels(self, channels: torch.Tensor) -> None:
+        """Keep only key channels ``channels`` ``[H, D_k]`` of every head: a new ``[P, page_size, 1, D_k]`` key pool
+        (each page reduced to its head's channels; later appends store those channels only):
+        :meth:`kvbench.cache.base.EvictableLayer.prune_key_channels`.  The layer's attention then reads the pools
+        back through the torch gather path (the varlen and Triton paths take one head dim for keys and values)."""
+        assert self.k_pool is not None
+        channels = self._check_key_channels(channels, self.head_dim)
+        page_head = torch.zeros(self.num_pages, dtype=torch.long)  # free pages: any head's channels
+        for head, pages in enumerate(self.pages):
+            page_head[pages] = head
+        index = channels[page_head.to(self.device)]  # [P, D_k]
+        shape = (self.num_pages, self.page_size, 1, channels.shape[1])
+        self.k_pool = self.k_pool.gather(-1, index[:, None, None, :].expand(shape))
+        self.key_channels = channels
+        plan = self.attention_plan
+        if plan is not None and (plan.decode, plan.chunk) != ("torch_gather", "torch_gather"):
+            reason = "pruned key channels"
+            self.attention_plan = AttentionPlan("torch_gather", "torch_gather", reason, ("decode", "chunk"))
+        self.stats.reallocations += 1
+        self.stats.rows_copied += self.stored_tokens()
 
     def stored_bytes(self) -> int:
         """Key + value bytes of the kept tokens: ``sum_h S_h * D * 2 * itemsize`` (the same number as the torch
@@ -438,7 +467,7 @@ class PagedLayer(LogicalLengthLayer):
         dst = torch.cat(dst_parts)
         kernels.copy_rows(
             self._flat(old_k), self._flat(old_v), src, self._flat(self.k_pool), self._flat(self.v_pool), dst,
-            impl=self.impl,
+            impl=self.kernel_impl,
         )  # fmt: skip
         self.pos_pool.index_copy_(0, dst, old_pos.index_select(0, src))
         self.stats.reallocations += 1
@@ -456,7 +485,7 @@ class PagedLayer(LogicalLengthLayer):
         flat_k, flat_v = self._flat(self.k_pool), self._flat(self.v_pool)
         kept_k, kept_v = flat_k.index_select(0, src), flat_v.index_select(0, src)
         identity = torch.arange(src.numel(), device=self.device)
-        kernels.copy_rows(kept_k, kept_v, identity, flat_k, flat_v, dst, impl=self.impl)
+        kernels.copy_rows(kept_k, kept_v, identity, flat_k, flat_v, dst, impl=self.kernel_impl)
         self.pos_pool.index_copy_(0, dst, self.pos_pool.index_select(0, src))
         for head, length in enumerate(new_lengths):
             keep_pages = math.ceil(length / self.page_size)

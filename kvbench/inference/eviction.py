@@ -341,7 +341,10 @@ class EvictionSession(SessionPasses):
             return  # scored by the replay forwards after the prefill, then compressed (compress_replayed)
         rows = self._rows.setdefault(layer_idx, PrefillRows())
         needs = self.method.scorer.prompt_rows(query.dtype)
-        rows.add(layer, query, scaling, self.observation_window(), needs, self.scoring_impl, self.context_length)
+        pruner, policy = self.method.key_channel_pruner, self.method.decode_policy
+        pruner_window = 0 if pruner is None else pruner.window
+        window = max(self.observation_window(), pruner_window, policy.prompt_window if policy else 0)
+        rows.add(layer, query, scaling, window, needs, self.scoring_impl, self.context_length)
         if context < self.context_length:
             return  # more chunks to come
         del self._rows[layer_idx]
@@ -394,6 +397,15 @@ class EvictionSession(SessionPasses):
             self._shrink_layer(self.compressible[target_rank], int(layer_budget), window)
         if getattr(self.method.scorer, "rerotates_keys", False):
             self._rerotate(layer_idx, layer)
+        pruner = self.method.key_channel_pruner
+        if pruner is not None:  # ThinK: after the tokens, the key channels (kvpress's ComposedPress order)
+            head_keys = [layer.head_kv(head)[0] for head in range(num_heads)]
+            channels = pruner.kept_channels(rows.window_queries[:, -pruner.window :], head_keys)
+            if channels is not None:
+                layer.prune_key_channels(channels)
+        policy = self.method.decode_policy
+        if policy is not None and policy.prompt_window and self.decode_state is not None:
+            policy.take_prompt_queries(self.decode_state, layer_idx, rows.window_queries[:, -policy.prompt_window :])
 
     def _shrink_layer(self, layer_idx: int, keep_total: int, window: int) -> None:
         """Evict ``layer_idx`` down to ``keep_total`` tokens per head (window and sinks included)."""

@@ -31,6 +31,7 @@ from omegaconf.errors import OmegaConfBaseException
 from kvbench import kernels
 from kvbench.checks import check_min
 from kvbench.config import MethodConfig, check_method_choices
+from kvbench.methods.channels import KeyChannelPruner
 from kvbench.methods.knobs import check_unused_knobs
 from kvbench.methods.state import AllocatorState, DecodeState, ReadOnlyAfterBuild
 from kvbench.methods.token_scores import ScoreOptions
@@ -288,10 +289,16 @@ class DecodePolicy(ReadOnlyAfterBuild, ABC):
     #: scores the appended rows with is :meth:`append`'s business (default: the last appended query, as TOVA's
     #: reference, which reduces after every forward).
     evicts_on_append: bool = False
+    #: How many of the last prompt queries the policy reads (:meth:`take_prompt_queries`; 0: none).
+    prompt_window: int = 0
 
     def new_state(self) -> DecodeState:
         """A sample's empty decode state (filled layer by layer by :meth:`start_layer`)."""
         return DecodeState()
+
+    def take_prompt_queries(self, state: DecodeState, layer_idx: int, queries: torch.Tensor) -> None:
+        """The layer's last :attr:`prompt_window` prompt queries ``[H_q, <=W, D]``, handed over by the session once
+        the layer's prefill is compressed (before :meth:`start_layer`; R-KV's query cache).  Default: ignored."""
 
     def start_layer(
         self,
@@ -361,9 +368,12 @@ class EvictionMethod:
     #: and ``gqa_reduce`` when ignored.  Narrower than ``ignored_knobs`` where the machinery still reads a knob the
     #: scores do not (StreamingLLM's ``window`` sizes the protected window and ``window_in_budget=false``'s extra).
     unused_knobs: frozenset[str] | None = None
+    #: After a layer's prefill eviction, the key channels each head keeps (ThinK; ``None``: every channel).
+    key_channel_pruner: KeyChannelPruner | None = None
 
     def __post_init__(self) -> None:
-        for piece in (self.scorer, self.layer_allocator, self.head_allocator, self.decode_policy):
+        pieces = (self.scorer, self.layer_allocator, self.head_allocator, self.decode_policy, self.key_channel_pruner)
+        for piece in pieces:
             if isinstance(piece, ReadOnlyAfterBuild):
                 piece.freeze()
 

@@ -1,0 +1,193 @@
+"""ThinK (``method=think``): kvpress ThinKPress's channels, stored for real on both cache backends.
+
+Parity: ``tests/fixtures/reference/think/ThinKPress.json`` (recorded by ``scripts/reference/record_think.py`` in
+kvpress 0.5.5's own venv): per case, layer and KV head the key channels ThinKPress kept, on seeded tensors and on the
+tiny random Llama (alone and after SnapKVPress), float32 and bfloat16.  kvbench must keep the same channels (and,
+composed, the same tokens).  Then the storage: fewer key channels are stored (``stored_bytes`` below the token
+method's on the torch and paged backends), attention over them equals attention over kvpress's zeroed keys, and
+batched decoding gives the batch-1 tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from kvbench.attention.function import kvbench_attention_forward
+from kvbench.budget import parse_budget
+from kvbench.cache.kv_cache import KVBenchCache
+from kvbench.inference.eviction import EvictionSession
+from kvbench.methods.think import think_kept_channels
+from tests.methods.helpers import LayerIndex, method_from_yaml
+from tests.methods.kvpress_replay import model_queries
+from tests.reference_recordings import DTYPES, stored_input
+
+RECORDING = Path(__file__).resolve().parents[1] / "fixtures" / "reference" / "think"
+
+
+@cache
+def recording() -> dict:
+    return json.loads((RECORDING / "ThinKPress.json").read_text())
+
+
+def case_id(case: dict) -> str:
+    composed = "+snapkv" if case["token_press"] else ""
+    return f"{case['inputs']}/{case['dtype']}/r{case['key_channel_compression_ratio']}{composed}"
+
+
+def layer_inputs(case: dict, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Keys, values ``[H_kv, S, D]`` and queries ``[H_q, R, D]`` (tensor cases: the 32 seeded window queries; model
+    cases: every prompt query, as the tiny Llama computed them) in the case's dtype."""
+    dtype = DTYPES[case["dtype"]]
+    if case["kind"] == "tensor":
+        length = case["inputs"].split("/S")[1]
+        keys = stored_input(f"tensor/keys_S{length}").to(dtype)[0]
+        values = stored_input(f"tensor/values_S{length}").to(dtype)[0]
+        queries = load_file(RECORDING / "queries.safetensors")[case["queries"]].to(dtype)[0]
+        return keys, values, queries
+    prefix = f"{case['inputs']}/layer{layer}/"
+    inputs = {name: stored_input(prefix + name) for name in ("hidden_states", "keys", "values")}
+    queries = model_queries(SimpleNamespace(dtype=case["dtype"]), layer, inputs)
+    return inputs["keys"].to(dtype)[0], inputs["values"].to(dtype)[0], queries
+
+
+def prefill_layer(method, budget: str, keys, values, queries, backend: str = "torch") -> KVBenchCache:
+    """One layer's prompt stored and compressed by ``method`` (the queries as the prompt's last chunk)."""
+    cache = KVBenchCache(1, backend=backend)
+    cache.update(keys[None], values[None], 0)
+    session = EvictionSession(method, parse_budget(budget), cache)
+    session.begin_prefill(keys.shape[1])
+    session.after_attention(LayerIndex(0), queries[None], keys.shape[-1] ** -0.5)
+    session.begin_decode()
+    return cache
+
+
+def think_method(ratio: float, tokens: str = "knorm"):
+    """The think preset over ``tokens`` (other than snapkv: its pooling knobs back to the schema's defaults)."""
+    knobs = {} if tokens == "snapkv" else {"kernel_size": 7, "pooling": "max", "gqa_reduce": None}
+    return method_from_yaml("think", params={"tokens": tokens, "key_channel_compression_ratio": ratio}, **knobs)
+
+
+def test_kvbench_keeps_kvpress_channels_on_every_recorded_case() -> None:
+    """Every case, layer and KV head: the channels kvbench stores are ThinKPress's (tensor and model cases alone:
+    the token method keeps every token; composed: snapkv_kvpress's tokens at kvpress's budget, then the channels)."""
+    cases = recording()["cases"]
+    compared = agree = 0
+    for case in cases:
+        ratio = case["key_channel_compression_ratio"]
+        for layer, expected in enumerate(case["kept_channels"]):
+            keys, values, queries = layer_inputs(case, layer)
+            length = keys.shape[1]
+            if case["token_press"] is None:
+                method, budget = think_method(ratio), f"{length}/layer"  # ThinKPress alone: every token kept
+                direct = think_kept_channels(queries[:, -32:], list(keys), ratio)
+                assert direct is not None and direct.tolist() == expected, case_id(case)
+            else:
+                kept = max(1, int(length * (1 - case["token_press"]["compression_ratio"])))
+                method, budget = think_method(ratio, tokens="snapkv"), f"{kept}/layer"
+            stored = prefill_layer(method, budget, keys, values, queries).layers[0]
+            assert stored.key_channels is not None
+            got = stored.key_channels.tolist()
+            compared += len(expected)
+            agree += sum(g == e for g, e in zip(got, expected, strict=True))
+            assert got == expected, f"{case_id(case)} layer {layer}"
+            if case["token_press"] is not None:
+                positions = [sorted(p.tolist()) for p in stored.positions]
+                assert positions == [sorted(p) for p in case["kept_tokens"][layer]], f"{case_id(case)} layer {layer}"
+    assert {c["dtype"] for c in cases} == {"float32", "bfloat16"} and {c["kind"] for c in cases} == {"tensor", "model"}
+    assert compared == agree and compared >= 100  # (head, layer) selections compared
+
+
+def test_a_ratio_that_prunes_nothing_keeps_every_channel() -> None:
+    keys = torch.randn(2, 40, 16)
+    queries = torch.randn(4, 40, 16)
+    assert think_kept_channels(queries, list(keys), 0.05) is None  # int(16 * 0.05) = 0, as kvpress returns early
+    stored = prefill_layer(think_method(0.05), "20/layer", keys, keys.clone(), queries).layers[0]
+    assert stored.key_channels is None and stored.head_kv(0)[0].shape == (20, 16)
+
+
+@pytest.mark.parametrize("backend", ["torch", "paged"])
+def test_stored_bytes_are_below_the_token_methods_on_both_backends(backend: str) -> None:
+    """Same tokens as the token method alone, half the key channels: ``(D/2 + D)`` bytes per token and head instead
+    of ``2 D``; both backends report the same number; the full-cache reference still counts every channel."""
+    generator = torch.Generator().manual_seed(5)
+    keys, values = torch.randn(2, 200, 16, generator=generator), torch.randn(2, 200, 16, generator=generator)
+    queries = torch.randn(4, 200, 16, generator=generator)
+    plain = prefill_layer(method_from_yaml("snapkv_kvpress"), "64/layer", keys, values, queries, backend)
+    think = prefill_layer(method_from_yaml("think"), "64/layer", keys, values, queries, backend)
+    assert [p.tolist() for p in think.layers[0].positions] == [p.tolist() for p in plain.layers[0].positions]
+    assert plain.stored_bytes() == 2 * 64 * (16 + 16) * 4
+    assert think.stored_bytes() == 2 * 64 * (8 + 16) * 4 < plain.stored_bytes()
+    assert think.full_cache_bytes() == plain.full_cache_bytes() == 2 * 200 * 32 * 4
+    assert think.allocated_bytes() < plain.allocated_bytes()
+
+
+@pytest.mark.parametrize("backend", ["torch", "paged"])
+def test_attention_over_pruned_keys_equals_attention_over_zeroed_keys(backend: str) -> None:
+    """After pruning, a question chunk and a decoding step: attention equals SDPA over the keys with the dropped
+    channels zeroed (kvpress's representation) at the model's scale, ragged heads included."""
+    generator = torch.Generator().manual_seed(9)
+    keys, values = torch.randn(1, 2, 30, 16, generator=generator), torch.randn(1, 2, 30, 16, generator=generator)
+    cache = KVBenchCache(1, backend=backend)
+    cache.update(keys, values, 0)
+    layer = cache.layers[0]
+    kept_tokens = [torch.arange(0, 30, 2), torch.arange(0, 30, 3)]  # ragged: 15 and 10 tokens
+    layer.keep(kept_tokens)
+    channels = torch.stack([torch.randperm(16, generator=generator)[:6] for _ in range(2)])
+    layer.prune_key_channels(channels)
+    mask = torch.zeros(2, 16).scatter(1, channels, 1.0)
+    stored_k = [keys[0, h, kept_tokens[h]] * mask[h] for h in range(2)]
+    stored_v = [values[0, h, kept_tokens[h]] for h in range(2)]
+    for new in (3, 1):  # a question chunk, then a decoding step
+        new_k, new_v = torch.randn(1, 2, new, 16, generator=generator), torch.randn(1, 2, new, 16, generator=generator)
+        query = torch.randn(1, 4, new, 16, generator=generator)
+        key_out, value_out = cache.update(new_k, new_v, 0)
+        output, _ = kvbench_attention_forward(LayerIndex(0), query, key_out, value_out, None, 0.25, kvbench_cache=cache)
+        for h in range(2):
+            stored_k[h] = torch.cat([stored_k[h], new_k[0, h] * mask[h]])
+            stored_v[h] = torch.cat([stored_v[h], new_v[0, h]])
+            causal = torch.ones(new, stored_k[h].shape[0], dtype=torch.bool).tril(stored_k[h].shape[0] - new)
+            expected = torch.nn.functional.scaled_dot_product_attention(
+                query[0, 2 * h : 2 * h + 2], stored_k[h][None].expand(2, -1, -1), stored_v[h][None].expand(2, -1, -1),
+                attn_mask=causal, scale=0.25,
+            )  # fmt: skip
+            torch.testing.assert_close(output[0, :, 2 * h : 2 * h + 2], expected.transpose(0, 1))
+    assert layer.head_kv(0)[0].shape == (15 + 4, 6) and cache.stored_bytes() == (19 + 14) * (6 + 16) * 4
+
+
+def test_a_layer_is_pruned_once_and_bad_channels_are_refused() -> None:
+    cache = KVBenchCache(1)
+    cache.update(torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8), 0)
+    layer = cache.layers[0]
+    with pytest.raises(IndexError, match="out of range"):
+        layer.prune_key_channels(torch.tensor([[0, 8], [1, 2]]))
+    with pytest.raises(ValueError, match="duplicate"):
+        layer.prune_key_channels(torch.tensor([[1, 1], [1, 2]]))
+    layer.prune_key_channels(torch.tensor([[3, 0], [1, 2]]))
+    assert layer.key_channels.tolist() == [[0, 3], [1, 2]]
+    with pytest.raises(ValueError, match="already pruned"):
+        layer.prune_key_channels(torch.tensor([[0], [1]]))
+
+
+def test_bad_think_knobs_name_the_valid_choices() -> None:
+    with pytest.raises(ValueError, match="key_channel_compression_ratio"):
+        think_method(1.5)
+    with pytest.raises(ValueError, match="tokens='think'"):
+        think_method(0.5, tokens="think")
+    with pytest.raises(Exception, match="snapkv"):  # the registry lists the families
+        think_method(0.5, tokens="no_such_family")
+
+
+@pytest.mark.parametrize("mode", ["aware", "agnostic"])
+def test_think_batched_decoding_gives_the_batch_one_tokens(mode: str) -> None:
+    """Batch 3 gives batch 1's tokens and cache records (agnostic: the question is stored with the pruned width)."""
+    from tests.inference.test_batch_decode import _compare, _model, _requests
+
+    model, tokenizer = _model("tiny-random-llama")
+    _compare(model, tokenizer, "think", _requests(model.config.vocab_size, 3, set()), 3, mode)
