@@ -15,7 +15,11 @@ method at 64L question-aware on the cheap cells (RULER 2K, LongBench fixtures); 
 question-agnostic; 5 = 64L question-agnostic; 6 = the full cache at 4K, then every method on RULER 4K and NeedleBench 4K
 (NeedleBench 2K: the full cache only, see :data:`FULL_CACHE_ONLY`); 7 = long reasoning (not in the default phases:
 ``--phases 7 --out results/smollm2_reasoning``): GSM8K's fixtures with the full cache, SnapKV and H2O (decode-time
-eviction) at 64L, greedy and sampled (two seeded draws per question), :data:`REASONING_CELLS`.
+eviction) at 64L, greedy and sampled (two seeded draws per question), :data:`REASONING_CELLS`; 8 = the prefill
+families of issue #43 and the kvpress-variant presets (:data:`PREFILL_METHODS`, not in the default phases:
+``--phases 8 --out results/smollm2_prefill``): RULER 2K at 256L question-aware, next to the full cache; Q-Filters use
+filters that the run computes first from the model's own queries on :data:`QFILTER_TEXT` (the paper's procedure,
+``scripts/compute_qfilters.py``), written to ``<out>/qfilters.safetensors``.
 ``table`` writes ``<out>/grid.md`` and ``<out>/grid.csv`` from the summaries found (score, 95 % interval, samples,
 seconds per sample from the runs' ``timings.jsonl``); with no finished run under ``<out>/runs`` (a fresh clone: the
 run folders are not committed, the tables are) it exits with status 2 and one line, leaving the tables as they are.
@@ -158,6 +162,28 @@ REASONING_CELLS = tuple(
 )
 REASONING_METHODS = ("snapkv", "h2o")
 
+#: Phase 8: issue #43's prefill scorers (kvpress's presses) and the kvpress-variant presets of existing families.
+PREFILL_METHODS = (
+    "knorm",
+    "random",
+    "keydiff",
+    "lagkv",
+    "cur",
+    "qfilter",
+    "noncausal",
+    "expected_attention",
+    "leverage",
+    "compactor",
+    "snapkv_kvpress",
+    "tova_kvpress",
+    "streamingllm_kvpress",
+)
+PREFILL_BUDGET = "256L"
+#: Q-Filters' calibration text (local, not the RULER haystack): the repository's README, first 4,096 tokens.
+QFILTER_TEXT = Path(__file__).resolve().parent.parent / "README.md"
+QFILTER_FILE = "qfilters.safetensors"
+QFILTER_MAX_TOKENS = 4096
+
 
 #: Cells run with the full cache only: at 2K SmolLM2-135M does not retrieve NeedleBench's needle even with every
 #: token (score 6: it says what the document is about), so eviction rows would measure nothing; at 4K it does (100).
@@ -191,7 +217,39 @@ def planned_runs(phases: list[int]) -> list[tuple[int, Cell, str, str, str]]:
     if 7 in phases:
         for cell in REASONING_CELLS:
             runs += [(7, cell, "full", "full", "aware")] + [(7, cell, m, "64L", "aware") for m in REASONING_METHODS]
+    if 8 in phases:
+        ruler2k = next(cell for cell in CELLS if cell.name == "ruler2k")
+        runs += [(8, ruler2k, "full", "full", "aware")]
+        runs += [(8, ruler2k, m, PREFILL_BUDGET, "aware") for m in PREFILL_METHODS]
     return runs
+
+
+def method_overrides(method: str, out: Path) -> tuple[str, ...]:
+    """Overrides a method needs beyond its preset: Q-Filters read the filters computed under ``out``."""
+    if method == "qfilter":
+        return (f"method.params.filters={(out / QFILTER_FILE).resolve()}",)
+    return ()
+
+
+def ensure_qfilters(out: Path, model, tokenizer) -> None:
+    """Write ``<out>/qfilters.safetensors`` from ``model``'s queries on :data:`QFILTER_TEXT` unless it exists
+    (``scripts/compute_qfilters.py``'s computation on the model already loaded)."""
+    path = out / QFILTER_FILE
+    if path.is_file():
+        return
+    import importlib.util
+
+    from safetensors.torch import save_file
+
+    spec = importlib.util.spec_from_file_location("compute_qfilters", Path(__file__).parent / "compute_qfilters.py")
+    compute_qfilters = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compute_qfilters)
+    filters, used = compute_qfilters.compute(model.eval(), tokenizer, QFILTER_TEXT.read_text(), QFILTER_MAX_TOKENS)
+    out.mkdir(parents=True, exist_ok=True)
+    shape = json.dumps(list(filters.shape))
+    metadata = {"model": MODEL, "text": QFILTER_TEXT.name, "tokens": str(used), "shape": shape}
+    save_file({compute_qfilters.FILTERS_KEY: filters.contiguous()}, str(path), metadata=metadata)
+    print(f"{path}: q_filters {list(filters.shape)} from {used} tokens of {QFILTER_TEXT.name}", flush=True)
 
 
 def run_grid(out: Path, phases: list[int]) -> None:
@@ -205,7 +263,10 @@ def run_grid(out: Path, phases: list[int]) -> None:
     started = time.perf_counter()
     loaded = load_model(model_cfg)
     print(f"model loaded in {time.perf_counter() - started:.1f} s", flush=True)
-    for phase, cell, method, budget, mode in planned_runs(phases):
+    planned = planned_runs(phases)
+    if any(method == "qfilter" for _, _, method, _, _ in planned):
+        ensure_qfilters(out, loaded.model, loaded.tokenizer)
+    for phase, cell, method, budget, mode in planned:
         tag = f"{cell.name}-{mode}"
         label = f"phase {phase}: {cell.name} {method} {budget} {mode}"
         folder = out / "runs" / MODEL / cell.task / method / f"{budget}~{tag}"
@@ -223,7 +284,7 @@ def run_grid(out: Path, phases: list[int]) -> None:
                 limit=None if cell.task in ("needlebench", "reasoning") else SAMPLES,
                 output_dir=out,
                 model_config=MODEL,
-                overrides=[*cell.overrides, f"run.tag={tag}"],
+                overrides=[*cell.overrides, *method_overrides(method, out), f"run.tag={tag}"],
                 progress=False,
             )
         except Interrupted:  # SIGTERM/SIGINT: stop here; rerunning resumes
@@ -303,7 +364,8 @@ def readme_table(out: Path) -> str:
         "| NeedleBench 4K single_retrieval_en | LongBench fixtures (mean of 6) | s/sample |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    rows = [("full", "full", "aware")] + [(m, b, mode) for b in BUDGETS for mode in MODES for m in METHODS]
+    methods = METHODS + PREFILL_METHODS
+    rows = [("full", "full", "aware")] + [(m, b, mode) for b in BUDGETS for mode in MODES for m in methods]
     for method, budget, mode in rows:
         ruler = found.get(("ruler2k", method, budget, mode))
         ruler4k = found.get(("ruler4k", method, budget, mode))
@@ -332,7 +394,7 @@ def write_table(out: Path, rows: list[dict]) -> str:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    order = {m: i for i, m in enumerate(("full", *METHODS))}
+    order = {m: i for i, m in enumerate(("full", *METHODS, *PREFILL_METHODS))}
     grouped: dict[tuple, list[dict]] = {}
     for row in rows:
         grouped.setdefault((row["cell"], row["budget"], row["mode"], row["method"]), []).append(row)
@@ -357,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("action", choices=("run", "table"))
     parser.add_argument("--out", type=Path, default=Path("results/smollm2_grid"))
-    parser.add_argument("--phases", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6], choices=range(1, 8))
+    parser.add_argument("--phases", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6], choices=range(1, 9))
     args = parser.parse_args(argv)
     if args.action == "run":
         run_grid(args.out, args.phases)

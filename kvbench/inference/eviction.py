@@ -217,6 +217,8 @@ class EvictionSession(SessionPasses):
         self._scores: dict[int, list[torch.Tensor]] = {}
         self._requested: dict[int, tuple[int, list[int]]] = {}
         self._decode_caps: dict[int, list[int]] = {}
+        #: The dtype the model computes in (its queries'), for head allocators that count in it.
+        self._model_dtype = torch.float32
         self.dataset_state = dataset_state
         #: The layer allocator's state for this sample (``None`` until the first compressed layer needs it).
         self.allocator_state: AllocatorState | None = None
@@ -359,6 +361,7 @@ class EvictionSession(SessionPasses):
         queries = rows.window_queries[:, -window:]
         # Allocators and scorers see the compressible layers only, numbered 0..L_c-1 (sliding layers skipped).
         rank, num_compressible = self._rank[layer_idx], len(self.compressible)
+        self._model_dtype = queries.dtype
         observation = WindowObservation(
             layer_idx=rank,
             num_layers=num_compressible,
@@ -421,7 +424,7 @@ class EvictionSession(SessionPasses):
                 mask = mask | (positions >= self.context_length - window)
             protected.append(mask)
         padded = _pad_scores(scores, protected)
-        counts = method.head_allocator.allocate(padded, keep_total)
+        counts = method.head_allocator.allocate_for(padded, keep_total, self._model_dtype)
         counts = [min(int(count), length) for count, length in zip(counts, lengths, strict=True)]
         self._requested[layer_idx] = (keep_total, counts)
         # While decoding, a head that was cut keeps its allocation; one that was not grows to the layer budget before

@@ -17,6 +17,9 @@ with ``gqa_func=mean``, ``normalize`` off, ``skip`` 0):
   - ``adaptive`` (the papers' printed formula): ``c_h = round(n_h alpha + int(base (1 - alpha)))``.
 
   ``round`` is the code's float32 ``torch.round`` (half to even); the sum may drift from ``H x base``.
+  With ``method.score_dtype=model`` on a bf16/fp16 model the count runs as the code's does in that dtype: each
+  head's scores sorted, the ``normalize`` weight and product in the model dtype, one ``topk`` over the sorted rows
+  laid end to end (the layout decides which head wins a tie at the cut); float32 scoring is unchanged.
   ``params.rounding: largest_remainder`` is kvbench's sum-preserving variant.  Each head keeps its own top ``c_h``
   candidates plus the window.
 * ``params.alpha = null`` takes the paper version's value (``params.paper_version``: ``early`` 0.5, ``late`` 0.2,
@@ -53,12 +56,23 @@ PAPER_ALPHA = {"early": 0.5, "late": 0.2}
 PAPER_VERSIONS = tuple(PAPER_ALPHA)
 
 
-def adaptive_counts(scores: torch.Tensor, budget: int, normalize: bool = False, base: int | None = None) -> list[int]:
+def adaptive_counts(
+    scores: torch.Tensor,
+    budget: int,
+    normalize: bool = False,
+    base: int | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> list[int]:
     """Algorithm 1: per-head counts of the top ``budget`` entries of ``[H, n]`` scores over all heads at once.
 
     ``-inf`` entries (padding) are never selected while finite ones remain.  With ``normalize`` each head's scores
-    are first scaled by ``sum(top base) / sum(all)`` of that head (``base`` defaults to ``budget // H``).
+    are first scaled by ``sum(top base) / sum(all)`` of that head (``base`` defaults to ``budget // H``).  A
+    ``dtype`` other than float32 counts as the reference code does in it (:func:`_counts_in_model_dtype`).
     """
+    if dtype not in (torch.float32, torch.float64):
+        return _counts_in_model_dtype(
+            scores, budget, normalize, budget // scores.shape[0] if base is None else base, dtype
+        )
     if normalize:
         base = budget // scores.shape[0] if base is None else base
         finite = torch.where(torch.isfinite(scores), scores, torch.zeros_like(scores))
@@ -73,14 +87,42 @@ def adaptive_counts(scores: torch.Tensor, budget: int, normalize: bool = False, 
     return torch.bincount(top // scores.shape[1], minlength=scores.shape[0]).tolist()
 
 
+def _counts_in_model_dtype(
+    scores: torch.Tensor, budget: int, normalize: bool, base: int, dtype: torch.dtype
+) -> list[int]:
+    """:func:`adaptive_counts` in ``dtype``, in the op order of ``AdaptiveSnapKVCluster.update_kv``: each head's
+    scores sorted descending, ``[1, H, C]`` (``C`` = the most selectable tokens of a head); with ``normalize`` the
+    rows times ``sum(top base) / sum(row)`` (sums, quotient and product in ``dtype``); the rows laid end to end,
+    ``[1, H C]``, one ``topk``; a winner's index ``// C`` is its head."""
+    ranked = torch.sort(scores.to(dtype), dim=-1, descending=True).values[None]  # [1, H, S], -inf last
+    width = max(int(torch.isfinite(ranked).sum(dim=-1).max()), 1)
+    ranked = ranked[..., :width]
+    if normalize:
+        finite = torch.where(torch.isfinite(ranked), ranked, torch.zeros_like(ranked))
+        weight = finite[..., :base].sum(dim=-1, keepdim=True) / finite.sum(dim=-1, keepdim=True)
+        ranked = torch.where(torch.isfinite(ranked), ranked * weight, ranked)
+    flat = ranked.reshape(1, -1)
+    budget = min(budget, int(torch.isfinite(flat).sum()))
+    if budget <= 0:
+        return [0] * scores.shape[0]
+    top = torch.topk(flat, budget, dim=-1).indices[0]
+    return torch.bincount(top // width, minlength=scores.shape[0]).tolist()
+
+
 def ada_capacities(
-    candidates: torch.Tensor, base: int, alpha: float, reading: str = "floor", normalize: bool = False
+    candidates: torch.Tensor,
+    base: int,
+    alpha: float,
+    reading: str = "floor",
+    normalize: bool = False,
+    dtype: torch.dtype = torch.float32,
 ) -> list[int]:
     """Per-head candidate counts ``c_h`` of the reference code (module docstring) for ``[H, C]`` scores.
 
-    ``candidates`` may hold ``-inf`` padding (never selected); ``base`` is the per-head candidate budget.
+    ``candidates`` may hold ``-inf`` padding (never selected); ``base`` is the per-head candidate budget; ``dtype``:
+    the dtype the scores are counted in (:func:`adaptive_counts`).
     """
-    counts = torch.tensor(adaptive_counts(candidates, candidates.shape[0] * base, normalize, base))
+    counts = torch.tensor(adaptive_counts(candidates, candidates.shape[0] * base, normalize, base, dtype))
     if reading == "floor":  # floor_capacity = int(base * alpha); the rest is adaptive
         adaptive_share, floor = 1 - alpha, int(base * alpha)
     else:
@@ -122,9 +164,15 @@ class AdaHeadAllocator(HeadBudgetAllocator):
         Scale each head's sorted scores by its top-``base`` share before the global top-k.
     rounding:
         ``reference`` (the code's per-head rounding) or ``largest_remainder`` (kvbench: the layer total is exact).
+    score_dtype:
+        ``model``: on a bf16/fp16 model the counts are made in its dtype, as the reference's (:meth:`allocate_for`);
+        ``float32``: always in float32.
     """
 
-    def __init__(self, alpha: float, reading: str, normalize: bool = False, rounding: str = "reference") -> None:
+    def __init__(
+        self, alpha: float, reading: str, normalize: bool = False, rounding: str = "reference",
+        score_dtype: str = "float32",
+    ) -> None:  # fmt: skip
         check_choice("method.params.alpha_reading", reading, ALPHA_READINGS)
         check_choice("method.params.rounding", rounding, ROUNDINGS)
         check_range("method.params.alpha", alpha, 0.0, 1.0)
@@ -132,6 +180,7 @@ class AdaHeadAllocator(HeadBudgetAllocator):
         self.reading = reading
         self.normalize = normalize
         self.rounding = rounding
+        self.score_dtype = score_dtype
 
     @property
     def uniform_share(self) -> float:
@@ -140,6 +189,13 @@ class AdaHeadAllocator(HeadBudgetAllocator):
 
     def allocate(self, scores: torch.Tensor, budget_per_head: int) -> list[int]:
         """Per-head counts for ``[H, S]`` scores (``+inf`` protected, ``-inf`` padding); protected tokens included."""
+        return self._allocate(scores, budget_per_head, torch.float32)
+
+    def allocate_for(self, scores: torch.Tensor, budget_per_head: int, model_dtype: torch.dtype) -> list[int]:
+        """:meth:`allocate`, counting in ``model_dtype`` when ``score_dtype`` is ``model`` (module docstring)."""
+        return self._allocate(scores, budget_per_head, model_dtype if self.score_dtype == "model" else torch.float32)
+
+    def _allocate(self, scores: torch.Tensor, budget_per_head: int, dtype: torch.dtype) -> list[int]:
         protected = torch.isposinf(scores).sum(dim=1).tolist()  # [H]
         candidates = torch.where(torch.isposinf(scores), float("-inf"), scores)  # only the selectable tokens
         available = torch.isfinite(candidates).sum(dim=1).tolist()  # [H]
@@ -149,15 +205,18 @@ class AdaHeadAllocator(HeadBudgetAllocator):
         if base > max(available):  # the reference compresses nothing when base > S - W
             return [p + a for p, a in zip(protected, available, strict=True)]
         if self.rounding == "reference":
-            counts = ada_capacities(candidates, base, self.alpha, self.reading, self.normalize)
+            counts = ada_capacities(candidates, base, self.alpha, self.reading, self.normalize, dtype)
         else:
-            counts = self._largest_remainder(candidates, base, available)
+            counts = self._largest_remainder(candidates, base, available, dtype)
         return [p + min(c, a) for p, c, a in zip(protected, counts, available, strict=True)]
 
-    def _largest_remainder(self, candidates: torch.Tensor, base: int, available: list[int]) -> list[int]:
+    def _largest_remainder(
+        self, candidates: torch.Tensor, base: int, available: list[int], dtype: torch.dtype
+    ) -> list[int]:
         num_heads = candidates.shape[0]
         layer_budget = base * num_heads
-        frequencies = torch.tensor(adaptive_counts(candidates, layer_budget, self.normalize, base), dtype=torch.float64)
+        counts = adaptive_counts(candidates, layer_budget, self.normalize, base, dtype)
+        frequencies = torch.tensor(counts, dtype=torch.float64)
         blended = (1.0 - self.uniform_share) * frequencies + self.uniform_share * base
         counts = largest_remainder(blended, min(layer_budget, sum(available)))
         return _spill_over(counts, available, candidates)
@@ -228,7 +287,9 @@ def _build(method_cfg: Any, family: str, pyramid: bool) -> EvictionMethod:
         settings.update(beta=params.beta, schedule=params.schedule)
     return EvictionMethod(
         scorer=WindowVoteScorer(options, row_reduce="mean"),
-        head_allocator=AdaHeadAllocator(alpha, params.alpha_reading, params.normalize, params.rounding),
+        head_allocator=AdaHeadAllocator(
+            alpha, params.alpha_reading, params.normalize, params.rounding, options.score_dtype
+        ),
         settings=settings,
         **layers,
         **common_knobs(method_cfg),

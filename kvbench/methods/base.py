@@ -273,6 +273,11 @@ class HeadBudgetAllocator(ReadOnlyAfterBuild, ABC):
     def allocate(self, scores: torch.Tensor, budget_per_head: int) -> list[int]:
         """Per-head counts for ``[H, S]`` scores; they sum to ``budget_per_head * H`` and each is ``<= S``."""
 
+    def allocate_for(self, scores: torch.Tensor, budget_per_head: int, model_dtype: torch.dtype) -> list[int]:
+        """:meth:`allocate` for a model computing in ``model_dtype`` (what the eviction session calls): an allocator
+        that counts in the model dtype as its reference code does overrides it; by default the dtype plays no part."""
+        return self.allocate(scores, budget_per_head)
+
 
 class UniformHeadAllocator(HeadBudgetAllocator):
     """Every head keeps the same number."""

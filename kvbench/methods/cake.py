@@ -110,7 +110,8 @@ def layer_preference(
     ``H = -sum A log(A + 1e-10)`` is the sum of the column entropies (``stats`` computed with that ``eps``, the
     kernels' default); ``V`` sums the unbiased column variances over heads, then over candidates.  ``stats`` come
     from probabilities rounded as ``rnd`` rounds (the reference casts its softmax to the model dtype; its
-    ``torch.var`` and sums run in that dtype, the entropy in float32); float32 arithmetic otherwise.
+    ``torch.var`` and sums run in that dtype, the entropy in float32, and ``V ** (1 / tau2)`` is a power of a
+    model-dtype scalar: exponent and result rounded to that dtype); float32 arithmetic otherwise.
     """
     candidates = stats.col_sum.shape[-1] - window
     if candidates <= 0:
@@ -124,7 +125,10 @@ def layer_preference(
             variance = rnd(rnd(rnd(stats.var()[:, :candidates]).sum(dim=0)).sum(dim=0)).cpu()
         else:
             variance = value * 0
-        value = value * variance.clamp_min(0) ** (1 / tau2)
+        exponent: float | torch.Tensor = 1 / tau2
+        if rnd is not no_rounding:  # ``V ** (1 / tau2)`` of the code's model-dtype V: the exponent in that dtype too
+            exponent = rnd(torch.tensor(exponent, dtype=torch.float64))
+        value = value * rnd(variance.clamp_min(0) ** exponent)
     return max(float(value), 1e-30)  # all preferences must be positive (Proposition 1)
 
 

@@ -104,3 +104,17 @@ def test_smollm2_grid_reasoning_phase_plans_full_and_two_methods_greedy_and_samp
         for method, budget in (("full", "full"), ("snapkv", "64L"), ("h2o", "64L"))
     }
     assert all(run[0] == 7 for run in grid.planned_runs([7])) and not any(r[0] == 7 for r in grid.planned_runs([1, 2]))
+
+
+def test_smollm2_grid_prefill_phase_plans_issue_43s_families_on_ruler_2k_at_256l(tmp_path: Path) -> None:
+    """Phase 8 (opt-in): the full cache and every prefill family of issue #43 at 256L question-aware on RULER 2K;
+    Q-Filters read the filters the run computes under its output folder."""
+    grid = script("smollm2_grid")
+    planned = [(cell.name, method, budget, mode) for _, cell, method, budget, mode in grid.planned_runs([8])]
+    assert planned == [("ruler2k", "full", "full", "aware")] + [
+        ("ruler2k", method, "256L", "aware") for method in grid.PREFILL_METHODS
+    ]
+    assert {"qfilter", "expected_attention", "snapkv_kvpress"} <= set(grid.PREFILL_METHODS)
+    assert grid.method_overrides("qfilter", tmp_path) == (f"method.params.filters={tmp_path / grid.QFILTER_FILE}",)
+    assert grid.method_overrides("knorm", tmp_path) == ()
+    assert not any(run[0] == 8 for run in grid.planned_runs([1, 2, 3, 4, 5, 6, 7]))
