@@ -126,7 +126,7 @@ def test_site_builds_strict(tmp_path: Path) -> None:
     for family in kvbench_families():
         page = (built / f"methods/{family}/index.html").read_text(encoding="utf-8")
         assert f'href="methods/{family}/"' in index, f"methods/{family}.md is not in the nav"
-        names = tests_in(REPO / "tests" / "methods" / f"test_{family}.py")
+        names = defined_tests(REPO / "tests" / "methods" / f"test_{family}.py")
         assert names and all(name in page for name in names), f"methods/{family}.md lacks its tests' evidence"
 
 
@@ -138,7 +138,7 @@ def kvbench_families() -> list[str]:
     return [family for family in method_families() if family not in PLUGIN_PACKAGES]
 
 
-def tests_in(path: Path) -> list[str]:
+def defined_tests(path: Path) -> list[str]:
     """The ``test_*`` functions of a test file (read with :mod:`ast`)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     return [node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")]
@@ -152,7 +152,7 @@ def test_every_method_family_has_its_test_file() -> None:
         f"{family}: tests/methods/test_{family}.py"
         for family in kvbench_families()
         if not (REPO / "tests" / "methods" / f"test_{family}.py").is_file()
-        or not tests_in(REPO / "tests" / "methods" / f"test_{family}.py")
+        or not defined_tests(REPO / "tests" / "methods" / f"test_{family}.py")
     ]
     assert not missing, "method families without their test file (the evidence of their docs page):\n" + "\n".join(
         missing
