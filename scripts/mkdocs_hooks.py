@@ -1,14 +1,16 @@
 """MkDocs hooks for kvbench's documentation site (``mkdocs.yml``: ``hooks: [scripts/mkdocs_hooks.py]``).
 
-Two things are generated at build time, so they cannot drift from the code:
+Generated at build time, so they cannot drift from the code:
 
 * the kvbench version the site documents (``kvbench/version.py``'s ``__version__``), once, in the footer of every
   page (``copyright``), not in each page's text;
 * one page per method family, ``methods/<family>.md``, from ``conf/method/*.yaml``: for each preset its header
-  comment, its settings, its ``reference:`` block (repo, commit, file, what it reproduces) and the parity evidence
-  (the tests that check the family or name the preset, found by reading ``tests/*.py`` with :mod:`ast`);
-* one page per one-class method (``kvbench/methods/<family>.py``, read with :mod:`ast`): its docstring, knobs,
-  reference and the tests of ``tests/methods/test_<family>.py``;
+  comment, its settings and its ``reference:`` block (repo, commit, file, what it reproduces);
+* one page per one-class method (``kvbench/methods/<family>.py``, read with :mod:`ast`): its docstring, knobs and
+  reference;
+* on every family's page its evidence: the tests of ``tests/methods/test_<family>.py`` (names and docstrings; every
+  registered family has that file, ``tests/docs/test_docs.py`` checks it, and a page without it is a warning,
+  which fails ``mkdocs build --strict``), then the cross-family suites' tests parametrized over one of its presets;
 * the nav's ``Methods`` section gains every method page it does not list (a new method needs no nav edit).
 
 The module reads files only (no kvbench import), so ``mkdocs build`` works without torch.
@@ -17,6 +19,7 @@ The module reads files only (no kvbench import), so ``mkdocs build`` works witho
 from __future__ import annotations
 
 import ast
+import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,17 +27,11 @@ from typing import Any
 
 import yaml
 
+#: Warnings here are counted by MkDocs (the ``mkdocs`` logger): ``mkdocs build --strict`` fails on them.
+LOG = logging.getLogger("mkdocs.hooks.kvbench")
 #: The checkout being documented: the folder of ``mkdocs.yml`` (set by :func:`on_config`).
 REPO = Path.cwd()
 
-#: Family -> words a test's name may contain to be evidence for it (besides the family's own name).
-FAMILY_KEYWORDS: dict[str, tuple[str, ...]] = {
-    "full": ("full_cache", "nothing_evicted", "no_eviction"),
-    "streamingllm": ("streaming",),
-    "pyramidkv": ("pyramid",),
-    "ada_snapkv": ("ada_", "adakv"),
-    "ada_pyramidkv": ("ada_pyramid", "adakv"),
-}
 #: Family -> how the switch table of ``docs/methods/index.md`` names it (a row mentioning one is the family's).
 SWITCH_NAMES: dict[str, tuple[str, ...]] = {
     "streamingllm": ("StreamingLLM",),
@@ -51,20 +48,9 @@ SWITCH_NAMES: dict[str, tuple[str, ...]] = {
 }
 #: The hand-written methods page whose tables the family pages quote (relative to the checkout).
 METHODS_PAGE = Path("docs") / "methods" / "index.md"
-#: Test files (relative to ``tests/``) whose tests count as evidence for every preset they name as a string literal.
-PARITY_FILES = (
-    "parity/test_reference_parity.py",
-    "parity/test_decode_parity.py",
-    "methods/test_score_dtype.py",
-    "methods/test_baselines.py",
-    "methods/test_streamingllm.py",
-    "methods/test_snapkv.py",
-    "end_to_end/test_methods_end_to_end.py",
-    "methods/test_fused_scoring.py",
-    "inference/test_prefill.py",
-    "cache/test_paged.py",
-    "models/test_device_map.py",
-)
+#: Folders under ``tests/`` whose parametrized tests are listed on a family page when a ``@pytest.mark.parametrize``
+#: value is one of the family's preset names (the suites that run several families' presets).
+CROSS_FAMILY_FOLDERS = ("methods", "parity")
 #: Settings shown per preset (``reference`` has its own block; these describe the preset file itself).
 HIDDEN_KEYS = {"defaults", "reference", "name", "family"}
 
@@ -90,12 +76,13 @@ class Preset:
 
 @dataclass
 class TestEvidence:
-    """A test function: ``tests/<file>::<name>`` and the first sentence of its docstring."""
+    """A test function: ``tests/<file>::<name>``, the first paragraph of its docstring, and the strings its
+    ``@pytest.mark.parametrize`` decorators pass (the presets a cross-family test runs)."""
 
     file: str
     name: str
     summary: str
-    literals: set[str] = field(default_factory=set)
+    parameters: set[str] = field(default_factory=set)
 
 
 def reference_block(yaml_text: str) -> str:
@@ -203,18 +190,12 @@ def class_method_page(method: ClassMethod, tests: list[TestEvidence]) -> str:
     ]
     if method.reference:
         lines += [f"Reference: `{method.reference}`.", ""]
-    evidence = [test for test in tests if test.file == f"methods/test_{family}.py"]
-    lines += ["## Parity evidence", ""]
-    if evidence:
-        lines += [f"Tests in `tests/methods/test_{family}.py`:", "", "| test | what it checks |", "| --- | --- |"]
-        lines += [f"| `tests/{test.file}::{test.name}` | {_escape_pipes(test.summary)} |" for test in evidence]
-    else:
-        lines.append(f"No test file `tests/methods/test_{family}.py`.")
+    lines += evidence_lines(family, {family}, tests)
     return "\n".join(lines) + "\n"
 
 
 def read_tests() -> list[TestEvidence]:
-    """Every ``test_*`` function in ``tests/**/test_*.py`` with its docstring summary and string literals."""
+    """Every ``test_*`` function in ``tests/**/test_*.py`` with its docstring summary and parametrized strings."""
     tests = []
     for path in sorted((REPO / "tests").rglob("test_*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -222,28 +203,60 @@ def read_tests() -> list[TestEvidence]:
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
                 doc = (ast.get_docstring(node) or "").strip().split("\n\n")[0].replace("\n", " ")
                 doc = doc or node.name.removeprefix("test_").replace("_", " ") + " (the test's name)"
-                literals = {
+                parameters = {
                     sub.value
-                    for part in [*node.decorator_list, node]
-                    for sub in ast.walk(part)
+                    for decorator in node.decorator_list
+                    if _is_parametrize(decorator)
+                    for sub in ast.walk(decorator)
                     if isinstance(sub, ast.Constant) and isinstance(sub.value, str)
                 }
-                tests.append(TestEvidence(path.relative_to(REPO / "tests").as_posix(), node.name, doc, literals))
+                tests.append(TestEvidence(path.relative_to(REPO / "tests").as_posix(), node.name, doc, parameters))
     return tests
 
 
-def evidence_for(family: str, presets: list[Preset], tests: list[TestEvidence]) -> list[TestEvidence]:
-    """Tests named after the family, every test in ``tests/methods/test_<family>.py``, and parity tests naming a
-    preset."""
-    words = (family, *FAMILY_KEYWORDS.get(family, ()))
-    names = {preset.name for preset in presets}
-    found = []
-    for test in tests:
-        by_name = any(word in test.name for word in words) or Path(test.file).name == f"test_{family}.py"
-        by_literal = test.file in PARITY_FILES and bool(names & test.literals)
-        if by_name or by_literal:
-            found.append(test)
-    return found
+def _is_parametrize(decorator: ast.expr) -> bool:
+    """Whether ``decorator`` is ``@pytest.mark.parametrize(...)``."""
+    return (
+        isinstance(decorator, ast.Call)
+        and isinstance(decorator.func, ast.Attribute)
+        and decorator.func.attr == "parametrize"
+    )
+
+
+def family_test_file(family: str) -> str:
+    """The test file of a family, relative to ``tests/``: its evidence on the family's page."""
+    return f"methods/test_{family}.py"
+
+
+def evidence_lines(family: str, preset_names: set[str], tests: list[TestEvidence]) -> list[str]:
+    """The page's ``Parity evidence`` section: the tests of :func:`family_test_file` (names and docstring
+    summaries), then the tests of the cross-family suites (:data:`CROSS_FAMILY_FOLDERS`) parametrized over one of
+    ``preset_names``.  A family without its test file is a warning (an error under ``mkdocs build --strict``; the
+    docs tests check it too)."""
+    own_file = family_test_file(family)
+    own = [test for test in tests if test.file == own_file]
+    cross = [
+        test
+        for test in tests
+        if test.file != own_file and test.file.split("/")[0] in CROSS_FAMILY_FOLDERS and preset_names & test.parameters
+    ]
+    lines = ["## Parity evidence", ""]
+    if own:
+        lines += [f"The tests of `tests/{own_file}`:", "", "| test | what it checks |", "| --- | --- |"]
+        lines += [f"| `{test.name}` | {_escape_pipes(test.summary)} |" for test in own]
+    else:
+        LOG.warning("method family %r has no test file tests/%s (its page's evidence)", family, own_file)
+        lines.append(f"No test file `tests/{own_file}`.")
+    if cross:
+        lines += [
+            "",
+            "Suites run over several families that run one of its presets:",
+            "",
+            "| test | what it checks |",
+            "| --- | --- |",
+        ]
+        lines += [f"| `tests/{test.file}::{test.name}` | {_escape_pipes(test.summary)} |" for test in cross]
+    return lines
 
 
 def table_rows(markdown: str, header: str) -> list[str]:
@@ -330,19 +343,7 @@ def family_page(family: str, presets: list[Preset], tests: list[TestEvidence]) -
                 "```",
                 "",
             ]
-    evidence = evidence_for(family, presets, tests)
-    lines += ["## Parity evidence", ""]
-    if evidence:
-        lines += [
-            "Tests that check this family (named after it, in its own test file, or parity tests running one of "
-            "its presets):",
-            "",
-            "| test | what it checks |",
-            "| --- | --- |",
-        ]
-        lines += [f"| `tests/{test.file}::{test.name}` | {_escape_pipes(test.summary)} |" for test in evidence]
-    else:
-        lines.append("No test names this family.")
+    lines += evidence_lines(family, {preset.name for preset in presets}, tests)
     return "\n".join(lines) + "\n"
 
 

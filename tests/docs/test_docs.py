@@ -21,6 +21,7 @@ torch thread per command; 2 minutes wall at load average 10).
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shlex
@@ -110,7 +111,8 @@ def test_site_builds_strict(tmp_path: Path) -> None:
     for family_page in ("methods/snapkv/index.html", "methods/cake/index.html", "api/index.html"):
         assert (built / family_page).is_file(), family_page
     snapkv = (built / "methods/snapkv/index.html").read_text(encoding="utf-8")
-    assert "FasterDecoding/SnapKV" in snapkv and "Parity evidence" in snapkv and "test_reference_parity.py" in snapkv
+    assert "FasterDecoding/SnapKV" in snapkv and "Parity evidence" in snapkv and "test_snapkv.py" in snapkv
+    assert "test_reference_parity.py" in snapkv  # a cross-family suite parametrized over its presets
     version = re.search(r'^__version__ = "([^"]+)"', (REPO / "kvbench/version.py").read_text(), re.MULTILINE)
     assert version and f"This site documents kvbench {version.group(1)}" in snapkv  # once, in the footer
     index = (built / "index.html").read_text(encoding="utf-8")
@@ -120,7 +122,41 @@ def test_site_builds_strict(tmp_path: Path) -> None:
     # A one-class method gets its page and nav entry with no edit: its knobs, reference and test file's evidence.
     knorm = (built / "methods/knorm/index.html").read_text(encoding="utf-8")
     assert "kvpress/presses/knorm_press.py" in knorm and "test_knorm.py" in knorm
-    assert 'href="../knorm/"' in (built / "methods/snapkv/index.html").read_text(encoding="utf-8")
+    # Every registered family has a page in the nav, listing the tests of tests/methods/test_<family>.py.
+    for family in kvbench_families():
+        page = (built / f"methods/{family}/index.html").read_text(encoding="utf-8")
+        assert f'href="methods/{family}/"' in index, f"methods/{family}.md is not in the nav"
+        names = defined_tests(REPO / "tests" / "methods" / f"test_{family}.py")
+        assert names and all(name in page for name in names), f"methods/{family}.md lacks its tests' evidence"
+
+
+def kvbench_families() -> list[str]:
+    """The method families kvbench defines: the method registry, less the installed packages' plug-ins."""
+    from kvbench.methods.base import method_families
+    from kvbench.methods.plugins import PLUGIN_PACKAGES
+
+    return [family for family in method_families() if family not in PLUGIN_PACKAGES]
+
+
+def defined_tests(path: Path) -> list[str]:
+    """The ``test_*`` functions of a test file (read with :mod:`ast`)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")]
+
+
+def test_every_method_family_has_its_test_file() -> None:
+    """Every method family kvbench registers (YAML presets and one-class methods) has ``tests/methods/test_<family>.py``
+    with at least one test: its docs page lists that file's tests as the family's evidence
+    (``scripts/mkdocs_hooks.py``)."""
+    missing = [
+        f"{family}: tests/methods/test_{family}.py"
+        for family in kvbench_families()
+        if not (REPO / "tests" / "methods" / f"test_{family}.py").is_file()
+        or not defined_tests(REPO / "tests" / "methods" / f"test_{family}.py")
+    ]
+    assert not missing, "method families without their test file (the evidence of their docs page):\n" + "\n".join(
+        missing
+    )
 
 
 def docs_examples() -> list[tuple[str, str]]:

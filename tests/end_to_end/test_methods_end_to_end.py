@@ -3,11 +3,13 @@ presets and the default preset of every method defined by a class alone (read fr
 one-class method is covered with no edit here).
 
 The suite runs a fixed sample of the method x budget product, so that it does not grow with every method x every
-budget: the baselines' own presets run every budget (they set the reference paths of the eviction session), the
-paper-method presets (Ada-KV, CAKE, AhaKV, XKV: many variants of the same machinery) the ``<n>L`` budgets (64L ...
-2048L), and every other method -- one-class scorers, plug-ins, kvpress-variant presets, whose budgets take the
-session's paths the baselines already cover -- the :data:`SAMPLED_BUDGETS`: no eviction, a per-layer total, a
-per-head count and a ratio.
+budget: the baselines' main presets (the preset named after its family: snapkv, pyramidkv, h2o, tova, streamingllm,
+nacl) run every budget (they set the reference paths of the eviction session), the paper methods' main presets
+(ada_snapkv, ada_pyramidkv, cake, ahakv, xkv) the ``<n>L`` budgets (64L ... 2048L), their variants (ablations and
+paper versions: a knob of the same machinery) the :data:`PAPER_VARIANT_BUDGETS` (far below, just under and above the
+1K context), and every other method -- the full cache, the baselines' variants, one-class scorers, plug-ins,
+kvpress-variant presets, whose budgets take the session's paths the baselines already cover -- the
+:data:`SAMPLED_BUDGETS`: no eviction, a per-layer total, a per-head count and a ratio.
 """
 
 from __future__ import annotations
@@ -37,19 +39,23 @@ PAPER_FAMILIES = {"ada_snapkv", "ada_pyramidkv", "cake", "ahakv", "xkv"}
 SAME_PATH_BUDGETS = {"ratio0.6", "ratio0.4"}
 
 
-#: Families whose own presets run every budget (module docstring).
-BASELINE_FAMILIES = {"full", "streamingllm", "h2o", "tova", "snapkv", "pyramidkv", "nacl"}
+#: Families whose main preset (named after the family) runs every budget (module docstring).
+BASELINE_FAMILIES = {"streamingllm", "h2o", "tova", "snapkv", "pyramidkv", "nacl"}
 #: The budgets every other method runs: one per budget path of the eviction session.
 SAMPLED_BUDGETS = ["full", "64L", "128perlayer", "ratio0.5"]
+#: The budgets a paper method's variant runs (its main preset runs every ``<n>L`` budget): far below the 1K context,
+#: just under it, above it.
+PAPER_VARIANT_BUDGETS = ["64L", "1000L", "2048L"]
 
 
 def budgets_for(method: str) -> list[str]:
-    """Every budget for the baselines' presets; the total-per-layer (``<n>L``) ones for the paper-method presets;
-    :data:`SAMPLED_BUDGETS` for any other method (module docstring)."""
+    """Every budget for the baselines' main presets; the total-per-layer (``<n>L``) ones for the paper methods' main
+    presets, :data:`PAPER_VARIANT_BUDGETS` for their variants; :data:`SAMPLED_BUDGETS` for any other method (module
+    docstring)."""
     family = OmegaConf.load(CONF / "method" / f"{method}.yaml").family if method in YAML_METHODS else method
     if family in PAPER_FAMILIES:
-        return [b for b in BUDGETS if re.fullmatch(r"\d+L", b)]
-    if family in BASELINE_FAMILIES and not method.endswith("_kvpress"):
+        return [b for b in BUDGETS if re.fullmatch(r"\d+L", b)] if method == family else PAPER_VARIANT_BUDGETS
+    if family in BASELINE_FAMILIES and method == family:
         return [b for b in BUDGETS if b not in SAME_PATH_BUDGETS]
     return SAMPLED_BUDGETS
 

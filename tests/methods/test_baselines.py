@@ -51,20 +51,6 @@ def test_achieved_equals_allocation_per_layer_and_head(tiny_llama, name: str, gr
     assert record.evicted
 
 
-def test_budget_at_or_above_context_evicts_nothing_and_says_so(tiny_llama) -> None:
-    model, tokenizer = tiny_llama
-    record = run_method(model, tokenizer, method_from_yaml("snapkv"), "512L", context=300, new=1).record
-    assert not record.evicted
-    assert record.achieved_per_layer == record.requested_per_layer == [320] * 4
-
-
-def test_window_outside_budget_adds_the_window(tiny_llama) -> None:
-    model, tokenizer = tiny_llama
-    method = method_from_yaml("snapkv", window_in_budget=False)
-    record = run_method(model, tokenizer, method, "64L", new=1).record
-    assert record.achieved_per_layer == [64 + 32] * 4
-
-
 def test_every_method_family_has_a_preset() -> None:
     """A YAML preset, or for a one-class method its default preset (``method=<family>`` with no YAML)."""
     import kvbench

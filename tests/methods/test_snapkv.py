@@ -1,14 +1,14 @@
-"""SnapKV and PyramidKV (kvbench/methods/snapkv.py): the observation window's votes and the pyramid layer schedule."""
+"""SnapKV (kvbench/methods/snapkv.py): the observation window's votes; on the tiny model, a budget at or above the
+context and the window outside the budget (PyramidKV's layer schedule: test_pyramidkv.py)."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from kvbench.methods.base import WindowObservation
-from kvbench.methods.snapkv import PyramidLayerAllocator, WindowVoteScorer
+from kvbench.methods.snapkv import WindowVoteScorer
 from kvbench.methods.token_scores import ScoreOptions, window_attention
-from tests.methods.helpers import dominant_case
+from tests.methods.helpers import dominant_case, method_from_yaml, run_method
 
 
 def test_snapkv_scores_use_window_queries_only() -> None:
@@ -24,18 +24,15 @@ def test_snapkv_scores_use_window_queries_only() -> None:
     assert int(votes[0].argmax()) in range(54, 61)  # pooled around the dominant key
 
 
-@pytest.mark.parametrize("num_layers", [1, 2, 4, 32, 80])
-@pytest.mark.parametrize("avg", [40, 64, 128, 1024, 2048])
-@pytest.mark.parametrize("context", [100, 3000, 30000])
-@pytest.mark.parametrize("schedule", ["kvcache_factory", "adakv", "sum_preserving"])
-def test_pyramid_schedule_shape(num_layers: int, avg: int, context: int, schedule: str) -> None:
-    budgets = PyramidLayerAllocator(beta=20, window=32, schedule=schedule).plan(avg * num_layers, num_layers, context)
-    assert len(budgets) == num_layers
-    assert all(0 < b <= max(context, avg) for b in budgets)
-    if schedule == "sum_preserving":
-        assert sum(budgets) == min(avg, context) * num_layers or context < 2 * (avg - 32)
-    compressed = [b for b in budgets if b < context]
-    assert compressed == sorted(compressed, reverse=True)  # never larger at a higher layer
-    if num_layers > 1 and context >= 2 * (avg - 32) + 32 and avg > 32 and schedule != "sum_preserving":
-        # the reference's floor division: the schedule never spends less than L x C
-        assert sum(min(b, context) for b in budgets) >= min(avg, context) * num_layers - num_layers
+def test_budget_at_or_above_context_evicts_nothing_and_says_so(tiny_llama) -> None:
+    model, tokenizer = tiny_llama
+    record = run_method(model, tokenizer, method_from_yaml("snapkv"), "512L", context=300, new=1).record
+    assert not record.evicted
+    assert record.achieved_per_layer == record.requested_per_layer == [320] * 4
+
+
+def test_window_outside_budget_adds_the_window(tiny_llama) -> None:
+    model, tokenizer = tiny_llama
+    method = method_from_yaml("snapkv", window_in_budget=False)
+    record = run_method(model, tokenizer, method, "64L", new=1).record
+    assert record.achieved_per_layer == [64 + 32] * 4
