@@ -45,6 +45,7 @@ from kvbench.methods.base import (
 )
 from kvbench.methods.params import bounded, choice, parse_params
 from kvbench.methods.snapkv import PYRAMID_SCHEDULES, PyramidLayerAllocator, WindowVoteScorer
+from kvbench.methods.token_scores import VoteKnobs
 
 ALPHA_READINGS = ("floor", "adaptive")
 ROUNDINGS = ("reference", "largest_remainder")
@@ -186,7 +187,7 @@ def _spill_over(counts: list[int], available: list[int], candidates: torch.Tenso
 
 
 @dataclass
-class AdaKVParams:
+class AdaKVParams(VoteKnobs):
     """Ada-KV's safeguard and allocation switches (see module docstring)."""
 
     #: Safeguard value; null = the paper version's value (early 0.5, late 0.2).
@@ -214,7 +215,7 @@ def resolve_alpha(params: AdaKVParams) -> float:
 def _build(method_cfg: Any, family: str, pyramid: bool) -> EvictionMethod:
     params = parse_params(AdaKVParams, method_cfg.params, family)
     alpha = resolve_alpha(params)
-    options = score_options(method_cfg)
+    options = score_options(method_cfg, params)
     settings: dict[str, Any] = {
         "alpha": alpha,
         "alpha_reading": params.alpha_reading,
