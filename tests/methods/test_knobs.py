@@ -5,13 +5,10 @@ read, or a decode switch on a method with no decode policy, is an error naming t
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from kvbench.api import compose_config
 from kvbench.errors import KVBenchError
-from kvbench.resources import conf_dir
 from kvbench.validation import check_method
 
 
@@ -45,12 +42,11 @@ def test_an_unused_session_knob_is_an_error_naming_the_family(method: str, overr
         check_method(cfg)
 
 
-def test_a_declared_knob_and_every_shipped_preset_build() -> None:
+def test_a_declared_knob_builds() -> None:
+    """(Every shipped preset builds and runs: tests/end_to_end/test_methods_end_to_end.py.)"""
     check_method(compose_config("snapkv", "64L", overrides=["method.params.pooling=avg"]))
     check_method(compose_config("tova", "64L", overrides=["method.params.score_dtype=float32"]))
     check_method(compose_config("streamingllm", "64L", overrides=["method.window=4"]))  # sizes the recent window
-    for preset in sorted(Path(conf_dir(), "method").glob("*.yaml")):
-        check_method(compose_config(preset.stem, "64L"))
 
 
 @pytest.mark.parametrize("preset", ["streamingllm", "tova", "full", "snapkv", "nacl"])
