@@ -36,18 +36,13 @@ WANDB_MODES = ("online", "offline", "disabled")
 
 
 def check_method_choices(method: Any, error: type[Exception] = ValueError) -> None:
-    """The common method knobs that take one of a few values (``pooling``, ``pool_padding``, ``score_dtype``,
-    ``gqa_granularity``, ``gqa_agg``, ``gqa_reduce`` or null), checked by :mod:`kvbench.validation` before torch
-    loads (``error=KVBenchError``) and by :func:`kvbench.methods.base.build_method` for code that builds a method
-    directly."""
-    check_choice("method.pooling", method.pooling, POOLING_TYPES, error=error)
-    check_choice("method.pool_padding", method.pool_padding, POOL_PADDINGS, error=error)
-    check_choice("method.score_dtype", method.score_dtype, SCORE_DTYPES, error=error)
+    """The session knobs that take one of a few values (``gqa_granularity``, ``gqa_agg``), checked by
+    :mod:`kvbench.validation` before torch loads (``error=KVBenchError``) and by
+    :func:`kvbench.methods.base.build_method` for code that builds a method directly.  The scorers' own knobs
+    (pooling, kernel size, GQA-reduction order, score dtype) are the families' fields, checked where they are
+    declared (:func:`kvbench.methods.params.parse_params`)."""
     check_choice("method.gqa_granularity", method.gqa_granularity, GQA_GRANULARITIES, error=error)
     check_choice("method.gqa_agg", method.gqa_agg, GQA_AGGREGATIONS, error=error)
-    if method.gqa_reduce is not None:
-        also = "or null for the family's reference order"
-        check_choice("method.gqa_reduce", method.gqa_reduce, GQA_REDUCE_ORDERS, also, error=error)
 
 
 @dataclass
@@ -82,7 +77,11 @@ class ModelConfig:
 
 @dataclass
 class MethodConfig:
-    """An eviction method: the registry name of its family plus its knobs (see kvbench/methods/)."""
+    """An eviction method: the registry name of its family, the session's knobs every family's recipe is built with
+    (window, budget accounting, GQA storage, sinks, decode switch) and the family's own knobs under ``params`` (its
+    dataclass fields: e.g. the attention-vote scorers' ``kernel_size``, ``pooling``, ``pool_padding``,
+    ``gqa_reduce``, ``score_dtype``; see kvbench/methods/).  A knob the family does not declare is an error listing
+    the family's knobs."""
 
     #: Preset name, used in results paths.
     name: str = MISSING
@@ -90,9 +89,6 @@ class MethodConfig:
     family: str = MISSING
     #: Observation window: the last ``window`` prompt queries score the keys (SnapKV-style methods).
     window: int = 32
-    #: Pooling over the score sequence: kernel size (1 = none) and type (max | avg).
-    kernel_size: int = 7
-    pooling: str = "max"
     #: Whether the observation window's tokens count toward the budget (papers: true).
     window_in_budget: bool = True
     #: GQA storage granularity: "kv_head" (one cache per KV head) or "query_head" (repeat KV per query head,
@@ -100,20 +96,11 @@ class MethodConfig:
     gqa_granularity: str = "kv_head"
     #: How query-head scores are combined per KV head when gqa_granularity=kv_head: mean | max | sum.
     gqa_agg: str = "mean"
-    #: Where that combination happens relative to the pooling: before_pool (KVCache-Factory kv_head mode, AdaKV
-    #: gqa_support) | after_pool (CAKE's code); null = the method family's reference.
-    gqa_reduce: Optional[str] = None
-    #: Average pooling at the sequence edges: include (the padding counts, ``F.avg_pool1d`` default, every reference)
-    #: | exclude (edge scores divided by the real neighbours only).
-    pool_padding: str = "include"
-    #: Precision of the eviction scores: model (the references' softmax in float32 cast back to the model dtype, every
-    #: later reduction in that dtype) | float32 (kept in float32 throughout).  Identical for float32 models.
-    score_dtype: str = "model"
     #: Attention-sink tokens always kept (StreamingLLM).
     sink_tokens: int = 0
     #: Whether eviction also happens during decoding (H2O/TOVA/StreamingLLM), keeping the cache at its budget.
     decode_eviction: bool = False
-    #: Family-specific hyper-parameters (validated by the family, which lists the valid keys).
+    #: The family's own knobs, its dataclass fields (validated by the family, which lists the valid keys).
     params: Dict[str, Any] = field(default_factory=dict)
     #: Paper a preset reproduces, for the README and tables.
     paper: Optional[str] = None

@@ -154,15 +154,9 @@ def _check_budget(spec: str) -> None:
 
 
 def check_method_values(method: Any) -> None:
-    """The common method knobs (``method.window``, ``kernel_size``, the choice knobs, ``sink_tokens``)."""
+    """The session knobs (``method.window``, the choice knobs, ``sink_tokens``); the family's own knobs
+    (``method.params``) are checked by the family's params dataclass when the method builds (stage 3)."""
     _check_min("method.window", method.window, 1, "the observation window's length in tokens; the presets use 8 or 32")
-    kernel = method.kernel_size
-    if not isinstance(kernel, int) or kernel < 1 or kernel % 2 == 0:
-        raise KVBenchError(
-            f"method.kernel_size={kernel!r} is not valid: the pooling kernel must be an odd integer >= 1 (1 = no "
-            "pooling; SnapKV uses 7, CAKE 5), so that pooled scores stay aligned with their tokens. "
-            "Fix: e.g. method.kernel_size=7."
-        )
     check_method_choices(method, error=KVBenchError)
     _check_min("method.sink_tokens", method.sink_tokens, 0)
 

@@ -178,7 +178,7 @@ def test_press_refuses_bad_input_clearly(tiny: tuple) -> None:
 def test_config_objects_and_budget_strings(tiny: tuple) -> None:
     model, tokenizer = tiny
     inputs, _ = niah_prompt(tokenizer)
-    method = {"name": "my_snapkv", "family": "snapkv", "window": 8, "kernel_size": 5}
+    method = {"name": "my_snapkv", "family": "snapkv", "window": 8, "params": {"kernel_size": 5}}
     with kvbench.press(model, method, "48/layer") as record:
         model.generate(**inputs, max_new_tokens=2, do_sample=False)
     assert record.method == "my_snapkv" and record.budget == "48/layer"

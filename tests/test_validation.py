@@ -27,6 +27,6 @@ def test_the_runner_uses_the_validated_method_and_budget(tmp_path, monkeypatch) 
 
 
 def test_validate_run_reports_a_bad_method_value_as_run_py_does(tmp_path) -> None:
-    cfg = compose_config("snapkv", "64L", overrides=[f"run.output_root={tmp_path}", "method.kernel_size=4"])
-    with pytest.raises(KVBenchError, match=r"method.kernel_size=4"):
+    cfg = compose_config("snapkv", "64L", overrides=[f"run.output_root={tmp_path}", "method.params.kernel_size=4"])
+    with pytest.raises(KVBenchError, match=r"method.params.kernel_size=4"):
         validate_run(cfg)

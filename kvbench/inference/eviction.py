@@ -389,12 +389,15 @@ class EvictionSession(SessionPasses):
         if rank in budgets:
             observation.layer_budget = int(budgets[rank])
         assert self.method.scorer is not None
-        scores = aggregate_groups(self.method.scorer.score(observation).float(), num_heads, self.method.gqa_agg)
-        if scores.shape != (num_heads, context):
+        raw = self.method.scorer.score(observation)
+        # [H_stored, S]: one row per stored head; [H_q, S] (per query head) is reduced by method.gqa_agg.
+        if tuple(raw.shape) not in ((num_heads, context), (queries.shape[0], context)):
             raise ValueError(
-                f"scorer {type(self.method.scorer).__name__} returned shape {tuple(scores.shape)}, "
-                f"expected ({num_heads}, {context}) or ({queries.shape[0]}, {context})"
+                f"scorer {type(self.method.scorer).__name__} returned scores of shape {tuple(raw.shape)} at layer "
+                f"{layer_idx}; a scorer returns [H_stored, S] = ({num_heads}, {context}), one row per stored head "
+                f"(or [H_q, S] = ({queries.shape[0]}, {context}), reduced per GQA group by method.gqa_agg)"
             )
+        scores = aggregate_groups(raw.float(), num_heads, self.method.gqa_agg)
         self._scores[layer_idx] = list(scores.unbind(0))
         for target_rank, layer_budget in sorted(budgets.items()):
             self._shrink_layer(self.compressible[target_rank], int(layer_budget), window)

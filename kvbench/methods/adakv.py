@@ -17,7 +17,7 @@ with ``gqa_func=mean``, ``normalize`` off, ``skip`` 0):
   - ``adaptive`` (the papers' printed formula): ``c_h = round(n_h alpha + int(base (1 - alpha)))``.
 
   ``round`` is the code's float32 ``torch.round`` (half to even); the sum may drift from ``H x base``.
-  With ``method.score_dtype=model`` on a bf16/fp16 model the count runs as the code's does in that dtype: each
+  With ``method.params.score_dtype=model`` on a bf16/fp16 model the count runs as the code's does in that dtype: each
   head's scores sorted, the ``normalize`` weight and product in the model dtype, one ``topk`` over the sorted rows
   laid end to end (the layout decides which head wins a tie at the cut); float32 scoring is unchanged.
   ``params.rounding: largest_remainder`` is kvbench's sum-preserving variant.  Each head keeps its own top ``c_h``
@@ -48,6 +48,7 @@ from kvbench.methods.base import (
 )
 from kvbench.methods.params import bounded, choice, parse_params
 from kvbench.methods.snapkv import PYRAMID_SCHEDULES, PyramidLayerAllocator, WindowVoteScorer
+from kvbench.methods.token_scores import VoteKnobs
 
 ALPHA_READINGS = ("floor", "adaptive")
 ROUNDINGS = ("reference", "largest_remainder")
@@ -245,7 +246,7 @@ def _spill_over(counts: list[int], available: list[int], candidates: torch.Tenso
 
 
 @dataclass
-class AdaKVParams:
+class AdaKVParams(VoteKnobs):
     """Ada-KV's safeguard and allocation switches (see module docstring)."""
 
     #: Safeguard value; null = the paper version's value (early 0.5, late 0.2).
@@ -273,7 +274,7 @@ def resolve_alpha(params: AdaKVParams) -> float:
 def _build(method_cfg: Any, family: str, pyramid: bool) -> EvictionMethod:
     params = parse_params(AdaKVParams, method_cfg.params, family)
     alpha = resolve_alpha(params)
-    options = score_options(method_cfg)
+    options = score_options(method_cfg, params)
     settings: dict[str, Any] = {
         "alpha": alpha,
         "alpha_reading": params.alpha_reading,

@@ -27,7 +27,7 @@ the budget the lowest-scoring token outside the recent ``B_r`` is evicted.  A mu
 (question-agnostic mode's question) is handled as H2O's code, which AhaKV modifies, handles one: every appended row's
 SG-softmax attention (``i`` = the tokens that row sees) is added, then each head is cut to its budget at once
 (``params.evict_on_append: false``: kvbench's earlier behaviour, the appended tokens wait for decoding).
-Paper-only: no code was released.  Rounding follows ``method.score_dtype`` as H2O's code: ``model`` (default) rounds
+Paper-only: no code was released.  Rounding follows ``params.score_dtype`` as H2O's code: ``model`` (default) rounds
 the logits (product, scaling, step gain), the float32 softmax, the sums, the GQA reduction, the value-prior product
 and the running scores to the model dtype; ``float32`` is the spec sketch's float32 scoring.
 """
@@ -54,7 +54,7 @@ from kvbench.methods.base import (
 )
 from kvbench.methods.h2o import ScoredDecodePolicy
 from kvbench.methods.params import bounded, choice, parse_params
-from kvbench.methods.token_scores import aggregate_groups, probability_dtype, round_to
+from kvbench.methods.token_scores import ScoreDtypeKnob, aggregate_groups, probability_dtype, round_to
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
     from kvbench.cache.kv_cache import HeadwiseLayer
@@ -192,7 +192,7 @@ class AhaDecode(ScoredDecodePolicy):
 
 
 @dataclass
-class AhaKVParams:
+class AhaKVParams(ScoreDtypeKnob):
     """AhaKV's switches (see module docstring)."""
 
     ra: bool = True
@@ -214,7 +214,7 @@ def build_ahakv(method_cfg: Any) -> EvictionMethod:
     """AhaKV with each component switchable."""
     params = parse_params(AhaKVParams, method_cfg.params, "ahakv")
     knobs = common_knobs(method_cfg)
-    score_dtype = str(method_cfg.score_dtype)
+    score_dtype = str(params.score_dtype)
     scorer = AhaScorer(params.ra, params.sgs, params.vpe, params, knobs["window"], knobs["gqa_agg"], score_dtype)
     policy = None
     if method_cfg.decode_eviction:
@@ -230,7 +230,5 @@ def build_ahakv(method_cfg: Any) -> EvictionMethod:
             "lambda_i": params.lambda_i,
             "evict_on_append": params.evict_on_append,
         },
-        # AhaKV has its own softmax and pools only the value prior (vpe_kernel).
-        ignored_knobs=frozenset({"kernel_size", "pooling", "pool_padding", "gqa_reduce"}),
         **knobs,
     )

@@ -34,7 +34,7 @@ from kvbench.config import MethodConfig, check_method_choices
 from kvbench.methods.channels import KeyChannelPruner
 from kvbench.methods.knobs import check_unused_knobs
 from kvbench.methods.state import AllocatorState, DecodeState, ReadOnlyAfterBuild
-from kvbench.methods.token_scores import ScoreOptions
+from kvbench.methods.token_scores import ScoreOptions, VoteKnobs
 from kvbench.registry import Registry, submodule_importer
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
@@ -204,7 +204,9 @@ class TokenScorer(ReadOnlyAfterBuild, ABC):
 
     @abstractmethod
     def score(self, observation: WindowObservation) -> torch.Tensor:
-        """Return ``[H_q, S]`` (aggregated per GQA group by the framework) or ``[H, S]`` scores, higher = keep.
+        """Return ``[H, S]`` scores, one row per stored head (query heads where the method stores per query head,
+        KV heads otherwise), higher = keep; ``[H_q, S]`` is accepted and reduced per GQA group by ``method.gqa_agg``.
+        The session checks the shape (a clear error naming the scorer otherwise).
 
         Scores of the window tokens are ignored when the method keeps the window.
         """
@@ -367,12 +369,9 @@ class EvictionMethod:
     #: layers).
     compress_sliding: bool = False
     settings: dict[str, Any] = field(default_factory=dict)
-    #: Common knobs (``MethodConfig`` fields) this method never reads: left out of the recorded settings.
+    #: Session knobs (``MethodConfig`` fields, :data:`kvbench.methods.knobs.RECORDED_KNOBS`) this method never reads:
+    #: left out of the recorded settings, and an error when set (:func:`check_unused_knobs`).
     ignored_knobs: frozenset[str] = frozenset()
-    #: Common knobs that may not be set for this method (:func:`check_unused_knobs`); ``None``: ``ignored_knobs``
-    #: and ``gqa_reduce`` when ignored.  Narrower than ``ignored_knobs`` where the machinery still reads a knob the
-    #: scores do not (StreamingLLM's ``window`` sizes the protected window and ``window_in_budget=false``'s extra).
-    unused_knobs: frozenset[str] | None = None
     #: After a layer's prefill eviction, the key channels each head keeps (ThinK; ``None``: every channel).
     key_channel_pruner: KeyChannelPruner | None = None
 
@@ -419,9 +418,10 @@ def method_families() -> list[str]:
 
 def build_method(method_cfg: Any) -> EvictionMethod:
     """Build the method described by ``method_cfg``: a :class:`kvbench.config.MethodConfig`, an OmegaConf node of
-    one (the composed ``cfg.method``) or a mapping of its fields.  A common knob the family does not use, set away
-    from its default, is an error (:func:`check_unused_knobs`); so is ``decode_eviction`` for a method that has no
-    decode-time policy (it would change nothing, yet be recorded as if it did)."""
+    one (the composed ``cfg.method``) or a mapping of its fields.  A knob the family does not declare is an error
+    listing its knobs (``method.params``: :func:`kvbench.methods.params.parse_params`; a session knob it does not
+    read: :func:`check_unused_knobs`); so is ``decode_eviction`` for a method that has no decode-time policy (it
+    would change nothing, yet be recorded as if it did)."""
     method_cfg = as_method_config(method_cfg)
     builder = METHOD_FAMILIES.get(method_cfg.family)
     check_method_choices(method_cfg)
@@ -462,16 +462,23 @@ def common_knobs(method_cfg: Any) -> dict[str, Any]:
     }
 
 
-def score_options(method_cfg: Any, reference_gqa_reduce: str = "before_pool") -> ScoreOptions:
-    """The scoring knobs of ``method_cfg``; ``method.gqa_reduce: null`` takes the family's reference order."""
+def score_options(method_cfg: Any, knobs: Any = None, reference_gqa_reduce: str = "before_pool") -> ScoreOptions:
+    """The scoring options of a family: ``method.gqa_agg`` (a session knob) and the scorer knobs the family declares
+    in its params dataclass ``knobs`` (:class:`~kvbench.methods.token_scores.VoteKnobs` or a part of it); a knob it
+    does not declare is at :class:`VoteKnobs`'s default, ``gqa_reduce: null`` the family's reference order."""
+    declared = {name: getattr(knobs, name, getattr(_VOTE_DEFAULTS, name)) for name in _VOTE_KNOBS}
     return ScoreOptions(
-        kernel_size=int(method_cfg.kernel_size),
-        pooling=str(method_cfg.pooling),
+        kernel_size=int(declared["kernel_size"]),
+        pooling=str(declared["pooling"]),
         gqa_agg=str(method_cfg.gqa_agg),
-        gqa_reduce=str(method_cfg.gqa_reduce or reference_gqa_reduce),
-        pool_padding=str(method_cfg.pool_padding),
-        score_dtype=str(method_cfg.score_dtype),
+        gqa_reduce=str(declared["gqa_reduce"] or reference_gqa_reduce),
+        pool_padding=str(declared["pool_padding"]),
+        score_dtype=str(declared["score_dtype"]),
     )
+
+
+_VOTE_DEFAULTS = VoteKnobs()
+_VOTE_KNOBS = tuple(field.name for field in fields(VoteKnobs))
 
 
 def evict_to_caps(

@@ -20,7 +20,7 @@ it (``--compress --cascading --window_size 32``, gamma 200, tau from ``config/mo
   layer's full KV.  ``cascading: false`` evicts every layer once, at the last layer (vanilla P2A).
 * Indicator (Eq. 11): ``Mean + gamma * Var`` (gamma 200, unbiased variance over the window rows) per query head,
   candidates only, average pooling (kernel 5, padding counted), **then** the mean per GQA group (the code pools
-  each query head before reducing: ``method.gqa_reduce`` defaults to ``after_pool``); KV is stored per KV head.
+  each query head before reducing: ``method.params.gqa_reduce`` defaults to ``after_pool``); KV is stored per KV head.
   ``params.indicator`` swaps it for Table 3 (``mean``, ``var``, ``mean_x_var``) or for another method's
   (``h2o``, ``tova``, ``snapkv``: CAKE's allocation under other indicators).
 * Allocation switch for Table 2: ``params.allocation`` = ``p2a`` (default), ``uniform``, ``pyramid``, ``random``.
@@ -29,7 +29,7 @@ it (``--compress --cascading --window_size 32``, gamma 200, tau from ``config/mo
   the lowest one goes.  The code runs this after *every* forward past the prefill: a multi-token append (question-
   agnostic mode's question) is ranked by the mean attention of its last ``S_w`` rows -- unmasked, as the code
   computes it (each row sees every appended token) -- and cut to the budget at once (``params.evict_on_append:
-  false``: kvbench's earlier behaviour, the appended tokens wait for decoding).  With ``method.score_dtype=model``
+  false``: kvbench's earlier behaviour, the appended tokens wait for decoding).  With ``params.score_dtype=model``
   the logits, probabilities, row mean, pooling and GQA mean are rounded to the model dtype as the code's tensors
   are.  H2O/TOVA indicators keep their own decode rules.
 * tau: ``params.tau1/tau2`` (null = the official per-model table at 128L / 1024L when ``params.model`` matches,
@@ -68,6 +68,7 @@ from kvbench.methods.snapkv import PyramidLayerAllocator, WindowVoteScorer
 from kvbench.methods.token_scores import (
     Rounding,
     ScoreOptions,
+    VoteKnobs,
     no_rounding,
     pool_scores,
     probability_dtype,
@@ -422,7 +423,7 @@ class CakeDecode(ScoredDecodePolicy):
 
 # ---------------------------------------------------------------------------------------------------- builder
 @dataclass
-class CakeParams:
+class CakeParams(VoteKnobs):
     """CAKE's hyper-parameters and switches (see module docstring)."""
 
     gamma: float = 200.0
@@ -450,8 +451,8 @@ def build_cake(method_cfg: Any) -> EvictionMethod:
     params = parse_params(CakeParams, method_cfg.params, "cake")
     indicator, allocation, preference, adjust = params.indicator, params.allocation, params.preference, params.adjust
     knobs = common_knobs(method_cfg)
-    options = score_options(method_cfg, reference_gqa_reduce="after_pool")
-    window, kernel, pooling = knobs["window"], int(method_cfg.kernel_size), str(method_cfg.pooling)
+    options = score_options(method_cfg, params, reference_gqa_reduce="after_pool")
+    window, kernel, pooling = knobs["window"], int(params.kernel_size), str(params.pooling)
     scorer: TokenScorer
     policy: DecodePolicy | None = None
     dtype, on_append = options.score_dtype, params.evict_on_append

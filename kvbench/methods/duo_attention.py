@@ -241,4 +241,4 @@ def build_duo_attention(method_cfg: Any) -> EvictionMethod:
 
 
 #: Position alone decides: no attention statistics, pooling, GQA reduction or window.
-IGNORED_KNOBS = frozenset({"window", "kernel_size", "pooling", "pool_padding", "gqa_agg", "gqa_reduce", "score_dtype"})
+IGNORED_KNOBS = frozenset({"window", "gqa_agg"})

@@ -18,7 +18,7 @@ Reproduces FMInference/H2O ``h2o_hf/utils_real_drop/modify_llama.py`` (``H2OKVCa
   from their column sums -- and each head is evicted to its cap at once.  ``params.evict_on_append: false`` is
   kvbench's earlier behaviour: the appended tokens are kept whole, score 0, until the first decoding step cuts
   each head back to its cap.
-* Rounding (``method.score_dtype=model``, the default): as the reference code in a bf16/fp16 model -- logits of
+* Rounding (``method.params.score_dtype=model``, the default): as the reference code in a bf16/fp16 model -- logits of
   ``matmul(q, k^T) / sqrt(d)`` rounded after the product and after the scaling, the float32 softmax cast back,
   the row sums and the running scores kept in the model dtype (each addition rounded).  ``float32``: kvbench's
   float32 scores throughout.
@@ -46,7 +46,14 @@ from kvbench.methods.base import (
 )
 from kvbench.methods.decoding import evict_lowest, one_token_evictions, padded_decode_attention
 from kvbench.methods.params import choice, parse_params
-from kvbench.methods.token_scores import ScoreOptions, aggregate_groups, appended_attention, round_to, window_votes
+from kvbench.methods.token_scores import (
+    ScoreOptions,
+    VoteKnobs,
+    aggregate_groups,
+    appended_attention,
+    round_to,
+    window_votes,
+)
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
     from kvbench.cache.kv_cache import HeadwiseLayer
@@ -253,7 +260,7 @@ class HeavyHitterDecode(ScoredDecodePolicy):
 
 
 @dataclass
-class H2OParams:
+class H2OParams(VoteKnobs):
     """H2O's switches (module docstring); the window is the recent part."""
 
     #: ``all_rows`` (every prompt query votes, the reference) or ``window`` (only the observation window's rows).
@@ -270,13 +277,12 @@ def build_h2o(method_cfg: Any) -> EvictionMethod:
     """H2O: all-rows accumulated attention + recent window; decode-time eviction when ``decode_eviction``."""
     params = parse_params(H2OParams, method_cfg.params, "h2o")
     knobs = common_knobs(method_cfg)
-    options = score_options(method_cfg)
+    options = score_options(method_cfg, params)
     policy = None
     if method_cfg.decode_eviction:
         policy = HeavyHitterDecode(
             knobs["window"], params.decode_accumulate, knobs["gqa_agg"], options.score_dtype, params.evict_on_append
         )
-    unpooled = frozenset({"pooling", "pool_padding", "gqa_reduce"}) if options.kernel_size <= 1 else frozenset()
     return EvictionMethod(
         scorer=AllRowsScorer(options, params.scores),
         decode_policy=policy,
@@ -285,6 +291,5 @@ def build_h2o(method_cfg: Any) -> EvictionMethod:
             "decode_accumulate": params.decode_accumulate,
             "evict_on_append": params.evict_on_append,
         },
-        ignored_knobs=unpooled,
         **knobs,
     )

@@ -37,7 +37,7 @@ from kvbench.methods.base import EvictionMethod, TokenScorer, WindowObservation,
 from kvbench.methods.kept_sets import HeadFileMismatch, KeepScoredTokens, files_digest, keep_only, resolve_data_path
 from kvbench.methods.params import bounded, parse_params
 from kvbench.methods.snapkv import WindowVoteScorer
-from kvbench.methods.token_scores import ScoreOptions
+from kvbench.methods.token_scores import PoolingKnobs, ScoreDtypeKnob, ScoreOptions
 
 ESTIMATE_HINT = (
     "give method.params.head_scores=<FYYFU/HeadKV's Important_Head/head_score/<model>_retrieval_reasoning_heads.json, "
@@ -110,7 +110,7 @@ class HeadKVScorer(TokenScorer):
 
 
 @dataclass
-class HeadKVParams:
+class HeadKVParams(PoolingKnobs, ScoreDtypeKnob):
     """HeadKV's knobs (module docstring)."""
 
     #: Head-score file in the released format (one JSON line ``{"<layer>-<head>": [scores]}``).
@@ -132,12 +132,12 @@ def build_headkv(method_cfg: Any) -> EvictionMethod:
         )
     scores, digest = load_head_scores(params.head_scores)
     options = ScoreOptions(
-        kernel_size=int(method_cfg.kernel_size),
-        pooling=str(method_cfg.pooling),
+        kernel_size=params.kernel_size,
+        pooling=params.pooling,
         gqa_agg=str(method_cfg.gqa_agg),
         gqa_reduce="before_pool",
-        pool_padding=str(method_cfg.pool_padding),
-        score_dtype=str(method_cfg.score_dtype),
+        pool_padding=params.pool_padding,
+        score_dtype=params.score_dtype,
     )
     scorer = HeadKVScorer(
         WindowVoteScorer(options, row_reduce="mean"), head_shares(scores, params.temp), params.beta, params.head_scores
@@ -151,6 +151,6 @@ def build_headkv(method_cfg: Any) -> EvictionMethod:
             "beta": params.beta,
             "temp": params.temp,
         },
-        ignored_knobs=frozenset({"gqa_agg", "gqa_reduce"}),
+        ignored_knobs=frozenset({"gqa_agg"}),
         **{**common_knobs(method_cfg), "keep_window": False},
     )

@@ -1,5 +1,12 @@
-"""The common method knobs (``MethodConfig`` fields) a family does not use: setting one is an error naming the
-family (:func:`check_unused_knobs`, called by :func:`kvbench.methods.base.build_method`)."""
+"""The session knobs (``MethodConfig`` fields every family's recipe is built with: window, budget accounting, GQA
+storage, sinks, decode switch) and the check that a family does not get one it never reads.
+
+A family's own knobs are its params dataclass's fields (``method.params.<knob>``; :mod:`kvbench.methods.params`
+rejects one it does not declare).  A session knob is declared by the schema for every family; a family that does not
+read one says so in :attr:`kvbench.methods.base.EvictionMethod.ignored_knobs` (NACL has no observation window, the
+full cache reads none), and setting it away from its default is an error listing the family's own knobs
+(:func:`check_unused_knobs`, called by :func:`kvbench.methods.base.build_method`).
+"""
 
 from __future__ import annotations
 
@@ -11,46 +18,34 @@ from kvbench.config import MethodConfig
 if TYPE_CHECKING:
     from kvbench.methods.base import EvictionMethod
 
-#: The common knobs (``MethodConfig`` fields) a run records in ``metrics.json``, unless the method ignores them
-#: (``gqa_reduce`` is recorded resolved, in the method's settings, by the families that pool).
-RECORDED_KNOBS = (
-    "window",
-    "kernel_size",
-    "pooling",
-    "pool_padding",
-    "window_in_budget",
-    "gqa_granularity",
-    "gqa_agg",
-    "score_dtype",
-    "sink_tokens",
-    "decode_eviction",
-)
-#: Values of a common knob that say "off" (``kernel_size: 1`` = no pooling), accepted where the family does not use
-#: the knob (the TOVA preset states it does not pool).
-KNOB_OFF_VALUES: dict[str, tuple[Any, ...]] = {"kernel_size": (1,)}
-#: ``MethodConfig``'s default of every common knob.
+#: The session knobs a run records in ``metrics.json``, unless the method ignores them (the family's own knobs are
+#: recorded under ``params``).
+RECORDED_KNOBS = ("window", "window_in_budget", "gqa_granularity", "gqa_agg", "sink_tokens", "decode_eviction")
+#: ``MethodConfig``'s default of every session knob.
 KNOB_DEFAULTS: dict[str, Any] = {
-    f.name: f.default for f in fields(MethodConfig) if f.default is not MISSING and f.name not in ("paper",)
+    f.name: f.default for f in fields(MethodConfig) if f.default is not MISSING and f.name in RECORDED_KNOBS
 }
 
 
 def check_unused_knobs(method_cfg: Any, method: EvictionMethod) -> None:
-    """Raise ``ValueError`` naming the family when ``method_cfg`` sets a common knob the family does not use
-    (:attr:`EvictionMethod.unused_knobs`) to anything but its default or an "off" value (:data:`KNOB_OFF_VALUES`):
-    ``method=streamingllm method.pooling=avg`` would otherwise be accepted and change nothing."""
-    unused = method.unused_knobs
-    if unused is None:
-        unused = method.ignored_knobs | ({"gqa_reduce"} if "pooling" in method.ignored_knobs else frozenset())
+    """Raise ``ValueError`` naming the family and its own knobs when ``method_cfg`` sets a session knob the family
+    does not read (:attr:`EvictionMethod.ignored_knobs`) away from its default: ``method=full method.window=8``
+    would otherwise be accepted and change nothing."""
     set_knobs = [
         f"method.{knob}={method_cfg[knob]!r}"
-        for knob in sorted(unused)
-        if knob in KNOB_DEFAULTS
-        and method_cfg[knob] != KNOB_DEFAULTS[knob]
-        and method_cfg[knob] not in KNOB_OFF_VALUES.get(knob, ())
+        for knob in sorted(method.ignored_knobs & set(KNOB_DEFAULTS))
+        if method_cfg[knob] != KNOB_DEFAULTS[knob]
     ]
     if set_knobs:
-        used = [knob for knob in KNOB_DEFAULTS if knob in RECORDED_KNOBS and knob not in unused]
         raise ValueError(
-            f"{', '.join(set_knobs)} is not used by the {method_cfg.family} family (it would change nothing); the "
-            f"common knobs it uses: {', '.join(used) or 'none'}. Remove the override, or pick a family that uses it"
+            f"{', '.join(set_knobs)} is not used by the {method_cfg.family} family (it would change nothing); "
+            f"its knobs: {', '.join(own_knobs(method_cfg, method)) or 'none'}. Remove the override, or pick a family "
+            "that uses it"
         )
+
+
+def own_knobs(method_cfg: Any, method: EvictionMethod) -> list[str]:
+    """The knobs of ``method``: the session knobs it reads (``method.<knob>``) and its own (``method.params.<knob>``,
+    as composed)."""
+    session = [f"method.{knob}" for knob in RECORDED_KNOBS if knob not in method.ignored_knobs]
+    return session + [f"method.params.{key}" for key in (method_cfg.params or {})]

@@ -356,10 +356,8 @@ def build_nacl(method_cfg: Any) -> EvictionMethod:
         scorer=NACLScorer(params, knobs["gqa_agg"]),
         layer_allocator=TriggeredUniformAllocator(params.min_eviction_seqlen),
         settings=dataclasses.asdict(params),
-        # No observation window, pooling or model-dtype rounding (the code's reduced scores are float32).
-        ignored_knobs=frozenset(
-            {"window", "kernel_size", "pooling", "pool_padding", "window_in_budget", "score_dtype", "sink_tokens"}
-        )
+        # No observation window (the code's tiers decide every kept token).
+        ignored_knobs=frozenset({"window", "window_in_budget", "sink_tokens"})
         | (frozenset() if groups_reduced else frozenset({"gqa_agg"})),
         **{**knobs, "keep_window": False},  # the scorer's tiers decide every kept token
     )

@@ -29,9 +29,8 @@ list methods`` says which).
 * Score shape: ``[H, S]``, one row per stored head (KV heads, or query heads with ``gqa_granularity=query_head``);
   ``[H_q, S]`` is accepted and reduced per GQA group by ``method.gqa_agg``.
 * The object is frozen: a recipe, shared by every sample; what a sample accumulates belongs to its session.
-* A class-only method reads no pooling, kernel, GQA-reduction order or score dtype: setting one of those common
-  knobs is an error naming the family (:func:`kvbench.methods.knobs.check_unused_knobs`), as is
-  ``method.decode_eviction`` (no decode-time policy).
+* A knob the class does not declare is an error listing its fields (``method.params.kernel_size`` on KNorm), as is
+  ``method.decode_eviction`` (no decode-time policy: ``decode_interval`` is the wrapper's).
 """
 
 from __future__ import annotations
@@ -57,8 +56,6 @@ RESCALES = ("none", "critical")
 
 #: The one-class methods by family (registered by their class; their builders are in ``METHOD_FAMILIES`` too).
 SCORER_METHODS: dict[str, type[ScorerMethod]] = {}
-#: Common knobs (``MethodConfig`` fields) a scorer method never reads.
-SCORER_METHOD_IGNORED = frozenset({"kernel_size", "pooling", "pool_padding", "gqa_reduce", "score_dtype"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +105,7 @@ class ScorerMethod(TokenScorer):
 
 
 def build_scorer_method(method_class: type[ScorerMethod], method_cfg: Any) -> EvictionMethod:
-    """The generic builder: the class's fields from ``method.params`` (validated), the common knobs it reads."""
+    """The generic builder: the class's fields from ``method.params`` (validated), the session knobs."""
     recipe = parse_params(method_class, method_cfg.params, method_class.family)
     knobs = common_knobs(method_cfg)
     wrappers: dict[str, Any] = {}
@@ -127,7 +124,6 @@ def build_scorer_method(method_class: type[ScorerMethod], method_cfg: Any) -> Ev
         scorer=recipe,
         **wrappers,
         settings={**dataclasses.asdict(recipe), **({"reference": recipe.reference} if recipe.reference else {})},
-        ignored_knobs=SCORER_METHOD_IGNORED,
         **{**knobs, "keep_window": recipe.keep_window},
     )
     if recipe.decode_interval:

@@ -56,7 +56,7 @@ if TYPE_CHECKING:  # type hints only: importing the cache would import transform
 REFERENCE = "Zefan-Cai/R-KV@d15c9767e67c2bd9807128fecc35223fa2484a69 rkv/compression/r1_kv.py (R1KV), rkv/modeling.py"
 RETAIN_DIRECTIONS = ("last", "first")
 #: The knobs every piece of R-KV reads.
-IGNORED_KNOBS = frozenset({"kernel_size", "pooling", "pool_padding", "gqa_reduce", "score_dtype", "gqa_agg"})
+IGNORED_KNOBS = frozenset({"gqa_agg"})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -125,7 +125,6 @@ def build_simlayerkv(method_cfg: Any) -> EvictionMethod:
             "n_initial": params.n_initial,
             "n_recent": params.n_recent,
         },
-        ignored_knobs=frozenset({"kernel_size", "pooling", "pool_padding", "gqa_agg", "gqa_reduce", "score_dtype"}),
-        unused_knobs=frozenset({"kernel_size", "pooling", "pool_padding", "gqa_agg", "gqa_reduce", "score_dtype"}),
+        ignored_knobs=frozenset({"gqa_agg"}),
         **{**common_knobs(method_cfg), "keep_window": False},
     )

@@ -35,7 +35,7 @@ from kvbench.methods.base import (
 )
 from kvbench.methods.kvpress_pyramid import KvpressPyramidAllocator, kvpress_pyramid_budgets
 from kvbench.methods.params import bounded, choice, parse_params
-from kvbench.methods.token_scores import ScoreOptions, window_votes, with_window_columns
+from kvbench.methods.token_scores import ScoreOptions, VoteKnobs, window_votes, with_window_columns
 
 PYRAMID_SCHEDULES = ("kvcache_factory", "adakv", "sum_preserving", "kvpress")
 
@@ -133,13 +133,14 @@ class PyramidLayerAllocator(StaticLayerAllocator):
 
 
 @dataclass
-class SnapKVParams:
-    """SnapKV has no hyper-parameters beyond the common knobs (window, kernel_size, pooling, GQA)."""
+class SnapKVParams(VoteKnobs):
+    """SnapKV's knobs: the attention vote's pooling, precision and GQA-reduction order (besides the session's window
+    and GQA storage)."""
 
 
 @dataclass
-class PyramidKVParams:
-    """PyramidKV's slope and schedule variant (:func:`pyramid_schedule`)."""
+class PyramidKVParams(VoteKnobs):
+    """PyramidKV's knobs: SnapKV's, the slope and the schedule variant (:func:`pyramid_schedule`)."""
 
     beta: int = bounded(20, low=1)
     schedule: str = choice("kvcache_factory", PYRAMID_SCHEDULES)
@@ -148,8 +149,8 @@ class PyramidKVParams:
 @register_method("snapkv")
 def build_snapkv(method_cfg: Any) -> EvictionMethod:
     """SnapKV: window vote + pooling, uniform budgets."""
-    parse_params(SnapKVParams, method_cfg.params, "snapkv")
-    options = score_options(method_cfg)
+    params = parse_params(SnapKVParams, method_cfg.params, "snapkv")
+    options = score_options(method_cfg, params)
     return EvictionMethod(
         scorer=WindowVoteScorer(options),
         layer_allocator=UniformLayerAllocator(),
@@ -162,7 +163,7 @@ def build_snapkv(method_cfg: Any) -> EvictionMethod:
 def build_pyramidkv(method_cfg: Any) -> EvictionMethod:
     """PyramidKV: SnapKV's indicator with the pyramid layer schedule."""
     params = parse_params(PyramidKVParams, method_cfg.params, "pyramidkv")
-    options = score_options(method_cfg)
+    options = score_options(method_cfg, params)
     allocator: LayerBudgetAllocator = (  # kvpress: kvbench.methods.kvpress_pyramid
         KvpressPyramidAllocator(params.beta, int(method_cfg.window))
         if params.schedule == "kvpress"

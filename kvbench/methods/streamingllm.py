@@ -97,11 +97,7 @@ def build_streamingllm(method_cfg: Any) -> EvictionMethod:
         scorer=RecencyScorer(),
         decode_policy=policy,
         settings={"evict_on_append": params.evict_on_append},
-        # Position alone decides: no attention score, pooling or GQA reduction (the window is the recency itself).
-        ignored_knobs=frozenset(
-            {"window", "kernel_size", "pooling", "pool_padding", "gqa_agg", "gqa_reduce", "score_dtype"}
-        ),
-        # The window still sizes the protected recent tokens (and window_in_budget=false's extra): settable.
-        unused_knobs=frozenset({"kernel_size", "pooling", "pool_padding", "gqa_agg", "gqa_reduce", "score_dtype"}),
+        # Position alone decides: no GQA reduction; the window sizes the protected recent tokens.
+        ignored_knobs=frozenset({"gqa_agg"}),
         **knobs,
     )

@@ -38,6 +38,7 @@ from kvbench.checks import check_choice
 from kvbench.config import GQA_AGGREGATIONS, GQA_REDUCE_ORDERS, POOL_PADDINGS, POOLING_TYPES, SCORE_DTYPES
 from kvbench.kernels import WindowStats
 from kvbench.kernels.reference import window_probs_reference
+from kvbench.methods.params import bounded, choice
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
     from kvbench.cache.kv_cache import HeadwiseLayer
@@ -102,6 +103,39 @@ def rounding_to(dtype: torch.dtype) -> Rounding:
     return lambda scores: scores.to(dtype).float()
 
 
+@dataclass
+class ScoreDtypeKnob:
+    """The knob of every scorer that rounds its scores as the reference code does (``method.params.score_dtype``)."""
+
+    #: Precision of the eviction scores: ``model`` (the references' softmax in float32 cast back to the model dtype,
+    #: every later reduction in that dtype) | ``float32`` (kept in float32 throughout).  Identical for float32 models.
+    score_dtype: str = choice("model", SCORE_DTYPES)
+
+
+@dataclass
+class PoolingKnobs:
+    """The knobs of the scorers that pool their scores along the sequence (``method.params.<knob>``)."""
+
+    #: Pooling kernel along the sequence: odd, so that pooled scores stay aligned with their tokens (1 = none;
+    #: SnapKV 7, CAKE 5).
+    kernel_size: int = bounded(7, low=1, odd=True)
+    #: ``max`` | ``avg``.
+    pooling: str = choice("max", POOLING_TYPES)
+    #: Average pooling at the sequence edges: ``include`` (the padding counts, ``F.avg_pool1d``'s default, every
+    #: reference) | ``exclude`` (edge scores divided by the real neighbours only).
+    pool_padding: str = choice("include", POOL_PADDINGS)
+
+
+@dataclass
+class VoteKnobs(PoolingKnobs, ScoreDtypeKnob):
+    """The knobs of the attention-vote scorers (SnapKV, PyramidKV, Ada-KV, CAKE, H2O): pooling, precision and where
+    the query heads of a stored head are combined."""
+
+    #: ``before_pool`` (KVCache-Factory's kv_head mode, AdaKV's gqa_support) | ``after_pool`` (CAKE's code);
+    #: null = the family's reference order.
+    gqa_reduce: str | None = choice(None, GQA_REDUCE_ORDERS)  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True)
 class ScoreOptions:
     """The method knobs that turn per-query-head candidate scores into per-stored-head ones (module docstring).
@@ -137,7 +171,7 @@ class ScoreOptions:
         ):
             check_choice(f"method.{key}", value, valid)
         if self.kernel_size > 1 and self.kernel_size % 2 == 0:
-            raise ValueError(f"method.kernel_size must be odd (same-length pooling), got {self.kernel_size}")
+            raise ValueError(f"method.params.kernel_size must be odd (same-length pooling), got {self.kernel_size}")
 
     def rounding(self, model_dtype: torch.dtype) -> Rounding:
         """The rounding applied after every step for a model computing in ``model_dtype``."""

@@ -9,7 +9,7 @@ by ``src/convert_models/{llama,mistral}_custom.py``):
   head keeps the same tokens.  No token is protected: the newest one is kept only if it ranks.
 * ``params.protect_recent`` is kvbench's earlier variant: the last prompt token at prefill and the newest token
   while decoding always stay.
-* Rounding (``method.score_dtype=model``, the default): as the reference in a bf16/fp16 model -- the logits of
+* Rounding (``method.params.score_dtype=model``, the default): as the reference in a bf16/fp16 model -- the logits of
   ``matmul(q, k^T) / sqrt(d)`` rounded after the product and after the scaling, the float32 softmax cast back,
   the mean over the query heads rounded; ``float32`` keeps float32 throughout.
 """
@@ -29,12 +29,11 @@ from kvbench.methods.base import (
     WindowObservation,
     common_knobs,
     register_method,
-    score_options,
 )
 from kvbench.methods.decoding import padded_decode_attention
 from kvbench.methods.h2o import ScoredDecodePolicy
 from kvbench.methods.params import parse_params
-from kvbench.methods.token_scores import no_rounding, round_to, rounding_to
+from kvbench.methods.token_scores import ScoreDtypeKnob, no_rounding, round_to, rounding_to
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
     from kvbench.cache.kv_cache import HeadwiseLayer
@@ -93,7 +92,7 @@ class CurrentAttentionDecode(ScoredDecodePolicy):
 
 
 @dataclass
-class TOVAParams:
+class TOVAParams(ScoreDtypeKnob):
     """TOVA's switches (see module docstring)."""
 
     #: Average the last query's attention over the layer's heads (the reference) or score each head on its own.
@@ -107,15 +106,13 @@ def build_tova(method_cfg: Any) -> EvictionMethod:
     """TOVA: last-token attention in prefill, current-attention eviction after every later forward."""
     params = parse_params(TOVAParams, method_cfg.params, "tova")
     knobs = common_knobs(method_cfg)
-    options = score_options(method_cfg)
     policy = None
     if method_cfg.decode_eviction:
-        policy = CurrentAttentionDecode(params.head_average, params.protect_recent, options.score_dtype)
+        policy = CurrentAttentionDecode(params.head_average, params.protect_recent, params.score_dtype)
     return EvictionMethod(
-        scorer=LastQueryScorer(params.head_average, options.score_dtype),
+        scorer=LastQueryScorer(params.head_average, params.score_dtype),
         decode_policy=policy,
         settings={"head_average": params.head_average, "protect_recent": params.protect_recent},
-        ignored_knobs=frozenset({"kernel_size", "pooling", "pool_padding", "gqa_reduce"})
-        | (frozenset({"gqa_agg"}) if params.head_average else frozenset()),
+        ignored_knobs=frozenset({"gqa_agg"}) if params.head_average else frozenset(),
         **{**knobs, "keep_window": params.protect_recent},  # the reference protects nothing
     )

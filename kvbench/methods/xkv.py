@@ -41,7 +41,7 @@ from kvbench.methods.base import (
     score_options,
 )
 from kvbench.methods.params import bounded, choice, parse_params
-from kvbench.methods.token_scores import ScoreOptions, aggregate_groups
+from kvbench.methods.token_scores import PoolingKnobs, ScoreOptions, aggregate_groups
 
 HEAD_MODES = ("layer_shared", "per_head")
 
@@ -253,7 +253,7 @@ class XKVLayerAllocator(LayerBudgetAllocator):
 
 
 @dataclass
-class XKVParams:
+class XKVParams(PoolingKnobs):
     """XKV's switches (see module docstring)."""
 
     head_mode: str = choice("layer_shared", HEAD_MODES)
@@ -270,7 +270,7 @@ def build_xkv(method_cfg: Any) -> EvictionMethod:
     """XKV: greedy retention-maximising layer budgets over SnapKV-style window scores (avg pooling)."""
     params = parse_params(XKVParams, method_cfg.params, "xkv")
     knobs = common_knobs(method_cfg)
-    options = score_options(method_cfg)
+    options = score_options(method_cfg, params)
     allocator = XKVLayerAllocator(
         knobs["window"], options, params.target_retention, params.sampling, params.sample_ratio,
         params.task_samples,
@@ -280,7 +280,6 @@ def build_xkv(method_cfg: Any) -> EvictionMethod:
         layer_allocator=allocator,
         settings={"head_mode": params.head_mode, "sampling": params.sampling},
         # XKV's importance is float32 and pooled per query head before any group reduction (paper-only readings).
-        ignored_knobs=frozenset({"gqa_reduce", "score_dtype"})
-        | (frozenset({"gqa_agg"}) if params.head_mode == "layer_shared" else frozenset()),
+        ignored_knobs=frozenset({"gqa_agg"}) if params.head_mode == "layer_shared" else frozenset(),
         **knobs,
     )

@@ -245,10 +245,51 @@ def ignored_keys(cfg: DictConfig) -> tuple[str, ...]:
     return keys
 
 
+#: The scorer knobs that were ``MethodConfig`` fields (``method.<knob>``) until issue #41 moved them to the families
+#: that read them (``method.params.<knob>``), with the schema's defaults of then.
+LEGACY_METHOD_KNOBS: dict[str, Any] = {
+    "kernel_size": 7,
+    "pooling": "max",
+    "pool_padding": "include",
+    "gqa_reduce": None,
+    "score_dtype": "model",
+}
+_VOTE_KNOBS = tuple(LEGACY_METHOD_KNOBS)
+#: The families whose params declare those knobs since then (``method.params.<knob>`` was ``method.<knob>``).
+LEGACY_KNOB_FAMILIES: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(("snapkv", "pyramidkv", "ada_snapkv", "ada_pyramidkv", "cake", "h2o"), _VOTE_KNOBS),
+    "xkv": ("kernel_size", "pooling", "pool_padding"),
+    "tova": ("score_dtype",),
+    "ahakv": ("score_dtype",),
+}
+#: A knob the presets of a family set though the family never read it (TOVA's presets said ``kernel_size: 1``).
+LEGACY_PRESET_VALUES: dict[str, dict[str, Any]] = {"tova": {"kernel_size": 1}}
+
+
+def canonical_config(container: dict[str, Any]) -> dict[str, Any]:
+    """The resolved config ``container`` in the layout it had before issue #41 (hashes and comparisons are computed
+    from it, so every existing run keeps its hash: docs/results.md): the scorer knobs of :data:`LEGACY_METHOD_KNOBS`
+    back at ``method.<knob>``, taken from ``method.params`` for the families that declare them
+    (:data:`LEGACY_KNOB_FAMILIES`), else at the value a run of the family recorded then (the schema's default, or
+    :data:`LEGACY_PRESET_VALUES`).  A config already in that layout is returned as it is."""
+    method = container.get("method")
+    if not isinstance(method, dict) or "params" not in method or all(knob in method for knob in _VOTE_KNOBS):
+        return container
+    family = method.get("family")
+    params = dict(method["params"] or {})
+    legacy = {**LEGACY_METHOD_KNOBS, **LEGACY_PRESET_VALUES.get(family, {})}
+    for knob in LEGACY_KNOB_FAMILIES.get(family, ()):
+        if knob in params:
+            legacy[knob] = params.pop(knob)
+    return {**container, "method": {**legacy, **method, "params": params}}
+
+
 def config_hash(cfg: DictConfig) -> str:
-    """SHA-256 (first 16 hex) of the resolved config without the non-semantic keys (:func:`ignored_keys`)."""
+    """SHA-256 (first 16 hex) of the resolved config in its canonical form (:func:`canonical_config`) without the
+    non-semantic keys (:func:`ignored_keys`)."""
     container = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(container, dict)
+    container = canonical_config(container)  # type: ignore[arg-type]
     for dotted in ignored_keys(cfg):
         node: Any = container
         *parents, leaf = dotted.split(".")
@@ -264,7 +305,7 @@ def config_differences(folder: Path, cfg: DictConfig) -> list[str]:
     """``key: old -> new`` for every setting that changes results (:data:`NON_SEMANTIC_KEYS` and ``wandb`` aside)
     between the run stored in ``folder`` (its ``config.yaml``) and ``cfg``; empty when they are the same run."""
     old_cfg = read_config_yaml(folder / CONFIG_FILE) or OmegaConf.create()
-    old, new = OmegaConf.to_container(old_cfg, resolve=True), OmegaConf.to_container(cfg, resolve=True)
+    old, new = (canonical_config(OmegaConf.to_container(c, resolve=True)) for c in (old_cfg, cfg))  # type: ignore[arg-type]
     return _differences(old, new, prefix="", ignored=ignored_keys(cfg))
 
 

@@ -24,8 +24,14 @@ def method_from_yaml(name: str, **overrides):
     raw = OmegaConf.load(CONF / "method" / f"{name}.yaml")
     raw.pop("defaults", None)
     node = OmegaConf.merge(OmegaConf.structured(MethodConfig), raw)
-    for key, value in overrides.items():
-        node[key] = value
+    session = {field.name for field in dataclasses.fields(MethodConfig)}
+    for key, value in overrides.items():  # a session knob, or one of the family's own (method.params)
+        if key == "params":
+            node.params = OmegaConf.merge(node.params, value)
+        elif key in session:
+            node[key] = value
+        else:
+            node.params[key] = value
     return build_method(node)
 
 

@@ -47,3 +47,24 @@ def test_wrappers_compose_over_knorm_and_name_its_results_folder() -> None:
 
 def ada_and(*overrides: str) -> list[str]:
     return ["method.params.allocation=ada", *overrides]
+
+
+def test_a_score_of_another_shape_is_a_clear_error() -> None:
+    """Issue #41: one score shape, ``[H_stored, S]`` (or ``[H_q, S]``, reduced per GQA group), checked once by the
+    session for every scorer."""
+    import dataclasses
+
+    import pytest
+
+    from kvbench.methods.knorm import KNorm
+    from tests.methods.helpers import prefill_one_layer
+
+    @dataclasses.dataclass(frozen=True)
+    class Transposed(KNorm):
+        def score(self, observation: WindowObservation) -> torch.Tensor:
+            return super().score(observation).T  # [S, H]: the wrong way round
+
+    keys = torch.randn(2, 50, 8, generator=torch.Generator().manual_seed(0))
+    method = dataclasses.replace(build_method({"name": "knorm", "family": "knorm"}), scorer=Transposed())
+    with pytest.raises(ValueError, match=r"Transposed returned scores of shape \(50, 2\).*\[H_stored, S\] = \(2, 50\)"):
+        prefill_one_layer(method, "20/layer", keys, torch.zeros_like(keys))

@@ -160,7 +160,7 @@ def test_bad_rkv_knobs_name_the_valid_choices() -> None:
         method_from_yaml("rkv", params={"retain_direction": "middle"})
     with pytest.raises(ValueError, match="mix_lambda"):
         method_from_yaml("rkv", params={"mix_lambda": 2.0})
-    with pytest.raises(ValueError, match=r"method\.pooling"):
+    with pytest.raises(ValueError, match=r"\['pooling'\] for family 'rkv'; valid keys: buffer"):
         method_from_yaml("rkv", pooling="avg")
     generator = torch.Generator().manual_seed(0)
     keys, queries = torch.randn(1, 2, 30, 16, generator=generator), torch.randn(1, 4, 30, 16, generator=generator)

@@ -17,16 +17,22 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 from kvbench.attention.function import kvbench_attention_forward
 from kvbench.budget import parse_budget
 from kvbench.cache.kv_cache import KVBenchCache
+from kvbench.config import MethodConfig
 from kvbench.inference.eviction import EvictionSession
+from kvbench.methods.base import build_method
 from kvbench.methods.think import think_kept_channels
-from tests.methods.helpers import LayerIndex, method_from_yaml
+from tests.methods.helpers import CONF, LayerIndex, method_from_yaml
 from tests.methods.kvpress_replay import model_queries
 from tests.reference_recordings import DTYPES, stored_input
+
+#: SnapKV's knobs in the think preset (a token method that does not declare them gets them removed).
+VOTE_KNOB_NAMES = ("kernel_size", "pooling", "pool_padding", "gqa_reduce", "score_dtype")
 
 RECORDING = Path(__file__).resolve().parents[1] / "fixtures" / "reference" / "think"
 
@@ -69,9 +75,16 @@ def prefill_layer(method, budget: str, keys, values, queries, backend: str = "to
 
 
 def think_method(ratio: float, tokens: str = "knorm"):
-    """The think preset over ``tokens`` (other than snapkv: its pooling knobs back to the schema's defaults)."""
-    knobs = {} if tokens == "snapkv" else {"kernel_size": 7, "pooling": "max", "gqa_reduce": None}
-    return method_from_yaml("think", params={"tokens": tokens, "key_channel_compression_ratio": ratio}, **knobs)
+    """The think preset over ``tokens`` (other than snapkv: without the SnapKV knobs the token method does not
+    declare)."""
+    if tokens == "snapkv":
+        return method_from_yaml("think", params={"tokens": tokens, "key_channel_compression_ratio": ratio})
+    raw = OmegaConf.load(CONF / "method" / "think.yaml")
+    raw.pop("defaults", None)
+    node = OmegaConf.merge(OmegaConf.structured(MethodConfig), raw)
+    node.params = {k: v for k, v in node.params.items() if k not in VOTE_KNOB_NAMES}
+    node.params.update({"tokens": tokens, "key_channel_compression_ratio": ratio})
+    return build_method(node)
 
 
 def test_kvbench_keeps_kvpress_channels_on_every_recorded_case() -> None:

@@ -1,4 +1,4 @@
-"""Ada-KV and CAKE with ``method.score_dtype=model`` on bfloat16 inputs keep what their reference code keeps in
+"""Ada-KV and CAKE with ``method.params.score_dtype=model`` on bfloat16 inputs keep what their reference code keeps in
 bfloat16 (issue #43, "residue of the bf16 work"): the recordings of ``scripts/reference/record_adakv_cake.py`` (the
 authors' code, FFY0/AdaKV and antgroup/cakekv, run outside kvbench; ``tests/fixtures/reference/bf16/README.md``).
 

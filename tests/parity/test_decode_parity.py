@@ -101,7 +101,7 @@ def test_decode_attention_reduces_groups_with_gqa_agg() -> None:
     [
         ("ahakv", {"kernel_size", "pooling", "pool_padding"}),  # AhaKV rounds as score_dtype says (issue #28)
         ("tova", {"kernel_size", "pooling", "pool_padding", "gqa_agg"}),
-        ("streamingllm", {"kernel_size", "pooling", "gqa_agg", "window"}),
+        ("streamingllm", {"kernel_size", "pooling", "gqa_agg"}),  # the window sizes its protected recent tokens
         ("h2o", {"pooling", "pool_padding"}),
         ("full", {"window", "kernel_size", "pooling", "gqa_agg", "decode_eviction"}),
     ],
