@@ -206,13 +206,14 @@ class KVBenchConfig:
 #: The resolver naming a one-class method's results folder after its wrappers (``${kvbench_method_label:...}``).
 METHOD_LABEL_RESOLVER = "kvbench_method_label"
 #: A wrapper knob at one of these values is off (left out of the label).
-WRAPPERS_OFF = frozenset({"uniform", "topk", "none", "decode0"})
+WRAPPERS_OFF = frozenset({"uniform", "topk", "none", "decode0", "target0", "ratio0.0"})
 
 
 def method_label(family: str, *wrappers: str) -> str:
     """``family`` followed by every wrapper that is on (``knorm``, ``knorm+ada``, ``knorm+ada+pyramid``,
-    ``knorm+chunkkv``); a wrapper at ``uniform`` (allocation, layers), ``topk`` (selection), ``none`` (rescale) or
-    ``decode0`` (decode_interval) is off."""
+    ``knorm+chunkkv``, ``knorm+decode4+target8``, ``knorm+decode4+ratio0.5``); a wrapper at ``uniform``
+    (allocation, layers), ``topk`` (selection), ``none`` (rescale), ``decode0`` (decode_interval), ``target0``
+    (decode_target) or ``ratio0.0`` (decode_ratio) is off."""
     return "+".join([family, *(str(wrapper) for wrapper in wrappers if str(wrapper) not in WRAPPERS_OFF)])
 
 

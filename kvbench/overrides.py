@@ -86,9 +86,11 @@ def default_preset(method_class: type) -> dict:
     family = method_class.family
     params = {field.name: field.default for field in dataclasses.fields(method_class)}
     # The name (results folder) names the wrappers that are on: knorm, knorm+ada, knorm+ada+pyramid, knorm+chunkkv,
-    # knorm+decode4.
+    # knorm+decode4, knorm+decode4+target8, knorm+decode4+ratio0.5 (a default preset's name is unchanged: every
+    # wrapper off).
     wrappers = ",".join(f"${{.params.{knob}}}" for knob in ("allocation", "layers", "selection", "rescale"))
     wrappers += ",decode${.params.decode_interval}"  # decode0: off
+    wrappers += ",target${.params.decode_target},ratio${.params.decode_ratio}"  # target0, ratio0.0: off
     label = f"${{{METHOD_LABEL_RESOLVER}:{family},{wrappers}}}"
     node = {"defaults": ["/schema/method/method@_here_", "_self_"], "name": label, "family": family, "params": params}
     reference = {"code": method_class.reference} if method_class.reference else {}
