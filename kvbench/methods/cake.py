@@ -325,6 +325,9 @@ class CakeDecode(ScoredDecodePolicy):
     """CAKE's decode eviction: rank by the newest query's pooled attention, keep the last ``window`` tokens; after
     an append, rank by its last ``window`` rows' mean attention (module docstring)."""
 
+    #: Rows step independently (per-row lengths, positions and caps): a decode batch's pool steps in one call.
+    steps_sample_rows = True
+
     def __init__(
         self, window: int, kernel_size: int, pooling: str, gqa_reduce: str = "after_pool", score_dtype: str = "model",
         evict_on_append: bool = True,
