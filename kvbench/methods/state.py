@@ -99,10 +99,17 @@ class DecodeState:
     caps: dict[int, torch.Tensor] = field(default_factory=dict)
     scores: dict[int, torch.Tensor] = field(default_factory=dict)
     scored: dict[int, torch.Tensor] = field(default_factory=dict)
+    #: Per layer, the caps tensor last read and its host list (caps are set, never changed in place: a decoding step
+    #: reads them without a ``tolist``).
+    _host_caps: dict[int, tuple[torch.Tensor, list[int]]] = field(default_factory=dict, repr=False, compare=False)
 
     def layer_caps(self, layer_idx: int) -> list[int]:
-        """The layer's per-head caps as host integers."""
-        return self.caps[layer_idx].tolist()
+        """The layer's per-head caps as host integers (read once per caps tensor)."""
+        caps = self.caps[layer_idx]
+        cached = self._host_caps.get(layer_idx)
+        if cached is None or cached[0] is not caps:
+            cached = self._host_caps[layer_idx] = (caps, caps.tolist())
+        return list(cached[1])
 
 
 def stack_decode_states(batch: DecodeState | None, sample: DecodeState) -> DecodeState:
