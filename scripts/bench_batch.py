@@ -169,7 +169,7 @@ def main() -> None:
                     sessions = [replay(model, rec, method, budget) for rec, _, _ in picks]
                     firsts = [first for _, first, _ in picks]
                     wall, step = time_steps(model, sessions, firsts, args.length, args.steps, path)
-                    if args.profile and batch in (1, args.profile) and path != "rows":
+                    if args.profile and batch in (1, args.profile) and path != "rows":  # batch1, and pooled
                         profile(model, [replay(model, rec, method, budget) for rec, _, _ in picks], firsts,
                                 args.length, path)  # fmt: skip
                     base = base or step
@@ -190,14 +190,24 @@ def main() -> None:
 
 
 def profile(model: torch.nn.Module, sessions: list[EvictionSession], first: list[int], length: int, path: str) -> None:
-    """A torch profiler table of one step of these fresh sessions on ``path`` (by self CPU time)."""
+    """A torch profiler table of two steps of these fresh sessions on ``path`` (by self CPU time; a pooled batch is
+    joined before the profiler starts)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
+    pool = None
+    if path == "pooled":
+        pool = PooledBatch()
+        for session in sessions:
+            pool.join(session)
     with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
-        time_steps(model, sessions, first, length, 1, path)
-    print(f"--- profile, {path}, batch {len(sessions)}")
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+        for step in range(2):
+            if pool is not None:
+                pool.step(model, first, [length + step] * len(sessions), CPU)
+            else:
+                forward_logits(model, [first[0]], length + step, sessions[0].cache, sessions[0], CPU)
+    print(f"--- profile, {path}, batch {len(sessions)} (2 steps)")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14))
 
 
 if __name__ == "__main__":

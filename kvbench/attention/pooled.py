@@ -50,16 +50,15 @@ class PooledKV:
 
 def padded_rows_attention(query: torch.Tensor, layer: PooledLayer, scaling: float) -> torch.Tensor:
     """The CPU path: ``query`` ``[R, G, D_k]`` (row ``r``'s ``G`` query heads) over each row's stored keys;
-    returns ``[R, G, D_v]``.  One gather, two batched products in the model dtype and a float32 softmax cast back
-    (transformers' eager attention's numerics; the identity in float32).  On CPU a bf16 product is ~10x faster than
-    the one-query bf16 SDPA kernel of the per-sample path."""
-    keys, values, _ = layer.padded_kv()  # [R, S, D]
+    returns ``[R, G, D_v]``.  One gather of whole pages per pool (:meth:`PooledLayer.page_rows`), two batched
+    products in the model dtype and a float32 softmax cast back (transformers' eager attention's numerics; the
+    identity in float32); slots past a row's length are masked (their stale values are finite and weigh 0).  On CPU a
+    bf16 product is ~10x faster than the one-query bf16 SDPA kernel of the per-sample path."""
+    keys, values = layer.page_rows()  # [R, W * page, D]
     assert layer.lengths is not None
-    logits = torch.bmm(query, keys.transpose(1, 2)) * scaling  # [R, G, S]
-    if layer.is_ragged:
-        stored = torch.arange(keys.shape[1], device=keys.device) < layer.lengths[:, None]  # [R, S]
-        logits = logits.masked_fill(~stored[:, None], float("-inf"))
-        values = values.masked_fill(~stored[:, :, None], 0.0)  # unused slots may hold anything (0 * nan = nan)
+    logits = torch.bmm(query, keys.transpose(1, 2)) * scaling  # [R, G, W * page]
+    stored = torch.arange(keys.shape[1], device=keys.device) < layer.lengths[:, None]  # [R, W * page]
+    logits = logits.masked_fill(~stored[:, None], float("-inf"))
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32).to(values.dtype)
     return torch.bmm(probs, values)
 

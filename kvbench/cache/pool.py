@@ -80,24 +80,46 @@ class PooledLayer(PagedLayer):
 
     # ------------------------------------------------------------------ storage with separate key / value widths
     def _allocate_pool(self, num_pages: int) -> None:
-        self.k_pool = torch.empty((num_pages, self.page_size, 1, self.head_dim), dtype=self.dtype, device=self.device)
-        self.v_pool = torch.empty((num_pages, self.page_size, 1, self.value_dim), dtype=self.dtype, device=self.device)
+        self.k_pool = torch.zeros((num_pages, self.page_size, 1, self.head_dim), dtype=self.dtype, device=self.device)
+        self.v_pool = torch.zeros((num_pages, self.page_size, 1, self.value_dim), dtype=self.dtype, device=self.device)
         self.pos_pool = torch.empty(num_pages * self.page_size, dtype=torch.int32, device=self.device)
 
     def _flat(self, pool: torch.Tensor) -> torch.Tensor:
         """``[num_pages * page_size, D]`` view of a pool (its own width: keys and values may differ)."""
         return pool.view(-1, pool.shape[-1])
 
+    def page_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys ``[R, W * page_size, D_k]`` and values ``[R, W * page_size, D_v]`` of every row, its ``W`` pages in
+        block-table order (``W`` pages hold the longest row): one ``index_select`` of whole pages per pool, contiguous.
+        Slots past a row's length hold stale, finite data (pages are zeroed when allocated): mask with :attr:`lengths`.
+        """
+        assert self.k_pool is not None and self.v_pool is not None and self.block_table is not None
+        pages = math.ceil(max(self.host_lengths, default=0) / self.page_size)
+        table = self.block_table[:, :pages].reshape(-1).long()  # [R * W] physical pages, row after row
+        rows, span = self.num_stored_heads, pages * self.page_size
+
+        def gather(pool: torch.Tensor) -> torch.Tensor:
+            return pool.view(pool.shape[0], -1).index_select(0, table).view(rows, span, pool.shape[-1])
+
+        return gather(self.k_pool), gather(self.v_pool)
+
     def padded_kv(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Keys ``[R, S_max, D_k]``, values ``[R, S_max, D_v]`` and positions ``[R, S_max]`` of every row, gathered
-        in one lookup (slots past a row's length hold stale data: mask them with :attr:`lengths`)."""
-        assert self.k_pool is not None and self.v_pool is not None and self.pos_pool is not None
-        slots = self.slot_matrix()
-        flat = slots.reshape(-1)
-        rows, width = slots.shape
-        keys = self._flat(self.k_pool).index_select(0, flat).view(rows, width, self.head_dim)
-        values = self._flat(self.v_pool).index_select(0, flat).view(rows, width, self.value_dim)
-        return keys, values, self.pos_pool.index_select(0, flat).view(slots.shape)
+        """Keys ``[R, S_max, D_k]``, values ``[R, S_max, D_v]`` and positions ``[R, S_max]`` of every row (slots past a
+        row's length hold stale data: mask them with :attr:`lengths`), gathered page by page (:meth:`page_rows`)."""
+        assert self.pos_pool is not None and self.block_table is not None
+        width = max(self.host_lengths, default=0)
+        keys, values = self.page_rows()
+        table = self.block_table[:, : math.ceil(width / self.page_size)].reshape(-1).long()
+        positions = self.pos_pool.view(-1, self.page_size).index_select(0, table).view(keys.shape[0], -1)
+        return keys[:, :width], values[:, :width], positions[:, :width]
+
+    def _grow_pool(self, needed: int, exact: bool = False) -> None:
+        """:meth:`PagedLayer._grow_pool`, the new pages zeroed (so a masked slot never multiplies a NaN)."""
+        old = self.num_pages
+        super()._grow_pool(needed, exact)
+        assert self.k_pool is not None and self.v_pool is not None
+        self.k_pool[old:].zero_()
+        self.v_pool[old:].zero_()
 
     def dense_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.is_ragged:
@@ -208,14 +230,15 @@ class PooledLayer(PagedLayer):
         heads = self.heads_per_sample
         first = sample * heads
         rows = list(range(first, first + heads))
-        keys, values, positions = self.padded_kv()
         lengths = self.host_lengths[first : first + heads]
         width = max(lengths, default=0)
+        slots = self.slot_matrix()[first : first + heads, :width].reshape(-1)  # this sample's rows only
+        assert self.k_pool is not None and self.v_pool is not None and self.pos_pool is not None
         _restore(
             layer,
-            keys[first : first + heads, :width],
-            values[first : first + heads, :width],
-            positions[first : first + heads, :width],
+            self._flat(self.k_pool).index_select(0, slots).view(heads, width, self.head_dim),
+            self._flat(self.v_pool).index_select(0, slots).view(heads, width, self.value_dim),
+            self.pos_pool.index_select(0, slots).view(heads, width),
             lengths,
             self.sample_seen[sample],
             int(self.capacities[sample]),

@@ -74,6 +74,9 @@ class PooledBatch:
     """The samples of a decode batch in one page pool per layer (module docstring).  Every sample's session shares
     the method and budget (one run)."""
 
+    #: Pooled steps run in this process (what the GPU validation's batch phase reads to name the path it measured).
+    steps_run = 0
+
     def __init__(self) -> None:
         self.sessions: list[EvictionSession] = []
         self.pools: list[PooledLayer] = []
@@ -121,6 +124,7 @@ class PooledBatch:
         the ``[B, vocab]`` logits."""
         input_ids = torch.tensor([[token] for token in next_ids], dtype=torch.long, device=device)
         position_ids = torch.tensor([[position] for position in positions], dtype=torch.long, device=device)
+        PooledBatch.steps_run += 1
         output = model(
             input_ids=input_ids,
             position_ids=position_ids,
