@@ -11,6 +11,7 @@ no repeat of the GQA group.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Protocol
 
 import torch
@@ -50,17 +51,35 @@ class PooledKV:
 
 def padded_rows_attention(query: torch.Tensor, layer: PooledLayer, scaling: float) -> torch.Tensor:
     """The CPU path: ``query`` ``[R, G, D_k]`` (row ``r``'s ``G`` query heads) over each row's stored keys;
-    returns ``[R, G, D_v]``.  One gather of whole pages per pool (:meth:`PooledLayer.page_rows`), two batched
-    products in the model dtype and a float32 softmax cast back (transformers' eager attention's numerics; the
-    identity in float32); slots past a row's length are masked (their stale values are finite and weigh 0).  On CPU a
-    bf16 product is ~10x faster than the one-query bf16 SDPA kernel of the per-sample path."""
-    keys, values = layer.page_rows()  # [R, W * page, D]
+    returns ``[R, G, D_v]``.  Products in the model dtype and a float32 softmax cast back (transformers' eager
+    attention's numerics; the identity in float32), without copying the keys or values: the logits of every physical
+    page of the pool against its row's queries (one batched product over the pool as it lies in memory), gathered
+    into rows for a masked softmax over each row's stored slots, scattered back to the pages, multiplied with the
+    pages' values (one batched product) and summed per row.  On CPU a bf16 product is ~10x faster than the one-query
+    bf16 SDPA kernel of the per-sample path."""
+    assert layer.k_pool is not None and layer.v_pool is not None and layer.block_table is not None
     assert layer.lengths is not None
-    logits = torch.bmm(query, keys.transpose(1, 2)) * scaling  # [R, G, W * page]
-    stored = torch.arange(keys.shape[1], device=keys.device) < layer.lengths[:, None]  # [R, W * page]
-    logits = logits.masked_fill(~stored[:, None], float("-inf"))
-    probs = torch.softmax(logits, dim=-1, dtype=torch.float32).to(values.dtype)
-    return torch.bmm(probs, values)
+    size, rows, groups = layer.page_size, layer.num_heads, query.shape[1]
+    num_pages = layer.num_pages
+    width = math.ceil(max(layer.host_lengths, default=0) / size)  # pages of the longest row
+    table = layer.block_table[:, :width].long()  # [R, W]
+    used = torch.arange(width, device=query.device) < (layer.lengths[:, None] + size - 1) // size  # [R, W]
+    spare = torch.full_like(table, num_pages)  # unused entries point at a spare page past the pool
+    pages = torch.where(used, table, spare).reshape(-1)  # [R * W]
+    owner = torch.zeros(num_pages + 1, dtype=torch.long, device=query.device)
+    owner.index_put_((pages,), torch.arange(rows, device=query.device).repeat_interleave(width))
+    owner = owner[:num_pages]  # [P] the row each page belongs to (a free page: row 0, weight 0 below)
+    keys = layer.k_pool.view(num_pages, size, -1)  # [P, page, D_k], no copy
+    logits = torch.bmm(query.index_select(0, owner), keys.transpose(1, 2)) * scaling  # [P, G, page]
+    by_row = torch.cat([logits, logits.new_zeros((1, groups, size))]).index_select(0, pages)  # [R * W, G, page]
+    by_row = by_row.view(rows, width, groups, size).transpose(1, 2).reshape(rows, groups, width * size)
+    stored = torch.arange(width * size, device=query.device) < layer.lengths[:, None]  # [R, W * page]
+    probs = torch.softmax(by_row.masked_fill(~stored[:, None], float("-inf")), dim=-1, dtype=torch.float32)
+    probs = probs.to(layer.v_pool.dtype).view(rows, groups, width, size).transpose(1, 2).reshape(-1, groups, size)
+    by_page = probs.new_zeros((num_pages + 1, groups, size)).index_copy_(0, pages, probs)[:num_pages]  # [P, G, page]
+    partial = torch.bmm(by_page, layer.v_pool.view(num_pages, size, -1))  # [P, G, D_v], no copy of the values
+    output = torch.zeros((rows, groups, partial.shape[-1]), dtype=torch.float32, device=query.device)
+    return output.index_add_(0, owner, partial.float()).to(layer.v_pool.dtype)
 
 
 def pooled_attention(module: torch.nn.Module, query: torch.Tensor, kv: PooledKV, scaling: float | None,
