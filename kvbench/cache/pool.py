@@ -103,6 +103,16 @@ class PooledLayer(PagedLayer):
 
         return gather(self.k_pool), gather(self.v_pool)
 
+    def padded_keys(self) -> torch.Tensor:
+        """Keys ``[R, S_max, D_k]`` of every row (what a decode policy scores with), gathered page by page; slots past
+        a row's length hold stale data."""
+        assert self.k_pool is not None and self.block_table is not None
+        width = max(self.host_lengths, default=0)
+        pages = math.ceil(width / self.page_size)
+        table = self.block_table[:, :pages].reshape(-1).long()
+        gathered = self.k_pool.view(self.k_pool.shape[0], -1).index_select(0, table)
+        return gathered.view(self.num_stored_heads, pages * self.page_size, self.head_dim)[:, :width]
+
     def padded_kv(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Keys ``[R, S_max, D_k]``, values ``[R, S_max, D_v]`` and positions ``[R, S_max]`` of every row (slots past a
         row's length hold stale data: mask them with :attr:`lengths`), gathered page by page (:meth:`page_rows`)."""

@@ -54,7 +54,7 @@ def padded_decode_attention(
     ``[H, S_max]`` float32 probabilities (``[H_q, S_max]`` with ``gqa_agg=None``; slot-aligned, 0 past a head's
     length) and the ``[H, S_max]`` mask of stored slots (``None`` when every head holds ``S_max`` tokens).
     """
-    keys, _, _ = layer.padded_kv()  # [H, S_max, D]
+    keys = padded_keys(layer)  # [H, S_max, D]
     heads, width, dim = keys.shape
     grouped = query[:, 0].float().reshape(heads, query.shape[0] // heads, dim)  # [H, g, D]
     logits = round_to(round_to(torch.bmm(grouped, keys.float().transpose(1, 2)), dtype) * scaling, dtype)
@@ -69,6 +69,13 @@ def padded_decode_attention(
     if gqa_agg is None:
         return probs, stored
     return round_to(aggregate_groups(probs, heads, gqa_agg), dtype), stored
+
+
+def padded_keys(layer: HeadwiseLayer) -> torch.Tensor:
+    """``[H, S_max, D]`` keys by slot (stale past each head's length): a decode batch's pool gathers its keys alone
+    (:meth:`kvbench.cache.pool.PooledLayer.padded_keys`), any other layer's :meth:`padded_kv`."""
+    gather = getattr(layer, "padded_keys", None)
+    return gather() if gather is not None else layer.padded_kv()[0]
 
 
 def seen_by_head(layer: HeadwiseLayer) -> torch.Tensor | int:
