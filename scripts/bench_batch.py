@@ -5,9 +5,17 @@ the decode batch size, per model and method, at a fixed budget.
 For each model, ``--prompts`` distinct seeded random prompts of ``--length`` tokens are prefilled once with the full
 cache, recording every layer's queries, keys and values (``bench_decode.py``'s recorder); each (method, batch size)
 then replays the recording into ``B`` samples' own caches and sessions (what a one-shot prefill gives each method),
-and times ``--steps`` decoding steps of all ``B`` together: batch 1 is kvbench's batch-1 path
-(:func:`kvbench.inference.prefill.forward_logits` over one cache), ``B > 1`` one
-:func:`kvbench.inference.batched_decode.decode_step` over ``B`` caches.  Every step is timed; the CSV has the medians.
+and times ``--steps`` decoding steps of all ``B`` together.  ``path`` says how:
+
+* ``batch1`` -- kvbench's batch-1 path (:func:`kvbench.inference.prefill.forward_logits` over one cache), the base of
+  ``speedup_vs_1``;
+* ``pooled`` -- what ``generate_batched`` runs (issue #46): the samples in one page pool per layer, one attention call
+  and one decode-policy step per layer (:class:`kvbench.inference.decode_pool.PooledBatch`); at ``B = 1`` too, which
+  separates the batching gain from the attention kernel's;
+* ``rows`` -- the per-sample path it replaced (:func:`kvbench.inference.batched_decode.decode_step`: attention and
+  policy per sample), for comparison (``--paths pooled rows``).
+
+Every step is timed; the CSV has the medians.
 
 * ``decode_tok_s`` = ``B / median step``, the step's CPU time (this process, all its threads): on a shared machine
   wall times follow the other jobs' load (the wall median is in ``step_wall_ms_median``);
@@ -45,6 +53,7 @@ from kvbench.bench.random_models import build_random_model, load_method
 from kvbench.budget import parse_budget
 from kvbench.cache.kv_cache import KVBenchCache
 from kvbench.inference.batched_decode import decode_step
+from kvbench.inference.decode_pool import PooledBatch
 from kvbench.inference.eviction import EvictionSession
 from kvbench.inference.prefill import build_cache, forward_logits, prefill
 
@@ -53,7 +62,7 @@ from bench_decode import PrefillRecorder, _LayerIndex
 
 CPU = torch.device("cpu")
 FIELDS = [
-    *("model", "method", "budget", "prompt_tokens", "decode_batch", "steps", "step_cpu_ms_median"),
+    *("model", "method", "budget", "prompt_tokens", "path", "decode_batch", "steps", "step_cpu_ms_median"),
     *("step_wall_ms_median", "decode_tok_s"),
     *("speedup_vs_1", "prefill_s", "answer_tokens", "samples_s", "machine", "loadavg_before", "loadavg_after"),
 ]
@@ -83,14 +92,26 @@ def replay(model: torch.nn.Module, recording: PrefillRecorder, method: Any, budg
 
 
 def time_steps(
-    model: torch.nn.Module, sessions: list[EvictionSession], first: list[int], length: int, steps: int
+    model: torch.nn.Module,
+    sessions: list[EvictionSession],
+    first: list[int],
+    length: int,
+    steps: int,
+    path: str = "pooled",
 ) -> tuple[float, float]:
-    """Median wall and CPU (this process, all threads) seconds of ``steps`` greedy steps of every session together
-    (batch 1: the batch-1 path)."""
+    """Median wall and CPU (this process, all threads) seconds of ``steps`` greedy steps of every session together,
+    on ``path`` (module docstring)."""
     tokens, walls, cpus = list(first), [], []
+    pool = None
+    if path == "pooled":
+        pool = PooledBatch()
+        for session in sessions:
+            pool.join(session)
     for step in range(steps):
         started, cpu_started = time.perf_counter(), time.process_time()
-        if len(sessions) == 1:
+        if pool is not None:
+            logits = pool.step(model, tokens, [length + step] * len(sessions), CPU)
+        elif path == "batch1":
             logits = forward_logits(model, [tokens[0]], length + step, sessions[0].cache, sessions[0], CPU)[-1:]
         else:
             logits = decode_step(model, tokens, [length + step] * len(sessions), sessions, CPU)
@@ -110,6 +131,13 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=2, help="distinct prompts (samples cycle over them)")
     parser.add_argument("--steps", type=int, default=8, help="timed decoding steps per row")
     parser.add_argument("--answer", type=int, default=64, help="tokens per answer for samples/s")
+    parser.add_argument(
+        "--paths",
+        nargs="+",
+        default=["pooled"],
+        choices=["pooled", "rows"],
+        help="batched paths to time (batch 1's own path is always timed first)",
+    )
     parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
     parser.add_argument("--out", default="results/bench/batch.csv")
     parser.add_argument("--profile", type=int, default=0, help="print a profile of one step at batch 1 and this")
@@ -132,17 +160,23 @@ def main() -> None:
                 prefill(model, recordings[0][2], method=copy.deepcopy(method), budget=budget)
                 prefill_s = time.process_time() - cpu_started
                 base = None
-                for batch in args.batches:
+                runs = [("batch1", 1)] + [
+                    (path, b) for path in args.paths for b in args.batches if b > 1 or path == "pooled"
+                ]
+                for path, batch in runs:
                     before = os.getloadavg()[0]
                     picks = [recordings[i % len(recordings)] for i in range(batch)]
                     sessions = [replay(model, rec, method, budget) for rec, _, _ in picks]
-                    wall, step = time_steps(model, sessions, [first for _, first, _ in picks], args.length, args.steps)
-                    if args.profile and batch in (1, args.profile):
-                        profile(model, sessions, [first for _, first, _ in picks], args.length)
+                    firsts = [first for _, first, _ in picks]
+                    wall, step = time_steps(model, sessions, firsts, args.length, args.steps, path)
+                    if args.profile and batch in (1, args.profile) and path != "rows":  # batch1, and pooled
+                        profile(model, [replay(model, rec, method, budget) for rec, _, _ in picks], firsts,
+                                args.length, path)  # fmt: skip
                     base = base or step
                     row = {
                         "model": arch, "method": name, "budget": budget.spec, "prompt_tokens": args.length,
-                        "decode_batch": batch, "steps": args.steps, "step_cpu_ms_median": round(1000 * step, 2),
+                        "path": path, "decode_batch": batch, "steps": args.steps,
+                        "step_cpu_ms_median": round(1000 * step, 2),
                         "step_wall_ms_median": round(1000 * wall, 2),
                         "decode_tok_s": round(batch / step, 2), "speedup_vs_1": round(batch * base / step, 2),
                         "prefill_s": round(prefill_s, 3), "answer_tokens": args.answer,
@@ -155,15 +189,25 @@ def main() -> None:
             del model
 
 
-def profile(model: torch.nn.Module, sessions: list[EvictionSession], first: list[int], length: int) -> None:
-    """A torch profiler table of one more step of these sessions (by self CPU time)."""
+def profile(model: torch.nn.Module, sessions: list[EvictionSession], first: list[int], length: int, path: str) -> None:
+    """A torch profiler table of two steps of these fresh sessions on ``path`` (by self CPU time; a pooled batch is
+    joined before the profiler starts)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
+    pool = None
+    if path == "pooled":
+        pool = PooledBatch()
+        for session in sessions:
+            pool.join(session)
     with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
-        time_steps(model, sessions, first, length + 1000, 1)
-    print(f"--- profile, batch {len(sessions)}")
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+        for step in range(2):
+            if pool is not None:
+                pool.step(model, first, [length + step] * len(sessions), CPU)
+            else:
+                forward_logits(model, [first[0]], length + step, sessions[0].cache, sessions[0], CPU)
+    print(f"--- profile, {path}, batch {len(sessions)} (2 steps)")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ as ``skipped``, so later phases still run):
    with the real Llama-3 tokenizer: per (method, batch size), whether each sample's greedy tokens and text equal batch
    1's (the first differing step), decode tokens/s, the speed-up over batch 1 and peak memory, all through the
    runner's own functions (batch 1: :func:`kvbench.inference.generate.generate`; above:
-   :func:`kvbench.inference.batched_decode.generate_batched`).
+   :func:`kvbench.inference.batched_decode.generate_batched`, which decodes in one shared page pool per layer where
+   the model and method allow, issue #46: ``decode_path`` says ``pooled`` or ``rows``).
 8. ``llama``    -> rows in ``parity.csv`` / ``e2e.csv``: the Llama-3.1-8B architecture, last.
 
 ``phases.csv`` logs each phase (status, seconds, why skipped or stopped).  Every row records whether all logits were
@@ -83,8 +84,8 @@ FILES = {
     "parity": ["arch", "backend", "page_size", "context", "steps", "max_abs_diff", "logit_scale", "argmax_agree", "ok"],
     "e2e": ["arch", "method", "task", "budget", "samples", "context_tokens", "allocation_exact", "kept_fraction",
             "evicted"],
-    "batch": ["arch", "method", "budget", "decode_batch", "samples", "prompt_tokens", "max_new_tokens", "device",
-              "dtype", "identical_tokens_fraction", "identical_text_fraction", "identical", "first_diff_step",
+    "batch": ["arch", "method", "budget", "decode_batch", "decode_path", "samples", "prompt_tokens", "max_new_tokens",
+              "device", "dtype", "identical_tokens_fraction", "identical_text_fraction", "identical", "first_diff_step",
               "max_abs_logit_diff", "logit_scale",
               "decode_tokens", "decode_s", "decode_tok_s", "speedup_vs_1", "prefill_s_mean", "peak_mem_bytes"],
     "phases": ["phase", "status", "seconds", "detail"],
@@ -411,6 +412,7 @@ class Validation:
         import torch
 
         from kvbench.bench.timing import device_name
+        from kvbench.inference.decode_pool import PooledBatch
 
         arch, small = self.llama, self.args.small
         samples, length, max_new, budget = SMALL_BATCH_WORK if small else BATCH_WORK
@@ -451,9 +453,13 @@ class Validation:
                         raise RuntimeError(f"no batch-1 outputs of {method} to compare with (see its row)")
                     if cuda:
                         torch.cuda.reset_peak_memory_stats(self.device)
+                    pooled_before = PooledBatch.steps_run
                     outputs, logits = generate_outputs(model, tokenizer, arch, method, row["budget"], requests,
                                                        decode_batch, recorder)  # fmt: skip
                     result.update(batch_row(outputs, logits, references.get(method)))
+                    # issue #46: the shared page pool (one attention call per layer), or per-sample rows
+                    pooled = PooledBatch.steps_run > pooled_before
+                    result["decode_path"] = "batch1" if decode_batch == 1 else "pooled" if pooled else "rows"
                     if decode_batch == 1:
                         references[method] = (outputs, result["decode_tok_s"], logits)
                     if cuda:

@@ -40,6 +40,7 @@ from kvbench.attention.extras import (
 )
 from kvbench.attention.ops import bottom_right_causal_mask, dense_attention, ragged_attention
 from kvbench.attention.paged import paged_attention
+from kvbench.attention.pooled import PooledKV, pooled_attention
 from kvbench.cache.base import LayerKV, RaggedKV, on_device, select_query_channels
 from kvbench.cache.batched import BatchedKV
 from kvbench.cache.sliding import sliding_causal_mask
@@ -60,8 +61,8 @@ class AttentionObserver(Protocol):
 def kvbench_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
-    key: LayerKV | BatchedKV | torch.Tensor | RaggedKV,
-    value: LayerKV | BatchedKV | torch.Tensor | RaggedKV,
+    key: LayerKV | BatchedKV | PooledKV | torch.Tensor | RaggedKV,
+    value: LayerKV | BatchedKV | PooledKV | torch.Tensor | RaggedKV,
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,
@@ -75,7 +76,8 @@ def kvbench_attention_forward(
         ``[1, H_q, q, D]`` post-RoPE queries of the new tokens.
     key, value:
         What the cache layer's ``update`` returned (:class:`~kvbench.cache.base.LayerKV`), a batched step's
-        :class:`~kvbench.cache.batched.BatchedKV`, or tensors no kvbench cache layer returned (dense
+        :class:`~kvbench.cache.batched.BatchedKV` (per-sample rows) or :class:`~kvbench.attention.pooled.PooledKV`
+        (the batch's shared page pool: one call for all samples), or tensors no kvbench cache layer returned (dense
         ``[1, H, S, D]`` or :class:`RaggedKV`), attended as they are.
     attention_mask:
         Must be ``None``: kvbench runs one unpadded sequence and builds its own masks.
@@ -90,6 +92,8 @@ def kvbench_attention_forward(
     """
     if attention_mask is not None:
         raise ValueError("kvbench attention expects attention_mask=None (batch size 1, no padding)")
+    if isinstance(key, PooledKV):  # a decode batch's shared page pool: one call for every sample (issue #46)
+        return pooled_attention(module, query, key, scaling, kwargs), None
     if isinstance(key, BatchedKV):
         return _batched_rows(module, query, key, scaling, dropout, kwargs), None
     if not isinstance(key, LayerKV):

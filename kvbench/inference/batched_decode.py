@@ -1,11 +1,14 @@
-"""Prefill alone, decode together: greedy generation of many samples with ``run.decode_batch`` > 1 (issue #33).
+"""Prefill alone, decode together: greedy generation of many samples with ``run.decode_batch`` > 1 (issues #33, #46).
 
 Each sample is prefilled and compressed on its own by :func:`kvbench.inference.prefill.prefill`, exactly as at batch 1
 (same kept tokens, same cache record); its cache then joins the decode batch. Every step feeds one token of every active
-sample through one model forward (:class:`kvbench.cache.batched.BatchedCache`: the dense parts run on the ``[B, 1]``
-batch, attention and the decode-time policy run per sample over its own storage). A sample that stops (stop token,
-``max_new_tokens``, stop strings: :class:`kvbench.inference.generate.GreedyStream`, the rules of batch 1) leaves the
-batch and the next sample is prefilled and takes its place (continuous batching). Outputs come back as samples finish,
+sample through one model forward: the dense parts run on the ``[B, 1]`` batch; where the model and method allow
+(:func:`kvbench.inference.decode_pool.pool_supported`) the samples share one page pool per layer and each layer runs
+one attention call and one decode-policy step for all of them (:class:`kvbench.inference.decode_pool.PooledBatch`),
+else attention and the policy run per sample over its own storage (:class:`kvbench.cache.batched.BatchedCache`).
+A sample that stops (stop token, ``max_new_tokens``, stop strings: :class:`kvbench.inference.generate.GreedyStream`,
+the rules of batch 1) leaves the batch (its pooled rows go back to its own cache, its pages to the pool) and the next
+sample is prefilled and takes its place (continuous batching). Outputs come back as samples finish,
 with their index; the caller restores the order (:class:`ReorderBuffer`).
 
 Per-sample state: the method is a frozen recipe shared by every sample; each sample's session owns what it
@@ -31,6 +34,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from kvbench.budget import Budget
 from kvbench.cache.batched import BatchedCache
 from kvbench.checks import DECODE_BATCH_AUTO, check_decode_batch
+from kvbench.inference.decode_pool import PooledBatch, pool_supported
 from kvbench.inference.eviction import EvictionSession
 from kvbench.inference.generate import GenerationOutput, GreedyStream, sync_devices
 from kvbench.inference.prefill import prefill
@@ -160,6 +164,8 @@ def generate_batched(
     pending = enumerate(requests)
     active: list[_Slot] = []
     exhausted = False
+    pool: PooledBatch | None = None  # the shared page pools, when the model and method allow (decode_pool)
+    pooled: bool | None = None
     while True:
         while not exhausted and len(active) < decode_batch:
             item = next(pending, None)
@@ -170,12 +176,20 @@ def generate_batched(
                           devices, dataset_state)  # fmt: skip
             if slot.stream.done:
                 yield slot.index, slot.output()
-            else:
-                active.append(slot)
+                continue
+            if pooled is None:
+                pooled = pool_supported(model, slot.session)
+                pool = PooledBatch() if pooled else None
+            if pool is not None:
+                pool.join(slot.session)
+            active.append(slot)
         if not active:
             return
         started = time.perf_counter()
-        logits = _batched_step(model, active, device)
+        if pool is not None:
+            logits = pool.step(model, [s.next_id for s in active], [s.position for s in active], device)
+        else:
+            logits = _batched_step(model, active, device)
         for slot, row in zip(active, logits, strict=True):
             slot.position += 1
             slot.next_id = slot.stream.push(row)
@@ -185,6 +199,8 @@ def generate_batched(
         for slot in active:
             slot.decode_s += share
             if slot.stream.done:
+                if pool is not None:
+                    pool.leave(slot.session)
                 yield slot.index, slot.output()
             else:
                 still.append(slot)

@@ -52,6 +52,7 @@ from kvbench.methods.base import (
     common_knobs,
     register_method,
 )
+from kvbench.methods.decoding import samples_and_heads
 from kvbench.methods.h2o import ScoredDecodePolicy
 from kvbench.methods.params import bounded, choice, parse_params
 from kvbench.methods.token_scores import ScoreDtypeKnob, aggregate_groups, probability_dtype, round_to
@@ -167,15 +168,29 @@ class AhaDecode(ScoredDecodePolicy):
 
     def logit_factor(
         self, state: DecodeState, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor
-    ) -> float | None:
-        """The new token's step gain: ``i`` = every token seen so far (computed on the host: no device round trip)."""
+    ) -> float | torch.Tensor | None:
+        """The new token's step gain: ``i`` = every token seen so far (computed on the host: no device round trip).
+        A decode batch's pool (several samples' rows): ``[R, 1, 1]``, each row its sample's gain."""
         if not self.sgs:
             return None
         caps = state.layer_caps(layer_idx)
-        k = max(round(sum(caps) / len(caps)) - (self.recent_window if self.params.lambda_k == "selected" else 0), 1)
-        return sg_multiplier_scalar(
-            layer.seen_tokens, k, query.shape[-1], self.params.lambda_reading, self.params.min_log
-        )
+        samples, heads = samples_and_heads(layer)
+        seen = getattr(layer, "sample_seen", [layer.seen_tokens])
+        recent = self.recent_window if self.params.lambda_k == "selected" else 0
+        gains = [
+            sg_multiplier_scalar(
+                seen[sample], max(round(sum(caps[sample * heads : (sample + 1) * heads]) / heads) - recent, 1),
+                query.shape[-1], self.params.lambda_reading, self.params.min_log,
+            )
+            for sample in range(samples)
+        ]  # fmt: skip
+        if not hasattr(layer, "sample_seen"):
+            return gains[0]
+        return torch.tensor(gains, device=query.device).repeat_interleave(heads)[:, None, None]
+
+    #: Rows are independent given their sample's step gain (:meth:`logit_factor`): a decode batch's pool of several
+    #: samples' rows steps in one call.
+    steps_sample_rows = True
 
     def append_row_scale(
         self, state: DecodeState, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor

@@ -61,7 +61,7 @@ from kvbench.methods.base import (
     register_method,
     score_options,
 )
-from kvbench.methods.decoding import evict_lowest, one_token_evictions
+from kvbench.methods.decoding import evict_lowest, one_token_evictions, padded_keys
 from kvbench.methods.h2o import AllRowsScorer, HeavyHitterDecode, ScoredDecodePolicy
 from kvbench.methods.params import bounded, choice, parse_params
 from kvbench.methods.snapkv import PyramidLayerAllocator, WindowVoteScorer
@@ -330,6 +330,9 @@ class CakeDecode(ScoredDecodePolicy):
     """CAKE's decode eviction: rank by the newest query's pooled attention, keep the last ``window`` tokens; after
     an append, rank by its last ``window`` rows' mean attention (module docstring)."""
 
+    #: Rows step independently (per-row lengths, positions and caps): a decode batch's pool steps in one call.
+    steps_sample_rows = True
+
     def __init__(
         self, window: int, kernel_size: int, pooling: str, gqa_reduce: str = "after_pool", score_dtype: str = "model",
         evict_on_append: bool = True,
@@ -360,7 +363,7 @@ class CakeDecode(ScoredDecodePolicy):
         tensors when ``score_dtype`` is ``model``; batched over heads (0 past a head's length), with the ``[H, S_max]``
         mask of stored slots (``None`` when every head holds ``S_max``)."""
         dtype = self.rounding_dtype(rows)
-        keys, _, _ = layer.padded_kv()  # [H, S_max, D]
+        keys = padded_keys(layer)  # [H, S_max, D]
         heads, width, dim = keys.shape
         groups, count = rows.shape[0] // heads, rows.shape[1]
         grouped = rows.float().reshape(heads, groups * count, dim)  # [H, g*r, D]

@@ -28,7 +28,7 @@ def padded_decode_attention(
     scaling: float,
     gqa_agg: str | None = "mean",
     dtype: torch.dtype | None = None,
-    logit_factor: float | None = None,
+    logit_factor: float | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Attention of the newest query over each stored head, reduced over the head's GQA group, vectorised over heads:
     one batched product, no loop and no host synchronisation.
@@ -46,14 +46,15 @@ def padded_decode_attention(
         ``matmul(q, k^T) / sqrt(d)`` after each op, the float32 softmax cast back, the group reduction; ``None``
         = float32 throughout.
     logit_factor:
-        A factor on the scaled logits (AhaKV's step-gain softmax), applied (and rounded) after the scaling.
+        A factor on the scaled logits (AhaKV's step-gain softmax), applied (and rounded) after the scaling: one
+        number, or ``[H, 1, 1]`` one per stored head (a decode batch's rows, each its sample's).
 
     Returns
     -------
     ``[H, S_max]`` float32 probabilities (``[H_q, S_max]`` with ``gqa_agg=None``; slot-aligned, 0 past a head's
     length) and the ``[H, S_max]`` mask of stored slots (``None`` when every head holds ``S_max`` tokens).
     """
-    keys, _, _ = layer.padded_kv()  # [H, S_max, D]
+    keys = padded_keys(layer)  # [H, S_max, D]
     heads, width, dim = keys.shape
     grouped = query[:, 0].float().reshape(heads, query.shape[0] // heads, dim)  # [H, g, D]
     logits = round_to(round_to(torch.bmm(grouped, keys.float().transpose(1, 2)), dtype) * scaling, dtype)
@@ -68,6 +69,29 @@ def padded_decode_attention(
     if gqa_agg is None:
         return probs, stored
     return round_to(aggregate_groups(probs, heads, gqa_agg), dtype), stored
+
+
+def padded_keys(layer: HeadwiseLayer) -> torch.Tensor:
+    """``[H, S_max, D]`` keys by slot (stale past each head's length): a decode batch's pool gathers its keys alone
+    (:meth:`kvbench.cache.pool.PooledLayer.padded_keys`), any other layer's :meth:`padded_kv`."""
+    gather = getattr(layer, "padded_keys", None)
+    return gather() if gather is not None else layer.padded_kv()[0]
+
+
+def seen_by_head(layer: HeadwiseLayer) -> torch.Tensor | int:
+    """Tokens seen by the sample of each stored head: ``[H, 1]`` for a decode batch's pool (each row its own
+    sample's, :class:`kvbench.cache.pool.PooledLayer`), the layer's ``seen_tokens`` otherwise."""
+    rows = getattr(layer, "row_seen", None)
+    return layer.seen_tokens if rows is None else rows[:, None]
+
+
+def samples_and_heads(layer: HeadwiseLayer) -> tuple[int, int]:
+    """``(B, H)``: the samples whose rows the layer holds and the stored heads of each (a decode batch's pool stacks
+    ``B`` samples' heads sample after sample; any other layer is one sample)."""
+    heads = getattr(layer, "heads_per_sample", None)
+    if heads is None:
+        return 1, layer.num_heads
+    return layer.num_heads // heads, heads
 
 
 def one_token_evictions(lengths: Sequence[int], caps: Sequence[int]) -> list[int] | None:

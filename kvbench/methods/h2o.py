@@ -44,7 +44,7 @@ from kvbench.methods.base import (
     register_method,
     score_options,
 )
-from kvbench.methods.decoding import evict_lowest, one_token_evictions, padded_decode_attention
+from kvbench.methods.decoding import evict_lowest, one_token_evictions, padded_decode_attention, seen_by_head
 from kvbench.methods.params import choice, parse_params
 from kvbench.methods.token_scores import (
     ScoreOptions,
@@ -178,7 +178,7 @@ class ScoredDecodePolicy(DecodePolicy):
         if not self.recent_window:
             return None
         recent = torch.tensor([min(self.recent_window, cap) for cap in caps], device=positions.device)
-        return positions >= layer.seen_tokens - recent[:, None]
+        return positions >= seen_by_head(layer) - recent[:, None]
 
     def step(
         self, state: DecodeState, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float
@@ -246,6 +246,10 @@ class ScoredDecodePolicy(DecodePolicy):
 class HeavyHitterDecode(ScoredDecodePolicy):
     """H2O decoding: accumulate attention, evict the lightest token outside the recent window (after an append
     too, when ``evict_on_append``: module docstring)."""
+
+    #: A step acts on each stored head's own row (caps, scores, seen tokens per row), so a decode batch's pool of
+    #: several samples' rows steps in one call (:mod:`kvbench.inference.decode_pool`).
+    steps_sample_rows = True
 
     def __init__(
         self, recent_window: int, accumulate: bool = True, gqa_agg: str = "mean", score_dtype: str = "model",

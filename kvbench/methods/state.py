@@ -99,7 +99,61 @@ class DecodeState:
     caps: dict[int, torch.Tensor] = field(default_factory=dict)
     scores: dict[int, torch.Tensor] = field(default_factory=dict)
     scored: dict[int, torch.Tensor] = field(default_factory=dict)
+    #: Per layer, the caps tensor last read and its host list (caps are set, never changed in place: a decoding step
+    #: reads them without a ``tolist``).
+    _host_caps: dict[int, tuple[torch.Tensor, list[int]]] = field(default_factory=dict, repr=False, compare=False)
 
     def layer_caps(self, layer_idx: int) -> list[int]:
-        """The layer's per-head caps as host integers."""
-        return self.caps[layer_idx].tolist()
+        """The layer's per-head caps as host integers (read once per caps tensor)."""
+        caps = self.caps[layer_idx]
+        cached = self._host_caps.get(layer_idx)
+        if cached is None or cached[0] is not caps:
+            cached = self._host_caps[layer_idx] = (caps, caps.tolist())
+        return list(cached[1])
+
+
+def stack_decode_states(batch: DecodeState | None, sample: DecodeState) -> DecodeState:
+    """``batch`` (the states of a decode batch's samples so far, rows stacked sample after sample) with ``sample``'s
+    rows added last: per layer the caps ``[R]`` and ``scored`` ``[R]`` concatenated, the scores ``[R, C]`` padded
+    with zeros to the widest (slots past ``scored`` are unscored, whatever they hold)."""
+    if batch is None:
+        return DecodeState(
+            caps={k: v.clone() for k, v in sample.caps.items()},
+            scores={k: v.clone() for k, v in sample.scores.items()},
+            scored={k: v.long() for k, v in sample.scored.items()},
+        )
+    stacked = DecodeState()
+    for layer_idx, caps in batch.caps.items():
+        stacked.caps[layer_idx] = torch.cat([caps, sample.caps[layer_idx]])
+    for layer_idx, scores in batch.scores.items():
+        new = sample.scores[layer_idx]
+        width = max(scores.shape[1], new.shape[1])
+        stacked.scores[layer_idx] = torch.cat(
+            [torch.nn.functional.pad(scores, (0, width - scores.shape[1])),
+             torch.nn.functional.pad(new.to(scores.device), (0, width - new.shape[1]))]
+        )  # fmt: skip
+        stacked.scored[layer_idx] = torch.cat([batch.scored[layer_idx].long(), sample.scored[layer_idx].long()])
+    return stacked
+
+
+def split_decode_state(batch: DecodeState, first: int, count: int) -> tuple[DecodeState, DecodeState]:
+    """Rows ``first .. first + count - 1`` of a stacked decode state (one sample's, as its own state) and the
+    state of the other rows."""
+
+    def part(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor[first : first + count].clone()
+
+    def rest(tensor: torch.Tensor) -> torch.Tensor:
+        return torch.cat([tensor[:first], tensor[first + count :]])
+
+    sample = DecodeState(
+        caps={k: part(v) for k, v in batch.caps.items()},
+        scores={k: part(v) for k, v in batch.scores.items()},
+        scored={k: part(v) for k, v in batch.scored.items()},
+    )
+    others = DecodeState(
+        caps={k: rest(v) for k, v in batch.caps.items()},
+        scores={k: rest(v) for k, v in batch.scores.items()},
+        scored={k: rest(v) for k, v in batch.scored.items()},
+    )
+    return sample, others

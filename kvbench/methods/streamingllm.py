@@ -44,6 +44,9 @@ class SinkWindowDecode(DecodePolicy):
     """While decoding (and after an append, when ``evict_on_append``), keep each head at its cap: the sinks plus
     the most recent tokens."""
 
+    #: Rows are independent (sinks and recency by each row's positions): a decode batch's pool steps in one call.
+    steps_sample_rows = True
+
     def __init__(self, sink_tokens: int, evict_on_append: bool = True) -> None:
         self.sink_tokens = sink_tokens
         self.evicts_on_append = evict_on_append

@@ -30,7 +30,7 @@ from kvbench.methods.base import (
     common_knobs,
     register_method,
 )
-from kvbench.methods.decoding import padded_decode_attention
+from kvbench.methods.decoding import padded_decode_attention, samples_and_heads
 from kvbench.methods.h2o import ScoredDecodePolicy
 from kvbench.methods.params import parse_params
 from kvbench.methods.token_scores import ScoreDtypeKnob, no_rounding, round_to, rounding_to
@@ -63,6 +63,8 @@ class CurrentAttentionDecode(ScoredDecodePolicy):
     """TOVA decoding: the score is this step's attention only; reduces after appends too (the reference)."""
 
     evicts_on_append = True
+    #: Rows step independently, the head average per sample: a decode batch's pool steps in one call.
+    steps_sample_rows = True
 
     def __init__(self, head_average: bool, protect_recent: bool = False, score_dtype: str = "model") -> None:
         super().__init__(recent_window=1 if protect_recent else 0, score_dtype=score_dtype)
@@ -74,12 +76,16 @@ class CurrentAttentionDecode(ScoredDecodePolicy):
     def step(
         self, state: DecodeState, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float
     ) -> None:
-        if self.head_average and not layer.is_ragged:
-            # All heads hold the same tokens in the same slots: the reference's mean of the current attention over
-            # every query head, so every head evicts the same slot.
+        if self.head_average and not getattr(layer, "any_sample_ragged", layer.is_ragged):
+            # All heads of a sample hold the same tokens in the same slots: the reference's mean of the current
+            # attention over the sample's query heads, so its heads evict the same slot (a decode batch's pool: per
+            # sample, in one reduction).
             dtype = self.rounding_dtype(query)
-            per_query_head, stored = padded_decode_attention(layer, query, scaling, None, dtype)  # [H_q, S]
-            attention = round_to(per_query_head.mean(dim=0, keepdim=True), dtype).expand(layer.num_heads, -1)
+            per_query_head, stored = padded_decode_attention(layer, query, scaling, None, dtype)  # [B*H_q, S]
+            samples, heads = samples_and_heads(layer)
+            width = per_query_head.shape[-1]
+            mean = round_to(per_query_head.view(samples, -1, width).mean(dim=1, keepdim=True), dtype)  # [B, 1, S]
+            attention = mean.expand(samples, heads, width).reshape(samples * heads, width)
             self._score_and_evict(state, layer_idx, layer, attention, stored, dtype)
             return
         super().step(state, layer_idx, layer, query, scaling)

@@ -98,6 +98,7 @@ def test_dry_run_completes_every_phase_and_records_what_ran(tmp_path: Path) -> N
         assert float(row["max_abs_logit_diff"]) <= 1e-5 < float(row["logit_scale"])  # the tolerance of that test
     assert measured[("snapkv", "1")]["budget"] == "64L" and measured[("full", "1")]["budget"] == "full"
     assert json.loads(measured[("snapkv", "4")]["attention_calls"])["torch_gather"] > 0  # through the paged cache
+    assert {row["decode_path"] for (_, size), row in measured.items() if size != "1"} == {"pooled"}  # issue #46
 
 
 def test_batch_comparison_finds_the_first_differing_step() -> None:
