@@ -266,17 +266,27 @@ LEGACY_KNOB_FAMILIES: dict[str, tuple[str, ...]] = {
 LEGACY_PRESET_VALUES: dict[str, dict[str, Any]] = {"tova": {"kernel_size": 1}}
 
 
+#: Fields every one-class method gained after its hashes were recorded, with the value that turns them off: a config
+#: with the field off hashes as one from before the field existed (kvpress's ``decode_ratio``, issue #43).
+PARAMS_ADDED_OFF: dict[str, Any] = {"decode_ratio": 0.0}
+
+
 def canonical_config(container: dict[str, Any]) -> dict[str, Any]:
     """The resolved config ``container`` in the layout it had before issue #41 (hashes and comparisons are computed
     from it, so every existing run keeps its hash: docs/results.md): the scorer knobs of :data:`LEGACY_METHOD_KNOBS`
     back at ``method.<knob>``, taken from ``method.params`` for the families that declare them
     (:data:`LEGACY_KNOB_FAMILIES`), else at the value a run of the family recorded then (the schema's default, or
-    :data:`LEGACY_PRESET_VALUES`).  A config already in that layout is returned as it is."""
+    :data:`LEGACY_PRESET_VALUES`), and without the fields of :data:`PARAMS_ADDED_OFF` that are off.  A config
+    already in that layout is returned as it is."""
     method = container.get("method")
     if not isinstance(method, dict) or "params" not in method or all(knob in method for knob in _VOTE_KNOBS):
         return container
     family = method.get("family")
-    params = dict(method["params"] or {})
+    params = {
+        key: value
+        for key, value in dict(method["params"] or {}).items()
+        if not (key in PARAMS_ADDED_OFF and value == PARAMS_ADDED_OFF[key])
+    }
     legacy = {**LEGACY_METHOD_KNOBS, **LEGACY_PRESET_VALUES.get(family, {})}
     for knob in LEGACY_KNOB_FAMILIES.get(family, ()):
         if knob in params:
