@@ -4,8 +4,9 @@ Parity: ``tests/fixtures/reference/think/ThinKPress.json`` (recorded by ``script
 kvpress 0.5.5's own venv): per case, layer and KV head the key channels ThinKPress kept, on seeded tensors and on the
 tiny random Llama (alone and after SnapKVPress), float32 and bfloat16.  kvbench must keep the same channels (and,
 composed, the same tokens).  Then the storage: fewer key channels are stored (``stored_bytes`` below the token
-method's on the torch and paged backends), attention over them equals attention over kvpress's zeroed keys, and
-batched decoding gives the batch-1 tokens.
+method's on the torch and paged backends), attention over them equals attention over kvpress's keys (the context's
+pruned channels zeroed, later keys whole; zeroed too with ``prune_appended``), the tiny Llama decodes as over
+kvpress's keys on both backends, and batched decoding gives the batch-1 tokens.
 """
 
 from __future__ import annotations
@@ -215,7 +216,7 @@ def test_bad_think_knobs_name_the_valid_choices() -> None:
 
 @pytest.mark.parametrize("mode", ["aware", "agnostic"])
 def test_think_batched_decoding_gives_the_batch_one_tokens(mode: str) -> None:
-    """Batch 3 gives batch 1's tokens and cache records (agnostic: the question is stored with the pruned width)."""
+    """Batch 3 gives batch 1's tokens and cache records (agnostic: the question is appended whole after the pruning)."""
     from tests.inference.test_batch_decode import _compare, _model, _requests
 
     model, tokenizer = _model("tiny-random-llama")
