@@ -91,7 +91,7 @@ class AppendedKeyChannels:
             return full
         rows = self._padded(length)[heads, :length]  # [n, S]
         appended = self.rows[rows.clamp(min=0), heads[:, None]]  # [n, S, D_p]
-        appended = torch.where((rows >= 0)[..., None], appended, torch.zeros((), dtype=appended.dtype))
+        appended = torch.where((rows >= 0)[..., None], appended, appended.new_zeros(()))
         pruned = self.pruned[heads][:, None, :].expand(count, length, self.pruned.shape[1])
         return full.scatter_(-1, pruned.to(full.device), appended.to(full.dtype))
 
