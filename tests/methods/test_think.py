@@ -189,6 +189,11 @@ def test_attention_over_pruned_keys_equals_attention_over_zeroed_keys(backend: s
     else:
         torch.testing.assert_close(layer.head_kv(0)[0], stored_k[0], rtol=0, atol=0)
         assert cache.stored_bytes() == (19 + 14) * (6 + 16) * 4 + (5 + 4) * (16 - 6) * 4
+        kept = [torch.tensor([2, 5, 17, 18]), torch.tensor([0, 9, 12])]  # appended tokens follow their slots
+        layer.keep(kept)
+        for h in range(2):
+            torch.testing.assert_close(layer.head_kv(h)[0], stored_k[h][kept[h]], rtol=0, atol=0)
+        assert cache.stored_bytes() == 7 * (6 + 16) * 4 + (3 + 1) * (16 - 6) * 4
 
 
 def test_a_layer_is_pruned_once_and_bad_channels_are_refused() -> None:
