@@ -281,3 +281,36 @@ def test_think_decodes_as_kvpress_over_zeroed_context_keys_on_both_backends() ->
     assert think.argmax(-1).tolist() == reference.argmax(-1).tolist()
     assert not torch.allclose(pruned_later, think, rtol=1e-4, atol=1e-4)
     assert think_cache.stored_bytes() < reference_cache.stored_bytes()  # the question and answer stored whole
+
+
+@pytest.mark.parametrize("backend", ["torch", "paged"])
+def test_appended_whole_keys_follow_random_appends_evictions_and_keeps(backend: str) -> None:
+    """60 decoding steps with one-token evictions on random heads and a ``keep``: every head's keys read back are
+    kvpress's (pruned context channels zero, appended keys whole) while the rows of evicted tokens are dropped."""
+    generator = torch.Generator().manual_seed(0)
+    cache = KVBenchCache(1, backend=backend)
+    keys = torch.randn(1, 3, 20, 8, generator=generator)
+    cache.update(keys, torch.randn(1, 3, 20, 8, generator=generator), 0)
+    layer = cache.layers[0]
+    channels = torch.stack([torch.randperm(8, generator=generator)[:3] for _ in range(3)])
+    layer.prune_key_channels(channels)
+    mask = torch.zeros(3, 8).scatter(1, channels, 1.0)
+    expected = [keys[0, h] * mask[h] for h in range(3)]
+    for step in range(60):
+        new = torch.randn(1, 3, 1, 8, generator=generator)
+        cache.update(new, torch.randn(1, 3, 1, 8, generator=generator), 0)
+        expected = [torch.cat([expected[h], new[0, h]]) for h in range(3)]
+        heads = [h for h in range(3) if float(torch.rand(1, generator=generator)) < 0.7]
+        slots = [int(torch.randint(0, expected[h].shape[0], (1,), generator=generator)) for h in heads]
+        if heads:
+            layer.evict_slots(torch.tensor(slots), heads)
+        for h, slot in zip(heads, slots, strict=True):
+            expected[h][slot] = expected[h][-1]
+            expected[h] = expected[h][:-1]
+        if step == 30:
+            kept = [torch.randperm(len(e), generator=generator)[: len(e) - 3].sort().values for e in expected]
+            layer.keep(kept)
+            expected = [e[k] for e, k in zip(expected, kept, strict=True)]
+        for h in range(3):
+            torch.testing.assert_close(layer.head_kv(h)[0], expected[h], rtol=0, atol=0)
+    assert layer.appended_keys.rows.shape[0] < 60  # the rows of evicted tokens were dropped when the store grew
