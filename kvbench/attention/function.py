@@ -16,8 +16,10 @@ with an attention plan (``KVBenchCache(backend="paged")``) goes through
 otherwise); the others hand over what the chunk attends over (:meth:`~kvbench.cache.base.EvictableLayer.attention_kv`):
 dense views go through transformers' own ``sdpa_attention_forward`` (identical numerics to ``sdpa`` when nothing is
 evicted), per-head views loop over stored heads, each with its GQA group of query heads.  A layer that stores fewer
-key channels (ThinK: :attr:`~kvbench.cache.base.EvictableLayer.key_channels`) is attended with the matching query
-channels (:func:`~kvbench.cache.base.select_query_channels`), on every path, at the model's softmax scale.
+key channels (ThinK) hands over full-width keys whose pruned context channels are zero and whose later tokens are
+whole (kvpress's ThinKPress), or with ``prune_appended`` keys of the kept channels only, attended with the matching
+query channels (:attr:`~kvbench.cache.base.EvictableLayer.query_channels`,
+:func:`~kvbench.cache.base.select_query_channels`); on every path, at the model's softmax scale.
 
 Eviction hooks in here, not through monkeypatching: the generation loop passes a ``kvbench_session`` keyword
 argument through the model's forward; after computing a layer's attention this function hands the session the
@@ -110,8 +112,8 @@ def kvbench_attention_forward(
     cache = getattr(session, "cache", None) or kwargs.get("kvbench_cache")
     layer_idx = getattr(module, "layer_idx", None)
     layer, cache_window = key.layer, None
-    channels = getattr(layer, "key_channels", None)
-    if channels is not None:  # ThinK: the layer stores fewer key channels; attend with the matching query channels
+    channels = getattr(layer, "query_channels", None)
+    if channels is not None:  # ThinK, prune_appended: the keys handed over are D_k wide; the matching query channels
         scaling = scaling if scaling is not None else query.shape[-1] ** -0.5  # the model's scale, not D_k's
         query = select_query_channels(query, channels)
     if cache is not None and layer_idx is not None:

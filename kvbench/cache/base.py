@@ -16,6 +16,8 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from transformers.cache_utils import CacheLayerMixin
 
+from kvbench.cache.appended_keys import AppendedKeyChannels
+
 
 @dataclass
 class RaggedKV:
@@ -129,9 +131,17 @@ class EvictableLayer(Protocol):
     #: ``[H, D_k]`` int64 the key channels each stored head keeps, ascending (``None``: all ``D``).
     key_channels: torch.Tensor | None
 
-    def prune_key_channels(self, channels: torch.Tensor) -> None:
-        """Keep only key channels ``channels`` ``[H, D_k]`` of every stored head, for the stored tokens and every
-        later one (attention then uses the matching query channels: :func:`select_query_channels`)."""
+    #: ``[H, D_k]`` the query channels attention uses (:func:`select_query_channels`) when the layer hands over keys
+    #: of its kept channels only (``prune_appended=True``); ``None``: the keys handed over are ``D`` wide.
+    query_channels: torch.Tensor | None
+
+    def prune_key_channels(self, channels: torch.Tensor, prune_appended: bool = False) -> None:
+        """Keep only key channels ``channels`` ``[H, D_k]`` of every stored head's stored tokens.
+
+        ``prune_appended=False`` (default, kvpress's ThinKPress): tokens appended later keep all ``D`` channels (the
+        pruned ones in :class:`~kvbench.cache.appended_keys.AppendedKeyChannels`), and the layer hands attention
+        full-width keys whose pruned context channels are zero.  ``True``: later tokens store the kept channels
+        only, and attention uses the matching query channels (:attr:`query_channels`)."""
         ...
 
     # -- bytes (docs/results.md)
@@ -246,8 +256,16 @@ class LogicalLengthLayer(CacheLayerMixin):
     key_channels: torch.Tensor | None = None
     #: Key channels dropped per stored head (0 unless ``prune_key_channels`` ran).
     dropped_key_channels: int = 0
+    #: The pruned channels of the tokens appended after the pruning (``prune_appended=False``), else ``None``.
+    appended_keys: AppendedKeyChannels | None = None
 
-    def prune_key_channels(self, channels: torch.Tensor) -> None:
+    @property
+    def query_channels(self) -> torch.Tensor | None:
+        """The query channels attention must select: the kept ones when the keys handed over are ``D_k`` wide
+        (``prune_appended=True``), else ``None`` (full-width keys, zero in the context's pruned channels)."""
+        return self.key_channels if self.appended_keys is None else None
+
+    def prune_key_channels(self, channels: torch.Tensor, prune_appended: bool = False) -> None:
         """Storage that keeps every key channel (a sliding window, never evicted) refuses to prune them."""
         raise NotImplementedError(f"{type(self).__name__} keeps every key channel")
 
@@ -258,8 +276,9 @@ class LogicalLengthLayer(CacheLayerMixin):
         itemsize = torch.empty((), dtype=self.dtype).element_size()  # type: ignore[attr-defined]
         return self.token_head_bytes() + self.dropped_key_channels * itemsize  # type: ignore[attr-defined]
 
-    def _check_key_channels(self, channels: torch.Tensor, head_dim: int) -> torch.Tensor:
-        """``channels`` as ``[H, D_k]`` int64 on the layer's device, checked (once per layer: no second pruning)."""
+    def _check_key_channels(self, channels: torch.Tensor, head_dim: int, prune_appended: bool) -> torch.Tensor:
+        """``channels`` as ``[H, D_k]`` int64 on the layer's device, checked (once per layer: no second pruning); the
+        store of later tokens' pruned channels is started unless ``prune_appended``."""
         if self.key_channels is not None:
             raise ValueError("this layer's key channels were already pruned")
         heads = self.num_heads  # type: ignore[attr-defined]
@@ -272,7 +291,40 @@ class LogicalLengthLayer(CacheLayerMixin):
         if channels.shape[1] > 1 and bool((channels[:, 1:] == channels[:, :-1]).any()):
             raise ValueError("duplicate key channels")
         self.dropped_key_channels = head_dim - channels.shape[1]
+        if not prune_appended:  # kvpress: later tokens stay whole (their pruned channels kept aside)
+            self.appended_keys = AppendedKeyChannels(channels, head_dim, self.dtype, self.device)  # type: ignore[attr-defined]
         return channels
+
+    def _refuse_pruned(self, operation: str) -> None:
+        """Refuse an operation that writes full-width keys once the key channels were pruned."""
+        if self.key_channels is not None:
+            raise ValueError(f"{operation} needs full-width keys; this layer's key channels were pruned")
+
+    def _appended_keep(self, sorted_indices: Sequence[torch.Tensor]) -> None:
+        """:meth:`AppendedKeyChannels.keep` when the store is kept (after ``keep``)."""
+        if self.appended_keys is not None:
+            self.appended_keys.keep(sorted_indices)
+
+    def _appended_evict(self, heads: torch.Tensor, slots: torch.Tensor, last: torch.Tensor) -> None:
+        """:meth:`AppendedKeyChannels.evict` when the store is kept (after ``evict_slots``)."""
+        if self.appended_keys is not None:
+            self.appended_keys.evict(heads, slots.long(), last)
+
+    def _full_width(self, kept_keys: torch.Tensor, heads: torch.Tensor | None = None) -> torch.Tensor:
+        """Stored keys ``[n, S, D_k]`` of ``heads`` as attention and scorers read them: full width (zero pruned context
+        channels, appended tokens whole) when :attr:`appended_keys` is kept, else as stored."""
+        return kept_keys if self.appended_keys is None else self.appended_keys.full_keys(kept_keys, heads)
+
+    def _appended_bytes(self) -> int:
+        """Bytes of the appended tokens' pruned channels (0 unless :attr:`appended_keys` is kept)."""
+        if self.appended_keys is None:
+            return 0
+        tokens = self.appended_keys.appended_tokens(self.host_lengths)  # type: ignore[attr-defined]
+        return tokens * self.appended_keys.extra_token_bytes()
+
+    def _appended_allocated(self) -> int:
+        """Bytes the store of appended tokens' pruned channels holds (0 when none)."""
+        return 0 if self.appended_keys is None else self.appended_keys.allocated_bytes()
 
     def attention_kv(self, keys: LayerKV, values: LayerKV) -> tuple[torch.Tensor | RaggedKV, torch.Tensor | RaggedKV]:
         """What :meth:`update` returned is what the chunk attends over (dense or per-head views)."""
@@ -326,6 +378,8 @@ class LogicalLengthLayer(CacheLayerMixin):
         if self.expand_factor > 1:
             key_states = key_states.repeat_interleave(self.expand_factor, dim=1)
             value_states = value_states.repeat_interleave(self.expand_factor, dim=1)
-        if self.key_channels is not None:  # a pruned layer stores every later key with its kept channels only
+        if self.key_channels is not None:  # a pruned layer stores every later key's kept channels in its storage,
+            if self.appended_keys is not None:  # and the pruned ones aside (kvpress: later keys stay whole)
+                self.appended_keys.append(key_states, self.host_lengths)  # type: ignore[attr-defined]
             key_states = gather_key_channels(key_states, self.key_channels)
         return key_states, value_states

@@ -148,7 +148,7 @@ class HeadwiseLayer(LogicalLengthLayer):
 
     def reset(self) -> None:
         self.__init__(self.expand_factor)  # type: ignore[misc]
-        self.key_channels, self.dropped_key_channels = None, 0
+        self.key_channels, self.dropped_key_channels, self.appended_keys = None, 0, None
 
     # ------------------------------------------------------------------ buffer management
     def _ensure_capacity(self, tokens: int) -> None:
@@ -193,14 +193,15 @@ class HeadwiseLayer(LogicalLengthLayer):
     def _refresh_views(self) -> None:
         """Point ``keys``/``values`` (dense) or ``head_keys``/``head_values`` (ragged) at the stored slots."""
         assert self.key_buffer is not None and self.value_buffer is not None
+        keys = self._full_width(self.key_buffer[0, :, : max(self.host_lengths, default=0)])[None]  # views, or copies
         if len(set(self.host_lengths)) <= 1:
             stored = self.host_lengths[0] if self.host_lengths else 0
-            self.keys = self.key_buffer[:, :, :stored]
+            self.keys = keys[:, :, :stored]
             self.values = self.value_buffer[:, :, :stored]
             self.head_keys = self.head_values = None
         else:
             self.keys = self.values = None
-            self.head_keys = [self.key_buffer[:, h : h + 1, :n] for h, n in enumerate(self.host_lengths)]
+            self.head_keys = [keys[:, h : h + 1, :n] for h, n in enumerate(self.host_lengths)]
             self.head_values = [self.value_buffer[:, h : h + 1, :n] for h, n in enumerate(self.host_lengths)]
 
     # ------------------------------------------------------------------ kvbench API
@@ -230,10 +231,11 @@ class HeadwiseLayer(LogicalLengthLayer):
         return sum(self.host_lengths)
 
     def head_kv(self, head: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of one head: two ``[S_h, D]`` views."""
+        """Keys and values of one head: two ``[S_h, D]`` views (keys: full-width copies when appended keys are kept)."""
         assert self.key_buffer is not None and self.value_buffer is not None
         stored = self.host_lengths[head]
-        return self.key_buffer[0, head, :stored], self.value_buffer[0, head, :stored]
+        keys = self._full_width(self.key_buffer[0, head : head + 1, :stored], torch.tensor([head]))[0]
+        return keys, self.value_buffer[0, head, :stored]
 
     def dense_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values as ``[H, S, D]`` views (only while all heads have the same length)."""
@@ -247,7 +249,8 @@ class HeadwiseLayer(LogicalLengthLayer):
         head's length hold stale data: mask them with :attr:`lengths`)."""
         assert self.key_buffer is not None and self.value_buffer is not None and self.position_buffer is not None
         width = max(self.host_lengths, default=0)
-        return self.key_buffer[0, :, :width], self.value_buffer[0, :, :width], self.position_buffer[:, :width]
+        keys = self._full_width(self.key_buffer[0, :, :width])
+        return keys, self.value_buffer[0, :, :width], self.position_buffer[:, :width]
 
     def padded_positions(self) -> torch.Tensor:
         """``[H, S_max]`` int32 positions by slot (a view; entries past a head's length are stale)."""
@@ -261,11 +264,12 @@ class HeadwiseLayer(LogicalLengthLayer):
             return 0
         return (self.key_buffer.shape[-1] + self.value_buffer.shape[-1]) * self.key_buffer.element_size()
 
-    def prune_key_channels(self, channels: torch.Tensor) -> None:
+    def prune_key_channels(self, channels: torch.Tensor, prune_appended: bool = False) -> None:
         """Keep only key channels ``channels`` ``[H, D_k]`` of every head (one new ``[1, H, C, D_k]`` key buffer; later
-        appends store those channels only): :meth:`EvictableLayer.prune_key_channels`."""
+        appends store those channels there, and their other channels aside unless ``prune_appended``):
+        :meth:`EvictableLayer.prune_key_channels`."""
         assert self.key_buffer is not None
-        channels = self._check_key_channels(channels, self.key_buffer.shape[-1])
+        channels = self._check_key_channels(channels, self.key_buffer.shape[-1], prune_appended)
         heads, capacity = self.key_buffer.shape[1], self.key_buffer.shape[2]
         index = channels[None, :, None, :].expand(1, heads, capacity, channels.shape[1])
         self.key_buffer = self.key_buffer.gather(-1, index)
@@ -276,15 +280,17 @@ class HeadwiseLayer(LogicalLengthLayer):
 
     def stored_bytes(self) -> int:
         """Key + value bytes of the kept tokens: ``sum_h S_h * D * 2 * itemsize`` (what the method costs; the same
-        number on every backend)."""
-        return self.stored_tokens() * self.token_head_bytes()
+        number on every backend; appended tokens of a pruned layer count their ``D - D_k`` channels kept aside)."""
+        return self.stored_tokens() * self.token_head_bytes() + self._appended_bytes()
 
     def allocated_bytes(self) -> int:
         """Bytes the key and value buffers hold, spare capacity included (positions metadata excluded)."""
         if not self.is_initialized:
             return 0
         assert self.key_buffer is not None and self.value_buffer is not None
-        return sum(t.numel() * t.element_size() for t in (self.key_buffer, self.value_buffer))
+        return (
+            sum(t.numel() * t.element_size() for t in (self.key_buffer, self.value_buffer)) + self._appended_allocated()
+        )
 
     def keep(self, indices: Sequence[torch.Tensor] | torch.Tensor) -> None:
         """Keep only the given stored slots of each head and free the rest (new exact-size buffers).
@@ -302,6 +308,7 @@ class HeadwiseLayer(LogicalLengthLayer):
         if index is None or index.shape[1] == 0:
             index = torch.zeros((self.num_heads, 0), dtype=torch.long, device=self.device)
         self._reallocate(max(new_lengths, default=0), index, new_lengths)
+        self._appended_keep(sorted_idx)
         self.host_lengths = new_lengths
         self.lengths = torch.tensor(new_lengths, dtype=torch.long, device=self.device)
         self._refresh_views()
@@ -310,6 +317,7 @@ class HeadwiseLayer(LogicalLengthLayer):
         """Overwrite every stored key and position in place (key re-rotation: Finch): ``keys`` ``[H, S, D]`` and
         ``positions`` ``[H, S]`` for a dense layer of ``S`` tokens per head (values are unchanged)."""
         assert self.key_buffer is not None and self.position_buffer is not None
+        self._refuse_pruned("rewrite_keys")
         if self.is_ragged or tuple(keys.shape[:2]) != (self.num_heads, self.host_lengths[0]):
             raise ValueError(f"rewrite_keys needs [H, S, D] keys of a dense layer, got {tuple(keys.shape)}")
         stored = self.host_lengths[0]
@@ -340,6 +348,7 @@ class HeadwiseLayer(LogicalLengthLayer):
         self.key_buffer[0, rows, slots] = self.key_buffer[0, rows, last]
         self.value_buffer[0, rows, slots] = self.value_buffer[0, rows, last]
         self.position_buffer[rows, slots] = self.position_buffer[rows, last]
+        self._appended_evict(rows, slots, last)
         self._count_evicted(host_heads, rows, every_head=heads is None)
         self._refresh_views()
         return last

@@ -170,7 +170,7 @@ class PagedLayer(LogicalLengthLayer):
 
     def reset(self) -> None:
         self.__init__(self.expand_factor, self.page_size, self.impl)  # type: ignore[misc]
-        self.key_channels, self.dropped_key_channels = None, 0
+        self.key_channels, self.dropped_key_channels, self.appended_keys = None, 0, None
 
     @property
     def kernel_impl(self) -> str:
@@ -313,7 +313,8 @@ class PagedLayer(LogicalLengthLayer):
         """Keys and values of one head: two ``[S_h, D]`` tensors (gathered copies)."""
         assert self.k_pool is not None and self.v_pool is not None
         slots = self._slots(head)
-        return self._flat(self.k_pool).index_select(0, slots), self._flat(self.v_pool).index_select(0, slots)
+        keys = self._full_width(self._flat(self.k_pool).index_select(0, slots)[None], torch.tensor([head]))[0]
+        return keys, self._flat(self.v_pool).index_select(0, slots)
 
     def dense_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values as ``[H, S, D]`` (only while all heads have the same length)."""
@@ -322,7 +323,8 @@ class PagedLayer(LogicalLengthLayer):
         assert self.k_pool is not None and self.v_pool is not None
         slots = self.slot_matrix().reshape(-1)
         keys = self._flat(self.k_pool).index_select(0, slots).view(self.num_stored_heads, -1, self.k_pool.shape[-1])
-        return keys, self._flat(self.v_pool).index_select(0, slots).view(self.num_stored_heads, -1, self.head_dim)
+        values = self._flat(self.v_pool).index_select(0, slots).view(self.num_stored_heads, -1, self.head_dim)
+        return self._full_width(keys), values
 
     def padded_kv(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Keys ``[H, S_max, D]``, values ``[H, S_max, D]`` and positions ``[H, S_max]`` (gathered in one
@@ -331,7 +333,7 @@ class PagedLayer(LogicalLengthLayer):
         slots = self.slot_matrix()
         shape = (self.num_stored_heads, slots.shape[1], self.head_dim)
         flat = slots.reshape(-1)
-        keys = self._flat(self.k_pool).index_select(0, flat).view(*shape[:2], self.k_pool.shape[-1])
+        keys = self._full_width(self._flat(self.k_pool).index_select(0, flat).view(*shape[:2], self.k_pool.shape[-1]))
         values = self._flat(self.v_pool).index_select(0, flat).view(shape)
         return keys, values, self.pos_pool.index_select(0, flat).view(slots.shape)
 
@@ -353,13 +355,13 @@ class PagedLayer(LogicalLengthLayer):
             return 0
         return (self.k_pool.shape[-1] + self.head_dim) * self.k_pool.element_size()
 
-    def prune_key_channels(self, channels: torch.Tensor) -> None:
+    def prune_key_channels(self, channels: torch.Tensor, prune_appended: bool = False) -> None:
         """Keep only key channels ``channels`` ``[H, D_k]`` of every head: a new ``[P, page_size, 1, D_k]`` key pool
-        (each page reduced to its head's channels; later appends store those channels only):
-        :meth:`kvbench.cache.base.EvictableLayer.prune_key_channels`.  The layer's attention then reads the pools
-        back through the torch gather path (the varlen and Triton paths take one head dim for keys and values)."""
+        (each page reduced to its head's channels; later appends too, their other channels aside unless
+        ``prune_appended``): :meth:`kvbench.cache.base.EvictableLayer.prune_key_channels`.  Attention then reads the
+        pools back through the torch gather path, recorded in the plan (varlen / Triton take one head dim)."""
         assert self.k_pool is not None
-        channels = self._check_key_channels(channels, self.head_dim)
+        channels = self._check_key_channels(channels, self.head_dim, prune_appended)
         page_head = torch.zeros(self.num_pages, dtype=torch.long)  # free pages: any head's channels
         for head, pages in enumerate(self.pages):
             page_head[pages] = head
@@ -369,22 +371,23 @@ class PagedLayer(LogicalLengthLayer):
         self.key_channels = channels
         plan = self.attention_plan
         if plan is not None and (plan.decode, plan.chunk) != ("torch_gather", "torch_gather"):
-            reason = "pruned key channels"
+            reason = "pruned key channels" + ("" if prune_appended else " (appended keys kept whole)")
             self.attention_plan = AttentionPlan("torch_gather", "torch_gather", reason, ("decode", "chunk"))
         self.stats.reallocations += 1
         self.stats.rows_copied += self.stored_tokens()
 
     def stored_bytes(self) -> int:
         """Key + value bytes of the kept tokens: ``sum_h S_h * D * 2 * itemsize`` (the same number as the torch
-        backend's for the same kept tokens)."""
-        return self.stored_tokens() * self.token_head_bytes()
+        backend's for the same kept tokens, appended tokens of a pruned layer included)."""
+        return self.stored_tokens() * self.token_head_bytes() + self._appended_bytes()
 
     def allocated_bytes(self) -> int:
         """Bytes held by the K and V pools: used and free pages (positions and block table excluded)."""
         if not self.is_initialized:
             return 0
         assert self.k_pool is not None and self.v_pool is not None
-        return self.k_pool.numel() * self.k_pool.element_size() + self.v_pool.numel() * self.v_pool.element_size()
+        pools = (self.k_pool.numel() + self.v_pool.numel()) * self.v_pool.element_size()  # one dtype
+        return pools + self._appended_allocated()
 
     def keep(self, indices: Sequence[torch.Tensor] | torch.Tensor) -> None:
         """Keep only the given stored slots of each head (per head 1-D indices, or ``[H, k]``) and compact.
@@ -400,6 +403,7 @@ class PagedLayer(LogicalLengthLayer):
             self._repack(src, new_lengths, new_pages)
         else:
             self._compact_in_place(src, new_lengths)
+        self._appended_keep(sorted_idx)
         self.host_lengths = new_lengths
         self.lengths = torch.tensor(new_lengths, dtype=torch.int32, device=self.device)
         self.stats.rows_copied += sum(new_lengths)
@@ -409,6 +413,7 @@ class PagedLayer(LogicalLengthLayer):
         """Overwrite every stored key and position in place (key re-rotation: Finch): ``keys`` ``[H, S, D]`` and
         ``positions`` ``[H, S]`` for a dense layer of ``S`` tokens per head (values are unchanged)."""
         assert self.k_pool is not None and self.pos_pool is not None
+        self._refuse_pruned("rewrite_keys")
         if self.is_ragged or tuple(keys.shape[:2]) != (self.num_heads, self.host_lengths[0]):
             raise ValueError(f"rewrite_keys needs [H, S, D] keys of a dense layer, got {tuple(keys.shape)}")
         slots = self.slot_matrix().reshape(-1)
@@ -446,6 +451,7 @@ class PagedLayer(LogicalLengthLayer):
         dst, src = flat(slots.long()), flat(last)
         for pool in (self._flat(self.k_pool), self._flat(self.v_pool), self.pos_pool):
             pool[dst] = pool[src]
+        self._appended_evict(rows, slots, last)
         self._count_evicted(host_heads, rows, every_head=heads is None)
         for head in host_heads:  # a head whose last page emptied returns it
             if len(self.pages[head]) > math.ceil(self.host_lengths[head] / size):

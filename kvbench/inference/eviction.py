@@ -355,7 +355,7 @@ class EvictionSession(SessionPasses):
             head_keys = [layer.head_kv(head)[0] for head in range(num_heads)]
             channels = pruner.kept_channels(rows.window_queries[:, -pruner.window :], head_keys)
             if channels is not None:
-                layer.prune_key_channels(channels)
+                layer.prune_key_channels(channels, prune_appended=pruner.prune_appended)
         policy = self.method.decode_policy
         if policy is not None and policy.prompt_window and self.decode_state is not None:
             policy.take_prompt_queries(self.decode_state, layer_idx, rows.window_queries[:, -policy.prompt_window :])

@@ -19,6 +19,9 @@ class KeyChannelPruner(ReadOnlyAfterBuild, ABC):
 
     #: The last prompt queries :meth:`kept_channels` reads.
     window: int = 32
+    #: Whether tokens stored after the pruning keep only the kept channels too (``False``: they are stored whole, as
+    #: kvpress appends them; :meth:`kvbench.cache.base.EvictableLayer.prune_key_channels`).
+    prune_appended: bool = False
 
     @abstractmethod
     def kept_channels(self, queries: torch.Tensor, keys: list[torch.Tensor]) -> torch.Tensor | None:

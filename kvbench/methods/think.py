@@ -12,11 +12,17 @@ the channels are scored on the keys the token method kept.
 What differs from kvpress, by design (docs/methods/think.md):
 
 * kvpress zeroes the pruned channels and keeps the key tensor's shape ("no memory gain"); kvbench removes them:
-  the layer stores ``[S, D_k]`` keys per head (:meth:`kvbench.cache.base.EvictableLayer.prune_key_channels`, both
-  backends) and attention uses the matching query channels at the model's scale, which gives the same logits as the
-  zeroed keys; ``stored_bytes`` counts ``(D_k + D)`` bytes per token and head.
-* One key width per layer: the tokens stored after the prefill (a question, generated tokens) keep the same
-  channels; kvpress appends them whole (its hook only runs during the prefill).
+  the layer stores the compressed context's keys as ``[S, D_k]`` per head
+  (:meth:`kvbench.cache.base.EvictableLayer.prune_key_channels`, both backends); ``stored_bytes`` counts ``(D_k + D)``
+  bytes per context token and head.
+* The tokens stored after the pruning (a question appended in question-agnostic mode, generated tokens) are kept
+  whole, as kvpress appends them (its hook only runs during the prefill): their pruned channels are stored aside
+  (:class:`kvbench.cache.appended_keys.AppendedKeyChannels`, counted as ``2 D`` bytes per token and head), and the
+  layer hands attention full-width keys whose context rows are zero in the pruned channels: kvpress's key tensor,
+  one softmax with the full query (a per-step torch gather; the paged backend's attention plan records it as
+  ``torch_gather``, reason "pruned key channels (appended keys kept whole)").  ``method.params.prune_appended=true``
+  (kvbench's switch, off by default) stores every later token with the kept channels only (one key width per layer,
+  less memory); attention then uses the matching query channels at the model's scale.
 * ``gqa_granularity=query_head`` scores channels per query head (kvpress: per KV head, the default here).
 
 ThinK's own code (SalesforceAIResearch/ThinK@4243c26, ``ThinK_flash/src/kv_pruning_utils.py``
@@ -79,8 +85,8 @@ def think_kept_channels(queries: torch.Tensor, keys: list[torch.Tensor], ratio: 
 class ThinKChannels(KeyChannelPruner):
     """ThinKPress's channel selection (:func:`think_kept_channels`) as a method piece."""
 
-    def __init__(self, ratio: float, window: int) -> None:
-        self.ratio, self.window = ratio, window
+    def __init__(self, ratio: float, window: int, prune_appended: bool = False) -> None:
+        self.ratio, self.window, self.prune_appended = ratio, window, prune_appended
 
     def kept_channels(self, queries: torch.Tensor, keys: list[torch.Tensor]) -> torch.Tensor | None:
         return think_kept_channels(queries, keys, self.ratio)
@@ -96,6 +102,9 @@ class ThinKParams:
     key_channel_compression_ratio: float = bounded(0.5, 0.0, 1.0)
     #: The last prompt queries that score the channels (kvpress's ``window_size``).
     channel_window: int = bounded(32, 1)
+    #: kvbench's switch (off: kvpress): also store the tokens appended after the pruning (a question appended in
+    #: question-agnostic mode, generated tokens) with the kept channels only, instead of whole.
+    prune_appended: bool = False
 
 
 THINK_KNOBS = frozenset(field.name for field in dataclasses.fields(ThinKParams))
@@ -117,6 +126,8 @@ def build_think(method_cfg: Any) -> EvictionMethod:
     return dataclasses.replace(
         inner,
         family="think",
-        key_channel_pruner=ThinKChannels(think.key_channel_compression_ratio, think.channel_window),
+        key_channel_pruner=ThinKChannels(
+            think.key_channel_compression_ratio, think.channel_window, think.prune_appended
+        ),
         settings={**inner.settings, **dataclasses.asdict(think), "think_reference": REFERENCE},
     )

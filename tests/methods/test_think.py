@@ -4,8 +4,9 @@ Parity: ``tests/fixtures/reference/think/ThinKPress.json`` (recorded by ``script
 kvpress 0.5.5's own venv): per case, layer and KV head the key channels ThinKPress kept, on seeded tensors and on the
 tiny random Llama (alone and after SnapKVPress), float32 and bfloat16.  kvbench must keep the same channels (and,
 composed, the same tokens).  Then the storage: fewer key channels are stored (``stored_bytes`` below the token
-method's on the torch and paged backends), attention over them equals attention over kvpress's zeroed keys, and
-batched decoding gives the batch-1 tokens.
+method's on the torch and paged backends), attention over them equals attention over kvpress's keys (the context's
+pruned channels zeroed, later keys whole; zeroed too with ``prune_appended``), the tiny Llama decodes as over
+kvpress's keys on both backends, and batched decoding gives the batch-1 tokens.
 """
 
 from __future__ import annotations
@@ -141,10 +142,12 @@ def test_stored_bytes_are_below_the_token_methods_on_both_backends(backend: str)
     assert think.allocated_bytes() < plain.allocated_bytes()
 
 
+@pytest.mark.parametrize("prune_appended", [False, True])
 @pytest.mark.parametrize("backend", ["torch", "paged"])
-def test_attention_over_pruned_keys_equals_attention_over_zeroed_keys(backend: str) -> None:
-    """After pruning, a question chunk and a decoding step: attention equals SDPA over the keys with the dropped
-    channels zeroed (kvpress's representation) at the model's scale, ragged heads included."""
+def test_attention_over_pruned_keys_equals_attention_over_zeroed_keys(backend: str, prune_appended: bool) -> None:
+    """After pruning, a question chunk, a decoding step, a one-token eviction and another step: attention equals SDPA
+    over kvpress's keys (the context's dropped channels zeroed; later keys whole by default, zeroed too with
+    ``prune_appended``) at the model's scale, ragged heads included; the bytes count each part's real width."""
     generator = torch.Generator().manual_seed(9)
     keys, values = torch.randn(1, 2, 30, 16, generator=generator), torch.randn(1, 2, 30, 16, generator=generator)
     cache = KVBenchCache(1, backend=backend)
@@ -153,17 +156,26 @@ def test_attention_over_pruned_keys_equals_attention_over_zeroed_keys(backend: s
     kept_tokens = [torch.arange(0, 30, 2), torch.arange(0, 30, 3)]  # ragged: 15 and 10 tokens
     layer.keep(kept_tokens)
     channels = torch.stack([torch.randperm(16, generator=generator)[:6] for _ in range(2)])
-    layer.prune_key_channels(channels)
+    layer.prune_key_channels(channels, prune_appended=prune_appended)
     mask = torch.zeros(2, 16).scatter(1, channels, 1.0)
+    later_mask = mask if prune_appended else torch.ones(2, 16)
     stored_k = [keys[0, h, kept_tokens[h]] * mask[h] for h in range(2)]
     stored_v = [values[0, h, kept_tokens[h]] for h in range(2)]
-    for new in (3, 1):  # a question chunk, then a decoding step
+    for new in (3, 1, 0, 1):  # a question chunk, a decoding step, an eviction (0), another step
+        if new == 0:  # head 0 evicts a context slot, head 1 an appended one: each last token moves there
+            slots, heads = torch.tensor([2, 11]), [0, 1]
+            layer.evict_slots(slots, heads)
+            for h, slot in zip(heads, slots.tolist(), strict=True):
+                for stored in (stored_k, stored_v):
+                    stored[h][slot] = stored[h][-1]
+                    stored[h] = stored[h][:-1]
+            continue
         new_k, new_v = torch.randn(1, 2, new, 16, generator=generator), torch.randn(1, 2, new, 16, generator=generator)
         query = torch.randn(1, 4, new, 16, generator=generator)
         key_out, value_out = cache.update(new_k, new_v, 0)
         output, _ = kvbench_attention_forward(LayerIndex(0), query, key_out, value_out, None, 0.25, kvbench_cache=cache)
         for h in range(2):
-            stored_k[h] = torch.cat([stored_k[h], new_k[0, h] * mask[h]])
+            stored_k[h] = torch.cat([stored_k[h], new_k[0, h] * later_mask[h]])
             stored_v[h] = torch.cat([stored_v[h], new_v[0, h]])
             causal = torch.ones(new, stored_k[h].shape[0], dtype=torch.bool).tril(stored_k[h].shape[0] - new)
             expected = torch.nn.functional.scaled_dot_product_attention(
@@ -171,7 +183,17 @@ def test_attention_over_pruned_keys_equals_attention_over_zeroed_keys(backend: s
                 attn_mask=causal, scale=0.25,
             )  # fmt: skip
             torch.testing.assert_close(output[0, :, 2 * h : 2 * h + 2], expected.transpose(0, 1))
-    assert layer.head_kv(0)[0].shape == (15 + 4, 6) and cache.stored_bytes() == (19 + 14) * (6 + 16) * 4
+    # 15 + 5 - 1 and 10 + 5 - 1 tokens; head 0 evicted a context token, head 1 an appended one
+    if prune_appended:
+        assert layer.head_kv(0)[0].shape == (19, 6) and cache.stored_bytes() == (19 + 14) * (6 + 16) * 4
+    else:
+        torch.testing.assert_close(layer.head_kv(0)[0], stored_k[0], rtol=0, atol=0)
+        assert cache.stored_bytes() == (19 + 14) * (6 + 16) * 4 + (5 + 4) * (16 - 6) * 4
+        kept = [torch.tensor([2, 5, 17, 18]), torch.tensor([0, 9, 12])]  # appended tokens follow their slots
+        layer.keep(kept)
+        for h in range(2):
+            torch.testing.assert_close(layer.head_kv(h)[0], stored_k[h][kept[h]], rtol=0, atol=0)
+        assert cache.stored_bytes() == 7 * (6 + 16) * 4 + (3 + 1) * (16 - 6) * 4
 
 
 def test_a_layer_is_pruned_once_and_bad_channels_are_refused() -> None:
@@ -199,8 +221,96 @@ def test_bad_think_knobs_name_the_valid_choices() -> None:
 
 @pytest.mark.parametrize("mode", ["aware", "agnostic"])
 def test_think_batched_decoding_gives_the_batch_one_tokens(mode: str) -> None:
-    """Batch 3 gives batch 1's tokens and cache records (agnostic: the question is stored with the pruned width)."""
+    """Batch 3 gives batch 1's tokens and cache records (agnostic: the question is appended whole after the pruning)."""
     from tests.inference.test_batch_decode import _compare, _model, _requests
 
     model, tokenizer = _model("tiny-random-llama")
     _compare(model, tokenizer, "think", _requests(model.config.vocab_size, 3, set()), 3, mode)
+
+
+def _greedy_after_prefill(model, context, question, method, cache, steps: int, zero_channels=None):
+    """Prefill ``context`` (compressed) with ``question`` appended on top, then ``steps`` greedy steps; returns the
+    logits ``[steps + 1, vocab]`` (after the question, then after each generated token).  ``zero_channels``: per
+    layer ``[H, D_k]`` channels; the stored context keys' other channels are zeroed before the question (kvpress)."""
+    from kvbench.inference.prefill import forward_logits, prefill
+
+    state = prefill(model, context, (), method=method, budget=parse_budget("24L"), cache=cache)
+    if zero_channels is not None:
+        for layer, channels in zip(cache.layers, zero_channels, strict=True):
+            keys, _ = layer.dense_kv()
+            mask = torch.zeros(keys.shape[0], keys.shape[-1]).scatter(1, channels, 1.0)
+            layer.rewrite_keys(keys * mask[:, None, :], torch.stack(layer.positions))
+    state.session.begin_append()
+    logits = [forward_logits(model, question, len(context), cache, state.session, torch.device("cpu"))[-1]]
+    state.session.begin_decode()
+    for step in range(steps):
+        token = int(logits[-1].argmax())
+        logits.append(
+            forward_logits(model, [token], len(context) + len(question) + step, cache, state.session, "cpu")[-1]
+        )
+    return torch.stack(logits)
+
+
+def test_think_decodes_as_kvpress_over_zeroed_context_keys_on_both_backends() -> None:
+    """The tiny Llama, question-agnostic: ThinK (default) gives the logits of SnapKV's kept tokens with the context
+    keys' pruned channels zeroed and the question's and generated keys whole (kvpress's ThinKPress), on the torch and
+    paged backends; ``prune_appended`` (kvbench's switch) differs from it."""
+    from tests.inference.test_batch_decode import _model
+
+    model, _ = _model("tiny-random-llama")
+    layers = model.config.num_hidden_layers
+    ids = torch.randint(5, 250, (90,), generator=torch.Generator().manual_seed(4)).tolist()
+    context, question = ids[:-8], ids[-8:]
+    with torch.no_grad():
+        think_cache = KVBenchCache(layers, backend="torch")
+        think = _greedy_after_prefill(model, context, question, method_from_yaml("think"), think_cache, 4)
+        channels = [layer.key_channels for layer in think_cache.layers]
+        assert all(c is not None and c.shape[1] == model.config.head_dim // 2 for c in channels)
+        reference_cache = KVBenchCache(layers)
+        reference = _greedy_after_prefill(
+            model, context, question, method_from_yaml("snapkv_kvpress"), reference_cache, 4, channels
+        )
+        paged = _greedy_after_prefill(
+            model, context, question, method_from_yaml("think"), KVBenchCache(layers, backend="paged"), 4
+        )
+        pruned_later = _greedy_after_prefill(
+            model, context, question, method_from_yaml("think", prune_appended=True), KVBenchCache(layers), 4
+        )
+    torch.testing.assert_close(think, reference, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(paged, think, rtol=1e-5, atol=1e-5)
+    assert think.argmax(-1).tolist() == reference.argmax(-1).tolist()
+    assert not torch.allclose(pruned_later, think, rtol=1e-4, atol=1e-4)
+    assert think_cache.stored_bytes() < reference_cache.stored_bytes()  # the question and answer stored whole
+
+
+@pytest.mark.parametrize("backend", ["torch", "paged"])
+def test_appended_whole_keys_follow_random_appends_evictions_and_keeps(backend: str) -> None:
+    """60 decoding steps with one-token evictions on random heads and a ``keep``: every head's keys read back are
+    kvpress's (pruned context channels zero, appended keys whole) while the rows of evicted tokens are dropped."""
+    generator = torch.Generator().manual_seed(0)
+    cache = KVBenchCache(1, backend=backend)
+    keys = torch.randn(1, 3, 20, 8, generator=generator)
+    cache.update(keys, torch.randn(1, 3, 20, 8, generator=generator), 0)
+    layer = cache.layers[0]
+    channels = torch.stack([torch.randperm(8, generator=generator)[:3] for _ in range(3)])
+    layer.prune_key_channels(channels)
+    mask = torch.zeros(3, 8).scatter(1, channels, 1.0)
+    expected = [keys[0, h] * mask[h] for h in range(3)]
+    for step in range(60):
+        new = torch.randn(1, 3, 1, 8, generator=generator)
+        cache.update(new, torch.randn(1, 3, 1, 8, generator=generator), 0)
+        expected = [torch.cat([expected[h], new[0, h]]) for h in range(3)]
+        heads = [h for h in range(3) if float(torch.rand(1, generator=generator)) < 0.7]
+        slots = [int(torch.randint(0, expected[h].shape[0], (1,), generator=generator)) for h in heads]
+        if heads:
+            layer.evict_slots(torch.tensor(slots), heads)
+        for h, slot in zip(heads, slots, strict=True):
+            expected[h][slot] = expected[h][-1]
+            expected[h] = expected[h][:-1]
+        if step == 30:
+            kept = [torch.randperm(len(e), generator=generator)[: len(e) - 3].sort().values for e in expected]
+            layer.keep(kept)
+            expected = [e[k] for e, k in zip(expected, kept, strict=True)]
+        for h in range(3):
+            torch.testing.assert_close(layer.head_kv(h)[0], expected[h], rtol=0, atol=0)
+    assert layer.appended_keys.rows.shape[0] < 60  # the rows of evicted tokens were dropped when the store grew
