@@ -13,7 +13,8 @@ return to the pool for the next sample (continuous batching).
 
 Which batches pool (:func:`pool_supported`): models without sliding windows, soft-capping or attention sinks, and
 methods with no decode policy or one that steps sample rows (``steps_sample_rows``: StreamingLLM, H2O, TOVA, CAKE,
-AhaKV); the others decode with :class:`~kvbench.cache.batched.BatchedCache`'s per-sample rows, as before.
+AhaKV), and caches with every key channel (ThinK's pruned layers are not pooled); the others decode with
+:class:`~kvbench.cache.batched.BatchedCache`'s per-sample rows, as before.
 
 Exactness: a sample's pooled rows keep its own slot order, lengths and positions; the policies compute the same
 per-row values as at batch 1 (the row width is padded to the batch's longest, masked).  One corner is not exact: a
@@ -48,6 +49,8 @@ def pool_supported(model: Any, session: EvictionSession) -> bool:
     cache = session.cache
     if cache.sliding_layers or not all(isinstance(layer, HeadwiseLayer | PagedLayer) for layer in cache.layers):
         return False
+    if any(getattr(layer, "key_channels", None) is not None for layer in cache.layers):
+        return False  # ThinK's pruned key channels (and whole appended keys): the per-sample path
     policy = session.method.decode_policy
     return policy is None or session.budget.is_full or bool(getattr(policy, "steps_sample_rows", False))
 
