@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -43,10 +43,10 @@ from kvbench.methods.base import (
     EvictionMethod,
     HeadBudgetAllocator,
     common_knobs,
-    register_method,
     score_options,
 )
-from kvbench.methods.params import bounded, choice, parse_params
+from kvbench.methods.family import FamilyMethod
+from kvbench.methods.params import bounded, choice
 from kvbench.methods.snapkv import PYRAMID_SCHEDULES, PyramidLayerAllocator, WindowVoteScorer
 from kvbench.methods.token_scores import VoteKnobs
 
@@ -246,8 +246,9 @@ def _spill_over(counts: list[int], available: list[int], candidates: torch.Tenso
 
 
 @dataclass
-class AdaKVParams(VoteKnobs):
-    """Ada-KV's safeguard and allocation switches (see module docstring)."""
+class AdaKV(VoteKnobs, FamilyMethod):
+    """Ada-KV's safeguard and allocation switches (see module docstring); its families are :class:`AdaSnapKV` and
+    :class:`AdaPyramidKV`."""
 
     #: Safeguard value; null = the paper version's value (early 0.5, late 0.2).
     alpha: float | None = bounded(None, 0.0, 1.0)
@@ -263,47 +264,50 @@ class AdaKVParams(VoteKnobs):
     beta: int = bounded(20, low=1)
     schedule: str = choice("adakv", PYRAMID_SCHEDULES)
 
+    #: Whether PyramidKV's layer schedule splits the budget over layers (Ada-Pyramid) or it is uniform (Ada-SnapKV).
+    pyramid: ClassVar[bool] = False
 
-def resolve_alpha(params: AdaKVParams) -> float:
+    def build(self, method_cfg: Any) -> EvictionMethod:
+        """SnapKV's indicator (window rows averaged), Ada-KV head allocation; PyramidKV's layer schedule when
+        :attr:`pyramid`."""
+        alpha = resolve_alpha(self)
+        options = score_options(method_cfg, self)
+        settings: dict[str, Any] = {
+            "alpha": alpha,
+            "alpha_reading": self.alpha_reading,
+            "normalize": self.normalize,
+            "rounding": self.rounding,
+            "gqa_reduce": options.gqa_reduce,
+        }
+        layers: dict[str, Any] = {}
+        if self.pyramid:
+            layers["layer_allocator"] = PyramidLayerAllocator(self.beta, int(method_cfg.window), self.schedule)
+            settings.update(beta=self.beta, schedule=self.schedule)
+        return EvictionMethod(
+            scorer=WindowVoteScorer(options, row_reduce="mean"),
+            head_allocator=AdaHeadAllocator(
+                alpha, self.alpha_reading, self.normalize, self.rounding, options.score_dtype
+            ),
+            settings=settings,
+            **layers,
+            **common_knobs(method_cfg),
+        )
+
+
+@dataclass
+class AdaSnapKV(AdaKV, family="ada_snapkv"):
+    """Ada-SnapKV: SnapKV's indicator and uniform layer budgets, Ada-KV head allocation."""
+
+
+@dataclass
+class AdaPyramidKV(AdaKV, family="ada_pyramidkv"):
+    """Ada-Pyramid: PyramidKV's layer schedule, Ada-KV head allocation."""
+
+    pyramid: ClassVar[bool] = True
+
+
+def resolve_alpha(params: AdaKV) -> float:
     """The safeguard value after applying the paper-version default."""
     if params.alpha is not None:
         return float(params.alpha)
     return PAPER_ALPHA[params.paper_version]
-
-
-def _build(method_cfg: Any, family: str, pyramid: bool) -> EvictionMethod:
-    params = parse_params(AdaKVParams, method_cfg.params, family)
-    alpha = resolve_alpha(params)
-    options = score_options(method_cfg, params)
-    settings: dict[str, Any] = {
-        "alpha": alpha,
-        "alpha_reading": params.alpha_reading,
-        "normalize": params.normalize,
-        "rounding": params.rounding,
-        "gqa_reduce": options.gqa_reduce,
-    }
-    layers: dict[str, Any] = {}
-    if pyramid:
-        layers["layer_allocator"] = PyramidLayerAllocator(params.beta, int(method_cfg.window), params.schedule)
-        settings.update(beta=params.beta, schedule=params.schedule)
-    return EvictionMethod(
-        scorer=WindowVoteScorer(options, row_reduce="mean"),
-        head_allocator=AdaHeadAllocator(
-            alpha, params.alpha_reading, params.normalize, params.rounding, options.score_dtype
-        ),
-        settings=settings,
-        **layers,
-        **common_knobs(method_cfg),
-    )
-
-
-@register_method("ada_snapkv")
-def build_ada_snapkv(method_cfg: Any) -> EvictionMethod:
-    """Ada-SnapKV: SnapKV's indicator and uniform layer budgets, Ada-KV head allocation."""
-    return _build(method_cfg, "ada_snapkv", pyramid=False)
-
-
-@register_method("ada_pyramidkv")
-def build_ada_pyramidkv(method_cfg: Any) -> EvictionMethod:
-    """Ada-Pyramid: PyramidKV's layer schedule, Ada-KV head allocation."""
-    return _build(method_cfg, "ada_pyramidkv", pyramid=True)

@@ -50,11 +50,11 @@ from kvbench.methods.base import (
     TokenScorer,
     WindowObservation,
     common_knobs,
-    register_method,
 )
 from kvbench.methods.decoding import samples_and_heads
+from kvbench.methods.family import FamilyMethod
 from kvbench.methods.h2o import ScoredDecodePolicy
-from kvbench.methods.params import bounded, choice, parse_params
+from kvbench.methods.params import bounded, choice
 from kvbench.methods.token_scores import ScoreDtypeKnob, aggregate_groups, probability_dtype, round_to
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
@@ -95,7 +95,7 @@ class AhaScorer(TokenScorer):
     """RA + SGS + VPE score, ``[H, S]`` per stored head (see module docstring)."""
 
     def __init__(
-        self, ra: bool, sgs: bool, vpe: bool, params: AhaKVParams, window: int, gqa_agg: str,
+        self, ra: bool, sgs: bool, vpe: bool, params: AhaKV, window: int, gqa_agg: str,
         score_dtype: str = "model",
     ) -> None:  # fmt: skip
         self.ra, self.sgs, self.vpe = ra, sgs, vpe
@@ -153,7 +153,7 @@ class AhaDecode(ScoredDecodePolicy):
     """Algorithm 1's generation: accumulate SG-softmax attention, evict the lowest outside the recent window."""
 
     def __init__(
-        self, recent_window: int, sgs: bool, params: AhaKVParams, gqa_agg: str = "mean", score_dtype: str = "model",
+        self, recent_window: int, sgs: bool, params: AhaKV, gqa_agg: str = "mean", score_dtype: str = "model",
     ) -> None:  # fmt: skip
         super().__init__(recent_window, gqa_agg, score_dtype)
         self.sgs = sgs
@@ -207,7 +207,7 @@ class AhaDecode(ScoredDecodePolicy):
 
 
 @dataclass
-class AhaKVParams(ScoreDtypeKnob):
+class AhaKV(ScoreDtypeKnob, FamilyMethod, family="ahakv"):
     """AhaKV's switches (see module docstring)."""
 
     ra: bool = True
@@ -223,27 +223,24 @@ class AhaKVParams(ScoreDtypeKnob):
     #: kvbench's earlier behaviour (the appended tokens wait for decoding).
     evict_on_append: bool = True
 
-
-@register_method("ahakv")
-def build_ahakv(method_cfg: Any) -> EvictionMethod:
-    """AhaKV with each component switchable."""
-    params = parse_params(AhaKVParams, method_cfg.params, "ahakv")
-    knobs = common_knobs(method_cfg)
-    score_dtype = str(params.score_dtype)
-    scorer = AhaScorer(params.ra, params.sgs, params.vpe, params, knobs["window"], knobs["gqa_agg"], score_dtype)
-    policy = None
-    if method_cfg.decode_eviction:
-        policy = AhaDecode(knobs["window"], params.sgs, params, knobs["gqa_agg"], score_dtype)
-    return EvictionMethod(
-        scorer=scorer,
-        decode_policy=policy,
-        settings={
-            "ra": params.ra,
-            "sgs": params.sgs,
-            "vpe": params.vpe,
-            "lambda_reading": params.lambda_reading,
-            "lambda_i": params.lambda_i,
-            "evict_on_append": params.evict_on_append,
-        },
-        **knobs,
-    )
+    def build(self, method_cfg: Any) -> EvictionMethod:
+        """AhaKV with each component switchable."""
+        knobs = common_knobs(method_cfg)
+        score_dtype = str(self.score_dtype)
+        scorer = AhaScorer(self.ra, self.sgs, self.vpe, self, knobs["window"], knobs["gqa_agg"], score_dtype)
+        policy = None
+        if method_cfg.decode_eviction:
+            policy = AhaDecode(knobs["window"], self.sgs, self, knobs["gqa_agg"], score_dtype)
+        return EvictionMethod(
+            scorer=scorer,
+            decode_policy=policy,
+            settings={
+                "ra": self.ra,
+                "sgs": self.sgs,
+                "vpe": self.vpe,
+                "lambda_reading": self.lambda_reading,
+                "lambda_i": self.lambda_i,
+                "evict_on_append": self.evict_on_append,
+            },
+            **knobs,
+        )

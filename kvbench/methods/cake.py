@@ -58,12 +58,12 @@ from kvbench.methods.base import (
     WindowObservation,
     common_knobs,
     evict_to_caps,
-    register_method,
     score_options,
 )
 from kvbench.methods.decoding import evict_lowest, one_token_evictions, padded_keys
+from kvbench.methods.family import FamilyMethod
 from kvbench.methods.h2o import AllRowsScorer, HeavyHitterDecode, ScoredDecodePolicy
-from kvbench.methods.params import bounded, choice, parse_params
+from kvbench.methods.params import bounded, choice
 from kvbench.methods.snapkv import PyramidLayerAllocator, WindowVoteScorer
 from kvbench.methods.token_scores import (
     Rounding,
@@ -426,7 +426,7 @@ class CakeDecode(ScoredDecodePolicy):
 
 # ---------------------------------------------------------------------------------------------------- builder
 @dataclass
-class CakeParams(VoteKnobs):
+class CAKE(VoteKnobs, FamilyMethod, family="cake"):
     """CAKE's hyper-parameters and switches (see module docstring)."""
 
     gamma: float = 200.0
@@ -447,52 +447,49 @@ class CakeParams(VoteKnobs):
     #: appended tokens wait for decoding (kvbench's earlier behaviour).
     evict_on_append: bool = True
 
-
-@register_method("cake")
-def build_cake(method_cfg: Any) -> EvictionMethod:
-    """CAKE and the allocation / indicator combinations of its Tables 2, 3 and 14."""
-    params = parse_params(CakeParams, method_cfg.params, "cake")
-    indicator, allocation, preference, adjust = params.indicator, params.allocation, params.preference, params.adjust
-    knobs = common_knobs(method_cfg)
-    options = score_options(method_cfg, params, reference_gqa_reduce="after_pool")
-    window, kernel, pooling = knobs["window"], int(params.kernel_size), str(params.pooling)
-    scorer: TokenScorer
-    policy: DecodePolicy | None = None
-    dtype, on_append = options.score_dtype, params.evict_on_append
-    if indicator == "h2o":
-        scorer = AllRowsScorer(options)
-        policy = HeavyHitterDecode(window, score_dtype=dtype, evict_on_append=on_append)
-    elif indicator == "tova":
-        scorer = LastQueryScorer(head_average=True, score_dtype=dtype)
-        policy = CurrentAttentionDecode(head_average=True, score_dtype=dtype)
-    elif indicator == "snapkv":
-        scorer = WindowVoteScorer(options)
-        policy = CakeDecode(window, kernel, pooling, options.gqa_reduce, dtype, on_append)
-    else:
-        scorer = CakeScorer(float(params.gamma), options, indicator)
-        policy = CakeDecode(window, kernel, pooling, options.gqa_reduce, dtype, on_append)
-    allocator: LayerBudgetAllocator
-    if allocation == "p2a":
-        allocator = CakeLayerAllocator(
-            window, params.tau1, params.tau2, params.model, params.cascading, preference, adjust, options.score_dtype
+    def build(self, method_cfg: Any) -> EvictionMethod:
+        """CAKE and the allocation / indicator combinations of its Tables 2, 3 and 14."""
+        indicator, allocation, preference, adjust = self.indicator, self.allocation, self.preference, self.adjust
+        knobs = common_knobs(method_cfg)
+        options = score_options(method_cfg, self, reference_gqa_reduce="after_pool")
+        window, kernel, pooling = knobs["window"], int(self.kernel_size), str(self.pooling)
+        scorer: TokenScorer
+        policy: DecodePolicy | None = None
+        dtype, on_append = options.score_dtype, self.evict_on_append
+        if indicator == "h2o":
+            scorer = AllRowsScorer(options)
+            policy = HeavyHitterDecode(window, score_dtype=dtype, evict_on_append=on_append)
+        elif indicator == "tova":
+            scorer = LastQueryScorer(head_average=True, score_dtype=dtype)
+            policy = CurrentAttentionDecode(head_average=True, score_dtype=dtype)
+        elif indicator == "snapkv":
+            scorer = WindowVoteScorer(options)
+            policy = CakeDecode(window, kernel, pooling, options.gqa_reduce, dtype, on_append)
+        else:
+            scorer = CakeScorer(float(self.gamma), options, indicator)
+            policy = CakeDecode(window, kernel, pooling, options.gqa_reduce, dtype, on_append)
+        allocator: LayerBudgetAllocator
+        if allocation == "p2a":
+            allocator = CakeLayerAllocator(
+                window, self.tau1, self.tau2, self.model, self.cascading, preference, adjust, options.score_dtype
+            )
+        elif allocation == "uniform":
+            allocator = UniformLayerAllocator()
+        elif allocation == "pyramid":
+            allocator = PyramidLayerAllocator(self.beta, window)
+        else:
+            allocator = RandomLayerAllocator(window, self.seed)
+        return EvictionMethod(
+            scorer=scorer,
+            layer_allocator=allocator,
+            decode_policy=policy if method_cfg.decode_eviction else None,
+            settings={
+                "indicator": indicator,
+                "allocation": allocation,
+                "cascading": self.cascading,
+                "adjust": adjust,
+                "gqa_reduce": options.gqa_reduce,
+                "evict_on_append": on_append,
+            },
+            **knobs,
         )
-    elif allocation == "uniform":
-        allocator = UniformLayerAllocator()
-    elif allocation == "pyramid":
-        allocator = PyramidLayerAllocator(params.beta, window)
-    else:
-        allocator = RandomLayerAllocator(window, params.seed)
-    return EvictionMethod(
-        scorer=scorer,
-        layer_allocator=allocator,
-        decode_policy=policy if method_cfg.decode_eviction else None,
-        settings={
-            "indicator": indicator,
-            "allocation": allocation,
-            "cascading": params.cascading,
-            "adjust": adjust,
-            "gqa_reduce": options.gqa_reduce,
-            "evict_on_append": on_append,
-        },
-        **knobs,
-    )

@@ -41,11 +41,11 @@ from kvbench.methods.base import (
     WindowObservation,
     common_knobs,
     evict_to_caps,
-    register_method,
     score_options,
 )
 from kvbench.methods.decoding import evict_lowest, one_token_evictions, padded_decode_attention, seen_by_head
-from kvbench.methods.params import choice, parse_params
+from kvbench.methods.family import FamilyMethod
+from kvbench.methods.params import choice
 from kvbench.methods.token_scores import (
     ScoreOptions,
     VoteKnobs,
@@ -264,7 +264,7 @@ class HeavyHitterDecode(ScoredDecodePolicy):
 
 
 @dataclass
-class H2OParams(VoteKnobs):
+class H2O(VoteKnobs, FamilyMethod, family="h2o"):
     """H2O's switches (module docstring); the window is the recent part."""
 
     #: ``all_rows`` (every prompt query votes, the reference) or ``window`` (only the observation window's rows).
@@ -275,25 +275,22 @@ class H2OParams(VoteKnobs):
     #: earlier behaviour (the appended tokens stay, scored 0, until the first decoding step cuts to the cap).
     evict_on_append: bool = True
 
-
-@register_method("h2o")
-def build_h2o(method_cfg: Any) -> EvictionMethod:
-    """H2O: all-rows accumulated attention + recent window; decode-time eviction when ``decode_eviction``."""
-    params = parse_params(H2OParams, method_cfg.params, "h2o")
-    knobs = common_knobs(method_cfg)
-    options = score_options(method_cfg, params)
-    policy = None
-    if method_cfg.decode_eviction:
-        policy = HeavyHitterDecode(
-            knobs["window"], params.decode_accumulate, knobs["gqa_agg"], options.score_dtype, params.evict_on_append
+    def build(self, method_cfg: Any) -> EvictionMethod:
+        """H2O: all-rows accumulated attention + recent window; decode-time eviction when ``decode_eviction``."""
+        knobs = common_knobs(method_cfg)
+        options = score_options(method_cfg, self)
+        policy = None
+        if method_cfg.decode_eviction:
+            policy = HeavyHitterDecode(
+                knobs["window"], self.decode_accumulate, knobs["gqa_agg"], options.score_dtype, self.evict_on_append
+            )
+        return EvictionMethod(
+            scorer=AllRowsScorer(options, self.scores),
+            decode_policy=policy,
+            settings={
+                "scores": self.scores,
+                "decode_accumulate": self.decode_accumulate,
+                "evict_on_append": self.evict_on_append,
+            },
+            **knobs,
         )
-    return EvictionMethod(
-        scorer=AllRowsScorer(options, params.scores),
-        decode_policy=policy,
-        settings={
-            "scores": params.scores,
-            "decode_accumulate": params.decode_accumulate,
-            "evict_on_append": params.evict_on_append,
-        },
-        **knobs,
-    )

@@ -59,9 +59,9 @@ from kvbench.methods.base import (
     UniformLayerAllocator,
     WindowObservation,
     common_knobs,
-    register_method,
 )
-from kvbench.methods.params import bounded, choice, parse_params
+from kvbench.methods.family import FamilyMethod
+from kvbench.methods.params import bounded, choice
 from kvbench.methods.seeding import layer_generator
 from kvbench.methods.token_scores import aggregate_groups
 
@@ -234,7 +234,7 @@ def select_tokens(scores: torch.Tensor, split: BudgetSplit, distribution: str, g
 
 # ---------------------------------------------------------------------------------------------------- pieces
 @dataclass
-class NACLParams:
+class NACL(FamilyMethod, family="nacl"):
     """NACL's hyper-parameters (defaults: the code's ``src/args.py``) and kvbench's switches (module docstring)."""
 
     #: Proxy queries as a fraction of the prompt: the last ``int(ratio x S)`` (at least one).
@@ -277,6 +277,31 @@ class NACLParams:
             self.sink_tokens,
         )
 
+    def build(self, method_cfg: Any) -> EvictionMethod:
+        """NACL: proxy-token + random eviction once per layer at the end of the prefill (module docstring)."""
+        if method_cfg.decode_eviction:
+            raise ValueError("method.decode_eviction=true: NACL's code evicts once, at the prefill; set it to false")
+        if method_cfg.sink_tokens:
+            raise ValueError(
+                f"method.sink_tokens={method_cfg.sink_tokens}: NACL's sinks are part of its protected share, "
+                "set method.params.sink_tokens instead (and keep method.sink_tokens=0)"
+            )
+        if not method_cfg.window_in_budget:
+            raise ValueError(
+                "method.window_in_budget=false: NACL has no observation window (its budget is split whole)"
+            )
+        knobs = common_knobs(method_cfg)
+        groups_reduced = method_cfg.gqa_granularity == "kv_head" and self.kv_head_scores == "group"
+        return EvictionMethod(
+            scorer=NACLScorer(self, knobs["gqa_agg"]),
+            layer_allocator=TriggeredUniformAllocator(self.min_eviction_seqlen),
+            settings=dataclasses.asdict(self),
+            # No observation window (the code's tiers decide every kept token).
+            ignored_knobs=frozenset({"window", "window_in_budget", "sink_tokens"})
+            | (frozenset() if groups_reduced else frozenset({"gqa_agg"})),
+            **{**knobs, "keep_window": False},  # the scorer's tiers decide every kept token
+        )
+
 
 class NACLScorer(TokenScorer):
     """Proxy scores, then NACL's selection encoded as score tiers the session's top-``B`` reproduces exactly.
@@ -285,7 +310,7 @@ class NACLScorer(TokenScorer):
     (all 0 when the layer evicts nothing).
     """
 
-    def __init__(self, params: NACLParams, gqa_agg: str = "mean") -> None:
+    def __init__(self, params: NACL, gqa_agg: str = "mean") -> None:
         self.params = params
         self.gqa_agg = gqa_agg
 
@@ -335,29 +360,3 @@ class TriggeredUniformAllocator(UniformLayerAllocator):
         if state.context_length <= self.min_length:
             return {observation.layer_idx: state.context_length}
         return super().on_layer(state, observation)
-
-
-@register_method("nacl")
-def build_nacl(method_cfg: Any) -> EvictionMethod:
-    """NACL: proxy-token + random eviction once per layer at the end of the prefill (module docstring)."""
-    params = parse_params(NACLParams, method_cfg.params, "nacl")
-    if method_cfg.decode_eviction:
-        raise ValueError("method.decode_eviction=true: NACL's code evicts once, at the prefill; set it to false")
-    if method_cfg.sink_tokens:
-        raise ValueError(
-            f"method.sink_tokens={method_cfg.sink_tokens}: NACL's sinks are part of its protected share, "
-            "set method.params.sink_tokens instead (and keep method.sink_tokens=0)"
-        )
-    if not method_cfg.window_in_budget:
-        raise ValueError("method.window_in_budget=false: NACL has no observation window (its budget is split whole)")
-    knobs = common_knobs(method_cfg)
-    groups_reduced = method_cfg.gqa_granularity == "kv_head" and params.kv_head_scores == "group"
-    return EvictionMethod(
-        scorer=NACLScorer(params, knobs["gqa_agg"]),
-        layer_allocator=TriggeredUniformAllocator(params.min_eviction_seqlen),
-        settings=dataclasses.asdict(params),
-        # No observation window (the code's tiers decide every kept token).
-        ignored_knobs=frozenset({"window", "window_in_budget", "sink_tokens"})
-        | (frozenset() if groups_reduced else frozenset({"gqa_agg"})),
-        **{**knobs, "keep_window": False},  # the scorer's tiers decide every kept token
-    )

@@ -10,7 +10,7 @@ validation: unknown keys, then each given value's type (from the annotation: ``b
         beta: int = bounded(20, low=1)
         schedule: str = choice("kvcache_factory", PYRAMID_SCHEDULES)
 
-Constraints that tie several fields together stay in the family's builder (e.g. NACL's ratios must not all be 0).
+Constraints that tie several fields together stay in the family's class (e.g. NACL's ratios must not all be 0).
 """
 
 from __future__ import annotations

@@ -8,10 +8,11 @@ A scorer method subclasses :class:`ScorerMethod` with a family name and writes o
             return -observation.keys.norm(dim=-1)  # [H, S]: keep the smallest key norms
 
 That is the whole method.  Defining the class registers a builder for ``method.family == "knorm"``
-(:func:`build_scorer_method`, one generic builder for every such class).  Saved as ``kvbench/methods/knorm.py``
-(the module is named after the family), ``method=knorm`` composes with no YAML: :func:`kvbench.config.prepare_overrides`
-finds the module without importing it and registers a default preset (``name: knorm, family: knorm``, the schema's
-defaults) in Hydra's ConfigStore; a ``conf/method/knorm.yaml``, where one exists, is the preset that wins (``kvbench
+(:func:`kvbench.methods.family.build_family_method`, the one generic builder of every method class, the paper families'
+too: :class:`kvbench.methods.family.FamilyMethod`).  Saved as ``kvbench/methods/knorm.py`` (the module is named after
+the family), ``method=knorm`` composes with no YAML: :func:`kvbench.config.prepare_overrides` finds the module
+without importing it and registers a default preset (``name: knorm, family: knorm``, the schema's defaults) in
+Hydra's ConfigStore; a ``conf/method/knorm.yaml``, where one exists, is the preset that wins (``kvbench
 list methods`` says which).
 
 * Knobs: the dataclass fields, set as ``method.params.<field>`` and validated by
@@ -36,15 +37,15 @@ list methods`` says which).
 from __future__ import annotations
 
 import dataclasses
-from functools import partial
 from typing import Any, ClassVar
 
 from kvbench.methods.adakv import PAPER_ALPHA, AdaHeadAllocator
-from kvbench.methods.base import EvictionMethod, TokenScorer, common_knobs, register_method
+from kvbench.methods.base import EvictionMethod, TokenScorer, common_knobs
 from kvbench.methods.critical import wrap_critical
+from kvbench.methods.family import FamilyMethod
 from kvbench.methods.kvpress_ada import KvpressAdaAllocator
 from kvbench.methods.kvpress_decoding import IntervalDecodingPolicy
-from kvbench.methods.params import bounded, choice, parse_params
+from kvbench.methods.params import bounded, choice
 from kvbench.methods.selection import SELECTIONS, wrap_selection
 from kvbench.methods.snapkv import PyramidLayerAllocator
 
@@ -59,7 +60,7 @@ SCORER_METHODS: dict[str, type[ScorerMethod]] = {}
 
 
 @dataclasses.dataclass(frozen=True)
-class ScorerMethod(TokenScorer):
+class ScorerMethod(TokenScorer, FamilyMethod):
     """Base of the one-class methods (module docstring): subclass with ``family=<name>`` and write ``score``."""
 
     #: Protect the last ``method.window`` prompt tokens (they rank before every other token); off by default.
@@ -90,53 +91,48 @@ class ScorerMethod(TokenScorer):
     #: tokens seen so far (0: off; ``r`` in ``[0, 1)``, exclusive with ``decode_target``).
     decode_ratio: float = bounded(0.0, 0.0, 1.0)
 
-    #: The registry name, given as ``class X(ScorerMethod, family="x")``.
-    family: ClassVar[str] = ""
     #: The code the method reproduces (``repo path@version``), given as ``class X(..., reference="...")``; shown by
     #: ``kvbench list methods`` and recorded in the method's settings.
     reference: ClassVar[str] = ""
 
     def __init_subclass__(cls, family: str | None = None, reference: str = "", **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
+        super().__init_subclass__(family=family, **kwargs)
         if family is not None:
-            cls.family, cls.reference = family, reference
+            cls.reference = reference
             SCORER_METHODS[family] = cls
-            register_method(family)(partial(build_scorer_method, cls))
 
-
-def build_scorer_method(method_class: type[ScorerMethod], method_cfg: Any) -> EvictionMethod:
-    """The generic builder: the class's fields from ``method.params`` (validated), the session knobs."""
-    recipe = parse_params(method_class, method_cfg.params, method_class.family)
-    knobs = common_knobs(method_cfg)
-    wrappers: dict[str, Any] = {}
-    if recipe.allocation == "ada":
-        wrappers["head_allocator"] = AdaHeadAllocator(PAPER_ALPHA["late"], "floor")
-    elif recipe.allocation == "ada_kvpress":
-        wrappers["head_allocator"] = KvpressAdaAllocator()
-    if recipe.layers == "pyramid":
-        wrappers["layer_allocator"] = PyramidLayerAllocator(20, knobs["window"])
-    if recipe.selection != "topk" and recipe.allocation != "uniform":
-        raise ValueError(
-            f"method.params.selection={recipe.selection!r} sets its own per-head counts: it does not combine with "
-            f"method.params.allocation={recipe.allocation!r}; valid with it: allocation=uniform"
-        )
-    method = EvictionMethod(
-        scorer=recipe,
-        **wrappers,
-        settings={**dataclasses.asdict(recipe), **({"reference": recipe.reference} if recipe.reference else {})},
-        **{**knobs, "keep_window": recipe.keep_window},
-    )
-    if recipe.decode_interval:
-        policy = IntervalDecodingPolicy(
-            recipe, recipe.decode_interval, knobs["gqa_agg"], knobs["window"], recipe.decode_target, recipe.decode_ratio
-        )
-        method = dataclasses.replace(method, decode_policy=policy)
-    if recipe.rescale == "critical":
-        if recipe.selection != "topk" or recipe.allocation == "ada":
+    def build(self, method_cfg: Any) -> EvictionMethod:
+        """The scorer under the wrappers its fields turn on, with the session knobs."""
+        knobs = common_knobs(method_cfg)
+        wrappers: dict[str, Any] = {}
+        if self.allocation == "ada":
+            wrappers["head_allocator"] = AdaHeadAllocator(PAPER_ALPHA["late"], "floor")
+        elif self.allocation == "ada_kvpress":
+            wrappers["head_allocator"] = KvpressAdaAllocator()
+        if self.layers == "pyramid":
+            wrappers["layer_allocator"] = PyramidLayerAllocator(20, knobs["window"])
+        if self.selection != "topk" and self.allocation != "uniform":
             raise ValueError(
-                "method.params.rescale=critical combines with method.params.allocation=uniform (CriticalKV) or "
-                f"ada_kvpress (CriticalAdaKV) and selection=topk; got allocation={recipe.allocation!r}, "
-                f"selection={recipe.selection!r}"
+                f"method.params.selection={self.selection!r} sets its own per-head counts: it does not combine with "
+                f"method.params.allocation={self.allocation!r}; valid with it: allocation=uniform"
             )
-        return wrap_critical(method, adaptive=recipe.allocation == "ada_kvpress")
-    return wrap_selection(method, recipe.selection, recipe.selection_length)
+        method = EvictionMethod(
+            scorer=self,
+            **wrappers,
+            settings={**dataclasses.asdict(self), **({"reference": self.reference} if self.reference else {})},
+            **{**knobs, "keep_window": self.keep_window},
+        )
+        if self.decode_interval:
+            policy = IntervalDecodingPolicy(
+                self, self.decode_interval, knobs["gqa_agg"], knobs["window"], self.decode_target, self.decode_ratio
+            )
+            method = dataclasses.replace(method, decode_policy=policy)
+        if self.rescale == "critical":
+            if self.selection != "topk" or self.allocation == "ada":
+                raise ValueError(
+                    "method.params.rescale=critical combines with method.params.allocation=uniform (CriticalKV) or "
+                    f"ada_kvpress (CriticalAdaKV) and selection=topk; got allocation={self.allocation!r}, "
+                    f"selection={self.selection!r}"
+                )
+            return wrap_critical(method, adaptive=self.allocation == "ada_kvpress")
+        return wrap_selection(method, self.selection, self.selection_length)

@@ -30,11 +30,11 @@ from kvbench.methods.base import (
     UniformLayerAllocator,
     WindowObservation,
     common_knobs,
-    register_method,
     score_options,
 )
+from kvbench.methods.family import FamilyMethod
 from kvbench.methods.kvpress_pyramid import KvpressPyramidAllocator, kvpress_pyramid_budgets
-from kvbench.methods.params import bounded, choice, parse_params
+from kvbench.methods.params import bounded, choice
 from kvbench.methods.token_scores import ScoreOptions, VoteKnobs, window_votes, with_window_columns
 
 PYRAMID_SCHEDULES = ("kvcache_factory", "adakv", "sum_preserving", "kvpress")
@@ -133,45 +133,39 @@ class PyramidLayerAllocator(StaticLayerAllocator):
 
 
 @dataclass
-class SnapKVParams(VoteKnobs):
+class SnapKV(VoteKnobs, FamilyMethod, family="snapkv"):
     """SnapKV's knobs: the attention vote's pooling, precision and GQA-reduction order (besides the session's window
     and GQA storage)."""
 
+    def build(self, method_cfg: Any) -> EvictionMethod:
+        """SnapKV: window vote + pooling, uniform budgets."""
+        options = score_options(method_cfg, self)
+        return EvictionMethod(
+            scorer=WindowVoteScorer(options),
+            layer_allocator=UniformLayerAllocator(),
+            settings={"gqa_reduce": options.gqa_reduce},
+            **common_knobs(method_cfg),
+        )
+
 
 @dataclass
-class PyramidKVParams(VoteKnobs):
+class PyramidKV(VoteKnobs, FamilyMethod, family="pyramidkv"):
     """PyramidKV's knobs: SnapKV's, the slope and the schedule variant (:func:`pyramid_schedule`)."""
 
     beta: int = bounded(20, low=1)
     schedule: str = choice("kvcache_factory", PYRAMID_SCHEDULES)
 
-
-@register_method("snapkv")
-def build_snapkv(method_cfg: Any) -> EvictionMethod:
-    """SnapKV: window vote + pooling, uniform budgets."""
-    params = parse_params(SnapKVParams, method_cfg.params, "snapkv")
-    options = score_options(method_cfg, params)
-    return EvictionMethod(
-        scorer=WindowVoteScorer(options),
-        layer_allocator=UniformLayerAllocator(),
-        settings={"gqa_reduce": options.gqa_reduce},
-        **common_knobs(method_cfg),
-    )
-
-
-@register_method("pyramidkv")
-def build_pyramidkv(method_cfg: Any) -> EvictionMethod:
-    """PyramidKV: SnapKV's indicator with the pyramid layer schedule."""
-    params = parse_params(PyramidKVParams, method_cfg.params, "pyramidkv")
-    options = score_options(method_cfg, params)
-    allocator: LayerBudgetAllocator = (  # kvpress: kvbench.methods.kvpress_pyramid
-        KvpressPyramidAllocator(params.beta, int(method_cfg.window))
-        if params.schedule == "kvpress"
-        else PyramidLayerAllocator(params.beta, int(method_cfg.window), params.schedule)
-    )
-    return EvictionMethod(
-        scorer=WindowVoteScorer(options),
-        layer_allocator=allocator,
-        settings={"gqa_reduce": options.gqa_reduce, "beta": params.beta, "schedule": params.schedule},
-        **common_knobs(method_cfg),
-    )
+    def build(self, method_cfg: Any) -> EvictionMethod:
+        """PyramidKV: SnapKV's indicator with the pyramid layer schedule."""
+        options = score_options(method_cfg, self)
+        allocator: LayerBudgetAllocator = (  # kvpress: kvbench.methods.kvpress_pyramid
+            KvpressPyramidAllocator(self.beta, int(method_cfg.window))
+            if self.schedule == "kvpress"
+            else PyramidLayerAllocator(self.beta, int(method_cfg.window), self.schedule)
+        )
+        return EvictionMethod(
+            scorer=WindowVoteScorer(options),
+            layer_allocator=allocator,
+            settings={"gqa_reduce": options.gqa_reduce, "beta": self.beta, "schedule": self.schedule},
+            **common_knobs(method_cfg),
+        )

@@ -22,10 +22,9 @@ from kvbench.methods.base import (
     WindowObservation,
     common_knobs,
     evict_to_caps,
-    register_method,
 )
 from kvbench.methods.decoding import evict_lowest, one_token_evictions
-from kvbench.methods.params import parse_params
+from kvbench.methods.family import FamilyMethod
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
     from kvbench.cache.kv_cache import HeadwiseLayer
@@ -82,25 +81,22 @@ class SinkWindowDecode(DecodePolicy):
 
 
 @dataclass
-class StreamingParams:
+class StreamingLLM(FamilyMethod, family="streamingllm"):
     """StreamingLLM's hyper-parameters are ``method.sink_tokens`` and the budget; one switch (module docstring)."""
 
     #: Cut back to sinks + recent right after a multi-token append (the reference); false = kvbench's earlier
     #: behaviour (the first decoding step cuts back to the cap).
     evict_on_append: bool = True
 
-
-@register_method("streamingllm")
-def build_streamingllm(method_cfg: Any) -> EvictionMethod:
-    """Sinks + recent window; evicts in decoding too when ``method.decode_eviction``."""
-    params = parse_params(StreamingParams, method_cfg.params, "streamingllm")
-    knobs = common_knobs(method_cfg)
-    policy = SinkWindowDecode(knobs["sink_tokens"], params.evict_on_append) if method_cfg.decode_eviction else None
-    return EvictionMethod(
-        scorer=RecencyScorer(),
-        decode_policy=policy,
-        settings={"evict_on_append": params.evict_on_append},
-        # Position alone decides: no GQA reduction; the window sizes the protected recent tokens.
-        ignored_knobs=frozenset({"gqa_agg"}),
-        **knobs,
-    )
+    def build(self, method_cfg: Any) -> EvictionMethod:
+        """Sinks + recent window; evicts in decoding too when ``method.decode_eviction``."""
+        knobs = common_knobs(method_cfg)
+        policy = SinkWindowDecode(knobs["sink_tokens"], self.evict_on_append) if method_cfg.decode_eviction else None
+        return EvictionMethod(
+            scorer=RecencyScorer(),
+            decode_policy=policy,
+            settings={"evict_on_append": self.evict_on_append},
+            # Position alone decides: no GQA reduction; the window sizes the protected recent tokens.
+            ignored_knobs=frozenset({"gqa_agg"}),
+            **knobs,
+        )

@@ -28,11 +28,10 @@ from kvbench.methods.base import (
     TokenScorer,
     WindowObservation,
     common_knobs,
-    register_method,
 )
 from kvbench.methods.decoding import padded_decode_attention, samples_and_heads
+from kvbench.methods.family import FamilyMethod
 from kvbench.methods.h2o import ScoredDecodePolicy
-from kvbench.methods.params import parse_params
 from kvbench.methods.token_scores import ScoreDtypeKnob, no_rounding, round_to, rounding_to
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
@@ -98,7 +97,7 @@ class CurrentAttentionDecode(ScoredDecodePolicy):
 
 
 @dataclass
-class TOVAParams(ScoreDtypeKnob):
+class TOVA(ScoreDtypeKnob, FamilyMethod, family="tova"):
     """TOVA's switches (see module docstring)."""
 
     #: Average the last query's attention over the layer's heads (the reference) or score each head on its own.
@@ -106,19 +105,16 @@ class TOVAParams(ScoreDtypeKnob):
     #: kvbench's variant: keep the last prompt token and the newest decoded token whatever their attention.
     protect_recent: bool = False
 
-
-@register_method("tova")
-def build_tova(method_cfg: Any) -> EvictionMethod:
-    """TOVA: last-token attention in prefill, current-attention eviction after every later forward."""
-    params = parse_params(TOVAParams, method_cfg.params, "tova")
-    knobs = common_knobs(method_cfg)
-    policy = None
-    if method_cfg.decode_eviction:
-        policy = CurrentAttentionDecode(params.head_average, params.protect_recent, params.score_dtype)
-    return EvictionMethod(
-        scorer=LastQueryScorer(params.head_average, params.score_dtype),
-        decode_policy=policy,
-        settings={"head_average": params.head_average, "protect_recent": params.protect_recent},
-        ignored_knobs=frozenset({"gqa_agg"}) if params.head_average else frozenset(),
-        **{**knobs, "keep_window": params.protect_recent},  # the reference protects nothing
-    )
+    def build(self, method_cfg: Any) -> EvictionMethod:
+        """TOVA: last-token attention in prefill, current-attention eviction after every later forward."""
+        knobs = common_knobs(method_cfg)
+        policy = None
+        if method_cfg.decode_eviction:
+            policy = CurrentAttentionDecode(self.head_average, self.protect_recent, self.score_dtype)
+        return EvictionMethod(
+            scorer=LastQueryScorer(self.head_average, self.score_dtype),
+            decode_policy=policy,
+            settings={"head_average": self.head_average, "protect_recent": self.protect_recent},
+            ignored_knobs=frozenset({"gqa_agg"}) if self.head_average else frozenset(),
+            **{**knobs, "keep_window": self.protect_recent},  # the reference protects nothing
+        )

@@ -37,10 +37,10 @@ from kvbench.methods.base import (
     TokenScorer,
     WindowObservation,
     common_knobs,
-    register_method,
     score_options,
 )
-from kvbench.methods.params import bounded, choice, parse_params
+from kvbench.methods.family import FamilyMethod
+from kvbench.methods.params import bounded, choice
 from kvbench.methods.token_scores import PoolingKnobs, ScoreOptions, aggregate_groups
 
 HEAD_MODES = ("layer_shared", "per_head")
@@ -253,7 +253,7 @@ class XKVLayerAllocator(LayerBudgetAllocator):
 
 
 @dataclass
-class XKVParams(PoolingKnobs):
+class XKV(PoolingKnobs, FamilyMethod, family="xkv"):
     """XKV's switches (see module docstring)."""
 
     head_mode: str = choice("layer_shared", HEAD_MODES)
@@ -264,22 +264,19 @@ class XKVParams(PoolingKnobs):
     #: Task size used for the calibration count when no dataset state is passed (LongBench: 200).
     task_samples: int = 200
 
-
-@register_method("xkv")
-def build_xkv(method_cfg: Any) -> EvictionMethod:
-    """XKV: greedy retention-maximising layer budgets over SnapKV-style window scores (avg pooling)."""
-    params = parse_params(XKVParams, method_cfg.params, "xkv")
-    knobs = common_knobs(method_cfg)
-    options = score_options(method_cfg, params)
-    allocator = XKVLayerAllocator(
-        knobs["window"], options, params.target_retention, params.sampling, params.sample_ratio,
-        params.task_samples,
-    )  # fmt: skip
-    return EvictionMethod(
-        scorer=XKVScorer(options, params.head_mode),
-        layer_allocator=allocator,
-        settings={"head_mode": params.head_mode, "sampling": params.sampling},
-        # XKV's importance is float32 and pooled per query head before any group reduction (paper-only readings).
-        ignored_knobs=frozenset({"gqa_agg"}) if params.head_mode == "layer_shared" else frozenset(),
-        **knobs,
-    )
+    def build(self, method_cfg: Any) -> EvictionMethod:
+        """XKV: greedy retention-maximising layer budgets over SnapKV-style window scores (avg pooling)."""
+        knobs = common_knobs(method_cfg)
+        options = score_options(method_cfg, self)
+        allocator = XKVLayerAllocator(
+            knobs["window"], options, self.target_retention, self.sampling, self.sample_ratio,
+            self.task_samples,
+        )  # fmt: skip
+        return EvictionMethod(
+            scorer=XKVScorer(options, self.head_mode),
+            layer_allocator=allocator,
+            settings={"head_mode": self.head_mode, "sampling": self.sampling},
+            # XKV's importance is float32 and pooled per query head before any group reduction (paper-only readings).
+            ignored_knobs=frozenset({"gqa_agg"}) if self.head_mode == "layer_shared" else frozenset(),
+            **knobs,
+        )
