@@ -479,34 +479,3 @@ def score_options(method_cfg: Any, knobs: Any = None, reference_gqa_reduce: str 
 
 _VOTE_DEFAULTS = VoteKnobs()
 _VOTE_KNOBS = tuple(field.name for field in fields(VoteKnobs))
-
-
-def evict_to_caps(
-    layer: HeadwiseLayer, caps: Sequence[int], choose: Callable[[int, int, int], torch.Tensor]
-) -> list[torch.Tensor] | None:
-    """Evict every stored head whose length exceeds its cap (the shared step of decode-time policies).
-
-    Parameters
-    ----------
-    layer:
-        The layer to shrink.
-    caps:
-        Per stored head, the most tokens it may hold.
-    choose:
-        ``choose(head, length, cap)`` returns the ``cap`` slot indices (unique, any order) that an over-cap head
-        keeps; heads within their cap keep everything.
-
-    Returns
-    -------
-    Per head, the sorted kept slot indices (to realign per-token state), or ``None`` when no head was over cap.
-    """
-    lengths = layer.head_lengths()
-    if all(length <= cap for length, cap in zip(lengths, caps, strict=True)):
-        return None
-    device = layer.positions[0].device
-    keep = [
-        torch.sort(choose(head, length, cap)).values if length > cap else torch.arange(length, device=device)
-        for head, (length, cap) in enumerate(zip(lengths, caps, strict=True))
-    ]
-    layer.keep(keep)
-    return keep

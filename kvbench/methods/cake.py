@@ -57,10 +57,9 @@ from kvbench.methods.base import (
     UniformLayerAllocator,
     WindowObservation,
     common_knobs,
-    evict_to_caps,
     score_options,
 )
-from kvbench.methods.decoding import evict_lowest, one_token_evictions, padded_keys
+from kvbench.methods.decoding import evict_lowest, evict_to_caps, one_token_evictions, padded_keys
 from kvbench.methods.family import FamilyMethod
 from kvbench.methods.h2o import AllRowsScorer, HeavyHitterDecode, ScoredDecodePolicy
 from kvbench.methods.params import bounded, choice

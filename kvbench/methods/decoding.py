@@ -11,7 +11,7 @@ No loop over heads and no host synchronisation: a step costs what the cache keep
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -129,3 +129,34 @@ def evict_lowest(
     slots = torch.argmin(candidates, dim=1)
     last = layer.evict_slots(slots, None if every_head else heads)
     return slots, last, rows
+
+
+def evict_to_caps(
+    layer: HeadwiseLayer, caps: Sequence[int], choose: Callable[[int, int, int], torch.Tensor]
+) -> list[torch.Tensor] | None:
+    """Evict every stored head whose length exceeds its cap (the shared step of decode-time policies).
+
+    Parameters
+    ----------
+    layer:
+        The layer to shrink.
+    caps:
+        Per stored head, the most tokens it may hold.
+    choose:
+        ``choose(head, length, cap)`` returns the ``cap`` slot indices (unique, any order) that an over-cap head
+        keeps; heads within their cap keep everything.
+
+    Returns
+    -------
+    Per head, the sorted kept slot indices (to realign per-token state), or ``None`` when no head was over cap.
+    """
+    lengths = layer.head_lengths()
+    if all(length <= cap for length, cap in zip(lengths, caps, strict=True)):
+        return None
+    device = layer.positions[0].device
+    keep = [
+        torch.sort(choose(head, length, cap)).values if length > cap else torch.arange(length, device=device)
+        for head, (length, cap) in enumerate(zip(lengths, caps, strict=True))
+    ]
+    layer.keep(keep)
+    return keep

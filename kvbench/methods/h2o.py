@@ -40,10 +40,15 @@ from kvbench.methods.base import (
     TokenScorer,
     WindowObservation,
     common_knobs,
-    evict_to_caps,
     score_options,
 )
-from kvbench.methods.decoding import evict_lowest, one_token_evictions, padded_decode_attention, seen_by_head
+from kvbench.methods.decoding import (
+    evict_lowest,
+    evict_to_caps,
+    one_token_evictions,
+    padded_decode_attention,
+    seen_by_head,
+)
 from kvbench.methods.family import FamilyMethod
 from kvbench.methods.params import choice
 from kvbench.methods.token_scores import (

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kvbench.methods.base import DecodePolicy, DecodeState, TokenScorer, WindowObservation, evict_to_caps
+from kvbench.methods.base import DecodePolicy, DecodeState, TokenScorer, WindowObservation
+from kvbench.methods.decoding import evict_to_caps
 from kvbench.methods.token_scores import aggregate_groups
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers

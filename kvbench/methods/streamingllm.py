@@ -21,9 +21,8 @@ from kvbench.methods.base import (
     TokenScorer,
     WindowObservation,
     common_knobs,
-    evict_to_caps,
 )
-from kvbench.methods.decoding import evict_lowest, one_token_evictions
+from kvbench.methods.decoding import evict_lowest, evict_to_caps, one_token_evictions
 from kvbench.methods.family import FamilyMethod
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
