@@ -17,23 +17,33 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from kvbench.cache.base import RaggedKV
 
+#: The largest additive bottom-right causal mask built so far, per ``(dtype, device)``: every smaller one is a view of
+#: its bottom-right corner, so long CPU prefills (chunks of the same shapes, prompt after prompt) build it once.
+#: At most one mask per key, of the largest chunk asked for (<= 512 MB at the automatic CPU chunk sizes).
+_ADDITIVE_MASKS: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
 
 def bottom_right_causal_mask(
     query_length: int, key_length: int, device: torch.device, dtype: torch.dtype = torch.bool
 ) -> torch.Tensor:
     """``[q, S]`` mask of query ``i`` over key ``j``, allowed where ``j <= S - q + i``.
 
-    ``dtype=torch.bool`` (default): True where allowed.  A floating ``dtype``: the additive mask SDPA converts a
-    boolean one into (``0`` where allowed, ``-inf`` elsewhere), built directly -- bit for bit what SDPA would use,
-    without the boolean ``[q, S]`` pass and its conversion (most of a CPU chunk's attention time at long lengths).
+    ``dtype=torch.bool`` (default): True where allowed, a new tensor.  A floating ``dtype``: the additive mask SDPA
+    converts a boolean one into (``0`` where allowed, ``-inf`` elsewhere) -- bit for bit what SDPA would use, without
+    the boolean ``[q, S]`` pass and its conversion; a read-only view of a cached mask (:data:`_ADDITIVE_MASKS`).
     """
     if key_length < query_length:
         raise ValueError(f"cache holds {key_length} tokens, fewer than the {query_length} new queries")
     if dtype == torch.bool:
         return torch.ones(query_length, key_length, dtype=torch.bool, device=device).tril_(key_length - query_length)
-    # triu_ keeps -inf where j >= i + S - q + 1 (masked) and writes 0 below (allowed).
-    blocked = torch.full((query_length, key_length), float("-inf"), dtype=dtype, device=device)
-    return blocked.triu_(key_length - query_length + 1)
+    key = (dtype, torch.device(device))
+    cached = _ADDITIVE_MASKS.get(key)
+    if cached is None or cached.shape[0] < query_length or cached.shape[1] < key_length:
+        # triu_ keeps -inf where j >= i + S - q + 1 (masked) and writes 0 below (allowed).
+        cached = torch.full((query_length, key_length), float("-inf"), dtype=dtype, device=device)
+        cached = _ADDITIVE_MASKS[key] = cached.triu_(key_length - query_length + 1)
+    # Rows Q-q.., columns K-S.. of a [Q, K] bottom-right mask: -inf where j >= i + S - q + 1, the [q, S] mask.
+    return cached[cached.shape[0] - query_length :, cached.shape[1] - key_length :]
 
 
 def dense_attention(

@@ -36,6 +36,17 @@ def test_additive_mask_is_what_sdpa_makes_of_the_boolean_one(query_length, key_l
     assert torch.equal(additive.view(torch.uint8), expected.view(torch.uint8))
 
 
+def test_additive_masks_are_right_whatever_was_cached_before():
+    """A chunked prefill's shapes (growing keys, a shorter last chunk), then a longer prompt and a fresh small one: each
+    additive mask (a view of the cached largest one) is the definition."""
+    shapes = [(8, 8), (8, 16), (8, 24), (3, 27), (1, 30), (8, 40), (5, 12), (20, 20), (2, 45)]
+    for query_length, key_length in shapes:
+        additive = bottom_right_causal_mask(query_length, key_length, CPU, torch.float32)
+        assert additive.shape == (query_length, key_length)
+        assert torch.equal(additive == 0, _definition(query_length, key_length)), (query_length, key_length)
+        assert torch.isneginf(additive[additive != 0]).all()
+
+
 def test_mask_refuses_more_queries_than_keys():
     with pytest.raises(ValueError, match="cache holds 2 tokens, fewer than the 3 new queries"):
         bottom_right_causal_mask(3, 2, CPU)
