@@ -13,6 +13,9 @@ from kvbench.tasks.ruler.inputs import RulerInputs
 from kvbench.tasks.ruler.spec import RulerTask
 from kvbench.tasks.text_inputs import TextTokenizer
 
+#: Texts whose token count a generator keeps (:meth:`SizedGenerator._count_text`).
+COUNTS_KEPT = 64
+
 
 @dataclass
 class Generated:
@@ -72,8 +75,9 @@ class SizedGenerator:
         self.args = task.args
         #: Smallest unit count a sample can be built with (VT needs one noise line per chain line).
         self.min_units = task.args["num_hops"] + 1 if task.generator == "vt" else 1
-        #: ``tok.count`` per exact text already measured: the size search and the fit loop measure some candidate
+        #: ``tok.count`` per exact text lately measured: the size search and the fit loop measure some candidate
         #: prompts twice (the probe, the best unit count); the tokenizer is deterministic, so the count is reused.
+        #: The last :data:`COUNTS_KEPT` texts only (one sample's search measures a dozen or two), so memory stays flat.
         self._token_counts: dict[str, int] = {}
 
     def _wrap(self, sample: Generated, head: str | None = None, tail: str | None = None) -> Generated:
@@ -98,6 +102,8 @@ class SizedGenerator:
     def _count_text(self, text: str) -> int:
         """``tok.count(text)``, measured once per exact text."""
         if text not in self._token_counts:
+            if len(self._token_counts) >= COUNTS_KEPT:
+                del self._token_counts[next(iter(self._token_counts))]  # the oldest
             self._token_counts[text] = self.tok.count(text)
         return self._token_counts[text]
 
