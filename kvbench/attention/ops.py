@@ -17,14 +17,33 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from kvbench.cache.base import RaggedKV
 
+#: The largest additive bottom-right causal mask built so far, per ``(dtype, device)``: every smaller one is a view of
+#: its bottom-right corner, so long CPU prefills (chunks of the same shapes, prompt after prompt) build it once.
+#: At most one mask per key, of the largest chunk asked for (<= 512 MB at the automatic CPU chunk sizes).
+_ADDITIVE_MASKS: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
-def bottom_right_causal_mask(query_length: int, key_length: int, device: torch.device) -> torch.Tensor:
-    """Boolean ``[q, S]`` mask, True where query ``i`` may attend key ``j``: ``j <= S - q + i``."""
+
+def bottom_right_causal_mask(
+    query_length: int, key_length: int, device: torch.device, dtype: torch.dtype = torch.bool
+) -> torch.Tensor:
+    """``[q, S]`` mask of query ``i`` over key ``j``, allowed where ``j <= S - q + i``.
+
+    ``dtype=torch.bool`` (default): True where allowed, a new tensor.  A floating ``dtype``: the additive mask SDPA
+    converts a boolean one into (``0`` where allowed, ``-inf`` elsewhere) -- bit for bit what SDPA would use, without
+    the boolean ``[q, S]`` pass and its conversion; a read-only view of a cached mask (:data:`_ADDITIVE_MASKS`).
+    """
     if key_length < query_length:
         raise ValueError(f"cache holds {key_length} tokens, fewer than the {query_length} new queries")
-    rows = torch.arange(query_length, device=device)[:, None]
-    cols = torch.arange(key_length, device=device)[None, :]
-    return cols <= rows + (key_length - query_length)
+    if dtype == torch.bool:
+        return torch.ones(query_length, key_length, dtype=torch.bool, device=device).tril_(key_length - query_length)
+    key = (dtype, torch.device(device))
+    cached = _ADDITIVE_MASKS.get(key)
+    if cached is None or cached.shape[0] < query_length or cached.shape[1] < key_length:
+        # triu_ keeps -inf where j >= i + S - q + 1 (masked) and writes 0 below (allowed).
+        cached = torch.full((query_length, key_length), float("-inf"), dtype=dtype, device=device)
+        cached = _ADDITIVE_MASKS[key] = cached.triu_(key_length - query_length + 1)
+    # Rows Q-q.., columns K-S.. of a [Q, K] bottom-right mask: -inf where j >= i + S - q + 1, the [q, S] mask.
+    return cached[cached.shape[0] - query_length :, cached.shape[1] - key_length :]
 
 
 def dense_attention(
@@ -39,7 +58,9 @@ def dense_attention(
     query_length, key_length = query.shape[2], key.shape[2]
     mask = None
     if 1 < query_length < key_length:
-        mask = bottom_right_causal_mask(query_length, key_length, query.device)[None, None]
+        # On CPU the additive form SDPA would convert the boolean mask into (identical output, less time).
+        dtype = query.dtype if query.device.type == "cpu" else torch.bool
+        mask = bottom_right_causal_mask(query_length, key_length, query.device, dtype)[None, None]
     groups = query.shape[1] // key.shape[1]
     # sdpa_attention_forward reads the GQA factor from the module; the stored head count may differ from the
     # model's (query-head granularity), so give it a view with the right factor.

@@ -13,6 +13,9 @@ from kvbench.tasks.ruler.inputs import RulerInputs
 from kvbench.tasks.ruler.spec import RulerTask
 from kvbench.tasks.text_inputs import TextTokenizer
 
+#: Texts whose token count a generator keeps (:meth:`SizedGenerator._count_text`).
+COUNTS_KEPT = 64
+
 
 @dataclass
 class Generated:
@@ -72,6 +75,10 @@ class SizedGenerator:
         self.args = task.args
         #: Smallest unit count a sample can be built with (VT needs one noise line per chain line).
         self.min_units = task.args["num_hops"] + 1 if task.generator == "vt" else 1
+        #: ``tok.count`` per exact text lately measured: the size search and the fit loop measure some candidate
+        #: prompts twice (the probe, the best unit count); the tokenizer is deterministic, so the count is reused.
+        #: The last :data:`COUNTS_KEPT` texts only (one sample's search measures a dozen or two), so memory stays flat.
+        self._token_counts: dict[str, int] = {}
 
     def _wrap(self, sample: Generated, head: str | None = None, tail: str | None = None) -> Generated:
         """``sample`` inside RULER's model template (``head``/``tail``: default the generator's): the head before the
@@ -87,10 +94,18 @@ class SizedGenerator:
     def count(self, sample: Generated) -> int:
         """Tokens of the full model input (chat template and answer prefix included), RULER's ``text_to_tokens``."""
         if self.tok.tokenizer is None:
-            return self.tok.count(sample.context + sample.question + sample.answer_prefix)
+            return self._count_text(sample.context + sample.question + sample.answer_prefix)
         parts = sample.as_sample_parts(self.answer_prefix_mode)
         text = render_prompt(self.tok.tokenizer, **parts, use_chat_template=self.use_chat_template).text
-        return self.tok.count(text)
+        return self._count_text(text)
+
+    def _count_text(self, text: str) -> int:
+        """``tok.count(text)``, measured once per exact text."""
+        if text not in self._token_counts:
+            if len(self._token_counts) >= COUNTS_KEPT:
+                del self._token_counts[next(iter(self._token_counts))]  # the oldest
+            self._token_counts[text] = self.tok.count(text)
+        return self._token_counts[text]
 
     def fits(self, sample: Generated, extra_tokens: int = 0) -> bool:
         return self.count(sample) + extra_tokens + self.max_new_tokens <= self.length
@@ -150,5 +165,5 @@ class SizedGenerator:
 
     def _depth(self, text: str, position: int) -> float:
         """Depth in percent of character offset ``position`` of ``text``, measured in tokens."""
-        total = self.tok.count(text)
+        total = self._count_text(text)
         return 100.0 * self.tok.count(text[:position]) / max(total, 1)
