@@ -38,6 +38,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvbench.resources import checkout_dir
+
 MODEL = "smollm2-135m-instruct"
 #: NACL as nacl_short: the nacl preset (the reference) compresses no prompt of 2,048 tokens or fewer, i.e. none here.
 METHODS = ("streamingllm", "h2o", "tova", "snapkv", "pyramidkv", "ada_snapkv", "cake", "ahakv", "xkv", "nacl_short")
@@ -180,7 +182,7 @@ PREFILL_METHODS = (
 )
 PREFILL_BUDGET = "256L"
 #: Q-Filters' calibration text (local, not the RULER haystack): the repository's README, first 4,096 tokens.
-QFILTER_TEXT = Path(__file__).resolve().parent.parent / "README.md"
+QFILTER_TEXT = (checkout_dir() or Path.cwd()) / "README.md"
 QFILTER_FILE = "qfilters.safetensors"
 QFILTER_MAX_TOKENS = 4096
 
