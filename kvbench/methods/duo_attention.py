@@ -45,9 +45,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from kvbench.methods.base import EvictionMethod, TokenScorer, WindowObservation, common_knobs, register_method
+from kvbench.methods.base import EvictionMethod, TokenScorer, WindowObservation, common_knobs
+from kvbench.methods.family import FamilyMethod
 from kvbench.methods.kept_sets import HeadFileMismatch, KeepScoredTokens, files_digest, keep_only, resolve_data_path
-from kvbench.methods.params import bounded, choice, parse_params
+from kvbench.methods.params import bounded, choice
 from kvbench.methods.state import DecodeState
 from kvbench.methods.streamingllm import SinkWindowDecode
 
@@ -188,7 +189,7 @@ class StreamingHeadsDecode(SinkWindowDecode):
 
 
 @dataclass
-class DuoAttentionParams:
+class DuoAttention(FamilyMethod, family="duo_attention"):
     """DuoAttention's knobs (module docstring)."""
 
     #: Pattern folder in the released format (``full_attention_heads.tsv`` + ``config.json``).
@@ -204,40 +205,37 @@ class DuoAttentionParams:
     #: Recent tokens of a streaming head; null: the budget minus the sinks.
     recent_size: int | None = bounded(None, 0)
 
-
-@register_method("duo_attention")
-def build_duo_attention(method_cfg: Any) -> EvictionMethod:
-    """Retrieval heads from the pattern, streaming heads sinks + recent (module docstring)."""
-    params = parse_params(DuoAttentionParams, method_cfg.params, "duo_attention")
-    if str(method_cfg.gqa_granularity) != "kv_head":
-        raise ValueError(
-            f"method.gqa_granularity={method_cfg.gqa_granularity!r}: DuoAttention's pattern is per KV head; "
-            "valid: kv_head"
+    def build(self, method_cfg: Any) -> EvictionMethod:
+        """Retrieval heads from the pattern, streaming heads sinks + recent (module docstring)."""
+        if str(method_cfg.gqa_granularity) != "kv_head":
+            raise ValueError(
+                f"method.gqa_granularity={method_cfg.gqa_granularity!r}: DuoAttention's pattern is per KV head; "
+                "valid: kv_head"
+            )
+        pattern = load_duo_pattern(self.pattern)
+        retrieval = retrieval_heads(pattern.gates, self.sparsity, self.selection, self.tie_noise_seed)
+        sink = pattern.sink_size if self.sink_size is None else self.sink_size
+        scorer = DuoAttentionScorer(retrieval, sink, self.recent_size, pattern.source)
+        settings = {
+            "pattern": self.pattern,
+            "pattern_sha256": pattern.sha256,
+            "sparsity": self.sparsity,
+            "selection": self.selection,
+            "tie_noise_seed": self.tie_noise_seed,
+            "sink_size": sink,
+            "recent_size": self.recent_size,
+            "retrieval_heads": int(retrieval.sum()),
+            "heads": int(retrieval.size),
+        }
+        policy = StreamingHeadsDecode(sink, self.recent_size) if method_cfg.decode_eviction else None
+        return EvictionMethod(
+            scorer=scorer,
+            head_allocator=KeepScoredTokens(),
+            decode_policy=policy,
+            settings=settings,
+            ignored_knobs=IGNORED_KNOBS,
+            **{**common_knobs(method_cfg), "keep_window": False},
         )
-    pattern = load_duo_pattern(params.pattern)
-    retrieval = retrieval_heads(pattern.gates, params.sparsity, params.selection, params.tie_noise_seed)
-    sink = pattern.sink_size if params.sink_size is None else params.sink_size
-    scorer = DuoAttentionScorer(retrieval, sink, params.recent_size, pattern.source)
-    settings = {
-        "pattern": params.pattern,
-        "pattern_sha256": pattern.sha256,
-        "sparsity": params.sparsity,
-        "selection": params.selection,
-        "tie_noise_seed": params.tie_noise_seed,
-        "sink_size": sink,
-        "recent_size": params.recent_size,
-        "retrieval_heads": int(retrieval.sum()),
-        "heads": int(retrieval.size),
-    }
-    policy = StreamingHeadsDecode(sink, params.recent_size) if method_cfg.decode_eviction else None
-    return EvictionMethod(
-        scorer=scorer,
-        head_allocator=KeepScoredTokens(),
-        decode_policy=policy,
-        settings=settings,
-        ignored_knobs=IGNORED_KNOBS,
-        **{**common_knobs(method_cfg), "keep_window": False},
-    )
 
 
 #: Position alone decides: no attention statistics, pooling, GQA reduction or window.

@@ -33,9 +33,10 @@ from typing import Any
 
 import torch
 
-from kvbench.methods.base import EvictionMethod, TokenScorer, WindowObservation, common_knobs, register_method
+from kvbench.methods.base import EvictionMethod, TokenScorer, WindowObservation, common_knobs
+from kvbench.methods.family import FamilyMethod
 from kvbench.methods.kept_sets import HeadFileMismatch, KeepScoredTokens, files_digest, keep_only, resolve_data_path
-from kvbench.methods.params import bounded, parse_params
+from kvbench.methods.params import bounded
 from kvbench.methods.snapkv import WindowVoteScorer
 from kvbench.methods.token_scores import PoolingKnobs, ScoreDtypeKnob, ScoreOptions
 
@@ -110,7 +111,7 @@ class HeadKVScorer(TokenScorer):
 
 
 @dataclass
-class HeadKVParams(PoolingKnobs, ScoreDtypeKnob):
+class HeadKV(PoolingKnobs, ScoreDtypeKnob, FamilyMethod, family="headkv"):
     """HeadKV's knobs (module docstring)."""
 
     #: Head-score file in the released format (one JSON line ``{"<layer>-<head>": [scores]}``).
@@ -120,37 +121,34 @@ class HeadKVParams(PoolingKnobs, ScoreDtypeKnob):
     #: Sharpening of the shares (``a^temp``).
     temp: float = bounded(1.0, 0.0, low_open=True)
 
-
-@register_method("headkv")
-def build_headkv(method_cfg: Any) -> EvictionMethod:
-    """SnapKV-style votes with per-head budgets from the head scores (module docstring)."""
-    params = parse_params(HeadKVParams, method_cfg.params, "headkv")
-    if str(method_cfg.gqa_granularity) != "query_head":
-        raise ValueError(
-            f"method.gqa_granularity={method_cfg.gqa_granularity!r}: HeadKV's scores and budgets are per query head "
-            "(the reference repeats the KV heads); valid: query_head"
+    def build(self, method_cfg: Any) -> EvictionMethod:
+        """SnapKV-style votes with per-head budgets from the head scores (module docstring)."""
+        if str(method_cfg.gqa_granularity) != "query_head":
+            raise ValueError(
+                f"method.gqa_granularity={method_cfg.gqa_granularity!r}: HeadKV's scores and budgets are per query "
+                "head (the reference repeats the KV heads); valid: query_head"
+            )
+        scores, digest = load_head_scores(self.head_scores)
+        options = ScoreOptions(
+            kernel_size=self.kernel_size,
+            pooling=self.pooling,
+            gqa_agg=str(method_cfg.gqa_agg),
+            gqa_reduce="before_pool",
+            pool_padding=self.pool_padding,
+            score_dtype=self.score_dtype,
         )
-    scores, digest = load_head_scores(params.head_scores)
-    options = ScoreOptions(
-        kernel_size=params.kernel_size,
-        pooling=params.pooling,
-        gqa_agg=str(method_cfg.gqa_agg),
-        gqa_reduce="before_pool",
-        pool_padding=params.pool_padding,
-        score_dtype=params.score_dtype,
-    )
-    scorer = HeadKVScorer(
-        WindowVoteScorer(options, row_reduce="mean"), head_shares(scores, params.temp), params.beta, params.head_scores
-    )
-    return EvictionMethod(
-        scorer=scorer,
-        head_allocator=KeepScoredTokens(),
-        settings={
-            "head_scores": params.head_scores,
-            "head_scores_sha256": digest,
-            "beta": params.beta,
-            "temp": params.temp,
-        },
-        ignored_knobs=frozenset({"gqa_agg"}),
-        **{**common_knobs(method_cfg), "keep_window": False},
-    )
+        scorer = HeadKVScorer(
+            WindowVoteScorer(options, row_reduce="mean"), head_shares(scores, self.temp), self.beta, self.head_scores
+        )
+        return EvictionMethod(
+            scorer=scorer,
+            head_allocator=KeepScoredTokens(),
+            settings={
+                "head_scores": self.head_scores,
+                "head_scores_sha256": digest,
+                "beta": self.beta,
+                "temp": self.temp,
+            },
+            ignored_knobs=frozenset({"gqa_agg"}),
+            **{**common_knobs(method_cfg), "keep_window": False},
+        )

@@ -46,9 +46,9 @@ from kvbench.methods.base import (
     TokenScorer,
     WindowObservation,
     common_knobs,
-    register_method,
 )
-from kvbench.methods.params import bounded, choice, parse_params
+from kvbench.methods.family import FamilyMethod
+from kvbench.methods.params import bounded, choice
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
     from kvbench.cache.kv_cache import HeadwiseLayer
@@ -60,7 +60,7 @@ IGNORED_KNOBS = frozenset({"gqa_agg"})
 
 
 @dataclasses.dataclass(frozen=True)
-class RKVParams:
+class RKV(FamilyMethod, family="rkv"):
     """R-KV's knobs (``method.params``); the observation window is ``method.window``."""
 
     #: Weight of the attention importance (``mix_lambda``; run_math.py's default 0.07, the README quotes 0.1).
@@ -73,6 +73,17 @@ class RKVParams:
     retain_direction: str = choice("last", RETAIN_DIRECTIONS)
     #: Generated tokens between two compressions (``divide_length``, the README's ``B_buffer``).
     buffer: int = bounded(128, 1)
+
+    def build(self, method_cfg: Any) -> EvictionMethod:
+        """R-KV: its score at the prefill (the window kept) and its decode-time policy."""
+        knobs = common_knobs(method_cfg)
+        return EvictionMethod(
+            scorer=RKVScorer(self),
+            decode_policy=RKVPolicy(self, knobs["window"]),
+            settings={**dataclasses.asdict(self), "reference": REFERENCE},
+            ignored_knobs=IGNORED_KNOBS,
+            **knobs,
+        )
 
 
 def importance(queries: torch.Tensor, keys: torch.Tensor, window: int, pool_size: int) -> torch.Tensor:
@@ -109,7 +120,7 @@ def redundancy(keys: torch.Tensor, threshold: float, retain_direction: str) -> t
     return similarity.mean(dim=1).softmax(dim=-1)
 
 
-def rkv_scores(queries: torch.Tensor, keys: torch.Tensor, window: int, params: RKVParams) -> torch.Tensor:
+def rkv_scores(queries: torch.Tensor, keys: torch.Tensor, window: int, params: RKV) -> torch.Tensor:
     """``[H, L - window]`` R-KV's final score of the candidates (higher = keep), in the model dtype; ``keys`` in the
     reference's cache order."""
     attention = importance(queries, keys, window, params.pool_size)
@@ -127,7 +138,7 @@ class RKVScorer(TokenScorer):
     then keeps exactly the reference's tokens, ties included, and the decode policy reads the reference cache's order
     from them (:meth:`RKVPolicy.start_layer`)."""
 
-    params: RKVParams
+    params: RKV
 
     def score(self, observation: WindowObservation) -> torch.Tensor:
         keys, window = observation.keys, observation.window
@@ -163,7 +174,7 @@ class RKVPolicy(DecodePolicy):
 
     evicts_on_append = True
 
-    def __init__(self, params: RKVParams, window: int) -> None:
+    def __init__(self, params: RKV, window: int) -> None:
         self.params, self.window = params, window
         #: The last prompt queries the session hands over (:meth:`take_prompt_queries`).
         self.prompt_window = window
@@ -236,17 +247,3 @@ class RKVPolicy(DecodePolicy):
         kept = torch.cat([order.gather(1, top), order[:, -self.window :]], dim=1)  # the reference's new cache order
         layer.keep(kept)
         state.order[layer_idx] = torch.argsort(torch.argsort(kept, dim=1), dim=1)  # the same order, new slots
-
-
-@register_method("rkv")
-def build_rkv(method_cfg: Any) -> EvictionMethod:
-    """R-KV: its score at the prefill (the window kept) and its decode-time policy."""
-    params = parse_params(RKVParams, method_cfg.params, "rkv")
-    knobs = common_knobs(method_cfg)
-    return EvictionMethod(
-        scorer=RKVScorer(params),
-        decode_policy=RKVPolicy(params, knobs["window"]),
-        settings={**dataclasses.asdict(params), "reference": REFERENCE},
-        ignored_knobs=IGNORED_KNOBS,
-        **knobs,
-    )

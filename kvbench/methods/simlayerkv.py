@@ -31,9 +31,10 @@ from typing import Any
 
 import torch
 
-from kvbench.methods.base import EvictionMethod, TokenScorer, WindowObservation, common_knobs, register_method
+from kvbench.methods.base import EvictionMethod, TokenScorer, WindowObservation, common_knobs
+from kvbench.methods.family import FamilyMethod
 from kvbench.methods.kept_sets import KeepScoredTokens, keep_only
-from kvbench.methods.params import bounded, parse_params
+from kvbench.methods.params import bounded
 
 
 def lazy_score(queries: torch.Tensor, keys: torch.Tensor, n_initial: int, n_recent: int) -> float:
@@ -88,7 +89,7 @@ class SimLayerKVScorer(TokenScorer):
 
 
 @dataclass
-class SimLayerKVParams:
+class SimLayerKV(FamilyMethod, family="simlayerkv"):
     """SimLayerKV's knobs (module docstring)."""
 
     #: A layer is lazy when its last queries' weight on initial + recent tokens exceeds this.
@@ -100,31 +101,28 @@ class SimLayerKVParams:
     #: Recent window of the lazy test; a lazy layer keeps ``n_recent - n_last`` recent tokens.  Null: from the budget.
     n_recent: int | None = bounded(None, 1)
 
-
-@register_method("simlayerkv")
-def build_simlayerkv(method_cfg: Any) -> EvictionMethod:
-    """Per-prompt lazy layers keep sinks + recent (module docstring)."""
-    params = parse_params(SimLayerKVParams, method_cfg.params, "simlayerkv")
-    if params.n_recent is not None and params.n_recent <= params.n_last:
-        raise ValueError(
-            f"method.params.n_recent={params.n_recent} must exceed method.params.n_last={params.n_last} "
-            "(a lazy layer keeps n_recent - n_last recent tokens)"
+    def build(self, method_cfg: Any) -> EvictionMethod:
+        """Per-prompt lazy layers keep sinks + recent (module docstring)."""
+        if self.n_recent is not None and self.n_recent <= self.n_last:
+            raise ValueError(
+                f"method.self.n_recent={self.n_recent} must exceed method.self.n_last={self.n_last} "
+                "(a lazy layer keeps n_recent - n_last recent tokens)"
+            )
+        if int(method_cfg.window) < self.n_last:
+            raise ValueError(
+                f"method.window={method_cfg.window} is below method.self.n_last={self.n_last}: the lazy test reads "
+                "the last n_last queries of the observation window; valid: window >= n_last"
+            )
+        scorer = SimLayerKVScorer(self.lazy_threshold, self.n_last, self.n_initial, self.n_recent)
+        return EvictionMethod(
+            scorer=scorer,
+            head_allocator=KeepScoredTokens(),
+            settings={
+                "lazy_threshold": self.lazy_threshold,
+                "n_last": self.n_last,
+                "n_initial": self.n_initial,
+                "n_recent": self.n_recent,
+            },
+            ignored_knobs=frozenset({"gqa_agg"}),
+            **{**common_knobs(method_cfg), "keep_window": False},
         )
-    if int(method_cfg.window) < params.n_last:
-        raise ValueError(
-            f"method.window={method_cfg.window} is below method.params.n_last={params.n_last}: the lazy test reads "
-            "the last n_last queries of the observation window; valid: window >= n_last"
-        )
-    scorer = SimLayerKVScorer(params.lazy_threshold, params.n_last, params.n_initial, params.n_recent)
-    return EvictionMethod(
-        scorer=scorer,
-        head_allocator=KeepScoredTokens(),
-        settings={
-            "lazy_threshold": params.lazy_threshold,
-            "n_last": params.n_last,
-            "n_initial": params.n_initial,
-            "n_recent": params.n_recent,
-        },
-        ignored_knobs=frozenset({"gqa_agg"}),
-        **{**common_knobs(method_cfg), "keep_window": False},
-    )
