@@ -38,22 +38,12 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, models
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record_kvpress import MODEL_CONFIG  # the tiny Llama whose weights are inputs.safetensors
+
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "reference"
 WEIGHTS = FIXTURES / "kvpress" / "inputs.safetensors"
-MODEL_CONFIG = dict(
-    vocab_size=128,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=512,
-    initializer_range=0.1,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=True,
-)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 CHAT_TEMPLATE = (
     "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
