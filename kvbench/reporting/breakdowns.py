@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import json
-import math
 import re
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ import pandas as pd
 
 from kvbench.reporting.dashboard_data import DashboardRuns, run_id
 from kvbench.reporting.palette import method_colour, method_label
-from kvbench.views.run_views import budget_tokens_per_layer
+from kvbench.views.run_views import budget_tokens_per_layer, finite_number
 
 #: Display order and labels of the known sub-scores; any other key is shown after these, under its own name
 #: (``turn_<i>`` keys and ``turn_<i>/<subtask>`` in turn order).
@@ -78,14 +77,6 @@ def column_label(key: str) -> str:
     return key
 
 
-def _number(value: Any) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
-
-
 def _row_key(row: dict[str, Any]) -> tuple[Any, ...]:
     """Full cache first, then by method, tag, question mode and tokens per layer (``<n>L`` budgets by ``n``)."""
     x = budget_tokens_per_layer(row["budget"], None, None)
@@ -113,8 +104,8 @@ def breakdown_tables(scores: pd.DataFrame) -> list[dict[str, Any]]:
             "budget": rec["budget"],
             "tag": rec["tag"] or "",
             "question_mode": rec["question_mode"],
-            "score": _number(rec["score"]),
-            "values": {key: _number(scores[key]) for key in columns},
+            "score": finite_number(rec["score"]),
+            "values": {key: finite_number(scores[key]) for key in columns},
         }
         key = (rec["model"], rec["task"], rec["dataset"])
         groups.setdefault(key, []).append((_row_key(row), row))
@@ -145,8 +136,8 @@ def length_charts(runs: DashboardRuns) -> list[dict[str, Any]]:
         rec["tag"] = rec["tag"] if isinstance(rec["tag"], str) and rec["tag"] else None
         rid = run_id(rec)
         extras = runs.extras.get(rid, {})
-        length = _number(((extras.get("datasets") or {}).get(rec["dataset"]) or {}).get("generated_length"))
-        score = _number(rec["score"])
+        length = finite_number(((extras.get("datasets") or {}).get(rec["dataset"]) or {}).get("generated_length"))
+        score = finite_number(rec["score"])
         if length is None or score is None:
             continue
         series_key = (rec["method"], rec["tag"] or "", rec["question_mode"])

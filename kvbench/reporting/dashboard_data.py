@@ -14,7 +14,6 @@ unreadable ``metrics.json`` (naming the file), an experiment no run belongs to (
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ import pandas as pd
 
 from kvbench.errors import KVBenchError
 from kvbench.reporting.aggregate import RUN_KEY, load_runs, no_runs_found, not_a_runs_folder, run_summary
-from kvbench.views.run_views import file_signature, read_run_extras, run_folder_of
+from kvbench.views.run_views import file_signature, finite_number, read_run_extras, run_folder_of
 
 #: The columns that identify one run (one row of a leaderboard, one row of ``runs_summary.csv``).
 RUN_ID_COLUMNS: tuple[str, ...] = tuple(k for k in RUN_KEY if k != "dataset")
@@ -139,14 +138,6 @@ def paper_values(scores: pd.DataFrame) -> dict[tuple[str, ...], str]:
     return values
 
 
-def _number(value: Any) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
-
-
 def leaderboards(
     runs: DashboardRuns, paper: Callable[[pd.DataFrame], dict[tuple[str, ...], str]] = paper_values
 ) -> list[dict[str, Any]]:
@@ -175,7 +166,7 @@ def leaderboards(
             extras = runs.extras.get(rid, {})
             cells = {}
             for column in columns:
-                score = _number(rec.get(column))
+                score = finite_number(rec.get(column))
                 if column == "mean":
                     ci = (extras.get("averages", {}).get("mean") or {}).get("ci95")
                 else:

@@ -35,6 +35,7 @@ from kvbench.reporting.aggregate import run_summary
 from kvbench.reporting.dashboard_data import NO_EXPERIMENT, DashboardRuns, run_id
 from kvbench.reporting.palette import method_colour, method_label
 from kvbench.run.summary import bootstrap_means, percentile_interval
+from kvbench.views.run_views import finite_number
 
 #: Fewer samples per dataset than this: the cell is flagged (its interval is wide and unreliable).
 SMALL_N = 10
@@ -72,14 +73,6 @@ def paired_difference(per_dataset: dict[str, list[float]]) -> tuple[float, tuple
         [bootstrap_means(d, seed=zlib.crc32(name.encode())) for name, d in sorted(per_dataset.items())], axis=0
     )
     return point, percentile_interval(resampled)
-
-
-def _number(value: Any) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if np.isfinite(number) else None
 
 
 def _mean_of(values: Sequence[float | None]) -> float | None:
@@ -261,7 +254,7 @@ def _paper_mean(
 ) -> float | None:
     """The mean of the paper's printed values over the datasets of the cell's run, if the paper prints them all."""
     key = (table["model"], table["task"], row["method"], budget, row["tag"], table["question_mode"])
-    values = [_number(str(paper.get((*key, d), "")).split(" ")[0]) for d in cell["datasets"]]
+    values = [finite_number(str(paper.get((*key, d), "")).split(" ")[0]) for d in cell["datasets"]]
     if not values or any(v is None for v in values):
         return None
     return float(np.mean(values))

@@ -120,7 +120,7 @@ def _sample_score(row: dict[str, Any]) -> float | None:
 
 def stored_fraction(cache: dict[str, Any]) -> float | None:
     """:func:`mean_stored_vs_full` for the site's JSON: ``None`` where it was not recorded."""
-    return _finite(mean_stored_vs_full(cache))
+    return finite_number(mean_stored_vs_full(cache))
 
 
 def _browser_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -221,7 +221,8 @@ def _number(value: Any) -> float:
         return math.nan
 
 
-def _finite(value: Any) -> float | None:
+def finite_number(value: Any) -> float | None:
+    """``value`` as a finite float, or None (not a number, NaN, infinite)."""
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -277,11 +278,11 @@ def read_run_extras(folder: Path, datasets: Iterable[str]) -> dict[str, Any]:
             "n_samples": metrics.get("n_samples"),
             "per_sample": samples if scores_by_id else None,
             "predictions": browser,
-            "prefill_s": _finite(timing.get("prefill_s_mean")),
-            "decode_s": _finite(timing.get("decode_s_mean")),
+            "prefill_s": finite_number(timing.get("prefill_s_mean")),
+            "decode_s": finite_number(timing.get("decode_s_mean")),
             "stored_fraction": stored_fraction(cache),
-            "kept_fraction": _finite(cache.get("mean_kept_fraction")),
-            "cache_bytes": _finite(mean_stored_bytes(cache)),
+            "kept_fraction": finite_number(cache.get("mean_kept_fraction")),
+            "cache_bytes": finite_number(mean_stored_bytes(cache)),
             "context_length": context,
             "generated_length": generated_length,
             "data_provenance": provenance,
@@ -306,8 +307,8 @@ def read_run_extras(folder: Path, datasets: Iterable[str]) -> dict[str, Any]:
         "stored_fraction": sum(stored) / len(stored) if stored else None,
         "cache_bytes": sum(cache_bytes) / len(cache_bytes) if cache_bytes else None,
         "seed": config.get("seed"),
-        "prefill_s": _finite(timing.get("prefill_s_mean")),
-        "decode_s": _finite(timing.get("decode_s_mean")),
+        "prefill_s": finite_number(timing.get("prefill_s_mean")),
+        "decode_s": finite_number(timing.get("decode_s_mean")),
         "datasets": per_dataset,
         "averages": summary.get("averages") or {},
         "needles": needles,
