@@ -33,6 +33,7 @@ from kvbench.cache.base import on_device
 from kvbench.cache.kv_cache import HeadwiseLayer, KVBenchCache
 from kvbench.checks import check_choice
 from kvbench.inference.cache_record import CacheRecord
+from kvbench.inference.hidden_states import ProjectedStates
 from kvbench.inference.session_passes import SessionPasses
 from kvbench.methods.base import AllocatorState, DecodeState, EvictionMethod, PromptRows, WindowObservation
 from kvbench.methods.token_scores import aggregate_groups
@@ -80,11 +81,16 @@ class PrefillRows:
         ``[H_q, S_seen]`` float32 attention each stored key received from every row so far (when asked for).
     queries:
         The query chunks so far (when asked for), trimmed to the last ``needs.query_rows(S)`` rows when given.
+    hidden_states, attention_module:
+        The layer's input hidden states, ``[q, hidden]`` per chunk so far, and its attention module (pre-RoPE
+        states, :mod:`kvbench.inference.hidden_states`), when the session captures them.
     """
 
     window_queries: torch.Tensor | None = None
     column_sums: torch.Tensor | None = None
     queries: list[torch.Tensor] = field(default_factory=list)
+    hidden_states: list[torch.Tensor] = field(default_factory=list)
+    attention_module: torch.nn.Module | None = None
 
     def add(self, layer: HeadwiseLayer, query: torch.Tensor, scaling: float, window: int, needs: PromptRows,
             impl: str, prompt_length: int) -> None:  # fmt: skip
@@ -100,7 +106,7 @@ class PrefillRows:
             if self.column_sums is not None:
                 sums[:, : self.column_sums.shape[1]] += self.column_sums
             self.column_sums = sums
-        if needs.queries:
+        if needs.queries or (needs.prerope_queries and not self.hidden_states):  # un-rotated without hidden states
             self.queries.append(query)
             if needs.query_rows is not None:  # only the last rows: one trimmed copy, the chunks are freed
                 kept = self.prompt_queries()
@@ -112,6 +118,13 @@ class PrefillRows:
         if not self.queries:
             return None
         return self.queries[0] if len(self.queries) == 1 else torch.cat(self.queries, dim=1)
+
+    def prerope(self, expand: int) -> ProjectedStates | None:
+        """The layer's pre-RoPE states from its hidden states (``None`` when none were captured)."""
+        if not self.hidden_states or self.attention_module is None:
+            return None
+        hidden = self.hidden_states[0] if len(self.hidden_states) == 1 else torch.cat(self.hidden_states)
+        return ProjectedStates(self.attention_module, hidden, expand)
 
 
 class EvictionSession(SessionPasses):
@@ -187,6 +200,9 @@ class EvictionSession(SessionPasses):
         self.next_position: int | None = None
         #: Per re-rotated layer, the prompt positions ``[H, n]`` its kept keys came from.
         self.rerotated_from: dict[int, torch.Tensor] = {}
+        #: Forward pre-hooks that hand the layers' hidden states over during the compressing prefill
+        #: (:func:`kvbench.inference.hidden_states.capture_hidden_states`); removed when the prefill ends.
+        self.hooks: list[Any] = []
 
     # ------------------------------------------------------------------ phases
     @property
@@ -251,6 +267,22 @@ class EvictionSession(SessionPasses):
         scores = self._scores.get(layer_idx)
         return None if scores is None else list(scores)
 
+    def take_hidden_states(self, module: torch.nn.Module, hidden_states: torch.Tensor) -> None:
+        """Called before a compressible layer's attention with its input ``hidden_states`` ``[1, q, hidden]``
+        (pre-RoPE states; kept until the layer is compressed)."""
+        layer_idx = int(module.layer_idx)
+        if self.phase != "compress" or layer_idx not in self._rank or not self.compresses or self.replays:
+            return
+        rows = self._rows.setdefault(layer_idx, PrefillRows())
+        rows.hidden_states.append(hidden_states[0].detach())
+        rows.attention_module = module
+
+    def release_hooks(self) -> None:
+        """Remove the hidden-states hooks (the prefill is over, or was abandoned)."""
+        for handle in self.hooks:
+            handle.remove()
+        self.hooks = []
+
     def after_attention(self, module: torch.nn.Module, query: torch.Tensor, scaling: float) -> None:
         """Called by kvbench's attention for every layer with ``query`` ``[1, H_q, q, D]``."""
         layer_idx = int(module.layer_idx)
@@ -309,6 +341,12 @@ class EvictionSession(SessionPasses):
         # Allocators and scorers see the compressible layers only, numbered 0..L_c-1 (sliding layers skipped).
         rank, num_compressible = self._rank[layer_idx], len(self.compressible)
         self._model_dtype = queries.dtype
+        needs = self.method.scorer.prompt_rows(queries.dtype) if self.method.scorer is not None else PromptRows()
+        prerope = rows.prerope(self.cache.expand_factor) if needs.prerope else None
+        if needs.prerope:
+            source = "unrotated" if prerope is None else prerope.source
+            previous = self.record.prerope_states
+            self.record.prerope_states = source if previous in (None, source) else "mixed"
         observation = WindowObservation(
             layer_idx=rank,
             num_layers=num_compressible,
@@ -322,6 +360,7 @@ class EvictionSession(SessionPasses):
             sample_key=self.sample_key,
             rotary=self.rotary,
             output_projection=getattr(self, "_output_projection", None),
+            prerope=prerope,
         )
         # With window_in_budget=False every layer keeps its window on top of the budget: allocators see it added.
         off_budget = 0 if self.method.window_in_budget else window
@@ -402,6 +441,7 @@ class EvictionSession(SessionPasses):
 
     def _finish_prefill(self) -> None:
         """Close the prefill record once (requested/achieved per layer and head, bytes)."""
+        self.release_hooks()
         if self.phase != "compress":
             return
         self.phase = "idle"

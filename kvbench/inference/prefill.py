@@ -35,6 +35,7 @@ from kvbench.cache.sliding import layer_windows
 from kvbench.checks import check_choice
 from kvbench.config import QUESTION_MODES
 from kvbench.inference.eviction import EvictionSession
+from kvbench.inference.hidden_states import capture_hidden_states
 from kvbench.inference.replay import replay_context
 from kvbench.methods.base import EvictionMethod
 from kvbench.models.loading import input_device
@@ -250,14 +251,19 @@ def prefill(
 
     started = time.perf_counter()
     session.begin_prefill(len(compressed), prompt_ids=compressed)
+    capture_hidden_states(model, session)  # for scorers of pre-RoPE states; removed when the prefill ends
     position, logits = 0, None
-    for segment in segments:
-        if segment.appended:
-            replay_context(model, session, compressed, tokenizer, device, forward_logits)
-            session.begin_append()
-        start = segment.start - session.position_shift
-        logits = forward_logits(model, segment.ids, start, cache, session, device)[-1]
-        position = start + len(segment.ids)
+    try:
+        for segment in segments:
+            if segment.appended:
+                replay_context(model, session, compressed, tokenizer, device, forward_logits)
+                session.begin_append()
+            start = segment.start - session.position_shift
+            logits = forward_logits(model, segment.ids, start, cache, session, device)[-1]
+            position = start + len(segment.ids)
+    finally:
+        if held is None or held.appended:  # a held compressed segment still needs them (kvbench.press)
+            session.release_hooks()
     replay_context(model, session, compressed, tokenizer, device, forward_logits)
     position -= 0 if appended else session.position_shift
     if held is not None and held.appended:

@@ -220,6 +220,8 @@ class Press:
         if self._attention is not None:
             self._attention.__exit__(None, None, None)
             self._attention = None
+        if self._session is not None:
+            self._session.release_hooks()  # a prompt whose held forward failed keeps none on the model
         self._cache = self._session = None
 
     # ------------------------------------------------------------------ hooks

@@ -33,6 +33,7 @@ from kvbench.checks import check_min
 from kvbench.config import MethodConfig, check_method_choices
 from kvbench.methods.channels import KeyChannelPruner
 from kvbench.methods.knobs import check_unused_knobs
+from kvbench.methods.prerope import PreRopeStates
 from kvbench.methods.state import AllocatorState, DecodeState, ReadOnlyAfterBuild
 from kvbench.methods.token_scores import ScoreOptions, VoteKnobs
 from kvbench.registry import Registry, submodule_importer
@@ -84,6 +85,10 @@ class WindowObservation:
     output_projection:
         ``[hidden, H_q D]`` the layer's attention output projection weight (``o_proj.weight``), when the model has
         one (CriticalKV's value norms); ``None`` when unknown.
+    prerope:
+        The layer's pre-RoPE keys and queries recomputed from its input hidden states (kvpress's way), when the
+        scorer asked for them (:attr:`PromptRows.prerope_keys`) and the session could keep those; ``None``
+        otherwise (then :func:`kvbench.methods.prerope.prerope_states` un-rotates the stored states).
     """
 
     layer_idx: int
@@ -100,6 +105,7 @@ class WindowObservation:
     sample_key: int = 0
     rotary: Callable[[torch.Tensor, torch.dtype], tuple[torch.Tensor, torch.Tensor]] | None = None
     output_projection: torch.Tensor | None = None
+    prerope: PreRopeStates | None = None
 
     @property
     def window(self) -> int:
@@ -186,12 +192,25 @@ class PromptRows:
         the last ``query_rows(S)`` of a prompt of ``S`` tokens (NACL's proxy rows).
     query_rows:
         ``S -> R``: how many of the last prompt queries to keep (``None`` = all ``S``).
+    prerope_keys, prerope_queries:
+        The pre-RoPE keys / queries of every prompt row (:attr:`WindowObservation.prerope`,
+        :mod:`kvbench.methods.prerope`).  On a model path the session keeps the layer's input hidden states (``O(S
+        x hidden)`` per layer across the chunks of a chunked prefill; nothing extra in one forward) and they are
+        recomputed from them; without hidden states they are un-rotated from the stored keys and, for queries, from
+        every prompt query, which the session then keeps as if ``queries`` were asked.
     """
 
     column_sums: bool = False
     prob_dtype: torch.dtype | None = None
     queries: bool = False
     query_rows: Callable[[int], int] | None = None
+    prerope_keys: bool = False
+    prerope_queries: bool = False
+
+    @property
+    def prerope(self) -> bool:
+        """Whether the scorer reads pre-RoPE states (so the session keeps the layer's hidden states)."""
+        return self.prerope_keys or self.prerope_queries
 
 
 # ---------------------------------------------------------------------------------------------------- pieces

@@ -11,8 +11,8 @@ z-scored over that span -- and the protected tokens get the span's maximum.
 ``null`` takes ``1 - layer budget / S`` (the ratio the budget keeps, equal to kvpress's when ``S (1 - ratio)`` is a
 whole number; give ``blending`` explicitly to match another ratio exactly); without a known layer budget (an
 allocator that sets it after scoring) it is 0.35, kvpress's fallback.  kvpress's ``compression_ratio`` c is the
-budget ``<max(1, int(S (1 - c)))>/layer``.  Reads every prompt query; needs a RoPE model (pre-RoPE keys, see
-:mod:`kvbench.methods.leverage`).  Parity: ``tests/methods/test_compactor.py``.
+budget ``<max(1, int(S (1 - c)))>/layer``.  Reads every prompt query and the pre-RoPE keys of the span (``k_proj``
+of its hidden states, as kvpress: :mod:`kvbench.methods.prerope`).  Parity: ``tests/methods/test_compactor.py``.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ import torch
 from torch.nn import functional as F
 
 from kvbench.methods.base import PromptRows, WindowObservation
-from kvbench.methods.leverage import leverage_scores, prerope_keys
+from kvbench.methods.leverage import leverage_scores
 from kvbench.methods.noncausal import pooled_attention_scores, zscore_all_heads
 from kvbench.methods.params import bounded
+from kvbench.methods.prerope import prerope_states
 from kvbench.methods.recipe import ScorerMethod
 
 #: kvpress's blending when neither ``blending`` nor a compression ratio is known.
@@ -48,8 +49,8 @@ class Compactor(ScorerMethod, family="compactor", reference="NVIDIA/kvpress kvpr
     blending: float | None = bounded(None, 0.0)
 
     def prompt_rows(self, model_dtype: torch.dtype) -> PromptRows:
-        """Every prompt query."""
-        return PromptRows(queries=True)
+        """Every prompt query and the pre-RoPE keys."""
+        return PromptRows(queries=True, prerope_keys=True)
 
     def score(self, observation: WindowObservation) -> torch.Tensor:
         """``[H_kv, S]`` float32 scores."""
@@ -60,7 +61,8 @@ class Compactor(ScorerMethod, family="compactor", reference="NVIDIA/kvpress kvpr
         left = min(self.sink_size_start, length)
         right = min(self.sink_size_end, max(0, length - left))
         last = length - right
-        leverage = zscore_all_heads(leverage_scores(prerope_keys(observation, left, last), self.sketch_dimension))
+        prerope_keys = prerope_states(observation).keys(left, last)  # [H, last - left, D]
+        leverage = zscore_all_heads(leverage_scores(prerope_keys, self.sketch_dimension))
         attention = pooled_attention_scores(
             queries[:, left:last], keys[:, left:last], values[:, left:last], self.chunk_size
         )

@@ -19,13 +19,12 @@ No other token is protected; kvpress's ``compression_ratio`` c is the budget ``<
 model's queries on local text (kvpress's procedure: samples of ``sample_chars`` characters, sinks dropped per
 sample, unbiased covariance).
 
-kvbench's pre-RoPE queries: kvpress recomputes them from the layer's input (``q_proj`` of the hidden states);
-kvbench un-rotates the post-RoPE queries it is handed with the model's own rotary tables
-(:attr:`~kvbench.methods.base.WindowObservation.rotary`), in float32, then rounds them to the model dtype.  In
-float32 that is the reference's queries up to rounding (scores agree to ~1e-6); in bfloat16 the un-rotated queries
-differ from ``q_proj``'s by bfloat16 rounding, so scores and the kept tokens at the cut may differ (counted in the
-parity test).  Reads every prompt query (``O(H_q S D)`` per layer kept during prefill); needs a model with one
-rotary embedding (``model.get_decoder().rotary_emb``).  Parity: ``tests/methods/test_expected_attention.py``.
+Pre-RoPE queries as kvpress's: ``q_proj`` of the layer's input hidden states (the session keeps them during the
+compressing prefill, :mod:`kvbench.methods.prerope`), bit for bit in float32 and bfloat16.  Without hidden states
+(hand-built tensors) the stored post-RoPE prompt queries are un-rotated instead (float32 scores agree to ~1e-6;
+bfloat16 rounds differently), and the cache record says ``prerope_states: unrotated``.  Holds ``O(S x hidden)`` per
+layer across the chunks of a chunked prefill; needs a model with one rotary embedding
+(``model.get_decoder().rotary_emb``).  Parity: ``tests/methods/test_expected_attention.py``.
 """
 
 from __future__ import annotations
@@ -39,20 +38,10 @@ from torch.nn import functional as F
 
 from kvbench.methods.base import PromptRows, WindowObservation
 from kvbench.methods.params import bounded
+from kvbench.methods.prerope import prerope_states, rotate_half, unrotate
 from kvbench.methods.recipe import ScorerMethod
 
-
-def rotate_half(states: torch.Tensor) -> torch.Tensor:
-    """``[-x2, x1]`` for ``x = [x1, x2]`` split along the last dimension (the rotary convention of Llama)."""
-    first, second = states.chunk(2, dim=-1)
-    return torch.cat([-second, first], dim=-1)
-
-
-def unrotate(states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Pre-RoPE states ``[H, N, D]`` (float32) from post-RoPE ``states`` and the tables ``cos, sin`` ``[N, D]`` that
-    rotated them (the inverse of ``x cos + rotate_half(x) sin``, scaled rotations included)."""
-    states, cos, sin = states.float(), cos.float(), sin.float()
-    return (states * cos - rotate_half(states) * sin) / (cos * cos + sin * sin)
+__all__ = ["ExpectedAttention", "average_rotation", "load_stats", "rotate_half", "unrotate"]
 
 
 def average_rotation(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -90,8 +79,8 @@ class ExpectedAttention(
     stats: str | None = None
 
     def prompt_rows(self, model_dtype: torch.dtype) -> PromptRows:
-        """Every prompt query (none with dataset statistics)."""
-        return PromptRows(queries=self.stats is None)
+        """The prompt's pre-RoPE queries (none with dataset statistics)."""
+        return PromptRows(prerope_queries=self.stats is None)
 
     def score(self, observation: WindowObservation) -> torch.Tensor:
         """``[H_kv, S]`` scores in the model dtype."""
@@ -131,13 +120,7 @@ class ExpectedAttention(
             mean = mean[observation.layer_idx].to(device=device, dtype=dtype)
             covariance = covariance[observation.layer_idx].to(device=device, dtype=dtype)
             return mean, covariance if self.use_covariance else None
-        queries = observation.prompt_queries
-        if queries is None or queries.shape[1] != observation.context_length:
-            raise ValueError("expected_attention needs every prompt query (TokenScorer.prompt_rows)")
-        assert observation.rotary is not None
-        dtype = queries.dtype
-        positions = torch.arange(self.n_sink, queries.shape[1], device=queries.device)
-        prerope = unrotate(queries[:, self.n_sink :], *observation.rotary(positions, dtype)).to(dtype)
+        prerope = prerope_states(observation).queries(self.n_sink)  # [H_q, S - n_sink, D], model dtype
         mean = prerope.mean(dim=1, keepdim=True)
         covariance = None
         if self.use_covariance:

@@ -11,10 +11,10 @@ Reproduces NVIDIA/kvpress ``kvpress/presses/leverage_press.py`` (``LeverageScore
    leverage of row ``s`` is ``x_s G^{-1} x_s^T`` (clamped at 0);
 3. z-scored with the mean and standard deviation of all heads together.
 
-kvbench's pre-RoPE keys: kvpress recomputes them (``k_proj`` of the layer's input); kvbench un-rotates the stored
-keys with the model's rotary tables (:attr:`~kvbench.methods.base.WindowObservation.rotary`), in float32, rounded
-to the model dtype (exact up to rounding in float32; bfloat16 rounding may differ).  No token is protected; kvpress's
-``compression_ratio`` c is the budget ``<max(1, int(S (1 - c)))>/layer``.  Parity: ``tests/methods/test_leverage.py``.
+Pre-RoPE keys as kvpress's: ``k_proj`` of the layer's input hidden states (:mod:`kvbench.methods.prerope`; the
+stored keys un-rotated when there are none, e.g. hand-built tensors: the cache record says which).  No token is
+protected; kvpress's ``compression_ratio`` c is the budget ``<max(1, int(S (1 - c)))>/layer``.
+Parity: ``tests/methods/test_leverage.py``.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
-from kvbench.methods.base import WindowObservation
-from kvbench.methods.expected_attention import unrotate
+from kvbench.methods.base import PromptRows, WindowObservation
 from kvbench.methods.noncausal import zscore_all_heads
 from kvbench.methods.params import bounded
+from kvbench.methods.prerope import prerope_states
 from kvbench.methods.recipe import ScorerMethod
 
 
@@ -59,16 +59,6 @@ def leverage_scores(prerope_keys: torch.Tensor, sketch_dimension: int) -> torch.
     return (sketched * solved.transpose(-2, -1)).sum(dim=-1).clamp_min(0)
 
 
-def prerope_keys(observation: WindowObservation, first: int = 0, last: int | None = None) -> torch.Tensor:
-    """``[H, n, D]`` pre-RoPE keys of positions ``first .. last - 1`` (the stored keys un-rotated), in their dtype."""
-    if observation.rotary is None:
-        raise ValueError("this method needs the model's rotary embedding (a RoPE model) for its pre-RoPE keys")
-    keys = observation.keys[:, first:last]
-    positions = torch.arange(first, first + keys.shape[1], device=keys.device)
-    cos, sin = observation.rotary(positions, keys.dtype)
-    return unrotate(keys, cos, sin).to(keys.dtype)
-
-
 @dataclass(frozen=True)
 class Leverage(ScorerMethod, family="leverage", reference="NVIDIA/kvpress kvpress/presses/leverage_press.py@0.5.5"):
     """Z-scored approximate leverage of the pre-RoPE keys (module docstring)."""
@@ -76,6 +66,10 @@ class Leverage(ScorerMethod, family="leverage", reference="NVIDIA/kvpress kvpres
     #: Columns of the Gaussian sketch.
     sketch_dimension: int = bounded(48, 1)
 
+    def prompt_rows(self, model_dtype: torch.dtype) -> PromptRows:
+        """The pre-RoPE keys."""
+        return PromptRows(prerope_keys=True)
+
     def score(self, observation: WindowObservation) -> torch.Tensor:
         """``[H_kv, S]`` float32 z-scores."""
-        return zscore_all_heads(leverage_scores(prerope_keys(observation), self.sketch_dimension))
+        return zscore_all_heads(leverage_scores(prerope_states(observation).keys(), self.sketch_dimension))

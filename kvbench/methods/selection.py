@@ -43,6 +43,7 @@ from kvbench.methods.base import (
     TokenScorer,
     WindowObservation,
 )
+from kvbench.methods.prerope import GatheredStates, prerope_states
 from kvbench.methods.token_scores import aggregate_groups
 
 #: ``method.params.selection``: the per-head top-k (no wrapper) and the kvpress selection wrappers.
@@ -164,8 +165,8 @@ def _topk_mask(scores: torch.Tensor, count: int) -> torch.Tensor:
 
 
 def _candidates(observation: WindowObservation, positions: torch.Tensor) -> WindowObservation:
-    """The observation restricted to ``positions`` ``[H, n]`` per head: their keys and values, nothing else of the
-    prompt's keys (column sums dropped; the window queries and prompt queries kept)."""
+    """The observation restricted to ``positions`` ``[H, n]`` per head: their keys and values (and pre-RoPE keys),
+    nothing else of the prompt's keys (column sums dropped; the window queries and prompt queries kept)."""
     index = positions[..., None].expand(-1, -1, observation.keys.shape[-1])
     return dataclasses.replace(
         observation,
@@ -173,6 +174,7 @@ def _candidates(observation: WindowObservation, positions: torch.Tensor) -> Wind
         values=observation.values.gather(1, index),
         prompt_column_sums=None,
         _stats={},
+        prerope=GatheredStates(prerope_states(observation), positions),
     )
 
 

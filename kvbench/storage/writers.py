@@ -30,7 +30,9 @@ Layout (one *run* = one model x task x method x budget)::
                                   "extra_forwards": int (forwards the method ran to score the prompt: KVzip's
                                   replays; their time is in the prefill seconds), "key_positions": "original" |
                                   "rerotated" (Finch: kept keys re-rotated to 0..n-1), "next_position": int | null
-                                  (where the tokens after the prompt went, when re-rotated)},
+                                  (where the tokens after the prompt went, when re-rotated),
+                                  "prerope_states": "hidden_states" | "unrotated" | "mixed" | null (where a
+                                  scorer's pre-RoPE keys/queries came from; null: it reads none)},
      "stop_reason": str, "question_lost": bool}
 
 ``metrics.json``::

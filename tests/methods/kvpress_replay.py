@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
 
 import torch
 
@@ -171,4 +172,28 @@ def rotary_observation(case: RecordedCase, layer: int, inputs: dict[str, torch.T
 
     observation = prompt_queries_observation(case, layer, inputs)
     observation.rotary = tables
+    return observation
+
+
+@cache
+def recorded_attention(dtype: str, layer: int) -> torch.nn.Module:
+    """The tiny Llama's ``self_attn`` module of ``layer`` in ``dtype`` (the recorder's weights, no gradients; built
+    without touching the global generator, which the leverage sketch draws from)."""
+    from tests.methods.reference_models import tiny_llama
+    from tests.reference_recordings import inputs_meta
+
+    with torch.random.fork_rng():
+        model = tiny_llama(dtype, inputs_meta()["model_config"]).requires_grad_(False)
+    return model.model.layers[layer].self_attn
+
+
+def hidden_states_observation(case: RecordedCase, layer: int, inputs: dict[str, torch.Tensor]) -> WindowObservation:
+    """:func:`rotary_observation` plus the pre-RoPE states a model path gives: the layer's recorded input hidden
+    states through the tiny Llama's attention module (``k_proj`` / ``q_proj``, as kvpress)."""
+    from kvbench.inference.hidden_states import ProjectedStates
+    from tests.reference_recordings import DTYPES
+
+    observation = rotary_observation(case, layer, inputs)
+    hidden = inputs["hidden_states"][0].to(DTYPES[case.dtype])
+    observation.prerope = ProjectedStates(recorded_attention(case.dtype, layer), hidden)
     return observation

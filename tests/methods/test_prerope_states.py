@@ -1,0 +1,141 @@
+"""Pre-RoPE states from the layers' hidden states (:mod:`kvbench.inference.hidden_states`): the recorded tiny Llama
+run through kvbench's own prefill keeps kvpress's tokens for Expected Attention, leverage and Compactor in float32
+and bfloat16 (the cases of ``tests/fixtures/reference/kvpress/``, kvpress 0.5.5); the hooks live only during the
+compressing prefill, chunked prefill and the press API use them too, and a layout kvbench does not know falls back
+to un-rotation, which the cache record says."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+import torch
+
+import kvbench
+from kvbench.budget import parse_budget
+from kvbench.inference.prefill import prefill
+from kvbench.methods.base import build_method
+from tests.methods.reference_models import tiny_llama
+from tests.reference_recordings import (
+    RecordedCase,
+    boundary_tie,
+    inputs_meta,
+    is_valid_topk,
+    kvpress_n_kept,
+    load_recording,
+    stored_input,
+)
+
+#: Press -> (the kvbench method of a case, the score call the selection follows).
+PRESSES = {
+    "ExpectedAttentionPress": (lambda case: {"family": "expected_attention"}, None),
+    "LeverageScorePress": (lambda case: {"family": "leverage"}, None),
+    "CompactorPress": (
+        lambda case: {"family": "compactor", "params": {"chunk_size": 32, "blending": case.compression_ratio}},
+        "CompactorPress",
+    ),
+}
+
+
+@cache
+def model(dtype: str) -> torch.nn.Module:
+    with torch.random.fork_rng():  # the leverage sketch draws from the global generator: leave it as seeded
+        return tiny_llama(dtype, inputs_meta()["model_config"])
+
+
+def run_case(case: RecordedCase, spec: dict, prefill_chunk: int = 0):
+    """kvbench's prefill of the case's prompt at kvpress's budget, after the recorder's ``manual_seed(1234)``."""
+    method = build_method({"name": spec["family"], **spec})
+    ids = stored_input(f"{case.inputs}/input_ids")[0].tolist()
+    budget = parse_budget(f"{kvpress_n_kept(case.length, case.compression_ratio)}/layer")
+    torch.manual_seed(1234)
+    with torch.no_grad():
+        state = prefill(model(case.dtype), ids, method=method, budget=budget, prefill_chunk=prefill_chunk)
+    state.session.begin_decode()
+    return state
+
+
+@pytest.mark.parametrize("press", sorted(PRESSES))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_model_path_keeps_kvpress_tokens(press: str, dtype: str) -> None:
+    """Every recorded model case: each layer and head keeps kvpress's positions (or, where kvpress's scores tie at
+    the cut, another valid top-k of them); none differs, bfloat16 included."""
+    spec_of, score_press = PRESSES[press]
+    cases = [case for case in load_recording(press).cases if case.kind == "model" and case.dtype == dtype]
+    same = tied = 0
+    for case in cases:
+        state = run_case(case, spec_of(case))
+        assert state.session.record.prerope_states == "hidden_states"
+        n_kept = kvpress_n_kept(case.length, case.compression_ratio)
+        for layer, heads in enumerate(case.kept):
+            reference = case.layer_scores(layer, score_press)
+            for head, recorded in enumerate(heads):
+                kept = sorted(state.cache.headwise_layers[layer].positions[head].tolist())
+                if kept == sorted(recorded):
+                    same += 1
+                    continue
+                where = (case.inputs, case.compression_ratio, layer, head)
+                assert boundary_tie(reference[head], n_kept) and is_valid_topk(reference[head], kept), where
+                tied += 1
+    assert len(cases) == 8 and same + tied == 32 and same >= 23, (same, tied)
+
+
+def test_hooks_live_only_during_the_compressing_prefill() -> None:
+    """After the prefill no pre-hook is left on the attention modules; a scorer that reads no pre-RoPE states and a
+    full budget register none; the session ignores a forward that is not its compressing prefill."""
+    case = next(c for c in load_recording("LeverageScorePress").cases if c.kind == "model")
+    attention = [layer.self_attn for layer in model(case.dtype).model.layers]
+    state = run_case(case, {"family": "leverage"})
+    assert not any(module._forward_pre_hooks for module in attention)
+    assert state.session.hooks == [] and state.session._rows == {}
+    for spec in ({"family": "knorm"}, {"family": "leverage", "budget": "full"}):
+        method = build_method({"name": spec["family"], "family": spec["family"]})
+        budget = parse_budget(spec.get("budget", "8/layer"))
+        ids = stored_input(f"{case.inputs}/input_ids")[0].tolist()
+        with torch.no_grad():
+            state = prefill(model(case.dtype), ids, method=method, budget=budget)
+        assert state.session.hooks == [] and state.session.record.prerope_states is None
+        assert not any(module._forward_pre_hooks for module in attention)
+
+
+def test_chunked_prefill_and_the_press_api_use_hidden_states() -> None:
+    """``run.prefill_chunk``: the session joins the chunks' hidden states (the scores see every prompt row: in
+    float32 the chunked prefill keeps the one-shot tokens); ``kvbench.press`` uses them for its held last segment."""
+    case = next(
+        c for c in load_recording("LeverageScorePress").cases if c.kind == "model" and c.dtype == "float32"
+    )
+    for spec in ({"family": "leverage"}, {"family": "expected_attention"}):
+        whole, chunked = run_case(case, spec), run_case(case, spec, prefill_chunk=16)
+        assert chunked.session.record.prefill_chunk == 16
+        assert chunked.session.record.prerope_states == "hidden_states"
+        for one, other in zip(whole.cache.headwise_layers, chunked.cache.headwise_layers, strict=True):
+            assert [p.tolist() for p in one.positions] == [p.tolist() for p in other.positions], spec
+    llama = model("float32")
+    ids = stored_input(f"{case.inputs}/input_ids")
+    for chunk in (0, 16):
+        with kvbench.press(llama, "leverage", "24/layer", prefill_chunk=chunk) as record, torch.no_grad():
+            llama(input_ids=ids)
+        assert record.last.prerope_states == "hidden_states" and record.last.evicted
+        assert not any(layer.self_attn._forward_pre_hooks for layer in llama.model.layers)
+
+
+def test_an_unknown_attention_layout_falls_back_to_unrotation() -> None:
+    """OLMo-2 normalises all query heads at once (a ``q_norm`` over ``H D``), a layout kvbench does not project:
+    its layers get no hook and the scorer un-rotates the stored keys, as the cache record says."""
+    from transformers import Olmo2Config, Olmo2ForCausalLM
+
+    from kvbench.inference.hidden_states import attention_modules
+
+    config = Olmo2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    olmo = Olmo2ForCausalLM(config).eval()
+    olmo.set_attn_implementation("kvbench")
+    assert attention_modules(olmo) == {}
+    assert set(attention_modules(model("float32"))) == {0, 1}
+    with torch.no_grad():
+        state = prefill(olmo, list(range(1, 41)), method=build_method({"name": "l", "family": "leverage"}),
+                        budget=parse_budget("8/layer"))  # fmt: skip
+    assert state.session.record.prerope_states == "unrotated" and state.session.record.evicted
