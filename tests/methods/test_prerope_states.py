@@ -101,9 +101,7 @@ def test_hooks_live_only_during_the_compressing_prefill() -> None:
 def test_chunked_prefill_and_the_press_api_use_hidden_states() -> None:
     """``run.prefill_chunk``: the session joins the chunks' hidden states (the scores see every prompt row: in
     float32 the chunked prefill keeps the one-shot tokens); ``kvbench.press`` uses them for its held last segment."""
-    case = next(
-        c for c in load_recording("LeverageScorePress").cases if c.kind == "model" and c.dtype == "float32"
-    )
+    case = next(c for c in load_recording("LeverageScorePress").cases if c.kind == "model" and c.dtype == "float32")
     for spec in ({"family": "leverage"}, {"family": "expected_attention"}):
         whole, chunked = run_case(case, spec), run_case(case, spec, prefill_chunk=16)
         assert chunked.session.record.prefill_chunk == 16
