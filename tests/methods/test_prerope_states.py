@@ -14,7 +14,8 @@ import torch
 import kvbench
 from kvbench.budget import parse_budget
 from kvbench.inference.prefill import prefill
-from kvbench.methods.base import build_method
+from kvbench.methods.base import EvictionMethod, PromptRows, TokenScorer, WindowObservation, build_method
+from kvbench.methods.prerope import GatheredStates, UnrotatedStates
 from tests.methods.reference_models import tiny_llama
 from tests.reference_recordings import (
     RecordedCase,
@@ -137,3 +138,67 @@ def test_an_unknown_attention_layout_falls_back_to_unrotation() -> None:
         state = prefill(olmo, list(range(1, 41)), method=build_method({"name": "l", "family": "leverage"}),
                         budget=parse_budget("8/layer"))  # fmt: skip
     assert state.session.record.prerope_states == "unrotated" and state.session.record.evicted
+
+
+class Compare(TokenScorer):
+    """A scorer that checks the projected pre-RoPE states against the un-rotated ones and scores by key norm."""
+
+    def __init__(self) -> None:
+        self.errors: list[float] = []
+
+    def prompt_rows(self, model_dtype: torch.dtype) -> PromptRows:
+        return PromptRows(queries=True, prerope_keys=True, prerope_queries=True)
+
+    def score(self, observation: WindowObservation) -> torch.Tensor:
+        assert observation.prerope is not None
+        unrotated = UnrotatedStates(observation)
+        for first, last in ((0, None), (3, observation.context_length - 2)):
+            for kind in ("keys", "queries"):
+                projected = getattr(observation.prerope, kind)(first, last)
+                self.errors.append(float((projected - getattr(unrotated, kind)(first, last)).abs().max()))
+        heads, length = observation.keys.shape[:2]
+        positions = torch.stack([torch.randperm(length)[:9] for _ in range(heads)])  # a wrapper's candidates
+        gathered = GatheredStates(observation.prerope, positions).keys(2)
+        self.errors.append(float((gathered - GatheredStates(unrotated, positions).keys(2)).abs().max()))
+        return observation.keys.float().norm(dim=-1)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3", "gpt_oss"])
+@pytest.mark.parametrize("granularity", ["kv_head", "query_head"])
+def test_projected_states_are_the_models_pre_rope_states(arch: str, granularity: str) -> None:
+    """In float32 the projection (per-head ``q_norm`` / ``k_norm`` of Qwen3 and Gemma-3, biases and half-width
+    rotary tables of gpt-oss) equals the stored states un-rotated: slices, query-head storage and a wrapper's
+    candidate tokens (:class:`~kvbench.methods.prerope.GatheredStates`) included."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+
+    from tests.models.test_sliding_models import COMMON, CONFIGS
+
+    configs = {
+        "llama": lambda: LlamaConfig(**COMMON, num_hidden_layers=2),
+        "qwen3": lambda: Qwen3Config(**COMMON, num_hidden_layers=2),
+        **CONFIGS,
+    }
+    torch.manual_seed(0)
+    built = AutoModelForCausalLM.from_config(configs[arch](), attn_implementation="kvbench").eval()
+    for name, parameter in built.named_parameters():
+        if name.endswith(("q_norm.weight", "k_norm.weight")):
+            parameter.data.normal_(0, 0.5)  # non-trivial norms: their place before RoPE matters
+    scorer = Compare()
+    method = EvictionMethod("compare", "compare", scorer, window=4, gqa_granularity=granularity)
+    with torch.no_grad():
+        state = prefill(built, list(range(3, 43)), method=method, budget=parse_budget("8/layer"))
+    assert state.session.record.prerope_states == "hidden_states" and scorer.errors
+    assert max(scorer.errors) < 1e-5, scorer.errors
+
+
+@pytest.mark.parametrize("selection", ["chunk", "block"])
+def test_selection_wrappers_score_candidates_with_their_own_pre_rope_keys(selection: str) -> None:
+    """ChunkPress / BlockPress-style selection over leverage scores: each call scores its candidate tokens' pre-RoPE
+    keys (gathered from the layer's), and the layer keeps its budget."""
+    case = next(c for c in load_recording("LeverageScorePress").cases if c.kind == "model" and c.length == 128)
+    spec = {"family": "leverage", "params": {"selection": selection, "selection_length": 32}}
+    state = run_case(case, spec)
+    assert state.session.record.prerope_states == "hidden_states"
+    kept = kvpress_n_kept(case.length, case.compression_ratio)
+    assert state.session.record.requested_per_layer == [kept, kept]
+    assert all(0 < n <= kept + 32 for n in state.session.record.achieved_per_layer)
