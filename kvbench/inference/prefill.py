@@ -12,6 +12,9 @@ returned :class:`PrefillState`.
 Explicit ``position_ids`` everywhere: after eviction the cache holds fewer tokens than were seen, so positions come
 from the count of tokens fed, never from the cache length.
 
+Scorers of pre-RoPE states (Expected Attention, leverage, Compactor) get the layers' input hidden states through
+forward pre-hooks registered for the compressing prefill only (:mod:`kvbench.inference.hidden_states`).
+
 The compressed prompt is fed in one forward or in chunks (``prefill_chunk``, ``run.prefill_chunk``): each chunk
 attends to everything stored before it (kvbench's bottom-right causal attention), the eviction session keeps what
 the method reads from the prompt rows, and each layer is compressed once its last chunk is stored -- the method
@@ -261,9 +264,11 @@ def prefill(
             start = segment.start - session.position_shift
             logits = forward_logits(model, segment.ids, start, cache, session, device)[-1]
             position = start + len(segment.ids)
-    finally:
-        if held is None or held.appended:  # a held compressed segment still needs them (kvbench.press)
-            session.release_hooks()
+    except BaseException:
+        session.release_hooks()
+        raise
+    if held is None or held.appended:  # a held compressed segment still needs them (kvbench.press)
+        session.release_hooks()
     replay_context(model, session, compressed, tokenizer, device, forward_logits)
     position -= 0 if appended else session.position_shift
     if held is not None and held.appended:

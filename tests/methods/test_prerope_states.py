@@ -83,7 +83,7 @@ def test_model_path_keeps_kvpress_tokens(press: str, dtype: str) -> None:
 
 def test_hooks_live_only_during_the_compressing_prefill() -> None:
     """After the prefill no pre-hook is left on the attention modules; a scorer that reads no pre-RoPE states and a
-    full budget register none; the session ignores a forward that is not its compressing prefill."""
+    full budget register none, nor does a prefill that fails leave any."""
     case = next(c for c in load_recording("LeverageScorePress").cases if c.kind == "model")
     attention = [layer.self_attn for layer in model(case.dtype).model.layers]
     state = run_case(case, {"family": "leverage"})
@@ -97,6 +97,10 @@ def test_hooks_live_only_during_the_compressing_prefill() -> None:
             state = prefill(model(case.dtype), ids, method=method, budget=budget)
         assert state.session.hooks == [] and state.session.record.prerope_states is None
         assert not any(module._forward_pre_hooks for module in attention)
+    failing = build_method({"name": "ea", "family": "expected_attention", "params": {"n_sink": 500}})
+    with pytest.raises(ValueError, match="n_sink=500"), torch.no_grad():  # a prefill that fails leaves none either
+        prefill(model(case.dtype), ids, method=failing, budget=parse_budget("8/layer"))
+    assert not any(module._forward_pre_hooks for module in attention)
 
 
 def test_chunked_prefill_and_the_press_api_use_hidden_states() -> None:
