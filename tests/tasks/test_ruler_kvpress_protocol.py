@@ -68,7 +68,7 @@ def test_ruler_chat_template_kwargs_reach_the_prompt_and_the_settings(qwen) -> N
         "ruler", datasets=["niah_single_1"], length=512, num_samples=1, options={"chat_template": "model"}
     )
     assert "chat_template_kwargs" not in build_ruler(plain, qwen, chat_template=True)[0].describe()
-    with pytest.raises(ValueError, match="chat_template_kwargs='no' is not a mapping"):
+    with pytest.raises(ValueError, match=r"chat_template_kwargs='no' is not a mapping"):
         bad = {"chat_template": "model", "chat_template_kwargs": "no"}
         build_ruler(task_config("ruler", datasets=["vt"], options=bad), qwen, chat_template=True)
 

@@ -239,7 +239,7 @@ def chat_template_kwargs(value: Any) -> dict[str, Any]:
     if not isinstance(value, Mapping) and not hasattr(value, "items"):
         raise ValueError(
             f"task.options.chat_template_kwargs={value!r} is not a mapping; give the chat template's variables, "
-            "e.g. task.options.chat_template_kwargs={enable_thinking:false}"
+            "e.g. +task.options.chat_template_kwargs={enable_thinking:false}"
         )
     return {str(key): item for key, item in value.items()}
 
