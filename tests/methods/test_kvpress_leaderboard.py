@@ -42,9 +42,9 @@ def test_cr_budget_keeps_kvpress_n_kept() -> None:
 
 def test_leaderboard_dry_run_on_a_small_model(tmp_path: Path) -> None:
     """One job of ``+experiment=kvpress_leaderboard`` (PyramidKV as kvpress ships it, ratio 0.5) on a random 2-layer
-    model with Qwen's vocabulary and chat template: RULER 4K generated as kvpress's data (the Llama-3.1 tokenizer's
-    lengths) through the model's chat template, the question appended after compression, each layer at kvpress's
-    pyramid of ``S / 2`` per layer on average (unrounded)."""
+    model with Llama-3.1's vocabulary and chat template: RULER 4K generated as kvpress's data (the Llama-3.1
+    tokenizer's lengths, the base template) through the model's chat template, the question appended after
+    compression, each layer at kvpress's pyramid of ``S / 2`` per layer on average (unrounded)."""
     register_configs()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(
@@ -53,7 +53,7 @@ def test_leaderboard_dry_run_on_a_small_model(tmp_path: Path) -> None:
                 [
                     "+experiment=kvpress_leaderboard",
                     "task=ruler",
-                    "model=random-qwen2",
+                    "model=random-llama3.1",
                     "method=pyramidkv_kvpress",
                     "budget=cr0.5",
                     "task.num_samples=1",
@@ -65,7 +65,7 @@ def test_leaderboard_dry_run_on_a_small_model(tmp_path: Path) -> None:
             ),
         )
     assert len(Runner(cfg).run()) == 1
-    folder = tmp_path / "random-qwen2" / "ruler" / "pyramidkv_kvpress" / "cr0.5~kvpress_lb" / "niah_single_1"
+    folder = tmp_path / "random-llama3.1" / "ruler" / "pyramidkv_kvpress" / "cr0.5~kvpress_lb" / "niah_single_1"
     metrics = json.loads((folder / "metrics.json").read_text())
     prediction = json.loads((folder / "predictions.jsonl").read_text().splitlines()[0])
     settings = metrics["dataset_settings"]
