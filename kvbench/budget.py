@@ -81,12 +81,10 @@ class Budget:
 
     def unrounded_mean_per_layer(self, context_length: int) -> float:
         """The mean per layer before rounding: ``S (1 - c)`` for ``<c>cr`` as kvpress computes it
-        (``q_len * (1 - compression_ratio)``, read unrounded by its ``PyramidKVPress``), ``r S`` for ``<r>x``, else
-        :meth:`mean_per_layer`."""
+        (``q_len * (1 - compression_ratio)``, which its ``PyramidKVPress`` reads before any floor), else
+        :meth:`mean_per_layer` (a ``<r>x`` budget is defined by its rounded mean)."""
         if self.kind == "compression":
             return context_length * (1 - self.value)
-        if self.kind == "ratio":
-            return self.value * context_length
         return float(self.mean_per_layer(context_length))
 
     @property
