@@ -82,5 +82,9 @@ def test_cr_budgets_give_kvpress_layer_budgets_from_the_unrounded_mean() -> None
         n_kept = kvpress_n_kept(length, ratio)
         fractional += n_kept != length * (1 - ratio)
         rounded_differs += allocator.plan(n_kept * layers, layers, length) != case["budgets"]
+    # The unrounded mean is kvpress's S (1 - c) for <c>cr only; <r>x and <n>L keep their own (rounded) means.
+    assert parse_budget("0.3cr").unrounded_mean_per_layer(37) == 37 * (1 - 0.3) != parse_budget("0.3cr").total(37, 1)
+    assert parse_budget("0.5x").unrounded_mean_per_layer(37) == 18  # round(18.5)
+    assert parse_budget("9L").unrounded_mean_per_layer(37) == 9
     # 378 cases (215 with a fractional S (1 - c)), every layer kvpress's; the rounded mean missed 180 of them.
     assert (len(recording["cases"]), fractional, rounded_differs) == (378, 215, 180)
