@@ -79,6 +79,14 @@ class Budget:
             return max(1, int(context_length * (1 - self.value)))
         return int(self.value)
 
+    def unrounded_mean_per_layer(self, context_length: int) -> float:
+        """The mean per layer before rounding: ``S (1 - c)`` for ``<c>cr`` as kvpress computes it
+        (``q_len * (1 - compression_ratio)``, which its ``PyramidKVPress`` reads before any floor), else
+        :meth:`mean_per_layer` (a ``<r>x`` budget is defined by its rounded mean)."""
+        if self.kind == "compression":
+            return context_length * (1 - self.value)
+        return float(self.mean_per_layer(context_length))
+
     @property
     def follows_context(self) -> bool:
         """Whether the budget is a share of each sample's context (``<r>x``, ``<c>cr``)."""

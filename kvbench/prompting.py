@@ -29,7 +29,7 @@ text (else a clear error).  Nothing searches the rendered text for the prompt st
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -149,25 +149,31 @@ def split_truncated_prompt(truncated_prompt: str, question: str) -> tuple[str, s
     return truncated_prompt, ""
 
 
-def render_user_turn(tokenizer: PreTrainedTokenizerBase, user_text: str) -> str:
-    """The chat template applied to one user message, with the generation prompt (assistant header)."""
+def render_user_turn(
+    tokenizer: PreTrainedTokenizerBase, user_text: str, template_kwargs: Mapping[str, Any] | None = None
+) -> str:
+    """The chat template applied to one user message, with the generation prompt (assistant header);
+    ``template_kwargs``: extra variables the template reads (``{"enable_thinking": False}``: Qwen3's template closes
+    an empty think block after the assistant header, as kvpress's pipeline renders it)."""
     if not getattr(tokenizer, "chat_template", None):
         raise KVBenchError(
             "model.chat_template=true but the tokenizer has no chat template; set model.chat_template=false"
         )
     rendered = tokenizer.apply_chat_template(
-        [{"role": "user", "content": user_text}], tokenize=False, add_generation_prompt=True
+        [{"role": "user", "content": user_text}], tokenize=False, add_generation_prompt=True, **(template_kwargs or {})
     )
     assert isinstance(rendered, str)
     return rendered
 
 
-def _render_split(tokenizer: PreTrainedTokenizerBase, context: str, question: str) -> tuple[str, int]:
+def _render_split(
+    tokenizer: PreTrainedTokenizerBase, context: str, question: str, template_kwargs: Mapping[str, Any] | None
+) -> tuple[str, int]:
     """``(rendered user turn, offset where the question starts)``, found by rendering a marker at the boundary."""
-    rendered = render_user_turn(tokenizer, context + question)
+    rendered = render_user_turn(tokenizer, context + question, template_kwargs)
     if not question:
         return rendered, len(rendered)
-    marked = render_user_turn(tokenizer, context + _MARK + question)
+    marked = render_user_turn(tokenizer, context + _MARK + question, template_kwargs)
     start = marked.find(_MARK)
     if start < 0 or marked.count(_MARK) != 1 or marked[:start] + marked[start + len(_MARK) :] != rendered:
         raise KVBenchError(
@@ -186,11 +192,13 @@ def render_prompt(
     answer_prefix: str = "",
     shots: Sequence[tuple[str, str]] = (),
     use_chat_template: bool,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> RenderedPrompt:
-    """Render shots, the user text ``context + question`` and the answer prefix (see the module docstring)."""
+    """Render shots, the user text ``context + question`` and the answer prefix (see the module docstring);
+    ``template_kwargs``: extra variables of the chat template (:func:`render_user_turn`)."""
     if use_chat_template:
-        head = "".join(render_user_turn(tokenizer, user) + reply + "\n" for user, reply in shots)
-        turn, start = _render_split(tokenizer, context, question)
+        head = "".join(render_user_turn(tokenizer, user, template_kwargs) + reply + "\n" for user, reply in shots)
+        turn, start = _render_split(tokenizer, context, question, template_kwargs)
     else:
         head = "".join(user + reply + "\n" for user, reply in shots)
         turn, start = context + question, len(context)
@@ -199,7 +207,12 @@ def render_prompt(
     return RenderedPrompt(text, question_start, use_chat_template)
 
 
-def render_sample(tokenizer: PreTrainedTokenizerBase, sample: Sample, use_chat_template: bool) -> RenderedPrompt:
+def render_sample(
+    tokenizer: PreTrainedTokenizerBase,
+    sample: Sample,
+    use_chat_template: bool,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> RenderedPrompt:
     """:func:`render_prompt` of a sample."""
     return render_prompt(
         tokenizer,
@@ -208,6 +221,7 @@ def render_sample(tokenizer: PreTrainedTokenizerBase, sample: Sample, use_chat_t
         answer_prefix=sample.answer_prefix,
         shots=sample.shots,
         use_chat_template=use_chat_template,
+        template_kwargs=template_kwargs,
     )
 
 
@@ -243,9 +257,10 @@ def encode_sample(
     use_chat_template: bool,
     truncation: str = "middle",
     bos: str = "single",
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> EncodedPrompt:
     """Tokenise ``sample`` following the module's rules (``truncation``: one of :data:`TRUNCATION_MODES`; ``bos``:
-    one of :data:`BOS_MODES`)."""
+    one of :data:`BOS_MODES`; ``template_kwargs``: extra variables of the chat template)."""
     check_choice("truncation", truncation, TRUNCATION_MODES)
     check_choice("bos", bos, BOS_MODES)
     context, question = sample.context, sample.question
@@ -269,6 +284,7 @@ def encode_sample(
         answer_prefix=sample.answer_prefix,
         shots=sample.shots,
         use_chat_template=use_chat_template,
+        template_kwargs=template_kwargs,
     )
     context_ids, question_ids = _tokenize_split(tokenizer, rendered, bos)
     length = len(context_ids) + len(question_ids)

@@ -369,8 +369,9 @@ class EvictionSession(SessionPasses):
         else:
             allocator = self.method.layer_allocator
             if self.allocator_state is None:
-                total = self.budget.total(context, num_compressible) + num_compressible * off_budget
-                self.allocator_state = allocator.new_state(total, num_compressible, context, self.dataset_state)
+                self.allocator_state = allocator.start_sample(
+                    self.budget, num_compressible, context, self.dataset_state, extra_per_layer=off_budget
+                )
             budgets = allocator.on_layer(self.allocator_state, observation)
         if rank in budgets:
             observation.layer_budget = int(budgets[rank])

@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from kvbench import kernels
+from kvbench.budget import Budget
 from kvbench.checks import check_min
 from kvbench.config import MethodConfig, check_method_choices
 from kvbench.methods.channels import KeyChannelPruner
@@ -247,6 +248,16 @@ class LayerBudgetAllocator(ReadOnlyAfterBuild, ABC):
         """Begin a sample: ``total`` tokens per stored head summed over ``num_layers`` layers; ``dataset`` is the
         dataset's state (:meth:`new_dataset_state`, ``None`` = a fresh one where the allocator needs one)."""
         return AllocatorState(total, num_layers, context_length, dataset=dataset)
+
+    def start_sample(
+        self, budget: Budget, num_layers: int, context_length: int, dataset: Any = None, *, extra_per_layer: int = 0
+    ) -> AllocatorState:
+        """Begin a sample under ``budget`` (what the eviction session calls): :meth:`new_state` with the budget's
+        total over ``num_layers`` plus ``extra_per_layer`` tokens per layer (the window, when it is outside the
+        budget).  An allocator that reads the budget itself overrides it (kvpress's PyramidKV reads ``S (1 - c)``
+        before rounding: :class:`~kvbench.methods.kvpress_pyramid.KvpressPyramidAllocator`)."""
+        total = budget.total(context_length, num_layers) + num_layers * extra_per_layer
+        return self.new_state(total, num_layers, context_length, dataset)
 
     @abstractmethod
     def on_layer(self, state: AllocatorState, observation: WindowObservation) -> dict[int, int]:

@@ -5,6 +5,12 @@ With ``method.decode_eviction`` the cache is cut back to that after every later 
 ``StartRecentKVCache.__call__`` does after each model call: a decoding step, and a multi-token forward after the
 prefill (question-agnostic mode's question) at once.  ``params.evict_on_append: false`` is kvbench's earlier
 behaviour: the appended tokens stay until the first decoding step, which cuts back to the cap at once.
+
+``params.scores: kvpress`` (the ``streamingllm_kvpress`` preset) scores as NVIDIA/kvpress 0.5.5's
+``StreamingLLMPress``: with ``k`` the layer budget, 1 for the first ``sink_tokens`` and for the tokens from
+``sink_tokens + S - k`` on, 0 in between (:class:`KvpressSinkScorer`), and nothing else protected (no window), so a
+budget of ``sink_tokens`` or fewer keeps sinks only, as kvpress (kvbench's default, ``recency``, also keeps the last
+prompt token: the window of 1).
 """
 
 from __future__ import annotations
@@ -24,9 +30,13 @@ from kvbench.methods.base import (
 )
 from kvbench.methods.decoding import evict_lowest, evict_to_caps, one_token_evictions
 from kvbench.methods.family import FamilyMethod
+from kvbench.methods.params import choice
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
     from kvbench.cache.kv_cache import HeadwiseLayer
+
+#: ``params.scores``: the paper's recency order, or kvpress's ``StreamingLLMPress`` scores.
+SCORES = ("recency", "kvpress")
 
 
 class RecencyScorer(TokenScorer):
@@ -36,6 +46,23 @@ class RecencyScorer(TokenScorer):
         """``[H, S]`` scores equal to the token position."""
         heads, context = observation.keys.shape[0], observation.context_length
         return torch.arange(context, dtype=torch.float32, device=observation.keys.device).expand(heads, context)
+
+
+class KvpressSinkScorer(TokenScorer):
+    """kvpress's ``StreamingLLMPress.score``: ``[H, S]`` ones, zero for the ``S - k`` tokens after the first
+    ``n_sink`` (``k`` the layer budget, kvpress's ``int(S (1 - c))``; the zeros cut at ``S``)."""
+
+    def __init__(self, n_sink: int) -> None:
+        self.n_sink = n_sink
+
+    def score(self, observation: WindowObservation) -> torch.Tensor:
+        """``[H, S]`` float32 scores (module docstring); every token scores 1 without a layer budget."""
+        heads, context = observation.keys.shape[0], observation.context_length
+        scores = torch.ones(heads, context, dtype=torch.float32, device=observation.keys.device)
+        if observation.layer_budget is not None:
+            pruned = context - int(observation.layer_budget)
+            scores[:, self.n_sink : self.n_sink + max(pruned, 0)] = 0
+        return scores
 
 
 class SinkWindowDecode(DecodePolicy):
@@ -86,16 +113,24 @@ class StreamingLLM(FamilyMethod, family="streamingllm"):
     #: Cut back to sinks + recent right after a multi-token append (the reference); false = kvbench's earlier
     #: behaviour (the first decoding step cuts back to the cap).
     evict_on_append: bool = True
+    #: The prefill's scores: ``recency`` (the paper's code: sinks and the window protected, the most recent tokens
+    #: next) or ``kvpress`` (kvpress's ``StreamingLLMPress``: 1 for the sinks and the last ``k - sinks``, nothing
+    #: protected; module docstring).
+    scores: str = choice("recency", SCORES)
 
     def build(self, method_cfg: Any) -> EvictionMethod:
         """Sinks + recent window; evicts in decoding too when ``method.decode_eviction``."""
         knobs = common_knobs(method_cfg)
         policy = SinkWindowDecode(knobs["sink_tokens"], self.evict_on_append) if method_cfg.decode_eviction else None
+        kvpress = self.scores == "kvpress"
+        settings: dict[str, Any] = {"evict_on_append": self.evict_on_append}
+        if kvpress:  # recorded only when set: the settings of a run with the default stay as they were
+            settings["scores"] = self.scores
         return EvictionMethod(
-            scorer=RecencyScorer(),
+            scorer=KvpressSinkScorer(knobs["sink_tokens"]) if kvpress else RecencyScorer(),
             decode_policy=policy,
-            settings={"evict_on_append": self.evict_on_append},
+            settings=settings,
             # Position alone decides: no GQA reduction; the window sizes the protected recent tokens.
             ignored_knobs=frozenset({"gqa_agg"}),
-            **knobs,
+            **{**knobs, "keep_window": not kvpress},  # kvpress protects nothing: its scores keep the sinks
         )

@@ -351,6 +351,7 @@ class Runner:
                 use_chat_template=use_template,
                 truncation=dataset.truncation,
                 bos=dataset.bos,
+                template_kwargs=dataset.chat_template_kwargs,
             )
 
         def write(sample: Sample, encoded: Any, output: Any) -> None:

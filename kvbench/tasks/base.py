@@ -16,9 +16,10 @@ question-agnostic mode (``task.question_mode=agnostic``) only ``context`` is pre
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from kvbench.registry import Registry, submodule_importer
@@ -46,6 +47,10 @@ class TaskDataset(ABC):
     #: text tokenised with special tokens, so a template that starts with the BOS text gets a second one, as the
     #: Ada-KV and CAKE LongBench pipelines do).  See :data:`kvbench.prompting.BOS_MODES`.
     bos: str = "single"
+    #: Extra variables of the model's chat template, rendered with every prompt (``{"enable_thinking": False}``, as
+    #: kvpress's pipeline renders Qwen3's template; RULER's ``task.options.chat_template_kwargs``); empty: the template
+    #: as published.
+    chat_template_kwargs: Mapping[str, Any] = MappingProxyType({})
     #: Stop tokens/strings are ignored for this many first tokens (LongBench's ``min_length`` for samsum).
     min_new_tokens: int = 0
     #: What happens to a prompt longer than the model's ``max_input_length``: "middle" (LongBench's middle
@@ -126,6 +131,7 @@ class TaskDataset(ABC):
             "metric": self.metric_name,
             "decoding": self.sampling.to_json() if self.sampling is not None else "greedy",
             **({"context_groups": self.context_groups} if self.context_groups else {}),
+            **({"chat_template_kwargs": dict(self.chat_template_kwargs)} if self.chat_template_kwargs else {}),
         }
 
 

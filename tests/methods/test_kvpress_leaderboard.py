@@ -41,9 +41,10 @@ def test_cr_budget_keeps_kvpress_n_kept() -> None:
 
 
 def test_leaderboard_dry_run_on_a_small_model(tmp_path: Path) -> None:
-    """One job of ``+experiment=kvpress_leaderboard`` (PyramidKV as kvpress ships it, ratio 0.5) on a random tiny
-    Llama: RULER 4K through the model's chat template, the question appended after compression, each layer at
-    kvpress's pyramid of ``int(S / 2)`` per layer on average."""
+    """One job of ``+experiment=kvpress_leaderboard`` (PyramidKV as kvpress ships it, ratio 0.5) on a random 2-layer
+    model with Llama-3.1's vocabulary and chat template: RULER 4K generated as kvpress's data (the Llama-3.1
+    tokenizer's lengths, the base template) through the model's chat template, the question appended after
+    compression, each layer at kvpress's pyramid of ``S / 2`` per layer on average (unrounded)."""
     register_configs()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(
@@ -52,7 +53,7 @@ def test_leaderboard_dry_run_on_a_small_model(tmp_path: Path) -> None:
                 [
                     "+experiment=kvpress_leaderboard",
                     "task=ruler",
-                    "model=tiny-random-llama",
+                    "model=random-llama3.1",
                     "method=pyramidkv_kvpress",
                     "budget=cr0.5",
                     "task.num_samples=1",
@@ -64,13 +65,19 @@ def test_leaderboard_dry_run_on_a_small_model(tmp_path: Path) -> None:
             ),
         )
     assert len(Runner(cfg).run()) == 1
-    folder = tmp_path / "tiny-random-llama" / "ruler" / "pyramidkv_kvpress" / "cr0.5~kvpress_lb" / "niah_single_1"
+    folder = tmp_path / "random-llama3.1" / "ruler" / "pyramidkv_kvpress" / "cr0.5~kvpress_lb" / "niah_single_1"
     metrics = json.loads((folder / "metrics.json").read_text())
     prediction = json.loads((folder / "predictions.jsonl").read_text().splitlines()[0])
     settings = metrics["dataset_settings"]
     assert (metrics["question_mode"], settings["length"], settings["prompt_template"]) == ("agnostic", 4096, "model")
+    # kvpress's data and pipeline: RULER's base-template samples sized with the Llama-3.1 tokenizer, the model's chat
+    # template rendered with enable_thinking=False
+    assert (settings["length_tokenizer"], settings["ruler_template"]) == ("llama3", None)
+    assert (
+        settings["chat_template_kwargs"] == {"enable_thinking": False} and not settings["length_counts_chat_template"]
+    )
     context = prediction["context_tokens"]
-    expected = kvpress_pyramid_budgets(kvpress_n_kept(context, 0.5), 64, 20, 4, context)
+    expected = kvpress_pyramid_budgets(context * (1 - 0.5), 64, 20, 2, context)  # kvpress's unrounded mean
     assert metrics["cache"]["mean_requested_per_layer"] == expected
     assert metrics["cache"]["mean_achieved_per_layer"] == expected
 

@@ -5,11 +5,14 @@ cut."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from kvbench.budget import parse_budget
 from kvbench.methods.base import WindowObservation, build_method
-from kvbench.methods.kvpress_pyramid import kvpress_pyramid_budgets
+from kvbench.methods.kvpress_pyramid import KvpressPyramidAllocator, kvpress_pyramid_budgets
 from tests.methods.helpers import method_from_yaml
 from tests.methods.kvpress_replay import keep_one_layer, model_queries
 from tests.reference_recordings import boundary_tie, case_inputs, is_valid_topk, kvpress_n_kept, load_recording
@@ -59,3 +62,29 @@ def test_pyramidkv_kvpress_schedule_is_a_pyramidkv_choice() -> None:
     assert method.layer_allocator.plan(2 * 24, 2, 48) == [32, 16]
     with pytest.raises(ValueError, match="kvpress"):
         build_method({"name": "p", "family": "pyramidkv", "params": {"schedule": "kv_press"}})
+
+
+#: kvpress's ``get_layer_budget`` on a grid of contexts, ratios (mostly a fractional ``S (1 - c)``), windows, betas
+#: and depths (``scripts/reference/record_kvpress_protocol.py``, kvpress 0.5.5).
+LAYER_BUDGETS = Path(__file__).resolve().parents[1] / "fixtures" / "reference" / "kvpress_protocol"
+
+
+def test_cr_budgets_give_kvpress_layer_budgets_from_the_unrounded_mean() -> None:
+    """A ``<c>cr`` budget hands kvpress's unrounded ``S (1 - c)`` to the schedule: every layer of every recorded case
+    keeps kvpress's count; planning from the rounded ``int(S (1 - c))`` (kvbench's earlier mean) differs in many."""
+    recording = json.loads((LAYER_BUDGETS / "PyramidKVPress_layer_budgets.json").read_text())
+    fractional = rounded_differs = 0
+    for case in recording["cases"]:
+        length, ratio, layers = case["q_len"], case["compression_ratio"], case["num_layers"]
+        allocator = KvpressPyramidAllocator(case["beta"], case["window_size"])
+        state = allocator.start_sample(parse_budget(f"{ratio}cr"), layers, length)
+        assert state.budgets == case["budgets"], case
+        n_kept = kvpress_n_kept(length, ratio)
+        fractional += n_kept != length * (1 - ratio)
+        rounded_differs += allocator.plan(n_kept * layers, layers, length) != case["budgets"]
+    # The unrounded mean is kvpress's S (1 - c) for <c>cr only; <r>x and <n>L keep their own (rounded) means.
+    assert parse_budget("0.3cr").unrounded_mean_per_layer(37) == 37 * (1 - 0.3) != parse_budget("0.3cr").total(37, 1)
+    assert parse_budget("0.5x").unrounded_mean_per_layer(37) == 18  # round(18.5)
+    assert parse_budget("9L").unrounded_mean_per_layer(37) == 9
+    # 378 cases (215 with a fractional S (1 - c)), every layer kvpress's; the rounded mean missed 180 of them.
+    assert (len(recording["cases"]), fractional, rounded_differs) == (378, 215, 180)

@@ -17,6 +17,9 @@ its answer); VT's in-context example sits at the start of the user message, as o
 Length constraint (every task, official): ``tokens(full templated input incl. answer prefix) + max_new_tokens <=
 task.length``, tokens counted as RULER's ``text_to_tokens`` (``tokenizer.tokenize``: special tokens written in the
 template count, none is added).  With no chat template the runner adds the BOS on top, as RULER's HF client does.
+``options.generator_tokenizer`` (off by default) counts with another tokenizer on the RULER-template text alone, as
+RULER's ``prepare.py`` run with that model's tokenizer (kvpress's leaderboard data: ``llama3``, the base template);
+``options.chat_template_kwargs`` are extra variables of the model's chat template (``enable_thinking: false``).
 
 Prompt split (kvpress, followed by Ada-KV): ``context`` = instruction + haystack (and the VT/CWE in-context example),
 ``question`` = the final question sentence (+ the chat template's end of turn and assistant header + the answer

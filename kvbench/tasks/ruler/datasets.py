@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from kvbench.checks import check_choice
@@ -58,10 +59,15 @@ class RulerDataset(TaskDataset):
         name: str | None = None,
         use_chat_template: bool = False,
         template: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        length_tokenizer: tuple[str, Any] | None = None,
     ) -> None:
         """``template``: a RULER template name (:data:`RULER_TEMPLATES`; ``task.options.chat_template=ruler``): its
         text is part of every sample and the model's chat template is not applied (``self.chat_template`` False);
-        ``None``: the model's chat template when ``use_chat_template`` (``chat_template=model``)."""
+        ``None``: the model's chat template when ``use_chat_template`` (``chat_template=model``).
+        ``chat_template_kwargs``: extra variables of the model's chat template (``task.options.chat_template_kwargs``).
+        ``length_tokenizer``: ``(family name, tokenizer)`` that generates and counts lengths on the RULER-template text
+        alone (``task.options.generator_tokenizer``); ``None``: ``tokenizer``, the model's chat template counted."""
         check_choice("task.options.answer_prefix", answer_prefix, ANSWER_PREFIX_MODES)
         if template is not None:
             check_choice("task.options.ruler_template", template, list(RULER_TEMPLATES))
@@ -69,8 +75,13 @@ class RulerDataset(TaskDataset):
         self.ruler_template = template
         self.chat_template = template is None
         self.use_chat_template = use_chat_template and template is None
+        self.chat_template_kwargs = MappingProxyType(dict(chat_template_kwargs or {}))
+        self.length_tokenizer = None if length_tokenizer is None else length_tokenizer[0]
+        #: Whether lengths count the model's chat template (not with another tokenizer: RULER's prepare.py counts
+        #: the RULER-template text with the tokenizer it is given).
+        self.length_counts_chat_template = self.use_chat_template and length_tokenizer is None
         self.length = length
-        self.tok = TextTokenizer(tokenizer)
+        self.tok = TextTokenizer(tokenizer if length_tokenizer is None else length_tokenizer[1])
         self.inputs = inputs
         self.num_samples = num_samples
         self.seed = seed
@@ -87,10 +98,12 @@ class RulerDataset(TaskDataset):
             length=self.length,
             seed=self.seed,
             answer_prefix=self.answer_prefix_mode,
-            length_counts_chat_template=self.use_chat_template,
+            length_counts_chat_template=self.length_counts_chat_template,
             prompt_template="model" if self.ruler_template is None else "ruler",
             ruler_template=self.ruler_template,
         )
+        if self.length_tokenizer is not None:
+            info["length_tokenizer"] = self.length_tokenizer
         return info
 
     def provenance(self) -> dict[str, dict[str, Any]]:
@@ -106,8 +119,10 @@ class RulerDataset(TaskDataset):
             "seed": self.seed,
             "max_new_tokens": self.max_new_tokens,
             "answer_prefix": self.answer_prefix_mode,
-            "chat_template": self.use_chat_template,
+            "chat_template": self.length_counts_chat_template,
             "ruler_template": self.ruler_template,
+            **({"chat_template_kwargs": dict(self.chat_template_kwargs)} if self.chat_template_kwargs else {}),
+            **({"length_tokenizer": self.length_tokenizer} if self.length_tokenizer else {}),
             "generator_version": GENERATOR_VERSION,
             "tokenizer": tokenizer_fingerprint(self.tok.tokenizer),
             "inputs": {name: record.get("sha256", record.get("by")) for name, record in self.provenance().items()},
@@ -130,9 +145,10 @@ class RulerDataset(TaskDataset):
             self.seed,
             self.max_new_tokens,
             self.inputs,
-            use_chat_template=self.use_chat_template,
+            use_chat_template=self.length_counts_chat_template,
             answer_prefix_mode=self.answer_prefix_mode,
             ruler_template=RULER_TEMPLATES[self.ruler_template or "base"],
+            template_kwargs=self.chat_template_kwargs,
         )
         out = []
         for i, gen in enumerate(generator.generate(count)):
@@ -169,7 +185,9 @@ def build_ruler(task_cfg: Any, tokenizer: Any, chat_template: bool = False) -> l
 
     ``task.options.chat_template``: ``ruler`` (default) wraps the task text in RULER's template for the model
     (``task.options.ruler_template``, ``auto``: :func:`~kvbench.tasks.ruler.templates.auto_ruler_template`);
-    ``model`` renders the model's chat template when ``chat_template`` (``model.chat_template``) is true.
+    ``model`` renders the model's chat template when ``chat_template`` (``model.chat_template``) is true, with
+    ``task.options.chat_template_kwargs`` as its extra variables.  ``task.options.generator_tokenizer``: generate
+    and count lengths with another tokenizer (:func:`length_tokenizer`).
 
     With several lengths the dataset names get a ``_{length}`` suffix (``niah_single_1_4096``).
     """
@@ -187,6 +205,8 @@ def build_ruler(task_cfg: Any, tokenizer: Any, chat_template: bool = False) -> l
             "such models; task.options.chat_template=model renders the model's chat template instead",
             getattr(tokenizer, "name_or_path", "") or "unnamed tokenizer",
         )
+    template_kwargs = chat_template_kwargs(opts["chat_template_kwargs"])
+    counter = length_tokenizer(opts["generator_tokenizer"])
     inputs = RulerInputs(resolve_input_dir(task_cfg, "ruler", opts["source"]))
     datasets: list[TaskDataset] = []
     for length in lengths:
@@ -204,9 +224,35 @@ def build_ruler(task_cfg: Any, tokenizer: Any, chat_template: bool = False) -> l
                     name=name if len(lengths) == 1 else f"{name}_{length}",
                     use_chat_template=chat_template,
                     template=template,
+                    chat_template_kwargs=template_kwargs,
+                    length_tokenizer=counter,
                 )
             )
     return datasets
+
+
+def chat_template_kwargs(value: Any) -> dict[str, Any]:
+    """``task.options.chat_template_kwargs`` as a plain dict (``null``: empty); anything but a mapping is an error
+    naming the value."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) and not hasattr(value, "items"):
+        raise ValueError(
+            f"task.options.chat_template_kwargs={value!r} is not a mapping; give the chat template's variables, "
+            "e.g. +task.options.chat_template_kwargs={enable_thinking:false}"
+        )
+    return {str(key): item for key, item in value.items()}
+
+
+def length_tokenizer(family: str | None) -> tuple[str, Any] | None:
+    """``task.options.generator_tokenizer``: ``None`` (the model's tokenizer), or ``(family, tokenizer)`` built
+    offline by :func:`kvbench.models.tokenizers.build_tokenizer` (a bad name lists the families)."""
+    if family is None:
+        return None
+    from kvbench.models.tokenizers import FAMILIES, build_tokenizer
+
+    check_choice("task.options.generator_tokenizer", str(family), list(FAMILIES))
+    return str(family), build_tokenizer(str(family))
 
 
 _SQUAD_URL = "https://rajpurkar.github.io/SQuAD-explorer/dataset/dev-v2.0.json"

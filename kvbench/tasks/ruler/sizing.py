@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +60,7 @@ class SizedGenerator:
         use_chat_template: bool = False,
         answer_prefix_mode: str = "assistant",
         ruler_template: str = "{task_template}",
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         self.task = task
         self.length = length
@@ -69,6 +70,8 @@ class SizedGenerator:
         self.inputs = inputs
         self.use_chat_template = use_chat_template
         self.answer_prefix_mode = answer_prefix_mode
+        #: Extra variables of the model's chat template when lengths count it (``use_chat_template``).
+        self.template_kwargs = template_kwargs
         #: RULER's model template (``scripts/data/template.py``) around the task text: what comes before and after.
         self.template_head, self.template_tail = ruler_template.split("{task_template}")
         self.rng = random.Random(seed)
@@ -96,7 +99,9 @@ class SizedGenerator:
         if self.tok.tokenizer is None:
             return self._count_text(sample.context + sample.question + sample.answer_prefix)
         parts = sample.as_sample_parts(self.answer_prefix_mode)
-        text = render_prompt(self.tok.tokenizer, **parts, use_chat_template=self.use_chat_template).text
+        text = render_prompt(
+            self.tok.tokenizer, **parts, use_chat_template=self.use_chat_template, template_kwargs=self.template_kwargs
+        ).text
         return self._count_text(text)
 
     def _count_text(self, text: str) -> int:

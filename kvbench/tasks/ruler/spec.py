@@ -102,6 +102,15 @@ OPTION_DEFAULTS: dict[str, Any] = {
     "chat_template": "ruler",
     #: With chat_template=ruler: "auto" (from the model, as RULER's config_models.sh) or a RULER template name.
     "ruler_template": "auto",
+    #: Extra variables of the model's chat template (chat_template=model), e.g. {"enable_thinking": false} as
+    #: kvpress's pipeline renders Qwen3's template; null = the template as published.  Not in conf/task/ruler.yaml:
+    #: a run that does not set it keeps its config hash.
+    "chat_template_kwargs": None,
+    #: Generate with another tokenizer (a kvbench.models.tokenizers family, e.g. "llama3": Llama-3 / 3.1's vocabulary)
+    #: for RULER's length counting, as RULER's prepare.py --tokenizer_path of that model: lengths are counted on the
+    #: RULER-template text alone (chat_template=model: RULER's base template), the model's chat template is applied
+    #: when the prompt is encoded.  null = the model's own tokenizer (and chat template).  Not in conf/task/ruler.yaml.
+    "generator_tokenizer": None,
 }
 
 #: Version of the sample generators, part of the sample-cache key: bump it whenever generated samples change.
