@@ -9,15 +9,19 @@ is a dataclass subclassing :class:`FamilyMethod` with its family name::
             return EvictionMethod(scorer=WindowVoteScorer(score_options(method_cfg, self)), ...)
 
 Defining the class registers :func:`build_family_method` (one generic builder for every family) for
-``method.family == "snapkv"``: it validates ``method.params`` into the class
-(:func:`kvbench.methods.params.parse_params`: an unknown knob is an error listing the class's fields) and calls
-:meth:`FamilyMethod.build` with the composed ``method`` node, whose session knobs (window, GQA storage, sinks, decode
-switch) the family reads from there.
+``method.family == "snapkv"`` (and the class in :data:`FAMILY_CLASSES`): it validates ``method.params`` into the
+class (:meth:`FamilyMethod.from_params`, i.e. :func:`kvbench.methods.params.parse_params`: an unknown knob is an
+error listing the class's fields) and calls :meth:`FamilyMethod.build` with the composed ``method`` node, whose
+session knobs (window, GQA storage, sinks, decode switch) the family reads from there.  A wrapper over another
+family (ThinK over its token method) overrides :meth:`~FamilyMethod.from_params` and
+:meth:`~FamilyMethod.declared_knobs` to pass the other keys on.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from functools import partial
 from typing import Any, ClassVar, TypeVar
 
@@ -25,6 +29,9 @@ from kvbench.methods.base import EvictionMethod, register_method
 from kvbench.methods.params import parse_params
 
 FamilyT = TypeVar("FamilyT", bound="FamilyMethod")
+
+#: Every family class by family name (registered by the class itself).
+FAMILY_CLASSES: dict[str, type[FamilyMethod]] = {}
 
 
 class FamilyMethod(ABC):
@@ -37,7 +44,18 @@ class FamilyMethod(ABC):
         super().__init_subclass__(**kwargs)
         if family is not None:
             cls.family = family
+            FAMILY_CLASSES[family] = cls
             register_method(family)(partial(build_family_method, cls))
+
+    @classmethod
+    def from_params(cls: type[FamilyT], params: Mapping[str, Any] | None) -> FamilyT:
+        """The knobs from ``method.params``, validated (:func:`~kvbench.methods.params.parse_params`)."""
+        return parse_params(cls, params, cls.family)
+
+    @classmethod
+    def declared_knobs(cls, params: Mapping[str, Any] | None = None) -> list[str]:
+        """The keys ``method.params`` may hold (given its current ``params``: a wrapper's depend on what it wraps)."""
+        return [field.name for field in dataclasses.fields(cls)]  # type: ignore[arg-type]
 
     @abstractmethod
     def build(self, method_cfg: Any) -> EvictionMethod:
@@ -47,4 +65,4 @@ class FamilyMethod(ABC):
 def build_family_method(method_class: type[FamilyT], method_cfg: Any) -> EvictionMethod:
     """The generic builder: the class's fields from ``method.params`` (validated), then its
     :meth:`~FamilyMethod.build`."""
-    return parse_params(method_class, method_cfg.params, method_class.family).build(method_cfg)
+    return method_class.from_params(method_cfg.params).build(method_cfg)
