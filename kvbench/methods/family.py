@@ -20,12 +20,13 @@ family (ThinK over its token method) overrides :meth:`~FamilyMethod.from_params`
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from functools import partial
 from typing import Any, ClassVar, TypeVar
 
-from kvbench.methods.base import EvictionMethod, register_method
+from kvbench.methods.base import METHOD_FAMILIES, EvictionMethod, register_method
 from kvbench.methods.params import parse_params
 
 FamilyT = TypeVar("FamilyT", bound="FamilyMethod")
@@ -66,3 +67,35 @@ def build_family_method(method_class: type[FamilyT], method_cfg: Any) -> Evictio
     """The generic builder: the class's fields from ``method.params`` (validated), then its
     :meth:`~FamilyMethod.build`."""
     return method_class.from_params(method_cfg.params).build(method_cfg)
+
+
+def family_class(family: str) -> type[FamilyMethod] | None:
+    """The class of a registered family (the method modules and plug-ins imported first); ``None`` for a family
+    registered by a builder alone or not at all."""
+    METHOD_FAMILIES.names()  # discovers kvbench's method modules and the installed packages' methods
+    return FAMILY_CLASSES.get(family)
+
+
+def check_declared_params(method_cfg: Any) -> None:
+    """Raise ``ValueError`` when ``method.params`` holds a key the family's class does not declare
+    (:meth:`FamilyMethod.declared_knobs`), listing the method's own knobs (the preset's first, in its order, then the
+    class's others) and the closest one.  A family registered without a class checks its keys when it builds."""
+    family = str(method_cfg.family)
+    METHOD_FAMILIES.get(family)  # an unknown family: the registry's error, naming the valid ones
+    method_class = family_class(family)
+    params = dict(method_cfg.params or {})
+    if method_class is None:
+        return
+    declared = method_class.declared_knobs(params)
+    unknown = [key for key in params if key not in declared]
+    if not unknown:
+        return
+    own = [key for key in params if key in declared] + [key for key in declared if key not in params]
+    close = difflib.get_close_matches(str(unknown[0]), declared, n=1, cutoff=0.6)
+    hint = f" Did you mean method.params.{close[0]}?" if close else ""
+    keys = ", ".join(f"method.params.{key}" for key in unknown)
+    verb = "is not a parameter" if len(unknown) == 1 else "are not parameters"
+    raise ValueError(
+        f"{keys} {verb} of this method (family {family!r}); its parameters are: {', '.join(own) or 'none'}.{hint} "
+        "(`kvbench list methods` shows each preset's parameters.)"
+    )

@@ -29,7 +29,7 @@ ThinK's own code (SalesforceAIResearch/ThinK@4243c26, ``ThinK_flash/src/kv_pruni
 ``key_pruner_query_driven``) scores channels with the same formula on keys repeated per query head and keeps the last
 ``recent_size`` (32) keys whole; kvbench follows kvpress's reading (reviewed by ThinK's first author).
 
-Other knobs go to the token method: ``method=think method.params.tokens=knorm +method.params.allocation=ada`` (its
+Other knobs go to the token method: ``method=think method.params.tokens=knorm method.params.allocation=ada`` (its
 own params ride along in ``method.params``; the common knobs it does not read must be back at their defaults).
 Parity: ``tests/methods/test_think.py`` (recordings: ``tests/fixtures/reference/think/``).
 """
@@ -46,7 +46,7 @@ from omegaconf import open_dict
 
 from kvbench.methods.base import METHOD_FAMILIES, EvictionMethod
 from kvbench.methods.channels import KeyChannelPruner
-from kvbench.methods.family import FAMILY_CLASSES, FamilyMethod
+from kvbench.methods.family import FamilyMethod, family_class
 from kvbench.methods.params import bounded, parse_params
 
 REFERENCE = "NVIDIA/kvpress kvpress/presses/think_press.py@0.5.5 (ThinKPress; ThinK: SalesforceAIResearch/ThinK)"
@@ -124,7 +124,7 @@ class ThinK(FamilyMethod, family="think"):
     def declared_knobs(cls, params: Mapping[str, Any] | None = None) -> list[str]:
         """ThinK's knobs and those of its token method (``params["tokens"]``, default snapkv)."""
         tokens = str((params or {}).get("tokens", cls.tokens))
-        token_class = FAMILY_CLASSES.get(tokens) if tokens != cls.family else None
+        token_class = family_class(tokens) if tokens != cls.family else None
         return [*cls.own_knobs(), *(token_class.declared_knobs(params) if token_class is not None else [])]
 
     def build(self, method_cfg: Any) -> EvictionMethod:
