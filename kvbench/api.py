@@ -80,6 +80,10 @@ def compose_config(
             cfg.budget = _group_config("budget", budget, BudgetConfig)
     except (HydraException, OmegaConfBaseException) as err:
         raise KVBenchError(hydra_error_message(err, all_overrides)) from err
+    if any(line.startswith("++method.params.") for line in all_overrides):  # a knob the preset may not list
+        from kvbench.validation import check_method_knobs
+
+        check_method_knobs(cfg)
     return cfg
 
 

@@ -5,7 +5,11 @@
   :func:`kvbench.config.budget_choice`, registered in Hydra's ConfigStore when no ``conf/budget`` YAML exists;
 * ``method=<family>`` of a method defined by a class alone (:mod:`kvbench.methods.recipe`) gets the class's default
   preset (:func:`register_method_choice`), unless ``conf/method/<family>.yaml`` exists (that YAML wins);
-* a bare number given to any config group becomes a string (Hydra refuses an integer as a group choice).
+* a bare number given to any config group becomes a string (Hydra refuses an integer as a group choice);
+* ``method.params.<knob>=<value>`` sets the knob whether or not the preset lists it (it becomes
+  ``++method.params.<knob>=<value>``): every knob the method's class declares can be set on every preset of its
+  family, and a knob it does not declare is an error listing the method's own knobs
+  (:func:`kvbench.methods.family.check_declared_params`, before any model loads).
 
 Nothing here imports torch unless a class-only method is asked for (its module is imported to read its fields), be
 it kvbench's (``kvbench/methods/<family>.py``) or another package's (entry-point group ``kvbench.methods``).
@@ -100,15 +104,22 @@ def default_preset(method_class: type) -> dict:
     return node
 
 
+def is_method_knob(key: str) -> bool:
+    """Whether ``key`` is a method knob, ``method.params.<knob>`` (one level: a knob's own keys are not)."""
+    parts = key.split(".")
+    return len(parts) == 3 and parts[:2] == ["method", "params"] and parts[2].isidentifier()
+
+
 def prepare_overrides(overrides: Sequence[str]) -> list[str]:
     """Command-line overrides as Hydra composes them, for every config group: a bare number given to a group
     (``budget=512``, where Hydra refuses an integer) becomes a string, and every ``budget=`` value, sweeps
     included (``-m budget=64L,80L``), becomes its :func:`budget_choice`, registered when it has no YAML; a
-    ``method=`` value naming a class-only method gets its default preset (:func:`register_method_choice`).  Other
+    ``method=`` value naming a class-only method gets its default preset (:func:`register_method_choice`); a
+    ``method.params.<knob>=`` override sets the knob even where the preset does not list it (``++``).  Other
     arguments (Hydra's flags, other overrides) are returned unchanged; one Hydra cannot parse is left for Hydra to
     report."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.core.override_parser.types import ValueType
+    from hydra.core.override_parser.types import OverrideType, ValueType
     from hydra.errors import HydraException
 
     parser = OverridesParser.create()
@@ -121,6 +132,9 @@ def prepare_overrides(overrides: Sequence[str]) -> list[str]:
             override = None
         if override is None:
             prepared.append(line)
+            continue
+        if is_method_knob(override.key_or_group) and override.type == OverrideType.CHANGE:
+            prepared.append(f"++{line}")  # a knob the preset does not list (the family checks it is declared)
             continue
         simple = override.value_type in (
             ValueType.ELEMENT,

@@ -284,10 +284,23 @@ def check_method(cfg: DictConfig) -> Any:
     (the families import the cache for type hints only), so these errors come in about 1.5 s."""
     from kvbench.methods.base import build_method
 
+    check_method_knobs(cfg)
     try:
         return build_method(cfg.method)
     except ValueError as err:
         raise KVBenchError(f"method={cfg.method.name}: {str(err).rstrip('.')}.") from err
+
+
+def check_method_knobs(cfg: DictConfig) -> None:
+    """``method.params``'s keys against the knobs the method's class declares (a command-line
+    ``method.params.<knob>=`` sets a knob the preset does not list: :func:`kvbench.overrides.prepare_overrides`), an
+    error naming the method's own knobs; imports torch and the method modules."""
+    from kvbench.methods.family import check_declared_params
+
+    try:
+        check_declared_params(cfg.method)
+    except ValueError as err:
+        raise KVBenchError(f"method={cfg.method.name}: {err}") from err
 
 
 def validate(cfg: DictConfig) -> tuple[Any, Any]:

@@ -23,7 +23,8 @@ it (``--compress --cascading --window_size 32``, gamma 200, tau from ``config/mo
   each query head before reducing: ``method.params.gqa_reduce`` defaults to ``after_pool``); KV is stored per KV head.
   ``params.indicator`` swaps it for Table 3 (``mean``, ``var``, ``mean_x_var``) or for another method's
   (``h2o``, ``tova``, ``snapkv``: CAKE's allocation under other indicators).
-* Allocation switch for Table 2: ``params.allocation`` = ``p2a`` (default), ``uniform``, ``pyramid``, ``random``.
+* Allocation switch for Table 2: ``params.allocation`` = ``p2a`` (default), ``uniform``, ``pyramid``, ``random``
+  (no reference code; weights drawn per sample from ``(params.seed, the prompt)``: :class:`RandomLayerAllocator`).
 * Decoding (official code): layer budgets stay fixed; at every step the newest query's attention over the cache
   except the last ``S_w`` tokens (average-pooled per query head, kernel 5, then the GQA mean) ranks the tokens and
   the lowest one goes.  The code runs this after *every* forward past the prefill: a multi-token append (question-
@@ -38,7 +39,6 @@ it (``--compress --cascading --window_size 32``, gamma 200, tau from ``config/mo
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +52,6 @@ from kvbench.methods.base import (
     DecodeState,
     EvictionMethod,
     LayerBudgetAllocator,
-    StaticLayerAllocator,
     TokenScorer,
     UniformLayerAllocator,
     WindowObservation,
@@ -63,6 +62,7 @@ from kvbench.methods.decoding import evict_lowest, evict_to_caps, one_token_evic
 from kvbench.methods.family import FamilyMethod
 from kvbench.methods.h2o import AllRowsScorer, HeavyHitterDecode, ScoredDecodePolicy
 from kvbench.methods.params import bounded, choice
+from kvbench.methods.seeding import sample_generator
 from kvbench.methods.snapkv import PyramidLayerAllocator, WindowVoteScorer
 from kvbench.methods.token_scores import (
     Rounding,
@@ -274,24 +274,30 @@ def resolve_tau(tau: tuple[float | None, float | None], model: str | None, per_l
     return (tau[0] if tau[0] is not None else preset[0], tau[1] if tau[1] is not None else preset[1])
 
 
-class RandomLayerAllocator(StaticLayerAllocator):
-    """Table 2's random allocation: the pool split in proportion to uniform random weights (seeded per run).
+class RandomLayerAllocator(LayerBudgetAllocator):
+    """Table 2's random allocation: the pool split by :func:`adjust_budgets` in proportion to random layer weights.
 
-    The one piece of state a built recipe still carries: the generator's draws continue from sample to sample and
-    dataset to dataset over the whole run (unchanged behaviour; a declared run-level state is not built yet).
+    CAKE's released code has no random allocation (the paper prints mean +- std over random allocations and does not
+    say how they were drawn).  kvbench draws a sample's weights ``U[0, 1) + 1e-6`` at its first compressed layer from
+    a generator seeded with ``(seed, sample_key)`` (the prompt's fingerprint; :mod:`kvbench.methods.seeding`): the
+    recipe holds no generator, so resumed, batched, reordered and lm-eval runs draw for a sample what the
+    uninterrupted run draws.  Several ``method.params.seed`` values give the paper's spread.
     """
 
     def __init__(self, window: int, seed: int) -> None:
         self.window = window
-        self.rng = random.Random(seed)
+        self.seed = seed
 
-    def plan(self, total: int, num_layers: int, context_length: int) -> list[int]:
-        window = min(self.window, context_length)
-        pool = max(total // num_layers - window, 0) * num_layers
-        weights = [self.rng.random() + 1e-6 for _ in range(num_layers)]
-        cap = context_length - window
-        past = adjust_budgets(preference_shares(weights, pool), pool, cap)
-        return [min(max(budget, 0), cap) + window for budget in past]
+    def on_layer(self, state: AllocatorState, observation: WindowObservation) -> dict[int, int]:
+        if not state.budgets:  # the sample's first compressed layer: draw and plan every layer (window included)
+            generator = sample_generator(self.seed, observation.sample_key, "cake_random")
+            weights = [generator.random() + 1e-6 for _ in range(state.num_layers)]
+            window = min(self.window, state.context_length)
+            pool = max(state.total // state.num_layers - window, 0) * state.num_layers
+            cap = state.context_length - window
+            past = adjust_budgets(preference_shares(weights, pool), pool, cap)
+            state.budgets = [min(max(budget, 0), cap) + window for budget in past]
+        return {observation.layer_idx: state.budgets[observation.layer_idx]}
 
 
 # ---------------------------------------------------------------------------------------------------- indicator

@@ -9,22 +9,30 @@ is a dataclass subclassing :class:`FamilyMethod` with its family name::
             return EvictionMethod(scorer=WindowVoteScorer(score_options(method_cfg, self)), ...)
 
 Defining the class registers :func:`build_family_method` (one generic builder for every family) for
-``method.family == "snapkv"``: it validates ``method.params`` into the class
-(:func:`kvbench.methods.params.parse_params`: an unknown knob is an error listing the class's fields) and calls
-:meth:`FamilyMethod.build` with the composed ``method`` node, whose session knobs (window, GQA storage, sinks, decode
-switch) the family reads from there.
+``method.family == "snapkv"`` (and the class in :data:`FAMILY_CLASSES`): it validates ``method.params`` into the
+class (:meth:`FamilyMethod.from_params`, i.e. :func:`kvbench.methods.params.parse_params`: an unknown knob is an
+error listing the class's fields) and calls :meth:`FamilyMethod.build` with the composed ``method`` node, whose
+session knobs (window, GQA storage, sinks, decode switch) the family reads from there.  A wrapper over another
+family (ThinK over its token method) overrides :meth:`~FamilyMethod.from_params` and
+:meth:`~FamilyMethod.declared_knobs` to pass the other keys on.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from functools import partial
 from typing import Any, ClassVar, TypeVar
 
-from kvbench.methods.base import EvictionMethod, register_method
+from kvbench.methods.base import METHOD_FAMILIES, EvictionMethod, register_method
 from kvbench.methods.params import parse_params
 
 FamilyT = TypeVar("FamilyT", bound="FamilyMethod")
+
+#: Every family class by family name (registered by the class itself).
+FAMILY_CLASSES: dict[str, type[FamilyMethod]] = {}
 
 
 class FamilyMethod(ABC):
@@ -37,7 +45,18 @@ class FamilyMethod(ABC):
         super().__init_subclass__(**kwargs)
         if family is not None:
             cls.family = family
+            FAMILY_CLASSES[family] = cls
             register_method(family)(partial(build_family_method, cls))
+
+    @classmethod
+    def from_params(cls: type[FamilyT], params: Mapping[str, Any] | None) -> FamilyT:
+        """The knobs from ``method.params``, validated (:func:`~kvbench.methods.params.parse_params`)."""
+        return parse_params(cls, params, cls.family)
+
+    @classmethod
+    def declared_knobs(cls, params: Mapping[str, Any] | None = None) -> list[str]:
+        """The keys ``method.params`` may hold (given its current ``params``: a wrapper's depend on what it wraps)."""
+        return [field.name for field in dataclasses.fields(cls)]  # type: ignore[arg-type]
 
     @abstractmethod
     def build(self, method_cfg: Any) -> EvictionMethod:
@@ -47,4 +66,36 @@ class FamilyMethod(ABC):
 def build_family_method(method_class: type[FamilyT], method_cfg: Any) -> EvictionMethod:
     """The generic builder: the class's fields from ``method.params`` (validated), then its
     :meth:`~FamilyMethod.build`."""
-    return parse_params(method_class, method_cfg.params, method_class.family).build(method_cfg)
+    return method_class.from_params(method_cfg.params).build(method_cfg)
+
+
+def family_class(family: str) -> type[FamilyMethod] | None:
+    """The class of a registered family (the method modules and plug-ins imported first); ``None`` for a family
+    registered by a builder alone or not at all."""
+    METHOD_FAMILIES.names()  # discovers kvbench's method modules and the installed packages' methods
+    return FAMILY_CLASSES.get(family)
+
+
+def check_declared_params(method_cfg: Any) -> None:
+    """Raise ``ValueError`` when ``method.params`` holds a key the family's class does not declare
+    (:meth:`FamilyMethod.declared_knobs`), listing the method's own knobs (the preset's first, in its order, then the
+    class's others) and the closest one.  A family registered without a class checks its keys when it builds."""
+    family = str(method_cfg.family)
+    METHOD_FAMILIES.get(family)  # an unknown family: the registry's error, naming the valid ones
+    method_class = family_class(family)
+    params = dict(method_cfg.params or {})
+    if method_class is None:
+        return
+    declared = method_class.declared_knobs(params)
+    unknown = [key for key in params if key not in declared]
+    if not unknown:
+        return
+    own = [key for key in params if key in declared] + [key for key in declared if key not in params]
+    close = difflib.get_close_matches(str(unknown[0]), declared, n=1, cutoff=0.6)
+    hint = f" Did you mean method.params.{close[0]}?" if close else ""
+    keys = ", ".join(f"method.params.{key}" for key in unknown)
+    verb = "is not a parameter" if len(unknown) == 1 else "are not parameters"
+    raise ValueError(
+        f"{keys} {verb} of this method (family {family!r}); its parameters are: {', '.join(own) or 'none'}.{hint} "
+        "(`kvbench list methods` shows each preset's parameters.)"
+    )

@@ -9,16 +9,24 @@
 
 Both states are owned by the sample's :class:`~kvbench.inference.eviction.EvictionSession`.  What spans a dataset
 (XKV's sampled mode: :class:`~kvbench.methods.xkv.XKVCalibration`) is created once per dataset by the runner
-(``LayerBudgetAllocator.new_dataset_state``) and passed to every session (``AllocatorState.dataset``).
+(``LayerBudgetAllocator.new_dataset_state``) and passed to every session (``AllocatorState.dataset``).  Random
+draws are seeded per sample (:mod:`kvbench.methods.seeding`): a built piece that holds a generator is refused.
 """
 
 from __future__ import annotations
 
 import copy
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
+
+#: What a frozen recipe may not hold: random generators, whose draws would continue from sample to sample and
+#: dataset to dataset (a resumed or batched run would then draw otherwise).  Seed per sample instead
+#: (:mod:`kvbench.methods.seeding`) or keep the state in a sample's or dataset's state object.
+RUN_STATE_TYPES: tuple[type, ...] = (random.Random, np.random.Generator, np.random.RandomState, torch.Generator)
 
 
 class ReadOnlyAfterBuild:
@@ -30,7 +38,16 @@ class ReadOnlyAfterBuild:
     _frozen: bool = False
 
     def freeze(self) -> None:
-        """Make the piece read-only (idempotent)."""
+        """Make the piece read-only (idempotent); a piece holding a random generator (:data:`RUN_STATE_TYPES`) is
+        refused: its draws would be state carried from sample to sample."""
+        for name, value in vars(self).items():
+            if isinstance(value, RUN_STATE_TYPES):
+                raise TypeError(
+                    f"{type(self).__name__}.{name} is a {type(value).__name__}: a built method is a frozen recipe and "
+                    "holds no random generator (its draws would run on from sample to sample); seed per sample "
+                    "(kvbench.methods.seeding) or keep it in the sample's or dataset's state (new_state, "
+                    "new_dataset_state)"
+                )
         object.__setattr__(self, "_frozen", True)
 
     def __setattr__(self, name: str, value: Any) -> None:

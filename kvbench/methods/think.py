@@ -29,7 +29,7 @@ ThinK's own code (SalesforceAIResearch/ThinK@4243c26, ``ThinK_flash/src/kv_pruni
 ``key_pruner_query_driven``) scores channels with the same formula on keys repeated per query head and keeps the last
 ``recent_size`` (32) keys whole; kvbench follows kvpress's reading (reviewed by ThinK's first author).
 
-Other knobs go to the token method: ``method=think method.params.tokens=knorm +method.params.allocation=ada`` (its
+Other knobs go to the token method: ``method=think method.params.tokens=knorm method.params.allocation=ada`` (its
 own params ride along in ``method.params``; the common knobs it does not read must be back at their defaults).
 Parity: ``tests/methods/test_think.py`` (recordings: ``tests/fixtures/reference/think/``).
 """
@@ -38,13 +38,15 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from omegaconf import open_dict
 
-from kvbench.methods.base import METHOD_FAMILIES, EvictionMethod, register_method
+from kvbench.methods.base import METHOD_FAMILIES, EvictionMethod
 from kvbench.methods.channels import KeyChannelPruner
+from kvbench.methods.family import FamilyMethod, family_class
 from kvbench.methods.params import bounded, parse_params
 
 REFERENCE = "NVIDIA/kvpress kvpress/presses/think_press.py@0.5.5 (ThinKPress; ThinK: SalesforceAIResearch/ThinK)"
@@ -93,8 +95,8 @@ class ThinKChannels(KeyChannelPruner):
 
 
 @dataclasses.dataclass
-class ThinKParams:
-    """ThinK's own knobs (``method.params``); every other key goes to the token method."""
+class ThinK(FamilyMethod, family="think"):
+    """ThinK's own knobs (``method.params``); every other key of ``method.params`` goes to the token method."""
 
     #: The token method the channels are pruned on top of (a method family: snapkv, knorm, tova, ...).
     tokens: str = "snapkv"
@@ -106,28 +108,43 @@ class ThinKParams:
     #: question-agnostic mode, generated tokens) with the kept channels only, instead of whole.
     prune_appended: bool = False
 
+    @classmethod
+    def own_knobs(cls) -> list[str]:
+        """ThinK's fields (the other keys of ``method.params`` are the token method's)."""
+        return [field.name for field in dataclasses.fields(cls)]
 
-THINK_KNOBS = frozenset(field.name for field in dataclasses.fields(ThinKParams))
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any] | None) -> ThinK:
+        """ThinK's knobs from ``method.params``, validated; the other keys are left to the token method (which
+        validates them when it builds)."""
+        own = cls.own_knobs()
+        return parse_params(cls, {key: value for key, value in (params or {}).items() if key in own}, "think")
 
+    @classmethod
+    def declared_knobs(cls, params: Mapping[str, Any] | None = None) -> list[str]:
+        """ThinK's knobs and those of its token method (``params["tokens"]``, default snapkv)."""
+        tokens = str((params or {}).get("tokens", cls.tokens))
+        token_class = family_class(tokens) if tokens != cls.family else None
+        return [*cls.own_knobs(), *(token_class.declared_knobs(params) if token_class is not None else [])]
 
-@register_method("think")
-def build_think(method_cfg: Any) -> EvictionMethod:
-    """ThinK over ``method.params.tokens``: that family's method (built from the same config, ThinK's knobs removed)
-    with ThinK's key-channel pruning."""
-    params = dict(method_cfg.params or {})
-    think = parse_params(ThinKParams, {key: params.pop(key) for key in list(params) if key in THINK_KNOBS}, "think")
-    if think.tokens == "think":
-        raise ValueError("method.params.tokens='think' is not valid: ThinK prunes channels on top of a token method")
-    token_cfg = copy.deepcopy(method_cfg)
-    with open_dict(token_cfg):
-        token_cfg.family = think.tokens
-        token_cfg.params = params
-    inner = METHOD_FAMILIES.get(think.tokens)(token_cfg)
-    return dataclasses.replace(
-        inner,
-        family="think",
-        key_channel_pruner=ThinKChannels(
-            think.key_channel_compression_ratio, think.channel_window, think.prune_appended
-        ),
-        settings={**inner.settings, **dataclasses.asdict(think), "think_reference": REFERENCE},
-    )
+    def build(self, method_cfg: Any) -> EvictionMethod:
+        """ThinK over ``method.params.tokens``: that family's method (built from the same config, ThinK's knobs
+        removed) with ThinK's key-channel pruning."""
+        if self.tokens == self.family:
+            raise ValueError(
+                "method.params.tokens='think' is not valid: ThinK prunes channels on top of a token method"
+            )
+        own = self.own_knobs()
+        token_cfg = copy.deepcopy(method_cfg)
+        with open_dict(token_cfg):
+            token_cfg.family = self.tokens
+            token_cfg.params = {key: value for key, value in (method_cfg.params or {}).items() if key not in own}
+        inner = METHOD_FAMILIES.get(self.tokens)(token_cfg)
+        return dataclasses.replace(
+            inner,
+            family=self.family,
+            key_channel_pruner=ThinKChannels(
+                self.key_channel_compression_ratio, self.channel_window, self.prune_appended
+            ),
+            settings={**inner.settings, **dataclasses.asdict(self), "think_reference": REFERENCE},
+        )

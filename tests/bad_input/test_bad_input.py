@@ -106,7 +106,7 @@ CONFIG_CASES = [
     (["method.params.pool_padding=none"], ["method.params.pool_padding='none'", "include, exclude"]),
     # issue #41: a scorer knob is the family's field; one the method does not declare lists the method's own
     (["method.kernel_size=7"], ["method.kernel_size is not a kvbench setting", "Did you mean method.params.kernel_s"]),
-    (["+method.params.nope=1"], ["nope", "valid keys"]),
+    (["+method.params.nope=1"], ["method.params.nope is not a parameter", "are: kernel_size, pooling"]),
     (["method=cake", "method.params.allocation=fair"], ["allocation='fair'", "p2a"]),
     (["method.family=snapkvv"], ["snapkvv", "valid families", "pyramidkv"]),
     # task values
@@ -605,7 +605,7 @@ API_CASES = [
     ({"overrides": ["run.tagg=x"]}, ["run.tagg", "Did you mean run.tag?"]),
     ({"overrides": ["method.window=abc"]}, ["method.window=abc", "Integer", "the keys of method are"]),
     ({"overrides": ["method.window=0"]}, ["method.window=0", ">= 1"]),
-    ({"overrides": ["method.params.nope=1"]}, ["nope", "valid keys"]),
+    ({"overrides": ["method.params.nope=1"]}, ["method.params.nope is not a parameter", "are: kernel_size"]),
     ({"overrides": ["run.prefill_chunk=-3"]}, ["run.prefill_chunk=-3", ">= 0"]),
     ({"overrides": ["run.decode_batch=-2"]}, ["run.decode_batch=-2", "integer >= 1", "auto"]),
     ({"limit": -1}, ["limit=-1", ">= 1", "None for all"]),
@@ -700,7 +700,7 @@ BRIDGE_CASES = [
     ("method=snapkv,method.windw=3", ["method.windw is not a kvbench setting", "Did you mean method.window?"]),
     ("method=snapkv,method.window=0", ["method.window=0", ">= 1"]),
     ("method=cake,method.params.allocation=fair", ["allocation='fair'", "p2a"]),
-    ("method=snapkv,method.params.nope=1", ["nope", "valid keys"]),
+    ("method=snapkv,method.params.nope=1", ["method.params.nope is not a parameter", "are: kernel_size"]),
 ]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import math
 
 import pytest
@@ -232,9 +233,66 @@ def test_presets_keep_layer_budgets_through_decoding(tiny_llama, name: str) -> N
 
 
 def test_random_allocation_varies_and_sums_to_the_total(tiny_llama) -> None:
+    """Per-sample draws: another prompt (or seed) draws other budgets, the same prompt and seed the same ones."""
     model, tokenizer = tiny_llama
     method = method_from_yaml("cake_alloc_random")
     first = run_method(model, tokenizer, method, "64L", new=1).record.requested_per_layer
-    second = run_method(model, tokenizer, method, "64L", new=1).record.requested_per_layer
-    assert sum(first) == sum(second) == 256 and first != second
+    again = run_method(model, tokenizer, method, "64L", new=1).record.requested_per_layer
+    other_prompt = run_method(model, tokenizer, method, "64L", context=301, new=1).record.requested_per_layer
+    other_seed = method_from_yaml("cake_alloc_random", seed=1)
+    reseeded = run_method(model, tokenizer, other_seed, "64L", new=1).record.requested_per_layer
+    assert sum(first) == sum(other_prompt) == sum(reseeded) == 256
+    assert first == again and first != other_prompt and first != reseeded
     assert math.prod(b >= 32 for b in first)  # every layer keeps its window
+
+
+def test_a_frozen_recipe_holds_no_random_generator() -> None:
+    """The random allocator keeps only its seed; a piece that holds a generator is refused when it is frozen."""
+    import random as python_random
+
+    from kvbench.methods.cake import RandomLayerAllocator
+
+    allocator = method_from_yaml("cake_alloc_random").layer_allocator
+    assert isinstance(allocator, RandomLayerAllocator) and allocator._frozen
+    assert set(vars(allocator)) == {"window", "seed", "_frozen"}
+    with pytest.raises(AttributeError, match="frozen recipe"):
+        allocator.seed = 1
+
+    class Drifting(RandomLayerAllocator):
+        def __init__(self) -> None:
+            super().__init__(32, 0)
+            self.rng = python_random.Random(0)
+
+    with pytest.raises(TypeError, match=r"Drifting\.rng is a Random: a built method is a frozen recipe"):
+        Drifting().freeze()
+
+
+def test_random_allocation_resumed_and_batched_draws_as_the_uninterrupted_run(tmp_path) -> None:
+    """``method=cake_alloc_random``: 4 samples straight with ``run.decode_batch=2`` vs 2 samples one at a time,
+    stopped, then resumed to 4: the same predictions.jsonl (budgets, predictions), byte for byte."""
+    from hydra import compose, initialize_config_dir
+
+    from kvbench.config import register_configs
+    from kvbench.run.runner import Runner
+    from tests.methods.helpers import CONF
+
+    register_configs()
+
+    def run(root, samples: int, batch: int):
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = compose("config", overrides=[
+                "model=tiny", "method=cake_alloc_random", "budget=64L", "task.lengths=[1024]",
+                "task.datasets=[niah_single_1k]", f"task.num_samples={samples}", f"run.decode_batch={batch}",
+                f"run.output_root={root}", "run.progress=false", "run.print_table=false",
+            ])  # fmt: skip
+        runner = Runner(cfg)
+        runner.run()
+        return runner.folder / "niah_single_1k" / "predictions.jsonl"
+
+    straight = run(tmp_path / "straight", 4, 2).read_bytes()
+    run(tmp_path / "resumed", 2, 1)
+    resumed = run(tmp_path / "resumed", 4, 1).read_bytes()
+    rows = [json.loads(line) for line in straight.splitlines()]
+    budgets = {tuple(row["cache"]["requested_per_layer"]) for row in rows}
+    assert len(rows) == 4 and len(budgets) == 4  # a draw of its own per sample
+    assert resumed == straight
