@@ -217,6 +217,26 @@ def method_label(family: str, *wrappers: str) -> str:
     return "+".join([family, *(str(wrapper) for wrapper in wrappers if str(wrapper) not in WRAPPERS_OFF)])
 
 
+#: The wrapper knobs a method label names (``method.params.<knob>``: :mod:`kvbench.methods.wrappers`), in the label's
+#: order, each with the prefix of its part (``decode4``, ``target8``, ``ratio0.5``).
+WRAPPER_LABEL_PARTS: dict[str, str] = {
+    "allocation": "",
+    "layers": "",
+    "selection": "",
+    "rescale": "",
+    "decode_interval": "decode",
+    "decode_target": "target",
+    "decode_ratio": "ratio",
+}
+
+
+def method_label_interpolation(base: str, knobs: Any = WRAPPER_LABEL_PARTS) -> str:
+    """The ``method.name`` interpolation naming ``base`` and the wrappers among ``knobs`` that are on
+    (:func:`method_label`), read from the method node's ``params`` (every knob of ``knobs`` must be there)."""
+    parts = ",".join(f"{prefix}${{.params.{knob}}}" for knob, prefix in WRAPPER_LABEL_PARTS.items() if knob in knobs)
+    return f"${{{METHOD_LABEL_RESOLVER}:{base},{parts}}}"
+
+
 def register_configs() -> None:
     """Register the schemas with Hydra's ConfigStore, :data:`METHOD_LABEL_RESOLVER`, and the ``kvbench_logs`` resolver
     that places Hydra's own logs beside the results root (:func:`kvbench.storage.paths.hydra_log_dir`; idempotent)."""

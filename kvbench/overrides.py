@@ -26,7 +26,13 @@ from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 
-from kvbench.config import METHOD_LABEL_RESOLVER, budget_choice, register_budget_choice, register_configs
+from kvbench.config import (
+    WRAPPER_LABEL_PARTS,
+    budget_choice,
+    method_label_interpolation,
+    register_budget_choice,
+    register_configs,
+)
 from kvbench.errors import KVBenchError
 from kvbench.methods.plugins import load_plugin, method_entry_points
 from kvbench.resources import conf_dir
@@ -92,10 +98,7 @@ def default_preset(method_class: type) -> dict:
     # The name (results folder) names the wrappers that are on: knorm, knorm+ada, knorm+ada+pyramid, knorm+chunkkv,
     # knorm+decode4, knorm+decode4+target8, knorm+decode4+ratio0.5 (a default preset's name is unchanged: every
     # wrapper off).
-    wrappers = ",".join(f"${{.params.{knob}}}" for knob in ("allocation", "layers", "selection", "rescale"))
-    wrappers += ",decode${.params.decode_interval}"  # decode0: off
-    wrappers += ",target${.params.decode_target},ratio${.params.decode_ratio}"  # target0, ratio0.0: off
-    label = f"${{{METHOD_LABEL_RESOLVER}:{family},{wrappers}}}"
+    label = method_label_interpolation(family)
     node = {"defaults": ["/schema/method/method@_here_", "_self_"], "name": label, "family": family, "params": params}
     reference = {"code": method_class.reference} if method_class.reference else {}
     reference.update(PLUGIN_PACKAGES.get(family, {}))
@@ -125,6 +128,9 @@ def prepare_overrides(overrides: Sequence[str]) -> list[str]:
     parser = OverridesParser.create()
     groups = {path.name for path in conf_dir().iterdir() if path.is_dir()}
     prepared = []
+    wrapper_knobs: list[str] = []  # the method.params.<knob> overrides (the wrappers among them name the folder)
+    method_choices: list[str] | None = None
+    named = False  # method.name given: the folder is the user's to name
     for line in overrides:
         try:  # Hydra's flags (-m, --cfg job) and what Hydra cannot parse pass through as they are
             override = parser.parse_override(line) if "=" in line and not line.startswith("-") else None
@@ -135,7 +141,10 @@ def prepare_overrides(overrides: Sequence[str]) -> list[str]:
             continue
         if is_method_knob(override.key_or_group) and override.type == OverrideType.CHANGE:
             prepared.append(f"++{line}")  # a knob the preset does not list (the family checks it is declared)
+            wrapper_knobs.append(override.key_or_group.split(".")[2])
             continue
+        if override.key_or_group == "method.name":
+            named = True
         simple = override.value_type in (
             ValueType.ELEMENT,
             ValueType.SIMPLE_CHOICE_SWEEP,
@@ -156,6 +165,7 @@ def prepare_overrides(overrides: Sequence[str]) -> list[str]:
                 if budget_choice(choice) == choice:
                     register_budget_choice(choice)
         if override.key_or_group == "method":
+            method_choices = choices
             for choice in choices:
                 register_method_choice(choice)
         if choices == values:  # strings Hydra already reads as they are
@@ -163,4 +173,41 @@ def prepare_overrides(overrides: Sequence[str]) -> list[str]:
             continue
         key = line.split("=", 1)[0]
         prepared.append(f"{key}={','.join(repr(choice) for choice in choices)}")
-    return prepared
+    return prepared + ([] if named else wrapper_label_override(method_choices, wrapper_knobs))
+
+
+def wrapper_label_override(method_choices: Sequence[str] | None, knobs: Sequence[str]) -> list[str]:
+    """The ``method.name`` override that names the wrappers set on a YAML preset (``method=snapkv_kvpress
+    method.params.allocation=ada_kvpress`` runs in ``snapkv_kvpress+ada_kvpress/``, as a class-only method's default
+    preset names its own: ``knorm+ada``); none when no wrapper knob is set or the preset is class-only.  A sweep over
+    several presets with a wrapper knob is refused (each preset would need its own name)."""
+    wrappers = [knob for knob in knobs if knob in WRAPPER_LABEL_PARTS]
+    if not wrappers:
+        return []
+    from omegaconf import OmegaConf
+
+    from kvbench.methods.wrappers import declares_wrappers
+
+    choices = list(method_choices) if method_choices is not None else [default_method()]
+    preset_files = [conf_dir() / "method" / f"{choice}.yaml" for choice in choices]
+    presets = [
+        path.stem
+        for path in preset_files
+        if path.is_file() and declares_wrappers(str(OmegaConf.load(path).get("family", "")))
+    ]
+    if not presets:
+        return []  # class-only methods (their default preset's name is the label already), or no wrappers (CAKE)
+    if len(choices) > 1:
+        raise KVBenchError(
+            f"method={','.join(choices)} with method.params.{wrappers[0]}: a sweep over presets cannot name each "
+            "preset's wrappers in its results folder; run one method per command (or set method.name)"
+        )
+    return [f"++method.name='{method_label_interpolation(presets[0], wrappers)}'"]
+
+
+def default_method() -> str:
+    """The method preset ``conf/config.yaml`` composes when no ``method=`` is given."""
+    from omegaconf import OmegaConf
+
+    defaults = OmegaConf.load(conf_dir() / "config.yaml").get("defaults", [])
+    return next((str(entry["method"]) for entry in defaults if isinstance(entry, dict) and "method" in entry), "")

@@ -271,6 +271,22 @@ LEGACY_PRESET_VALUES: dict[str, dict[str, Any]] = {"tova": {"kernel_size": 1}}
 #: Fields every one-class method gained after its hashes were recorded, with the value that turns them off: a config
 #: with the field off hashes as one from before the field existed (kvpress's ``decode_ratio``, issue #43).
 PARAMS_ADDED_OFF: dict[str, Any] = {"decode_ratio": 0.0}
+#: The wrapper knobs over any scorer (:mod:`kvbench.methods.wrappers`) with the values that turn them off, and the
+#: paper families that gained them after their hashes were recorded (issue #41 item 3): such a family's config with
+#: every one of these off hashes as one from before (``method.params.allocation=uniform`` on ``snapkv_kvpress``).
+WRAPPER_KNOBS_OFF: dict[str, Any] = {
+    "allocation": "uniform",
+    "layers": "uniform",
+    "selection": "topk",
+    "selection_length": 0,
+    "rescale": "none",
+    "decode_interval": 0,
+    "decode_target": 0,
+    "decode_ratio": 0.0,
+}
+FAMILIES_GAINED_WRAPPERS = frozenset({"snapkv"})
+#: Other knobs such a family gained with them, and their values of before (SnapKV's ``row_reduce``).
+KNOBS_GAINED_WITH_WRAPPERS: dict[str, Any] = {"row_reduce": "sum"}
 
 
 def canonical_config(container: dict[str, Any]) -> dict[str, Any]:
@@ -278,16 +294,19 @@ def canonical_config(container: dict[str, Any]) -> dict[str, Any]:
     from it, so every existing run keeps its hash: docs/results.md): the scorer knobs of :data:`LEGACY_METHOD_KNOBS`
     back at ``method.<knob>``, taken from ``method.params`` for the families that declare them
     (:data:`LEGACY_KNOB_FAMILIES`), else at the value a run of the family recorded then (the schema's default, or
-    :data:`LEGACY_PRESET_VALUES`), and without the fields of :data:`PARAMS_ADDED_OFF` that are off.  A config
+    :data:`LEGACY_PRESET_VALUES`), and without the fields of :data:`PARAMS_ADDED_OFF` that are off (and, for
+    :data:`FAMILIES_GAINED_WRAPPERS`, the wrapper knobs of :data:`WRAPPER_KNOBS_OFF` that are off).  A config
     already in that layout is returned as it is."""
     method = container.get("method")
     if not isinstance(method, dict) or "params" not in method or all(knob in method for knob in _VOTE_KNOBS):
         return container
     family = method.get("family")
+    gained = {**WRAPPER_KNOBS_OFF, **KNOBS_GAINED_WITH_WRAPPERS} if family in FAMILIES_GAINED_WRAPPERS else {}
+    added_off = {**PARAMS_ADDED_OFF, **gained}
     params = {
         key: value
         for key, value in dict(method["params"] or {}).items()
-        if not (key in PARAMS_ADDED_OFF and value == PARAMS_ADDED_OFF[key])
+        if not (key in added_off and value == added_off[key])
     }
     legacy = {**LEGACY_METHOD_KNOBS, **LEGACY_PRESET_VALUES.get(family, {})}
     for knob in LEGACY_KNOB_FAMILIES.get(family, ()):
