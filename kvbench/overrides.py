@@ -173,7 +173,26 @@ def prepare_overrides(overrides: Sequence[str]) -> list[str]:
             continue
         key = line.split("=", 1)[0]
         prepared.append(f"{key}={','.join(repr(choice) for choice in choices)}")
+    if method_choices is None:
+        method_choices = experiment_methods(overrides)
     return prepared + ([] if named else wrapper_label_override(method_choices, wrapper_knobs))
+
+
+def experiment_methods(overrides: Sequence[str]) -> list[str] | None:
+    """The method presets an experiment given on the command line (``+experiment=<name>``) sweeps
+    (``hydra.sweeper.params.method``, read in a sweep: ``-m``); ``None`` when it names none (or no experiment is
+    given, or this is no sweep)."""
+    from omegaconf import OmegaConf
+
+    if not any(arg in ("-m", "--multirun") or arg.replace(" ", "") == "hydra.mode=MULTIRUN" for arg in overrides):
+        return None
+    for line in overrides:
+        key, _, name = line.partition("=")
+        path = conf_dir() / "experiment" / f"{name}.yaml"
+        if key.lstrip("+") == "experiment" and path.is_file():
+            swept = OmegaConf.select(OmegaConf.load(path), "hydra.sweeper.params.method", default=None)
+            return [choice.strip() for choice in str(swept).split(",")] if swept else None
+    return None
 
 
 def wrapper_label_override(method_choices: Sequence[str] | None, knobs: Sequence[str]) -> list[str]:
