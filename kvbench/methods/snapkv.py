@@ -27,7 +27,6 @@ from kvbench.methods.base import (
     LayerBudgetAllocator,
     StaticLayerAllocator,
     TokenScorer,
-    UniformLayerAllocator,
     WindowObservation,
     common_knobs,
     score_options,
@@ -36,7 +35,6 @@ from kvbench.methods.family import FamilyMethod
 from kvbench.methods.kvpress_pyramid import KvpressPyramidAllocator, kvpress_pyramid_budgets
 from kvbench.methods.params import bounded, choice
 from kvbench.methods.token_scores import ScoreOptions, VoteKnobs, window_votes, with_window_columns
-from kvbench.methods.wrappers import WrapperKnobs, apply_wrappers, wrappers_on
 
 PYRAMID_SCHEDULES = ("kvcache_factory", "adakv", "sum_preserving", "kvpress")
 
@@ -131,33 +129,6 @@ class PyramidLayerAllocator(StaticLayerAllocator):
     def plan(self, total: int, num_layers: int, context_length: int) -> list[int]:
         window = min(self.window, context_length)
         return pyramid_schedule(total // num_layers, window, self.beta, num_layers, context_length, self.schedule)
-
-
-@dataclass
-class SnapKV(WrapperKnobs, VoteKnobs, FamilyMethod, family="snapkv"):  # type: ignore[misc,valid-type]
-    """SnapKV's knobs: the attention vote's pooling, precision and GQA-reduction order (besides the session's window
-    and GQA storage), then the wrappers over any scorer (:mod:`kvbench.methods.wrappers`: ``allocation=ada_kvpress``
-    is kvpress's ``AdaKVPress(SnapKVPress())``, ``selection=chunkkv`` its ``ChunkKVPress(SnapKVPress())``)."""
-
-    #: How the window rows' attention is reduced: ``sum`` (SnapKV's code) or ``mean`` (kvpress's ``SnapKVPress``).
-    #: The same ranking for a top-k (a wrapper that ranks within a layer too); CriticalKV's rescaling is not
-    #: scale-free, so kvpress's ``CriticalKVPress(SnapKVPress())`` is ``rescale=critical row_reduce=mean``.
-    row_reduce: str = choice("sum", ("sum", "mean"))
-
-    def build(self, method_cfg: Any) -> EvictionMethod:
-        """SnapKV: window vote + pooling, uniform budgets, under the wrappers that are on."""
-        options = score_options(method_cfg, self)
-        method = EvictionMethod(
-            scorer=WindowVoteScorer(options, self.row_reduce),
-            layer_allocator=UniformLayerAllocator(),
-            settings={
-                "gqa_reduce": options.gqa_reduce,
-                **({"row_reduce": self.row_reduce} if self.row_reduce != "sum" else {}),
-                **wrappers_on(self),
-            },
-            **common_knobs(method_cfg),
-        )
-        return apply_wrappers(method, self)
 
 
 @dataclass

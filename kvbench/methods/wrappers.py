@@ -4,7 +4,7 @@
 A method whose recipe is "one token scorer, uniform budgets" declares the wrapper knobs by inheriting their fields
 (:class:`Wrappers` for the frozen one-class methods, :class:`kvbench.methods.recipe.ScorerMethod`;
 :class:`WrapperKnobs`, the same fields, for the paper families that are plain dataclasses, such as
-:class:`kvbench.methods.snapkv.SnapKV`) and passes the method it builds through :func:`apply_wrappers`::
+:class:`kvbench.methods.snapkv_family.SnapKV`) and passes the method it builds through :func:`apply_wrappers`::
 
     method = EvictionMethod(scorer=..., layer_allocator=UniformLayerAllocator(), ...)
     return apply_wrappers(method, self)
@@ -31,9 +31,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from kvbench.methods.adakv import PAPER_ALPHA, AdaHeadAllocator
 from kvbench.methods.base import EvictionMethod
+from kvbench.methods.critical import wrap_critical
+from kvbench.methods.kvpress_ada import KvpressAdaAllocator
+from kvbench.methods.kvpress_decoding import IntervalDecodingPolicy
 from kvbench.methods.params import bounded, choice
 from kvbench.methods.selection import SELECTIONS, wrap_selection
+from kvbench.methods.snapkv import PyramidLayerAllocator
 
 #: The head-allocation wrappers (``method.params.allocation``) and the layer schedules (``method.params.layers``).
 HEAD_ALLOCATIONS = ("uniform", "ada", "ada_kvpress")
@@ -103,13 +108,6 @@ def apply_wrappers(method: EvictionMethod, knobs: Any) -> EvictionMethod:
     """``method`` (a scorer with uniform head and layer budgets) under the wrappers ``knobs`` turns on (module
     docstring); unchanged when every wrapper is off.  Raises ``ValueError`` for a combination that does not compose
     (a selection wrapper with a head allocation; CriticalKV with a selection or ``allocation=ada``)."""
-    # Imported here: snapkv.py declares its knobs with this module's, and the allocators' modules import snapkv.py.
-    from kvbench.methods.adakv import PAPER_ALPHA, AdaHeadAllocator
-    from kvbench.methods.critical import wrap_critical
-    from kvbench.methods.kvpress_ada import KvpressAdaAllocator
-    from kvbench.methods.kvpress_decoding import IntervalDecodingPolicy
-    from kvbench.methods.snapkv import PyramidLayerAllocator
-
     if not wrappers_on(knobs):
         return method
     if method.scorer is None:
