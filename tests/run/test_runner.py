@@ -29,9 +29,21 @@ def run_cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_default_style_run_writes_all_result_files(tmp_path: Path) -> None:
-    root = tmp_path / "runs"
-    result = run_cli(*FAST, "task.num_samples=2", f"run.output_root={root}")
+#: The default-style run's arguments (3 datasets x 2 samples), run once per module by :func:`default_run`.
+DEFAULT_STYLE = [*FAST, "task.num_samples=2"]
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """(results root, completed process) of one ``python run.py`` with :data:`DEFAULT_STYLE`: the run whose files
+    test_default_style_run_writes_all_result_files checks and whose folder
+    test_changed_config_in_same_folder_is_refused_without_touching_results tries to reuse with another config."""
+    root = tmp_path_factory.mktemp("default_run") / "runs"
+    return root, run_cli(*DEFAULT_STYLE, f"run.output_root={root}")
+
+
+def test_default_style_run_writes_all_result_files(default_run: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    root, result = default_run
     assert result.returncode == 0, result.stderr[-3000:]
     folder = root / "tiny" / "tiny_niah" / "snapkv" / "64L"
     assert (folder / "config.yaml").exists()
@@ -65,7 +77,7 @@ def test_default_style_run_writes_all_result_files(tmp_path: Path) -> None:
     assert summary["run"]["git_commit"] == meta["git_commit"] and summary["run"]["status"] == "complete"
     assert summary["timing"]["n"] == 6 and summary["bootstrap"]["resamples"] == 1000
     # A second identical run does nothing new (idempotent), reports cached datasets and the same summary.
-    again = run_cli(*FAST, "task.num_samples=2", f"run.output_root={root}")
+    again = run_cli(*DEFAULT_STYLE, f"run.output_root={root}")
     assert again.returncode == 0 and "(cached)" in again.stdout
     resummarised = json.loads((folder / "summary.json").read_text())
     assert [{**row, "cached": False} for row in resummarised["datasets"]] == summary["datasets"]
@@ -116,16 +128,21 @@ def test_torn_last_line_is_repaired(tmp_path: Path) -> None:
     assert [row["id"] for row in log.load()] == ["a", "b"]
 
 
-def test_changed_config_in_same_folder_is_refused_without_touching_results(tmp_path: Path) -> None:
-    root = tmp_path / "runs"
-    args = [*FAST, "task.num_samples=1", "task.datasets=[niah_single_1k]", f"run.output_root={root}"]
-    assert run_cli(*args).returncode == 0
+def test_changed_config_in_same_folder_is_refused_without_touching_results(
+    default_run: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    """The default-style run's folder (:func:`default_run`), asked for again with another ``method.window``: refused,
+    nothing touched; with a ``run.tag`` the changed config runs into a folder of its own."""
+    root, first = default_run
+    assert first.returncode == 0, first.stderr[-3000:]
+    args = [*DEFAULT_STYLE, f"run.output_root={root}"]
     folder = root / "tiny" / "tiny_niah" / "snapkv" / "64L"
     before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
     result = run_cli(*args, "method.window=8")
     assert result.returncode != 0
     assert "method.window: 32 -> 8" in result.stderr and "run.tag" in result.stderr
     assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
-    tagged = run_cli(*args, "method.window=8", "run.tag=w8")
-    assert tagged.returncode == 0
+    one_sample = [*FAST, "task.num_samples=1", "task.datasets=[niah_single_1k]", f"run.output_root={root}"]
+    tagged = run_cli(*one_sample, "method.window=8", "run.tag=w8")  # one sample is enough for a folder of its own
+    assert tagged.returncode == 0, tagged.stderr[-3000:]
     assert (root / "tiny" / "tiny_niah" / "snapkv" / "64L~w8" / "niah_single_1k" / "metrics.json").exists()
