@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvbench.models.tiny import DEFAULT_MODEL_DIR
+from tests.run.conftest import RESUME_ARGS, RESUME_FOLDER
 
 REPO = Path(__file__).resolve().parents[2]
 # A fast configuration: random tiny model, short synthetic samples.
@@ -84,12 +85,12 @@ def test_default_style_run_writes_all_result_files(default_run: tuple[Path, subp
     assert resummarised["averages"] == summary["averages"]
 
 
-def test_killed_run_resumes_to_the_same_predictions(tmp_path: Path) -> None:
-    """SIGKILL a run mid-dataset, start it again: predictions.jsonl equals an uninterrupted run's, byte for byte."""
-    args = [*FAST, "task.num_samples=24", "task.datasets=[niah_single_1k]", "method=streamingllm"]
-    clean_root, killed_root = tmp_path / "clean", tmp_path / "killed"
-    assert run_cli(*args, f"run.output_root={clean_root}").returncode == 0
-    relative = Path("tiny/tiny_niah/streamingllm/64L/niah_single_1k/predictions.jsonl")
+def test_killed_run_resumes_to_the_same_predictions(tmp_path: Path, clean_resume_run: Path) -> None:
+    """SIGKILL a run mid-dataset, start it again: predictions.jsonl equals an uninterrupted run's
+    (tests/run/conftest.py's, shared with the SIGTERM test of test_sweep.py), byte for byte."""
+    args = RESUME_ARGS
+    clean_root, killed_root = clean_resume_run, tmp_path / "killed"
+    relative = RESUME_FOLDER / "niah_single_1k" / "predictions.jsonl"
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(
         [sys.executable, "run.py", *args, f"run.output_root={killed_root}"],
