@@ -127,9 +127,17 @@ def test_second_process_waits_for_the_lock_when_asked(tmp_path: Path) -> None:
     root = tmp_path / "runs"
     folder = root / "tiny" / "tiny_niah" / "snapkv" / "64L"
     args = [*FAST, "task.num_samples=1", "task.datasets=[niah_single_1k]", f"run.output_root={root}"]
+    samples = tmp_path / "samples"  # run.sample_cache=auto: <run.output_root>/../samples
     with run_folder_lock(folder):
         process = start(args, env={**ENV, "KVBENCH_LOCK_WAIT": "300"})
-        time.sleep(15)  # long enough for the model to load and the run to reach the lock
+        # The run stores its generated samples, then claims its folder (Runner.run: the data is loaded and checked
+        # before the folder's lock is taken): once the samples are on disk it is at the lock, retrying it every
+        # second at most; a few retries later it must still be waiting.
+        deadline = time.time() + 300
+        while time.time() < deadline and process.poll() is None and not list(samples.rglob("*.jsonl")):
+            time.sleep(0.05)
+        assert list(samples.rglob("*.jsonl")), "the second run stored no samples (did it reach its folder's lock?)"
+        time.sleep(3)
         assert process.poll() is None, "the second run should be waiting for the lock"
         assert not (folder / "run_meta.json").exists()
     _, stderr = process.communicate(timeout=600)
