@@ -60,9 +60,11 @@ def check_complete_run(folder: Path, method: str, budget: str, n_samples: int) -
 
 
 @pytest.mark.slow
-def test_concurrent_runs_of_different_jobs_into_one_tree(tmp_path: Path) -> None:
+def test_concurrent_runs_of_different_jobs_into_one_tree(
+    tmp_path: Path, default_run: tuple[Path, subprocess.CompletedProcess[str]]
+) -> None:
     root = tmp_path / "runs"
-    n_samples = 3
+    n_samples = 2  # as the default-style run (tests/run/conftest.py) the snapkv 64L job is compared with
     processes = [
         start(
             [*FAST, f"method={method}", f"budget={budget}", f"task.num_samples={n_samples}", f"run.output_root={root}"]
@@ -77,29 +79,14 @@ def test_concurrent_runs_of_different_jobs_into_one_tree(tmp_path: Path) -> None
     for method, budget in JOBS:
         check_complete_run(root / "tiny" / "tiny_niah" / method / budget, method, budget, n_samples)
 
-    # Same results as a run on its own (nothing leaked between the concurrent jobs).
-    alone = tmp_path / "alone"
-    method, budget = JOBS[1]
-    single = subprocess.run(
-        [
-            sys.executable,
-            "run.py",
-            *FAST,
-            f"method={method}",
-            f"budget={budget}",
-            f"task.num_samples={n_samples}",
-            "task.datasets=[niah_single_1k]",
-            f"run.output_root={alone}",
-        ],
-        cwd=REPO,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    # Same results as a run on its own (nothing leaked between the concurrent jobs): the session's default-style run
+    # is that configuration (snapkv 64L, 2 samples) run alone.
+    alone, single = default_run
     assert single.returncode == 0, single.stderr[-2000:]
-    relative = Path("tiny/tiny_niah") / method / budget / "niah_single_1k" / "predictions.jsonl"
-    assert (root / relative).read_bytes() == (alone / relative).read_bytes()
+    method, budget = JOBS[1]
+    for dataset in DATASETS:
+        relative = Path("tiny/tiny_niah") / method / budget / dataset / "predictions.jsonl"
+        assert (root / relative).read_bytes() == (alone / relative).read_bytes()
 
 
 def test_second_process_on_the_same_run_folder_fails_clearly_and_writes_nothing(tmp_path: Path) -> None:

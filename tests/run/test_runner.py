@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvbench.models.tiny import DEFAULT_MODEL_DIR
-from tests.run.conftest import RESUME_ARGS, RESUME_FOLDER
+from tests.run.conftest import DEFAULT_STYLE, RESUME_ARGS, RESUME_FOLDER
 
 REPO = Path(__file__).resolve().parents[2]
 # A fast configuration: random tiny model, short synthetic samples.
@@ -28,19 +28,6 @@ def run_cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "run.py", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env
     )
-
-
-#: The default-style run's arguments (3 datasets x 2 samples), run once per module by :func:`default_run`.
-DEFAULT_STYLE = [*FAST, "task.num_samples=2"]
-
-
-@pytest.fixture(scope="module")
-def default_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
-    """(results root, completed process) of one ``python run.py`` with :data:`DEFAULT_STYLE`: the run whose files
-    test_default_style_run_writes_all_result_files checks and whose folder
-    test_changed_config_in_same_folder_is_refused_without_touching_results tries to reuse with another config."""
-    root = tmp_path_factory.mktemp("default_run") / "runs"
-    return root, run_cli(*DEFAULT_STYLE, f"run.output_root={root}")
 
 
 def test_default_style_run_writes_all_result_files(default_run: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
