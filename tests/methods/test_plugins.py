@@ -35,8 +35,8 @@ run_argv = sys.argv[1:]
 sys.argv = ["kvbench", "list", "methods"]
 try:
     main()
-except SystemExit as exit:
-    print(f"=== list exit {exit.code or 0}", flush=True)
+except SystemExit as stop:
+    print(f"=== list exit {stop.code or 0}", flush=True)
 sys.argv = ["run.py", *run_argv]
 main()
 """
