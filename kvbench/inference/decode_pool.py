@@ -18,9 +18,14 @@ channel (ThinK's pruned layers are not pooled); the others decode with
 :class:`~kvbench.cache.batched.BatchedCache`'s per-sample rows, as before.
 
 Exactness: a sample's pooled rows keep its own slot order, lengths and positions; the policies compute the same
-per-row values as at batch 1 (the row width is padded to the batch's longest, masked).  One corner is not exact: a
-step where some sample's head is more than one token over its cap (a cap lowered below the stored length) takes every
-sample through the policy's general path (``keep``) rather than only that sample.
+per-row values as at batch 1 (the row width is padded to the batch's longest, masked), but for the last bits of the
+float32 query-key products they score with: the pool computes them page by page
+(:meth:`~kvbench.cache.pool.PooledLayer.row_products`), and CPU BLAS sums a dot product in an order that depends on
+the product's shape (so did the earlier padded product, whose width was the batch's longest row), about 1e-7
+relative; only a tie between two tokens' scores that close could evict otherwise (the fidelity tests' tokens and
+cache records are identical).  One corner is not exact: a step where some sample's head is more than one token over
+its cap (a cap lowered below the stored length) takes every sample through the policy's general path (``keep``)
+rather than only that sample.
 """
 
 from __future__ import annotations
