@@ -73,7 +73,8 @@ def decode_path_settings(job: DatasetJob, dataset: Any, decoded: bool) -> dict[s
         return {"decode_path": ONE_AT_A_TIME, "decode_path_reason": "multi-pass dataset (a pass reads the last text)"}
     taken = DECODE_PATHS.taken()
     if not decoded or not taken:
-        return {"decode_path": None, "decode_path_reason": "no sample decoded in this process (all were written)"}
+        reason = "no batch decoded in this process (its predictions were written before, or ended at once)"
+        return {"decode_path": None, "decode_path_reason": reason}
     paths = sorted({path for path, _ in taken})
     reasons = sorted({reason for _, reason in taken if reason is not None})
     return {"decode_path": "+".join(paths), "decode_path_reason": "; ".join(reasons) or None}
