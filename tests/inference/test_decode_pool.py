@@ -250,6 +250,8 @@ def test_a_bf16_pool_scores_page_by_page_with_float32_keys() -> None:
         check()
         pool.evict_slots(torch.tensor([0, 1, 2, 3]))  # every row's last token moves into an early slot
         check()
+        pool.evict_slots(torch.tensor([2, 0]), [1, 3])  # some rows only
+        check()
     pool.keep([torch.arange(length - 1) for length in pool.head_lengths()])  # the general path
     check()
     join(3)
