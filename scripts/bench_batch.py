@@ -124,7 +124,9 @@ def time_steps(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["tiny", "llama3.1-8b-2l"])
-    parser.add_argument("--methods", nargs="+", default=["full", "snapkv", "ada_snapkv", "cake", "h2o"])
+    parser.add_argument(
+        "--methods", nargs="+", default=["full", "snapkv", "ada_snapkv", "cake", "h2o", "tova", "streamingllm", "ahakv"]
+    )
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32])
     parser.add_argument("--budget", default="1024L")
     parser.add_argument("--length", type=int, default=4096, help="prompt tokens (LongBench-like: several K)")

@@ -19,7 +19,8 @@ from kvbench.cache.base import RaggedKV
 
 #: The largest additive bottom-right causal mask built so far, per ``(dtype, device)``: every smaller one is a view of
 #: its bottom-right corner, so long CPU prefills (chunks of the same shapes, prompt after prompt) build it once.
-#: At most one mask per key, of the largest chunk asked for (<= 512 MB at the automatic CPU chunk sizes).
+#: At most one mask per key, covering the largest chunk asked for; the keys grow geometrically, so it may hold up to
+#: twice the longest key length seen (<= 1 GiB at the automatic CPU chunk sizes of a 128K prompt in float32).
 _ADDITIVE_MASKS: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
 
@@ -39,9 +40,14 @@ def bottom_right_causal_mask(
     key = (dtype, torch.device(device))
     cached = _ADDITIVE_MASKS.get(key)
     if cached is None or cached.shape[0] < query_length or cached.shape[1] < key_length:
-        # triu_ keeps -inf where j >= i + S - q + 1 (masked) and writes 0 below (allowed).
-        cached = torch.full((query_length, key_length), float("-inf"), dtype=dtype, device=device)
-        cached = _ADDITIVE_MASKS[key] = cached.triu_(key_length - query_length + 1)
+        # Any bottom-right corner of a larger bottom-right mask is the smaller mask, so grow to cover both the old
+        # and the new shape, the keys geometrically: a chunked prefill (same rows, keys growing chunk by chunk)
+        # rebuilds it log2(S / chunk) times instead of once per chunk.
+        rows = max(query_length, cached.shape[0] if cached is not None else 0)
+        columns = max(key_length, 2 * cached.shape[1] if cached is not None else key_length)
+        # triu_ keeps -inf where j >= i + K - Q + 1 (masked) and writes 0 below (allowed).
+        cached = torch.full((rows, columns), float("-inf"), dtype=dtype, device=device)
+        cached = _ADDITIVE_MASKS[key] = cached.triu_(columns - rows + 1)
     # Rows Q-q.., columns K-S.. of a [Q, K] bottom-right mask: -inf where j >= i + S - q + 1, the [q, S] mask.
     return cached[cached.shape[0] - query_length :, cached.shape[1] - key_length :]
 

@@ -11,7 +11,6 @@ no repeat of the GQA group.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Protocol
 
 import torch
@@ -57,18 +56,10 @@ def padded_rows_attention(query: torch.Tensor, layer: PooledLayer, scaling: floa
     into rows for a masked softmax over each row's stored slots, scattered back to the pages, multiplied with the
     pages' values (one batched product) and summed per row.  On CPU a bf16 product is ~10x faster than the one-query
     bf16 SDPA kernel of the per-sample path."""
-    assert layer.k_pool is not None and layer.v_pool is not None and layer.block_table is not None
-    assert layer.lengths is not None
+    assert layer.k_pool is not None and layer.v_pool is not None and layer.lengths is not None
     size, rows, groups = layer.page_size, layer.num_heads, query.shape[1]
     num_pages = layer.num_pages
-    width = math.ceil(max(layer.host_lengths, default=0) / size)  # pages of the longest row
-    table = layer.block_table[:, :width].long()  # [R, W]
-    used = torch.arange(width, device=query.device) < (layer.lengths[:, None] + size - 1) // size  # [R, W]
-    spare = torch.full_like(table, num_pages)  # unused entries point at a spare page past the pool
-    pages = torch.where(used, table, spare).reshape(-1)  # [R * W]
-    owner = torch.zeros(num_pages + 1, dtype=torch.long, device=query.device)
-    owner.index_put_((pages,), torch.arange(rows, device=query.device).repeat_interleave(width))
-    owner = owner[:num_pages]  # [P] the row each page belongs to (a free page: row 0, weight 0 below)
+    pages, owner, width = layer.page_map()  # [R * W] each row's pages (spare past its own), [P] each page's row
     keys = layer.k_pool.view(num_pages, size, -1)  # [P, page, D_k], no copy
     logits = torch.bmm(query.index_select(0, owner), keys.transpose(1, 2)) * scaling  # [P, G, page]
     by_row = torch.cat([logits, logits.new_zeros((1, groups, size))]).index_select(0, pages)  # [R * W, G, page]

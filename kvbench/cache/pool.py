@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -76,10 +77,15 @@ class PooledLayer(PagedLayer):
         #: Per sample (host, int64), the slots per head its own torch layer would hold now: its capacity when it
         #: joined, grown and shrunk by the rules of batch 1 (:func:`grown_capacities`, :meth:`keep`).
         self.capacities = torch.zeros(0, dtype=torch.long)
+        #: The float32 keys of :meth:`float_key_pages` (CPU, a pool of another dtype), kept step after step, and
+        #: whether they are in step with the pool.
+        self._float_keys: torch.Tensor | None = None
+        self._float_synced = False
         self.is_initialized = True
 
     # ------------------------------------------------------------------ storage with separate key / value widths
     def _allocate_pool(self, num_pages: int) -> None:
+        self._keys_changed()
         self.k_pool = torch.zeros((num_pages, self.page_size, 1, self.head_dim), dtype=self.dtype, device=self.device)
         self.v_pool = torch.zeros((num_pages, self.page_size, 1, self.value_dim), dtype=self.dtype, device=self.device)
         self.pos_pool = torch.empty(num_pages * self.page_size, dtype=torch.int32, device=self.device)
@@ -103,15 +109,94 @@ class PooledLayer(PagedLayer):
 
         return gather(self.k_pool), gather(self.v_pool)
 
-    def padded_keys(self) -> torch.Tensor:
-        """Keys ``[R, S_max, D_k]`` of every row (what a decode policy scores with), gathered page by page; slots past
-        a row's length hold stale data."""
-        assert self.k_pool is not None and self.block_table is not None
-        width = max(self.host_lengths, default=0)
-        pages = math.ceil(width / self.page_size)
-        table = self.block_table[:, :pages].reshape(-1).long()
-        gathered = self.k_pool.view(self.k_pool.shape[0], -1).index_select(0, table)
-        return gathered.view(self.num_stored_heads, pages * self.page_size, self.head_dim)[:, :width]
+    def page_map(self) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Where the rows' pages lie, for computing straight over the pool as it lies in memory.
+
+        Returns
+        -------
+        ``pages`` ``[R * W]``: the physical page of each row's ``W`` logical pages in order, row after row (``W`` pages
+        hold the longest row; a row's unused entries point at ``num_pages``, a spare page past the pool);
+        ``owner`` ``[P]``: the row each physical page belongs to (a free page: row 0); and ``W``.
+        """
+        assert self.block_table is not None and self.lengths is not None
+        size, rows, num_pages = self.page_size, self.num_stored_heads, self.num_pages
+        width = math.ceil(max(self.host_lengths, default=0) / size)  # pages of the longest row
+        table = self.block_table[:, :width].long()  # [R, W]
+        used = torch.arange(width, device=self.device) < (self.lengths[:, None] + size - 1) // size  # [R, W]
+        pages = torch.where(used, table, torch.full_like(table, num_pages)).reshape(-1)  # [R * W]
+        owner = torch.zeros(num_pages + 1, dtype=torch.long, device=self.device)
+        owner.index_put_((pages,), torch.arange(rows, device=self.device).repeat_interleave(width))
+        return pages, owner[:num_pages], width
+
+    def row_products(self, queries: torch.Tensor) -> torch.Tensor:
+        """``[R, G, S_max]`` float32 products of each row's queries ``queries`` ``[R, G, D_k]`` (float32) with its
+        stored keys in float32 (what a decode policy scores with; slot-aligned, stale past a row's length: mask with
+        :attr:`lengths`).  Computed page by page over the pool (:meth:`page_map`), as the pooled attention reads it:
+        no gathered copy of the rows' keys, and the float32 keys in a buffer kept between steps
+        (:meth:`float_key_pages`)."""
+        pages, owner, width = self.page_map()
+        rows, groups, size = queries.shape[0], queries.shape[1], self.page_size
+        keys = self.float_key_pages()  # [P, page, D_k]
+        # Keys times queries (not queries times keys): on CPU 3x faster for one query per row (a GEMV per page).
+        products = torch.bmm(keys, queries.index_select(0, owner).transpose(1, 2))  # [P, page, G]
+        by_row = torch.cat([products, products.new_zeros((1, size, groups))]).index_select(0, pages)
+        by_row = by_row.view(rows, width, size, groups).permute(0, 3, 1, 2).reshape(rows, groups, width * size)
+        return by_row[:, :, : max(self.host_lengths, default=0)]
+
+    def float_key_pages(self) -> torch.Tensor:
+        """The key pool as ``[P, page, D_k]`` float32: the pool itself when it is float32; elsewhere than CPU a
+        converted copy; on CPU a float32 copy of the pool kept between steps (a fresh CPU buffer that size costs
+        more in page faults than the conversion itself), converted whole after any change but a step's append and
+        in-place eviction, which write their rows into it too (:meth:`append_rows`, :meth:`evict_slots`)."""
+        assert self.k_pool is not None
+        keys = self.k_pool.view(self.num_pages, self.page_size, self.head_dim)
+        if keys.dtype == torch.float32:
+            return keys
+        if keys.device.type != "cpu":
+            return keys.float()
+        if self._float_keys is None or self._float_keys.shape != keys.shape:
+            self._float_keys = torch.empty(keys.shape, dtype=torch.float32, device=keys.device)
+            self._float_synced = False
+        if not self._float_synced:
+            self._float_keys.copy_(keys)
+            self._float_synced = True
+        return self._float_keys
+
+    def _float_rows(self) -> torch.Tensor | None:
+        """``[P * page, D_k]`` view of the float32 copy when it is in step with the pool (else ``None``)."""
+        return self._float_keys.view(-1, self.head_dim) if self._float_synced and self._float_keys is not None else None
+
+    def evict_slots(self, slots: torch.Tensor, heads: Sequence[int] | None = None) -> torch.Tensor:
+        """:meth:`PagedLayer.evict_slots`, the float32 key copy moved the same way (the evicted rows' block-table
+        entries still point where the moved tokens were)."""
+        last = super().evict_slots(slots, heads)
+        copy = self._float_rows()
+        if copy is not None:
+            assert self.block_table is not None
+            _, rows = self._evicting_heads(heads)
+            size = self.page_size
+
+            def flat(logical: torch.Tensor) -> torch.Tensor:
+                return self.block_table[rows, logical // size].long() * size + logical % size  # type: ignore[index]
+
+            copy[flat(slots.long())] = copy[flat(last)]
+        return last
+
+    def _keys_changed(self) -> None:
+        """Keys were written otherwise than by a step: the float32 copy is converted whole when next read."""
+        self._float_synced = False
+
+    def update(self, *args: Any, **kwargs: Any) -> Any:
+        self._keys_changed()
+        return super().update(*args, **kwargs)
+
+    def rewrite_keys(self, keys: torch.Tensor, positions: torch.Tensor) -> None:
+        self._keys_changed()
+        super().rewrite_keys(keys, positions)
+
+    def prune_key_channels(self, channels: torch.Tensor, prune_appended: bool = False) -> None:
+        self._keys_changed()
+        super().prune_key_channels(channels, prune_appended)
 
     def padded_kv(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Keys ``[R, S_max, D_k]``, values ``[R, S_max, D_v]`` and positions ``[R, S_max]`` of every row (slots past a
@@ -126,6 +211,7 @@ class PooledLayer(PagedLayer):
     def _grow_pool(self, needed: int, exact: bool = False) -> None:
         """:meth:`PagedLayer._grow_pool`, the new pages zeroed (so a masked slot never multiplies a NaN)."""
         old = self.num_pages
+        self._keys_changed()
         super()._grow_pool(needed, exact)
         assert self.k_pool is not None and self.v_pool is not None
         self.k_pool[old:].zero_()
@@ -145,6 +231,7 @@ class PooledLayer(PagedLayer):
         """:meth:`PagedLayer.keep` over every row; a sample whose heads lost tokens is one whose own torch layer
         batch 1 would have reallocated to its new longest head (its simulated capacity follows)."""
         before = torch.tensor(self.host_lengths)
+        self._keys_changed()
         super().keep(indices)
         after = torch.tensor(self.host_lengths)
         heads = self.heads_per_sample
@@ -193,6 +280,7 @@ class PooledLayer(PagedLayer):
         stored = index < torch.tensor(lengths, device=self.device)[:, None]  # [H, S]
         dst = dst[stored]
         assert self.k_pool is not None and self.v_pool is not None and self.pos_pool is not None
+        self._keys_changed()
         self._flat(self.k_pool).index_copy_(0, dst, keys[stored].to(self.dtype))
         self._flat(self.v_pool).index_copy_(0, dst, values[stored].to(self.dtype))
         self.pos_pool.index_copy_(0, dst, positions[stored].to(torch.int32))
@@ -222,7 +310,11 @@ class PooledLayer(PagedLayer):
             [pages[n // size] * size + n % size for pages, n in zip(self.pages, self.host_lengths, strict=True)],
             device=self.device,
         )
-        self._flat(self.k_pool).index_copy_(0, slots, key_states.reshape(-1, self.head_dim).to(self.dtype))
+        new_keys = key_states.reshape(-1, self.head_dim).to(self.dtype)
+        self._flat(self.k_pool).index_copy_(0, slots, new_keys)
+        copy = self._float_rows()
+        if copy is not None:  # the float32 copy follows (float_key_pages)
+            copy.index_copy_(0, slots, new_keys.float())
         self._flat(self.v_pool).index_copy_(0, slots, value_states.reshape(-1, self.value_dim).to(self.dtype))
         self.pos_pool.index_copy_(0, slots, self.row_seen.to(torch.int32))
         assert self.lengths is not None

@@ -3,9 +3,10 @@
 Each sample is prefilled and compressed on its own by :func:`kvbench.inference.prefill.prefill`, exactly as at batch 1
 (same kept tokens, same cache record); its cache then joins the decode batch. Every step feeds one token of every active
 sample through one model forward: the dense parts run on the ``[B, 1]`` batch; where the model and method allow
-(:func:`kvbench.inference.decode_pool.pool_supported`) the samples share one page pool per layer and each layer runs
+(:func:`kvbench.inference.decode_pool.decode_path`) the samples share one page pool per layer and each layer runs
 one attention call and one decode-policy step for all of them (:class:`kvbench.inference.decode_pool.PooledBatch`),
-else attention and the policy run per sample over its own storage (:class:`kvbench.cache.batched.BatchedCache`).
+else attention and the policy run per sample over its own storage (:class:`kvbench.cache.batched.BatchedCache`); the
+path taken, and why per sample, is noted in :data:`kvbench.inference.decode_pool.DECODE_PATHS`.
 A sample that stops (stop token, ``max_new_tokens``, stop strings: :class:`kvbench.inference.generate.GreedyStream`,
 the rules of batch 1) leaves the batch (its pooled rows go back to its own cache, its pages to the pool) and the next
 sample is prefilled and takes its place (continuous batching). Outputs come back as samples finish,
@@ -34,7 +35,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from kvbench.budget import Budget
 from kvbench.cache.batched import BatchedCache
 from kvbench.checks import DECODE_BATCH_AUTO, check_decode_batch
-from kvbench.inference.decode_pool import PooledBatch, pool_supported
+from kvbench.inference.decode_pool import DECODE_PATHS, POOLED, PooledBatch, decode_path
 from kvbench.inference.eviction import EvictionSession
 from kvbench.inference.generate import GenerationOutput, GreedyStream, sync_devices
 from kvbench.inference.prefill import prefill
@@ -178,7 +179,9 @@ def generate_batched(
                 yield slot.index, slot.output()
                 continue
             if pooled is None:
-                pooled = pool_supported(model, slot.session)
+                path, reason = decode_path(model, slot.session)
+                DECODE_PATHS.note(path, reason)
+                pooled = path == POOLED
                 pool = PooledBatch() if pooled else None
             if pool is not None:
                 pool.join(slot.session)

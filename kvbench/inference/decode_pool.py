@@ -11,15 +11,21 @@ policy once over all rows with the samples' :class:`~kvbench.methods.state.Decod
 into its own cache (as batch 1 would hold them) and its rows of the stacked state back into its session; its pages
 return to the pool for the next sample (continuous batching).
 
-Which batches pool (:func:`pool_supported`): models without sliding windows, soft-capping or attention sinks, and
-methods with no decode policy or one that steps sample rows (``steps_sample_rows``: StreamingLLM, H2O, TOVA, CAKE,
-AhaKV), and caches with every key channel (ThinK's pruned layers are not pooled); the others decode with
+Which batches pool (:func:`decode_path`; what generations chose is noted in :data:`DECODE_PATHS` for the run's
+records): models without sliding windows, soft-capping or attention sinks, and methods with no decode policy or one
+that steps sample rows (``steps_sample_rows``: StreamingLLM, H2O, TOVA, CAKE, AhaKV), and caches with every key
+channel (ThinK's pruned layers are not pooled); the others decode with
 :class:`~kvbench.cache.batched.BatchedCache`'s per-sample rows, as before.
 
 Exactness: a sample's pooled rows keep its own slot order, lengths and positions; the policies compute the same
-per-row values as at batch 1 (the row width is padded to the batch's longest, masked).  One corner is not exact: a
-step where some sample's head is more than one token over its cap (a cap lowered below the stored length) takes every
-sample through the policy's general path (``keep``) rather than only that sample.
+per-row values as at batch 1 (the row width is padded to the batch's longest, masked), but for the last bits of the
+float32 query-key products they score with: the pool computes them page by page
+(:meth:`~kvbench.cache.pool.PooledLayer.row_products`), and CPU BLAS sums a dot product in an order that depends on
+the product's shape (so did the earlier padded product, whose width was the batch's longest row), about 1e-7
+relative; only a tie between two tokens' scores that close could evict otherwise (the fidelity tests' tokens and
+cache records are identical).  One corner is not exact: a step where some sample's head is more than one token over
+its cap (a cap lowered below the stored length) takes every sample through the policy's general path (``keep``)
+rather than only that sample.
 """
 
 from __future__ import annotations
@@ -36,23 +42,58 @@ from kvbench.cache.pool import PooledLayer
 from kvbench.inference.eviction import EvictionSession
 from kvbench.methods.state import split_decode_state, stack_decode_states
 
+#: The decode paths (:func:`decode_path`): the shared page pool, or each sample's own cache row by row.
+POOLED, PER_SAMPLE = "pooled", "per_sample"
 
-def pool_supported(model: Any, session: EvictionSession) -> bool:
-    """Whether ``session``'s samples can decode in a :class:`PooledBatch` on ``model`` (module docstring)."""
+
+def decode_path(model: Any, session: EvictionSession) -> tuple[str, str | None]:
+    """How ``session``'s samples decode in a batch on ``model``: ``("pooled", None)`` (a :class:`PooledBatch`), or
+    ``("per_sample", why)`` (:class:`~kvbench.cache.batched.BatchedCache`'s rows; module docstring)."""
     config = model.config.get_text_config(decoder=True)
     if getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True):
-        return False
-    if getattr(config, "attn_logit_softcapping", None) is not None or "gpt_oss" in str(config.model_type):
-        return False
+        return PER_SAMPLE, "sliding-window model (config.sliding_window)"
+    if getattr(config, "attn_logit_softcapping", None) is not None:
+        return PER_SAMPLE, "attention logit soft-capping (config.attn_logit_softcapping)"
+    if "gpt_oss" in str(config.model_type):
+        return PER_SAMPLE, "attention sinks (gpt_oss)"
     if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or []):
-        return False
+        return PER_SAMPLE, "layers other than full attention (config.layer_types)"
     cache = session.cache
     if cache.sliding_layers or not all(isinstance(layer, HeadwiseLayer | PagedLayer) for layer in cache.layers):
-        return False
+        return PER_SAMPLE, "cache layers other than per-head torch or paged ones"
     if any(getattr(layer, "key_channels", None) is not None for layer in cache.layers):
-        return False  # ThinK's pruned key channels (and whole appended keys): the per-sample path
+        return PER_SAMPLE, "pruned key channels (ThinK)"
     policy = session.method.decode_policy
-    return policy is None or session.budget.is_full or bool(getattr(policy, "steps_sample_rows", False))
+    if policy is None or session.budget.is_full or getattr(policy, "steps_sample_rows", False):
+        return POOLED, None
+    return PER_SAMPLE, f"decode policy {type(policy).__name__} does not step sample rows (steps_sample_rows)"
+
+
+def pool_supported(model: Any, session: EvictionSession) -> bool:
+    """Whether ``session``'s samples can decode in a :class:`PooledBatch` on ``model`` (:func:`decode_path`)."""
+    return decode_path(model, session)[0] == POOLED
+
+
+class DecodePathRecord:
+    """Process-wide: the decode paths that batched generations took since the last :meth:`reset` (the runner
+    records them per dataset in ``metrics.json`` and ``run_meta.json``)."""
+
+    def __init__(self) -> None:
+        self.paths: dict[tuple[str, str | None], int] = {}
+
+    def note(self, path: str, reason: str | None) -> None:
+        """One batched generation chose ``path`` (for ``reason``)."""
+        self.paths[(path, reason)] = self.paths.get((path, reason), 0) + 1
+
+    def reset(self) -> None:
+        self.paths.clear()
+
+    def taken(self) -> list[tuple[str, str | None]]:
+        """The ``(path, reason)`` pairs noted, in the order first noted."""
+        return list(self.paths)
+
+
+DECODE_PATHS = DecodePathRecord()
 
 
 class PooledCache(Cache):

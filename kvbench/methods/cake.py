@@ -58,7 +58,7 @@ from kvbench.methods.base import (
     common_knobs,
     score_options,
 )
-from kvbench.methods.decoding import evict_lowest, evict_to_caps, one_token_evictions, padded_keys
+from kvbench.methods.decoding import evict_lowest, evict_to_caps, key_products, one_token_evictions
 from kvbench.methods.family import FamilyMethod
 from kvbench.methods.h2o import AllRowsScorer, HeavyHitterDecode, ScoredDecodePolicy
 from kvbench.methods.params import bounded, choice
@@ -368,15 +368,16 @@ class CakeDecode(ScoredDecodePolicy):
         tensors when ``score_dtype`` is ``model``; batched over heads (0 past a head's length), with the ``[H, S_max]``
         mask of stored slots (``None`` when every head holds ``S_max``)."""
         dtype = self.rounding_dtype(rows)
-        keys = padded_keys(layer)  # [H, S_max, D]
-        heads, width, dim = keys.shape
+        heads, dim = layer.num_heads, rows.shape[-1]
         groups, count = rows.shape[0] // heads, rows.shape[1]
         grouped = rows.float().reshape(heads, groups * count, dim)  # [H, g*r, D]
-        logits = round_to(round_to(torch.bmm(grouped, keys.float().transpose(1, 2)), dtype) * scaling, dtype)
+        products = key_products(layer, grouped)  # [H, g*r, S_max]
+        width = products.shape[-1]
+        logits = round_to(round_to(products, dtype) * scaling, dtype)
         stored = None
         if layer.is_ragged:
             assert layer.lengths is not None
-            stored = torch.arange(width, device=keys.device) < layer.lengths[:, None]  # [H, S_max]
+            stored = torch.arange(width, device=rows.device) < layer.lengths[:, None]  # [H, S_max]
             logits = logits.masked_fill(~stored[:, None], float("-inf"))
         probs = round_to(torch.softmax(logits, dim=-1), dtype).reshape(heads, groups, count, width)
         return round_to(probs.mean(dim=2), dtype), stored

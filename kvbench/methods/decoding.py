@@ -54,16 +54,17 @@ def padded_decode_attention(
     ``[H, S_max]`` float32 probabilities (``[H_q, S_max]`` with ``gqa_agg=None``; slot-aligned, 0 past a head's
     length) and the ``[H, S_max]`` mask of stored slots (``None`` when every head holds ``S_max`` tokens).
     """
-    keys = padded_keys(layer)  # [H, S_max, D]
-    heads, width, dim = keys.shape
+    heads, dim = layer.num_heads, query.shape[-1]
     grouped = query[:, 0].float().reshape(heads, query.shape[0] // heads, dim)  # [H, g, D]
-    logits = round_to(round_to(torch.bmm(grouped, keys.float().transpose(1, 2)), dtype) * scaling, dtype)
+    products = key_products(layer, grouped)  # [H, g, S_max]
+    width = products.shape[-1]
+    logits = round_to(round_to(products, dtype) * scaling, dtype)
     if logit_factor is not None:
         logits = round_to(logits * logit_factor, dtype)
     stored = None
     if layer.is_ragged:
         assert layer.lengths is not None
-        stored = torch.arange(width, device=keys.device) < layer.lengths[:, None]  # [H, S_max]
+        stored = torch.arange(width, device=query.device) < layer.lengths[:, None]  # [H, S_max]
         logits = logits.masked_fill(~stored[:, None], float("-inf"))
     probs = round_to(torch.softmax(logits, dim=-1), dtype).reshape(-1, width)  # [H * g, S_max]
     if gqa_agg is None:
@@ -71,11 +72,15 @@ def padded_decode_attention(
     return round_to(aggregate_groups(probs, heads, gqa_agg), dtype), stored
 
 
-def padded_keys(layer: HeadwiseLayer) -> torch.Tensor:
-    """``[H, S_max, D]`` keys by slot (stale past each head's length): a decode batch's pool gathers its keys alone
-    (:meth:`kvbench.cache.pool.PooledLayer.padded_keys`), any other layer's :meth:`padded_kv`."""
-    gather = getattr(layer, "padded_keys", None)
-    return gather() if gather is not None else layer.padded_kv()[0]
+def key_products(layer: HeadwiseLayer, grouped: torch.Tensor) -> torch.Tensor:
+    """``[H, g, S_max]`` float32 products of each stored head's queries ``grouped`` ``[H, g, D]`` (float32) with its
+    keys in float32, by slot (stale past each head's length): a decode batch's pool computes them page by page over
+    its rows (:meth:`kvbench.cache.pool.PooledLayer.row_products`, no gathered copy of the keys), any other layer
+    with one batched product over :meth:`padded_kv`'s keys."""
+    rows = getattr(layer, "row_products", None)
+    if rows is not None:
+        return rows(grouped)
+    return torch.bmm(grouped, layer.padded_kv()[0].float().transpose(1, 2))
 
 
 def seen_by_head(layer: HeadwiseLayer) -> torch.Tensor | int:

@@ -122,24 +122,29 @@ class ThinK(FamilyMethod, family="think"):
 
     @classmethod
     def declared_knobs(cls, params: Mapping[str, Any] | None = None) -> list[str]:
-        """ThinK's knobs and those of its token method (``params["tokens"]``, default snapkv)."""
-        tokens = str((params or {}).get("tokens", cls.tokens))
-        token_class = family_class(tokens) if tokens != cls.family else None
+        """ThinK's knobs and those of its token method (``params["tokens"]``, default snapkv; ThinK's own knobs are
+        validated first, so a bad ``tokens`` is named as such)."""
+        token_class = family_class(cls.from_params(params).token_family())
         return [*cls.own_knobs(), *(token_class.declared_knobs(params) if token_class is not None else [])]
 
-    def build(self, method_cfg: Any) -> EvictionMethod:
-        """ThinK over ``method.params.tokens``: that family's method (built from the same config, ThinK's knobs
-        removed) with ThinK's key-channel pruning."""
+    def token_family(self) -> str:
+        """``tokens``, checked: a registered family other than ThinK (``ValueError`` naming the valid ones)."""
         if self.tokens == self.family:
             raise ValueError(
                 "method.params.tokens='think' is not valid: ThinK prunes channels on top of a token method"
             )
-        own = self.own_knobs()
+        METHOD_FAMILIES.get(self.tokens)
+        return self.tokens
+
+    def build(self, method_cfg: Any) -> EvictionMethod:
+        """ThinK over ``method.params.tokens``: that family's method (built from the same config, ThinK's knobs
+        removed) with ThinK's key-channel pruning."""
+        tokens, own = self.token_family(), self.own_knobs()
         token_cfg = copy.deepcopy(method_cfg)
         with open_dict(token_cfg):
-            token_cfg.family = self.tokens
+            token_cfg.family = tokens
             token_cfg.params = {key: value for key, value in (method_cfg.params or {}).items() if key not in own}
-        inner = METHOD_FAMILIES.get(self.tokens)(token_cfg)
+        inner = METHOD_FAMILIES.get(tokens)(token_cfg)
         return dataclasses.replace(
             inner,
             family=self.family,

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from kvbench.inference.batched_decode import DecodeRequest, ReorderBuffer, generate_batched, resolve_decode_batch
+from kvbench.inference.decode_pool import DECODE_PATHS
 from kvbench.inference.generate import generate
 from kvbench.run.job import DatasetJob
 
@@ -50,6 +51,33 @@ def decode_batch_for(job: DatasetJob, loaded: Any, dataset: Any, todo: list[Any]
         job.cfg.run.decode_batch, loaded.model, job.method, job.budget,
         lambda: [len(encode(sample).input_ids) for sample in todo], int(dataset.max_new_tokens),
     )  # fmt: skip
+
+
+#: ``metrics.json``'s ``settings.decode_path`` when samples decode one at a time (besides the batched
+#: :data:`~kvbench.inference.decode_pool.POOLED` and :data:`~kvbench.inference.decode_pool.PER_SAMPLE`).
+ONE_AT_A_TIME = "batch1"
+
+
+def decode_path_settings(job: DatasetJob, dataset: Any, decoded: bool) -> dict[str, str | None]:
+    """How the dataset's samples decoded, for ``metrics.json``'s settings (a recorded fact, not part of the config
+    hash): ``decode_path`` -- ``batch1`` (one at a time), ``pooled`` (one page pool for the batch) or ``per_sample``
+    (a batch whose attention and policy run per sample) -- and ``decode_path_reason``, why not pooled.  ``decoded``:
+    whether this process decoded any of the dataset's samples (the batched path is the one that
+    :func:`~kvbench.inference.batched_decode.generate_batched` noted in
+    :data:`~kvbench.inference.decode_pool.DECODE_PATHS` since :func:`run_batched` began); ``None`` if none."""
+    if dataset.context_groups is not None:
+        return {"decode_path": ONE_AT_A_TIME, "decode_path_reason": "context groups decode one group at a time"}
+    if job.decode_batch == 1:
+        return {"decode_path": ONE_AT_A_TIME, "decode_path_reason": "run.decode_batch=1"}
+    if getattr(dataset, "multi_pass", False):
+        return {"decode_path": ONE_AT_A_TIME, "decode_path_reason": "multi-pass dataset (a pass reads the last text)"}
+    taken = DECODE_PATHS.taken()
+    if not decoded or not taken:
+        reason = "no batch decoded in this process (its predictions were written before, or ended at once)"
+        return {"decode_path": None, "decode_path_reason": reason}
+    paths = sorted({path for path, _ in taken})
+    reasons = sorted({reason for _, reason in taken if reason is not None})
+    return {"decode_path": "+".join(paths), "decode_path_reason": "; ".join(reasons) or None}
 
 
 def generate_dataset(
@@ -126,6 +154,7 @@ def run_batched(
             yield DecodeRequest(encoded.context_ids, encoded.question_ids, **stop_rules(dataset, stops, sample.id))
 
     buffer = ReorderBuffer()
+    DECODE_PATHS.reset()  # the path these samples' batches take (decode_path_settings)
     outputs = generate_batched(
         loaded.model,
         loaded.tokenizer,

@@ -68,7 +68,7 @@ from kvbench.models.loading import (
     stop_token_ids,
 )
 from kvbench.prompting import encode_sample
-from kvbench.run.generation import decode_batch_for, generate_dataset
+from kvbench.run.generation import decode_batch_for, decode_path_settings, generate_dataset
 from kvbench.run.groups import extent, first_extent, generate_groups
 from kvbench.run.job import DatasetJob
 from kvbench.run.records import (
@@ -162,6 +162,8 @@ class _Generated:
     provenance: dict[str, Any]
     use_template: bool
     timing: dict[str, Any]
+    #: ``decode_path`` and ``decode_path_reason`` (:func:`kvbench.run.generation.decode_path_settings`).
+    decode_path: dict[str, str | None]
 
 
 class Runner:
@@ -190,6 +192,8 @@ class Runner:
         self.attention_fallbacks: Counter[str] = Counter()
         #: ``run.decode_batch`` resolved for the device (``auto``), once the first dataset asked for it.
         self.resolved_decode_batch: int | None = None
+        #: Per dataset generated in this process, how its samples decoded (``run_meta.json`` ``decode_paths``).
+        self.decode_paths: dict[str, dict[str, str | None]] = {}
 
     def run(self) -> list[DatasetResult]:
         """Execute the run; returns one result per dataset."""
@@ -230,6 +234,7 @@ class Runner:
                         meta["completed_datasets"] = [r.dataset for r in results]
                         meta["attention_fallbacks"] = dict(sorted(self.attention_fallbacks.items()))
                         meta["decode_batch_resolved"] = self.resolved_decode_batch
+                        meta["decode_paths"] = self.decode_paths
                         if status == "complete":
                             meta["datasets"] = [r.dataset for r in results]
                         atomic_write_json(self.folder / RUN_META_FILE, meta)
@@ -367,7 +372,9 @@ class Runner:
             self.resolved_decode_batch = decode_batch_for(self._job(), loaded, dataset, todo, encode)
         generate = generate_groups if dataset.context_groups is not None else generate_dataset  # run/groups.py
         generate(self._job(dataset_state), loaded, dataset, todo, encode, write, stops, progress)
-        return _Generated([done[s.id] for s in samples], provenance, use_template, timing_log.summary())
+        path = decode_path_settings(self._job(), dataset, decoded=bool(todo))
+        self.decode_paths[dataset.name] = path
+        return _Generated([done[s.id] for s in samples], provenance, use_template, timing_log.summary(), path)
 
     def _score_and_write(self, dataset: TaskDataset, samples: list[Sample], generated: _Generated) -> DatasetResult:
         """Score the dataset's rows and write its ``metrics.json`` (and the dataset's report) atomically."""
@@ -388,7 +395,7 @@ class Runner:
                 cfg,
                 self.method,
                 {"max_input_length": cfg.model.max_input_length, "chat_template": generated.use_template},
-                {"decode_batch": self.resolved_decode_batch or 1},
+                {"decode_batch": self.resolved_decode_batch or 1, **generated.decode_path},
             ),
             timing=generated.timing,
             attention=attention,

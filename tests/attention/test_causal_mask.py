@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvbench.attention import ops
 from kvbench.attention.ops import bottom_right_causal_mask, dense_attention
 
 SHAPES = [(1, 1), (1, 9), (3, 3), (2, 7), (5, 40), (64, 300)]
@@ -75,3 +76,24 @@ def test_dense_attention_bit_identical_to_sdpa_with_the_boolean_mask(query_lengt
         scale=0.25,
     ).transpose(1, 2)
     assert torch.equal(output, expected)
+
+
+def test_a_chunked_prefill_rebuilds_the_cached_mask_a_logarithmic_number_of_times(monkeypatch):
+    """Chunks of the same rows against keys growing chunk by chunk (a chunked prefill): the cached mask grows
+    geometrically, so 64 chunks rebuild it at most 7 times, and every mask is still the boolean one's."""
+    ops._ADDITIVE_MASKS.clear()
+    builds = []
+    real_full = torch.full
+
+    def counting_full(*args, **kwargs):
+        builds.append(args[0])
+        return real_full(*args, **kwargs)
+
+    monkeypatch.setattr(ops.torch, "full", counting_full)
+    for chunk in range(1, 65):
+        mask = ops.bottom_right_causal_mask(8, 8 * chunk, torch.device("cpu"), torch.float32)
+        expected = torch.zeros(8, 8 * chunk).masked_fill(
+            ~ops.bottom_right_causal_mask(8, 8 * chunk, torch.device("cpu")), float("-inf")
+        )
+        assert torch.equal(mask, expected), chunk
+    assert 1 <= len(builds) <= 7, builds

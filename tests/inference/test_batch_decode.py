@@ -293,4 +293,11 @@ def test_runner_on_the_embedded_default_batched_equals_batch_one(tmp_path: Path,
         runner = Runner(cfg)
         runner.run()
         files.append((runner.folder / "niah_multikey_1k" / "predictions.jsonl").read_bytes())
+        # The run says how it decoded: one at a time, or batched in the shared page pool (issue #46).
+        path = {"decode_path": "batch1", "decode_path_reason": "run.decode_batch=1"} if batch == 1 else {
+            "decode_path": "pooled", "decode_path_reason": None}  # fmt: skip
+        metrics = json.loads((runner.folder / "niah_multikey_1k" / "metrics.json").read_text())
+        assert {key: metrics["settings"][key] for key in path} == path
+        meta = json.loads((runner.folder / "run_meta.json").read_text())
+        assert meta["decode_paths"] == {"niah_multikey_1k": path}
     assert len(files[0].splitlines()) == 5 and files[0] == files[1]

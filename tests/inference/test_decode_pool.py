@@ -19,10 +19,12 @@ from kvbench.bench.random_models import load_method
 from kvbench.budget import parse_budget
 from kvbench.cache.kv_cache import HeadwiseLayer
 from kvbench.cache.pool import PooledLayer, grown_capacities
-from kvbench.inference.decode_pool import PooledBatch, pool_supported
+from kvbench.inference.batched_decode import DecodeRequest, generate_batched
+from kvbench.inference.decode_pool import DECODE_PATHS, PooledBatch, decode_path, pool_supported
 from kvbench.inference.prefill import prefill
 from kvbench.kernels.paths import AttentionPlan
-from kvbench.models.loading import build_builtin
+from kvbench.models.loading import build_builtin, byte_level_tokenizer
+from kvbench.run.generation import decode_path_settings
 from tests.inference.test_decode_cost import OpCounter
 
 CPU = torch.device("cpu")
@@ -179,6 +181,81 @@ def test_pooling_is_refused_where_a_step_is_per_sample(tiny_gqa) -> None:
                                         method=SimpleNamespace(decode_policy=object()))  # fmt: skip
     assert not pool_supported(tiny_gqa, per_sample_policy)
     assert config.model_type == "llama"
+    # The reason each is per sample, as the run records it (metrics.json settings.decode_path_reason).
+    assert decode_path(tiny_gqa, session) == ("pooled", None)
+    assert decode_path(windowed, session) == ("per_sample", "sliding-window model (config.sliding_window)")
+    assert decode_path(capped, session)[1] == "attention logit soft-capping (config.attn_logit_softcapping)"
+    assert decode_path(tiny_gqa, per_sample_policy) == (
+        "per_sample", "decode policy object does not step sample rows (steps_sample_rows)"
+    )  # fmt: skip
+
+
+def test_generation_notes_its_decode_path_and_the_run_records_it(tiny_gqa) -> None:
+    """generate_batched notes the path it chose (``DECODE_PATHS``); ``decode_path_settings`` turns it into the
+    dataset's ``metrics.json`` settings, and says ``batch1`` where samples decode one at a time (and why)."""
+    requests = [DecodeRequest(PROMPT[:-8], PROMPT[-8:], 3, {2}) for _ in range(2)]
+    job = SimpleNamespace(decode_batch=2)
+    dataset = SimpleNamespace(context_groups=None, multi_pass=False)
+    budget = parse_budget("40L")
+    for name, expected in (
+        ("h2o", {"decode_path": "pooled", "decode_path_reason": None}),
+        ("rkv", {"decode_path": "per_sample",
+                 "decode_path_reason": "decode policy RKVPolicy does not step sample rows (steps_sample_rows)"}),
+    ):  # fmt: skip
+        DECODE_PATHS.reset()
+        method = load_method(name)
+        tokenizer = byte_level_tokenizer()
+        list(generate_batched(tiny_gqa, tokenizer, requests, method=method, budget=budget, question_mode="aware",
+                              decode_batch=2))  # fmt: skip
+        assert decode_path_settings(job, dataset, decoded=True) == expected
+    assert decode_path_settings(job, dataset, decoded=False)["decode_path"] is None  # a resumed, finished dataset
+    one = decode_path_settings(SimpleNamespace(decode_batch=1), dataset, decoded=True)
+    assert one == {"decode_path": "batch1", "decode_path_reason": "run.decode_batch=1"}
+    multi_pass = SimpleNamespace(context_groups=None, multi_pass=True)
+    assert decode_path_settings(job, multi_pass, decoded=True)["decode_path"] == "batch1"
+
+
+def test_a_bf16_pool_scores_page_by_page_with_float32_keys() -> None:
+    """A bfloat16 pool's products for the decode policies (``row_products``): each row's queries against its
+    stored keys in float32, computed page by page from a float32 copy of the pool that is kept between steps, follows
+    a step's append and in-place eviction row by row, and is converted again after any other change."""
+    gen = torch.Generator().manual_seed(2)
+    pool = PooledLayer(2, 16, 16, torch.bfloat16, CPU, page_size=4)
+
+    def join(longest: int) -> None:
+        layer = HeadwiseLayer()
+        layer.update(*(torch.randn(1, 2, longest, 16, generator=gen).bfloat16() for _ in "kv"))
+        layer.keep([torch.arange(longest), torch.arange(2, longest)])  # ragged heads
+        pool.admit(layer)
+
+    join(6)
+    join(11)
+
+    def check() -> None:
+        queries = torch.randn(pool.num_heads, 3, 16, generator=gen)
+        keys, _, _ = pool.padded_kv()
+        expected = torch.bmm(queries, keys.float().transpose(1, 2))  # [R, 3, S_max]
+        stored = (torch.arange(keys.shape[1]) < pool.lengths[:, None])[:, None].expand_as(expected)
+        got = pool.row_products(queries)
+        assert got.shape == expected.shape and got.dtype == torch.float32
+        torch.testing.assert_close(got[stored], expected[stored], rtol=1e-6, atol=1e-6)
+        assert pool.k_pool is not None and torch.equal(pool.float_key_pages().flatten(), pool.k_pool.float().flatten())
+
+    check()
+    copy = pool._float_keys
+    check()
+    assert pool._float_keys is copy  # kept, not converted into a new buffer
+    for _ in range(3):  # appends (the second crosses into new pages) and in-place evictions, each a step's
+        pool.append_rows(*(torch.randn(2, 2, 1, 16, generator=gen).bfloat16() for _ in "kv"))
+        check()
+        pool.evict_slots(torch.tensor([0, 1, 2, 3]))  # every row's last token moves into an early slot
+        check()
+        pool.evict_slots(torch.tensor([2, 0]), [1, 3])  # some rows only
+        check()
+    pool.keep([torch.arange(length - 1) for length in pool.head_lengths()])  # the general path
+    check()
+    join(3)
+    check()
 
 
 def _ragged_pool(gen: torch.Generator, lengths: list[list[int]], dim: int = 16) -> PooledLayer:

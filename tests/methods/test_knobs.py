@@ -80,14 +80,7 @@ def _hydra_value(value) -> str:
 
 #: Presets that leave some of their family's knobs out (paper families' YAMLs, a one-class method's YAML); the rewrite
 #: (kvbench.overrides.prepare_overrides) is one rule for every preset, so a sample covers it.
-UNLISTED_KNOB_PRESETS = [
-    "streamingllm",
-    "cake_alloc_random",
-    "ada_snapkv",
-    "headkv",
-    "xkv",
-    "expected_attention_kvpress",
-]
+UNLISTED_KNOB_PRESETS = ["streamingllm", "cake_alloc_random", "headkv", "expected_attention_kvpress"]
 
 
 @pytest.mark.parametrize("preset", UNLISTED_KNOB_PRESETS)

@@ -8,6 +8,8 @@ fresh virtual environment, run from another folder, is tests/packaging/test_whee
 from __future__ import annotations
 
 import ast
+import contextlib
+import io
 import re
 import subprocess
 import sys
@@ -144,19 +146,32 @@ def test_wheel_contents(tmp_path: Path) -> None:
     assert "kvbench = kvbench.cli:main" in entry_points
 
 
+@pytest.fixture(scope="module")
+def listed() -> dict[str, tuple[int, str]]:
+    """``{target: (exit status, stdout)}`` of ``kvbench list <target>`` (:func:`kvbench.listing.main`) for every
+    target, each listed once per module: the listings compose every preset (2-5 s each), and both tests below read
+    them."""
+    out = {}
+    for target in listing.LISTINGS:
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            status = listing.main([target])
+        out[target] = (status, printed.getvalue())
+    return out
+
+
 @pytest.mark.parametrize("target", list(listing.LISTINGS))
-def test_list_every_target(target: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert listing.main([target]) == 0
-    out = capsys.readouterr().out
+def test_list_every_target(target: str, listed: dict[str, tuple[int, str]]) -> None:
+    status, out = listed[target]
+    assert status == 0
     group = target.removesuffix("s")
     presets = sorted(p.stem for p in (resources.conf_dir() / group).glob("*.yaml"))
     rows = {line.split()[0] for line in out.splitlines() if line.startswith("  ") and line.split()}
     assert set(presets) <= rows, f"presets missing from `kvbench list {target}`: {set(presets) - rows}"
 
 
-def test_list_contents(capsys: pytest.CaptureFixture[str]) -> None:
-    listing.main(["methods"])
-    methods = capsys.readouterr().out
+def test_list_contents(listed: dict[str, tuple[int, str]]) -> None:
+    methods = listed["methods"][1]
     cake = next(line for line in methods.splitlines() if line.split()[:2] == ["cake", "cake"])
     assert "kernel_size=5" in cake and "gamma=200.0" in cake and "allocation=p2a" in cake
     assert "window=32" in next(line for line in methods.splitlines() if line.startswith("Shared knobs"))
@@ -164,15 +179,12 @@ def test_list_contents(capsys: pytest.CaptureFixture[str]) -> None:
     rows = {line.split()[0]: line for line in methods.splitlines() if line.startswith("  ")}
     assert "query heads" in rows["snapkv"] and "KV heads" in rows["streamingllm"]
     assert "r x H_q/H_kv x the full cache" in methods
-    listing.main(["tasks"])
-    tasks = capsys.readouterr().out
+    tasks = listed["tasks"][1]
     assert "datasets (16): narrativeqa, qasper" in tasks and "niah_single_2k, niah_multikey_2k" in tasks
-    listing.main(["models"])
-    models = capsys.readouterr().out
+    models = listed["models"][1]
     assert re.search(r"tiny\s+local\s+llama\s+8192", models)
     assert re.search(r"llama3-8b-instruct\s+hub\s+llama\s+7500", models)
-    listing.main(["budgets"])
-    budgets = capsys.readouterr().out
+    budgets = listed["budgets"][1]
     assert re.search(r"128perlayer\s+128/layer\s+exactly 128 tokens per head in every layer", budgets)
     assert re.search(r"ratio0\.2\s+0\.2x\s+keep 0\.2 of the context", budgets)
 

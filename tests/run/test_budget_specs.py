@@ -4,11 +4,6 @@ the named presets keep their hashes."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 import kvbench
@@ -16,8 +11,6 @@ from kvbench.config import budget_choice
 from kvbench.errors import KVBenchError
 from kvbench.overrides import prepare_overrides
 from kvbench.storage.writers import config_hash
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
@@ -66,16 +59,6 @@ def test_a_spec_and_its_preset_share_folder_and_hash() -> None:
         kvbench.compose_config(budget="0L")
 
 
-def test_run_py_runs_budget_specs_in_a_multirun(tmp_path: Path) -> None:
-    """``python run.py -m budget=80L,0.3x,512`` runs three jobs into the folders 80L, ratio0.3 and 512L."""
-    env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    args = ["-m", "budget=80L,0.3x,512", "task.lengths=[512]", "task.datasets=[niah_single_512]"]
-    args += ["task.num_samples=1", f"run.output_root={tmp_path}", "run.progress=false", "run.print_table=false"]
-    result = subprocess.run(
-        [sys.executable, "run.py", *args], cwd=REPO, capture_output=True, text=True, timeout=300, env=env
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    method_dir = tmp_path / "tiny" / "tiny_niah" / "snapkv"
-    assert sorted(path.name for path in method_dir.iterdir()) == ["512L", "80L", "ratio0.3"]
-    for budget in ("512L", "80L", "ratio0.3"):
-        assert (method_dir / budget / "niah_single_512" / "predictions.jsonl").read_text().count("\n") == 1
+# ``python run.py -m budget=80L,0.3x,512`` (three jobs into the folders 80L, ratio0.3 and 512L) is checked by
+# tests/methods/test_plugins.py::test_run_py_runs_budget_specs_in_a_multirun, whose one run.py process also runs the
+# plug-in method (one start of torch and transformers for both).

@@ -60,9 +60,11 @@ def check_complete_run(folder: Path, method: str, budget: str, n_samples: int) -
 
 
 @pytest.mark.slow
-def test_concurrent_runs_of_different_jobs_into_one_tree(tmp_path: Path) -> None:
+def test_concurrent_runs_of_different_jobs_into_one_tree(
+    tmp_path: Path, default_run: tuple[Path, subprocess.CompletedProcess[str]]
+) -> None:
     root = tmp_path / "runs"
-    n_samples = 3
+    n_samples = 2  # as the default-style run (tests/run/conftest.py) the snapkv 64L job is compared with
     processes = [
         start(
             [*FAST, f"method={method}", f"budget={budget}", f"task.num_samples={n_samples}", f"run.output_root={root}"]
@@ -77,29 +79,14 @@ def test_concurrent_runs_of_different_jobs_into_one_tree(tmp_path: Path) -> None
     for method, budget in JOBS:
         check_complete_run(root / "tiny" / "tiny_niah" / method / budget, method, budget, n_samples)
 
-    # Same results as a run on its own (nothing leaked between the concurrent jobs).
-    alone = tmp_path / "alone"
-    method, budget = JOBS[1]
-    single = subprocess.run(
-        [
-            sys.executable,
-            "run.py",
-            *FAST,
-            f"method={method}",
-            f"budget={budget}",
-            f"task.num_samples={n_samples}",
-            "task.datasets=[niah_single_1k]",
-            f"run.output_root={alone}",
-        ],
-        cwd=REPO,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    # Same results as a run on its own (nothing leaked between the concurrent jobs): the session's default-style run
+    # is that configuration (snapkv 64L, 2 samples) run alone.
+    alone, single = default_run
     assert single.returncode == 0, single.stderr[-2000:]
-    relative = Path("tiny/tiny_niah") / method / budget / "niah_single_1k" / "predictions.jsonl"
-    assert (root / relative).read_bytes() == (alone / relative).read_bytes()
+    method, budget = JOBS[1]
+    for dataset in DATASETS:
+        relative = Path("tiny/tiny_niah") / method / budget / dataset / "predictions.jsonl"
+        assert (root / relative).read_bytes() == (alone / relative).read_bytes()
 
 
 def test_second_process_on_the_same_run_folder_fails_clearly_and_writes_nothing(tmp_path: Path) -> None:
@@ -127,9 +114,17 @@ def test_second_process_waits_for_the_lock_when_asked(tmp_path: Path) -> None:
     root = tmp_path / "runs"
     folder = root / "tiny" / "tiny_niah" / "snapkv" / "64L"
     args = [*FAST, "task.num_samples=1", "task.datasets=[niah_single_1k]", f"run.output_root={root}"]
+    samples = tmp_path / "samples"  # run.sample_cache=auto: <run.output_root>/../samples
     with run_folder_lock(folder):
         process = start(args, env={**ENV, "KVBENCH_LOCK_WAIT": "300"})
-        time.sleep(15)  # long enough for the model to load and the run to reach the lock
+        # The run stores its generated samples, then claims its folder (Runner.run: the data is loaded and checked
+        # before the folder's lock is taken): once the samples are on disk it is at the lock, retrying it every
+        # second at most; a few retries later it must still be waiting.
+        deadline = time.time() + 300
+        while time.time() < deadline and process.poll() is None and not list(samples.rglob("*.jsonl")):
+            time.sleep(0.05)
+        assert list(samples.rglob("*.jsonl")), "the second run stored no samples (did it reach its folder's lock?)"
+        time.sleep(3)
         assert process.poll() is None, "the second run should be waiting for the lock"
         assert not (folder / "run_meta.json").exists()
     _, stderr = process.communicate(timeout=600)

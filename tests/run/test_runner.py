@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvbench.models.tiny import DEFAULT_MODEL_DIR
+from tests.run.conftest import DEFAULT_STYLE, RESUME_ARGS, RESUME_FOLDER
 
 REPO = Path(__file__).resolve().parents[2]
 # A fast configuration: random tiny model, short synthetic samples.
@@ -29,9 +30,8 @@ def run_cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_default_style_run_writes_all_result_files(tmp_path: Path) -> None:
-    root = tmp_path / "runs"
-    result = run_cli(*FAST, "task.num_samples=2", f"run.output_root={root}")
+def test_default_style_run_writes_all_result_files(default_run: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    root, result = default_run
     assert result.returncode == 0, result.stderr[-3000:]
     folder = root / "tiny" / "tiny_niah" / "snapkv" / "64L"
     assert (folder / "config.yaml").exists()
@@ -65,19 +65,19 @@ def test_default_style_run_writes_all_result_files(tmp_path: Path) -> None:
     assert summary["run"]["git_commit"] == meta["git_commit"] and summary["run"]["status"] == "complete"
     assert summary["timing"]["n"] == 6 and summary["bootstrap"]["resamples"] == 1000
     # A second identical run does nothing new (idempotent), reports cached datasets and the same summary.
-    again = run_cli(*FAST, "task.num_samples=2", f"run.output_root={root}")
+    again = run_cli(*DEFAULT_STYLE, f"run.output_root={root}")
     assert again.returncode == 0 and "(cached)" in again.stdout
     resummarised = json.loads((folder / "summary.json").read_text())
     assert [{**row, "cached": False} for row in resummarised["datasets"]] == summary["datasets"]
     assert resummarised["averages"] == summary["averages"]
 
 
-def test_killed_run_resumes_to_the_same_predictions(tmp_path: Path) -> None:
-    """SIGKILL a run mid-dataset, start it again: predictions.jsonl equals an uninterrupted run's, byte for byte."""
-    args = [*FAST, "task.num_samples=24", "task.datasets=[niah_single_1k]", "method=streamingllm"]
-    clean_root, killed_root = tmp_path / "clean", tmp_path / "killed"
-    assert run_cli(*args, f"run.output_root={clean_root}").returncode == 0
-    relative = Path("tiny/tiny_niah/streamingllm/64L/niah_single_1k/predictions.jsonl")
+def test_killed_run_resumes_to_the_same_predictions(tmp_path: Path, clean_resume_run: Path) -> None:
+    """SIGKILL a run mid-dataset, start it again: predictions.jsonl equals an uninterrupted run's
+    (tests/run/conftest.py's, shared with the SIGTERM test of test_sweep.py), byte for byte."""
+    args = RESUME_ARGS
+    clean_root, killed_root = clean_resume_run, tmp_path / "killed"
+    relative = RESUME_FOLDER / "niah_single_1k" / "predictions.jsonl"
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(
         [sys.executable, "run.py", *args, f"run.output_root={killed_root}"],
@@ -116,16 +116,21 @@ def test_torn_last_line_is_repaired(tmp_path: Path) -> None:
     assert [row["id"] for row in log.load()] == ["a", "b"]
 
 
-def test_changed_config_in_same_folder_is_refused_without_touching_results(tmp_path: Path) -> None:
-    root = tmp_path / "runs"
-    args = [*FAST, "task.num_samples=1", "task.datasets=[niah_single_1k]", f"run.output_root={root}"]
-    assert run_cli(*args).returncode == 0
+def test_changed_config_in_same_folder_is_refused_without_touching_results(
+    default_run: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    """The default-style run's folder (:func:`default_run`), asked for again with another ``method.window``: refused,
+    nothing touched; with a ``run.tag`` the changed config runs into a folder of its own."""
+    root, first = default_run
+    assert first.returncode == 0, first.stderr[-3000:]
+    args = [*DEFAULT_STYLE, f"run.output_root={root}"]
     folder = root / "tiny" / "tiny_niah" / "snapkv" / "64L"
     before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
     result = run_cli(*args, "method.window=8")
     assert result.returncode != 0
     assert "method.window: 32 -> 8" in result.stderr and "run.tag" in result.stderr
     assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
-    tagged = run_cli(*args, "method.window=8", "run.tag=w8")
-    assert tagged.returncode == 0
+    one_sample = [*FAST, "task.num_samples=1", "task.datasets=[niah_single_1k]", f"run.output_root={root}"]
+    tagged = run_cli(*one_sample, "method.window=8", "run.tag=w8")  # one sample is enough for a folder of its own
+    assert tagged.returncode == 0, tagged.stderr[-3000:]
     assert (root / "tiny" / "tiny_niah" / "snapkv" / "64L~w8" / "niah_single_1k" / "metrics.json").exists()

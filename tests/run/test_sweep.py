@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from kvbench.run import sweep
+from tests.run.conftest import RESUME_ARGS, RESUME_FOLDER
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = ["model=tiny", "task=tiny_niah", "task.lengths=[1024]", "run.progress=false"]
@@ -148,23 +149,15 @@ def test_manifest_skips_complete_jobs_and_resubmission_is_idempotent(tmp_path: P
 
 
 @pytest.mark.slow
-def test_sigterm_mid_dataset_then_requeue_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+def test_sigterm_mid_dataset_then_requeue_loses_and_duplicates_nothing(tmp_path: Path, clean_resume_run: Path) -> None:
     """A job preempted (SIGTERM) mid-dataset exits cleanly (143, status interrupted, only whole rows); the
-    requeued job resumes and ends with predictions identical to an uninterrupted run's."""
-    args = [*FAST, "task.num_samples=24", "task.datasets=[niah_single_1k]", "method=streamingllm"]
-    clean_root, root = tmp_path / "clean", tmp_path / "preempted"
+    requeued job resumes and ends with predictions identical to an uninterrupted run's (tests/run/conftest.py's,
+    shared with the SIGKILL test of test_runner.py)."""
+    args = RESUME_ARGS
+    clean_root, root = clean_resume_run, tmp_path / "preempted"
     manifest = tmp_path / "manifest.txt"
     manifest.write_text(shlex.join([*args, f"run.output_root={root}"]) + "\n")
-    clean = subprocess.run(
-        [sys.executable, "run.py", *args, f"run.output_root={clean_root}"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=ENV,
-    )
-    assert clean.returncode == 0, clean.stderr[-2000:]
-    relative = Path("tiny/tiny_niah/streamingllm/64L")
+    relative = RESUME_FOLDER
     target = root / relative / "niah_single_1k" / "predictions.jsonl"
 
     process = subprocess.Popen(

@@ -175,12 +175,23 @@ def test_offline_mode_logs_group_name_table_and_summary(tmp_path: Path) -> None:
         ]
 
 
-def test_disabled_mode_writes_nothing_for_wandb(tmp_path: Path) -> None:
+def test_disabled_mode_writes_nothing_for_wandb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``WANDB_MODE=disabled`` in the environment run.py composes its config in (``wandb.mode`` reads it), the job run
+    in process as run.py runs it (:func:`kvbench.cli.run_job`; the offline test above goes through run.py itself):
+    nothing W&B-related in the run folder or under the (temporary) home folder."""
+    import kvbench
+    from kvbench.cli import run_job
+
+    for key in [key for key in os.environ if key.startswith("WANDB_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc or W&B settings from the machine
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # a closed port: any network attempt would fail
+    monkeypatch.setenv("WANDB_MODE", "disabled")
     root = tmp_path / "runs"
-    result = run_cli(
-        [*FAST, "task.datasets=[niah_single_1k]", f"run.output_root={root}"], {"WANDB_MODE": "disabled"}, tmp_path
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    overrides = [*FAST[2:], "task.datasets=[niah_single_1k]", f"run.output_root={root}", "run.print_table=false"]
+    cfg = kvbench.compose_config(model="tiny", task="tiny_niah", overrides=overrides)
+    assert cfg.wandb.mode == "disabled"
+    run_job(cfg)
     folder = root / "tiny" / "tiny_niah" / "snapkv" / "64L"
     assert (folder / "niah_single_1k" / "metrics.json").exists()
     assert not (folder / "wandb").exists()
