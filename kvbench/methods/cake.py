@@ -279,9 +279,8 @@ class RandomLayerAllocator(LayerBudgetAllocator):
 
     CAKE's released code has no random allocation (the paper prints mean +- std over random allocations and does not
     say how they were drawn).  kvbench draws a sample's weights ``U[0, 1) + 1e-6`` at its first compressed layer from
-    a generator seeded with ``(seed, sample_key)`` (the prompt's fingerprint; :mod:`kvbench.methods.seeding`): the
-    recipe holds no generator, so resumed, batched, reordered and lm-eval runs draw for a sample what the
-    uninterrupted run draws.  Several ``method.params.seed`` values give the paper's spread.
+    a generator seeded with ``(seed, sample_key)`` (the prompt's fingerprint; :mod:`kvbench.methods.seeding`), so
+    resumed, batched and lm-eval runs draw what the uninterrupted run draws; seeds give the paper's spread.
     """
 
     def __init__(self, window: int, seed: int) -> None:

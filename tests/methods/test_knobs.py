@@ -147,7 +147,7 @@ def test_an_undeclared_knob_on_the_command_line_exits_2_naming_the_methods_own(t
     code, stderr = run_in_process(prepare_overrides(args), capsys)
     expected = (
         "error: method=streamingllm: method.params.evict_on_appnd is not a parameter of this method (family "
-        "'streamingllm'); its parameters are: evict_on_append. Did you mean method.params.evict_on_append?"
+        "'streamingllm'); its parameters are: evict_on_append, scores. Did you mean method.params.evict_on_append?"
     )
     assert_clean_failure(code, stderr, [expected])
     assert stderr.startswith(expected) and not (tmp_path / "runs").exists()
