@@ -54,9 +54,15 @@ class FamilyMethod(ABC):
         return parse_params(cls, params, cls.family)
 
     @classmethod
-    def declared_knobs(cls, params: Mapping[str, Any] | None = None) -> list[str]:
-        """The keys ``method.params`` may hold (given its current ``params``: a wrapper's depend on what it wraps)."""
+    def field_knobs(cls) -> list[str]:
+        """The class's own knobs: its dataclass fields."""
         return [field.name for field in dataclasses.fields(cls)]  # type: ignore[arg-type]
+
+    @classmethod
+    def declared_knobs(cls, params: Mapping[str, Any] | None = None) -> list[str]:
+        """The keys ``method.params`` may hold (given its current ``params``: a wrapper's depend on what it wraps);
+        by default :meth:`field_knobs`."""
+        return cls.field_knobs()
 
     @abstractmethod
     def build(self, method_cfg: Any) -> EvictionMethod:

@@ -10,7 +10,7 @@ A scorer method subclasses :class:`ScorerMethod` with a family name and writes o
 That is the whole method.  Defining the class registers a builder for ``method.family == "knorm"``
 (:func:`kvbench.methods.family.build_family_method`, the one generic builder of every method class, the paper families'
 too: :class:`kvbench.methods.family.FamilyMethod`).  Saved as ``kvbench/methods/knorm.py`` (the module is named after
-the family), ``method=knorm`` composes with no YAML: :func:`kvbench.config.prepare_overrides` finds the module
+the family), ``method=knorm`` composes with no YAML: :func:`kvbench.overrides.prepare_overrides` finds the module
 without importing it and registers a default preset (``name: knorm, family: knorm``, the schema's defaults) in
 Hydra's ConfigStore; a ``conf/method/knorm.yaml``, where one exists, is the preset that wins (``kvbench
 list methods`` says which).

@@ -109,15 +109,10 @@ class ThinK(FamilyMethod, family="think"):
     prune_appended: bool = False
 
     @classmethod
-    def own_knobs(cls) -> list[str]:
-        """ThinK's fields (the other keys of ``method.params`` are the token method's)."""
-        return [field.name for field in dataclasses.fields(cls)]
-
-    @classmethod
     def from_params(cls, params: Mapping[str, Any] | None) -> ThinK:
-        """ThinK's knobs from ``method.params``, validated; the other keys are left to the token method (which
-        validates them when it builds)."""
-        own = cls.own_knobs()
+        """ThinK's knobs (its fields) from ``method.params``, validated; the other keys are left to the token method
+        (which validates them when it builds)."""
+        own = cls.field_knobs()
         return parse_params(cls, {key: value for key, value in (params or {}).items() if key in own}, "think")
 
     @classmethod
@@ -125,7 +120,7 @@ class ThinK(FamilyMethod, family="think"):
         """ThinK's knobs and those of its token method (``params["tokens"]``, default snapkv; ThinK's own knobs are
         validated first, so a bad ``tokens`` is named as such)."""
         token_class = family_class(cls.from_params(params).token_family())
-        return [*cls.own_knobs(), *(token_class.declared_knobs(params) if token_class is not None else [])]
+        return [*cls.field_knobs(), *(token_class.declared_knobs(params) if token_class is not None else [])]
 
     def token_family(self) -> str:
         """``tokens``, checked: a registered family other than ThinK (``ValueError`` naming the valid ones)."""
@@ -139,7 +134,7 @@ class ThinK(FamilyMethod, family="think"):
     def build(self, method_cfg: Any) -> EvictionMethod:
         """ThinK over ``method.params.tokens``: that family's method (built from the same config, ThinK's knobs
         removed) with ThinK's key-channel pruning."""
-        tokens, own = self.token_family(), self.own_knobs()
+        tokens, own = self.token_family(), self.field_knobs()
         token_cfg = copy.deepcopy(method_cfg)
         with open_dict(token_cfg):
             token_cfg.family = tokens
