@@ -104,10 +104,10 @@ def main() -> None:
     from kvbench.overrides import prepare_overrides
 
     # Any budget spec (budget=80L, budget=0.3x, budget=512) and a number given to any group, as Hydra composes them.
-    sys.argv[1:] = prepare_overrides(sys.argv[1:])
     continue_on_error = CONTINUE_FLAG in sys.argv[1:]
     sys.argv[1:] = [arg for arg in sys.argv[1:] if arg != CONTINUE_FLAG]  # kvbench's flag, not Hydra's
     with reporting_errors():
+        sys.argv[1:] = prepare_overrides(sys.argv[1:])  # a method= naming a broken plug-in: one error line, exit 2
         check_sweep(sys.argv[1:], continue_on_error)
     with reporting_hydra_errors(sys.argv[1:]):
         hydra_app(continue_on_error)()

@@ -188,6 +188,10 @@ class RunConfig:
     #: Where generated RULER/NeedleBench samples are stored and reused across method x budget runs: "auto"
     #: (``<output_root>/../samples``, i.e. results/samples), a folder, or null (regenerate in every run).
     sample_cache: Optional[str] = "auto"
+    #: A resume whose data, method files or method source changed since the folder's rows were computed is refused
+    #: (issue #55); true keeps those rows and records, in run_meta.json (``stale_rows``) and on every view, that they
+    #: predate the change (not part of the config hash).
+    keep_stale_rows: bool = False
 
 
 @dataclass

@@ -68,6 +68,7 @@ from kvbench.models.loading import (
     stop_token_ids,
 )
 from kvbench.prompting import encode_sample
+from kvbench.run.fingerprints import Inputs, dataset_inputs, row_stamp, rows_record
 from kvbench.run.generation import decode_batch_for, decode_path_settings, generate_dataset
 from kvbench.run.groups import extent, first_extent, generate_groups
 from kvbench.run.job import DatasetJob
@@ -80,7 +81,14 @@ from kvbench.run.records import (
     warn_if_not_as_asked,
     write_metrics,
 )
-from kvbench.run.resume import check_existing_run, check_resumable, lost_predictions, trusted_metrics
+from kvbench.run.resume import (
+    check_existing_run,
+    check_inputs_unchanged,
+    check_resumable,
+    lost_predictions,
+    metrics_disagree,
+    trusted_metrics,
+)
 from kvbench.run.run_meta import write_run_files
 from kvbench.run.summary import SUMMARY_FILE, DatasetScores, build_summary, interval_of, sample_scores
 from kvbench.run.table import format_table
@@ -194,6 +202,8 @@ class Runner:
         self.resolved_decode_batch: int | None = None
         #: Per dataset generated in this process, how its samples decoded (``run_meta.json`` ``decode_paths``).
         self.decode_paths: dict[str, dict[str, str | None]] = {}
+        #: Per dataset, what its rows are computed from (:mod:`kvbench.run.fingerprints`), once the data loaded.
+        self.inputs: dict[str, Inputs] = {}
 
     def run(self) -> list[DatasetResult]:
         """Execute the run; returns one result per dataset."""
@@ -208,8 +218,11 @@ class Runner:
         with claim_run_folder(self.folder):
             # Checked again under the lock: another job may have started this folder since the first check.
             check_existing_run(self.folder, self.cfg_hash, cfg)
+            self.inputs = {dataset.name: dataset_inputs(cfg, self.method, dataset.provenance()) for dataset, _ in data}
+            keep = bool(cfg.run.get("keep_stale_rows", False))
+            stale = check_inputs_unchanged(self.folder, self.inputs, self.cfg_hash, keep)
             loaded = self.loaded or load_model(cfg.model, seed=int(cfg.seed), tokenizer=tokenizer)
-            meta = write_run_files(self.folder, self.cfg, self.cfg_hash)
+            meta = write_run_files(self.folder, self.cfg, self.cfg_hash, self.inputs, stale)
             logger = _wandb_logger(cfg)
             results: list[DatasetResult] = []
             status = "failed"
@@ -316,6 +329,8 @@ class Runner:
             rows = {row["id"]: row for row in PredictionLog(predictions).load()}
             if lost_predictions(predictions, rows, samples, existing["n_samples"]):
                 return None  # rows gone since metrics.json was written: regenerate them
+            if metrics_disagree(metrics_path, existing, [rows[s.id] for s in samples], dataset, samples):
+                return None  # rewritten from the rows (scored again, nothing regenerated)
             return self._dataset_result(dataset, samples, [rows.get(s.id) for s in samples], existing, True)
         if len(samples) < int(existing.get("n_samples", 0)):
             return self._report_on_first(dataset, samples, existing)
@@ -361,6 +376,7 @@ class Runner:
 
         def write(sample: Sample, encoded: Any, output: Any) -> None:
             row = _prediction_row(sample, dataset, output, encoded)
+            row.update(row_stamp(self.cfg_hash, self.inputs[dataset.name]))
             warn_if_above_full(output.record, self.cfg)
             warn_if_not_as_asked(row["cache"], self.cfg)
             with TERMINATION.critical():
@@ -399,6 +415,7 @@ class Runner:
             ),
             timing=generated.timing,
             attention=attention,
+            **rows_record(self.inputs[dataset.name], rows, scores["score"]),
         )
         label = f"{cfg.model.name} {cfg.method.name} {cfg.budget.name} {dataset.name}"
         predictions = [r["prediction"] for r in rows]
