@@ -41,6 +41,10 @@ def report_main(argv: Sequence[str]) -> int:
     args.out = check_output_folder(args.out, "--out")
 
     result = build_site(args.runs, args.out, args.experiment, args.title or "kvbench results", args.single_file)
+    from kvbench.reporting.aggregate import incomplete_run_notes
+
+    for note in incomplete_run_notes(args.runs):  # issue #55: incomplete runs are listed, never ranked unflagged
+        print(note, file=sys.stderr)
     print(
         f"{result.n_runs} runs -> {result.index} ({result.cache_hits} unchanged, read from the cache; "
         f"{result.seconds:.1f} s)"

@@ -32,7 +32,9 @@ def test_a_data_set_re_prepared_in_place_is_never_served_cached(tmp_path: Path, 
     before = predictions.read_bytes()
     rows = (data / "qasper.jsonl").read_text().splitlines()
     later = json.loads(rows[-1])
-    later["input"] = "A question prepared again. " + later["input"]  # a later sample: the first one's prompt is unchanged
+    later["input"] = (
+        "A question prepared again. " + later["input"]
+    )  # a later sample: the first one's prompt is unchanged
     (data / "qasper.jsonl").write_text("\n".join([*rows[:-1], json.dumps(later)]) + "\n")
 
     code, stderr = run_job_status(tmp_path / "runs", capsys, *args)
@@ -77,7 +79,10 @@ def test_a_method_file_replaced_in_place_changes_its_fingerprint(tmp_path: Path)
     second = method_files(params)
     inputs = fingerprints.Inputs(data={}, method_files=second, method_source={})
     said = changes({"data": {}, "method_files": first, "method_source": {}}, inputs)
-    assert [line.split(":")[0] for line in said] == ["method file method.params.pattern", "method file method.params.stats"]
+    assert [line.split(":")[0] for line in said] == [
+        "method file method.params.pattern",
+        "method file method.params.stats",
+    ]
 
 
 def test_an_edited_metrics_score_is_rewritten_from_the_rows(
