@@ -1,0 +1,54 @@
+"""What the views show is checked against the rows (issue #55 item 2): ``kvbench report``, ``scripts/tables.py`` and
+the site read their scores through :func:`kvbench.reporting.aggregate.load_runs`, which shows n = the complete rows
+on disk, leaves out (and flags) a score its rows do not give, flags incomplete and mixed-code runs wherever runs are
+ranked, and lists incomplete runs (even one that finished no dataset) with the command that completes them in the
+results folder they are in now."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import kvbench.run.fingerprints as fingerprints
+from kvbench.reporting.aggregate import incomplete_run_notes, load_runs
+from kvbench.reporting.dashboard_data import leaderboards, load_dashboard_runs
+from tests.faults.conftest import DATASET, RUN, run_job_status
+
+
+def test_n_is_the_complete_rows_on_disk_and_a_disagreeing_score_is_left_out(damaged_root: Path) -> None:
+    predictions = damaged_root / RUN / DATASET / "predictions.jsonl"
+    predictions.write_text(predictions.read_text().splitlines(keepends=True)[0])  # 1 of the 2 rows metrics counts
+    with pytest.warns(UserWarning, match="holds 1 complete rows, metrics.json counts 2"):
+        (row,) = load_runs(damaged_root).to_dict("records")
+    assert row["n_samples"] == 1 and row["score"] != row["score"] and row["flags"] == "disagrees"
+
+
+def test_an_interrupted_run_is_flagged_where_ranked_and_listed_with_its_command(damaged_root: Path) -> None:
+    meta_path = damaged_root / RUN / "run_meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({**meta, "status": "interrupted", "command": ["run.py", "run.output_root=/gone"]}))
+    never = damaged_root / RUN.parent / "128L"  # interrupted before its first dataset finished: no metrics.json
+    never.mkdir()
+    (never / "run_meta.json").write_text(json.dumps({**meta, "status": "failed", "command": ["run.py", "budget=128L"]}))
+
+    (board,) = leaderboards(load_dashboard_runs(damaged_root), paper=lambda scores: {})
+    (row,) = board["rows"]
+    assert "incomplete" in row["flags"]
+    notes = incomplete_run_notes(damaged_root)
+    assert len(notes) == 2 and all(f"run.output_root={damaged_root}" in note for note in notes)
+    assert "/gone" not in "".join(notes) and "budget=128L" in notes[0] + notes[1]
+
+
+def test_a_dataset_resumed_by_other_kvbench_code_is_flagged_mixed_code(damaged_root: Path, capsys, monkeypatch):
+    folder = damaged_root / RUN / DATASET
+    (folder / "metrics.json").unlink()
+    rows = (folder / "predictions.jsonl").read_text().splitlines(keepends=True)
+    (folder / "predictions.jsonl").write_text(rows[0])
+    monkeypatch.setattr(fingerprints, "kvbench_source_digest", lambda: "0123456789abcdef")  # kvbench edited meanwhile
+    code, stderr = run_job_status(damaged_root, capsys)
+    assert code == 0, stderr[-2000:]
+    assert len(json.loads((folder / "metrics.json").read_text())["code"]["sources"]) == 2
+    (row,) = load_runs(damaged_root).to_dict("records")
+    assert row["flags"] == "mixed-code" and row["n_samples"] == 2
