@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 
 from kvbench.checks import check_range
-from kvbench.methods.base import method_families
+from kvbench.methods.family import family_class
 from kvbench.methods.params import parse_params
-from kvbench.methods.recipe import SCORER_METHODS
 from tests.faults.conftest import assert_one_line_error, run_job_status
 
 
@@ -30,15 +29,7 @@ def test_range_checks_refuse_nan_inside_any_bounds() -> None:
     assert check_range("k", 0.5, 0.0, 1.0) == 0.5
 
 
-def test_an_unbounded_float_field_of_a_one_class_method_refuses_nan() -> None:
-    method_families()  # every method module imported: the one-class methods registered
-    floats = [
-        (family, field)
-        for family, cls in SCORER_METHODS.items()
-        for field, hint in cls.__annotations__.items()
-        if hint in ("float", float)
-    ]
-    assert floats, "no one-class method declares a float knob"
-    family, field = floats[0]
-    with pytest.raises(ValueError, match=f"method.params.{field}=nan"):
-        parse_params(SCORER_METHODS[family], {field: float("nan")}, family)
+def test_an_unbounded_float_field_refuses_nan() -> None:
+    cake = family_class("cake")  # gamma: a float knob without bounds
+    with pytest.raises(ValueError, match=r"method\.params\.gamma=nan"):
+        parse_params(cake, {"gamma": float("nan")}, "cake")

@@ -19,8 +19,8 @@ import kvbench.methods.plugins as plugins
 from kvbench.cli import main
 from kvbench.listing import list_methods
 from kvbench.methods.base import METHOD_FAMILIES, build_method
-from kvbench.methods.family import FAMILY_CLASSES
-from kvbench.methods.recipe import SCORER_METHODS, ScorerMethod
+from kvbench.methods.family import family_class
+from kvbench.methods.recipe import ScorerMethod
 from tests.faults.conftest import assert_one_line_error
 
 #: Module sources: one that fails to import, one that must never be imported (named like a built-in).
@@ -74,7 +74,7 @@ def test_a_broken_plugin_is_listed_as_broken_and_fails_only_its_own_method(
 
 def test_a_family_refused_as_a_duplicate_leaves_the_registered_class() -> None:
     registered = METHOD_FAMILIES.get("knorm")
-    original = FAMILY_CLASSES["knorm"]
+    original = family_class("knorm")
     with pytest.raises(ValueError, match="registered twice"):
 
         @dataclass(frozen=True)
@@ -82,5 +82,5 @@ def test_a_family_refused_as_a_duplicate_leaves_the_registered_class() -> None:
             def score(self, observation):  # pragma: no cover - never registered
                 raise AssertionError
 
-    assert FAMILY_CLASSES["knorm"] is original and SCORER_METHODS["knorm"] is original
+    assert family_class("knorm") is original
     assert METHOD_FAMILIES.get("knorm") is registered
