@@ -183,6 +183,7 @@ class TimingLog:
         self.path = path
 
     def append(self, row: dict[str, Any]) -> None:
+        check_held(self.path)  # never into a run folder moved or replaced mid-run
         with open(self.path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(row) + "\n")
 
