@@ -211,27 +211,28 @@ class Runner:
         if cfg.run.threads:
             torch.set_num_threads(int(cfg.run.threads))
         torch.manual_seed(int(cfg.seed))
-        check_existing_run(self.folder, self.cfg_hash, cfg, note_replacement=False)
-        tokenizer = self.loaded.tokenizer if self.loaded else load_tokenizer(cfg.model)
-        data = self.load_data(tokenizer)  # every sample checked before the weights load
-        # The folder is claimed before the weights load: an identical run started meanwhile is refused at once.
-        with claim_run_folder(self.folder):
-            # Checked again under the lock: another job may have started this folder since the first check.
-            check_existing_run(self.folder, self.cfg_hash, cfg)
-            self.inputs = {dataset.name: dataset_inputs(cfg, self.method, dataset.provenance()) for dataset, _ in data}
-            keep = bool(cfg.run.get("keep_stale_rows", False))
-            stale = check_inputs_unchanged(self.folder, self.inputs, self.cfg_hash, keep)
-            loaded = self.loaded or load_model(cfg.model, seed=int(cfg.seed), tokenizer=tokenizer)
-            meta = write_run_files(self.folder, self.cfg, self.cfg_hash, self.inputs, stale)
-            logger = _wandb_logger(cfg)
-            results: list[DatasetResult] = []
-            status = "failed"
-            with graceful_termination():
+        # SIGTERM at any point (data, model load, generation) ends as Interrupted: one message, exit 143.
+        with graceful_termination():
+            check_existing_run(self.folder, self.cfg_hash, cfg, note_replacement=False)
+            tokenizer = self.loaded.tokenizer if self.loaded else load_tokenizer(cfg.model)
+            data = self.load_data(tokenizer)  # every sample checked before the weights load
+            # The folder is claimed before the weights load: an identical run started meanwhile is refused at once.
+            with claim_run_folder(self.folder):
+                # Checked again under the lock: another job may have started this folder since the first check.
+                check_existing_run(self.folder, self.cfg_hash, cfg)
+                self.inputs = {d.name: dataset_inputs(cfg, self.method, d.provenance()) for d, _ in data}
+                keep = bool(cfg.run.get("keep_stale_rows", False))
+                stale = check_inputs_unchanged(self.folder, self.inputs, self.cfg_hash, keep)
+                loaded = self.loaded or load_model(cfg.model, seed=int(cfg.seed), tokenizer=tokenizer)
+                meta = write_run_files(self.folder, self.cfg, self.cfg_hash, self.inputs, stale)
+                logger = _wandb_logger(cfg)
+                results: list[DatasetResult] = []
+                status = "failed"
                 try:
                     for dataset, samples in data:
                         results.append(self._run_dataset(loaded, dataset, samples))
                     status = "complete"
-                except Interrupted:
+                except (Interrupted, KeyboardInterrupt):  # SIGTERM, or SIGINT (Ctrl-C): the same command resumes
                     status = "interrupted"
                     if logger is not None:
                         logger.abort(exit_code=143)

@@ -1,0 +1,95 @@
+"""The "Smaller" list of issue #55: each case ends with one clear message (exit 2 for a user error, 130/143 for a
+stop signal) and no traceback, and a stopped run resumes to the same predictions."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import kvbench.run.runner as runner
+import kvbench.storage.writers as writers
+from tests.faults.conftest import DATASET, RUN, run_job_status
+
+
+def test_sigterm_during_the_model_load_ends_with_a_message(tmp_path: Path, capsys, monkeypatch) -> None:
+    real = runner.load_model
+
+    def load_model(*args, **kwargs):
+        signal.raise_signal(signal.SIGTERM)  # SLURM's time limit, while the weights load
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "load_model", load_model)
+    code, stderr = run_job_status(tmp_path / "runs", capsys)
+    assert code == 143 and "interrupted (received signal 15)" in stderr and "rerun the same command" in stderr
+    assert "Traceback" not in stderr
+    assert not (tmp_path / "runs" / RUN).exists()  # nothing written yet: no trace left
+
+
+def test_sigint_records_interrupted_and_the_rerun_resumes_byte_for_byte(
+    finished_run: Path, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    real = writers.PredictionLog.append
+    calls = []
+
+    def append(self, row):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # Ctrl-C between two samples
+        return real(self, row)
+
+    monkeypatch.setattr(writers.PredictionLog, "append", append)
+    root = tmp_path / "runs"
+    code, stderr = run_job_status(root, capsys)
+    assert code == 130 and "Ctrl-C" in stderr and "Traceback" not in stderr
+    assert json.loads((root / RUN / "run_meta.json").read_text())["status"] == "interrupted"
+    monkeypatch.setattr(writers.PredictionLog, "append", real)
+    code, stderr = run_job_status(root, capsys)
+    assert code == 0, stderr[-2000:]
+    predictions = RUN / DATASET / "predictions.jsonl"
+    assert (root / predictions).read_bytes() == (finished_run / predictions).read_bytes()
+
+
+def _samples() -> list:
+    from kvbench.sample import Sample
+
+    return [Sample(id=f"s{i}", context=f"context {i}", question="q?", answers=["a"]) for i in range(2)]
+
+
+def test_a_newer_sample_cache_file_is_never_rewritten_in_the_old_format(tmp_path: Path, caplog) -> None:
+    from kvbench.storage.sample_cache import FORMAT_VERSION, SampleCache, cached_samples
+
+    cache = SampleCache(tmp_path)
+    path = cache.path("ruler", "niah", {"k": 1})
+    path.parent.mkdir(parents=True)
+    newer = json.dumps({"kvbench_sample_cache": FORMAT_VERSION + 1, "key": {"k": 1}, "layout": "future"}) + "\n"
+    path.write_text(newer)
+    with caplog.at_level("WARNING", logger="kvbench.storage.sample_cache"):
+        samples = cached_samples(cache, "ruler", "niah", lambda: {"k": 1}, 2, lambda n: _samples()[:n])
+    assert [s.id for s in samples] == ["s0", "s1"] and path.read_text() == newer
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "written by a newer kvbench" in warning and "run.sample_cache=" in warning
+
+
+def test_a_read_only_sample_cache_names_the_fix_and_leaves_no_tmp(tmp_path: Path, caplog, monkeypatch) -> None:
+    import errno
+
+    from kvbench.storage.sample_cache import SampleCache, cached_samples
+
+    cache = SampleCache(tmp_path)
+    real_open = Path.open
+
+    def refusing_open(self, mode="r", *args, **kwargs):
+        if "w" in mode and self.name.endswith(".tmp"):
+            handle = real_open(self, mode, *args, **kwargs)  # created, then the write fails: a full disk
+            handle.close()
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(self, mode, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", refusing_open)
+    with caplog.at_level("WARNING", logger="kvbench.storage.sample_cache"):
+        samples = cached_samples(cache, "ruler", "niah", lambda: {"k": 1}, 2, lambda n: _samples()[:n])
+    assert len(samples) == 2
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]  # no .tmp left, nothing half-written
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "No space left on device" in warning and "run.sample_cache=<a writable folder>" in warning
