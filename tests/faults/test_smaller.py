@@ -93,3 +93,28 @@ def test_a_read_only_sample_cache_names_the_fix_and_leaves_no_tmp(tmp_path: Path
     assert not [p for p in tmp_path.rglob("*") if p.is_file()]  # no .tmp left, nothing half-written
     (warning,) = [r.getMessage() for r in caplog.records]
     assert "No space left on device" in warning and "run.sample_cache=<a writable folder>" in warning
+
+
+def test_a_budget_spec_with_a_bad_number_is_named_not_a_hydra_group(tmp_path: Path, capsys, monkeypatch) -> None:
+    from kvbench.cli import main
+    from tests.faults.conftest import assert_one_line_error
+
+    for value in ("0/layer", "0L", "1.5x"):
+        monkeypatch.setattr("sys.argv", ["kvbench", f"budget={value}", f"run.output_root={tmp_path}"])
+        try:
+            main()
+        except SystemExit as exited:
+            code = int(exited.code or 0)
+        assert_one_line_error(code, capsys.readouterr().err, f"budget={value} is not valid", "accepted forms")
+
+
+def test_a_multirun_flag_after_the_overrides_runs_the_sweep(tmp_path: Path, capsys, monkeypatch) -> None:
+    from kvbench.cli import main
+    from tests.faults.conftest import BASE
+
+    monkeypatch.chdir(tmp_path)
+    overrides = [*BASE, "run.print_table=false", f"run.output_root={tmp_path / 'runs'}", "budget=96L"]
+    monkeypatch.setattr("sys.argv", ["kvbench", *overrides, f"hydra.sweep.dir={tmp_path / 'sweep'}", "-m"])
+    main()
+    assert "unrecognized arguments" not in capsys.readouterr().err
+    assert (tmp_path / "runs" / RUN.parent / "96L" / DATASET / "metrics.json").is_file()
