@@ -4,8 +4,11 @@ stop signal) and no traceback, and a stopped run resumes to the same predictions
 from __future__ import annotations
 
 import json
+import re
 import signal
 from pathlib import Path
+
+import pytest
 
 import kvbench.run.runner as runner
 import kvbench.storage.writers as writers
@@ -118,3 +121,53 @@ def test_a_multirun_flag_after_the_overrides_runs_the_sweep(tmp_path: Path, caps
     main()
     assert "unrecognized arguments" not in capsys.readouterr().err
     assert (tmp_path / "runs" / RUN.parent / "96L" / DATASET / "metrics.json").is_file()
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from kvbench.models.tiny import DEFAULT_MODEL_DIR
+
+    return AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL_DIR), AutoTokenizer.from_pretrained(DEFAULT_MODEL_DIR)
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("swapped", "the model and the tokenizer are swapped"),
+        ("no model", "model=NoneType is not a loaded transformers model"),
+        ("overrides string", "overrides='run.tag=x' must be a list of key=value strings, e.g. overrides=['run.tag=x']"),
+        ("encoder-decoder", "is an encoder-decoder model (t5)"),
+    ],
+)
+def test_evaluate_refuses_wrong_arguments_with_one_kvbench_error(tiny_model, case: str, expected: str) -> None:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    import kvbench
+    from kvbench.errors import KVBenchError
+
+    model, tokenizer = tiny_model
+    args, kwargs = {
+        "swapped": ((tokenizer, model), {}),
+        "no model": ((None, tokenizer), {}),
+        "overrides string": ((model, tokenizer), {"overrides": "run.tag=x"}),
+        "encoder-decoder": (
+            (T5ForConditionalGeneration(T5Config(d_model=8, d_ff=8, d_kv=4, num_layers=1, num_heads=2)), tokenizer),
+            {},
+        ),
+    }[case]
+    with pytest.raises(KVBenchError, match=re.escape(expected)):
+        kvbench.evaluate(*args, **kwargs)
+
+
+def test_a_nested_press_is_refused_naming_the_nesting(tiny_model) -> None:
+    import kvbench
+    from kvbench.inference.press import PressUsageError
+
+    model, _ = tiny_model
+    outer, inner = kvbench.press(model, "snapkv", "64L"), kvbench.press(model, "streamingllm", "64L")
+    with outer, pytest.raises(PressUsageError, match="already active on this model: presses cannot be nested"):
+        inner.__enter__()
+    with kvbench.press(model, "streamingllm", "64L"):  # the first one left: a press may start again
+        pass
