@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import shlex
 import warnings
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ from kvbench.errors import KVBenchError
 from kvbench.storage.integrity import check_metrics
 from kvbench.storage.reader import read_metrics
 from kvbench.storage.writers import METRICS_FILE, PREDICTIONS_FILE, RUN_META_FILE
-from kvbench.views.run_views import mean_stored_bytes, mean_stored_vs_full
+from kvbench.views.run_views import mean_stored_bytes, mean_stored_vs_full, rerun_command
 
 #: Columns of the tidy runs table, in order.
 RUN_COLUMNS: tuple[str, ...] = (
@@ -198,21 +197,11 @@ def incomplete_runs(root: str | Path) -> list[tuple[Path, str]]:
     return found
 
 
-def rerun_command(folder: Path) -> str:
-    """The command that completes the run in ``folder``: its recorded command (``run_meta.json``) with
-    ``run.output_root`` set to the root this folder is under now (a copied or moved results folder is completed
-    where it is, never in the root it was first run in)."""
-    meta = _run_meta(folder, {})
-    argv = [str(arg) for arg in (meta.get("command") or [])[1:] if not str(arg).startswith("run.output_root=")]
-    root = folder.parents[3]  # <root>/<model>/<task>/<method>/<budget>[~<tag>]
-    return shlex.join(["kvbench", *argv, f"run.output_root={root}"])
-
-
 def incomplete_run_notes(root: str | Path) -> list[str]:
     """One line per :func:`incomplete_runs` run, with the command that completes it."""
     return [
         f"note: run {folder} is incomplete (status {status}): flagged 'incomplete' wherever runs are ranked; to "
-        f"complete it: {rerun_command(folder)}"
+        f"complete it: {rerun_command(folder, _run_meta(folder, {}))}"
         for folder, status in incomplete_runs(root)
     ]
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,15 @@ _LENGTH_KEYS = ("target_length", "context_length", "length")
 def run_folder_of(metrics_path: str | Path) -> Path:
     """The run folder holding a dataset's ``metrics.json`` (``<run>/<dataset>/metrics.json``)."""
     return Path(metrics_path).parent.parent
+
+
+def rerun_command(folder: Path, meta: dict[str, Any]) -> str:
+    """The command that reruns (resumes, completes) the run in ``folder``: its recorded command (``run_meta.json``'s
+    ``command``) with ``run.output_root`` set to the root the folder is under now (a copied or moved results folder
+    is rerun where it is, never in the root it was first run in)."""
+    argv = [str(arg) for arg in (meta.get("command") or [])[1:] if not str(arg).startswith("run.output_root=")]
+    root = folder.parents[3] if len(folder.parents) > 3 else folder.parent  # <root>/<model>/<task>/<method>/<budget>
+    return shlex.join(["kvbench", *argv, f"run.output_root={root}"])
 
 
 def file_signature(folder: Path, datasets: Iterable[str]) -> list[list[Any]]:
@@ -298,7 +308,10 @@ def read_run_extras(folder: Path, datasets: Iterable[str]) -> dict[str, Any]:
     return {
         "experiment": run_cfg.get("experiment") or None,
         "family": family or method_cfg.get("family") or None,
-        "provenance": {k: meta.get(k) for k in PROVENANCE_KEYS if k in meta},
+        "provenance": {
+            **{k: meta.get(k) for k in PROVENANCE_KEYS if k in meta},
+            **({"rerun_command": rerun_command(folder, meta)} if meta.get("command") else {}),
+        },
         "stand_in": stand_in,
         "synthetic": synthetic,
         "context_length": context_length,

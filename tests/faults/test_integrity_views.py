@@ -14,6 +14,7 @@ import pytest
 import kvbench.run.fingerprints as fingerprints
 from kvbench.reporting.aggregate import incomplete_run_notes, load_runs
 from kvbench.reporting.dashboard_data import leaderboards, load_dashboard_runs
+from kvbench.views.run_views import read_run_extras
 from tests.faults.conftest import DATASET, RUN, run_job_status
 
 
@@ -39,6 +40,8 @@ def test_an_interrupted_run_is_flagged_where_ranked_and_listed_with_its_command(
     notes = incomplete_run_notes(damaged_root)
     assert len(notes) == 2 and all(f"run.output_root={damaged_root}" in note for note in notes)
     assert "/gone" not in "".join(notes) and "budget=128L" in notes[0] + notes[1]
+    shown = read_run_extras(damaged_root / RUN, [DATASET])["provenance"]["rerun_command"]  # the site's
+    assert shown.endswith(f"run.output_root={damaged_root}") and "/gone" not in shown
 
 
 def test_a_dataset_resumed_by_other_kvbench_code_is_flagged_mixed_code(damaged_root: Path, capsys, monkeypatch):

@@ -171,3 +171,28 @@ def test_a_nested_press_is_refused_naming_the_nesting(tiny_model) -> None:
         inner.__enter__()
     with kvbench.press(model, "streamingllm", "64L"):  # the first one left: a press may start again
         pass
+
+
+def test_a_missing_lm_eval_include_path_is_named(tmp_path: Path) -> None:
+    from kvbench.errors import KVBenchError
+    from kvbench.lmeval.tasks import task_manager
+
+    missing = tmp_path / "no_such_tasks"
+    with pytest.raises(KVBenchError, match=rf"task\.options\.include_path: {re.escape(str(missing))} does not exist"):
+        task_manager([str(missing)])
+
+
+def test_tables_script_runs_from_another_folder(finished_run: Path, tmp_path: Path, monkeypatch) -> None:
+    import importlib.util
+
+    from kvbench.reporting.paper_refs import TABLES
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "tables.py"
+    spec = importlib.util.spec_from_file_location("tables_cli", script)
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    monkeypatch.chdir(tmp_path)  # no results/paper here: the default is kvbench's shipped one
+    table = sorted(TABLES)[0]
+    args = ["--runs", str(finished_run), "--out", str(tmp_path / "t"), "--no-plots", "--tables", table]
+    assert cli.main(args) == 0
+    assert (tmp_path / "t" / f"{table}.md").is_file()
