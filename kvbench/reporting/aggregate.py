@@ -12,7 +12,7 @@ path is recorded for reference but never parsed, and no list of methods, models 
 ``flags`` (comma-separated, empty when none; issue #55): ``incomplete`` (the run's ``run_meta.json`` status is not
 ``complete``), ``disagrees`` (its ``metrics.json`` disagrees with its ``predictions.jsonl``: the score is left out,
 NaN, and a warning names the file and the fix), ``mixed-code`` (its rows were computed by several versions of
-kvbench's code), ``stale-rows`` (rows kept from inputs that changed since: ``run.keep_stale_rows``).  ``n_samples``
+kvbench's code), ``stale-rows`` (rows kept from inputs that changed since: ``run.changed_inputs=keep``).  ``n_samples``
 is the complete rows on disk that the ``metrics.json`` counts (:func:`kvbench.storage.integrity.check_metrics`).
 ``settings``, ``dataset_settings`` and ``scores`` are canonical JSON strings (sorted keys) so that the frame can be
 written to CSV and compared; :func:`expand_settings` turns ``settings`` into ``setting.<key>`` columns.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from kvbench.storage.writers import (
     METRICS_FILE,
     PREDICTIONS_FILE,
     RUN_META_FILE,
+    TIMINGS_FILE,
     PredictionLog,
     config_differences,
     holds_results,
@@ -185,21 +187,23 @@ def check_rows_belong(folder: Path, rows: list[dict[str, Any]], hashes: set[str]
 
 
 def check_inputs_unchanged(
-    folder: Path, current: dict[str, Inputs], cfg_hash: str, keep: bool
+    folder: Path, current: dict[str, Inputs], cfg_hash: str, on_change: str = "refuse"
 ) -> dict[str, list[dict[str, Any]]]:
-    """The one check of a resume against what its rows were computed from (issue #55 item 1): per dataset of
+    r"""The one check of a resume against what its rows were computed from (issue #55 item 1): per dataset of
     ``current`` (dataset -> this run's :class:`~kvbench.run.fingerprints.Inputs`), the ``inputs`` digest of each row
     of ``predictions.jsonl`` and of ``metrics.json`` must be today's, or one that an earlier run kept
-    (``run_meta.json``'s ``stale_rows``).  Rows from changed data, method files or method source are refused with
-    what changed and the two ways on: recompute (move the dataset's folder away) or keep them
-    (``run.keep_stale_rows=true``, ``keep``): then the returned records (dataset -> ``[{"inputs": digest, "changed":
-    [...], "kept_at": time}]``) go to ``run_meta.json`` and every view flags the dataset.  Also refuses rows of
-    another configuration (:func:`check_rows_belong`).  Records without a digest (written before issue #55) pass.
+    (``run_meta.json``'s ``stale_rows``).  Rows from changed data, method files or method source are, by
+    ``on_change`` (``run.changed_inputs``): ``refuse``\ d (the default), naming what changed and the two ways on;
+    ``recompute``\ d (the dataset's files are set aside as ``<file>.stale-<time>``, nothing deleted, and the run
+    computes them again); or ``keep``\ t, recorded as predating the change (every view flags the dataset).  Returns
+    what to record in ``run_meta.json``: dataset -> ``[{"inputs": digest, "changed": [...], "kept_at" or
+    "set_aside_at": time}]``.  Also refuses rows of another configuration (:func:`check_rows_belong`).  Records
+    without a digest (written before issue #55) pass.
 
     A folder whose config changed is another matter (:func:`check_existing_run`): this is the case of a folder
     whose run is the same configuration, computed from inputs that changed under it."""
     meta = _recorded_run_meta(folder)
-    kept: dict[str, list[dict[str, Any]]] = {}
+    records: dict[str, list[dict[str, Any]]] = {}
     refused = []
     hashes = {cfg_hash, *([meta["config_hash"]] if meta.get("config_hash") else [])}
     for dataset, inputs in current.items():
@@ -211,20 +215,32 @@ def check_inputs_unchanged(
         recorded = {row["inputs"] for row in rows if row.get("inputs")}
         if isinstance(metrics.get("inputs"), dict) and metrics["inputs"].get("digest"):
             recorded.add(metrics["inputs"]["digest"])
-        for stale in sorted(recorded - {inputs.digest} - accepted):
-            changed = changes(_details_of(stale, dataset, metrics, meta), inputs)
-            if keep:
-                kept.setdefault(dataset, []).append({"inputs": stale, "changed": changed, "kept_at": now()})
-            else:
-                refused.append(f"{folder / dataset}: " + "; ".join(changed))
+        stale = sorted(recorded - {inputs.digest} - accepted)
+        changed = [changes(_details_of(digest, dataset, metrics, meta), inputs) for digest in stale]
+        if stale and on_change == "refuse":
+            refused.append(f"{folder / dataset}: " + "; ".join(line for lines in changed for line in lines))
+        elif stale:
+            when = now()
+            if on_change == "recompute":
+                set_aside(folder / dataset, when)
+            key = "kept_at" if on_change == "keep" else "set_aside_at"
+            records[dataset] = [{"inputs": d, "changed": c, key: when} for d, c in zip(stale, changed, strict=True)]
     if refused:
         raise KVBenchError(
             "this run's rows were computed from other inputs than today's (the config is the same; what it reads "
-            f"changed): {' | '.join(refused)}. Nothing was changed. To recompute them, move the dataset's folder "
-            "away (e.g. mv <folder> <folder>.old) and run again; to keep them and record that they predate the "
-            "change, run again with run.keep_stale_rows=true"
+            f"changed): {' | '.join(refused)}. Nothing was changed. To compute them again (the old files are kept "
+            "beside them as <file>.stale-<time>), run again with run.changed_inputs=recompute; to keep them and "
+            "record that they predate the change, run again with run.changed_inputs=keep"
         )
-    return kept
+    return records
+
+
+def set_aside(folder: Path, when: str) -> None:
+    """Rename a dataset folder's result files to ``<name>.stale-<when>`` (nothing deleted; no view reads them)."""
+    stamp = when.replace(":", "").replace("+0000", "Z")
+    for name in (PREDICTIONS_FILE, METRICS_FILE, TIMINGS_FILE):
+        if (folder / name).exists():
+            os.replace(folder / name, folder / f"{name}.stale-{stamp}")
 
 
 def _recorded_run_meta(folder: Path) -> dict[str, Any]:

@@ -78,7 +78,9 @@ def write_run_files(
     meta["kvbench_source"] = kvbench_source_digest()
     recorded = meta.setdefault("inputs", {})
     recorded.update({name: {"digest": i.digest, "details": i.details} for name, i in (inputs or {}).items()})
-    for dataset, records in (stale_rows or {}).items():
-        meta.setdefault("stale_rows", {}).setdefault(dataset, []).extend(records)
+    for dataset, records in (stale_rows or {}).items():  # kept (flagged by the views) or set aside (recomputed)
+        for record in records:
+            key = "stale_rows" if "kept_at" in record else "recomputed_rows"
+            meta.setdefault(key, {}).setdefault(dataset, []).append(record)
     atomic_write_json(meta_path, meta)
     return meta

@@ -221,8 +221,9 @@ class Runner:
                 # Checked again under the lock: another job may have started this folder since the first check.
                 check_existing_run(self.folder, self.cfg_hash, cfg)
                 self.inputs = {d.name: dataset_inputs(cfg, self.method, d.provenance()) for d, _ in data}
-                keep = bool(cfg.run.get("keep_stale_rows", False))
-                stale = check_inputs_unchanged(self.folder, self.inputs, self.cfg_hash, keep)
+                checked = {d.name: self.inputs[d.name] for d, _ in data if not d.evaluates_itself}  # lm-eval: own rows
+                on_change = str(cfg.run.get("changed_inputs", "refuse"))
+                stale = check_inputs_unchanged(self.folder, checked, self.cfg_hash, on_change)
                 loaded = self.loaded or load_model(cfg.model, seed=int(cfg.seed), tokenizer=tokenizer)
                 meta = write_run_files(self.folder, self.cfg, self.cfg_hash, self.inputs, stale)
                 logger = _wandb_logger(cfg)

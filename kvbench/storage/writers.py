@@ -225,7 +225,7 @@ NON_SEMANTIC_KEYS = (
     "run.output_root",
     "run.experiment",
     "run.sample_cache",
-    "run.keep_stale_rows",
+    "run.changed_inputs",
     # Placement does not change the tokens (tests/models/test_device_map.py); a run may resume on another map.
     "model.device_map",
     "model.offload_folder",

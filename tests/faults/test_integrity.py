@@ -38,10 +38,10 @@ def test_a_data_set_re_prepared_in_place_is_never_served_cached(tmp_path: Path, 
     (data / "qasper.jsonl").write_text("\n".join([*rows[:-1], json.dumps(later)]) + "\n")
 
     code, stderr = run_job_status(tmp_path / "runs", capsys, *args)
-    assert_one_line_error(code, stderr, "data input", "qasper", "mv ", "run.keep_stale_rows=true")
+    assert_one_line_error(code, stderr, "data input", "qasper", "run.changed_inputs=recompute", "changed_inputs=keep")
     assert predictions.read_bytes() == before
 
-    code, stderr = run_job_status(tmp_path / "runs", capsys, *args, "run.keep_stale_rows=true")
+    code, stderr = run_job_status(tmp_path / "runs", capsys, *args, "run.changed_inputs=keep")
     assert code == 0, stderr[-2000:]
     stale = json.loads((folder / "run_meta.json").read_text())["stale_rows"]["qasper"]
     assert len(stale) == 1 and any(line.startswith("data input") for line in stale[0]["changed"])
@@ -61,9 +61,18 @@ def test_an_edited_method_source_is_never_served_cached(damaged_root: Path, caps
     monkeypatch.setattr(fingerprints, "file_sha256", lambda p: "0" * 64 if str(p).endswith(edited[0]) else real(p))
 
     code, stderr = run_job_status(damaged_root, capsys)
-    assert_one_line_error(code, stderr, f"method source {edited[0]}", "run.keep_stale_rows=true")
+    assert_one_line_error(code, stderr, f"method source {edited[0]}", "run.changed_inputs=recompute")
     assert "(cached)" not in stderr
     assert predictions.read_bytes() == before
+
+    code, stderr = run_job_status(damaged_root, capsys, "run.changed_inputs=recompute")
+    assert code == 0, stderr[-2000:]
+    (aside,) = predictions.parent.glob("predictions.jsonl.stale-*")  # the old rows: set aside, not deleted
+    assert aside.read_bytes() == before and len(list(predictions.parent.glob("metrics.json.stale-*"))) == 1
+    meta = json.loads((damaged_root / RUN / "run_meta.json").read_text())
+    rows = [json.loads(line) for line in predictions.read_text().splitlines()]
+    assert len(rows) == 2 and {row["inputs"] for row in rows} == {meta["inputs"][DATASET]["digest"]}
+    assert "recomputed_rows" in meta and "stale_rows" not in meta
 
 
 def test_a_method_file_replaced_in_place_changes_its_fingerprint(tmp_path: Path) -> None:
@@ -121,3 +130,26 @@ def test_every_row_records_what_it_was_computed_from(finished_run: Path, field: 
         "code": meta["kvbench_source"],
     }[field]
     assert [row[field] for row in rows] == [expected] * len(rows)
+
+
+def test_a_plugins_source_is_every_module_of_its_package(tmp_path: Path, monkeypatch) -> None:
+    """An editable plug-in keeps its version while its code changes: its fingerprint covers its package's files."""
+    import importlib
+
+    package = tmp_path / "kvb_plugin_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "scoring.py").write_text("def helper():\n    return 1\n")
+    (package / "method.py").write_text("from kvb_plugin_pkg.scoring import helper\n\nclass Mine:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mine = importlib.import_module("kvb_plugin_pkg.method").Mine
+    before = {path.name: fingerprints.file_sha256(path) for path in fingerprints._module_files(mine)}
+    assert set(before) == {"__init__.py", "scoring.py", "method.py"}
+    (package / "scoring.py").write_text("def helper():\n    return 2\n")  # the score's helper edited in place
+    after = {path.name: fingerprints.file_sha256(path) for path in fingerprints._module_files(mine)}
+    assert after["scoring.py"] != before["scoring.py"] and after["method.py"] == before["method.py"]
+
+
+def test_an_unknown_changed_inputs_choice_is_refused(tmp_path: Path, capsys) -> None:
+    code, stderr = run_job_status(tmp_path / "runs", capsys, "run.changed_inputs=maybe")
+    assert_one_line_error(code, stderr, "run.changed_inputs='maybe' is not valid", "refuse, recompute, keep")
