@@ -33,7 +33,10 @@ Layout (one *run* = one model x task x method x budget)::
                                   (where the tokens after the prompt went, when re-rotated),
                                   "prerope_states": "hidden_states" | "unrotated" | "mixed" | null (where a
                                   scorer's pre-RoPE keys/queries came from; null: it reads none)},
-     "stop_reason": str, "question_lost": bool}
+     "stop_reason": str, "question_lost": bool,
+     "config_hash": str, "inputs": str (digest of the data, method files and method source the row was computed
+     from), "code": str (digest of kvbench's source) (issue #55, :mod:`kvbench.run.fingerprints`; absent in older
+     runs)}
 
 ``metrics.json``::
 
@@ -54,7 +57,11 @@ Layout (one *run* = one model x task x method x budget)::
      "timing": {"n": int, "prefill_s_mean": float, "decode_s_mean": float, "total_s": float},
      "attention": {"calls": {path: int}, "fallbacks": {reason: int}} (paged-cache attention paths that ran and
      any GPU path that was unavailable, :mod:`kvbench.kernels.paths`; run_meta.json has the machine's
-     "attention_capability" and the run's "attention_fallbacks")}
+     "attention_capability" and the run's "attention_fallbacks"),
+     "inputs": {"digest": str, "details": {"data", "method_files", "method_source"}}, "code": {"commit": str | null,
+     "sources": [str] (kvbench source digests of the rows: more than one is a mixed-code dataset)}, "rows": {"n":
+     int, "sha256": str, "checksum": str} (the scored rows and the score's checksum over them,
+     :mod:`kvbench.storage.integrity`; these three absent in older runs)}
 
 Generated RULER/NeedleBench samples live apart from the runs, in ``run.sample_cache`` (default
 ``results/samples/<benchmark>/<dataset>-<key>.jsonl``, see :mod:`kvbench.storage.sample_cache`).
