@@ -39,7 +39,7 @@ results writer (:mod:`kvbench.run.records`), SIGTERM handling
 (:mod:`kvbench.storage.termination`), provenance (:mod:`kvbench.storage.provenance`), the score table
 (:mod:`kvbench.run.table`), the sample cache and W&B; grouped datasets' generation (:mod:`kvbench.run.groups`).
 
-Size: just over 500 lines: the order of work above stays in one class, so it reads top to bottom.
+Size: over 500 lines (about 535): the order of work above stays in one class, so it reads top to bottom.
 """
 
 from __future__ import annotations
