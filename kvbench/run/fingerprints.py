@@ -23,6 +23,7 @@ time (:func:`kvbench.tasks.provenance.file_sha256`), and each is read in full on
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import sys
@@ -83,8 +84,11 @@ def data_fingerprint(provenance: Mapping[str, Mapping[str, Any]]) -> dict[str, A
 
 
 def _named_path(value: str) -> Path | None:
-    """The file or folder a knob's string names (as given, or under kvbench's shipped files), if it exists."""
-    if not value or "\n" in value:
+    """The file or folder a knob's string names (as given, or under kvbench's shipped files), if it exists: a value
+    that looks like a path (a folder separator, a file suffix or a leading ``~``), never a bare word (``max``) or
+    ``.``."""
+    looks_like_path = "/" in value or value.startswith("~") or bool(Path(value).suffix)
+    if not looks_like_path or "\n" in value or value.strip("./") == "":
         return None
     given = Path(value).expanduser()
     for candidate in (given, resources.shipped_root() / given):
@@ -127,17 +131,26 @@ def _module_files(cls: type) -> list[Path]:
 
 
 def method_source(family: str, method: EvictionMethod) -> dict[str, str]:
-    """``{file: sha256}`` of the method's own source (module docstring): its family's class and its pieces'."""
+    """The sha256 of the method's own source (module docstring): ``{file: sha256}`` of its family's module (for
+    another package's method, every module of that package), and ``{"<Class> (class)": sha256}`` of the source of
+    each piece it built whose class lives elsewhere (a shared scorer, allocator, decode policy, wrapper): that class
+    alone, so moving or editing shared machinery around it refuses no resume (kvbench's own source is recorded per
+    row instead, ``code``)."""
+    own = family_class(family)
     pieces = (method.scorer, method.layer_allocator, method.head_allocator, method.decode_policy)
-    classes = [family_class(family), *(type(piece) for piece in (*pieces, method.key_channel_pruner))]
-    files: dict[str, str] = {}
-    for cls in classes:
-        if cls is None or cls.__module__ in ("builtins", "functools"):
+    record: dict[str, str] = {}
+    if own is not None:
+        record.update({_label(path, own): file_sha256(path) for path in _module_files(own)})
+    for piece in (*pieces, method.key_channel_pruner):
+        cls = type(piece)
+        if piece is None or cls.__module__ in ("builtins", "functools") or (own and cls.__module__ == own.__module__):
             continue
-        for path in _module_files(cls):
-            label = _label(path, cls)
-            files[label] = file_sha256(path)
-    return dict(sorted(files.items()))
+        try:
+            source = inspect.getsource(cls)
+        except (OSError, TypeError):  # defined where no source is kept (an interactive session)
+            source = repr(cls)
+        record[f"{cls.__qualname__} (class)"] = hashlib.sha256(source.encode()).hexdigest()
+    return dict(sorted(record.items()))
 
 
 def _label(path: Path, cls: type) -> str:

@@ -51,11 +51,12 @@ def test_a_data_set_re_prepared_in_place_is_never_served_cached(tmp_path: Path, 
 
 
 def test_an_edited_method_source_is_never_served_cached(damaged_root: Path, capsys, monkeypatch) -> None:
-    """As if kvbench/methods/snapkv.py's score had been edited: the bytes its digest reads differ."""
+    """As if the method's own module (SnapKV's: kvbench/methods/snapkv_family.py) had been edited: the bytes its
+    digest reads differ."""
     predictions = damaged_root / RUN / DATASET / "predictions.jsonl"
     before = predictions.read_bytes()
     recorded = json.loads((damaged_root / RUN / "run_meta.json").read_text())["inputs"][DATASET]["details"]
-    edited = [name for name in recorded["method_source"] if name.endswith("snapkv.py")]
+    edited = [name for name in recorded["method_source"] if name.endswith(".py")]
     assert edited, recorded["method_source"]
     real = fingerprints.file_sha256
     monkeypatch.setattr(fingerprints, "file_sha256", lambda p: "0" * 64 if str(p).endswith(edited[0]) else real(p))
@@ -153,3 +154,15 @@ def test_a_plugins_source_is_every_module_of_its_package(tmp_path: Path, monkeyp
 def test_an_unknown_changed_inputs_choice_is_refused(tmp_path: Path, capsys) -> None:
     code, stderr = run_job_status(tmp_path / "runs", capsys, "run.changed_inputs=maybe")
     assert_one_line_error(code, stderr, "run.changed_inputs='maybe' is not valid", "refuse, recompute, keep")
+
+
+def test_a_shared_piece_is_fingerprinted_by_its_class_alone() -> None:
+    """Editing shared machinery around a method (a move, another class in the same module) refuses no resume; the
+    method's own module and each piece's class source are what count."""
+    from kvbench.methods.base import build_method
+
+    record = fingerprints.method_source("snapkv", build_method({"name": "snapkv", "family": "snapkv"}))
+    files = [name for name in record if name.endswith(".py")]
+    assert files == ["kvbench/methods/snapkv_family.py"]
+    assert "WindowVoteScorer (class)" in record and "UniformHeadAllocator (class)" in record
+    assert method_files({"pooling": "max", "gqa_agg": "mean", "dot": "."}) == {}  # bare words and "." name no file
