@@ -299,18 +299,6 @@ def budget_choice(value: str) -> str | None:
 CHANGED_INPUTS = ("refuse", "recompute", "keep")
 
 
-def budget_spec_error(value: str) -> str | None:
-    """Why ``value`` (a ``budget=`` value that is no preset) is refused when it has a budget spec's form but an
-    invalid number (``0/layer``, ``0L``, ``1.5x``): the budget parser's message (its accepted forms); ``None`` when
-    ``value`` is a valid spec or has no spec's form at all (then Hydra names the unknown preset and the valid ones)."""
-    text = str(value).strip()
-    try:
-        parse_budget(f"{text}L" if text.isdigit() else _budget_spec(text))
-    except BudgetError as err:
-        return None if str(err).startswith("invalid budget") else str(err)
-    return None
-
-
 def _budget_name(budget: Budget) -> str:
     """The presets' naming of a budget: ``full``, ``<n>L``, ``<n>perlayer``, ``ratio<r>`` (the inverse of
     :func:`_budget_spec`)."""

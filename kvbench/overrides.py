@@ -29,7 +29,6 @@ from hydra.core.config_store import ConfigStore
 from kvbench.config import (
     WRAPPER_LABEL_PARTS,
     budget_choice,
-    budget_spec_error,
     method_label_interpolation,
     register_budget_choice,
     register_configs,
@@ -161,9 +160,6 @@ def prepare_overrides(overrides: Sequence[str]) -> list[str]:
             continue
         choices = [str(value) for value in values]
         if override.key_or_group == "budget":
-            for choice in choices:
-                if budget_choice(choice) is None and (why := budget_spec_error(choice)) is not None:
-                    raise KVBenchError(f"budget={choice} is not valid: {why}")  # not Hydra's "unknown budget/0"
             choices = [budget_choice(choice) or choice for choice in choices]
             for choice in choices:
                 if budget_choice(choice) == choice:
