@@ -32,6 +32,7 @@ from typing import Any
 import yaml
 
 from kvbench.budget import BudgetError, parse_budget
+from kvbench.storage.integrity import check_metrics
 from kvbench.storage.writers import METRICS_FILE, PREDICTIONS_FILE, read_json
 
 SUMMARY_FILE = "summary.json"
@@ -285,7 +286,8 @@ def read_run_extras(folder: Path, datasets: Iterable[str]) -> dict[str, Any]:
         timing = metrics.get("timing") or {}
         per_dataset[dataset] = {
             "ci95": intervals.get(dataset),
-            "n_samples": metrics.get("n_samples"),
+            # the complete rows on disk that metrics.json counts (issue #55), not its own claim
+            "n_samples": check_metrics(metrics, folder / dataset / PREDICTIONS_FILE)[0] if metrics else None,
             "per_sample": samples if scores_by_id else None,
             "predictions": browser,
             "prefill_s": finite_number(timing.get("prefill_s_mean")),

@@ -24,6 +24,7 @@ def test_n_is_the_complete_rows_on_disk_and_a_disagreeing_score_is_left_out(dama
     with pytest.warns(UserWarning, match="holds 1 complete rows, metrics.json counts 2"):
         (row,) = load_runs(damaged_root).to_dict("records")
     assert row["n_samples"] == 1 and row["score"] != row["score"] and row["flags"] == "disagrees"
+    assert read_run_extras(damaged_root / RUN, [DATASET])["datasets"][DATASET]["n_samples"] == 1  # the site's n
 
 
 def test_an_interrupted_run_is_flagged_where_ranked_and_listed_with_its_command(damaged_root: Path) -> None:
