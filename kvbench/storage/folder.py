@@ -366,12 +366,18 @@ def _first_missing(folder: Path) -> Path | None:
     return missing
 
 
+#: Every run folder this process set out to claim (:func:`claim_run_folder`), in order: a command that claimed none
+#: was refused before its run started (:func:`kvbench.cli.run_job` then removes Hydra's logs of it).
+CLAIMED_FOLDERS: list[Path] = []
+
+
 @contextmanager
 def claim_run_folder(folder: Path, wait_s: float | None = None, config: str | None = None) -> Iterator[None]:
     """Create and lock ``folder`` for one run; if the run fails while the folder holds no results, remove what
     kvbench wrote there and the folders this call created (see the module docstring), before the lock is released:
     a process waiting for it then finds the folder gone and makes a fresh one."""
     created = _first_missing(folder)
+    CLAIMED_FOLDERS.append(folder)
     with run_folder_lock(folder, wait_s, config):
         try:
             yield

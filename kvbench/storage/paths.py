@@ -200,8 +200,61 @@ def hydra_log_dir(raw_root: Any) -> str:
     except KVBenchError:
         return str(FALLBACK_LOG_DIR)
     logs = root.parent / "logs" / "hydra"
+    first_missing = next((p for p in reversed([logs, *logs.parents]) if not p.exists()), None)
     try:
         logs.mkdir(parents=True, exist_ok=True)
     except OSError:
         return str(FALLBACK_LOG_DIR)
+    LOG_ROOTS.setdefault(logs.absolute(), first_missing.absolute() if first_missing is not None else None)
     return str(logs)
+
+
+#: The Hydra log roots :func:`hydra_log_dir` gave in this process, each with the outermost folder it created for it
+#: (``results/`` itself on a fresh checkout; ``None``: it existed): :func:`forget_hydra_job_output` removes them
+#: again, when empty, after a refused command.
+LOG_ROOTS: dict[Path, Path | None] = {}
+#: Hydra's snapshot files of a job (``hydra.output_subdir``, ``.hydra``).
+HYDRA_SNAPSHOTS = ("config.yaml", "hydra.yaml", "overrides.yaml")
+
+
+def forget_hydra_job_output(
+    output_dir: Path, log_name: str, log_size_at_start: int | None, sweep_dir: Path | None
+) -> None:
+    """Remove what Hydra wrote for a job that was refused before its run started (so a refused command leaves no
+    trace under ``results/``): the job's ``.hydra`` snapshots, its log file (``log_size_at_start``: the file's size
+    when the job started, 0 or ``None`` when it was new; an older log is cut back to that size, never removed),
+    ``sweep_dir``'s ``multirun.yaml`` (given for a sweep's first job only), then every folder on the way up that is
+    left empty, below the log root, and above it only the folders this process created (:data:`LOG_ROOTS`)."""
+    for name in HYDRA_SNAPSHOTS:
+        (output_dir / ".hydra" / name).unlink(missing_ok=True)
+    log = output_dir / log_name
+    if log.exists():
+        if not log_size_at_start:
+            log.unlink()
+        else:
+            os.truncate(log, log_size_at_start)
+    if sweep_dir is not None:
+        (sweep_dir / "multirun.yaml").unlink(missing_ok=True)
+    _remove_empty_up((output_dir / ".hydra").absolute())
+
+
+def _remove_empty_up(folder: Path) -> None:
+    """Remove ``folder`` and its parents while they are empty and removable (:func:`forget_hydra_job_output`)."""
+    current = folder
+    while current != current.parent and _removable(current):
+        try:
+            current.rmdir()
+        except OSError:  # not empty (another run's logs) or gone
+            if current.exists():
+                return
+        current = current.parent
+
+
+def _removable(folder: Path) -> bool:
+    """Whether ``folder`` lies below a log root of this process, or inside a folder this process created for one."""
+    for logs, created in LOG_ROOTS.items():
+        if folder != logs and folder.is_relative_to(logs):
+            return True
+        if created is not None and folder.is_relative_to(created):
+            return True
+    return False
