@@ -38,7 +38,9 @@ README_MAX_LINES = 300
 #: The pages a new user reads first: every bash block on them says whether and where it is executed.
 USER_PAGES = ("docs/index.md", "docs/getting-started.md")
 #: The marker before a bash block on a user page: ``runnable``, ``runnable: <test file>`` or ``not-runnable: <why>``.
-MARKER = re.compile(r"<!-- (runnable|not-runnable|compose-only)(?::\s*(.+?))? -->\s*\n```bash\n(.*?)^```", re.DOTALL | re.MULTILINE)
+MARKER = re.compile(
+    r"<!-- (runnable|not-runnable|compose-only)(?::\s*(.+?))? -->\s*\n```bash\n(.*?)^```", re.DOTALL | re.MULTILINE
+)
 #: Config groups a command-line override may name, with the folder of their presets.
 GROUPS = {"method": "method", "task": "task", "model": "model", "budget": "budget", "+experiment": "experiment"}
 

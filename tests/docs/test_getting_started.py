@@ -62,7 +62,9 @@ def compose_shown(argv: list[str], cwd: Path) -> str:
         if "-m" in overrides:
             from kvbench.run import sweep
 
-            jobs = sweep.plan(None, [o for o in overrides if o != "-m"], name="getting-started", check_environment=False)
+            jobs = sweep.plan(
+                None, [o for o in overrides if o != "-m"], name="getting-started", check_environment=False
+            )
             bad = [f"{job.line}: {job.reason}" for job in jobs if job.state == "invalid"]
             assert jobs and not bad, "\n".join(bad)
             return f"{len(jobs)} jobs planned"
