@@ -24,8 +24,8 @@ from typing import Any
 import pandas as pd
 
 from kvbench.errors import KVBenchError
-from kvbench.storage.reader import read_metrics
 from kvbench.storage.paths import VARIANT_MARK
+from kvbench.storage.reader import read_metrics
 from kvbench.storage.writers import METRICS_FILE
 from kvbench.views.run_views import mean_stored_bytes, mean_stored_vs_full
 

@@ -170,8 +170,8 @@ def build_report(
 
 def group_colours(wr: Any, runset_name: str, scores: Any) -> dict[Any, str]:
     """The run set's group colours (``custom_run_colors``): each group of :data:`GROUP_KEYS` (method, question mode,
-    tag as logged) of the local runs ``scores`` in its method's colour (:func:`~kvbench.reporting.palette.method_colour`,
-    the site's and the plots' colour)."""
+    tag as logged) of the local runs ``scores`` in its method's colour
+    (:func:`~kvbench.reporting.palette.method_colour`, the site's and the plots' colour)."""
     colours: dict[Any, str] = {}
     for method, mode, tag in scores[["method", "question_mode", "tag"]].drop_duplicates().itertuples(index=False):
         logged_tag = str(tag or "").split("@")[0]  # a variant folder's hash is not part of the logged tag

@@ -10,7 +10,6 @@ from datetime import datetime, timezone
 
 import torch
 
-
 #: The checkout's output folder: changes under it are results, not code (:func:`git_commit`).
 OUTPUT_FOLDER = "results"
 
