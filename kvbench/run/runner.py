@@ -185,7 +185,7 @@ class Runner:
         if loaded is None and check_device_map(cfg.model.get("device_map")) is None:
             resolve_device(str(cfg.model.device))
         self.cfg_hash = config_hash(cfg)
-        self.folder = run_folder(cfg)
+        self.folder = run_folder(cfg, self.cfg_hash, announce=True)
         #: The run's ``summary.json`` payload, once :meth:`run` completed.
         self.summary: dict[str, Any] = {}
         #: Paged-attention fallbacks (reason -> calls) of the datasets run so far (``run_meta.json``).
@@ -205,7 +205,7 @@ class Runner:
         tokenizer = self.loaded.tokenizer if self.loaded else load_tokenizer(cfg.model)
         data = self.load_data(tokenizer)  # every sample checked before the weights load
         # The folder is claimed before the weights load: an identical run started meanwhile is refused at once.
-        with claim_run_folder(self.folder):
+        with claim_run_folder(self.folder, config=self.cfg_hash):
             # Checked again under the lock: another job may have started this folder since the first check.
             check_existing_run(self.folder, self.cfg_hash, cfg)
             loaded = self.loaded or load_model(cfg.model, seed=int(cfg.seed), tokenizer=tokenizer)
