@@ -33,7 +33,8 @@ Layout (one *run* = one model x task x method x budget)::
                                   (where the tokens after the prompt went, when re-rotated),
                                   "prerope_states": "hidden_states" | "unrotated" | "mixed" | null (where a
                                   scorer's pre-RoPE keys/queries came from; null: it reads none)},
-     "stop_reason": str, "question_lost": bool}
+     "stop_reason": str, "question_lost": bool,
+     "scoring_error": str (only on a row whose scorer raised: it scored 0; :mod:`kvbench.run.scoring`)}
 
 ``metrics.json``::
 
@@ -54,7 +55,8 @@ Layout (one *run* = one model x task x method x budget)::
      "timing": {"n": int, "prefill_s_mean": float, "decode_s_mean": float, "total_s": float},
      "attention": {"calls": {path: int}, "fallbacks": {reason: int}} (paged-cache attention paths that ran and
      any GPU path that was unavailable, :mod:`kvbench.kernels.paths`; run_meta.json has the machine's
-     "attention_capability" and the run's "attention_fallbacks")}
+     "attention_capability" and the run's "attention_fallbacks"),
+     "scoring_errors": {"count": int, "by_sample": {id: str}} (predictions whose scorer raised, scored 0)}
 
 Generated RULER/NeedleBench samples live apart from the runs, in ``run.sample_cache`` (default
 ``results/samples/<benchmark>/<dataset>-<key>.jsonl``, see :mod:`kvbench.storage.sample_cache`).
