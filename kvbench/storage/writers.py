@@ -291,6 +291,21 @@ FAMILIES_GAINED_WRAPPERS = frozenset({"snapkv"})
 KNOBS_GAINED_WITH_WRAPPERS: dict[str, Any] = {"row_reduce": "sum"}
 
 
+#: Task options added after their task's hashes were recorded, with the value that keeps the old behaviour: a config
+#: with such an option at that value hashes as one from before the option existed (issue #54: SCBench's
+#: ``fixed_scdq_kv`` changes scores only, never predictions).
+TASK_OPTIONS_ADDED_OFF: dict[str, Any] = {"fixed_scdq_kv": False}
+
+
+def _without_added_task_options(container: dict[str, Any]) -> dict[str, Any]:
+    task = container.get("task")
+    options = task.get("options") if isinstance(task, dict) else None
+    if not isinstance(options, dict) or not any(key in options for key in TASK_OPTIONS_ADDED_OFF):
+        return container
+    kept = {k: v for k, v in options.items() if not (k in TASK_OPTIONS_ADDED_OFF and v == TASK_OPTIONS_ADDED_OFF[k])}
+    return {**container, "task": {**task, "options": kept}}
+
+
 def canonical_config(container: dict[str, Any]) -> dict[str, Any]:
     """The resolved config ``container`` in the layout it had before issue #41 (hashes and comparisons are computed
     from it, so every existing run keeps its hash: docs/results.md): the scorer knobs of :data:`LEGACY_METHOD_KNOBS`
@@ -298,7 +313,9 @@ def canonical_config(container: dict[str, Any]) -> dict[str, Any]:
     (:data:`LEGACY_KNOB_FAMILIES`), else at the value a run of the family recorded then (the schema's default, or
     :data:`LEGACY_PRESET_VALUES`), and without the fields of :data:`PARAMS_ADDED_OFF` that are off (and, for
     :data:`FAMILIES_GAINED_WRAPPERS`, the wrapper knobs of :data:`WRAPPER_KNOBS_OFF` that are off).  A config
-    already in that layout is returned as it is."""
+    already in that layout is returned as it is.  Task options of :data:`TASK_OPTIONS_ADDED_OFF` at their old
+    behaviour are dropped."""
+    container = _without_added_task_options(container)
     method = container.get("method")
     if not isinstance(method, dict) or "params" not in method or all(knob in method for knob in _VOTE_KNOBS):
         return container
