@@ -44,6 +44,7 @@ import types
 import typing
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import torch
@@ -62,12 +63,21 @@ ADAKV_CASES = [
     for gqa, normalize in ((True, False), (True, True), (False, False))
     if gqa or groups == 2  # gqa_support off (the early paper, query heads) only where heads are grouped
 ]
-#: CAKE cases: (seed, layers, KV heads, group size, context length, cache_size C, tau1, tau2).
+#: CAKE cases: (seed, layers, KV heads, group size, context length, cache_size C, tau1, tau2, gamma).
 CAKE_CASES = [
-    (seed, 6, 2, 2, 160, cache, tau1, tau2)
+    (seed, 6, 2, 2, 160, cache, tau1, tau2, 200.0)
     for seed in range(6)
     for cache in (48, 64, 96)
     for tau1, tau2 in ((1.0, 1.0), (1.6, 0.6))
+]
+#: Cascades over many layers (issue #54 item 5): GQA shapes of 28 and 32 layers, several gamma / tau (the official
+#: model2tau values among them); budgets and preferences only (``cake_bf16_cascade.json``).
+CASCADE_CASES = [
+    (seed, layers, heads, groups, length, cache, tau1, tau2, gamma)
+    for seed in range(3)
+    for layers, heads, groups, length in ((32, 4, 2, 192), (28, 2, 4, 224))
+    for cache in (48, 96)
+    for gamma, tau1, tau2 in ((200.0, 1.0, 1.0), (200.0, 1.6, 0.6), (100.0, 0.4, 0.6), (50.0, 1.9, 1.8))
 ]
 
 
@@ -150,6 +160,16 @@ def record_adakv(repo: Path, tensors: dict[str, torch.Tensor]) -> list[dict]:
 
 # ---------------------------------------------------------------------------------------------------- CAKE
 def record_cake(repo: Path, tensors: dict[str, torch.Tensor]) -> list[dict]:
+    return _record_cake_cases(repo, tensors, CAKE_CASES, keep_tensors=True)
+
+
+def record_cake_cascade(repo: Path, tensors: dict[str, torch.Tensor]) -> list[dict]:
+    return _record_cake_cases(repo, tensors, CASCADE_CASES, keep_tensors=False)
+
+
+def _record_cake_cases(
+    repo: Path, tensors: dict[str, torch.Tensor], cake_cases: list, keep_tensors: bool
+) -> list[dict]:
     import transformers.cache_utils as cache_utils
     from transformers.models.llama import modeling_llama
 
@@ -159,6 +179,8 @@ def record_cake(repo: Path, tensors: dict[str, torch.Tensor]) -> list[dict]:
     import cake.model
     from cake import cake_cache
 
+    if "cake.model.modify_llama" in sys.modules:  # loaded by an earlier stem of this run
+        return _run_cake(sys.modules["cake.model.modify_llama"], cake_cache, tensors, cake_cases, keep_tensors)
     # ``from transformers.models.llama.modeling_llama import *`` gave every public name in transformers 4.43 (no
     # ``__all__`` then; typing's too); 5.2 exports the model classes only.  Load the module with those names set.
     spec = importlib.util.spec_from_file_location("cake.model.modify_llama", repo / "cake/model/modify_llama.py")
@@ -169,6 +191,11 @@ def record_cake(repo: Path, tensors: dict[str, torch.Tensor]) -> list[dict]:
     spec.loader.exec_module(modify_llama)
     assert cake.model.__path__
     modify_llama._flash_attention_forward = lambda query, *args, **kwargs: torch.zeros_like(query)
+    return _run_cake(modify_llama, cake_cache, tensors, cake_cases, keep_tensors)
+
+
+def _run_cake(modify_llama: Any, cake_cache: Any, tensors: dict, cake_cases: list, keep_tensors: bool) -> list[dict]:
+    """``llama_attn_forward_cake`` layer after layer for each case (see the module docstring)."""
 
     class ScoreKeepingCache(cake_cache.CakeCache):
         """``CakeCache`` that also keeps a copy of each layer's eviction scores as the forward hands them over (the
@@ -183,7 +210,7 @@ def record_cake(repo: Path, tensors: dict[str, torch.Tensor]) -> list[dict]:
             super().update_score(pref_score, evict_score)
 
     cases = []
-    for seed, layers, heads, groups, length, cache_size, tau1, tau2 in CAKE_CASES:
+    for seed, layers, heads, groups, length, cache_size, tau1, tau2, gamma in cake_cases:
         num_q = heads * groups
         config = SimpleNamespace(
             decoding_evict=[None] * layers,
@@ -192,7 +219,7 @@ def record_cake(repo: Path, tensors: dict[str, torch.Tensor]) -> list[dict]:
             key_size=[cache_size - WINDOW] * layers,
             tau1=tau1,
             tau2=tau2,
-            gamma=200.0,
+            gamma=gamma,
             prefill_cake_evict=[
                 cake_cache.CakeprefillKVCache(
                     cache_size=cache_size, window_size=WINDOW, num_heads=num_q, num_layers=layers, use_cascading=True
@@ -227,7 +254,7 @@ def record_cake(repo: Path, tensors: dict[str, torch.Tensor]) -> list[dict]:
                 use_cache=True,
             )
         case = len(cases)
-        for layer in range(layers):
+        for layer in range(layers if keep_tensors else 0):
             tensors[f"{case}/scores/{layer}"] = cache.first_scores[layer][0].contiguous()  # [H, S - W] bfloat16
             tensors[f"{case}/kept/{layer}"] = cache.value_cache[layer][0, :, :, 0].to(torch.int16)  # [H, kept]
         cases.append(
@@ -242,7 +269,7 @@ def record_cake(repo: Path, tensors: dict[str, torch.Tensor]) -> list[dict]:
                 "window": WINDOW,
                 "tau1": tau1,
                 "tau2": tau2,
-                "gamma": 200.0,
+                "gamma": gamma,
                 "preferences": [float(np.float32(p)) for p in cache.pref_scores],
                 "layer_budget": [int(b) for b in cache.layer_budget],
             }
@@ -250,26 +277,38 @@ def record_cake(repo: Path, tensors: dict[str, torch.Tensor]) -> list[dict]:
     return cases
 
 
+_CAKE_COMMIT = "c4675ce21b1d6f62d262f9a8dc0ad1e1e8ee4edd"
+#: What each output stem records: (reference, commit, recorder).
+STEMS: dict[str, tuple[str, str, Any]] = {
+    "adakv_bf16": ("FFY0/AdaKV", "efe4e2eea0099bf497f0c175ac5440a915d89f83", record_adakv),
+    "cake_bf16": ("antgroup/cakekv", _CAKE_COMMIT, record_cake),
+    "cake_bf16_cascade": ("antgroup/cakekv", _CAKE_COMMIT, record_cake_cascade),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--adakv", type=Path, required=True, help="checkout of FFY0/AdaKV")
+    parser.add_argument("--adakv", type=Path, help="checkout of FFY0/AdaKV (for the adakv_bf16 stem)")
     parser.add_argument("--cake", type=Path, required=True, help="checkout of antgroup/cakekv")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--stems", nargs="+", default=list(STEMS), choices=list(STEMS), help="what to record")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     versions = {name: metadata.version(name) for name in ("torch", "transformers", "numpy")}
     from transformers.models.llama import modeling_llama  # noqa: F401  (before Ada-KV's flash_attn stand-in)
 
     args.out.mkdir(parents=True, exist_ok=True)
-    for stem, reference, commit, record, repo in (
-        ("adakv_bf16", "FFY0/AdaKV", "efe4e2eea0099bf497f0c175ac5440a915d89f83", record_adakv, args.adakv),
-        ("cake_bf16", "antgroup/cakekv", "c4675ce21b1d6f62d262f9a8dc0ad1e1e8ee4edd", record_cake, args.cake),
-    ):
+    for stem in args.stems:
+        reference, commit, record = STEMS[stem]
+        repo = args.adakv if reference == "FFY0/AdaKV" else args.cake
+        if repo is None:
+            parser.error(f"{stem} needs --adakv")
         tensors: dict[str, torch.Tensor] = {}
         cases = record(repo, tensors)
         meta = {"reference": reference, "commit": commit, "dtype": "bfloat16", "versions": versions, "cases": cases}
         (args.out / f"{stem}.json").write_text(json.dumps(meta, indent=1) + "\n")
-        save_file(tensors, str(args.out / f"{stem}.safetensors"))
+        if tensors:
+            save_file(tensors, str(args.out / f"{stem}.safetensors"))
         print(f"{stem}: {len(cases)} cases")
     return 0
 
