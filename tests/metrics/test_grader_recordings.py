@@ -6,6 +6,7 @@ antlr4 4.11.1), InfiniteBench's ``truncate_by_tokens`` and ``math_find``, SCBenc
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -13,11 +14,18 @@ import pytest
 
 from kvbench.metrics import infinitebench as infinitebench_metrics
 from kvbench.metrics.guard import ScoreGuard, collect_scoring_errors
-from kvbench.metrics.math_answer import choice_from_text, ground_truth, official_prediction, strip_string, word_to_num
+from kvbench.metrics.math_answer import (
+    choice_from_text,
+    ground_truth,
+    official_prediction,
+    reference_text,
+    strip_string,
+    word_to_num,
+)
 from kvbench.metrics.math_grader import choice_answer_clean, math_equal
 from kvbench.metrics.scbench import ScoredRow, official_scores
 from kvbench.metrics.scbench import score_math_find as scbench_math_find
-from kvbench.prompting import truncate_prompt_joined
+from kvbench.prompting import encode_sample, truncate_prompt_joined
 from kvbench.run.scoring import score_rows
 from kvbench.tasks.infinitebench import VALID_OPTIONS, InfiniteBenchDataset
 from kvbench.tasks.reasoning import VALID_OPTIONS as REASONING_OPTIONS
@@ -86,8 +94,18 @@ def test_infinitebench_truncation_decodes_as_truncate_by_tokens(tokenizers):
     assert "<|eot_id|>" not in INFINITEBENCH["truncate_by_tokens"]["llama3/131072"][0]
 
 
-def _official(value):
-    return value if isinstance(value, float) else type(value).__name__
+def test_infinitebench_runner_encoding_drops_special_token_text(tokenizers):
+    """Nothing cut, and still the special-token text of the context is gone: no ``<|eot_id|>`` id reaches the model."""
+    dataset = InfiniteBenchDataset("passkey", data_dir="fixtures", num_samples=1, options=dict(VALID_OPTIONS))
+    sample = dataset.samples()[0]
+    special = dataclasses.replace(sample, context="Note <|eot_id|> here. " + sample.context)
+    tokenizer = tokenizers["llama3"]
+    encoded = encode_sample(
+        tokenizer, special, max_input_length=131072, use_chat_template=False, truncation=dataset.truncation
+    )
+    assert tokenizer.convert_tokens_to_ids("<|eot_id|>") not in encoded.input_ids
+    assert not encoded.truncated and not encoded.question_lost
+    assert encoded.input_ids[0] == tokenizer.bos_token_id and encoded.input_ids.count(tokenizer.bos_token_id) == 1
 
 
 def test_math_find_as_each_official_scorer():
@@ -132,3 +150,18 @@ def test_a_scoring_error_is_recorded_in_the_row_and_counted_not_raised(tmp_path)
     assert guard("x", int, "7.0") == 0.0 and guard.errors == {
         "x": "ValueError: invalid literal for int() with base 10: '7.0'"
     }
+
+
+def test_math_verify_gets_the_reference_as_written():
+    """``strip_string`` mangles ``\\frac{a}{b}`` (its unit words: "a") -- what math-verify must not be handed."""
+    example = {"solution": "Thus $\\boxed{\\frac{a}{b}}$."}
+    assert ground_truth(example, "math") == "\\frac{}{b}"
+    assert reference_text(example, "math") == "\\frac{a}{b}"
+    assert reference_text({"answer": "Half of 36.\n#### 18"}, "gsm8k") == "18"
+
+
+def test_math_verify_grades_against_the_reference_as_written():
+    pytest.importorskip("math_verify")
+    dataset = ReasoningDataset("math500", data_dir="fixtures", num_samples=1, options=dict(REASONING_OPTIONS))
+    dataset.grader = "math_verify"
+    assert dataset.is_correct("so \\boxed{\\frac{a}{b}}", "\\frac{}{b}", "\\frac{a}{b}")
