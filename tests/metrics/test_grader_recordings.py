@@ -165,3 +165,20 @@ def test_math_verify_grades_against_the_reference_as_written():
     dataset = ReasoningDataset("math500", data_dir="fixtures", num_samples=1, options=dict(REASONING_OPTIONS))
     dataset.grader = "math_verify"
     assert dataset.is_correct("so \\boxed{\\frac{a}{b}}", "\\frac{}{b}", "\\frac{a}{b}")
+
+
+def test_the_new_scbench_switch_off_keeps_the_hash_of_before():
+    """``fixed_scdq_kv`` changes scores only: off, the config hashes as one without the option (existing runs keep
+    their folders); on, it is another run."""
+    from omegaconf import OmegaConf
+
+    from kvbench.api import compose_config
+    from kvbench.storage.writers import config_hash
+
+    cfg = compose_config("snapkv", "64L", overrides=["task=scbench"])
+    before = OmegaConf.to_container(cfg, resolve=True)
+    del before["task"]["options"]["fixed_scdq_kv"]
+    assert config_hash(cfg) == config_hash(OmegaConf.create(before))
+    assert config_hash(
+        compose_config("snapkv", "64L", overrides=["task=scbench", "task.options.fixed_scdq_kv=true"])
+    ) != (config_hash(cfg))
