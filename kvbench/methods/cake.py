@@ -210,7 +210,7 @@ class CakeLayerAllocator(LayerBudgetAllocator):
             state.below_trigger = True
             return {observation.layer_idx: context}
         dtype = observation.model_dtype
-        if probability_dtype(dtype, self.score_dtype) is not None:  # a half model: the code's own operations
+        if probability_dtype(dtype, self.score_dtype) is not None and window > 1:  # half model: the code's operations
             preference = code_preference(observation, window, state.tau1, state.tau2, self.preference)
         else:
             stats = observation.window_stats(None)
