@@ -82,6 +82,7 @@ from kvbench.run.records import (
 )
 from kvbench.run.resume import check_existing_run, check_resumable, lost_predictions, trusted_metrics
 from kvbench.run.run_meta import write_run_files
+from kvbench.run.scoring import score_rows
 from kvbench.run.summary import SUMMARY_FILE, DatasetScores, build_summary, interval_of, sample_scores
 from kvbench.run.table import format_table
 from kvbench.storage.folder import claim_run_folder
@@ -381,7 +382,7 @@ class Runner:
         cfg, rows = self.cfg, generated.rows
         attention = ATTENTION_RECORD.summary()
         self.attention_fallbacks.update(attention["fallbacks"])
-        scores = dataset.score([r["prediction"] for r in rows], samples)
+        scores, scoring_errors = score_rows(dataset, rows, samples, self.folder / dataset.name)
         metrics = metrics_record(
             cfg,
             self.cfg_hash,
@@ -399,6 +400,7 @@ class Runner:
             ),
             timing=generated.timing,
             attention=attention,
+            scoring_errors=scoring_errors,
         )
         label = f"{cfg.model.name} {cfg.method.name} {cfg.budget.name} {dataset.name}"
         predictions = [r["prediction"] for r in rows]
