@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -120,4 +121,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # A warning (a metrics.json that disagrees with its rows, a duplicate run) as one line, without the source line.
+    warnings.showwarning = lambda message, *args, **kwargs: print(f"warning: {message}", file=sys.stderr)
     raise SystemExit(main())

@@ -56,3 +56,17 @@ def test_a_dataset_resumed_by_other_kvbench_code_is_flagged_mixed_code(damaged_r
     assert len(json.loads((folder / "metrics.json").read_text())["code"]["sources"]) == 2
     (row,) = load_runs(damaged_root).to_dict("records")
     assert row["flags"] == "mixed-code" and row["n_samples"] == 2
+
+
+def test_kvbench_report_warns_lists_and_flags_in_one_line_each(damaged_root: Path, tmp_path: Path, capsys) -> None:
+    from kvbench.dashboards import main
+
+    predictions = damaged_root / RUN / DATASET / "predictions.jsonl"
+    predictions.write_text(predictions.read_text().splitlines(keepends=True)[0])
+    meta_path = damaged_root / RUN / "run_meta.json"
+    meta_path.write_text(json.dumps({**json.loads(meta_path.read_text()), "status": "interrupted"}))
+    assert main(["report", str(damaged_root), "--out", str(tmp_path / "site")]) == 0
+    stderr = capsys.readouterr().err
+    assert "Traceback" not in stderr and "UserWarning" not in stderr
+    assert any(line.startswith("warning: ") and "disagrees" in line for line in stderr.splitlines())
+    assert any(line.startswith("note: run ") and "incomplete" in line for line in stderr.splitlines())
