@@ -270,10 +270,11 @@ def run_summary(df: pd.DataFrame) -> pd.DataFrame:
     wide["mean"] = wide.mean(axis=1, skipna=True)
     wide["n_datasets"] = wide.drop(columns="mean").notna().sum(axis=1)
     if "flags" in filled:  # every flag of the run's datasets (issue #55: an incomplete run is never ranked unflagged)
-        flags = filled.groupby(keys, dropna=False)["flags"].agg(_union_flags)
+        flags = filled.groupby(keys, dropna=False)["flags"].agg(union_flags)
         wide["flags"] = [flags.get(key, "") for key in wide.index]
     return wide.reset_index()
 
 
-def _union_flags(values: pd.Series) -> str:
+def union_flags(values: Any) -> str:
+    """The flags of several rows (each a comma-separated string, ``flags``) as one sorted, comma-separated string."""
     return ",".join(sorted({flag for value in values if isinstance(value, str) for flag in value.split(",") if flag}))

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.errors import KVBenchError
-from kvbench.reporting.aggregate import run_summary
+from kvbench.reporting.aggregate import run_summary, union_flags
 from kvbench.reporting.breakdowns import breakdown_tables, length_charts
 from kvbench.reporting.dashboard_data import (
     NO_EXPERIMENT,
@@ -108,7 +108,7 @@ def run_records(runs: DashboardRuns) -> list[dict[str, Any]]:
         }
         mean_ci = (extras.get("averages", {}).get("mean") or {}).get("ci95")
         flags = (["stand-in"] if extras.get("stand_in") else []) + (["synthetic"] if extras.get("synthetic") else [])
-        flags += sorted({f for value in group["flags"] if isinstance(value, str) for f in value.split(",") if f})
+        flags += [flag for flag in union_flags(group["flags"]).split(",") if flag]
         records.append(
             {
                 "run_id": rid,

@@ -70,3 +70,17 @@ def test_kvbench_report_warns_lists_and_flags_in_one_line_each(damaged_root: Pat
     assert "Traceback" not in stderr and "UserWarning" not in stderr
     assert any(line.startswith("warning: ") and "disagrees" in line for line in stderr.splitlines())
     assert any(line.startswith("note: run ") and "incomplete" in line for line in stderr.splitlines())
+
+
+def test_a_paper_table_says_which_of_its_runs_are_flagged(tmp_path: Path) -> None:
+    from kvbench.reporting.synthetic import write_synthetic_runs
+    from kvbench.reporting.tables import build_all, write_tables
+
+    root = tmp_path / "runs"
+    write_synthetic_runs(root, ["cake_t1"], noise=0.5)
+    folder = sorted(root.rglob("metrics.json"))[0].parent.parent  # one run: interrupted
+    (folder / "run_meta.json").write_text(json.dumps({"status": "interrupted", "command": ["run.py"]}))
+    write_tables(build_all(load_runs(root), tables=["cake_t1"]), tmp_path / "tables", ["md"])
+    text = (tmp_path / "tables" / "cake_t1.md").read_text()
+    (line,) = [line for line in text.splitlines() if line.startswith("**Flagged runs**")]
+    assert "(incomplete)" in line and folder.parent.name in line  # the method
