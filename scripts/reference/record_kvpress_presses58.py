@@ -31,7 +31,7 @@ import torch
 from transformers import DynamicCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import record_kvpress as base  # noqa: E402  (the sibling recorder: inputs, tracker, writers)
+import record_kvpress as base  # the sibling recorder: inputs, tracker, writers
 
 P = kvpress
 #: DMS thresholds: KNorm's scores are minus the key norms (about -1.4 to -5.6 on the tiny Llama), SnapKV's are window
@@ -202,7 +202,8 @@ def specs() -> list[Spec58]:
             sweep=(0.0,),
             mode="decoding",
             values=True,
-            note=decoding_note + f"; Bernoulli draws from torch's global generator after manual_seed({base.GLOBAL_SEED})",
+            note=decoding_note
+            + f"; Bernoulli draws from torch's global generator after manual_seed({base.GLOBAL_SEED})",
         ),
     ]
 
