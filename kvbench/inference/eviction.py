@@ -420,7 +420,8 @@ class EvictionSession(SessionPasses):
         else:
             counts = method.head_allocator.allocate_for(padded, keep_total, self._model_dtype)
         counts = [min(int(count), length) for count, length in zip(counts, lengths, strict=True)]
-        self._requested[layer_idx] = (keep_total, counts)
+        requested = round(sum(counts) / len(counts)) if self.budget.is_threshold else keep_total  # a threshold's
+        self._requested[layer_idx] = (requested, counts)
         # While decoding, a head that was cut keeps its allocation; one that was not grows to the layer budget before
         # evicting -- unless the allocator sets its own decode budget (CAKE's, when its prefill trigger did not fire).
         decode_budget = (
@@ -439,7 +440,7 @@ class EvictionSession(SessionPasses):
             order = rank_tokens(scores[head], layer.positions[head], protected[head])
             keep.append(order[: counts[head]])
         kept_sorted = [torch.sort(idx).values for idx in keep]
-        merged = None if method.value_merger is None else method.value_merger.merged_values(layer, kept_sorted)
+        merged = None if method.value_merger is None else method.value_merger.merged_values(layer, kept_sorted, padded)
         with on_device(layer.positions[0].device):  # an allocator may shrink a layer on another GPU
             layer.keep(kept_sorted)
             if merged is not None:

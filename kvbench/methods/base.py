@@ -150,9 +150,11 @@ class ValueMerger(ReadOnlyAfterBuild, ABC):
     """Merge-on-evict: the values the kept tokens of a layer hold once the evicted ones are folded into them."""
 
     @abstractmethod
-    def merged_values(self, layer: HeadwiseLayer, kept: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Per head ``[n_h, D]`` the values of the kept slots ``kept[h]`` (ascending) after merging, from the
-        layer's stored keys and values before the eviction (the session stores them with ``rewrite_values``)."""
+    def merged_values(self, layer: HeadwiseLayer, kept: list[torch.Tensor], scores: torch.Tensor) -> list[torch.Tensor]:
+        """Per head ``[n_h, D]`` the values of the kept slots ``kept[h]`` (ascending) after merging, from the layer's
+        stored keys and values before the eviction (the session stores them with ``rewrite_values`` once the layer
+        keeps them); ``scores`` ``[H, S_max]`` are the slots' ranking scores (protected ``+inf``), for a reference
+        that merges in its top-k order (its float sums round in that order)."""
 
 
 class DecodePolicy(ReadOnlyAfterBuild, ABC):
