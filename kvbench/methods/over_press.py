@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from omegaconf import open_dict
+from omegaconf import ListConfig, open_dict
 
 from kvbench.methods.base import (
     METHOD_FAMILIES,
@@ -87,7 +87,6 @@ class OverPress(FamilyMethod):
 
     def settings_of(self, inner: EvictionMethod, reference: str) -> dict[str, Any]:
         """The recorded settings: the wrapped method's, then this wrapper's knobs and its reference."""
-        own = {
-            key: list(value) if isinstance(value, tuple) else value for key, value in dataclasses.asdict(self).items()
-        }
+        own = {key: getattr(self, key) for key in self.field_knobs()}
+        own = {key: list(value) if isinstance(value, (tuple, ListConfig)) else value for key, value in own.items()}
         return {**inner.settings, **own, f"{self.family}_reference": reference}

@@ -130,8 +130,9 @@ def specs() -> list[Spec58]:
         Spec58(
             "ComposedPress_SnapKVPress_KnormPress",
             lambda r: P.ComposedPress([P.SnapKVPress(compression_ratio=r), P.KnormPress(compression_ratio=0.5)]),
+            sweep=(0.1, 0.25, 0.4, 0.5),
             model_lengths=(128,),
-            note="SnapKVPress (window 64) at the case's ratio, then KnormPress(0.5) on what it kept",
+            note="SnapKVPress (window 64) at the case's ratio (keeping at least its window), then KnormPress(0.5)",
         ),
         Spec58(
             "ComposedPress_KeyDiffPress_KnormPress",
