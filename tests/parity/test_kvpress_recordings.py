@@ -9,6 +9,8 @@ recorded scores. They also pin down RandomPress's seeding, which kvbench's Rando
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
@@ -60,6 +62,12 @@ PER_HEAD_BUDGET = {"AdaKVPress_KnormPress", "AdaKVPress_SnapKVPress", "AdaKVPres
 PER_HEAD_BUDGET |= {"CriticalAdaKVPress_SnapKVPress"}
 DECODING = {"DecodingPress_KnormPress", "DecodingPress_KnormPress_buffer0", "CompressionRatioDecodingPress_KnormPress"}
 DECODING |= {"PrefillDecodingPress_KnormPress"}
+DECODING |= {"CAMPress_KnormPress"}
+# Issue #58: DMS keeps what scores at least its threshold (per head), ComposedPress its last press's share of what the
+# first kept, PerLayerCompressionPress one ratio per layer.
+THRESHOLD = {"DMSPress_KnormPress", "DMSPress_SnapKVPress", "DMSPress_KnormPress_decoding"}
+COMPOSED = {"ComposedPress_SnapKVPress_KnormPress", "ComposedPress_KeyDiffPress_KnormPress"}
+PER_LAYER_RATIOS = {"PerLayerCompressionPress_KnormPress", "PerLayerCompressionPress_SnapKVPress"}
 # ChunkKV keeps whole chunks: max(1, int(n_chunks * (1 - ratio))) of them, the last chunk possibly partial.
 CHUNKED = {"ChunkKVPress_KnormPress", "ChunkKVPress_SnapKVPress"}
 
@@ -129,12 +137,21 @@ def test_kept_positions_respect_kvpress_budget(press: str) -> None:
             if press in DECODING:
                 assert len({len(h) for h in heads}) == 1
                 continue
+            if press in THRESHOLD:  # the sliding window kept; the kept fraction is kvpress's measured ratio
+                window = case.settings["sliding_window_size"]
+                assert all(min(case.length, window) <= len(h) for h in heads), (case.inputs, layer)
+                continue
             assert max(max(h) for h in heads) < case.length
             budget = kvpress_n_kept(case.length, case.compression_ratio)
             if press == "ChunkPress_KnormPress":
                 _check_per_chunk_budget(heads, case.length, case.compression_ratio, case.settings["chunk_length"])
             elif press in CHUNKED:
                 _check_whole_chunks(heads, case.length, case.compression_ratio, case.settings["chunk_length"])
+            elif press in COMPOSED:
+                assert [len(h) for h in heads] == [kvpress_n_kept(budget, 0.5)] * len(heads), (case.inputs, layer)
+            elif press in PER_LAYER_RATIOS:
+                ratio = json.loads(case.settings["compression_ratios"])[layer]
+                assert [len(h) for h in heads] == [kvpress_n_kept(case.length, ratio)] * len(heads)
             elif press in PER_HEAD_BUDGET:
                 assert sum(len(h) for h in heads) == budget * len(heads)
             elif press not in PER_LAYER_BUDGET:
