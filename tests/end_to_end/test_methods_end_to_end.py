@@ -29,6 +29,7 @@ from kvbench.methods.base import method_families
 from kvbench.methods.recipe import SCORER_METHODS
 from kvbench.overrides import prepare_overrides
 from kvbench.run.runner import Runner
+from kvbench.views.run_views import read_run_extras
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 YAML_METHODS = sorted(p.stem for p in (CONF / "method").glob("*.yaml"))
@@ -106,3 +107,8 @@ def test_method_runs_with_every_budget(tmp_path: Path, method: str) -> None:
                 assert cache["budget_exact"], (method, budget, cache)
             if budget == "full" or method == "full":
                 assert cache["samples_evicted"] == 0
+            if budget in THRESHOLD_BUDGETS:  # a threshold's size is measured, and the views place the run by it
+                assert 0 < cache["mean_kept_fraction"] < 1 and cache["mean_stored_bytes"] > 0, cache
+                extras = read_run_extras(metrics_path.parent.parent, ["niah_single_1k"])
+                measured = cache["mean_achieved_per_layer"]
+                assert extras["budget_tokens_per_layer"] == pytest.approx(sum(measured) / len(measured)), extras
