@@ -27,6 +27,7 @@ CASES = {
     "merging": (config("merging", press="keydiff"), "0.5cr"),
     "composed": (config("composed", stages=["keydiff", "knorm"], ratios=[0.25]), "0.5cr"),
     "per_layer": (config("per_layer", compression_ratios=[0.1, 0.3, 0.5, 0.7]), "0.4cr"),
+    "cam": (config("cam", compression_interval=2, target_size=24, merge_budget=4), "0.5cr"),
 }
 
 
@@ -53,6 +54,8 @@ def test_batched_decoding_equals_batch_one(tiny_gqa, name: str) -> None:  # noqa
         assert got.token_ids == expected.token_ids, (name, index)
         assert got.record.to_json() == expected.record.to_json(), (name, index)
         assert expected.record.evicted, name
+    if name == "cam":  # compressed to 24 while decoding, values merged
+        assert all(max(r.record.final_per_layer) <= 24 + 1 for r in alone), name
     if name == "dms+decoding":  # heads differ; tokens leaving the window were evicted while decoding too
         assert any(len(set(heads)) > 1 for r in alone for heads in r.record.achieved_per_head), name
         appended = [len(r.question_ids) + len(out.token_ids) - 1 for r, out in zip(requests, alone, strict=True)]
