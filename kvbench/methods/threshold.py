@@ -45,16 +45,21 @@ class ThresholdScorer(TokenScorer):
 
     def score(self, observation: WindowObservation) -> torch.Tensor:
         """``inner``'s scores (``[H, S]`` or ``[H_q, S]``), seeing its own window of the observation's queries, in the
-        dtype its reference returns them in: a scorer that rounds as its reference in the model dtype
-        (``score_dtype=model``: SnapKV's kvpress preset) returns float32 numbers of that dtype, cast to it here so that
-        the threshold is compared in it (:func:`threshold_counts`)."""
+        dtype its reference returns them in (:func:`in_reference_dtype`): the threshold is compared in it
+        (:func:`threshold_counts`)."""
         if observation.window > self.inner_window:
             observation = dataclasses.replace(observation, queries=observation.queries[:, -self.inner_window :])
             observation._stats = {}  # statistics of the wider window do not hold for this one
-        scores = self.inner.score(observation)
-        options = getattr(self.inner, "options", None)
-        rounded = None if options is None else options.probability_dtype(observation.model_dtype)
-        return scores if rounded is None else scores.to(rounded)
+        return in_reference_dtype(self.inner, self.inner.score(observation), observation)
+
+
+def in_reference_dtype(scorer: TokenScorer, scores: torch.Tensor, observation: WindowObservation) -> torch.Tensor:
+    """``scores`` in the dtype ``scorer``'s reference returns them in: a scorer that rounds as its reference in the
+    model dtype (``options.score_dtype=model``: SnapKV's kvpress preset) returns float32 numbers of that dtype, cast
+    to it here (exactly) for a wrapper that compares or sums them as the reference does; others as they are."""
+    options = getattr(scorer, "options", None)
+    rounded = None if options is None else options.probability_dtype(observation.model_dtype)
+    return scores if rounded is None else scores.to(rounded)
 
 
 def threshold_counts(padded: torch.Tensor, threshold: float, score_dtype: torch.dtype) -> list[int]:

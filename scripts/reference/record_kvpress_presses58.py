@@ -198,6 +198,18 @@ def specs() -> list[Spec58]:
             + "; decoding=True, sliding_window_size 8; kept = positions not masked after the last step",
         ),
         Spec58(
+            "EntropyGatedChunkKVPress_KnormPress",
+            lambda r: P.EntropyGatedChunkKVPress(press=P.KnormPress(compression_ratio=r), chunk_length=8),
+            tensor=True,
+            tensor_lengths=(37, 64, 128),
+            note="chunk_length 8, low_entropy_chunk_length 4 (KNorm's scores are negative: the gate rebases them)",
+        ),
+        Spec58(
+            "EntropyGatedChunkKVPress_SnapKVPress",
+            lambda r: P.EntropyGatedChunkKVPress(press=P.SnapKVPress(compression_ratio=r, window_size=16)),
+            note="chunk_length 10 (default), low_entropy_chunk_length 4; SnapKVPress window 16",
+        ),
+        Spec58(
             "CAMPress_KnormPress",
             lambda r: P.CAMPress(base_press=P.KnormPress(), compression_interval=4, target_size=40, merge_budget=4),
             sweep=(0.0,),
