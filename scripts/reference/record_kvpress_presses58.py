@@ -121,6 +121,29 @@ class Spec58:
     note: str = ""
 
 
+LUKV_SEED = 5801
+
+
+def seeded_lukv_curve() -> torch.Tensor:
+    """``[99, layers, H_kv]`` float32 per-head prune ratios in ``[0, 1)``, increasing with the row (the compression
+    ratio's percent - 1): a seeded stand-in for LU-KV's curves (a Hub download per model: unreachable here)."""
+    shape = (99, MODEL_LAYERS, base.MODEL_CONFIG["num_key_value_heads"])
+    spread = torch.rand(shape[1:], generator=torch.Generator().manual_seed(LUKV_SEED)) - 0.5  # per layer and head
+    target = torch.arange(1, 100, dtype=torch.float32)[:, None, None] / 100
+    return (target + 0.3 * spread * target * (1 - target) * 4).clamp(0.0, 0.99)
+
+
+MODEL_LAYERS = base.MODEL_CONFIG["num_hidden_layers"]
+
+
+@dataclasses.dataclass
+class SeededCurveLUKVPress(kvpress.LUKVPress):
+    """kvpress's LUKVPress with the curve set from ``seeded_lukv_curve()`` where it would download one."""
+
+    def _load_budget_curves(self, model):
+        return seeded_lukv_curve().numpy()
+
+
 def specs() -> list[Spec58]:
     decoding_note = (
         f"DecodingPress: context prefilled uncompressed; then a {base.QUESTION_TOKENS}-token question in one forward "
@@ -210,6 +233,16 @@ def specs() -> list[Spec58]:
             note="chunk_length 10 (default), low_entropy_chunk_length 4; SnapKVPress window 16",
         ),
         Spec58(
+            "LUKVPress_KnormPress_seeded_curve",
+            lambda r: SeededCurveLUKVPress(press=P.KnormPress(), compression_ratio=r),
+            note="curve from inputs 'lukv_curve' [99, layers, H_kv] (seeded stand-in for the Hub's); sink 4, window 1",
+        ),
+        Spec58(
+            "LUKVPress_ExpectedAttentionPress_seeded_curve",
+            lambda r: SeededCurveLUKVPress(compression_ratio=r),
+            note="the default press ExpectedAttentionPress(epsilon=2e-2); the seeded curve; sink 4, window 1",
+        ),
+        Spec58(
             "CAMPress_KnormPress",
             lambda r: P.CAMPress(base_press=P.KnormPress(), compression_interval=4, target_size=40, merge_budget=4),
             sweep=(0.0,),
@@ -281,6 +314,8 @@ class Recorder58(base.Recorder):
         used: dict[str, torch.Tensor] = {}
         if spec.model_lengths:
             used["weights"] = base.flat_weights(self.weights)
+        if spec.name.startswith("LUKVPress"):
+            used["lukv_curve"] = seeded_lukv_curve()
         for case in cases:
             length = case["inputs"].split("/S")[-1]
             if case["kind"] == "tensor":
@@ -339,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         payload = recorder.record58(spec)
         base.write_json(args.out / f"{spec.name}.json", payload)
         print(f"{spec.name}: {len(payload['cases'])} cases", flush=True)
+    recorder.layer_inputs["lukv_curve"] = seeded_lukv_curve()
     base.save_inputs(args.out, recorder)
     return 0
 

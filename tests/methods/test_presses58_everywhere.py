@@ -29,6 +29,7 @@ CASES = {
     "per_layer": (config("per_layer", compression_ratios=[0.1, 0.3, 0.5, 0.7]), "0.4cr"),
     "cam": (config("cam", compression_interval=2, target_size=24, merge_budget=4), "0.5cr"),
     "entropy_chunkkv": (config("entropy_chunkkv", press="keydiff", chunk_length=8), "0.5cr"),
+    "lukv": (config("lukv", press="keydiff"), "0.5cr"),
 }
 
 

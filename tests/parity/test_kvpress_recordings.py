@@ -68,6 +68,8 @@ DECODING |= {"CAMPress_KnormPress"}
 THRESHOLD = {"DMSPress_KnormPress", "DMSPress_SnapKVPress", "DMSPress_KnormPress_decoding"}
 COMPOSED = {"ComposedPress_SnapKVPress_KnormPress", "ComposedPress_KeyDiffPress_KnormPress"}
 PER_LAYER_RATIOS = {"PerLayerCompressionPress_KnormPress", "PerLayerCompressionPress_SnapKVPress"}
+# LU-KV: per-head counts from its (seeded) curve, between 1 and S (checked against the curve in test_lukv.py).
+CURVE_BUDGET = {"LUKVPress_KnormPress_seeded_curve", "LUKVPress_ExpectedAttentionPress_seeded_curve"}
 # ChunkKV keeps whole chunks: max(1, int(n_chunks * (1 - ratio))) of them, the last chunk possibly partial.
 CHUNKED = {"ChunkKVPress_KnormPress", "ChunkKVPress_SnapKVPress"}
 
@@ -149,6 +151,8 @@ def test_kept_positions_respect_kvpress_budget(press: str) -> None:
                 _check_whole_chunks(heads, case.length, case.compression_ratio, case.settings["chunk_length"])
             elif press in COMPOSED:
                 assert [len(h) for h in heads] == [kvpress_n_kept(budget, 0.5)] * len(heads), (case.inputs, layer)
+            elif press in CURVE_BUDGET:
+                assert all(1 <= len(h) <= case.length for h in heads), (case.inputs, layer)
             elif press in PER_LAYER_RATIOS:
                 ratio = json.loads(case.settings["compression_ratios"])[layer]
                 assert [len(h) for h in heads] == [kvpress_n_kept(case.length, ratio)] * len(heads)
