@@ -10,7 +10,7 @@ paper versions: a knob of the same machinery) the :data:`PAPER_VARIANT_BUDGETS` 
 1K context), and every other method -- the full cache, the baselines' variants, one-class scorers, plug-ins,
 kvpress-variant presets, whose budgets take the session's paths the baselines already cover -- the
 :data:`SAMPLED_BUDGETS`: no eviction, a per-layer total, a per-head count and a ratio; a threshold method (DMS) a
-threshold (:data:`THRESHOLD_BUDGETS`), kvpress's wrappers over a scorer one budget
+threshold (:data:`THRESHOLD_BUDGETS`), issue #58's kvpress presses one budget
 (:data:`WRAPPER_BUDGETS`).
 """
 
@@ -52,9 +52,9 @@ PAPER_VARIANT_BUDGETS = ["64L", "1000L", "2048L"]
 #: Threshold methods (DMS) take a threshold budget, nothing else (kvbench/budget.py): one threshold.
 THRESHOLD_FAMILIES = {"dms"}
 THRESHOLD_BUDGETS = ["thr-3.0"]
-#: kvpress's wrappers over a scorer (issue #58): the wrapped scorer takes the session's paths the baselines cover, so
-#: one budget (the issue's ``budget=64L`` run); their parity tests cover the rest.
-WRAPPER_FAMILIES = {"merging", "composed", "per_layer", "cam", "entropy_chunkkv", "lukv"}
+#: kvpress's presses of issue #58 (wrappers over a scorer, CAP-KV): they take the session's paths the baselines cover,
+#: so one budget (the issue's ``budget=64L`` run); their parity tests cover the rest.
+WRAPPER_FAMILIES = {"merging", "composed", "per_layer", "cam", "entropy_chunkkv", "lukv", "cap"}
 WRAPPER_BUDGETS = ["64L"]
 
 

@@ -30,6 +30,7 @@ CASES = {
     "cam": (config("cam", compression_interval=2, target_size=24, merge_budget=4), "0.5cr"),
     "entropy_chunkkv": (config("entropy_chunkkv", press="keydiff", chunk_length=8), "0.5cr"),
     "lukv": (config("lukv", press="keydiff"), "0.5cr"),
+    "cap": (config("cap"), "0.5cr"),
 }
 
 
