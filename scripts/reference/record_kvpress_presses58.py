@@ -242,7 +242,9 @@ def specs() -> list[Spec58]:
             lambda r: SeededCurveLUKVPress(compression_ratio=r),
             note="the default press ExpectedAttentionPress(epsilon=2e-2); the seeded curve; sink 4, window 1",
         ),
-        Spec58("CapPress", lambda r: P.CapPress(compression_ratio=r), note="defaults: tau 5, 512 future positions, 4 sinks"),
+        Spec58(
+            "CapPress", lambda r: P.CapPress(compression_ratio=r), note="defaults: tau 5, 512 future positions, 4 sinks"
+        ),
         Spec58(
             "CAMPress_KnormPress",
             lambda r: P.CAMPress(base_press=P.KnormPress(), compression_interval=4, target_size=40, merge_budget=4),
