@@ -44,6 +44,7 @@ from kvbench.methods.base import (
     build_method,
 )
 from kvbench.methods.family import FamilyMethod, family_class
+from kvbench.methods.threshold import ThresholdScorer
 from kvbench.methods.token_scores import aggregate_groups
 
 REFERENCE = "NVIDIA/kvpress kvpress/presses/composed_press.py@0.5.5 (ComposedPress)"
@@ -186,6 +187,8 @@ class Composed(FamilyMethod, family="composed"):
             UniformHeadAllocator
         ):
             problem = "it allocates its own budgets (kvpress refuses AdaKVPress inside ComposedPress)"
+        elif isinstance(stage.scorer, ThresholdScorer):
+            problem = "it evicts by a threshold (a stage keeps a share of what it sees)"
         elif getattr(stage.scorer, "replays_context", False):
             problem = "it scores by replaying the context (kvpress refuses KVzipPress inside ComposedPress)"
         elif not first and stage.scorer.prompt_rows(torch.float32) != PromptRows():

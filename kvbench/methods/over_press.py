@@ -29,6 +29,7 @@ from kvbench.methods.base import (
 )
 from kvbench.methods.family import FamilyMethod, family_class
 from kvbench.methods.params import parse_params
+from kvbench.methods.threshold import ThresholdScorer
 
 
 @dataclasses.dataclass
@@ -75,6 +76,7 @@ class OverPress(FamilyMethod):
             and inner.key_channel_pruner is None
             and inner.value_merger is None
             and not getattr(inner.scorer, "replays_context", False)
+            and not isinstance(inner.scorer, ThresholdScorer)  # a threshold method (DMS) keeps no size to wrap
         )
         if not plain:
             raise ValueError(

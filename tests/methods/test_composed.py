@@ -58,3 +58,18 @@ def test_composed_keeps_kvpress_tokens(press: str, first: str, window: int) -> N
                 tied += 1
     # SnapKV's window is scored its maximum: at n_1 = 64 (ratio 0.5) the window ties with the best candidate.
     assert heads == len(recording.cases) * 4 and tied <= heads // 8, (heads, tied)
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"stages": ["knorm", "dms"], "ratios": [0.5]}, "evicts by a threshold"),
+        ({"stages": ["ada_snapkv", "knorm"], "ratios": [0.5]}, "allocates its own budgets"),
+        ({"stages": ["knorm", "observed_attention"], "ratios": [0.5]}, "reads the prompt rows"),
+        ({"stages": ["knorm", "nosuch"], "ratios": [0.5]}, "neither a method preset"),
+        ({"stages": ["knorm", "keydiff"], "ratios": []}, "one ratio in"),
+    ],
+)
+def test_a_stage_that_does_not_compose_is_refused_by_name(params: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        build_method({"name": "composed", "family": "composed", "params": params})
