@@ -105,6 +105,53 @@ def run_decoding(model, press, input_ids, decode_ids, *, prefill_under_press: bo
     return tracker, calls, cache
 
 
+def run_kvcompose(model, press, input_ids):
+    """KVComposePress's pipeline prefill: ``model.model(input_ids)`` inside ``with press(model)`` (its forward
+    prefills in eager attention, replays the context, and the context's exit compresses every layer); kept positions
+    from the compressed cache (structured) or the masks (unstructured), the context's only; the enhanced scores
+    ``[L, H_kv, S]`` as one score call per layer."""
+    cache, calls, seen = DynamicCache(), [], {}
+
+    def first_call(module, args, kwargs, output):
+        layer = kwargs["past_key_values"].layers[module.layer_idx]
+        if module.layer_idx not in seen:
+            seen[module.layer_idx] = {
+                "hidden_states": kwargs["hidden_states"].detach().clone(),
+                "keys": layer.keys.detach().clone(),
+                "values": layer.values.detach().clone(),
+            }
+        return output
+
+    prepare = press.prepare_important_masks
+
+    def prepare_and_record():
+        prepare()
+        for layer, scores in enumerate(press.scores):
+            calls.append({"press": "KVComposePress", "layer": layer, "scores": scores.detach().float().clone()})
+
+    press.prepare_important_masks = prepare_and_record
+    handles = []
+    torch.manual_seed(base.GLOBAL_SEED)
+    with torch.no_grad(), press(model):
+        handles = [layer.self_attn.register_forward_hook(first_call, with_kwargs=True) for layer in model.model.layers]
+        model.model(input_ids=input_ids, past_key_values=cache)
+    for handle in handles:
+        handle.remove()
+    length, kept = input_ids.shape[1], []
+    for index, layer in enumerate(model.model.layers):
+        before = seen[index]["keys"][0, :, :length]
+        if press.structured:
+            after = cache.layers[index].keys[0]
+            kept.append([base.match_rows(before[h], after[h]).tolist() for h in range(after.shape[0])])
+        else:
+            _, heads, positions = layer.self_attn.masked_key_indices
+            layer.self_attn.masked_key_indices = None
+            masked = [set(positions[heads == h].tolist()) for h in range(before.shape[0])]
+            kept.append([[p for p in range(length) if p not in masked[h]] for h in range(before.shape[0])])
+    tracker = dataclasses.make_dataclass("Seen", [("prefill_inputs", dict)])(seen)
+    return tracker, calls, kept
+
+
 @dataclasses.dataclass
 class Spec58:
     """One recording: ``make(x)`` builds the press for each ``x`` of ``sweep`` (a compression ratio, or DMS's
@@ -246,6 +293,18 @@ def specs() -> list[Spec58]:
             "CapPress", lambda r: P.CapPress(compression_ratio=r), note="defaults: tau 5, 512 future positions, 4 sinks"
         ),
         Spec58(
+            "KVComposePress",
+            lambda r: P.KVComposePress(compression_ratio=r),
+            mode="kvcompose",
+            note="eager attention (its forward forces it): inputs under model/eager; the context replayed once",
+        ),
+        Spec58(
+            "KVComposePress_unstructured",
+            lambda r: P.KVComposePress(compression_ratio=r, structured=False),
+            mode="kvcompose",
+            note="structured=False: per-head counts; kvpress masks (its replayed tokens stay in its cache)",
+        ),
+        Spec58(
             "CAMPress_KnormPress",
             lambda r: P.CAMPress(base_press=P.KnormPress(), compression_interval=4, target_size=40, merge_budget=4),
             sweep=(0.0,),
@@ -286,12 +345,17 @@ class Recorder58(base.Recorder):
                         case["kept_values"] = [values.add(new_values[0])]
                         cases.append(case)
         for dtype in base.DTYPES:
-            model = self.model(dtype, "sdpa")
+            model = self.model(dtype, "eager" if spec.mode == "kvcompose" else "sdpa")
             for length in spec.model_lengths:
                 ids = base.input_ids_for(length)
                 decode_ids = base.input_ids_for(1000 + length)[:, : base.DECODE_STEPS]
                 for x in spec.sweep:
                     press = spec.make(x)
+                    if spec.mode == "kvcompose":
+                        tracker, calls, kept = run_kvcompose(model, press, ids)
+                        prefix = self.remember_inputs("eager", dtype, length, tracker)
+                        cases.append(self.case("model", prefix, dtype, x, press, kept, calls, tables))
+                        continue
                     if spec.mode == "prefill":
                         tracker, calls, cache = run_prefill(model, press, ids)
                     elif spec.mode == "dms":

@@ -54,7 +54,7 @@ THRESHOLD_FAMILIES = {"dms"}
 THRESHOLD_BUDGETS = ["thr-3.0"]
 #: kvpress's presses of issue #58 (wrappers over a scorer, CAP-KV): they take the session's paths the baselines cover,
 #: so one budget (the issue's ``budget=64L`` run); their parity tests cover the rest.
-WRAPPER_FAMILIES = {"merging", "composed", "per_layer", "cam", "entropy_chunkkv", "lukv", "cap"}
+WRAPPER_FAMILIES = {"merging", "composed", "per_layer", "cam", "entropy_chunkkv", "lukv", "cap", "kvcompose"}
 WRAPPER_BUDGETS = ["64L"]
 
 

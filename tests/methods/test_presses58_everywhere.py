@@ -31,6 +31,7 @@ CASES = {
     "entropy_chunkkv": (config("entropy_chunkkv", press="keydiff", chunk_length=8), "0.5cr"),
     "lukv": (config("lukv", press="keydiff"), "0.5cr"),
     "cap": (config("cap"), "0.5cr"),
+    "kvcompose+unstructured": (config("kvcompose", structured=False), "0.5cr"),
 }
 
 
