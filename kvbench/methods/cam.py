@@ -18,7 +18,9 @@ prefill (a question appended in question-agnostic mode counts one, as each decod
 The cache holds values no token produced (:meth:`kvbench.cache.base.LogicalLengthLayer.rewrite_values`).  kvpress's
 CAMPress leaves the prefill whole: spell it with a budget that keeps the prompt (``budget=<S>/layer``); a smaller
 budget compresses the prefill first by the wrapped scorer (kvpress's ``PrefillDecodingPress`` of the two).
-``method=cam`` (``conf/method/cam.yaml``); ``method.params.press`` picks the scorer.  Parity:
+``method=cam`` (``conf/method/cam.yaml``); ``method.params.press`` picks the scorer; ``method.params.seed`` (kvbench's
+switch, off: kvpress's global generator) gives each sample its own generator, so that batched decoding draws as
+batch 1 does.  Parity:
 ``tests/methods/test_cam.py`` (recording ``CAMPress_KnormPress``).
 """
 
@@ -50,6 +52,8 @@ class CamDecodeState(DecodeState):
     steps: dict[int, int] = field(default_factory=dict)
     attention: dict[int, torch.Tensor] = field(default_factory=dict)
     queries: dict[int, torch.Tensor] = field(default_factory=dict)
+    #: The sample's own generator of the Bernoulli draws (``seed`` set), created at the first draw.
+    generator: torch.Generator | None = None
 
 
 def last_query_attention(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
@@ -65,7 +69,12 @@ def last_query_attention(query: torch.Tensor, keys: torch.Tensor) -> torch.Tenso
 
 
 def cam_merge(
-    values: torch.Tensor, attention: torch.Tensor, kept: torch.Tensor, merged: torch.Tensor, merge_budget: int
+    values: torch.Tensor,
+    attention: torch.Tensor,
+    kept: torch.Tensor,
+    merged: torch.Tensor,
+    merge_budget: int,
+    generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """``values`` ``[H, S, D]`` with the candidates ``merged`` ``[m]`` (ascending) merged into the windows of the kept
     tokens ``kept`` ``[n]`` (ascending) after them, each with a Bernoulli draw (module docstring); a new tensor."""
@@ -80,7 +89,7 @@ def cam_merge(
     probability = attention[:, merged] / mean_attention
     probability = torch.where(torch.isnan(probability), torch.zeros_like(probability), probability)
     probability = torch.where(torch.isinf(probability), torch.ones_like(probability), probability).clamp(0, 1)
-    draws = torch.bernoulli(probability)  # [H, m]: torch's global generator, as kvpress
+    draws = torch.bernoulli(probability, generator=generator)  # [H, m]: torch's global generator (kvpress) or one
     scale = (draws / budget)[..., None]
     scale = torch.where(budget[None, :, None] == 0, torch.zeros_like(scale), scale)
     contributions = (values[:, merged] * scale)[:, :, None].expand(-1, -1, merge_budget, -1) * valid[None, ..., None]
@@ -93,9 +102,11 @@ class CamDecodingPolicy(DecodePolicy):
 
     evicts_on_append = True
 
-    def __init__(self, scorer: TokenScorer, gqa_agg: str, window: int, interval: int, target: int, budget: int):
+    def __init__(
+        self, scorer: TokenScorer, gqa_agg: str, window: int, interval: int, target: int, budget: int, seed: int | None
+    ):
         self.scorer, self.gqa_agg, self.window = scorer, gqa_agg, window
-        self.interval, self.target, self.merge_budget = interval, target, budget
+        self.interval, self.target, self.merge_budget, self.seed = interval, target, budget, seed
 
     def new_state(self) -> CamDecodeState:
         return CamDecodeState()
@@ -133,7 +144,9 @@ class CamDecodingPolicy(DecodePolicy):
         order = scores[evicted].flip(-1).argsort(descending=True, stable=True)[:steps]  # equal scores: the later
         merged = (evicted[evicted_count - 1 - order]).sort().values
         kept = scores.topk(self.target).indices.sort().values
-        new_values = cam_merge(values, attention, kept, merged, self.merge_budget)
+        if self.seed is not None and state.generator is None:
+            state.generator = torch.Generator(device=keys.device).manual_seed(self.seed)
+        new_values = cam_merge(values, attention, kept, merged, self.merge_budget, state.generator)
         layer.keep([kept] * layer.num_heads)
         layer.rewrite_values(list(new_values[:, kept].unbind(0)))
         state.attention[layer_idx] = attention[:, kept]
@@ -149,13 +162,23 @@ class Cam(OverPress, family="cam"):
     target_size: int = bounded(2048, 1)
     #: Kept tokens after an evicted one its value is spread over (kvpress's ``merge_budget``).
     merge_budget: int = bounded(32, 1)
+    #: kvbench's switch: ``null`` (kvpress) draws the merges from torch's global generator, so a sample's draws depend
+    #: on what ran before it (and batched decoding draws differently from batch 1); a number gives each sample its
+    #: own generator seeded with it.
+    seed: int | None = None
 
     def build(self, method_cfg: Any) -> EvictionMethod:
         """The wrapped scorer at the prefill (at the budget) and CaM's merging compressions while decoding."""
         inner = self.build_inner(method_cfg)
         assert inner.scorer is not None
         policy = CamDecodingPolicy(
-            inner.scorer, inner.gqa_agg, inner.window, self.compression_interval, self.target_size, self.merge_budget
+            inner.scorer,
+            inner.gqa_agg,
+            inner.window,
+            self.compression_interval,
+            self.target_size,
+            self.merge_budget,
+            self.seed,
         )
         return dataclasses.replace(
             inner, family=self.family, decode_policy=policy, settings=self.settings_of(inner, REFERENCE)

@@ -27,7 +27,8 @@ CASES = {
     "merging": (config("merging", press="keydiff"), "0.5cr"),
     "composed": (config("composed", stages=["keydiff", "knorm"], ratios=[0.25]), "0.5cr"),
     "per_layer": (config("per_layer", compression_ratios=[0.1, 0.3, 0.5, 0.7]), "0.4cr"),
-    "cam": (config("cam", compression_interval=2, target_size=24, merge_budget=4), "0.5cr"),
+    # seed: each sample's own generator (kvpress's global one draws in another order when samples decode together)
+    "cam": (config("cam", compression_interval=2, target_size=24, merge_budget=4, seed=0), "0.5cr"),
     "entropy_chunkkv": (config("entropy_chunkkv", press="keydiff", chunk_length=8), "0.5cr"),
     "lukv": (config("lukv", press="keydiff"), "0.5cr"),
     "cap": (config("cap"), "0.5cr"),
