@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-from kvbench.budget import Budget, BudgetError, parse_budget
+from kvbench.budget import Budget, BudgetError, budget_label, parse_budget
 from kvbench.checks import check_choice
 from kvbench.resources import conf_dir
 
@@ -306,6 +306,8 @@ def _budget_name(budget: Budget) -> str:
         return f"ratio{budget.value:.10f}".rstrip("0").rstrip(".")
     if budget.kind == "compression":
         return f"cr{budget.value:.10f}".rstrip("0").rstrip(".")
+    if budget.kind == "threshold":
+        return budget_label(budget.spec)
     return {"full": "full", "total_per_layer": f"{int(budget.value)}L"}.get(budget.kind, f"{int(budget.value)}perlayer")
 
 
@@ -316,6 +318,8 @@ def _budget_spec(name: str) -> str:
         return f"{name[len('ratio') :]}x"
     if name.startswith("cr"):
         return f"{name[len('cr') :]}cr"
+    if name.startswith("thr"):
+        return f"{name[len('thr') :]}thr"
     return name.replace("perlayer", "/layer")
 
 

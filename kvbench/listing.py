@@ -38,6 +38,7 @@ BUDGET_SEMANTICS = {
     "ratio": "keep {r} of the context: round({r} x context) x num_layers tokens per stored head in total",
     "compression": "kvpress's compression ratio {r}: max(1, int(context x (1 - {r}))) x num_layers tokens per stored "
     "head in total",
+    "threshold": "evict every token scored below {r} (threshold methods only: the kept count is measured, not set)",
 }
 #: Method fields shown in the header (their schema defaults) and, per preset, where they differ.
 _METHOD_SKIP = ("name", "family", "params", "paper", "reference")

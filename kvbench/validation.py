@@ -346,7 +346,14 @@ def _build_run(cfg: DictConfig) -> tuple[Any, Any]:
             f"task.kind={cfg.task.kind!r} is not a registered task kind; valid: {', '.join(kinds)} (pick a task "
             "preset: task=longbench, task=ruler, ...)."
         )
-    return method, parse_budget(str(cfg.budget.spec))
+    from kvbench.methods.threshold import check_budget_form
+
+    budget = parse_budget(str(cfg.budget.spec))
+    try:  # a threshold method takes a threshold budget (<t>thr), every other method a size
+        check_budget_form(method, budget)
+    except ValueError as err:
+        raise KVBenchError(str(err)) from None
+    return method, budget
 
 
 def check_samples(dataset: str, samples: Sequence[Any], source: str) -> None:

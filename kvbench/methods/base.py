@@ -146,6 +146,17 @@ class UniformHeadAllocator(HeadBudgetAllocator):
         return [min(budget_per_head, scores.shape[1])] * scores.shape[0]
 
 
+class ValueMerger(ReadOnlyAfterBuild, ABC):
+    """Merge-on-evict: the values the kept tokens of a layer hold once the evicted ones are folded into them."""
+
+    @abstractmethod
+    def merged_values(self, layer: HeadwiseLayer, kept: list[torch.Tensor], scores: torch.Tensor) -> list[torch.Tensor]:
+        """Per head ``[n_h, D]`` the values of the kept slots ``kept[h]`` (ascending) after merging, from the layer's
+        stored keys and values before the eviction (the session stores them with ``rewrite_values`` once the layer
+        keeps them); ``scores`` ``[H, S_max]`` are the slots' ranking scores (protected ``+inf``), for a reference
+        that merges in its top-k order (its float sums round in that order)."""
+
+
 class DecodePolicy(ReadOnlyAfterBuild, ABC):
     """Eviction while generating.  Called after each decoding step's attention at every layer, with the sample's
     :class:`DecodeState` (:meth:`new_state`)."""
@@ -232,9 +243,12 @@ class EvictionMethod:
     ignored_knobs: frozenset[str] = frozenset()
     #: After a layer's prefill eviction, the key channels each head keeps (ThinK; ``None``: every channel).
     key_channel_pruner: KeyChannelPruner | None = None
+    #: At a prefill eviction, folds the evicted tokens' values into the kept ones (MergingPress; ``None``: evict).
+    value_merger: ValueMerger | None = None
 
     def __post_init__(self) -> None:
         pieces = (self.scorer, self.layer_allocator, self.head_allocator, self.decode_policy, self.key_channel_pruner)
+        pieces += (self.value_merger,)
         for piece in pieces:
             if isinstance(piece, ReadOnlyAfterBuild):
                 piece.freeze()

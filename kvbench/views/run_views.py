@@ -198,10 +198,14 @@ def _mean(values: list[float] | None) -> float | None:
 
 def budget_tokens_per_layer(budget: str, context_length: float | None, requested: list[float] | None) -> float | None:
     """Tokens per layer a budget asks for: ``n`` of ``<n>L`` / ``<n>/layer``; for ``<r>x`` the mean of the run's
-    requested per-layer budgets when recorded, else ``ratio × context``; the context length for ``full``."""
+    requested per-layer budgets when recorded, else ``ratio × context``; the context length for ``full``; for a
+    threshold ``<t>thr``, which sets no size, the run's measured mean per layer (what the threshold kept, recorded as
+    its requested size), else ``None``: a threshold run is placed by what it stored, never by ``t``."""
     try:
         parsed = parse_budget(budget)
     except BudgetError:
+        return float(sum(requested) / len(requested)) if requested else None
+    if parsed.is_threshold:
         return float(sum(requested) / len(requested)) if requested else None
     if parsed.follows_context and requested:
         return float(sum(requested) / len(requested))
