@@ -63,6 +63,8 @@ def decode_path(model: Any, session: EvictionSession) -> tuple[str, str | None]:
         return PER_SAMPLE, "cache layers other than per-head torch or paged ones"
     if any(getattr(layer, "key_channels", None) is not None for layer in cache.layers):
         return PER_SAMPLE, "pruned key channels (ThinK)"
+    if getattr(cache, "kv_quant", None) is not None:
+        return PER_SAMPLE, "quantized KV storage (kv_quant): each sample's layers quantize after its attention"
     policy = session.method.decode_policy
     if policy is None or session.budget.is_full or getattr(policy, "steps_sample_rows", False):
         return POOLED, None

@@ -66,7 +66,11 @@ def output_root(cfg: Any) -> Path:
 
 def run_folder(cfg: Any) -> Path:
     """The run's results folder: the one place it is computed (validation, the runner, the sweep planner, W&B)."""
-    return run_dir(output_root(cfg), cfg.model.name, cfg.task.name, cfg.method.name, cfg.budget.name, cfg.run.tag)
+    kv_quant = cfg.get("kv_quant") if hasattr(cfg, "get") else getattr(cfg, "kv_quant", None)
+    kv_name = None if kv_quant is None else kv_quant.get("name") if hasattr(kv_quant, "get") else kv_quant.name
+    return run_dir(
+        output_root(cfg), cfg.model.name, cfg.task.name, cfg.method.name, cfg.budget.name, cfg.run.tag, kv_name
+    )
 
 
 def check_run_folder_path(root: Path, folder: Path) -> None:

@@ -1,0 +1,270 @@
+"""Quantized KV storage (``kv_quant``): cache layers whose older tokens are held as quantized codes, on both backends.
+
+:class:`QuantizedStorage` is mixed into the torch and paged layers (:class:`QuantizedHeadwiseLayer`,
+:class:`QuantizedPagedLayer`); :class:`~kvbench.cache.kv_cache.KVBenchCache` builds them when it is given a
+:class:`~kvbench.config.KVQuantConfig` whose scheme is not ``none``.  What each token holds follows the reference:
+
+* ``quanto`` / ``hqq`` -- transformers' ``QuantizedCache`` (``QuantizedLayer.update``): the first update quantizes
+  everything it stores; a later update of ``q`` tokens onto a residual of ``r`` full-precision tokens re-quantizes
+  *everything* (the dequantized old tokens, the residual and the new ones) when ``r + q >= residual_length``, else the
+  new tokens join the residual.  Eviction (``keep``) then re-quantizes the kept states, as kvpress does after a press
+  compresses a quantized cache (its forward hook dequantizes, compresses and quantizes the result again).
+* ``kivi`` -- KIVI (jy-yuan/KIVI ``models/llama_kivi.py``): keys are quantized per channel in blocks of
+  ``residual_length`` tokens (positions below ``floor(seen / R) * R``), values per token once they leave the window of
+  the ``residual_length`` most recent tokens (positions below ``seen - R``); eviction keeps codes as they are.
+
+Both references attend over full-precision states when a chunk is fed and quantize afterwards (the prefill attends
+over the prompt's own states; a decoding step over the residual it just joined), so a layer here appends the new
+states as they come and quantizes what the scheme says once the attention function has used them
+(:meth:`QuantizedStorage.attention_done`, called by :mod:`kvbench.attention.function`).  Everything read after that --
+the eviction scorers (kvpress: scores on the dequantized states its pipeline sees), later attention, the records --
+sees the dequantized states.
+
+Storage is simulated, not packed: the backend's buffers hold the *dequantized* states at the model dtype (the numerics
+of the references, without their fused kernels), and :meth:`QuantizedStorage.stored_bytes` counts what a packed store
+holds -- per head ``ceil(bits * quantized elements / 8)`` code bytes + 2 x groups x itemsize for scales and zero points
++ ``(D_k + D_v) * itemsize`` per full-precision residual token (docs/kv_quant.md) -- while ``allocated_bytes`` stays
+what the buffers really hold.  Which tokens are quantized is read from their positions (residual windows are windows
+of positions), so slot moves by decode-time eviction keep the count right.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from transformers.cache_utils import CacheLayerMixin
+
+from kvbench.cache.kv_cache import HeadwiseLayer, KVBenchCache
+from kvbench.cache.paged import DEFAULT_PAGE_SIZE, PagedLayer
+from kvbench.cache.quant_schemes import hqq_roundtrip, kivi_keys, kivi_values, quantized_bytes, quanto_roundtrip
+from kvbench.config import KVQuantConfig
+
+
+class QuantizedStorage:
+    """The quantization state of one cache layer (mixed in before its backend class; module docstring).
+
+    Positions below :attr:`key_threshold` hold quantized keys, below :attr:`value_threshold` quantized values (the
+    transformers schemes move both together).  :attr:`pending` is the quantization the last ``update`` calls for,
+    applied by :meth:`attention_done` once attention has read the new states.
+    """
+
+    kv_quant: KVQuantConfig
+    key_threshold: int = 0
+    value_threshold: int = 0
+    #: ``None`` (nothing to do), ``"all"`` (transformers: re-quantize everything stored) or ``"kivi"`` (advance
+    #: KIVI's thresholds to the layer's ``seen_tokens``).
+    pending: str | None = None
+
+    def _setup_quant(self, kv_quant: KVQuantConfig) -> None:
+        self.kv_quant = kv_quant
+        self.key_threshold = self.value_threshold = 0
+        self.pending = None
+
+    # ------------------------------------------------------------------ what transformers / attention calls
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        """Append as the backend does (full precision); record what the scheme quantizes after attention."""
+        self.attention_done()  # an update with no attention in between (a caller's own forward) settles first
+        first = self.seen_tokens == 0  # type: ignore[attr-defined]
+        residual = self.seen_tokens - self.key_threshold  # type: ignore[attr-defined]
+        result = super().update(key_states, value_states, *args, **kwargs)  # type: ignore[misc]
+        if self.kv_quant.scheme == "kivi":
+            self.pending = "kivi"
+        elif first or residual + key_states.shape[-2] >= self.kv_quant.residual_length:
+            self.pending = "all"
+        return result
+
+    def attention_done(self) -> None:
+        """Quantize what the last update called for (attention has used the full-precision states)."""
+        pending, self.pending = self.pending, None
+        if pending == "all":
+            self._requantize_all()
+        elif pending == "kivi":
+            self._advance_kivi()
+
+    # ------------------------------------------------------------------ eviction
+    def keep(self, indices: Sequence[torch.Tensor] | torch.Tensor) -> None:
+        """The backend's ``keep``; the transformers schemes then re-quantize the kept states (kvpress)."""
+        self.attention_done()
+        super().keep(indices)  # type: ignore[misc]
+        if self.kv_quant.scheme != "kivi":
+            self._requantize_all()
+
+    def evict_slots(self, slots: torch.Tensor, heads: Sequence[int] | None = None) -> torch.Tensor:
+        """The backend's one-token eviction; moved tokens keep their (dequantized) states."""
+        self.attention_done()
+        return super().evict_slots(slots, heads)  # type: ignore[misc]
+
+    def rewrite_keys(self, keys: torch.Tensor, positions: torch.Tensor) -> None:
+        raise ValueError("kv_quant does not compose with key re-rotation (rewrite_keys); use kv_quant=none")
+
+    def prune_key_channels(self, channels: torch.Tensor, prune_appended: bool = False) -> None:
+        raise ValueError("kv_quant does not compose with key-channel pruning (ThinK); use kv_quant=none")
+
+    # ------------------------------------------------------------------ quantization
+    def _requantize_all(self) -> None:
+        """transformers: quantize every stored token (the layer's ``[1, H, S, D]`` tensor, or per head when heads
+        differ in length) and empty the residual."""
+        spec = self.kv_quant
+        roundtrip = quanto_roundtrip if spec.scheme == "quanto" else hqq_roundtrip
+        key_bits, value_bits = spec.key_bits, spec.value_bits
+        axis_key, axis_value, group = spec.transformers_axes[0], spec.transformers_axes[1], spec.group_size
+        lengths = self.head_lengths()  # type: ignore[attr-defined]
+        if sum(lengths):
+            if not self.is_ragged:  # type: ignore[attr-defined]
+                keys, values = self._stored_dense()
+                keys = roundtrip(keys[None], key_bits, axis_key, group)[0]
+                values = roundtrip(values[None], value_bits, axis_value, group)[0]
+                heads = torch.arange(len(lengths), device=keys.device).repeat_interleave(lengths[0])
+                slots = torch.arange(lengths[0], device=keys.device).repeat(len(lengths))
+                self._write_rows(heads, slots, keys.reshape(-1, keys.shape[-1]), values.reshape(-1, values.shape[-1]))
+            else:
+                for head, length in enumerate(lengths):
+                    if length == 0:
+                        continue
+                    keys, values = self.head_kv(head)  # type: ignore[attr-defined]
+                    keys = roundtrip(keys[None, None], key_bits, axis_key, group)[0, 0]
+                    values = roundtrip(values[None, None], value_bits, axis_value, group)[0, 0]
+                    index = torch.arange(length, device=keys.device)
+                    self._write_rows(torch.full_like(index, head), index, keys, values)
+        self.key_threshold = self.value_threshold = self.seen_tokens  # type: ignore[attr-defined]
+
+    def _advance_kivi(self) -> None:
+        """KIVI: keys of positions ``[key_threshold, floor(seen / R) * R)`` per channel (groups of ``G`` positions),
+        values of positions ``[value_threshold, seen - R)`` per token."""
+        spec, seen = self.kv_quant, self.seen_tokens  # type: ignore[attr-defined]
+        new_key = seen // spec.residual_length * spec.residual_length
+        new_value = max(0, seen - spec.residual_length)
+        if new_key <= self.key_threshold and new_value <= self.value_threshold:
+            return
+        keys, values, positions = self.padded_kv()  # type: ignore[attr-defined]
+        lengths = torch.tensor(self.head_lengths(), device=positions.device)  # type: ignore[attr-defined]
+        stored = torch.arange(positions.shape[1], device=positions.device)[None, :] < lengths[:, None]
+        positions = positions.long()
+        if new_key > self.key_threshold:
+            rows = stored & (positions >= self.key_threshold) & (positions < new_key)
+            heads, slots = rows.nonzero(as_tuple=True)
+            span = new_key // spec.group_size + 1
+            groups = heads * span + positions[heads, slots] // spec.group_size
+            self._write_rows(heads, slots, kivi_keys(keys[heads, slots], groups, spec.key_bits), None)
+            self.key_threshold = new_key
+        if new_value > self.value_threshold:
+            rows = stored & (positions >= self.value_threshold) & (positions < new_value)
+            heads, slots = rows.nonzero(as_tuple=True)
+            dequantized = kivi_values(values[heads, slots], spec.group_size, spec.value_bits)
+            self._write_rows(heads, slots, None, dequantized)
+            self.value_threshold = new_value
+
+    def _stored_dense(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[H, S, D]`` keys and values of a dense layer, in slot order."""
+        return self.dense_kv()  # type: ignore[attr-defined]
+
+    def _write_rows(
+        self, heads: torch.Tensor, slots: torch.Tensor, keys: torch.Tensor | None, values: torch.Tensor | None
+    ) -> None:
+        """Overwrite stored rows: ``keys`` / ``values`` ``[n, D]`` of (``heads[i]``, ``slots[i]``) (backend)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ bytes
+    def stored_bytes(self) -> int:
+        """Packed bytes of the kept tokens (docs/kv_quant.md): per head, codes ``ceil(bits x quantized elements /
+        8)`` + scales and zero points ``2 x groups x itemsize`` + full-precision residual ``D x itemsize`` per token,
+        for keys and values apart.  Groups: transformers schemes ``ceil(quantized elements / G)``; KIVI keys ``D``
+        per distinct ``position // G`` among the quantized keys, values ``D / G`` per quantized token."""
+        if not self.is_initialized:  # type: ignore[attr-defined]
+            return 0
+        spec = self.kv_quant
+        itemsize = torch.empty((), dtype=self.dtype).element_size()  # type: ignore[attr-defined]
+        key_dim = self.token_head_bytes() // itemsize - self._value_dim()  # type: ignore[attr-defined]
+        value_dim = self._value_dim()
+        total = 0
+        for positions in self.positions:  # type: ignore[attr-defined]
+            quantized_keys = positions < self.key_threshold
+            quantized_values = positions < self.value_threshold
+            count_keys, count_values = int(quantized_keys.sum()), int(quantized_values.sum())
+            if spec.scheme == "kivi":
+                key_groups = key_dim * int(torch.unique(positions[quantized_keys] // spec.group_size).numel())
+                value_groups = count_values * (value_dim // spec.group_size)
+            else:
+                key_groups = -(-count_keys * key_dim // spec.group_size)
+                value_groups = -(-count_values * value_dim // spec.group_size)
+            total += quantized_bytes(count_keys * key_dim, spec.key_bits, key_groups, itemsize)
+            total += quantized_bytes(count_values * value_dim, spec.value_bits, value_groups, itemsize)
+            total += (positions.numel() - count_keys) * key_dim * itemsize
+            total += (positions.numel() - count_values) * value_dim * itemsize
+        return total
+
+    def _value_dim(self) -> int:
+        raise NotImplementedError
+
+
+class QuantizedHeadwiseLayer(QuantizedStorage, HeadwiseLayer):
+    """The torch backend's layer with quantized storage (:class:`QuantizedStorage`)."""
+
+    def __init__(self, kv_quant: KVQuantConfig, expand_factor: int = 1) -> None:
+        HeadwiseLayer.__init__(self, expand_factor)
+        self._setup_quant(kv_quant)
+
+    def reset(self) -> None:
+        kv_quant = self.kv_quant
+        HeadwiseLayer.__init__(self, self.expand_factor)
+        self.key_channels, self.dropped_key_channels, self.appended_keys = None, 0, None
+        self._setup_quant(kv_quant)
+
+    def _write_rows(
+        self, heads: torch.Tensor, slots: torch.Tensor, keys: torch.Tensor | None, values: torch.Tensor | None
+    ) -> None:
+        assert self.key_buffer is not None and self.value_buffer is not None
+        if keys is not None:
+            self.key_buffer[0, heads, slots] = keys.to(self.key_buffer.dtype)
+        if values is not None:
+            self.value_buffer[0, heads, slots] = values.to(self.value_buffer.dtype)
+
+    def _value_dim(self) -> int:
+        assert self.value_buffer is not None
+        return int(self.value_buffer.shape[-1])
+
+
+class QuantizedPagedLayer(QuantizedStorage, PagedLayer):
+    """The paged backend's layer with quantized storage (:class:`QuantizedStorage`): rows are rewritten in their
+    pages, so the varlen / Triton attention paths read the dequantized states."""
+
+    def __init__(self, kv_quant: KVQuantConfig, expand_factor: int = 1, page_size: int = 16, impl: str = "auto") -> None:
+        PagedLayer.__init__(self, expand_factor, page_size, impl)
+        self._setup_quant(kv_quant)
+
+    def reset(self) -> None:
+        kv_quant = self.kv_quant
+        PagedLayer.__init__(self, self.expand_factor, self.page_size, self.impl)
+        self.key_channels, self.dropped_key_channels, self.appended_keys = None, 0, None
+        self._setup_quant(kv_quant)
+
+    def _write_rows(
+        self, heads: torch.Tensor, slots: torch.Tensor, keys: torch.Tensor | None, values: torch.Tensor | None
+    ) -> None:
+        assert self.k_pool is not None and self.v_pool is not None
+        flat = self.slot_matrix()[heads, slots]
+        if keys is not None:
+            self._flat(self.k_pool).index_copy_(0, flat, keys.to(self.k_pool.dtype))
+        if values is not None:
+            self._flat(self.v_pool).index_copy_(0, flat, values.to(self.v_pool.dtype))
+
+    def _value_dim(self) -> int:
+        return self.head_dim
+
+
+class QuantizedKVBenchCache(KVBenchCache):
+    """A :class:`~kvbench.cache.kv_cache.KVBenchCache` whose evictable layers store quantized KV (``kv_quant``): same
+    arguments, plus the checked :class:`~kvbench.config.KVQuantConfig` (its scheme is not ``none``).  Sliding-window
+    layers stay unquantized."""
+
+    def __init__(self, num_layers: int, kv_quant: KVQuantConfig, **kwargs: Any) -> None:
+        self.kv_quant = kv_quant
+        super().__init__(num_layers, **kwargs)
+
+    def _paged_layer(self) -> CacheLayerMixin:
+        return QuantizedPagedLayer(self.kv_quant, self.expand_factor, page_size=self.page_size or DEFAULT_PAGE_SIZE)
+
+    def _evictable_layer(self) -> CacheLayerMixin:
+        return self._paged_layer() if self.backend == "paged" else QuantizedHeadwiseLayer(self.kv_quant, self.expand_factor)
