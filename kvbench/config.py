@@ -259,12 +259,15 @@ def check_kv_quant(node: Any, error: type[Exception] = ValueError) -> KVQuantCon
         if spec.residual_length % spec.group_size:
             raise error(
                 f"kv_quant.residual_length={spec.residual_length} is not valid for KIVI: it must be a multiple of "
-                f"kv_quant.group_size={spec.group_size} (keys are quantized per channel in groups of group_size tokens)."
+                f"kv_quant.group_size={spec.group_size} (keys are quantized per channel in groups of that many "
+                "tokens)."
             )
         for key in ("axis_key", "axis_value"):
             if getattr(spec, key) is not None:
-                raise error(f"kv_quant.{key}={getattr(spec, key)!r}: KIVI's axes are fixed (keys per channel, values "
-                            "per token); use null.")  # fmt: skip
+                raise error(
+                    f"kv_quant.{key}={getattr(spec, key)!r}: KIVI's axes are fixed (keys per channel, values per "
+                    "token); use null."
+                )
     else:
         for key in ("axis_key", "axis_value"):
             axis = getattr(spec, key)

@@ -48,7 +48,9 @@ def kivi_dequantize(codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Ten
     return codes.to(torch.float16) * scale + minimum
 
 
-def _kivi_codes(states: torch.Tensor, minimum: torch.Tensor, maximum: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _kivi_codes(
+    states: torch.Tensor, minimum: torch.Tensor, maximum: torch.Tensor, bits: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(codes, scale)`` of KIVI's quantizer: ``clamp((x - mn) / scale, 0, 2^b - 1).round()``."""
     scale = (maximum - minimum) / _max_code(bits)
     codes = ((states - minimum) / scale).clamp(0, _max_code(bits)).round()

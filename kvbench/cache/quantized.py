@@ -230,7 +230,9 @@ class QuantizedPagedLayer(QuantizedStorage, PagedLayer):
     """The paged backend's layer with quantized storage (:class:`QuantizedStorage`): rows are rewritten in their
     pages, so the varlen / Triton attention paths read the dequantized states."""
 
-    def __init__(self, kv_quant: KVQuantConfig, expand_factor: int = 1, page_size: int = 16, impl: str = "auto") -> None:
+    def __init__(
+        self, kv_quant: KVQuantConfig, expand_factor: int = 1, page_size: int = 16, impl: str = "auto"
+    ) -> None:
         PagedLayer.__init__(self, expand_factor, page_size, impl)
         self._setup_quant(kv_quant)
 
@@ -267,4 +269,8 @@ class QuantizedKVBenchCache(KVBenchCache):
         return QuantizedPagedLayer(self.kv_quant, self.expand_factor, page_size=self.page_size or DEFAULT_PAGE_SIZE)
 
     def _evictable_layer(self) -> CacheLayerMixin:
-        return self._paged_layer() if self.backend == "paged" else QuantizedHeadwiseLayer(self.kv_quant, self.expand_factor)
+        return (
+            self._paged_layer()
+            if self.backend == "paged"
+            else QuantizedHeadwiseLayer(self.kv_quant, self.expand_factor)
+        )

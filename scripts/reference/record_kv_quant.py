@@ -91,8 +91,9 @@ def record_numerics(kivi, tensors: dict[str, str], cases: list[dict]) -> None:
             for side, out in (("keys", keys), ("values", values)):
                 name = f"kivi/{side}/{dtype_name}/{bits}"
                 tensors[name] = digest(out)
-                cases.append({"name": name, "scheme": "kivi", "side": side, "dtype": dtype_name, "nbits": bits,
-                              "group_size": 32})  # fmt: skip
+                cases.append(
+                    {"name": name, "scheme": "kivi", "side": side, "dtype": dtype_name, "nbits": bits, "group_size": 32}
+                )
         settings = [("quanto", b, a, g) for b in (2, 4) for a in (0, -1) for g in (32, 64)]
         settings += [("hqq", b, a, g) for b in (2, 4, 8) for a in (0, 1) for g in (32, 64)]
         for backend, bits, axis, group in settings:
@@ -101,8 +102,9 @@ def record_numerics(kivi, tensors: dict[str, str], cases: list[dict]) -> None:
             out = quant._dequantize(quant._quantize(inputs.contiguous(), axis=axis))
             name = f"{backend}/{dtype_name}/{bits}/{axis}/{group}"
             tensors[name] = digest(out)
-            cases.append({"name": name, "scheme": backend, "dtype": dtype_name, "nbits": bits, "axis": axis,
-                          "group_size": group})  # fmt: skip
+            cases.append(
+                {"name": name, "scheme": backend, "dtype": dtype_name, "nbits": bits, "axis": axis, "group_size": group}
+            )
 
 
 def record_updates(tensors: dict[str, str], cases: list[dict]) -> None:
@@ -110,7 +112,12 @@ def record_updates(tensors: dict[str, str], cases: list[dict]) -> None:
     states = seeded(11, torch.float32, (1, 2, 31, 32))
     values = seeded(12, torch.float32, (1, 2, 31, 32))
     tensors["updates/keys"], tensors["updates/values"] = digest(states), digest(values)
-    for backend, bits, axis, group in (("quanto", 4, 0, 32), ("quanto", 2, 0, 32), ("hqq", 4, 1, 32), ("hqq", 8, 0, 64)):
+    for backend, bits, axis, group in (
+        ("quanto", 4, 0, 32),
+        ("quanto", 2, 0, 32),
+        ("hqq", 4, 1, 32),
+        ("hqq", 8, 0, 64),
+    ):
         quant = layer(backend, bits, axis, axis, group, 4)
         steps = [(0, 20)] + [(t, t + 1) for t in range(20, 31)]
         name = f"updates/{backend}/{bits}/{axis}/{group}"
@@ -118,8 +125,18 @@ def record_updates(tensors: dict[str, str], cases: list[dict]) -> None:
             keys, vals = quant.update(states[:, :, start:stop].contiguous(), values[:, :, start:stop].contiguous())
             if stop in RECORDED_STEPS:  # the prefill returns its own states
                 tensors[f"{name}/keys/{stop}"], tensors[f"{name}/values/{stop}"] = digest(keys), digest(vals)
-        cases.append({"name": name, "scheme": backend, "nbits": bits, "axis": axis, "group_size": group,
-                      "residual_length": 4, "prefill": 20, "steps": 11})  # fmt: skip
+        cases.append(
+            {
+                "name": name,
+                "scheme": backend,
+                "nbits": bits,
+                "axis": axis,
+                "group_size": group,
+                "residual_length": 4,
+                "prefill": 20,
+                "steps": 11,
+            }
+        )
 
 
 def record_generation(model_dir: str, label: str, prompt_ids: list[int], settings: list[dict], new_tokens: int) -> list:
@@ -128,8 +145,16 @@ def record_generation(model_dir: str, label: str, prompt_ids: list[int], setting
     for setting in settings:
         cache = QuantizedCache(config=model.config, **setting)
         with torch.no_grad():
-            out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=new_tokens, do_sample=False,
-                                 past_key_values=cache, num_beams=1, top_p=None, top_k=None, temperature=None)  # fmt: skip
+            out = model.generate(
+                torch.tensor([prompt_ids]),
+                max_new_tokens=new_tokens,
+                do_sample=False,
+                past_key_values=cache,
+                num_beams=1,
+                top_p=None,
+                top_k=None,
+                temperature=None,
+            )
         tokens = out[0, len(prompt_ids) :].tolist()
         records.append({"model": label, "settings": setting, "prompt_ids": prompt_ids, "tokens": tokens})
         print(label, setting, tokens)
@@ -159,9 +184,13 @@ def tiny_prompt(model_dir: str) -> list[int]:
 
 def smollm2_prompt(model_dir: str) -> list[int]:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    text = ("Paris is the capital of France. Its river is the Seine, and its best known tower was built by Gustave "
-            "Eiffel for the 1889 World's Fair. ") * 4 + "Question: who built the tower, and for which event?"  # fmt: skip
-    chat = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+    text = (
+        "Paris is the capital of France. Its river is the Seine, and its best known tower was built by Gustave "
+        "Eiffel for the 1889 World's Fair. "
+    ) * 4 + "Question: who built the tower, and for which event?"
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+    )
     return tokenizer(chat, add_special_tokens=False)["input_ids"]
 
 
@@ -188,7 +217,9 @@ def main() -> None:
         {"backend": "hqq", "nbits": 4, "q_group_size": 64, "residual_length": 16, "axis_key": 1, "axis_value": 1},
     ]
     generation = record_generation(args.tiny, "tiny", tiny_prompt(args.tiny), tiny_settings, 16)
-    generation += record_generation(args.smollm2, "smollm2-135m-instruct", smollm2_prompt(args.smollm2), smol_settings, 16)
+    generation += record_generation(
+        args.smollm2, "smollm2-135m-instruct", smollm2_prompt(args.smollm2), smol_settings, 16
+    )
     kivi_commit = subprocess.run(["git", "-C", str(args.kivi), "rev-parse", "HEAD"], capture_output=True, text=True)
     meta = {
         "format_version": 1,

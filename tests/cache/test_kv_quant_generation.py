@@ -51,10 +51,17 @@ def spec_of(settings: dict) -> KVQuantConfig:
 
 def kvbench_tokens(model, tokenizer, case: dict) -> list[int]:
     output = generate(
-        model, tokenizer, case["prompt_ids"], [], method=build_method(compose_config(method="full").method),
-        budget=parse_budget("full"), question_mode="aware", max_new_tokens=len(case["tokens"]),
-        stop_token_ids=set(), kv_quant=spec_of(case["settings"]),
-    )  # fmt: skip
+        model,
+        tokenizer,
+        case["prompt_ids"],
+        [],
+        method=build_method(compose_config(method="full").method),
+        budget=parse_budget("full"),
+        question_mode="aware",
+        max_new_tokens=len(case["tokens"]),
+        stop_token_ids=set(),
+        kv_quant=spec_of(case["settings"]),
+    )
     return list(output.token_ids)
 
 

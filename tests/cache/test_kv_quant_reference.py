@@ -69,8 +69,16 @@ def ours(case: dict, inputs: torch.Tensor) -> torch.Tensor:
 def test_recording_covers_every_scheme_and_width() -> None:
     meta, _ = recording()
     covered = {(case["scheme"], case["nbits"]) for case in numerics_cases()}
-    assert covered == {("kivi", 2), ("kivi", 4), ("kivi", 8), ("quanto", 2), ("quanto", 4), ("hqq", 2), ("hqq", 4),
-                       ("hqq", 8)}  # fmt: skip
+    assert covered == {
+        ("kivi", 2),
+        ("kivi", 4),
+        ("kivi", 8),
+        ("quanto", 2),
+        ("quanto", 4),
+        ("hqq", 2),
+        ("hqq", 4),
+        ("hqq", 8),
+    }
     assert meta["kivi_commit"].startswith("876b4d2")
 
 
@@ -98,8 +106,15 @@ def test_layer_hands_attention_what_transformers_returns(name: str, backend: str
     re-quantized in full at every flush)."""
     meta, digests = recording()
     case = next(case for case in meta["cases"] if case["name"] == name)
-    spec = KVQuantConfig(name="t", scheme=case["scheme"], nbits=case["nbits"], group_size=case["group_size"],
-                         residual_length=case["residual_length"], axis_key=case["axis"], axis_value=case["axis"])  # fmt: skip
+    spec = KVQuantConfig(
+        name="t",
+        scheme=case["scheme"],
+        nbits=case["nbits"],
+        group_size=case["group_size"],
+        residual_length=case["residual_length"],
+        axis_key=case["axis"],
+        axis_value=case["axis"],
+    )
     layer = QuantizedHeadwiseLayer(spec) if backend == "torch" else QuantizedPagedLayer(spec, page_size=8, impl="torch")
     keys, values = seeded(11, torch.float32, (1, 2, 31, 32)), seeded(12, torch.float32, (1, 2, 31, 32))
     assert (digest(keys), digest(values)) == (digests["updates/keys"], digests["updates/values"])
