@@ -197,6 +197,10 @@ KV_QUANT_SCHEMES = ("none", "kivi", "quanto", "hqq")
 KV_QUANT_BITS = {"kivi": (2, 4, 8), "quanto": (2, 4), "hqq": (2, 4, 8)}
 #: Valid quantization axes per transformers backend (KIVI's are fixed: keys per channel, values per token).
 KV_QUANT_AXES = {"quanto": (0, -1), "hqq": (0, 1)}
+#: When transformers' ``QuantizedLayer`` flushes its residual: ``5.23`` (kvbench's transformers: an update of ``q``
+#: tokens onto ``r`` residual ones flushes when ``r + q >= residual_length``) or ``5.2`` (the transformers kvpress 0.5
+#: pins: ``r + 1 >= residual_length``, checked only once a token was appended since the last flush).
+KV_QUANT_FLUSH_RULES = ("5.23", "5.2")
 
 
 @dataclass
@@ -219,6 +223,8 @@ class KVQuantConfig:
     #: transformers' ``axis_key`` / ``axis_value`` (quanto: 0 or -1; HQQ: 0 or 1); null for KIVI.
     axis_key: Optional[int] = None
     axis_value: Optional[int] = None
+    #: transformers' residual flush rule, ``5.23`` or ``5.2`` (:data:`KV_QUANT_FLUSH_RULES`; ignored by KIVI).
+    flush_rule: str = "5.23"
     #: The reference a preset reproduces (repo, file, commit, settings), recorded with runs.
     reference: Dict[str, Any] = field(default_factory=dict)
 
@@ -272,6 +278,7 @@ def check_kv_quant(node: Any, error: type[Exception] = ValueError) -> KVQuantCon
         for key in ("axis_key", "axis_value"):
             axis = getattr(spec, key)
             check_choice(f"kv_quant.{key}", 0 if axis is None else axis, KV_QUANT_AXES[spec.scheme], error=error)
+        check_choice("kv_quant.flush_rule", str(spec.flush_rule), KV_QUANT_FLUSH_RULES, error=error)
     return spec
 
 

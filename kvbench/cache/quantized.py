@@ -7,7 +7,8 @@
 * ``quanto`` / ``hqq`` -- transformers' ``QuantizedCache`` (``QuantizedLayer.update``): the first update quantizes
   everything it stores; a later update of ``q`` tokens onto a residual of ``r`` full-precision tokens re-quantizes
   *everything* (the dequantized old tokens, the residual and the new ones) when ``r + q >= residual_length``, else the
-  new tokens join the residual.  Eviction (``keep``) then re-quantizes the kept states, as kvpress does after a press
+  new tokens join the residual (``kv_quant.flush_rule=5.2``: the rule of transformers 5.2, which kvpress 0.5 pins:
+  ``r + 1 >= residual_length``, checked only once a token joined the residual since the last flush).  Eviction (``keep``) then re-quantizes the kept states, as kvpress does after a press
   compresses a quantized cache (its forward hook dequantizes, compresses and quantizes the result again).
 * ``kivi`` -- KIVI (jy-yuan/KIVI ``models/llama_kivi.py``): keys are quantized per channel in blocks of
   ``residual_length`` tokens (positions below ``floor(seen / R) * R``), values per token once they leave the window of
@@ -56,11 +57,14 @@ class QuantizedStorage:
     #: ``None`` (nothing to do), ``"all"`` (transformers: re-quantize everything stored) or ``"kivi"`` (advance
     #: KIVI's thresholds to the layer's ``seen_tokens``).
     pending: str | None = None
+    #: Updates since the residual was last flushed (transformers 5.2's rule checks only once one appended).
+    updates_since_flush: int = 0
 
     def _setup_quant(self, kv_quant: KVQuantConfig) -> None:
         self.kv_quant = kv_quant
         self.key_threshold = self.value_threshold = 0
         self.pending = None
+        self.updates_since_flush = 0
 
     # ------------------------------------------------------------------ what transformers / attention calls
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
@@ -71,9 +75,18 @@ class QuantizedStorage:
         result = super().update(key_states, value_states, *args, **kwargs)  # type: ignore[misc]
         if self.kv_quant.scheme == "kivi":
             self.pending = "kivi"
-        elif first or residual + key_states.shape[-2] >= self.kv_quant.residual_length:
+        elif first or self._flushes(residual, key_states.shape[-2]):
             self.pending = "all"
+        else:
+            self.updates_since_flush += 1
         return result
+
+    def _flushes(self, residual: int, new_tokens: int) -> bool:
+        """transformers' flush condition for ``new_tokens`` onto ``residual`` full-precision tokens
+        (:data:`~kvbench.config.KV_QUANT_FLUSH_RULES`)."""
+        if str(self.kv_quant.flush_rule) == "5.2":  # keys.dim() == 4 and keys.shape[-2] + 1 >= residual_length
+            return self.updates_since_flush > 0 and residual + 1 >= self.kv_quant.residual_length
+        return residual + new_tokens >= self.kv_quant.residual_length
 
     def attention_done(self) -> None:
         """Quantize what the last update called for (attention has used the full-precision states)."""
@@ -129,6 +142,7 @@ class QuantizedStorage:
                     index = torch.arange(length, device=keys.device)
                     self._write_rows(torch.full_like(index, head), index, keys, values)
         self.key_threshold = self.value_threshold = self.seen_tokens  # type: ignore[attr-defined]
+        self.updates_since_flush = 0
 
     def _advance_kivi(self) -> None:
         """KIVI: keys of positions ``[key_threshold, floor(seen / R) * R)`` per channel (groups of ``G`` positions),
