@@ -288,3 +288,20 @@ class QuantizedKVBenchCache(KVBenchCache):
             if self.backend == "paged"
             else QuantizedHeadwiseLayer(self.kv_quant, self.expand_factor)
         )
+
+
+def kv_quant_model_problem(spec: KVQuantConfig, head_dim: int, kv_heads: int) -> str | None:
+    """Why ``spec`` cannot quantize a model's cache of ``kv_heads`` heads of ``head_dim`` channels, or ``None``: KIVI's
+    value groups must divide the head dim; transformers' groups must divide a token's elements over the heads (else
+    no tensor of the layer's shape divides into groups)."""
+    if spec.scheme == "kivi" and head_dim % spec.group_size:
+        return (
+            f"kv_quant.group_size={spec.group_size} does not divide the model's head dim {head_dim}: KIVI quantizes "
+            "values per token in groups of group_size channels (use a divisor of the head dim, e.g. 32)"
+        )
+    if spec.scheme in ("quanto", "hqq") and (head_dim * kv_heads) % spec.group_size:
+        return (
+            f"kv_quant.group_size={spec.group_size} does not divide a token's {head_dim} x {kv_heads} key elements: "
+            "transformers' QuantizedCache groups the layer's elements (use a divisor of the head dim)"
+        )
+    return None

@@ -34,10 +34,11 @@ from transformers import PreTrainedModel
 
 from kvbench.budget import Budget
 from kvbench.cache.kv_cache import KVBenchCache
-from kvbench.cache.quantized import QuantizedKVBenchCache
+from kvbench.cache.quantized import QuantizedKVBenchCache, kv_quant_model_problem
 from kvbench.cache.sliding import layer_windows
 from kvbench.checks import check_choice
 from kvbench.config import QUESTION_MODES, KVQuantConfig, check_kv_quant, kv_quant_refusal
+from kvbench.errors import KVBenchError
 from kvbench.inference.eviction import EvictionSession
 from kvbench.inference.hidden_states import capture_hidden_states
 from kvbench.inference.replay import replay_context
@@ -101,6 +102,21 @@ def quantized_storage(kv_quant: Any, method: EvictionMethod) -> KVQuantConfig | 
     if refusal is not None:
         raise ValueError(refusal)
     return spec
+
+
+def check_kv_quant_model(cfg: Any, model: PreTrainedModel) -> None:
+    """Raise :class:`~kvbench.errors.KVBenchError` when the run's ``kv_quant`` cannot quantize ``model``'s cache
+    (:func:`~kvbench.cache.quantized.kv_quant_model_problem`); nothing when the storage is not quantized."""
+    node = cfg.get("kv_quant") if hasattr(cfg, "get") else None
+    spec = None if node is None else check_kv_quant(node)
+    if spec is None or spec.scheme == "none":
+        return
+    config = model.config.get_text_config(decoder=True)
+    heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+    problem = kv_quant_model_problem(spec, head_dim, heads)
+    if problem is not None:
+        raise KVBenchError(f"model={cfg.model.name}: {problem}.")
 
 
 def forward_logits(

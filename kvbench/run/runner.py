@@ -58,6 +58,7 @@ from omegaconf import DictConfig
 
 from kvbench.errors import Interrupted, KVBenchError
 from kvbench.inference.generate import last_token_ids
+from kvbench.inference.prefill import check_kv_quant_model
 from kvbench.kernels.paths import ATTENTION_RECORD
 from kvbench.models.loading import (
     LoadedModel,
@@ -209,6 +210,7 @@ class Runner:
             # Checked again under the lock: another job may have started this folder since the first check.
             check_existing_run(self.folder, self.cfg_hash, cfg)
             loaded = self.loaded or load_model(cfg.model, seed=int(cfg.seed), tokenizer=tokenizer)
+            check_kv_quant_model(cfg, loaded.model)  # before any file is written
             meta = write_run_files(self.folder, self.cfg, self.cfg_hash)
             logger = _wandb_logger(cfg)
             results: list[DatasetResult] = []

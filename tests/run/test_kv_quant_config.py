@@ -103,3 +103,21 @@ def test_views_name_the_variant_and_the_frontier_places_it_by_bytes() -> None:
     # full+kivi2 (0.18 stored, 70) is beaten by snapkv+kivi4 at 0.15 (74): off the frontier
     assert frontier == [("snapkv+kivi4", 0.08), ("snapkv+kivi4", 0.15), ("snapkv", 0.5), ("full cache", 1.0)]
     assert memory_frontier(chart["series"], "agnostic") == []
+
+
+def test_group_size_the_model_cannot_take_fails_before_any_file(tmp_path: Path, capsys) -> None:
+    """KIVI's value groups must divide the head dim (the tiny model's is 32): refused once the model's shape is known,
+    before the run writes anything."""
+    root = tmp_path / "runs"
+    overrides = [
+        "kv_quant=kivi4",
+        "kv_quant.group_size=64",
+        "kv_quant.residual_length=128",
+        "task.num_samples=1",
+        "run.progress=false",
+        f"run.output_root={root}",
+    ]
+    code, stderr = run_in_process(overrides, capsys)
+    stderr = stderr[stderr.index("error: ") :]  # after the progress bars of the data preparation and model loading
+    assert_clean_failure(code, stderr, ["kv_quant.group_size=64", "head dim 32"])
+    assert not any(path.is_file() for path in root.rglob("*")) if root.exists() else True
