@@ -8,8 +8,9 @@
   everything it stores; a later update of ``q`` tokens onto a residual of ``r`` full-precision tokens re-quantizes
   *everything* (the dequantized old tokens, the residual and the new ones) when ``r + q >= residual_length``, else the
   new tokens join the residual (``kv_quant.flush_rule=5.2``: the rule of transformers 5.2, which kvpress 0.5 pins:
-  ``r + 1 >= residual_length``, checked only once a token joined the residual since the last flush).  Eviction (``keep``) then re-quantizes the kept states, as kvpress does after a press
-  compresses a quantized cache (its forward hook dequantizes, compresses and quantizes the result again).
+  ``r + 1 >= residual_length``, checked only once a token joined the residual since the last flush).  Eviction
+  (``keep``) then re-quantizes the kept states, as kvpress does after a press compresses a quantized cache (its
+  forward hook dequantizes, compresses and quantizes the result again; merged values, ``rewrite_values``, likewise).
 * ``kivi`` -- KIVI (jy-yuan/KIVI ``models/llama_kivi.py``): keys are quantized per channel in blocks of
   ``residual_length`` tokens (positions below ``floor(seen / R) * R``), values per token once they leave the window of
   the ``residual_length`` most recent tokens (positions below ``seen - R``); eviction keeps codes as they are.
@@ -109,6 +110,18 @@ class QuantizedStorage:
         self.attention_done()
         return super().evict_slots(slots, heads)  # type: ignore[misc]
 
+    def rewrite_values(self, values: list[torch.Tensor]) -> None:
+        """Merged values (kvpress's merging presses, after ``keep``): written as the backend does, then quantized as
+        the reference stores them -- transformers: the layer's values quantized again from the written ones (kvpress
+        quantizes the compressed values once); KIVI: the written values of quantized positions, per token."""
+        self.attention_done()
+        super().rewrite_values(values)  # type: ignore[misc]
+        if self.kv_quant.scheme != "kivi":
+            self._requantize_all(keys=False)
+            return
+        threshold, self.value_threshold = self.value_threshold, 0
+        self._quantize_values_below(threshold)
+
     def rewrite_keys(self, keys: torch.Tensor, positions: torch.Tensor) -> None:
         raise ValueError("kv_quant does not compose with key re-rotation (rewrite_keys); use kv_quant=none")
 
@@ -116,9 +129,9 @@ class QuantizedStorage:
         raise ValueError("kv_quant does not compose with key-channel pruning (ThinK); use kv_quant=none")
 
     # ------------------------------------------------------------------ quantization
-    def _requantize_all(self) -> None:
+    def _requantize_all(self, keys: bool = True) -> None:
         """transformers: quantize every stored token (the layer's ``[1, H, S, D]`` tensor, or per head when heads
-        differ in length) and empty the residual."""
+        differ in length) and empty the residual (``keys=False``: the values only, the keys are quantized already)."""
         spec = self.kv_quant
         roundtrip = quanto_roundtrip if spec.scheme == "quanto" else hqq_roundtrip
         key_bits, value_bits = spec.key_bits, spec.value_bits
@@ -126,21 +139,22 @@ class QuantizedStorage:
         lengths = self.head_lengths()  # type: ignore[attr-defined]
         if sum(lengths):
             if not self.is_ragged:  # type: ignore[attr-defined]
-                keys, values = self._stored_dense()
-                keys = roundtrip(keys[None], key_bits, axis_key, group)[0]
+                stored_keys, values = self._stored_dense()
+                quantized = roundtrip(stored_keys[None], key_bits, axis_key, group)[0] if keys else None
                 values = roundtrip(values[None], value_bits, axis_value, group)[0]
-                heads = torch.arange(len(lengths), device=keys.device).repeat_interleave(lengths[0])
-                slots = torch.arange(lengths[0], device=keys.device).repeat(len(lengths))
-                self._write_rows(heads, slots, keys.reshape(-1, keys.shape[-1]), values.reshape(-1, values.shape[-1]))
+                heads = torch.arange(len(lengths), device=values.device).repeat_interleave(lengths[0])
+                slots = torch.arange(lengths[0], device=values.device).repeat(len(lengths))
+                rows = None if quantized is None else quantized.reshape(-1, quantized.shape[-1])
+                self._write_rows(heads, slots, rows, values.reshape(-1, values.shape[-1]))
             else:
                 for head, length in enumerate(lengths):
                     if length == 0:
                         continue
-                    keys, values = self.head_kv(head)  # type: ignore[attr-defined]
-                    keys = roundtrip(keys[None, None], key_bits, axis_key, group)[0, 0]
+                    head_keys, values = self.head_kv(head)  # type: ignore[attr-defined]
+                    quantized = roundtrip(head_keys[None, None], key_bits, axis_key, group)[0, 0] if keys else None
                     values = roundtrip(values[None, None], value_bits, axis_value, group)[0, 0]
-                    index = torch.arange(length, device=keys.device)
-                    self._write_rows(torch.full_like(index, head), index, keys, values)
+                    index = torch.arange(length, device=values.device)
+                    self._write_rows(torch.full_like(index, head), index, quantized, values)
         self.key_threshold = self.value_threshold = self.seen_tokens  # type: ignore[attr-defined]
         self.updates_since_flush = 0
 
@@ -149,26 +163,32 @@ class QuantizedStorage:
         values of positions ``[value_threshold, seen - R)`` per token."""
         spec, seen = self.kv_quant, self.seen_tokens  # type: ignore[attr-defined]
         new_key = seen // spec.residual_length * spec.residual_length
+        if new_key > self.key_threshold:
+            heads, slots, keys, _, positions = self._stored_rows(self.key_threshold, new_key)
+            groups = heads * (new_key // spec.group_size + 1) + positions // spec.group_size  # per head and group
+            self._write_rows(heads, slots, kivi_keys(keys, groups, spec.key_bits), None)
+            self.key_threshold = new_key
         new_value = max(0, seen - spec.residual_length)
-        if new_key <= self.key_threshold and new_value <= self.value_threshold:
-            return
+        if new_value > self.value_threshold:
+            self._quantize_values_below(new_value)
+
+    def _quantize_values_below(self, new_value: int) -> None:
+        """KIVI: quantize the stored values of positions ``[value_threshold, new_value)``, per token."""
+        heads, slots, _, values, _ = self._stored_rows(self.value_threshold, new_value)
+        self._write_rows(heads, slots, None, kivi_values(values, self.kv_quant.group_size, self.kv_quant.value_bits))
+        self.value_threshold = new_value
+
+    def _stored_rows(
+        self, low: int, high: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The stored tokens of positions ``[low, high)``: ``(heads, slots)`` ``[n]`` and their keys, values ``[n, D]``
+        and positions ``[n]`` int64."""
         keys, values, positions = self.padded_kv()  # type: ignore[attr-defined]
         lengths = torch.tensor(self.head_lengths(), device=positions.device)  # type: ignore[attr-defined]
         stored = torch.arange(positions.shape[1], device=positions.device)[None, :] < lengths[:, None]
         positions = positions.long()
-        if new_key > self.key_threshold:
-            rows = stored & (positions >= self.key_threshold) & (positions < new_key)
-            heads, slots = rows.nonzero(as_tuple=True)
-            span = new_key // spec.group_size + 1
-            groups = heads * span + positions[heads, slots] // spec.group_size
-            self._write_rows(heads, slots, kivi_keys(keys[heads, slots], groups, spec.key_bits), None)
-            self.key_threshold = new_key
-        if new_value > self.value_threshold:
-            rows = stored & (positions >= self.value_threshold) & (positions < new_value)
-            heads, slots = rows.nonzero(as_tuple=True)
-            dequantized = kivi_values(values[heads, slots], spec.group_size, spec.value_bits)
-            self._write_rows(heads, slots, None, dequantized)
-            self.value_threshold = new_value
+        heads, slots = (stored & (positions >= low) & (positions < high)).nonzero(as_tuple=True)
+        return heads, slots, keys[heads, slots], values[heads, slots], positions[heads, slots]
 
     def _stored_dense(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``[H, S, D]`` keys and values of a dense layer, in slot order."""

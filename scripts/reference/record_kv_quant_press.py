@@ -71,7 +71,12 @@ def run_case(model, tokenizer, press_name: str, quantized: bool, context: list[i
         pipeline.model.generation_config.eos_token_id = None  # a fixed number of tokens, no stop
         answer_ids: list[int] = []
         original_decode = tokenizer.decode
-        tokenizer.decode = lambda ids, **kwargs: answer_ids.extend(int(i) for i in ids) or original_decode(ids, **kwargs)
+
+        def decode(ids, **kwargs):  # generate_answer returns text: its token ids are read where it decodes them
+            answer_ids.extend(int(i) for i in ids)
+            return original_decode(ids, **kwargs)
+
+        tokenizer.decode = decode
         try:
             pipeline.generate_answer(torch.tensor([question]), cache, len(context), NEW_TOKENS)
         finally:

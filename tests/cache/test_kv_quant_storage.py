@@ -14,7 +14,7 @@ import torch
 from kvbench import kernels
 from kvbench.api import compose_config
 from kvbench.budget import parse_budget
-from kvbench.cache.kv_cache import BACKEND_ENV
+from kvbench.cache.kv_cache import BACKEND_ENV, HeadwiseLayer
 from kvbench.cache.quantized import QuantizedHeadwiseLayer, QuantizedPagedLayer
 from kvbench.config import KVQuantConfig
 from kvbench.inference.batched_decode import DecodeRequest, generate_batched
@@ -222,3 +222,33 @@ def test_batched_decoding_gives_batch_one_tokens_and_records_its_path(tiny_niah)
     assert [batched[i].token_ids for i in range(2)] == single
     [(path, reason)] = DECODE_PATHS.taken()
     assert path == PER_SAMPLE and "kv_quant" in reason
+
+
+@pytest.mark.skipif(
+    not hasattr(HeadwiseLayer, "rewrite_values"),
+    reason="the layers' rewrite_values (merged values, issue #58) is not in this tree yet",
+)
+@pytest.mark.parametrize("spec", [HQQ, KIVI], ids=["hqq", "kivi"])
+def test_merged_values_are_stored_quantized(spec: KVQuantConfig) -> None:
+    """kvpress quantizes a merging press's kept keys and merged values once: after ``keep`` and ``rewrite_values``
+    the keys are unchanged by the rewrite and the values are the quantization of what was written."""
+    from kvbench.cache.quant_schemes import hqq_roundtrip, kivi_values
+
+    gen = torch.Generator().manual_seed(5)
+    layer = QuantizedHeadwiseLayer(spec)
+    layer.update(torch.randn(1, 2, 80, 32, generator=gen), torch.randn(1, 2, 80, 32, generator=gen))
+    layer.attention_done()
+    layer.keep(torch.arange(0, 80, 2).expand(2, -1))
+    keys_before, _ = layer.dense_kv()
+    keys_before = keys_before.clone()
+    merged = [torch.randn(40, 32, generator=gen) for _ in range(2)]
+    layer.rewrite_values(merged)
+    keys, values = layer.dense_kv()
+    assert torch.equal(keys, keys_before)
+    written = torch.stack(merged)
+    if spec.scheme == "hqq":
+        assert torch.equal(values, hqq_roundtrip(written[None], 4, 1, 32)[0])
+    else:  # positions below seen - R = 48 are quantized (24 kept tokens), the rest full precision
+        assert torch.equal(values[:, :24], kivi_values(written[:, :24], 16, 2)) and torch.equal(
+            values[:, 24:], written[:, 24:]
+        )
