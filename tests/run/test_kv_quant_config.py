@@ -121,3 +121,19 @@ def test_group_size_the_model_cannot_take_fails_before_any_file(tmp_path: Path, 
     stderr = stderr[stderr.index("error: ") :]  # after the progress bars of the data preparation and model loading
     assert_clean_failure(code, stderr, ["kv_quant.group_size=64", "head dim 32"])
     assert not any(path.is_file() for path in root.rglob("*")) if root.exists() else True
+
+
+def test_wandb_names_the_variant() -> None:
+    """W&B's run name and report panels name a quantized run as the views do; an unquantized run as before."""
+    from kvbench.run.wandb_logging import panel_fields, run_name
+
+    plain = kvbench.compose_config(method="snapkv", budget="0.5x")
+    kivi4 = kvbench.compose_config(method="snapkv", budget="0.5x", overrides=["kv_quant=kivi4"])
+    assert (
+        run_name(plain) == "tiny-snapkv-ratio0.5-tiny_niah"
+        and run_name(kivi4) == "tiny-snapkv-ratio0.5+kivi4-tiny_niah"
+    )
+    assert (panel_fields(plain, {})["method"], panel_fields(plain, {})["kv_quant"]) == ("snapkv", "none")
+    panel = panel_fields(kivi4, {"stored_fraction": 0.3})
+    assert (panel["method"], panel["kv_quant"], panel["stored_fraction"]) == ("snapkv+kivi4", "kivi4", 0.3)
+    assert panel["group"] == "snapkv+kivi4 · aware"
