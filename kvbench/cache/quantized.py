@@ -74,13 +74,18 @@ class QuantizedStorage:
         first = self.seen_tokens == 0  # type: ignore[attr-defined]
         residual = self.seen_tokens - self.key_threshold  # type: ignore[attr-defined]
         result = super().update(key_states, value_states, *args, **kwargs)  # type: ignore[misc]
+        self.note_update(residual, key_states.shape[-2], first)
+        return result
+
+    def note_update(self, residual: int, new_tokens: int, first: bool = False) -> None:
+        """Record what the scheme quantizes after ``new_tokens`` were appended onto ``residual`` full-precision
+        tokens (``first``: the layer's first update)."""
         if self.kv_quant.scheme == "kivi":
             self.pending = "kivi"
-        elif first or self._flushes(residual, key_states.shape[-2]):
+        elif first or self._flushes(residual, new_tokens):
             self.pending = "all"
         else:
             self.updates_since_flush += 1
-        return result
 
     def _flushes(self, residual: int, new_tokens: int) -> bool:
         """transformers' flush condition for ``new_tokens`` onto ``residual`` full-precision tokens

@@ -18,7 +18,7 @@ from kvbench.cache.kv_cache import BACKEND_ENV, HeadwiseLayer
 from kvbench.cache.quantized import QuantizedHeadwiseLayer, QuantizedPagedLayer
 from kvbench.config import KVQuantConfig
 from kvbench.inference.batched_decode import DecodeRequest, generate_batched
-from kvbench.inference.decode_pool import DECODE_PATHS, PER_SAMPLE
+from kvbench.inference.decode_pool import DECODE_PATHS, POOLED
 from kvbench.inference.generate import generate
 from kvbench.inference.prefill import prefill
 from kvbench.methods.base import build_method
@@ -187,10 +187,23 @@ def test_paged_append_and_decode_attention_read_the_dequantized_states(impl: str
     torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-5)
 
 
-def test_batched_decoding_gives_batch_one_tokens_and_records_its_path(tiny_niah) -> None:
+@pytest.mark.parametrize("spec", [KIVI, HQQ], ids=["kivi", "hqq"])
+def test_pooled_batch_decodes_batch_one_tokens(tiny_niah, spec: KVQuantConfig, monkeypatch) -> None:
+    """Two samples of different lengths decoded in one page pool (KIVI: key blocks and values quantized while
+    decoding; HQQ: residual flushes) give each sample's batch-1 tokens and leave its prompt's tokens stored as batch 1
+    leaves them (the decoded tokens' own states differ in float rounding: a batched forward is not batch 1's)."""
+    from kvbench.inference import prefill as prefill_module
+
     model, tokenizer, ids = tiny_niah
-    method = build_method(compose_config(method="snapkv").method)
-    requests = [DecodeRequest(ids, [], 12, set()), DecodeRequest(ids[:300], [], 12, set())]
+    method = build_method(compose_config(method="streamingllm").method)  # decode-time eviction in the pool too
+    requests = [DecodeRequest(ids, [], 14, set()), DecodeRequest(ids[:310], [], 14, set())]
+    built, original = [], prefill_module.build_cache
+
+    def keep(model, method, kv_quant=None):
+        built.append(original(model, method, kv_quant))
+        return built[-1]
+
+    monkeypatch.setattr(prefill_module, "build_cache", keep)
     single = [
         generate(
             model,
@@ -200,12 +213,15 @@ def test_batched_decoding_gives_batch_one_tokens_and_records_its_path(tiny_niah)
             method=method,
             budget=parse_budget("0.5x"),
             question_mode="aware",
-            max_new_tokens=12,
+            max_new_tokens=14,
             stop_token_ids=set(),
-            kv_quant=KIVI,
-        ).token_ids
+            kv_quant=spec,
+        )
         for r in requests
     ]
+    single_states = [[stored_heads(layer) for layer in cache.layers] for cache in built]
+    thresholds = [[(layer.key_threshold, layer.value_threshold) for layer in cache.layers] for cache in built]
+    built.clear()
     DECODE_PATHS.reset()
     batched = dict(
         generate_batched(
@@ -216,12 +232,28 @@ def test_batched_decoding_gives_batch_one_tokens_and_records_its_path(tiny_niah)
             budget=parse_budget("0.5x"),
             question_mode="aware",
             decode_batch=2,
-            kv_quant=KIVI,
+            kv_quant=spec,
         )
     )
-    assert [batched[i].token_ids for i in range(2)] == single
-    [(path, reason)] = DECODE_PATHS.taken()
-    assert path == PER_SAMPLE and "kv_quant" in reason
+    assert [batched[i].token_ids for i in range(2)] == [out.token_ids for out in single]
+    assert DECODE_PATHS.taken() == [(POOLED, None)]
+    for cache, states, request in zip(built, single_states, requests, strict=True):
+        prompt = len(request.context_ids)
+        for layer, heads in zip(cache.layers, states, strict=True):
+            for (keys, values, positions), (got_keys, got_values, got_positions) in zip(
+                heads, stored_heads(layer), strict=True
+            ):
+                assert torch.equal(got_positions, positions)
+                old = positions < prompt // 16 * 16  # KIVI's key groups of 16 positions hold no decoded token
+                assert torch.equal(got_keys[old], keys[old]) and torch.equal(got_values[old], values[old])
+    assert [[(layer.key_threshold, layer.value_threshold) for layer in cache.layers] for cache in built] == thresholds
+    first_layer_keys = [per_layer[0][0] for per_layer in thresholds]
+    assert first_layer_keys[0] > 404 // 32 * 32 and first_layer_keys[1] > 310 // 32 * 32  # quantized while decoding
+
+
+def stored_heads(layer) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Per stored head: its keys, values and positions (copies, slot order)."""
+    return [(*(t.clone() for t in layer.head_kv(h)), layer.positions[h].clone()) for h in range(layer.num_heads)]
 
 
 @pytest.mark.skipif(
