@@ -60,6 +60,9 @@ class QuantizedStorage:
     pending: str | None = None
     #: Updates since the residual was last flushed (transformers 5.2's rule checks only once one appended).
     updates_since_flush: int = 0
+    #: While set (the chunks of a compressed prefill before its last: :func:`hold_quantization`), quantization waits:
+    #: the chunks count as one update, quantized after the last chunk's attention, as a one-shot prefill is.
+    quantization_held: bool = False
 
     def _setup_quant(self, kv_quant: KVQuantConfig) -> None:
         self.kv_quant = kv_quant
@@ -70,7 +73,6 @@ class QuantizedStorage:
     # ------------------------------------------------------------------ what transformers / attention calls
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
         """Append as the backend does (full precision); record what the scheme quantizes after attention."""
-        self.attention_done()  # an update with no attention in between (a caller's own forward) settles first
         first = self.seen_tokens == 0  # type: ignore[attr-defined]
         residual = self.seen_tokens - self.key_threshold  # type: ignore[attr-defined]
         result = super().update(key_states, value_states, *args, **kwargs)  # type: ignore[misc]
@@ -80,6 +82,8 @@ class QuantizedStorage:
     def note_update(self, residual: int, new_tokens: int, first: bool = False) -> None:
         """Record what the scheme quantizes after ``new_tokens`` were appended onto ``residual`` full-precision
         tokens (``first``: the layer's first update)."""
+        if self.pending == "all":  # held chunks of one prefill: the first one's decision stands
+            return
         if self.kv_quant.scheme == "kivi":
             self.pending = "kivi"
         elif first or self._flushes(residual, new_tokens):
@@ -95,7 +99,10 @@ class QuantizedStorage:
         return residual + new_tokens >= self.kv_quant.residual_length
 
     def attention_done(self) -> None:
-        """Quantize what the last update called for (attention has used the full-precision states)."""
+        """Quantize what the last update called for (attention has used the full-precision states); nothing while
+        :attr:`quantization_held`."""
+        if self.quantization_held:
+            return
         pending, self.pending = self.pending, None
         if pending == "all":
             self._requantize_all()
@@ -293,6 +300,15 @@ class QuantizedPagedLayer(QuantizedStorage, PagedLayer):
 
     def _value_dim(self) -> int:
         return self.head_dim
+
+
+def hold_quantization(cache: KVBenchCache, held: bool) -> None:
+    """Hold (or release) the quantization of ``cache``'s quantized layers: a compressed prefill fed in chunks holds it
+    for every chunk but the last, so its chunks attend over full-precision states and the prompt is quantized once,
+    after the last chunk's attention, as the references' one-shot prefill does (a no-op for other caches)."""
+    for layer in cache.layers:
+        if isinstance(layer, QuantizedStorage):
+            layer.quantization_held = held
 
 
 class QuantizedKVBenchCache(KVBenchCache):

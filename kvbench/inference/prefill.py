@@ -34,7 +34,7 @@ from transformers import PreTrainedModel
 
 from kvbench.budget import Budget
 from kvbench.cache.kv_cache import KVBenchCache
-from kvbench.cache.quantized import QuantizedKVBenchCache, kv_quant_model_problem
+from kvbench.cache.quantized import QuantizedKVBenchCache, hold_quantization, kv_quant_model_problem
 from kvbench.cache.sliding import layer_windows
 from kvbench.checks import check_choice
 from kvbench.config import QUESTION_MODES, KVQuantConfig, check_kv_quant, kv_quant_refusal
@@ -296,11 +296,13 @@ def prefill(
     session.begin_prefill(len(compressed), prompt_ids=compressed)
     capture_hidden_states(model, session)  # for scorers of pre-RoPE states; removed when the prefill ends
     position, logits = 0, None
+    last_chunk = max((i for i, s in enumerate(segments) if not s.appended), default=-1)
     try:
-        for segment in segments:
+        for index, segment in enumerate(segments):
             if segment.appended:
                 replay_context(model, session, compressed, tokenizer, device, forward_logits)
                 session.begin_append()
+            hold_quantization(cache, index < last_chunk)  # kv_quant: one quantization after the whole prompt
             start = segment.start - session.position_shift
             logits = forward_logits(model, segment.ids, start, cache, session, device)[-1]
             position = start + len(segment.ids)

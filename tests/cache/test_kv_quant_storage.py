@@ -284,3 +284,39 @@ def test_merged_values_are_stored_quantized(spec: KVQuantConfig) -> None:
         assert torch.equal(values[:, :24], kivi_values(written[:, :24], 16, 2)) and torch.equal(
             values[:, 24:], written[:, 24:]
         )
+
+
+@pytest.mark.parametrize("spec", [KIVI, HQQ], ids=["kivi", "hqq"])
+def test_chunked_prefill_quantizes_as_a_one_shot_prefill(tiny_niah, spec: KVQuantConfig, monkeypatch) -> None:
+    """A prompt fed in chunks (CPU's automatic chunking of long prompts, run.prefill_chunk) is quantized once after
+    its last chunk, as the references' one-shot prefill: the same thresholds and bytes, the same states up to the
+    chunked attention's float rounding; quantizing chunk by chunk would not be."""
+    from kvbench.inference import prefill as prefill_module
+
+    model, _, ids = tiny_niah
+    method = build_method(compose_config(method="full").method)
+
+    def stored(chunk: int) -> tuple[list, int]:
+        state = prefill(model, ids, [], method=method, budget=parse_budget("full"), prefill_chunk=chunk, kv_quant=spec)
+        layers = state.cache.layers
+        return [(layer.key_threshold, layer.value_threshold, stored_heads(layer)) for layer in layers], sum(
+            layer.stored_bytes() for layer in layers
+        )
+
+    def close(a: list, b: list, atol: float) -> bool:
+        return all(
+            ta[:2] == tb[:2]
+            and all(
+                torch.allclose(x, y, atol=atol)
+                for ha, hb in zip(ta[2], tb[2], strict=True)
+                for x, y in zip(ha, hb, strict=True)
+            )
+            for ta, tb in zip(a, b, strict=True)
+        )
+
+    one_shot, one_shot_bytes = stored(0)
+    chunked, chunked_bytes = stored(100)
+    assert chunked_bytes == one_shot_bytes and close(chunked, one_shot, atol=1e-4)
+    monkeypatch.setattr(prefill_module, "hold_quantization", lambda cache, held: None)
+    per_chunk, _ = stored(100)
+    assert not close(per_chunk, one_shot, atol=1e-4)
