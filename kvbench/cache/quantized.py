@@ -194,17 +194,21 @@ class QuantizedStorage:
         self, low: int, high: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The stored tokens of positions ``[low, high)``: ``(heads, slots)`` ``[n]`` and their keys, values ``[n, D]``
-        and positions ``[n]`` int64."""
-        keys, values, positions = self.padded_kv()  # type: ignore[attr-defined]
+        and positions ``[n]`` int64 (only those rows are read: a decoding step's quantization costs its own tokens)."""
+        positions = self.padded_positions().long()  # type: ignore[attr-defined]
         lengths = torch.tensor(self.head_lengths(), device=positions.device)  # type: ignore[attr-defined]
         stored = torch.arange(positions.shape[1], device=positions.device)[None, :] < lengths[:, None]
-        positions = positions.long()
         heads, slots = (stored & (positions >= low) & (positions < high)).nonzero(as_tuple=True)
-        return heads, slots, keys[heads, slots], values[heads, slots], positions[heads, slots]
+        keys, values = self._read_rows(heads, slots)
+        return heads, slots, keys, values, positions[heads, slots]
 
     def _stored_dense(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``[H, S, D]`` keys and values of a dense layer, in slot order."""
         return self.dense_kv()  # type: ignore[attr-defined]
+
+    def _read_rows(self, heads: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stored keys and values ``[n, D]`` of (``heads[i]``, ``slots[i]``) (backend)."""
+        raise NotImplementedError
 
     def _write_rows(
         self, heads: torch.Tensor, slots: torch.Tensor, keys: torch.Tensor | None, values: torch.Tensor | None
@@ -258,6 +262,10 @@ class QuantizedHeadwiseLayer(QuantizedStorage, HeadwiseLayer):
         self.key_channels, self.dropped_key_channels, self.appended_keys = None, 0, None
         self._setup_quant(kv_quant)
 
+    def _read_rows(self, heads: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.key_buffer is not None and self.value_buffer is not None
+        return self.key_buffer[0, heads, slots], self.value_buffer[0, heads, slots]
+
     def _write_rows(
         self, heads: torch.Tensor, slots: torch.Tensor, keys: torch.Tensor | None, values: torch.Tensor | None
     ) -> None:
@@ -287,6 +295,11 @@ class QuantizedPagedLayer(QuantizedStorage, PagedLayer):
         PagedLayer.__init__(self, self.expand_factor, self.page_size, self.impl)
         self.key_channels, self.dropped_key_channels, self.appended_keys = None, 0, None
         self._setup_quant(kv_quant)
+
+    def _read_rows(self, heads: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.k_pool is not None and self.v_pool is not None
+        flat = self.slot_matrix()[heads, slots]
+        return self._flat(self.k_pool).index_select(0, flat), self._flat(self.v_pool).index_select(0, flat)
 
     def _write_rows(
         self, heads: torch.Tensor, slots: torch.Tensor, keys: torch.Tensor | None, values: torch.Tensor | None

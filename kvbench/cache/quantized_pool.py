@@ -60,6 +60,19 @@ class SampleRows(QuantizedStorage):
         keys, values, _ = self.padded_kv()
         return keys, values
 
+    def padded_positions(self) -> torch.Tensor:
+        """``[H, S_max]`` positions of the sample's rows (stale past a row's length)."""
+        pool, width = self.pool, max(self.head_lengths(), default=0)
+        assert pool.pos_pool is not None
+        slots = pool.slot_matrix()[self.first : self.first + self.heads, :width]
+        return pool.pos_pool.index_select(0, slots.reshape(-1)).view(slots.shape)
+
+    def _read_rows(self, heads: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pool = self.pool
+        assert pool.k_pool is not None and pool.v_pool is not None
+        flat = pool.slot_matrix()[self.first + heads, slots]
+        return pool._flat(pool.k_pool).index_select(0, flat), pool._flat(pool.v_pool).index_select(0, flat)
+
     def head_kv(self, head: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.pool.head_kv(self.first + head)
 
