@@ -343,6 +343,13 @@ def method_label_interpolation(base: str, knobs: Any = WRAPPER_LABEL_PARTS) -> s
     return f"${{{METHOD_LABEL_RESOLVER}:{base},{parts}}}"
 
 
+def budget_leaf(budget: Any, kv_quant: Any = None) -> str:
+    """The budget part of a run's folders (Hydra's log folder: ``${kvbench_budget_leaf:...}``): ``<budget>``, or
+    ``<budget>+<kv_quant>`` with quantized KV storage, as in the results folder
+    (:func:`kvbench.storage.writers.run_dir`)."""
+    return str(budget) if kv_quant in (None, "", "none") else f"{budget}+{kv_quant}"
+
+
 def register_configs() -> None:
     """Register the schemas with Hydra's ConfigStore, :data:`METHOD_LABEL_RESOLVER`, and the ``kvbench_logs`` resolver
     that places Hydra's own logs beside the results root (:func:`kvbench.storage.paths.hydra_log_dir`; idempotent)."""
@@ -352,6 +359,8 @@ def register_configs() -> None:
         OmegaConf.register_new_resolver("kvbench_logs", hydra_log_dir)
     if not OmegaConf.has_resolver(METHOD_LABEL_RESOLVER):
         OmegaConf.register_new_resolver(METHOD_LABEL_RESOLVER, method_label)
+    if not OmegaConf.has_resolver("kvbench_budget_leaf"):
+        OmegaConf.register_new_resolver("kvbench_budget_leaf", budget_leaf)
     store = ConfigStore.instance()
     store.store(name="kvbench_schema", node=KVBenchConfig)
     store.store(group="schema/model", name="model", node=ModelConfig, package="model")
