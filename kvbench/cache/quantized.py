@@ -69,6 +69,7 @@ class QuantizedStorage:
         self.key_threshold = self.value_threshold = 0
         self.pending = None
         self.updates_since_flush = 0
+        self.quantization_held = False
 
     # ------------------------------------------------------------------ what transformers / attention calls
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
