@@ -86,3 +86,27 @@ def test_headline_places_both_runs_by_their_bytes(runs: Path) -> None:
     frontier = chart["frontier"]["aware"]
     assert frontier and {(p["x"], p["y"]) for p in frontier} <= points
     assert [p["x"] for p in frontier] == sorted(p["x"] for p in frontier)
+
+
+def test_evaluate_takes_a_kv_quant_preset(tmp_path: Path) -> None:
+    """``kvbench.evaluate(model, tokenizer, ..., kv_quant="kivi4")`` on a model of one's own: the same folder naming."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import kvbench
+    from kvbench.resources import models_dir
+
+    folder = models_dir() / "tiny-niah"
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+    evaluation = kvbench.evaluate(
+        model,
+        tokenizer,
+        method="snapkv",
+        budget="0.5x",
+        limit=1,
+        kv_quant="kivi4",
+        output_dir=tmp_path,
+        overrides=["task.lengths=[512]", "task.datasets=[niah_single_512]"],
+        progress=False,
+    )
+    assert evaluation.folder is not None and evaluation.folder.name == "ratio0.5+kivi4"
+    assert evaluation.config.kv_quant.scheme == "kivi"
