@@ -284,13 +284,19 @@ def check_kv_quant(node: Any, error: type[Exception] = ValueError) -> KVQuantCon
 
 def kv_quant_refusal(spec: KVQuantConfig, method: Any) -> str | None:
     """Why ``spec`` cannot store ``method``'s cache (an ``EvictionMethod``), or ``None``: quantized layers neither prune
-    key channels (ThinK) nor re-rotate kept keys (Finch)."""
+    key channels (ThinK) nor re-rotate kept keys (Finch), and a method that scores the prompt by forwards of its own
+    over the cache (KVzip's replay) has no reference with quantized storage."""
     if spec.scheme == "none":
         return None
-    if getattr(method, "key_channel_pruner", None) is not None or getattr(method.scorer, "rerotates_keys", False):
+    scorer = getattr(method, "scorer", None)
+    if (
+        getattr(method, "key_channel_pruner", None) is not None
+        or getattr(scorer, "rerotates_keys", False)
+        or getattr(scorer, "replays_context", False)
+    ):
         return (
-            f"kv_quant={spec.name} does not compose with method family {method.family!r} (it prunes key channels or "
-            "re-rotates kept keys); use kv_quant=none"
+            f"kv_quant={spec.name} does not compose with method family {method.family!r} (it prunes key channels, "
+            "re-rotates kept keys or replays the context through the cache); use kv_quant=none"
         )
     return None
 
