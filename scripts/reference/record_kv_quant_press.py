@@ -8,8 +8,10 @@ transformers 5.2 and optimum-quanto 0.2.7 (never importing kvbench)::
 
     python -m venv --system-site-packages /work/venvs/i59-kvpress-quant
     /work/venvs/i59-kvpress-quant/bin/pip install kvpress==0.5.5 transformers==5.2.0 optimum-quanto==0.2.7
+    python -c "from kvbench.tasks.tiny_niah import build_instance as b; i = b('niah_multivalue', 40, 40.0, 'kvq'); \
+        open('/tmp/ctx.txt', 'w').write(' '.join(i.context)); open('/tmp/q.txt', 'w').write(' '.join(i.question))"
     OMP_NUM_THREADS=1 /work/venvs/i59-kvpress-quant/bin/python scripts/reference/record_kv_quant_press.py \
-        --tiny models/tiny-niah --out tests/fixtures/reference/kv_quant
+        --tiny models/tiny-niah --context /tmp/ctx.txt --question /tmp/q.txt --out tests/fixtures/reference/kv_quant
 
 What runs, per press (``SnapKVPress(window_size=64, kernel_size=5)``, ``TOVAPress``; compression ratio 0.5) and
 cache (``QuantizedCache(backend="quanto", nbits=4, q_group_size=32, residual_length=16)``, and a ``DynamicCache``
@@ -17,7 +19,8 @@ for comparison): the tiny model (float32, sdpa) prefills the context under the p
 ``model.model(context_ids, past_key_values=cache)``), each ``score`` call's output is kept (float32 ``[H, S]`` per
 layer), then ``KVPressTextGenerationPipeline.generate_answer`` feeds the question on top of the compressed cache and
 decodes greedily.  The context and question are a niah_multivalue prompt of kvbench's tiny_niah generator
-(``build_instance("niah_multivalue", 40, 40.0, "kvq")``), given here as text.
+(``build_instance("niah_multivalue", 40, 40.0, "kvq")``), given as text files (the first command above; kvbench's
+own environment writes them, this script reads them).
 
 Output: ``kv_quant_press.json``: per case the press, the cache, the prompt ids, per layer the kept positions (the
 top-k of ``ScorerPress.compress``) and, over the quantized cache, the scores, and the greedy tokens (read from the ids
