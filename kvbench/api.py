@@ -210,6 +210,7 @@ def evaluate(
     overrides: Sequence[str] = (),
     progress: bool = True,
     print_table: bool = False,
+    kv_quant: str = "none",
 ) -> Evaluation:
     """Evaluate ``method`` at ``budget`` on ``task`` with your loaded ``model`` and ``tokenizer``.
 
@@ -219,6 +220,7 @@ def evaluate(
     it) or, without one, from the model itself (``max_input_length`` = ``config.max_position_embeddings``, the chat
     template when the tokenizer has one, no extra stop tokens; named after ``config.name_or_path``).
 
+    ``kv_quant``: quantized KV storage, a ``conf/kv_quant`` preset (``kivi4``, ``quanto4``...; docs/kv_quant.md).
     ``question_mode`` (``aware``/``agnostic``) and ``limit`` (samples per dataset) override the task's; other
     settings go in ``overrides`` as on the command line (``"model.max_input_length=7500"``, ``"run.tag=mine"``).
     ``output_dir``: results go to ``<output_dir>/runs/<model>/<task>/<method>/<budget>/`` (resumable, as any run)
@@ -241,7 +243,8 @@ def evaluate(
         task_overrides.append(f"task.question_mode={question_mode}")
     if limit is not None:
         task_overrides.append(f"task.num_samples={limit}")
-    cfg = compose_config(method, budget, task, model=model_config or "tiny", overrides=[*task_overrides])
+    quant = [] if kv_quant == "none" else [f"kv_quant={kv_quant}"]
+    cfg = compose_config(method, budget, task, model=model_config or "tiny", overrides=[*task_overrides, *quant])
     cfg.model = _user_model_config(cfg.model, model, tokenizer, from_preset=model_config is not None)
     with tempfile.TemporaryDirectory(prefix="kvbench-evaluate-") as scratch:
         root = Path(output_dir) if output_dir is not None else Path(scratch)

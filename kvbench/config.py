@@ -195,6 +195,117 @@ class RunConfig:
     changed_inputs: str = "refuse"
 
 
+#: The ``kv_quant.scheme`` values: ``none`` (every kept token at the model dtype), KIVI's scheme, and transformers'
+#: ``QuantizedCache`` with its quanto or HQQ backend (kvbench/cache/quantized.py, docs/kv_quant.md).
+KV_QUANT_SCHEMES = ("none", "kivi", "quanto", "hqq")
+#: Bit widths per scheme (quanto: qint2 / qint4 only, as transformers allows).
+KV_QUANT_BITS = {"kivi": (2, 4, 8), "quanto": (2, 4), "hqq": (2, 4, 8)}
+#: Valid quantization axes per transformers backend (KIVI's are fixed: keys per channel, values per token).
+KV_QUANT_AXES = {"quanto": (0, -1), "hqq": (0, 1)}
+#: When transformers' ``QuantizedLayer`` flushes its residual: ``5.23`` (kvbench's transformers: an update of ``q``
+#: tokens onto ``r`` residual ones flushes when ``r + q >= residual_length``) or ``5.2`` (the transformers kvpress 0.5
+#: pins: ``r + 1 >= residual_length``, checked only once a token was appended since the last flush).
+KV_QUANT_FLUSH_RULES = ("5.23", "5.2")
+
+
+@dataclass
+class KVQuantConfig:
+    """Quantized KV storage composed with the method (docs/kv_quant.md): the kept tokens are stored as ``nbits``-bit
+    codes with a scale and a zero point per group, the most recent ones in full precision."""
+
+    #: Preset name, used in results paths (``<budget>+<name>``; ``none`` adds nothing).
+    name: str = "none"
+    #: none | kivi (jy-yuan/KIVI) | quanto | hqq (transformers' QuantizedCache with that backend).
+    scheme: str = "none"
+    #: Bits per key code (and per value code unless ``value_nbits`` is set).
+    nbits: int = 16
+    #: Bits per value code (null: ``nbits``; KIVI's K2V4-style settings).
+    value_nbits: Optional[int] = None
+    #: Elements per group (one scale and one zero point each): KIVI's ``group_size``, transformers' ``q_group_size``.
+    group_size: int = 64
+    #: Full-precision window: KIVI's ``residual_length``, transformers' ``residual_length``.
+    residual_length: int = 128
+    #: transformers' ``axis_key`` / ``axis_value`` (quanto: 0 or -1; HQQ: 0 or 1); null for KIVI.
+    axis_key: Optional[int] = None
+    axis_value: Optional[int] = None
+    #: transformers' residual flush rule, ``5.23`` or ``5.2`` (:data:`KV_QUANT_FLUSH_RULES`; ignored by KIVI).
+    flush_rule: str = "5.23"
+    #: The reference a preset reproduces (repo, file, commit, settings), recorded with runs.
+    reference: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key_bits(self) -> int:
+        return int(self.nbits)
+
+    @property
+    def value_bits(self) -> int:
+        return int(self.nbits if self.value_nbits is None else self.value_nbits)
+
+    @property
+    def transformers_axes(self) -> tuple[int, int]:
+        """``(axis_key, axis_value)``, transformers' default 0 for a missing one."""
+        return int(self.axis_key or 0), int(self.axis_value or 0)
+
+
+def check_kv_quant(node: Any, error: type[Exception] = ValueError) -> KVQuantConfig:
+    """The ``kv_quant`` node as a checked :class:`KVQuantConfig` (``node``: a DictConfig, a dict or one already)."""
+    if isinstance(node, KVQuantConfig):
+        spec = node
+    else:
+        values = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node or {})
+        known = {key: value for key, value in values.items() if key in KVQuantConfig.__dataclass_fields__}
+        spec = KVQuantConfig(**known)  # type: ignore[arg-type]
+    check_choice("kv_quant.scheme", spec.scheme, KV_QUANT_SCHEMES, error=error)
+    if spec.scheme == "none":
+        return spec
+    bits = KV_QUANT_BITS[spec.scheme]
+    check_choice("kv_quant.nbits", spec.nbits, bits, error=error)
+    if spec.value_nbits is not None:
+        check_choice("kv_quant.value_nbits", spec.value_nbits, bits, also="or null (= nbits)", error=error)
+    for key in ("group_size", "residual_length"):
+        value = getattr(spec, key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise error(f"kv_quant.{key}={value!r} is not valid: it must be an integer >= 1.")
+    if spec.scheme == "kivi":
+        if spec.residual_length % spec.group_size:
+            raise error(
+                f"kv_quant.residual_length={spec.residual_length} is not valid for KIVI: it must be a multiple of "
+                f"kv_quant.group_size={spec.group_size} (keys are quantized per channel in groups of that many "
+                "tokens)."
+            )
+        for key in ("axis_key", "axis_value"):
+            if getattr(spec, key) is not None:
+                raise error(
+                    f"kv_quant.{key}={getattr(spec, key)!r}: KIVI's axes are fixed (keys per channel, values per "
+                    "token); use null."
+                )
+    else:
+        for key in ("axis_key", "axis_value"):
+            axis = getattr(spec, key)
+            check_choice(f"kv_quant.{key}", 0 if axis is None else axis, KV_QUANT_AXES[spec.scheme], error=error)
+        check_choice("kv_quant.flush_rule", str(spec.flush_rule), KV_QUANT_FLUSH_RULES, error=error)
+    return spec
+
+
+def kv_quant_refusal(spec: KVQuantConfig, method: Any) -> str | None:
+    """Why ``spec`` cannot store ``method``'s cache (an ``EvictionMethod``), or ``None``: quantized layers neither prune
+    key channels (ThinK) nor re-rotate kept keys (Finch), and a method that scores the prompt by forwards of its own
+    over the cache (KVzip's replay) has no reference with quantized storage."""
+    if spec.scheme == "none":
+        return None
+    scorer = getattr(method, "scorer", None)
+    if (
+        getattr(method, "key_channel_pruner", None) is not None
+        or getattr(scorer, "rerotates_keys", False)
+        or getattr(scorer, "replays_context", False)
+    ):
+        return (
+            f"kv_quant={spec.name} does not compose with method family {method.family!r} (it prunes key channels, "
+            "re-rotates kept keys or replays the context through the cache); use kv_quant=none"
+        )
+    return None
+
+
 @dataclass
 class KVBenchConfig:
     """The root config composed by run.py."""
@@ -203,6 +314,7 @@ class KVBenchConfig:
     method: MethodConfig = MISSING
     budget: BudgetConfig = MISSING
     task: TaskConfig = MISSING
+    kv_quant: KVQuantConfig = field(default_factory=KVQuantConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     run: RunConfig = field(default_factory=RunConfig)
     seed: int = 0
@@ -242,6 +354,13 @@ def method_label_interpolation(base: str, knobs: Any = WRAPPER_LABEL_PARTS) -> s
     return f"${{{METHOD_LABEL_RESOLVER}:{base},{parts}}}"
 
 
+def budget_leaf(budget: Any, kv_quant: Any = None) -> str:
+    """The budget part of a run's folders (Hydra's log folder: ``${kvbench_budget_leaf:...}``): ``<budget>``, or
+    ``<budget>+<kv_quant>`` with quantized KV storage, as in the results folder
+    (:func:`kvbench.storage.writers.run_dir`)."""
+    return str(budget) if kv_quant in (None, "", "none") else f"{budget}+{kv_quant}"
+
+
 def register_configs() -> None:
     """Register the schemas with Hydra's ConfigStore, :data:`METHOD_LABEL_RESOLVER`, and the ``kvbench_logs`` resolver
     that places Hydra's own logs beside the results root (:func:`kvbench.storage.paths.hydra_log_dir`; idempotent)."""
@@ -251,6 +370,8 @@ def register_configs() -> None:
         OmegaConf.register_new_resolver("kvbench_logs", hydra_log_dir)
     if not OmegaConf.has_resolver(METHOD_LABEL_RESOLVER):
         OmegaConf.register_new_resolver(METHOD_LABEL_RESOLVER, method_label)
+    if not OmegaConf.has_resolver("kvbench_budget_leaf"):
+        OmegaConf.register_new_resolver("kvbench_budget_leaf", budget_leaf)
     store = ConfigStore.instance()
     store.store(name="kvbench_schema", node=KVBenchConfig)
     store.store(group="schema/model", name="model", node=ModelConfig, package="model")
@@ -258,6 +379,7 @@ def register_configs() -> None:
     store.store(group="schema/budget", name="budget", node=BudgetConfig, package="budget")
     store.store(group="schema/task", name="task", node=TaskConfig, package="task")
     store.store(group="schema/wandb", name="wandb", node=WandbConfig, package="wandb")
+    store.store(group="schema/kv_quant", name="kv_quant", node=KVQuantConfig, package="kv_quant")
 
 
 # ---------------------------------------------------------------------------------------------------- group choices

@@ -1,4 +1,5 @@
-"""``kvbench list methods|tasks|models|budgets``: every preset of a config group with its parameters and defaults.
+"""``kvbench list methods|tasks|models|budgets|kv_quant``: every preset of a config group with its parameters and
+defaults.
 
 Read from the shipped Hydra config tree (:func:`kvbench.resources.conf_dir`: each preset composed with its schema,
 so a value the preset leaves out shows the schema default) and from the registries (method families, task kinds):
@@ -7,7 +8,8 @@ so a value the preset leaves out shows the schema default) and from the registri
   ``params``, the paper;
 * tasks -- kind, the datasets the preset runs (``task.datasets=[...]`` selects a subset), settings and options;
 * models -- source (builtin / local / hub), architecture family, ``max_input_length``, dtype, path;
-* budgets -- the spec and what it means (:mod:`kvbench.budget`).
+* budgets -- the spec and what it means (:mod:`kvbench.budget`);
+* kv_quant -- the quantized KV storage presets: scheme, bits, group size, residual window, axes (docs/kv_quant.md).
 
 An unknown target is a user error (exit status 2) naming the valid ones.
 """
@@ -28,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from kvbench import resources
 from kvbench.errors import USER_ERROR_EXIT
 
-USAGE = "usage: kvbench list {methods,tasks,models,budgets}"
+USAGE = "usage: kvbench list {methods,tasks,models,budgets,kv_quant}"
 #: Budget kinds (:class:`kvbench.budget.Budget`) and what they keep (``{n}``: tokens, ``{r}``: ratio).
 BUDGET_SEMANTICS = {
     "full": "no eviction (the full cache)",
@@ -304,10 +306,34 @@ def list_budgets() -> str:
     )
 
 
+# ---------------------------------------------------------------------------------------------------- kv_quant
+def list_kv_quant() -> str:
+    """Quantized KV storage presets: scheme, bits (keys/values), group size, residual window, axes."""
+    rows = [["preset", "scheme", "bits K/V", "group", "residual", "axes K/V"]]
+    for name, node in presets("kv_quant").items():
+        if node.scheme == "none":
+            rows.append([name, "none", "model dtype", "-", "-", "-"])
+            continue
+        values = node.nbits if node.value_nbits is None else node.value_nbits
+        axes = "channel/token" if node.scheme == "kivi" else f"{node.axis_key}/{node.axis_value}"
+        rows.append(
+            [name, node.scheme, f"{node.nbits}/{values}", str(node.group_size), str(node.residual_length), axes]
+        )
+    return "\n".join(
+        [
+            "Quantized KV storage: kv_quant=<preset> (conf/kv_quant/<preset>.yaml), composed with any method and "
+            "budget; results go to <budget>+<preset> and stored bytes count the packed codes, scales and zero "
+            "points and the full-precision residual (docs/kv_quant.md).",
+            *_table(rows),
+        ]
+    )
+
+
 #: ``kvbench list <target>``: the function that formats each listing.
 LISTINGS: dict[str, Callable[[], str]] = {
     "methods": list_methods,
     "tasks": list_tasks,
     "models": list_models,
     "budgets": list_budgets,
+    "kv_quant": list_kv_quant,
 }

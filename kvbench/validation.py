@@ -39,7 +39,9 @@ from kvbench.config import (
     QUESTION_MODES,
     WANDB_MODES,
     KVBenchConfig,
+    check_kv_quant,
     check_method_choices,
+    kv_quant_refusal,
 )
 from kvbench.errors import KVBenchError
 from kvbench.models.source import resolve_model_source
@@ -48,7 +50,7 @@ from kvbench.storage.folder import check_not_locked
 from kvbench.storage.paths import check_run_folder_path, output_root, run_folder
 
 #: Config values used as results folder names (``results/runs/<model>/<task>/<method>/<budget>[~<tag>]``).
-FOLDER_NAME_KEYS = ("model.name", "task.name", "method.name", "budget.name", "run.tag")
+FOLDER_NAME_KEYS = ("model.name", "task.name", "method.name", "budget.name", "kv_quant.name", "run.tag")
 
 
 # ---------------------------------------------------------------------------------------------------- stage 1
@@ -81,6 +83,8 @@ def check_config(cfg: DictConfig) -> None:
         )
     check_decode_batch(cfg.run.decode_batch, error=KVBenchError)
     _check_choice("run.changed_inputs", cfg.run.changed_inputs, CHANGED_INPUTS)
+    if OmegaConf.select(cfg, "kv_quant") is not None:
+        check_kv_quant(cfg.kv_quant, error=KVBenchError)
 
 
 def label_budget(cfg: DictConfig) -> None:
@@ -136,7 +140,7 @@ def unknown_key_message(full_key: str, key: str, valid: Sequence[str], prefix: s
 
 
 def _check_folder_name(key: str, value: Any) -> None:
-    if value is None and key == "run.tag":
+    if value is None and key in ("run.tag", "kv_quant.name"):  # no tag; a config from before kv_quant
         return
     text = str(value)
     if not text or text in (".", "..") or any(ch in text for ch in "/\\\0") or text != text.strip():
@@ -338,6 +342,10 @@ def _build_run(cfg: DictConfig) -> tuple[Any, Any]:
     """Stage 3: the method family builds with its parameters (before anything imports transformers), the task kind
     is registered, the budget parses; returns ``(EvictionMethod, Budget)``."""
     method = check_method(cfg)
+    if OmegaConf.select(cfg, "kv_quant") is not None:
+        refusal = kv_quant_refusal(check_kv_quant(cfg.kv_quant, error=KVBenchError), method)
+        if refusal is not None:
+            raise KVBenchError(f"{refusal}.")
     from kvbench.tasks.base import task_kinds
 
     kinds = task_kinds()

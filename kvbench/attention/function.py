@@ -126,6 +126,7 @@ def kvbench_attention_forward(
         if details.window is not None and cache is not None and layer_idx is not None and evictable:
             # A sliding layer kept evictable (compress_sliding): the window is applied on the true positions.
             output = _windowed_by_position(query, key, value, scaling, details)
+            _attention_done(layer)
             if session is not None:
                 session.after_attention(module, query, scaling if scaling is not None else query.shape[-1] ** -0.5)
             return output, None
@@ -234,9 +235,18 @@ def _attend_and_observe(
         else:
             assert isinstance(values, torch.Tensor)
             output = dense_attention(module, query, keys, values, scaling, dropout)
+    _attention_done(key.layer)
     if session is not None:
         session.after_attention(module, query, effective_scaling)
     return output, None
+
+
+def _attention_done(layer: Any) -> None:
+    """Tell a layer that quantizes its storage after attention (``kv_quant``: :mod:`kvbench.cache.quantized`) that
+    the new states were used: it quantizes them now, before the session's scorers read the layer."""
+    done = getattr(layer, "attention_done", None)
+    if done is not None:
+        done()
 
 
 def _detailed(

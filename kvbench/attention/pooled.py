@@ -100,6 +100,9 @@ def pooled_attention(module: torch.nn.Module, query: torch.Tensor, kv: PooledKV,
         with on_device(query.device):  # Triton launches on the pool's device (a device map spreads layers)
             output = paged_attention(module, flat, states, states, scaling, 0.0)
         output = output.reshape(samples, 1, query_heads, -1)
+    done = getattr(layer, "attention_done", None)  # quantized rows (kv_quant) are quantized once attention read them
+    if done is not None:
+        done()
     if kv.observer is not None:
         kv.observer.after_pooled_attention(kv.layer_idx, layer, query.reshape(-1, 1, dim), effective)
     return output

@@ -149,6 +149,7 @@ def generate_batched(
     decode_batch: int,
     prefill_chunk: int | None = None,
     dataset_state: Any = None,
+    kv_quant: Any = None,
 ) -> Iterator[tuple[int, GenerationOutput]]:
     """Greedy generation of ``requests`` with up to ``decode_batch`` samples decoded per model forward.
 
@@ -156,7 +157,8 @@ def generate_batched(
     :func:`kvbench.inference.generate.generate` returns for that request alone, except ``decode_s``: the sample's share
     of the batched steps it took part in (each step's time divided by the samples in it), so the shares of a run add up
     to its decoding time. Requests are read lazily: one is prefilled when a place in the batch frees up.
-    ``dataset_state``: the dataset's allocator state, given to every sample's session (:func:`prefill`).
+    ``dataset_state``: the dataset's allocator state, given to every sample's session (:func:`prefill`);
+    ``kv_quant``: quantized KV storage for every sample's cache (:func:`kvbench.inference.prefill.build_cache`).
     """
     if check_decode_batch(decode_batch, "decode_batch") == DECODE_BATCH_AUTO:
         raise ValueError("generate_batched needs a number: resolve decode_batch='auto' first (resolve_decode_batch)")
@@ -174,7 +176,7 @@ def generate_batched(
                 exhausted = True
                 break
             slot = _start(model, tokenizer, item[0], item[1], method, budget, question_mode, prefill_chunk,
-                          devices, dataset_state)  # fmt: skip
+                          devices, dataset_state, kv_quant)  # fmt: skip
             if slot.stream.done:
                 yield slot.index, slot.output()
                 continue
@@ -221,6 +223,7 @@ def _start(
     prefill_chunk: int | None,
     devices: set[torch.device],
     dataset_state: Any,
+    kv_quant: Any = None,
 ) -> _Slot:
     """Prefill one request alone (as batch 1 does) and choose its first token."""
     state = prefill(
@@ -233,6 +236,7 @@ def _start(
         prefill_chunk=prefill_chunk,
         dataset_state=dataset_state,
         tokenizer=tokenizer,
+        kv_quant=kv_quant,
     )
     state.session.begin_decode()
     sync_devices(devices)

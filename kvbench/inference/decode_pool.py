@@ -39,6 +39,8 @@ from kvbench.attention.pooled import PooledKV
 from kvbench.cache.kv_cache import HeadwiseLayer
 from kvbench.cache.paged import DEFAULT_PAGE_SIZE, PagedLayer
 from kvbench.cache.pool import PooledLayer
+from kvbench.cache.quantized import QuantizedStorage
+from kvbench.cache.quantized_pool import QuantizedPooledLayer
 from kvbench.inference.eviction import EvictionSession
 from kvbench.methods.state import split_decode_state, stack_decode_states
 
@@ -196,6 +198,7 @@ def _new_pool(layer: Any) -> PooledLayer:
     """An empty pool for samples whose layer is like ``layer`` (heads, head dims, dtype, device, page size)."""
     keys, values = layer.head_kv(0)
     page_size = layer.page_size if isinstance(layer, PagedLayer) else DEFAULT_PAGE_SIZE
-    return PooledLayer(
+    pool = QuantizedPooledLayer if isinstance(layer, QuantizedStorage) else PooledLayer  # kv_quant: quantized rows
+    return pool(
         layer.num_heads, keys.shape[-1], values.shape[-1], keys.dtype, keys.device, layer.expand_factor, page_size
     )

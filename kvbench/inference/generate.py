@@ -77,6 +77,7 @@ def generate(
     prefill_chunk: int | None = None,
     sampling: Sampling | None = None,
     dataset_state: Any = None,
+    kv_quant: Any = None,
 ) -> GenerationOutput:
     """Greedy generation (or seeded ``sampling``) with ``method`` applied at ``budget``.
 
@@ -88,6 +89,7 @@ def generate(
     ``prefill_chunk``: tokens per forward of the compressed prefill (:func:`resolve_prefill_chunk`).
     ``dataset_state``: what the method's layer allocator keeps across a dataset's samples (XKV's sampled mode;
     :meth:`~kvbench.methods.base.LayerBudgetAllocator.new_dataset_state`), ``None`` for a sample alone.
+    ``kv_quant``: quantized KV storage (the ``kv_quant`` config node; :func:`kvbench.inference.prefill.build_cache`).
     """
     devices = model_devices(model)
     state = prefill(
@@ -100,6 +102,7 @@ def generate(
         prefill_chunk=prefill_chunk,
         dataset_state=dataset_state,
         tokenizer=tokenizer,
+        kv_quant=kv_quant,
     )
     cache, session, position, logits = state.cache, state.session, state.position, state.logits
     device = input_device(model)

@@ -34,9 +34,11 @@ from transformers import PreTrainedModel
 
 from kvbench.budget import Budget
 from kvbench.cache.kv_cache import KVBenchCache
+from kvbench.cache.quantized import QuantizedKVBenchCache, hold_quantization, kv_quant_model_problem
 from kvbench.cache.sliding import layer_windows
 from kvbench.checks import check_choice
-from kvbench.config import QUESTION_MODES
+from kvbench.config import QUESTION_MODES, KVQuantConfig, check_kv_quant, kv_quant_refusal
+from kvbench.errors import KVBenchError
 from kvbench.inference.eviction import EvictionSession
 from kvbench.inference.hidden_states import capture_hidden_states
 from kvbench.inference.replay import replay_context
@@ -66,19 +68,55 @@ def resolve_prefill_chunk(prefill_chunk: int | None, device: torch.device, promp
     return prefill_chunk if 0 < prefill_chunk < prompt_tokens else 0
 
 
-def build_cache(model: PreTrainedModel, method: EvictionMethod) -> KVBenchCache:
+def build_cache(model: PreTrainedModel, method: EvictionMethod, kv_quant: Any = None) -> KVBenchCache:
     """An empty cache with the method's GQA granularity; the model's sliding-window layers (as transformers reads
     its config, :func:`kvbench.cache.sliding.layer_windows`) are held in sliding layers, or kept evictable when the
-    method says ``compress_sliding`` (:class:`~kvbench.methods.base.EvictionMethod`, off by default)."""
+    method says ``compress_sliding`` (:class:`~kvbench.methods.base.EvictionMethod`, off by default).  ``kv_quant``
+    (a ``kv_quant`` config node or :class:`~kvbench.config.KVQuantConfig`; ``None`` or scheme ``none``: unquantized)
+    makes the evictable layers store quantized KV (:mod:`kvbench.cache.quantized`)."""
+    spec = quantized_storage(kv_quant, method)
     config = model.config.get_text_config(decoder=True)
     expand = 1
     if method.gqa_granularity == "query_head":
         heads = int(config.num_attention_heads)
         expand = heads // int(getattr(config, "num_key_value_heads", None) or heads)
     windows = layer_windows(config)
+    if spec is not None:
+        return QuantizedKVBenchCache(
+            len(windows), spec, expand_factor=expand, sliding_windows=windows, compress_sliding=method.compress_sliding
+        )
     return KVBenchCache(
         len(windows), expand_factor=expand, sliding_windows=windows, compress_sliding=method.compress_sliding
     )
+
+
+def quantized_storage(kv_quant: Any, method: EvictionMethod) -> KVQuantConfig | None:
+    """The checked ``kv_quant`` setting, ``None`` when the storage is not quantized; a method that prunes key
+    channels (ThinK) or re-rotates kept keys (Finch) is refused (quantized layers do not support either)."""
+    if kv_quant is None:
+        return None
+    spec = check_kv_quant(kv_quant)
+    if spec.scheme == "none":
+        return None
+    refusal = kv_quant_refusal(spec, method)
+    if refusal is not None:
+        raise ValueError(refusal)
+    return spec
+
+
+def check_kv_quant_model(cfg: Any, model: PreTrainedModel) -> None:
+    """Raise :class:`~kvbench.errors.KVBenchError` when the run's ``kv_quant`` cannot quantize ``model``'s cache
+    (:func:`~kvbench.cache.quantized.kv_quant_model_problem`); nothing when the storage is not quantized."""
+    node = cfg.get("kv_quant") if hasattr(cfg, "get") else None
+    spec = None if node is None else check_kv_quant(node)
+    if spec is None or spec.scheme == "none":
+        return
+    config = model.config.get_text_config(decoder=True)
+    heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+    problem = kv_quant_model_problem(spec, head_dim, heads)
+    if problem is not None:
+        raise KVBenchError(f"model={cfg.model.name}: {problem}.")
 
 
 def forward_logits(
@@ -217,6 +255,7 @@ def prefill(
     hold_last: bool = False,
     dataset_state: Any = None,
     tokenizer: Any = None,
+    kv_quant: Any = None,
 ) -> PrefillState:
     """Prefill one prompt with ``method`` applied at ``budget``: the single prefill sequence of kvbench.
 
@@ -229,14 +268,15 @@ def prefill(
     ``tokenizer``: for a method that scores the prompt by forwards of its own (KVzip's repeat prompt,
     :mod:`kvbench.inference.replay`), run after the compressed prompt is stored and before the question is appended.
     A method that re-rotates the kept keys (Finch) moves the tokens after the compressed prompt to the positions
-    right after the kept ones (:attr:`~kvbench.inference.eviction.EvictionSession.position_shift`).
+    right after the kept ones (:attr:`~kvbench.inference.eviction.EvictionSession.position_shift`).  ``kv_quant``:
+    quantized KV storage for the default cache (:func:`build_cache`).
     """
     compressed, appended = split_question(list(context_ids), list(question_ids), question_mode)
     if not compressed:
         raise ValueError("empty prompt")
     device = input_device(model)  # with a device map each cache layer is created on its own layer's device
     if cache is None:
-        cache = build_cache(model, method)
+        cache = build_cache(model, method, kv_quant)
     session = EvictionSession(
         method, budget, cache, scoring_impl=scoring_impl, rotary=rotary_tables(model), dataset_state=dataset_state
     )
@@ -256,11 +296,13 @@ def prefill(
     session.begin_prefill(len(compressed), prompt_ids=compressed)
     capture_hidden_states(model, session)  # for scorers of pre-RoPE states; removed when the prefill ends
     position, logits = 0, None
+    last_chunk = max((i for i, s in enumerate(segments) if not s.appended), default=-1)
     try:
-        for segment in segments:
+        for index, segment in enumerate(segments):
             if segment.appended:
                 replay_context(model, session, compressed, tokenizer, device, forward_logits)
                 session.begin_append()
+            hold_quantization(cache, index < last_chunk)  # kv_quant: one quantization after the whole prompt
             start = segment.start - session.position_shift
             logits = forward_logits(model, segment.ids, start, cache, session, device)[-1]
             position = start + len(segment.ids)

@@ -130,13 +130,14 @@ def generate_group(
     prefill_chunk: int | None = None,
     keep_positions: bool = False,
     dataset_state: Any = None,
+    kv_quant: Any = None,
 ) -> GroupOutput:
     """Answer every turn of one context group from one compressed prefill of ``context_ids`` (module docstring).
 
     ``mode``: one of :data:`GROUP_MODES`; ``first_query``: one of :data:`FIRST_QUERY_MODES` (multi-turn only: a
     multi-request group always compresses the context alone); ``keep_positions``: also return every layer's and
-    head's kept positions after the compression (:attr:`GroupOutput.kept_positions`; tests, small caches).  Returns one
-    output per turn, in order.
+    head's kept positions after the compression (:attr:`GroupOutput.kept_positions`; tests, small caches); ``kv_quant``:
+    quantized KV storage (:func:`kvbench.inference.prefill.build_cache`).  Returns one output per turn, in order.
     """
     check_choice("mode", mode, GROUP_MODES)
     check_choice("first_query", first_query, FIRST_QUERY_MODES)
@@ -157,6 +158,7 @@ def generate_group(
         prefill_chunk=prefill_chunk,
         dataset_state=dataset_state,
         tokenizer=tokenizer,
+        kv_quant=kv_quant,
     )
     cache, session, position, logits = state.cache, state.session, state.position, state.logits
     session.begin_append()  # closes the compression (records it, starts the decode policies' layers) exactly once

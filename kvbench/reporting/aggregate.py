@@ -4,7 +4,7 @@ Runs are discovered only from the contents of their ``metrics.json`` files (see 
 path is recorded for reference but never parsed, and no list of methods, models or budgets is assumed.  One row per
 ``metrics.json``::
 
-    model, task, dataset, method, budget, tag, question_mode, metric, score, n_samples, config_hash,
+    model, task, dataset, method, budget, tag, kv_quant, question_mode, metric, score, n_samples, config_hash,
     mean_kept_fraction, mean_stored_bytes, mean_stored_vs_full, prefill_s_mean, decode_s_mean, settings,
     dataset_settings, scores, synthetic, path
 
@@ -16,6 +16,10 @@ kvbench's code), ``stale-rows`` (rows kept from inputs that changed since: ``run
 is the complete rows on disk that the ``metrics.json`` counts (:func:`kvbench.storage.integrity.check_metrics`).
 ``settings``, ``dataset_settings`` and ``scores`` are canonical JSON strings (sorted keys) so that the frame can be
 written to CSV and compared; :func:`expand_settings` turns ``settings`` into ``setting.<key>`` columns.
+
+Quantized KV storage (``kv_quant`` in ``metrics.json``, issue #59) is a variant of the method: its row's ``method``
+is ``<method>+<kv_quant>`` (``snapkv+kivi4``, ``full+kivi2``), so every view keeps it apart from the unquantized run
+and places it by its stored bytes; ``kv_quant`` holds the preset name (``none`` for unquantized storage).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ RUN_COLUMNS: tuple[str, ...] = (
     "method",
     "budget",
     "tag",
+    "kv_quant",
     "question_mode",
     "metric",
     "score",
@@ -96,13 +101,15 @@ def metrics_to_row(metrics: dict[str, Any], path: str | Path = "", flags: str = 
         raise ValueError(f"{path}: metrics.json lacks {missing}")
     cache = metrics.get("cache") or {}
     timing = metrics.get("timing") or {}
+    kv_quant = str(metrics.get("kv_quant") or "none")
     return {
         "model": str(metrics["model"]),
         "task": str(metrics["task"]),
         "dataset": str(metrics["dataset"]),
-        "method": str(metrics["method"]),
+        "method": str(metrics["method"]) + ("" if kv_quant == "none" else f"+{kv_quant}"),
         "budget": str(metrics["budget"]),
         "tag": run_label_tag(metrics.get("tag"), path),
+        "kv_quant": kv_quant,
         "question_mode": metrics.get("question_mode") or "aware",
         "metric": metrics.get("metric"),
         "score": _float(metrics["score"]),

@@ -211,7 +211,9 @@ def pivots(runs: DashboardRuns) -> list[dict[str, Any]]:
 def headline(tables: list[dict[str, Any]], paper: dict[tuple[str, ...], str] | None = None) -> list[dict[str, Any]]:
     """The headline chart's data per model × task: every (method, tag, question mode) a series of points
     ``{"budget", "x" (stored fraction), "y" (mean), "ci95", "paper" (the mean of the paper's printed values over
-    the run's datasets, when every dataset has one)}`` and the full cache's mean."""
+    the run's datasets, when every dataset has one)}``, the full cache's mean, and per question mode the memory
+    frontier (:func:`memory_frontier`: the runs no other run beats with as few stored bytes).  Eviction and
+    quantized storage (``snapkv+kivi4``: issue #59) are series alike, placed by the bytes they store."""
     charts: dict[tuple[str, str], dict[str, Any]] = {}
     for table in tables:
         chart = charts.setdefault(
@@ -246,7 +248,34 @@ def headline(tables: list[dict[str, Any]], paper: dict[tuple[str, ...], str] | N
                         "points": points,
                     }
                 )
+    for chart in charts.values():
+        chart["frontier"] = {
+            mode: memory_frontier(chart["series"], mode, chart["full"])
+            for mode in sorted({series["question_mode"] for series in chart["series"]})
+        }
     return list(charts.values())
+
+
+def memory_frontier(
+    series: list[dict[str, Any]], mode: str, full: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """The Pareto frontier of score against stored bytes over the ``mode`` series' points (and the full cache at
+    stored fraction 1): ``[{"x", "y", "label", "budget"}]`` by increasing ``x``, each scoring strictly more than every
+    point that stores as few bytes or fewer -- where a memory budget is best spent, whether by eviction,
+    quantization or both."""
+    points = [
+        {"x": float(p["x"]), "y": float(p["y"]), "label": s["label"], "budget": p["budget"]}
+        for s in series
+        if s["question_mode"] == mode
+        for p in s["points"]
+    ]
+    if full is not None:
+        points.append({"x": 1.0, "y": float(full["y"]), "label": "full cache", "budget": "full"})
+    frontier: list[dict[str, Any]] = []
+    for point in sorted(points, key=lambda p: (p["x"], -p["y"])):
+        if not frontier or point["y"] > frontier[-1]["y"]:
+            frontier.append(point)
+    return frontier
 
 
 def _paper_mean(

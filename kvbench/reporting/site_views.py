@@ -4,7 +4,9 @@ embedded data of :mod:`kvbench.reporting.pivot`:
 * ``#headline``: one chart per model × task (``.headline-plot``, ``data-model``, ``data-task``): the mean score
   against the fraction of the full cache's bytes stored (log axis), every method (× question mode) a line in its
   palette colour with its 95 % interval as a band, the full cache a horizontal dashed line, the paper's printed
-  values (mean over the run's datasets) as hollow markers where a paper table has them;
+  values (mean over the run's datasets) as hollow markers where a paper table has them, and the memory frontier
+  (a dotted grey step line: the best score at most each number of stored bytes, over eviction, quantized KV storage
+  and both; :func:`kvbench.reporting.pivot.memory_frontier`);
 * ``#pivot``: one table per model × task × question mode (``table.pivot``): a row per method (``tr.pivot-row``,
   ``data-method``), a column per budget; each cell the mean, its difference to the full cache with the paired
   bootstrap interval, n (⚠ under ``SMALL_N``), bytes stored and tokens kept, prefill and decode seconds per sample;
@@ -59,6 +61,10 @@ function renderHeadline() {
         marker: {symbol: "circle-open", size: 11, color: s.colour, line: {width: 2}},
         hovertemplate: "%{text}: paper %{y:.2f}<extra>" + s.label + " (paper)</extra>"});
     }
+    const frontier = ((chart.frontier || {})[state.question_mode || "aware"]) || [];
+    if (frontier.length > 1) traces.push({type: "scatter", mode: "lines", name: "memory frontier", x: frontier.map(p => p.x),
+      y: frontier.map(p => p.y), line: {color: "#888", dash: "dot", shape: "hv", width: 3}, text: frontier.map(p => p.label + " " + p.budget),
+      hovertemplate: "frontier: %{text}, stored %{x:.2%}, score %{y:.2f}<extra></extra>"});
     if (chart.full && xs.length) {
       traces.push({type: "scatter", mode: "lines", name: "Full cache", x: [Math.min(...xs, 1), 1],
         y: [chart.full.y, chart.full.y], line: {color: "black", dash: "dash"}, hovertemplate: "full cache: %{y:.2f}<extra></extra>"});

@@ -127,6 +127,7 @@ def _generate(job: DatasetJob, loaded: Any, encoded: Any, rules: dict[str, Any])
         question_mode=str(job.cfg.task.question_mode),
         prefill_chunk=job.cfg.run.prefill_chunk,
         dataset_state=job.dataset_state,
+        kv_quant=job.cfg.get("kv_quant"),
         **rules,
     )
 
@@ -165,6 +166,7 @@ def run_batched(
         decode_batch=job.decode_batch,
         prefill_chunk=cfg.run.prefill_chunk,
         dataset_state=job.dataset_state,
+        kv_quant=cfg.get("kv_quant"),
     )
     try:
         for index, output in outputs:

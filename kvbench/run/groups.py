@@ -125,6 +125,7 @@ def generate_groups(
                 first_query=first_query,
                 prefill_chunk=job.cfg.run.prefill_chunk,
                 dataset_state=job.dataset_state,
+                kv_quant=job.cfg.get("kv_quant"),
             )
             with TERMINATION.critical():
                 for sample, turn_encoding, turn_output in zip(group, encoded, output.turns, strict=True):

@@ -161,7 +161,9 @@ def settings_record(
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``metrics.json``'s ``settings``: the method family, budget, the common knobs the method uses, its params,
-    resolved settings and reference, then ``model_settings``, the model's dtype and ``extra``."""
+    resolved settings and reference, then ``model_settings``, the model's dtype and ``extra``; with quantized KV
+    storage (``kv_quant`` not ``none``) also ``kv_quant``, its settings."""
+    quant = kv_quant_settings(cfg)
     return {
         "method_family": cfg.method.family,
         "budget_spec": cfg.budget.spec,
@@ -171,8 +173,18 @@ def settings_record(
         "reference": OmegaConf.to_container(cfg.method.reference, resolve=True),
         **(model_settings or {}),
         "dtype": cfg.model.dtype,
+        **({"kv_quant": quant} if quant else {}),
         **(extra or {}),
     }
+
+
+def kv_quant_settings(cfg: DictConfig) -> dict[str, Any] | None:
+    """The run's ``kv_quant`` node as a plain dict, ``None`` when the storage is not quantized (no node, or scheme
+    ``none``: such runs' files are as they were before issue #59)."""
+    node = OmegaConf.select(cfg, "kv_quant")
+    if node is None or node.get("scheme", "none") == "none":
+        return None
+    return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
 
 
 def metrics_record(
@@ -193,7 +205,9 @@ def metrics_record(
     """One dataset's ``metrics.json`` payload (``dataset``: a :class:`~kvbench.tasks.base.TaskDataset`).
 
     ``record_extent``: record ``num_samples_requested`` (kvbench's loop; lm-eval's results do not); ``extra``:
-    further sections, after ``timing`` (``attention``; ``lm_eval``)."""
+    further sections, after ``timing`` (``attention``; ``lm_eval``).  ``kv_quant``: the preset name, only when the
+    KV storage is quantized."""
+    quant = kv_quant_settings(cfg)
     record: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "model": cfg.model.name,
@@ -202,6 +216,7 @@ def metrics_record(
         "method": cfg.method.name,
         "budget": cfg.budget.name,
         "tag": cfg.run.tag,
+        **({"kv_quant": quant["name"]} if quant else {}),
         "metric": dataset.metric_name,
         "score": float(score),
         "scores": dict(scores),

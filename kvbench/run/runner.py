@@ -58,6 +58,7 @@ from omegaconf import DictConfig
 
 from kvbench.errors import Interrupted, KVBenchError
 from kvbench.inference.generate import last_token_ids
+from kvbench.inference.prefill import check_kv_quant_model
 from kvbench.kernels.paths import ATTENTION_RECORD
 from kvbench.models.loading import (
     LoadedModel,
@@ -226,6 +227,7 @@ class Runner:
                 on_change = str(cfg.run.get("changed_inputs", "refuse"))
                 stale = check_inputs_unchanged(self.folder, checked, self.cfg_hash, on_change)
                 loaded = self.loaded or load_model(cfg.model, seed=int(cfg.seed), tokenizer=tokenizer)
+                check_kv_quant_model(cfg, loaded.model)  # before any file is written
                 meta = write_run_files(self.folder, self.cfg, self.cfg_hash, self.inputs, stale)
                 logger = _wandb_logger(cfg)
                 results: list[DatasetResult] = []

@@ -8,7 +8,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from kvbench.run.records import DatasetResult
+from kvbench.run.records import DatasetResult, kv_quant_settings
 
 
 def _interval_text(interval: Sequence[float] | None) -> str:
@@ -22,7 +22,9 @@ def format_table(
     interval)."""
     title = (
         f"model={cfg.model.name} task={cfg.task.name} method={cfg.method.name} budget={budget_label(cfg)} "
-        f"question_mode={cfg.task.question_mode}" + (f" tag={cfg.run.tag}" if cfg.run.tag else "")
+        f"question_mode={cfg.task.question_mode}"
+        + (f" tag={cfg.run.tag}" if cfg.run.tag else "")
+        + (f" kv_quant={quant['name']}" if (quant := kv_quant_settings(cfg)) else "")
     )
     width = max([len("dataset"), *(len(r.dataset) for r in results)])
     header = f"{'dataset':<{width}}  {'metric':<18} {'score':>7} {'95% CI':>16} {'n':>4} {'kept':>6}"

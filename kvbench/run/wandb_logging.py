@@ -41,14 +41,17 @@ from omegaconf import DictConfig, OmegaConf
 from kvbench.checks import check_choice
 from kvbench.config import WANDB_MODES
 from kvbench.errors import KVBenchError
+from kvbench.run.records import kv_quant_settings
 
 #: Columns of the per-dataset ``scores`` table.
 TABLE_COLUMNS = ["model", "method", "budget", "task", "dataset", "metric", "score", "n_samples", "kept_fraction"]
 
 
 def run_name(cfg: DictConfig) -> str:
-    """``model-method-budget-task`` (plus ``~tag``)."""
-    name = f"{cfg.model.name}-{cfg.method.name}-{cfg.budget.name}-{cfg.task.name}"
+    """``model-method-budget-task`` (the budget as ``<budget>+<kv_quant>`` with quantized KV storage; plus ``~tag``)."""
+    quant = kv_quant_settings(cfg)
+    budget = f"{cfg.budget.name}+{quant['name']}" if quant else str(cfg.budget.name)
+    name = f"{cfg.model.name}-{cfg.method.name}-{budget}-{cfg.task.name}"
     return f"{name}~{cfg.run.tag}" if cfg.run.tag else name
 
 
@@ -181,10 +184,13 @@ def panel_fields(cfg: DictConfig, extras: dict[str, Any]) -> dict[str, Any]:
     """Config ``panel.*``: the categorical fields and numeric axes of the report panels (module docstring)."""
     mode = str(cfg.task.get("question_mode") or "aware")
     tag = str(cfg.run.get("tag") or "")
+    quant = kv_quant_settings(cfg)
+    method = str(cfg.method.name) + (f"+{quant['name']}" if quant else "")  # as the results views name it
     return {
-        "group": " · ".join(p for p in (str(cfg.method.name), mode, tag if tag != mode else "") if p),
+        "group": " · ".join(p for p in (method, mode, tag if tag != mode else "") if p),
         "tag": tag,
-        "method": str(cfg.method.name),
+        "method": method,
+        "kv_quant": quant["name"] if quant else "none",
         "family": extras.get("family") or str(cfg.method.get("family") or cfg.method.name),
         "model": str(cfg.model.name),
         "task": str(cfg.task.name),

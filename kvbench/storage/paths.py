@@ -83,14 +83,18 @@ def output_root(cfg: Any) -> Path:
 def run_folder(cfg: Any, cfg_hash: str | None = None, announce: bool = False) -> Path:
     """The run's results folder: the one place it is computed (validation, the runner, the sweep planner, W&B).
 
-    The folder is ``<model>/<task>/<method>/<budget>[~<tag>]`` (:func:`~kvbench.storage.writers.run_dir`) unless
+    The folder is ``<model>/<task>/<method>/<budget>[+<kv_quant>][~<tag>]`` (:func:`~kvbench.storage.writers.run_dir`) unless
     that folder holds a run of another config (another config hash, with results); then it is the *variant folder*
     ``<budget>[~<tag>]@<first 8 hex digits of the config hash>`` beside it (:func:`resolve_variant`).  So two
     commands whose settings give different results never share a folder, a run with more samples extends its own,
     and every existing folder keeps its name.  ``cfg_hash``: :func:`~kvbench.storage.writers.config_hash` of
     ``cfg`` when the caller has it.  ``announce``: print a note to stderr when a new variant folder is chosen (the
     runner does, once), naming what differs from the run in the plain folder."""
-    base = run_dir(output_root(cfg), cfg.model.name, cfg.task.name, cfg.method.name, cfg.budget.name, cfg.run.tag)
+    kv_quant = cfg.get("kv_quant") if hasattr(cfg, "get") else getattr(cfg, "kv_quant", None)
+    kv_name = None if kv_quant is None else kv_quant.get("name") if hasattr(kv_quant, "get") else kv_quant.name
+    base = run_dir(
+        output_root(cfg), cfg.model.name, cfg.task.name, cfg.method.name, cfg.budget.name, cfg.run.tag, kv_name
+    )
     folder = resolve_variant(base, cfg, cfg_hash or config_hash(cfg))
     if announce and folder != base and not folder.exists():
         diffs = config_differences(base, cfg) if (base / CONFIG_FILE).exists() else []

@@ -93,9 +93,20 @@ RUN_META_FILE = "run_meta.json"
 TIMINGS_FILE = "timings.jsonl"
 
 
-def run_dir(output_root: str | Path, model: str, task: str, method: str, budget: str, tag: str | None) -> Path:
-    """Deterministic results folder of one run, keyed by the group choices (and an optional user tag)."""
-    leaf = budget if not tag else f"{budget}~{tag}"
+def run_dir(
+    output_root: str | Path,
+    model: str,
+    task: str,
+    method: str,
+    budget: str,
+    tag: str | None,
+    kv_quant: str | None = None,
+) -> Path:
+    """Deterministic results folder of one run, keyed by the group choices (and an optional user tag): the leaf is
+    ``<budget>``, ``<budget>+<kv_quant>`` when the KV storage is quantized (``kv_quant`` not ``none``), then
+    ``~<tag>``."""
+    leaf = budget if kv_quant in (None, "", "none") else f"{budget}+{kv_quant}"
+    leaf = leaf if not tag else f"{leaf}~{tag}"
     return Path(output_root) / model / task / method / leaf
 
 
@@ -321,10 +332,13 @@ def canonical_config(container: dict[str, Any]) -> dict[str, Any]:
     back at ``method.<knob>``, taken from ``method.params`` for the families that declare them
     (:data:`LEGACY_KNOB_FAMILIES`), else at the value a run of the family recorded then (the schema's default, or
     :data:`LEGACY_PRESET_VALUES`), and without the fields of :data:`PARAMS_ADDED_OFF` that are off (and, for
-    :data:`FAMILIES_GAINED_WRAPPERS`, the wrapper knobs of :data:`WRAPPER_KNOBS_OFF` that are off).  A config
-    already in that layout is returned as it is.  Task options of :data:`TASK_OPTIONS_ADDED_OFF` at their old
-    behaviour are dropped."""
+    :data:`FAMILIES_GAINED_WRAPPERS`, the wrapper knobs of :data:`WRAPPER_KNOBS_OFF` that are off), and without a
+    ``kv_quant`` node whose scheme is ``none`` (unquantized runs keep their hashes).  A config already in that layout
+    is returned as it is.  Task options of :data:`TASK_OPTIONS_ADDED_OFF` at their old behaviour are dropped."""
     container = _without_added_task_options(container)
+    kv_quant = container.get("kv_quant")
+    if isinstance(kv_quant, dict) and kv_quant.get("scheme", "none") == "none":  # unquantized storage: as before
+        container = {key: value for key, value in container.items() if key != "kv_quant"}
     method = container.get("method")
     if not isinstance(method, dict) or "params" not in method or all(knob in method for knob in _VOTE_KNOBS):
         return container

@@ -193,6 +193,6 @@ def test_list_contents(listed: dict[str, tuple[int, str]]) -> None:
 def test_list_bad_target(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert listing.main(argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and "valid: methods, tasks, models, budgets" in err
+    assert err.startswith("error: ") and "valid: methods, tasks, models, budgets, kv_quant" in err
     if argv == ["metods"]:
         assert "unknown list target 'metods' (did you mean 'methods'?)" in err
