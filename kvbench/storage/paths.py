@@ -83,9 +83,9 @@ def output_root(cfg: Any) -> Path:
 def run_folder(cfg: Any, cfg_hash: str | None = None, announce: bool = False) -> Path:
     """The run's results folder: the one place it is computed (validation, the runner, the sweep planner, W&B).
 
-    The folder is ``<model>/<task>/<method>/<budget>[+<kv_quant>][~<tag>]`` (:func:`~kvbench.storage.writers.run_dir`) unless
-    that folder holds a run of another config (another config hash, with results); then it is the *variant folder*
-    ``<budget>[~<tag>]@<first 8 hex digits of the config hash>`` beside it (:func:`resolve_variant`).  So two
+    The folder is ``<model>/<task>/<method>/<budget>[+<kv_quant>][~<tag>]`` (:func:`~kvbench.storage.writers.run_dir`)
+    unless that folder holds a run of another config (another config hash, with results); then it is the *variant
+    folder* ``<leaf>@<first 8 hex digits of the config hash>`` beside it (:func:`resolve_variant`).  So two
     commands whose settings give different results never share a folder, a run with more samples extends its own,
     and every existing folder keeps its name.  ``cfg_hash``: :func:`~kvbench.storage.writers.config_hash` of
     ``cfg`` when the caller has it.  ``announce``: print a note to stderr when a new variant folder is chosen (the
