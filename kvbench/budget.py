@@ -87,6 +87,22 @@ class Budget:
             return context_length * (1 - self.value)
         return float(self.mean_per_layer(context_length))
 
+    def kvpress_ratio(self, context_length: int, layer_budget: int) -> float | None:
+        """kvpress's ``compression_ratio`` c for a layer keeping ``layer_budget`` tokens of ``context_length``: the
+        budget's c when it is ``<c>cr`` and the layer keeps its uniform share ``max(1, int(S (1 - c)))`` (a press
+        that computes a count from c itself then computes it as kvpress does); ``None`` otherwise."""
+        if self.kind != "compression" or layer_budget != self.mean_per_layer(context_length):
+            return None
+        return self.value
+
+    def kvpress_global_kept(self, tokens: int) -> int | None:
+        """Of ``tokens`` scored together (KVzip's ``L H S`` over every layer and head, or ``H S`` per layer), how many
+        kvpress keeps under ``<c>cr``: ``tokens - int(tokens c)`` (its ``KVzipPress`` evicts ``int(numel c)``, no
+        per-head floor); ``None`` for any other budget."""
+        if self.kind != "compression":
+            return None
+        return tokens - int(tokens * self.value)
+
     @property
     def follows_context(self) -> bool:
         """Whether the budget is a share of each sample's context (``<r>x``, ``<c>cr``)."""

@@ -375,6 +375,7 @@ class EvictionSession(SessionPasses):
             budgets = allocator.on_layer(self.allocator_state, observation)
         if rank in budgets:
             observation.layer_budget = int(budgets[rank])
+            observation.compression_ratio = self.budget.kvpress_ratio(context, observation.layer_budget)
         assert self.method.scorer is not None
         raw = self.method.scorer.score(observation)
         # [H_stored, S]: one row per stored head; [H_q, S] (per query head) is reduced by method.gqa_agg.

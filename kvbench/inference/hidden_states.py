@@ -63,8 +63,17 @@ class ProjectedStates:
     source: str = "hidden_states"
 
     def _project(self, first: int, last: int | None, keys: bool) -> torch.Tensor:
+        return self._project_rows(
+            self.hidden_states[None, first:last], keys
+        )  # [1, n, hidden]: the rows kvpress projects
+
+    def project_queries(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[H_q, n, D]`` pre-RoPE queries of arbitrary hidden rows ``[n, hidden]`` (kvpress's ``BlockPress`` projects
+        rows it assembles from several tokens' hidden states)."""
+        return self._project_rows(hidden[None], keys=False)
+
+    def _project_rows(self, hidden: torch.Tensor, keys: bool) -> torch.Tensor:
         module, head_dim = self.module, int(self.module.head_dim)
-        hidden = self.hidden_states[None, first:last]  # [1, n, hidden]: the rows kvpress projects
         if hasattr(module, "qkv_proj"):  # Phi-3: queries, then keys, then values
             query_width = module.config.num_attention_heads * head_dim
             key_width = module.config.num_key_value_heads * head_dim

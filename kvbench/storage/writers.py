@@ -76,6 +76,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kvbench.storage.ownership import check_held
 from kvbench.storage.reader import read_config_yaml, read_metrics, read_prediction_rows
+from kvbench.storage.revisions import prediction_revisions
 
 PREDICTIONS_FILE = "predictions.jsonl"
 METRICS_FILE = "metrics.json"
@@ -289,14 +290,28 @@ FAMILIES_GAINED_WRAPPERS = frozenset({"snapkv"})
 KNOBS_GAINED_WITH_WRAPPERS: dict[str, Any] = {"row_reduce": "sum"}
 
 
+def scale_free_row_reduce(method: dict[str, Any]) -> bool:
+    """Whether SnapKV's ``row_reduce: mean`` ranks exactly as ``sum`` (so a run of either keeps the hash of before
+    the knob, issue #54): no wrapper on (a plain top-k of the scores), and a window of a power of two (the mean is
+    the sum divided by 2^n, exact in binary floating point through the pooling, the GQA mean and any rounding to the
+    model dtype; only scores below float32's normal range, 2^-126, could round otherwise).  With a wrapper the scale
+    matters (kvpress's ``max + 1`` window padding under ChunkKV, CriticalKV's ``score + epsilon``)."""
+    params = dict(method.get("params") or {})
+    window = method.get("window")
+    wrappers_off = all(params.get(knob, off) == off for knob, off in WRAPPER_KNOBS_OFF.items())
+    power_of_two = isinstance(window, int) and window > 0 and window & (window - 1) == 0
+    return params.get("row_reduce") == "mean" and wrappers_off and power_of_two
+
+
 def canonical_config(container: dict[str, Any]) -> dict[str, Any]:
     """The resolved config ``container`` in the layout it had before issue #41 (hashes and comparisons are computed
     from it, so every existing run keeps its hash: docs/results.md): the scorer knobs of :data:`LEGACY_METHOD_KNOBS`
     back at ``method.<knob>``, taken from ``method.params`` for the families that declare them
     (:data:`LEGACY_KNOB_FAMILIES`), else at the value a run of the family recorded then (the schema's default, or
     :data:`LEGACY_PRESET_VALUES`), and without the fields of :data:`PARAMS_ADDED_OFF` that are off (and, for
-    :data:`FAMILIES_GAINED_WRAPPERS`, the wrapper knobs of :data:`WRAPPER_KNOBS_OFF` that are off).  A config
-    already in that layout is returned as it is."""
+    :data:`FAMILIES_GAINED_WRAPPERS`, the wrapper knobs of :data:`WRAPPER_KNOBS_OFF` that are off, and
+    :func:`scale_free_row_reduce`), plus the :mod:`kvbench.storage.revisions` lines that apply (``revisions``).  A
+    config already in that layout is returned as it is."""
     method = container.get("method")
     if not isinstance(method, dict) or "params" not in method or all(knob in method for knob in _VOTE_KNOBS):
         return container
@@ -308,11 +323,18 @@ def canonical_config(container: dict[str, Any]) -> dict[str, Any]:
         for key, value in dict(method["params"] or {}).items()
         if not (key in added_off and value == added_off[key])
     }
+    if family in FAMILIES_GAINED_WRAPPERS and scale_free_row_reduce(method):
+        params.pop("row_reduce", None)
     legacy = {**LEGACY_METHOD_KNOBS, **LEGACY_PRESET_VALUES.get(family, {})}
     for knob in LEGACY_KNOB_FAMILIES.get(family, ()):
         if knob in params:
             legacy[knob] = params.pop(knob)
-    return {**container, "method": {**legacy, **method, "params": params}}
+    revisions = prediction_revisions(container)
+    return {
+        **container,
+        "method": {**legacy, **method, "params": params},
+        **({"revisions": revisions} if revisions else {}),
+    }
 
 
 def config_hash(cfg: DictConfig) -> str:
@@ -337,7 +359,11 @@ def config_differences(folder: Path, cfg: DictConfig) -> list[str]:
     between the run stored in ``folder`` (its ``config.yaml``) and ``cfg``; empty when they are the same run."""
     old_cfg = read_config_yaml(folder / CONFIG_FILE) or OmegaConf.create()
     old, new = (canonical_config(OmegaConf.to_container(c, resolve=True)) for c in (old_cfg, cfg))  # type: ignore[arg-type]
-    return _differences(old, new, prefix="", ignored=ignored_keys(cfg))
+    differences = _differences(old, new, prefix="", ignored=ignored_keys(cfg))
+    if not differences and new.get("revisions"):
+        # The same settings, but a fix changed their predictions since (kvbench.storage.revisions): never the same run.
+        differences = [f"revisions: fixed since that run: {'; '.join(new['revisions'])}"]
+    return differences
 
 
 def _differences(old: Any, new: Any, prefix: str, ignored: tuple[str, ...]) -> list[str]:
