@@ -185,6 +185,8 @@ class EvictionSession(SessionPasses):
         #: The decode policy's state for this sample (``None`` without a policy).
         policy = method.decode_policy
         self.decode_state: DecodeState | None = None if policy is None else policy.new_state()
+        if self.decode_state is not None:
+            self.decode_state.rotary = rotary
         self._rows: dict[int, PrefillRows] = {}
         self.sample_key = 0
         #: Question tokens at the end of the compressed prompt (question-aware mode; set by the prefill): the
@@ -400,6 +402,8 @@ class EvictionSession(SessionPasses):
         policy = self.method.decode_policy
         if policy is not None and policy.prompt_window and self.decode_state is not None:
             policy.take_prompt_queries(self.decode_state, layer_idx, rows.window_queries[:, -policy.prompt_window :])
+        if policy is not None and self.decode_state is not None:
+            policy.take_prefill_scores(self.decode_state, layer_idx, scores)
 
     def _shrink_layer(self, layer_idx: int, keep_total: int, window: int) -> None:
         """Evict ``layer_idx`` down to ``keep_total`` tokens per head (window and sinks included)."""

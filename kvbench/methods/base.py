@@ -22,7 +22,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -45,6 +45,12 @@ if TYPE_CHECKING:  # type hints only: importing the cache would import transform
 # ---------------------------------------------------------------------------------------------------- pieces
 class TokenScorer(ReadOnlyAfterBuild, ABC):
     """Importance of each context token at one layer."""
+
+    #: Whether the scorer votes with the observation window's queries on the tokens before it and leaves the
+    #: window's own columns to the session (SnapKV's vote): a wrapper that scores another token set (kvpress's
+    #: ``BlockPress``, its decoding presses) gives it that set's queries and scores the window ``max + 1``, as
+    #: kvpress's ``SnapKVPress`` pads its window.
+    window_scorer: ClassVar[bool] = False
 
     def prompt_rows(self, model_dtype: torch.dtype) -> PromptRows:
         """What :meth:`score` reads from the prompt rows before the window (default: nothing)."""
@@ -164,6 +170,11 @@ class DecodePolicy(ReadOnlyAfterBuild, ABC):
     def take_prompt_queries(self, state: DecodeState, layer_idx: int, queries: torch.Tensor) -> None:
         """The layer's last :attr:`prompt_window` prompt queries ``[H_q, <=W, D]``, handed over by the session once
         the layer's prefill is compressed (before :meth:`start_layer`; R-KV's query cache).  Default: ignored."""
+
+    def take_prefill_scores(self, state: DecodeState, layer_idx: int, scores: torch.Tensor) -> None:
+        """The layer's prefill scores ``[H, S]`` (float32, every prompt token, the window's as the scorer returned
+        them), handed over by the session once they are computed, before the layer is shrunk (kvpress's decoding
+        presses order the cache by them).  Default: ignored."""
 
     def start_layer(
         self,

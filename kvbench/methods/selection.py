@@ -85,7 +85,13 @@ class SelectionScorer(TokenScorer):
         """The wrapped scorer's; ``block`` over a window scorer also the layer's hidden states (:func:`block_queries`
         projects them; asking for the pre-RoPE keys is what makes the session keep them)."""
         rows = self.inner.prompt_rows(model_dtype)
-        return dataclasses.replace(rows, prerope_keys=True) if self.selection == "block" and self.window else rows
+        return dataclasses.replace(rows, prerope_keys=True) if self.selection == "block" and self.pads_window else rows
+
+    @property
+    def pads_window(self) -> bool:
+        """Whether ``block`` scores each block as kvpress's window press does (a window scorer that keeps its
+        window): the candidates' own queries, the candidate set's last ``window`` scored ``max + 1``."""
+        return bool(self.window) and self.inner.window_scorer
 
     def _scores(self, observation: WindowObservation) -> torch.Tensor:
         """``[H, S]`` the wrapped scores, per stored head, in the dtype the scorer computed them in."""
@@ -102,8 +108,11 @@ class SelectionScorer(TokenScorer):
             keep = self._chunkkv(self._padded(scores), budget, ratio)
         elif self.selection == "chunk":
             keep = self._chunked(observation, budget, ratio) | self._protected(scores)
-        else:  # a window is padded inside each block (kvpress's BlockPress over a window press); sinks kept on top
-            keep = self._blockwise(observation, budget) | protected_tokens(length, 0, self.sink_tokens, scores.device)
+        else:  # a window scorer's window is padded inside each block (kvpress's BlockPress over a window press)
+            protected = protected_tokens(
+                length, 0 if self.pads_window else self.window, self.sink_tokens, scores.device
+            )
+            keep = self._blockwise(observation, budget) | protected
         return torch.where(keep, scores.float(), float("-inf"))
 
     def _protected(self, scores: torch.Tensor) -> torch.Tensor:
@@ -151,7 +160,7 @@ class SelectionScorer(TokenScorer):
             new = torch.arange(start, min(start + block, length), device=device).expand(heads, -1)
             candidates = torch.cat([kept, new], dim=-1)
             part = _candidates(observation, candidates)
-            if self.window:  # kvpress: the press scores the candidates with their own queries, pads its window
+            if self.pads_window:  # kvpress: the press scores the candidates with their own queries, pads its window
                 part.queries = block_queries(observation, candidates, self.window)
                 scores = pad_protected(self._scores(part), self.window, 0)
             else:

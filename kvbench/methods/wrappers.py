@@ -104,6 +104,26 @@ def declares_wrappers(family: str) -> bool:
     return method_class is not None and issubclass(method_class, (Wrappers, WrapperKnobs))
 
 
+def check_kvpress_composition(method: EvictionMethod, knobs: Any) -> None:
+    """Refuse (``ValueError``, the command line's exit 2) a wrapper over a scorer whose kvpress composition kvbench
+    does not reproduce, naming why: ``ChunkPress`` over a window scorer (kvpress scores each chunk with that chunk's
+    own last queries and window), and a decoding press over ``AdaKVPress`` (kvpress masks, and its decoding press
+    then compresses the masked cache: kvbench's decode compressions cut each head by the scorer alone)."""
+    window_scorer = method.scorer is not None and method.scorer.window_scorer and method.keep_window
+    if knobs.selection == "chunk" and window_scorer:
+        raise ValueError(
+            f"method.params.selection=chunk over {method.name!r}'s window scores is kvpress's ChunkPress(SnapKVPress), "
+            "which scores each chunk with the chunk's own last queries and pads the chunk's window; kvbench does not "
+            "reproduce it (valid here: selection=topk, chunkkv or block)"
+        )
+    if knobs.decode_interval and knobs.allocation == "ada_kvpress":
+        raise ValueError(
+            "method.params.decode_interval with allocation=ada_kvpress is kvpress's DecodingPress over AdaKVPress, "
+            "which masks instead of evicting and then compresses the masked cache; kvbench does not reproduce it "
+            "(valid with decode_interval: allocation=uniform or ada)"
+        )
+
+
 def apply_wrappers(method: EvictionMethod, knobs: Any) -> EvictionMethod:
     """``method`` (a scorer with uniform head and layer budgets) under the wrappers ``knobs`` turns on (module
     docstring); unchanged when every wrapper is off.  Raises ``ValueError`` for a combination that does not compose
@@ -113,6 +133,7 @@ def apply_wrappers(method: EvictionMethod, knobs: Any) -> EvictionMethod:
     if method.scorer is None:
         raise ValueError(f"method {method.name!r} has no token scorer: its wrapper knobs cannot apply")
     allocation, selection = knobs.allocation, knobs.selection
+    check_kvpress_composition(method, knobs)
     if selection != "topk" and allocation != "uniform":
         raise ValueError(
             f"method.params.selection={selection!r} sets its own per-head counts: it does not combine with "

@@ -53,6 +53,18 @@ def _counts_from_kvpress_ratio(config: dict[str, Any]) -> bool:
     )
 
 
+def _decoding_press(config: dict[str, Any]) -> bool:
+    """kvpress's decoding presses (``decode_interval``): issue #54 made their compressions kvpress's (cache order,
+    buffered queries, the window kept, the bisected count)."""
+    return bool(_params(config).get("decode_interval"))
+
+
+def _block_over_window_scorer(config: dict[str, Any]) -> bool:
+    """``BlockPress`` over SnapKV's window vote: issue #54 scores each block with its candidates' own queries and
+    pads its window (kvpress's), instead of the prompt's window kept on top."""
+    return _family(config) == "snapkv" and _params(config).get("selection") == "block"
+
+
 #: ``(revision line, applies to the resolved config)``, oldest first.
 REVISIONS: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
     (
@@ -60,6 +72,8 @@ REVISIONS: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
         "chunk counts, CriticalKV's first stage, Compactor's blending)",
         _counts_from_kvpress_ratio,
     ),
+    ("54: decoding presses compress as kvpress's (cache order, buffered queries, window kept)", _decoding_press),
+    ("54: BlockPress over SnapKV scores each block with its candidates' queries", _block_over_window_scorer),
 )
 
 

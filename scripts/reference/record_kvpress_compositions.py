@@ -230,9 +230,11 @@ def specs() -> list[base.Spec]:
             "PrefillDecodingPress_SnapKVPress",
             lambda r: P.PrefillDecodingPress(
                 prefilling_press=P.SnapKVPress(compression_ratio=r, window_size=16),
-                decoding_press=P.DecodingPress(base_press=snap(2), compression_interval=3, target_size=24),
+                decoding_press=P.DecodingPress(base_press=snap(16), compression_interval=3, target_size=24),
             ),
             ratios=base.RATIOS,
+            extra="; one window (16) for the prefill and the decoding scorer, as kvbench's method.window "
+            "(UnassertedSnapKVPress: 3 buffered rows)",
         ),
         decoding(
             "PrefillDecodingPress_ExpectedAttentionPress",

@@ -211,6 +211,21 @@ CLAIMS: tuple[Claim, ...] = (
           "keys_values_o_proj", "topk_critical", forms=("cr",)),
     Claim("CompactorPress_fractional", "compactor", (("chunk_size", 32),), "-", "hidden_states",
           "topk_compactor", forms=("cr",)),
+    # kvpress's decoding presses (item 1): method.params.decode_interval (decode_target / decode_ratio), every
+    # compression step of the recorded tiny Llama's decoding compared.
+    *(Claim(recording, method, (), "decode_interval", decoding=True) for recording, method in (
+        ("DecodingPress_KnormPress_interval5", "knorm"),
+        ("DecodingPress_SnapKVPress_interval3", "snapkv_kvpress"),
+        ("DecodingPress_SnapKVPress_interval5", "snapkv_kvpress"),
+        ("DecodingPress_ExpectedAttentionPress_interval6", "expected_attention"),
+        ("CompressionRatioDecodingPress_KnormPress_interval3", "knorm"),
+        ("CompressionRatioDecodingPress_SnapKVPress_interval3", "snapkv_kvpress"),
+        ("CompressionRatioDecodingPress_ExpectedAttentionPress_interval8", "expected_attention"),
+        ("PrefillDecodingPress_KnormPress_interval5", "knorm"),
+        ("PrefillDecodingPress_SnapKVPress", "snapkv_kvpress"),
+        ("PrefillDecodingPress_ExpectedAttentionPress", "expected_attention"),
+        ("PrefillDecodingPress_SnapKVPress_window64", "snapkv_kvpress"),
+    )),
 )  # fmt: skip
 
 
