@@ -11,9 +11,11 @@ Accepted ``budget.spec`` strings:
   ``round(r x context_len) x num_layers``, distributed by the layer allocator.
 * ``<c>cr`` with ``0 <= c < 1`` (e.g. ``0.25cr``) -- NVIDIA/kvpress's ``compression_ratio`` c: a total of
   ``max(1, int(context_len x (1 - c))) x num_layers`` (kvpress's ``compute_n_kept``: floor, never 0), distributed by
-  the layer allocator (uniform: that many per layer).  kvpress protects no window: use it with methods that do not
-  (the one-class methods, the ``*_kvpress`` presets), and ``task.question_mode=agnostic`` so that only the context
-  is compressed, as kvpress's pipeline.
+  the layer allocator (uniform: that many per layer).  A press that computes a count from c itself gets kvpress's
+  arithmetic (:meth:`Budget.kvpress_ratio`: ChunkKV's chunk count, CriticalKV's first stage, Compactor's blending;
+  :meth:`Budget.kvpress_global_kept`: KVzip's ``L H S - int(L H S c)``).  kvpress protects no window: use it with
+  methods that do not (the one-class methods, the ``*_kvpress`` presets), and ``task.question_mode=agnostic`` so
+  that only the context is compressed, as kvpress's pipeline.
 
 All budgets count tokens per stored head and, by default, include the observation window
 (``method.window_in_budget``).  When a layer's budget is at least the context length nothing is evicted there.

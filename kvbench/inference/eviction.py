@@ -203,8 +203,10 @@ class EvictionSession(SessionPasses):
         #: Per re-rotated layer, the prompt positions ``[H, n]`` its kept keys came from.
         self.rerotated_from: dict[int, torch.Tensor] = {}
         #: Forward pre-hooks that hand the layers' hidden states over during the compressing prefill
-        #: (:func:`kvbench.inference.hidden_states.capture_hidden_states`); removed when the prefill ends.
+        #: (:func:`kvbench.inference.hidden_states.capture_hidden_states`); removed when the prefill ends (the
+        #: decode policy's, ``decode_hooks``, at :meth:`finish`).
         self.hooks: list[Any] = []
+        self.decode_hooks: list[Any] = []
 
     # ------------------------------------------------------------------ phases
     @property
@@ -253,6 +255,8 @@ class EvictionSession(SessionPasses):
 
     def finish(self) -> CacheRecord:
         """End of the sample: fill the final sizes and return the record."""
+        for handle in self.decode_hooks:
+            handle.remove()
         self._finish_prefill()
         self.record.final_per_layer = self.cache.layer_lengths()
         self._note_bytes(prefill=False)

@@ -38,7 +38,7 @@ from kvbench.cache.sliding import layer_windows
 from kvbench.checks import check_choice
 from kvbench.config import QUESTION_MODES
 from kvbench.inference.eviction import EvictionSession
-from kvbench.inference.hidden_states import capture_hidden_states
+from kvbench.inference.hidden_states import capture_decode_queries, capture_hidden_states
 from kvbench.inference.replay import replay_context
 from kvbench.methods.base import EvictionMethod
 from kvbench.models.loading import input_device
@@ -255,6 +255,7 @@ def prefill(
     started = time.perf_counter()
     session.begin_prefill(len(compressed), prompt_ids=compressed)
     capture_hidden_states(model, session)  # for scorers of pre-RoPE states; removed when the prefill ends
+    capture_decode_queries(model, session)  # for kvpress's decoding presses; removed by session.finish()
     position, logits = 0, None
     try:
         for segment in segments:
@@ -266,6 +267,8 @@ def prefill(
             position = start + len(segment.ids)
     except BaseException:
         session.release_hooks()
+        for handle in session.decode_hooks:
+            handle.remove()
         raise
     if held is None or held.appended:  # a held compressed segment still needs them (kvbench.press)
         session.release_hooks()

@@ -162,6 +162,8 @@ class DecodePolicy(ReadOnlyAfterBuild, ABC):
     evicts_on_append: bool = False
     #: How many of the last prompt queries the policy reads (:meth:`take_prompt_queries`; 0: none).
     prompt_window: int = 0
+    #: Whether the policy reads each later forward's pre-RoPE queries (:meth:`take_prerope_queries`).
+    reads_prerope_queries: bool = False
 
     def new_state(self) -> DecodeState:
         """A sample's empty decode state (filled layer by layer by :meth:`start_layer`)."""
@@ -170,6 +172,11 @@ class DecodePolicy(ReadOnlyAfterBuild, ABC):
     def take_prompt_queries(self, state: DecodeState, layer_idx: int, queries: torch.Tensor) -> None:
         """The layer's last :attr:`prompt_window` prompt queries ``[H_q, <=W, D]``, handed over by the session once
         the layer's prefill is compressed (before :meth:`start_layer`; R-KV's query cache).  Default: ignored."""
+
+    def take_prerope_queries(self, state: DecodeState, layer_idx: int, queries: torch.Tensor) -> None:
+        """The pre-RoPE queries ``[H_q, q, D]`` of a forward after the prefill (``q_proj`` of the layer's hidden
+        states, model dtype), handed over before its attention when :attr:`reads_prerope_queries`.  Default:
+        ignored."""
 
     def take_prefill_scores(self, state: DecodeState, layer_idx: int, scores: torch.Tensor) -> None:
         """The layer's prefill scores ``[H, S]`` (float32, every prompt token, the window's as the scorer returned

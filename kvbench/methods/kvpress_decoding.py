@@ -28,9 +28,11 @@ does it (``decoding_press.py``):
   ``max + 1`` (the newest tokens stay).  Fewer buffered rows than the window: kvpress's ``SnapKVPress`` asserts more;
   kvbench runs kvpress's steps on the rows there are (``UnassertedSnapKVPress`` in
   ``scripts/reference/record_kvpress_compositions.py``, recorded).  A scorer of pre-RoPE queries (Expected
-  Attention) gets the buffered queries un-rotated, and kvpress's ``q_len`` (the future positions start) is the
-  number of buffered rows.  Buffered queries are the stored post-RoPE ones un-rotated (float32, then the model
-  dtype): bit-exact in float32 up to ~1e-7, in bfloat16 a rounding step away from kvpress's ``q_proj``.
+  Attention) gets the buffered pre-RoPE queries, and kvpress's ``q_len`` (the future positions start) is the number
+  of buffered rows.  The pre-RoPE queries are kvpress's: ``q_proj`` of each forward's hidden states, handed over by
+  a forward pre-hook on the model path (:func:`kvbench.inference.hidden_states.capture_decode_queries`); without
+  them (hand-built tensors) the stored post-RoPE queries are un-rotated (float32 to ~1e-7, bfloat16 rounded
+  differently).
 
 Heads of unequal lengths (an Ada-KV prefill; kvpress's caches never are) are scored head by head on their own
 tokens: no padding enters a softmax.  Parity: ``tests/methods/test_kvpress_decoding.py``.
@@ -58,11 +60,13 @@ BUFFER_FORWARDS = 256
 @dataclass
 class IntervalDecodeState(DecodeState):
     """One sample's :class:`IntervalDecodingPolicy` state, per layer: the forwards counted since its last compression,
-    the buffered ``(queries [H_q, q, D], positions [q])`` of those forwards, each head's positions in kvpress's cache
-    order, and the prefill scores ``[H, S]`` until the layer's order is set from them."""
+    the buffered ``(queries [H_q, q, D], positions [q], pre-RoPE queries [H_q, q, D] or None)`` of those forwards
+    (``pending``: the current forward's pre-RoPE queries, handed over before its attention), each head's positions in
+    kvpress's cache order, and the prefill scores ``[H, S]`` until the layer's order is set from them."""
 
     steps: dict[int, int] = field(default_factory=dict)
-    buffer: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
+    buffer: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]] = field(default_factory=dict)
+    pending: dict[int, torch.Tensor] = field(default_factory=dict)
     order: dict[int, list[torch.Tensor]] = field(default_factory=dict)
     prefill_scores: dict[int, torch.Tensor] = field(default_factory=dict)
 
@@ -137,6 +141,7 @@ class IntervalDecodingPolicy(DecodePolicy):
             )
         self.scorer, self.interval, self.gqa_agg, self.window, self.target = scorer, interval, gqa_agg, window, target
         self.ratio = ratio
+        self.reads_prerope_queries = scorer.window_scorer or scorer.prompt_rows(torch.float32).prerope
 
     def caps(self, state: IntervalDecodeState, layer_idx: int, layer: HeadwiseLayer) -> list[int]:
         """Per head, the size a compression cuts to: ``ratio``'s share of the tokens seen, ``target``, or the cap."""
@@ -150,6 +155,10 @@ class IntervalDecodingPolicy(DecodePolicy):
     def take_prefill_scores(self, state: DecodeState, layer_idx: int, scores: torch.Tensor) -> None:
         assert isinstance(state, IntervalDecodeState)
         state.prefill_scores[layer_idx] = scores
+
+    def take_prerope_queries(self, state: DecodeState, layer_idx: int, queries: torch.Tensor) -> None:
+        assert isinstance(state, IntervalDecodeState)
+        state.pending[layer_idx] = queries
 
     def start_layer(
         self,
@@ -171,7 +180,7 @@ class IntervalDecodingPolicy(DecodePolicy):
         positions = [p.clone() for p in layer.positions]
         if scores is None or all(len(p) == scores.shape[1] for p in positions):
             return [p.sort().values for p in positions]
-        padded = self._padded(scores, scores.shape[1], scores.dtype)
+        padded = self._padded(scores, scores.shape[1], layer.padded_kv()[0].dtype)
         order = []
         for head, kept in enumerate(positions):
             top = padded[head].topk(len(kept)).indices.to(kept.device)
@@ -211,7 +220,7 @@ class IntervalDecodingPolicy(DecodePolicy):
         assert isinstance(state, IntervalDecodeState)
         new = layer.positions[0][-query.shape[1] :]
         buffer = state.buffer.setdefault(layer_idx, [])
-        buffer.append((query, new))
+        buffer.append((query, new, state.pending.pop(layer_idx, None)))
         order = state.order.get(layer_idx) or [p.new_empty(0) for p in layer.positions]
         state.order[layer_idx] = [torch.cat([o, new.to(o.device)]) for o in order]
         state.steps[layer_idx] = state.steps.get(layer_idx, 0) + 1
@@ -234,8 +243,11 @@ class IntervalDecodingPolicy(DecodePolicy):
         order = state.order[layer_idx]
         slots = [slots_in_order(layer.positions[h], order[h]) for h in range(layer.num_heads)]
         keys, values, _ = layer.padded_kv()  # [H, S_max, D]; each head gathered at its own slots below
-        queries = torch.cat([q for q, _ in state.buffer[layer_idx]], dim=1)  # [H_q, n, D]
-        rows = torch.cat([p.to(queries.device) for _, p in state.buffer[layer_idx]])
+        buffered = state.buffer[layer_idx]
+        queries = torch.cat([entry[0] for entry in buffered], dim=1)  # [H_q, n, D]
+        rows = torch.cat([entry[1].to(queries.device) for entry in buffered])
+        projected = [entry[2] for entry in buffered]
+        pre_rope = torch.cat(projected, dim=1) if all(p is not None for p in projected) else None  # type: ignore[misc]
         groups: dict[int, list[int]] = {}
         for head, length in enumerate(lengths):
             groups.setdefault(length, []).append(head)
@@ -250,7 +262,8 @@ class IntervalDecodingPolicy(DecodePolicy):
             head_values = values[heads].gather(1, gather[..., : values.shape[-1]].expand(-1, -1, values.shape[-1]))
             group = queries.shape[0] // layer.num_heads
             query_heads = [q for h in heads for q in range(h * group, (h + 1) * group)]
-            scores = self._scores(state, layer_idx, queries[query_heads], rows, head_keys, head_values, scaling)
+            pre = None if pre_rope is None else pre_rope[query_heads]
+            scores = self._scores(state, layer_idx, queries[query_heads], pre, rows, head_keys, head_values, scaling)
             for row, head in enumerate(heads):
                 if counts[head] is None:
                     continue
@@ -265,19 +278,24 @@ class IntervalDecodingPolicy(DecodePolicy):
         state: IntervalDecodeState,
         layer_idx: int,
         queries: torch.Tensor,
+        pre_rope: torch.Tensor | None,
         rows: torch.Tensor,
         keys: torch.Tensor,
         values: torch.Tensor,
         scaling: float,
     ) -> torch.Tensor:
         """``[h, L]`` float32 scores of keys ``[h, L, D]`` (kvpress's cache order) from the buffered ``queries``
-        ``[g h, n, D]`` at positions ``rows`` ``[n]``, as kvpress's decoding press hands them to the scorer."""
+        ``[g h, n, D]`` at positions ``rows`` ``[n]`` (their pre-RoPE ``q_proj`` when the session handed it over,
+        else un-rotated), as kvpress's decoding press hands them to the scorer."""
+        if pre_rope is None and self.reads_prerope_queries:
+            pre_rope = self._unrotated(state, queries, rows)
         dtype, length = queries.dtype, keys.shape[1]
         scorer = self.scorer
         if scorer.window_scorer:
             window = min(self.window, length)
             current = state.buffer[layer_idx][-1][1].to(rows.device)
-            recent = self._rerotated(state, queries[:, -window:], rows[-window:], current, window)
+            assert pre_rope is not None
+            recent = self._rerotated(state, pre_rope[:, -window:], current, window)
             filler = recent.new_zeros(recent.shape[0], window - recent.shape[1], recent.shape[2])
             observation = WindowObservation(layer_idx, 0, torch.cat([recent, filler], dim=1), keys, values, scaling)
             half = dtype if dtype not in (torch.float32, torch.float64) else None
@@ -285,7 +303,8 @@ class IntervalDecodingPolicy(DecodePolicy):
                 observation.use_window_stats(window_stats(recent, keys, scaling, window, half, prob_dtype), prob_dtype)
         elif scorer.prompt_rows(dtype).prerope:
             observation = WindowObservation(layer_idx, 0, queries, keys, values, scaling, rotary=state.rotary)
-            observation.prerope = BufferedQueries(self._unrotated(state, queries, rows))
+            assert pre_rope is not None
+            observation.prerope = BufferedQueries(pre_rope)
         else:
             observation = WindowObservation(layer_idx, 0, queries, keys, values, scaling, rotary=state.rotary)
         scores = aggregate_groups(scorer.score(observation).float(), keys.shape[0], self.gqa_agg)
@@ -305,17 +324,12 @@ class IntervalDecodingPolicy(DecodePolicy):
         return unrotate(queries, *self._tables(state, rows, queries.dtype)).to(queries.dtype)
 
     def _rerotated(
-        self,
-        state: IntervalDecodeState,
-        queries: torch.Tensor,
-        rows: torch.Tensor,
-        current: torch.Tensor,
-        window: int,
+        self, state: IntervalDecodeState, pre_rope: torch.Tensor, current: torch.Tensor, window: int
     ) -> torch.Tensor:
-        """kvpress's ``SnapKVPress`` window queries in a decoding press: the last ``n <= window`` buffered rows,
-        un-rotated, then rotated with the current forward's rotary tables of its last ``min(q, window)`` positions
-        (one position broadcast over every row after a single-token step), in the model dtype."""
-        count, shown = queries.shape[1], min(len(current), window)
+        """kvpress's ``SnapKVPress`` window queries in a decoding press: the last ``n <= window`` buffered pre-RoPE
+        rows ``[H_q, n, D]`` rotated with the current forward's rotary tables of its last ``min(q, window)``
+        positions (one position broadcast over every row after a single-token step), in the model dtype."""
+        count, shown = pre_rope.shape[1], min(len(current), window)
         if shown == 1:
             target = current[-1:].expand(count)
         elif shown == count:
@@ -326,8 +340,7 @@ class IntervalDecodingPolicy(DecodePolicy):
                 f"tables of the current forward's last {shown} positions, which do not broadcast (kvpress raises); "
                 "kvbench does not reproduce a run kvpress cannot make (choose another decode_interval or window)"
             )
-        pre_rope = self._unrotated(state, queries, rows)
-        cos, sin = self._tables(state, target, queries.dtype)
+        cos, sin = self._tables(state, target, pre_rope.dtype)
         return pre_rope * cos + rotate_half(pre_rope) * sin
 
 

@@ -20,6 +20,7 @@ import torch
 from kvbench.budget import parse_budget
 from kvbench.cache.kv_cache import KVBenchCache
 from kvbench.inference.eviction import EvictionSession
+from kvbench.inference.hidden_states import capture_decode_queries
 from kvbench.inference.prefill import forward_logits, rotary_tables
 from kvbench.methods.base import EvictionMethod
 from tests.methods.wrapper_replay import KeptTally
@@ -86,10 +87,12 @@ def replay_case(
     for call in case.score_calls:  # per layer in call order: the prefilling press's, then each compression's
         calls.setdefault(call.layer, []).append(call.scores)
     device = torch.device("cpu")
+    capture_decode_queries(model, session)  # the decoding forwards' q_proj, as kvbench's prefill() registers it
     with torch.no_grad():
         session.begin_prefill(len(ids))
         forward_logits(model, ids, 0, cache, session, device)
         if not _compare_step(case, 0, [list(range(len(ids)))] * 2, cache, calls, tally):
+            session.finish()
             return cache
         position = len(ids)
         for index, tokens in enumerate(forwards):
@@ -99,7 +102,8 @@ def replay_case(
             position += len(tokens)
             before = [[positions + new for positions in heads] for heads in case.steps[index]]  # [layer][head]
             if not _compare_step(case, index + 1, before, cache, calls, tally):
-                return cache
+                break
+    session.finish()
     return cache
 
 
@@ -122,6 +126,7 @@ def _compare_step(
         if all(len(kept) == len(seen) for kept, seen in zip(heads, order, strict=True)):  # no compression here
             if ours != [sorted(seen) for seen in order]:
                 tally.differ += len(heads)
+                tally.differing_layers.add(layer)
                 return False
             continue
         scores = calls[layer].pop(0)
@@ -136,4 +141,5 @@ def _compare_step(
                 tally.tied_valid += 1
             else:
                 tally.differ += 1
+                tally.differing_layers.add(layer)
     return comparable

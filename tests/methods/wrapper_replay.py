@@ -9,7 +9,7 @@ says the layer's selection is another valid choice among tied recorded scores, e
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,6 +30,8 @@ class KeptTally:
     same: int = 0
     tied_valid: int = 0
     differ: int = 0
+    #: The layers where a selection differed (not compared: the page prints the counts only).
+    differing_layers: set[int] = field(default_factory=set, compare=False)
 
     @property
     def selections(self) -> int:

@@ -178,7 +178,9 @@ def reseed(_case: RecordedCase) -> None:
 
 
 #: Before each case, per recording (the global generator's draws).
-BEFORE_CASE: dict[str, Callable[[RecordedCase], None]] = {"CompactorPress_fractional": reseed}
+BEFORE_CASE: dict[str, Callable[[RecordedCase], None]] = {
+    name: reseed for name in ("CompactorPress_fractional", "CompactorPress", "LeverageScorePress")
+}
 
 
 # ------------------------------------------------------------------------------------------------ the claims
@@ -187,6 +189,30 @@ def _snapkv(window: int, **knobs: Any) -> tuple[tuple[str, Any], ...]:
 
 
 CLAIMS: tuple[Claim, ...] = (
+    # kvpress's scorers, each a kvbench preset or one-class method at kvpress's settings.
+    Claim("KnormPress", "knorm"),
+    Claim("KeyDiffPress", "keydiff"),
+    Claim("LagKVPress", "lagkv"),
+    Claim("LagKVPress_lag16", "lagkv", (("lag_size", 16),)),
+    Claim("CURPress", "cur"),
+    Claim("StreamingLLMPress", "streamingllm_kvpress"),
+    Claim("SnapKVPress", "snapkv_kvpress", observation="window64"),
+    Claim("SnapKVPress_window16", "snapkv_kvpress", _snapkv(16), observation="window16"),
+    Claim("ExpectedAttentionPress", "expected_attention", observation="hidden_states"),
+    Claim("LeverageScorePress", "leverage", observation="hidden_states"),
+    Claim("CompactorPress", "compactor", (("chunk_size", 32),), observation="hidden_states", tie="topk_compactor"),
+    Claim("NonCausalAttnPress", "noncausal", (("chunk_size", 32),), observation="hidden_states"),
+    # kvpress's wrappers over KNorm / KeyDiff / Expected Attention.
+    Claim("ChunkKVPress_KnormPress", "knorm", (("selection", "chunkkv"), ("selection_length", 8)), "chunkkv",
+          tie="chunks"),
+    Claim("ChunkPress_KnormPress", "knorm", (("selection", "chunk"), ("selection_length", 20)), "chunk"),
+    Claim("BlockPress_KnormPress", "knorm", (("selection", "block"), ("selection_length", 32)), "block"),
+    Claim("BlockPress_KeyDiffPress", "keydiff", (("selection", "block"), ("selection_length", 32)), "block"),
+    Claim("AdaKVPress_KnormPress", "knorm", (("allocation", "ada_kvpress"),), "ada_kvpress", tie="layer_topk"),
+    Claim("AdaKVPress_ExpectedAttentionPress", "expected_attention_kvpress", (), "ada_kvpress", "hidden_states",
+          "layer_topk"),
+    Claim("CriticalKVPress_KnormPress", "knorm", (("rescale", "critical"),), "critical", "keys_values_o_proj",
+          "topk_critical"),
     # kvpress's composed presses over SnapKVPress: the snapkv_kvpress preset plus a wrapper knob (issue #54 item 2).
     Claim("ChunkKVPress_SnapKVPress", "snapkv_kvpress", _snapkv(16, selection="chunkkv", selection_length=8),
           "chunkkv", "window16", "chunks"),

@@ -35,7 +35,10 @@ kvpress's own scores where they tie at the cut (`tied`), or **differ**.  Budget 
 `r` spelled `budget=<max(1, int(S (1 - r)))>/layer` (`per_layer`) or `budget=<r>cr` (`cr`, kvbench reading `r`
 itself: kvpress's own arithmetic where `S (1 - r)` is fractional).  Decoding presses: every compression step of the
 recorded tiny Llama's decoding (a case stops being compared after a tie: the two caches then hold different
-tokens).  Recordings: `tests/fixtures/reference/kvpress/README.md`.
+tokens).  The rows that differ are SnapKV's decoding presses in bfloat16: after the first layer, kvbench attends over
+its cache in position order and kvpress over its own in top-k order, the attention sums round one bfloat16 step apart,
+and a few near-tied selections of the later layers move (float32: none; the first layer: none).  Recordings:
+`tests/fixtures/reference/kvpress/README.md`.
 """
 
 
