@@ -31,8 +31,8 @@ does it (``decoding_press.py``):
   Attention) gets the buffered pre-RoPE queries, and kvpress's ``q_len`` (the future positions start) is the number
   of buffered rows.  The pre-RoPE queries are kvpress's: ``q_proj`` of each forward's hidden states, handed over by
   a forward pre-hook on the model path (:func:`kvbench.inference.hidden_states.capture_decode_queries`); without
-  them (hand-built tensors) the stored post-RoPE queries are un-rotated (float32 to ~1e-7, bfloat16 rounded
-  differently).
+  them (hand-built tensors; ``kvbench.press``, whose record refresh after each forward ends the hooks) the stored
+  post-RoPE queries are un-rotated (float32 to ~1e-7, bfloat16 rounded differently).
 
 Heads of unequal lengths (an Ada-KV prefill; kvpress's caches never are) are scored head by head on their own
 tokens: no padding enters a softmax.  Parity: ``tests/methods/test_kvpress_decoding.py``.
@@ -257,9 +257,8 @@ class IntervalDecodingPolicy(DecodePolicy):
         new_order = list(order)
         for heads in groups.values():
             index = torch.stack([slots[h] for h in heads]).to(keys.device)  # [h, L]
-            gather = index[..., None].expand(-1, -1, keys.shape[-1])
-            head_keys = keys[heads].gather(1, gather)
-            head_values = values[heads].gather(1, gather[..., : values.shape[-1]].expand(-1, -1, values.shape[-1]))
+            head_keys = keys[heads].gather(1, index[..., None].expand(-1, -1, keys.shape[-1]))
+            head_values = values[heads].gather(1, index[..., None].expand(-1, -1, values.shape[-1]))
             group = queries.shape[0] // layer.num_heads
             query_heads = [q for h in heads for q in range(h * group, (h + 1) * group)]
             pre = None if pre_rope is None else pre_rope[query_heads]

@@ -108,7 +108,7 @@ OBSERVATIONS: dict[str, ObservationOf] = {
     "keys_values": keys_values_observation,
     "keys_values_o_proj": with_output_projection(query_heads_observation),
     "hidden_states": hidden_states_observation,
-    **{f"window{w}": window_observation(w) for w in (8, 16, 64)},
+    **{f"window{w}": window_observation(w) for w in (1, 8, 16, 64)},
     **{f"window{w}_o_proj": with_output_projection(window_observation(w)) for w in (16, 64)},
     "window8_hidden": window_observation(8, hidden=True),
 }
@@ -163,7 +163,21 @@ def layer_topk(case: RecordedCase, layer: int, kept: list[list[int]]) -> bool:
     return lowest.numel() == 0 or highest.numel() == 0 or bool(lowest.min() >= highest.max())
 
 
+def critical_ada_choice(case: RecordedCase, layer: int, kept: list[list[int]]) -> bool:
+    """CriticalAdaKV (kvpress records no CriticalAdaKVPress scores): stage 2 scores a token ``(s + epsilon) vnorm`` as
+    CriticalKV does, so where a head's set differs, the swapped tokens tie in kvpress's recorded CriticalKV scores of
+    the same inputs (``CriticalKVPress_SnapKVPress``), and the head keeps kvpress's count."""
+    critical = {(c.inputs, c.compression_ratio): c for c in load_recording("CriticalKVPress_SnapKVPress").cases}
+    scores = critical[case.inputs, case.compression_ratio].layer_scores(layer, "CriticalKVPress")
+    for head, positions in enumerate(kept):
+        swapped = sorted(set(positions) ^ set(case.kept[layer][head]))
+        if len(positions) != len(case.kept[layer][head]) or len(set(scores[head][swapped].tolist())) > 1:
+            return False
+    return True
+
+
 TIES: dict[str, Callable[[RecordedCase, int, list[list[int]]], bool] | None] = {
+    "critical_ada": critical_ada_choice,
     "none": None,
     "topk": topk_of(),
     "topk_critical": topk_of("CriticalKVPress"),
@@ -196,6 +210,7 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("LagKVPress_lag16", "lagkv", (("lag_size", 16),)),
     Claim("CURPress", "cur"),
     Claim("StreamingLLMPress", "streamingllm_kvpress"),
+    Claim("TOVAPress", "tova_kvpress", observation="window1"),
     Claim("SnapKVPress", "snapkv_kvpress", observation="window64"),
     Claim("SnapKVPress_window16", "snapkv_kvpress", _snapkv(16), observation="window16"),
     Claim("ExpectedAttentionPress", "expected_attention", observation="hidden_states"),
@@ -224,6 +239,8 @@ CLAIMS: tuple[Claim, ...] = (
           "window16_o_proj", "topk_critical"),
     Claim("CriticalKVPress_SnapKVPress_window64", "snapkv_kvpress", _snapkv(64, rescale="critical"), "critical",
           "window64_o_proj", "topk_critical"),
+    Claim("CriticalAdaKVPress_SnapKVPress", "snapkv_kvpress", _snapkv(16, allocation="ada_kvpress",
+          rescale="critical"), "ada_kvpress+critical", "window16_o_proj", "critical_ada"),
     Claim("AdaKVPress_SnapKVPress", "snapkv_kvpress", _snapkv(16, allocation="ada_kvpress"), "ada_kvpress",
           "window16", "layer_topk"),
     Claim("AdaKVPress_SnapKVPress_window64", "snapkv_kvpress", _snapkv(64, allocation="ada_kvpress"), "ada_kvpress",
