@@ -292,15 +292,16 @@ KNOBS_GAINED_WITH_WRAPPERS: dict[str, Any] = {"row_reduce": "sum"}
 
 def scale_free_row_reduce(method: dict[str, Any]) -> bool:
     """Whether SnapKV's ``row_reduce: mean`` ranks exactly as ``sum`` (so a run of either keeps the hash of before
-    the knob, issue #54): no wrapper on (a plain top-k of the scores), and a window of a power of two (the mean is
-    the sum divided by 2^n, exact in binary floating point through the pooling, the GQA mean and any rounding to the
-    model dtype; only scores below float32's normal range, 2^-126, could round otherwise).  With a wrapper the scale
-    matters (kvpress's ``max + 1`` window padding under ChunkKV, CriticalKV's ``score + epsilon``)."""
+    the knob, issue #54): a window of a power of two (the mean is the sum divided by 2^n, exact in binary floating
+    point through the pooling, the GQA mean and any rounding to the model dtype; only scores below float32's normal
+    range, 2^-126, could round otherwise), and no wrapper that reads the scores' scale (ChunkKV's ``max + 1`` window
+    padding before its chunk means, CriticalKV's ``score + epsilon``); top-k, Ada-KV's shares, BlockPress, the layer
+    schedules and the decoding presses rank only."""
     params = dict(method.get("params") or {})
     window = method.get("window")
-    wrappers_off = all(params.get(knob, off) == off for knob, off in WRAPPER_KNOBS_OFF.items())
+    scale_read = params.get("selection") == "chunkkv" or params.get("rescale", "none") != "none"
     power_of_two = isinstance(window, int) and window > 0 and window & (window - 1) == 0
-    return params.get("row_reduce") == "mean" and wrappers_off and power_of_two
+    return params.get("row_reduce") == "mean" and not scale_read and power_of_two
 
 
 def canonical_config(container: dict[str, Any]) -> dict[str, Any]:

@@ -57,6 +57,7 @@ def test_a_wrapped_kvpress_preset_whose_predictions_changed_has_a_new_hash() -> 
     assert scale_free_row_reduce({"window": 64, "params": knobs})
     assert not scale_free_row_reduce({"window": 48, "params": knobs})
     assert not scale_free_row_reduce({"window": 64, "params": {**knobs, "selection": "chunkkv"}})
+    assert scale_free_row_reduce({"window": 64, "params": {**knobs, "allocation": "ada_kvpress"}})  # ranks only
 
 
 def test_wrappers_that_do_not_compose_and_families_with_allocators_are_refused() -> None:
