@@ -25,7 +25,8 @@ does it (``decoding_press.py``):
   -- as kvpress's ``SnapKVPress`` does with the current forward's rotary tables -- at the current forward's last
   positions (one position for all of them after a single-token step), the causal mask of a ``window``-row window
   (kvpress's ``triu(k_len - window + 1)``), their mean, its pooling, and the cache's last ``window`` rows scored
-  ``max + 1`` (the newest tokens stay).  Fewer buffered rows than the window: kvpress's ``SnapKVPress`` asserts more;
+  ``max + 1`` (they stay: the tokens since the last compression, then the tail of kvpress's previous top-k order).
+  Fewer buffered rows than the window: kvpress's ``SnapKVPress`` asserts more;
   kvbench runs kvpress's steps on the rows there are (``UnassertedSnapKVPress`` in
   ``scripts/reference/record_kvpress_compositions.py``, recorded).  A scorer of pre-RoPE queries (Expected
   Attention) gets the buffered pre-RoPE queries, and kvpress's ``q_len`` (the future positions start) is the number
@@ -35,7 +36,11 @@ does it (``decoding_press.py``):
   post-RoPE queries are un-rotated (float32 to ~1e-7, bfloat16 rounded differently).
 
 Heads of unequal lengths (an Ada-KV prefill; kvpress's caches never are) are scored head by head on their own
-tokens: no padding enters a softmax.  Parity: ``tests/methods/test_kvpress_decoding.py``.
+tokens: no padding enters a softmax.  Not reproduced: kvbench stores each head's tokens in position order, kvpress in
+its top-k order, so the model's attention over the cache sums in another order -- the same in float32 up to
+rounding, in bfloat16 one rounding step apart after the first layer, which moves a few near-tied selections of
+SnapKV's decoding presses.  Parity: ``tests/methods/test_kvpress_decoding.py``, ``tests/parity/test_kvpress_claims.py``
+(every compression step of kvpress's recorded decoding presses), counts in ``docs/methods/kvpress-support.md``.
 """
 
 from __future__ import annotations
