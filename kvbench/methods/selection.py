@@ -22,15 +22,15 @@ scores (``method=knorm method.params.selection=chunkkv``):
   ``window`` scored ``max + 1`` (no window kept on top of the blocks).
 
 ``selection_length`` 0 takes kvpress's default: chunkkv 20, chunk 1024, block 128.  The scorer inside ``chunk`` and
-``block`` sees the candidates' keys and values; ``chunk`` the prompt's observation window (kvpress hands it the
-candidates' hidden states; scorers that read only keys and values, such as knorm and keydiff, see exactly what
-kvpress's do), ``block`` over a window scorer the candidates' own queries as kvpress's ``BlockPress`` builds them.
+``block`` sees the candidates' keys and values (scorers that read only keys and values, such as knorm and keydiff,
+see exactly what kvpress's do) and, over a window scorer, the candidates' own queries as kvpress's ``ChunkPress`` and
+``BlockPress`` build them from their hidden states (:func:`block_queries`).
 
 How it composes: :class:`SelectionScorer` wraps the method's scorer and returns its scores where a token is kept and
 ``-inf`` elsewhere; :class:`SelectedCountAllocator` gives each head as many tokens as it has finite scores.  The
 wrapper takes over the method's protection (the window when ``keep_window``, the ``sink_tokens``): ``chunkkv`` scores
-them ``max + 1`` before chunking (kvpress pads a press's window so), ``block`` pads the window of each block's
-candidates so and keeps the sinks on top, ``chunk`` keeps both on top.  The
+them ``max + 1`` before chunking (kvpress pads a press's window so), ``chunk`` and ``block`` pad a window
+scorer's window of each chunk or block so and keep the sinks (and another method's window) on top.  The
 wrappers set their own per-head counts, so they do not combine with ``allocation: ada``.  The layer budget ``k`` is
 the one the layer allocator set (:attr:`WindowObservation.layer_budget`); unknown, nothing is cut.
 """
@@ -85,12 +85,14 @@ class SelectionScorer(TokenScorer):
         """The wrapped scorer's; ``block`` over a window scorer also the layer's hidden states (:func:`block_queries`
         projects them; asking for the pre-RoPE keys is what makes the session keep them)."""
         rows = self.inner.prompt_rows(model_dtype)
-        return dataclasses.replace(rows, prerope_keys=True) if self.selection == "block" and self.pads_window else rows
+        return (
+            dataclasses.replace(rows, prerope_keys=True) if self.selection != "chunkkv" and self.pads_window else rows
+        )
 
     @property
     def pads_window(self) -> bool:
-        """Whether ``block`` scores each block as kvpress's window press does (a window scorer that keeps its
-        window): the candidates' own queries, the candidate set's last ``window`` scored ``max + 1``."""
+        """Whether ``chunk`` and ``block`` score each chunk or block as kvpress's window press does (a window scorer
+        that keeps its window): the tokens' own queries, their last ``window`` scored ``max + 1``."""
         return bool(self.window) and self.inner.window_scorer
 
     def _scores(self, observation: WindowObservation) -> torch.Tensor:
@@ -106,13 +108,14 @@ class SelectionScorer(TokenScorer):
         ratio = observation.compression_ratio
         if self.selection == "chunkkv":
             keep = self._chunkkv(self._padded(scores), budget, ratio)
-        elif self.selection == "chunk":
-            keep = self._chunked(observation, budget, ratio) | self._protected(scores)
-        else:  # a window scorer's window is padded inside each block (kvpress's BlockPress over a window press)
+        else:  # a window scorer's window is padded inside each chunk or block (kvpress's press over a window press)
             protected = protected_tokens(
                 length, 0 if self.pads_window else self.window, self.sink_tokens, scores.device
             )
-            keep = self._blockwise(observation, budget) | protected
+            if self.selection == "chunk":
+                keep = self._chunked(observation, budget, ratio) | protected
+            else:
+                keep = self._blockwise(observation, budget) | protected
         return torch.where(keep, scores.float(), float("-inf"))
 
     def _protected(self, scores: torch.Tensor) -> torch.Tensor:
@@ -145,10 +148,21 @@ class SelectionScorer(TokenScorer):
         keep = torch.zeros(observation.num_heads, length, dtype=torch.bool, device=observation.keys.device)
         for start in range(0, length, self.length):
             end = min(start + self.length, length)
-            part = _candidates(observation, torch.arange(start, end, device=keep.device).expand(keep.shape[0], -1))
-            chunk_keep = _topk_mask(self._scores(part), share(end - start, budget, length, ratio))
-            keep[:, start:end] = chunk_keep
+            positions = torch.arange(start, end, device=keep.device).expand(keep.shape[0], -1)
+            keep[:, start:end] = _topk_mask(
+                self._part_scores(observation, positions), share(end - start, budget, length, ratio)
+            )
         return keep
+
+    def _part_scores(self, observation: WindowObservation, positions: torch.Tensor) -> torch.Tensor:
+        """``[H, n]`` the wrapped scores of the tokens ``positions`` ``[H, n]`` alone (their keys and values); a window
+        scorer's as kvpress's press scores them (:attr:`pads_window`: their own queries, their last ``window``
+        scored ``max + 1``)."""
+        part = _candidates(observation, positions)
+        if not self.pads_window:
+            return self._scores(part)
+        part.queries = block_queries(observation, positions, self.window)
+        return pad_protected(self._scores(part), self.window, 0)
 
     def _blockwise(self, observation: WindowObservation, budget: int) -> torch.Tensor:
         """``[H, S]`` bool: the top ``budget`` kept through blocks of ``length`` candidates joining the kept set."""
@@ -159,12 +173,7 @@ class SelectionScorer(TokenScorer):
         for start in range(budget, length, block):
             new = torch.arange(start, min(start + block, length), device=device).expand(heads, -1)
             candidates = torch.cat([kept, new], dim=-1)
-            part = _candidates(observation, candidates)
-            if self.pads_window:  # kvpress: the press scores the candidates with their own queries, pads its window
-                part.queries = block_queries(observation, candidates, self.window)
-                scores = pad_protected(self._scores(part), self.window, 0)
-            else:
-                scores = self._scores(part)
+            scores = self._part_scores(observation, candidates)
             kept = candidates.gather(-1, scores.topk(budget, dim=-1).indices)
         keep = torch.zeros(heads, length, dtype=torch.bool, device=device)
         return keep.scatter(-1, kept, True)
@@ -210,14 +219,14 @@ def block_queries(observation: WindowObservation, candidates: torch.Tensor, wind
     hidden = getattr(prerope, "hidden_states", None)
     if project is None or hidden is None or observation.rotary is None:
         raise ValueError(
-            "method.params.selection=block over a window scorer is kvpress's BlockPress(press): each block is scored "
-            "with its candidates' own queries, recomputed from the layer's hidden states; this path has none (a "
-            "model whose attention module kvbench cannot project, or hand-built tensors)"
+            "method.params.selection=chunk or block over a window scorer is kvpress's ChunkPress / BlockPress(press): "
+            "each chunk or block is scored with its tokens' own queries, recomputed from the layer's hidden states; "
+            "this path has none (a model whose attention module kvbench cannot project, or hand-built tensors)"
         )
     if count <= window:
         raise ValueError(
-            f"method.params.selection=block: a block leaves {count} candidates, not more than the window {window}; "
-            "kvpress's BlockPress(SnapKVPress) asserts more (choose another selection_length or method.window)"
+            f"method.params.selection=chunk / block: a chunk or block holds {count} tokens, not more than the window "
+            f"{window}; kvpress's SnapKVPress asserts more (choose another selection_length or method.window)"
         )
     expand = int(getattr(prerope, "expand", 1))
     candidates = candidates[::expand, -window:]  # one row per KV head (query-head storage repeats them)

@@ -106,16 +106,8 @@ def declares_wrappers(family: str) -> bool:
 
 def check_kvpress_composition(method: EvictionMethod, knobs: Any) -> None:
     """Refuse (``ValueError``, the command line's exit 2) a wrapper over a scorer whose kvpress composition kvbench
-    does not reproduce, naming why: ``ChunkPress`` over a window scorer (kvpress scores each chunk with that chunk's
-    own last queries and window), and a decoding press over ``AdaKVPress`` (kvpress masks, and its decoding press
-    then compresses the masked cache: kvbench's decode compressions cut each head by the scorer alone)."""
-    window_scorer = method.scorer is not None and method.scorer.window_scorer and method.keep_window
-    if knobs.selection == "chunk" and window_scorer:
-        raise ValueError(
-            f"method.params.selection=chunk over {method.name!r}'s window scores is kvpress's ChunkPress(SnapKVPress), "
-            "which scores each chunk with the chunk's own last queries and pads the chunk's window; kvbench does not "
-            "reproduce it (valid here: selection=topk, chunkkv or block)"
-        )
+    does not reproduce, naming why: a decoding press over ``AdaKVPress`` (kvpress masks, and its decoding press then
+    compresses the masked cache: kvbench's decode compressions cut each head by the scorer alone)."""
     if knobs.decode_interval and knobs.allocation == "ada_kvpress":
         raise ValueError(
             "method.params.decode_interval with allocation=ada_kvpress is kvpress's DecodingPress over AdaKVPress, "

@@ -60,9 +60,9 @@ def _decoding_press(config: dict[str, Any]) -> bool:
 
 
 def _block_over_window_scorer(config: dict[str, Any]) -> bool:
-    """``BlockPress`` over SnapKV's window vote: issue #54 scores each block with its candidates' own queries and
-    pads its window (kvpress's), instead of the prompt's window kept on top."""
-    return _family(config) == "snapkv" and _params(config).get("selection") == "block"
+    """``BlockPress`` / ``ChunkPress`` over SnapKV's window vote: issue #54 scores each block or chunk with its
+    tokens' own queries and pads its window (kvpress's), instead of the prompt's window kept on top."""
+    return _family(config) == "snapkv" and _params(config).get("selection") in ("block", "chunk")
 
 
 #: ``(revision line, applies to the resolved config)``, oldest first.
@@ -73,7 +73,7 @@ REVISIONS: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
         _counts_from_kvpress_ratio,
     ),
     ("54: decoding presses compress as kvpress's (cache order, buffered queries, window kept)", _decoding_press),
-    ("54: BlockPress over SnapKV scores each block with its candidates' queries", _block_over_window_scorer),
+    ("54: BlockPress and ChunkPress over SnapKV score with their tokens' own queries", _block_over_window_scorer),
 )
 
 

@@ -147,6 +147,12 @@ def specs() -> list[base.Spec]:
             " rows, which SnapKVPress asserts)",
         ),
         base.Spec(
+            "ChunkPress_SnapKVPress",
+            lambda r: P.ChunkPress(press=P.SnapKVPress(compression_ratio=r, window_size=8), chunk_length=32),
+            note="SnapKV scores each chunk with the chunk's own hidden states, rotated at the prompt's last 8 positions"
+            " (window 8, chunk 32: every chunk here has more than 8 tokens, which SnapKVPress asserts)",
+        ),
+        base.Spec(
             "ChunkKVPress_SnapKVPress_window64",
             lambda r: P.ChunkKVPress(press=P.SnapKVPress(compression_ratio=r)),
             model_lengths=(128,),

@@ -235,6 +235,8 @@ CLAIMS: tuple[Claim, ...] = (
           "window64", "chunks"),
     Claim("BlockPress_SnapKVPress", "snapkv_kvpress", _snapkv(8, selection="block", selection_length=32), "block",
           "window8_hidden", "topk"),
+    Claim("ChunkPress_SnapKVPress", "snapkv_kvpress", _snapkv(8, selection="chunk", selection_length=32), "chunk",
+          "window8_hidden", "topk"),
     Claim("CriticalKVPress_SnapKVPress", "snapkv_kvpress", _snapkv(16, rescale="critical"), "critical",
           "window16_o_proj", "topk_critical"),
     Claim("CriticalKVPress_SnapKVPress_window64", "snapkv_kvpress", _snapkv(64, rescale="critical"), "critical",

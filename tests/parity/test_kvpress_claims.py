@@ -21,7 +21,8 @@ REPLAYED = [
     *(
         (claim, dtype)
         for claim in CLAIMS
-        if not claim.decoding and claim.recording.endswith(("_window64", "_fractional", "BlockPress_SnapKVPress"))
+        if not claim.decoding
+        and claim.recording.endswith(("_window64", "_fractional", "BlockPress_SnapKVPress", "ChunkPress_SnapKVPress"))
         for dtype in recording_dtypes(claim.recording)
     ),
     (claims_of("DecodingPress_SnapKVPress_interval3")[0], "float32"),
