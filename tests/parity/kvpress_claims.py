@@ -24,7 +24,12 @@ import torch
 from kvbench.methods.base import EvictionMethod, WindowObservation, build_method
 from kvbench.methods.kvpress_ada import KVPRESS_ALPHA_SAFEGUARD
 from tests.methods.helpers import CONF, method_from_yaml
-from tests.methods.kvpress_replay import hidden_states_observation, keys_values_observation, model_queries
+from tests.methods.kvpress_replay import (
+    hidden_states_observation,
+    keys_values_observation,
+    model_queries,
+    prompt_queries_observation,
+)
 from tests.methods.wrapper_replay import KeptTally, ObservationOf, replay_kept
 from tests.reference_recordings import (
     DTYPES,
@@ -108,6 +113,7 @@ OBSERVATIONS: dict[str, ObservationOf] = {
     "keys_values": keys_values_observation,
     "keys_values_o_proj": with_output_projection(query_heads_observation),
     "hidden_states": hidden_states_observation,
+    "prompt_queries": prompt_queries_observation,
     **{f"window{w}": window_observation(w) for w in (1, 8, 16, 64)},
     **{f"window{w}_o_proj": with_output_projection(window_observation(w)) for w in (16, 64)},
     "window8_hidden": window_observation(8, hidden=True),
@@ -217,6 +223,8 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("LeverageScorePress", "leverage", observation="hidden_states"),
     Claim("CompactorPress", "compactor", (("chunk_size", 32),), observation="hidden_states", tie="topk_compactor"),
     Claim("NonCausalAttnPress", "noncausal", (("chunk_size", 32),), observation="hidden_states"),
+    Claim("ObservedAttentionPress", "observed_attention", observation="prompt_queries"),
+    Claim("RandomPress", "random", (("seed", 0),)),
     # kvpress's wrappers over KNorm / KeyDiff / Expected Attention.
     Claim("ChunkKVPress_KnormPress", "knorm", (("selection", "chunkkv"), ("selection_length", 8)), "chunkkv",
           tie="chunks"),
