@@ -11,9 +11,11 @@ Accepted ``budget.spec`` strings:
   ``round(r x context_len) x num_layers``, distributed by the layer allocator.
 * ``<c>cr`` with ``0 <= c < 1`` (e.g. ``0.25cr``) -- NVIDIA/kvpress's ``compression_ratio`` c: a total of
   ``max(1, int(context_len x (1 - c))) x num_layers`` (kvpress's ``compute_n_kept``: floor, never 0), distributed by
-  the layer allocator (uniform: that many per layer).  kvpress protects no window: use it with methods that do not
-  (the one-class methods, the ``*_kvpress`` presets), and ``task.question_mode=agnostic`` so that only the context
-  is compressed, as kvpress's pipeline.
+  the layer allocator (uniform: that many per layer).  A press that computes a count from c itself gets kvpress's
+  arithmetic (:meth:`Budget.kvpress_ratio`: ChunkKV's chunk count, CriticalKV's first stage, Compactor's blending;
+  :meth:`Budget.kvpress_global_kept`: KVzip's ``L H S - int(L H S c)``).  kvpress protects no window: use it with
+  methods that do not (the one-class methods, the ``*_kvpress`` presets), and ``task.question_mode=agnostic`` so
+  that only the context is compressed, as kvpress's pipeline.
 * ``<t>thr`` (e.g. ``-3.0thr``, ``0.01thr``) -- a *threshold*, not a size (kvpress's ``DMSPress``, issue #58): every
   token whose score is below ``t`` is evicted, so the kept count varies by head, layer and sample and memory is an
   outcome, reported per run (kept fraction, stored bytes).  Only threshold methods (``method=dms``) take it, and they
@@ -98,6 +100,22 @@ class Budget:
         if self.kind == "compression":
             return context_length * (1 - self.value)
         return float(self.mean_per_layer(context_length))
+
+    def kvpress_ratio(self, context_length: int, layer_budget: int) -> float | None:
+        """kvpress's ``compression_ratio`` c for a layer keeping ``layer_budget`` tokens of ``context_length``: the
+        budget's c when it is ``<c>cr`` and the layer keeps its uniform share ``max(1, int(S (1 - c)))`` (a press
+        that computes a count from c itself then computes it as kvpress does); ``None`` otherwise."""
+        if self.kind != "compression" or layer_budget != self.mean_per_layer(context_length):
+            return None
+        return self.value
+
+    def kvpress_global_kept(self, tokens: int) -> int | None:
+        """Of ``tokens`` scored together (KVzip's ``L H S`` over every layer and head, or ``H S`` per layer), how many
+        kvpress keeps under ``<c>cr``: ``tokens - int(tokens c)`` (its ``KVzipPress`` evicts ``int(numel c)``, no
+        per-head floor); ``None`` for any other budget."""
+        if self.kind != "compression":
+            return None
+        return tokens - int(tokens * self.value)
 
     @property
     def follows_context(self) -> bool:

@@ -38,6 +38,24 @@ VARIANTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("xkv", ("knob:pooling=max",)),
     ("streamingllm", ("method.sink_tokens=8",)),
     ("knorm", ("method.params.allocation=ada",)),
+    # kvpress's composed presses and decoding presses (issue #54)
+    ("snapkv_kvpress", ("method.params.selection=chunkkv",)),
+    ("snapkv_kvpress", ("method.params.selection=chunkkv", "method.params.selection_length=8")),
+    ("snapkv_kvpress", ("method.params.selection=block",)),
+    ("snapkv_kvpress", ("method.params.rescale=critical",)),
+    ("snapkv_kvpress", ("method.params.rescale=critical", "method.params.row_reduce=mean")),
+    ("snapkv_kvpress", ("method.params.allocation=ada_kvpress",)),
+    ("snapkv_kvpress", ("method.params.allocation=ada_kvpress", "method.params.rescale=critical")),
+    ("snapkv_kvpress", ("method.params.decode_interval=4",)),
+    ("snapkv", ("method.params.selection=chunkkv",)),
+    ("knorm", ("method.params.selection=chunkkv",)),
+    ("knorm", ("method.params.selection=chunk",)),
+    ("knorm", ("method.params.selection=block",)),
+    ("knorm", ("method.params.rescale=critical",)),
+    ("knorm", ("method.params.decode_interval=4",)),
+    ("knorm", ("method.params.decode_interval=4", "method.params.decode_ratio=0.5")),
+    ("expected_attention_kvpress", ("method.params.decode_interval=8",)),
+    ("kvzip", ("method.params.layerwise=true",)),
 )
 
 

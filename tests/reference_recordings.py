@@ -55,6 +55,12 @@ class RecordedCase:
     settings: dict
     kept: list[list[list[int]]]  # [layer][kv_head] -> kept absolute positions, in kvpress's cache order
     score_calls: tuple[ScoreCall, ...]
+    #: Decoding cases recorded step by step (``record_kvpress_compositions.py``): ``[forward][layer][kv_head]`` ->
+    #: the positions the cache holds in kvpress's order, after the prefill (forward 0) and after each later forward.
+    steps: tuple = ()
+    #: The teacher-forced decoding ids of a decoding case (a key of ``inputs.safetensors``; ``""``: none recorded, or
+    #: ``decode_ids/S{S}`` for the first recordings).
+    decode_inputs: str = ""
 
     @property
     def length(self) -> int:
@@ -106,6 +112,8 @@ def load_recording(press: str) -> Recording:
             settings=c["settings"],
             kept=c["kept"],
             score_calls=tuple(ScoreCall(s["press"], s["layer"], tables[s["table"]]) for s in c["score_calls"]),
+            steps=tuple(c.get("steps", ())),
+            decode_inputs=c.get("decode_inputs", ""),
         )
         for c in raw["cases"]
     )

@@ -185,6 +185,8 @@ class EvictionSession(SessionPasses):
         self.allocator_state: AllocatorState | None = None
         #: The decode policy's state for this sample (``None`` without a policy; checks the budget's form).
         self.decode_state: DecodeState | None = new_decode_state(method, budget)
+        if self.decode_state is not None:
+            self.decode_state.rotary = rotary
         self._rows: dict[int, PrefillRows] = {}
         self.sample_key = 0
         #: Question tokens at the end of the compressed prompt (question-aware mode; set by the prefill): the
@@ -201,8 +203,10 @@ class EvictionSession(SessionPasses):
         #: Per re-rotated layer, the prompt positions ``[H, n]`` its kept keys came from.
         self.rerotated_from: dict[int, torch.Tensor] = {}
         #: Forward pre-hooks that hand the layers' hidden states over during the compressing prefill
-        #: (:func:`kvbench.inference.hidden_states.capture_hidden_states`); removed when the prefill ends.
+        #: (:func:`kvbench.inference.hidden_states.capture_hidden_states`); removed when the prefill ends (the
+        #: decode policy's, ``decode_hooks``, at :meth:`finish`).
         self.hooks: list[Any] = []
+        self.decode_hooks: list[Any] = []
 
     # ------------------------------------------------------------------ phases
     @property
@@ -251,6 +255,8 @@ class EvictionSession(SessionPasses):
 
     def finish(self) -> CacheRecord:
         """End of the sample: fill the final sizes and return the record."""
+        for handle in self.decode_hooks:
+            handle.remove()
         self._finish_prefill()
         self.record.final_per_layer = self.cache.layer_lengths()
         self._note_bytes(prefill=False)
@@ -375,6 +381,7 @@ class EvictionSession(SessionPasses):
             budgets = allocator.on_layer(self.allocator_state, observation)
         if rank in budgets:
             observation.layer_budget = int(budgets[rank])
+            observation.compression_ratio = self.budget.kvpress_ratio(context, observation.layer_budget)
         assert self.method.scorer is not None
         raw = self.method.scorer.score(observation)
         # [H_stored, S]: one row per stored head; [H_q, S] (per query head) is reduced by method.gqa_agg.
@@ -399,6 +406,8 @@ class EvictionSession(SessionPasses):
         policy = self.method.decode_policy
         if policy is not None and policy.prompt_window and self.decode_state is not None:
             policy.take_prompt_queries(self.decode_state, layer_idx, rows.window_queries[:, -policy.prompt_window :])
+        if policy is not None and self.decode_state is not None:
+            policy.take_prefill_scores(self.decode_state, layer_idx, scores)
 
     def _shrink_layer(self, layer_idx: int, keep_total: int, window: int) -> None:
         """Evict ``layer_idx`` down to ``keep_total`` tokens per head (window and sinks included)."""

@@ -63,8 +63,17 @@ class ProjectedStates:
     source: str = "hidden_states"
 
     def _project(self, first: int, last: int | None, keys: bool) -> torch.Tensor:
+        return self._project_rows(
+            self.hidden_states[None, first:last], keys
+        )  # [1, n, hidden]: the rows kvpress projects
+
+    def project_queries(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[H_q, n, D]`` pre-RoPE queries of arbitrary hidden rows ``[n, hidden]`` (kvpress's ``BlockPress`` projects
+        rows it assembles from several tokens' hidden states)."""
+        return self._project_rows(hidden[None], keys=False)
+
+    def _project_rows(self, hidden: torch.Tensor, keys: bool) -> torch.Tensor:
         module, head_dim = self.module, int(self.module.head_dim)
-        hidden = self.hidden_states[None, first:last]  # [1, n, hidden]: the rows kvpress projects
         if hasattr(module, "qkv_proj"):  # Phi-3: queries, then keys, then values
             query_width = module.config.num_attention_heads * head_dim
             key_width = module.config.num_key_value_heads * head_dim
@@ -117,3 +126,26 @@ def capture_hidden_states(model: PreTrainedModel, session: EvictionSession) -> N
     for layer_idx, module in attention_modules(model).items():
         if layer_idx in session.compressible:
             session.hooks.append(module.register_forward_pre_hook(before_attention, with_kwargs=True))
+
+
+def capture_decode_queries(model: PreTrainedModel, session: EvictionSession) -> None:
+    """When the session's decode policy reads the pre-RoPE queries of the forwards after the prefill (kvpress's
+    decoding presses buffer those hidden states: :attr:`~kvbench.methods.base.DecodePolicy.reads_prerope_queries`),
+    register forward pre-hooks that hand it ``q_proj`` of each compressible layer's hidden states (kvpress's
+    ``get_prerope_query_states``, in the model dtype) while the sample decodes; removed by
+    :meth:`EvictionSession.finish` (``session.decode_hooks``)."""
+    policy = session.method.decode_policy
+    if policy is None or not policy.reads_prerope_queries or session.budget.is_full:
+        return
+
+    def before_attention(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        if kwargs.get("kvbench_session") is not session or session.phase not in ("append", "decode"):
+            return
+        hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        assert session.decode_state is not None
+        queries = ProjectedStates(module, hidden[0].detach()).queries()  # [H_q, q, D]
+        policy.take_prerope_queries(session.decode_state, int(module.layer_idx), queries)
+
+    for layer_idx, module in attention_modules(model).items():
+        if layer_idx in session.compressible:
+            session.decode_hooks.append(module.register_forward_pre_hook(before_attention, with_kwargs=True))

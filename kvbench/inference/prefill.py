@@ -40,7 +40,7 @@ from kvbench.checks import check_choice
 from kvbench.config import QUESTION_MODES, KVQuantConfig, check_kv_quant, kv_quant_refusal
 from kvbench.errors import KVBenchError
 from kvbench.inference.eviction import EvictionSession
-from kvbench.inference.hidden_states import capture_hidden_states
+from kvbench.inference.hidden_states import capture_decode_queries, capture_hidden_states
 from kvbench.inference.replay import replay_context
 from kvbench.methods.base import EvictionMethod
 from kvbench.models.loading import input_device
@@ -295,6 +295,7 @@ def prefill(
     started = time.perf_counter()
     session.begin_prefill(len(compressed), prompt_ids=compressed)
     capture_hidden_states(model, session)  # for scorers of pre-RoPE states; removed when the prefill ends
+    capture_decode_queries(model, session)  # for kvpress's decoding presses; removed by session.finish()
     position, logits = 0, None
     last_chunk = max((i for i, s in enumerate(segments) if not s.appended), default=-1)
     try:
@@ -308,6 +309,8 @@ def prefill(
             position = start + len(segment.ids)
     except BaseException:
         session.release_hooks()
+        for handle in session.decode_hooks:
+            handle.remove()
         raise
     if held is None or held.appended:  # a held compressed segment still needs them (kvbench.press)
         session.release_hooks()

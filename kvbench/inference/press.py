@@ -234,6 +234,8 @@ class Press:
             self._attention = None
         if self._session is not None:
             self._session.release_hooks()  # a prompt whose held forward failed keeps none on the model
+            for handle in self._session.decode_hooks:
+                handle.remove()
         self._cache = self._session = None
 
     # ------------------------------------------------------------------ hooks

@@ -119,9 +119,13 @@ class SessionPasses:
         scores = [self._replay_scores[layer_idx] for layer_idx in self.compressible]
         heads = scores[0].shape[0]
         per_layer = int(self.budget.value) * heads if self.budget.fixed_per_layer else None
-        total = self.budget.total(context, num_layers) * heads
+        # <c>cr: kvpress's KVzipPress evicts int(L H S c) tokens over the layers (int(H S c) per layer, layerwise).
+        total = self.budget.kvpress_global_kept(num_layers * heads * context)
+        if total is None:
+            total = self.budget.total(context, num_layers) * heads
+        layer_kept = self.budget.kvpress_global_kept(heads * context)
         prefix = self._replay_prefix or 0  # the prompt tokens before the first replayed one (chat template prefix)
-        kept = self.method.scorer.select(scores, total, per_layer, prefix)  # type: ignore[union-attr]
+        kept = self.method.scorer.select(scores, total, per_layer, prefix, layer_kept)  # type: ignore[union-attr]
         for layer_idx, layer_scores, heads in zip(self.compressible, scores, kept, strict=True):
             layer = self.cache.headwise_layers[layer_idx]
             counts = [int(idx.numel()) for idx in heads]

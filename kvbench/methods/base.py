@@ -22,7 +22,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -45,6 +45,12 @@ if TYPE_CHECKING:  # type hints only: importing the cache would import transform
 # ---------------------------------------------------------------------------------------------------- pieces
 class TokenScorer(ReadOnlyAfterBuild, ABC):
     """Importance of each context token at one layer."""
+
+    #: Whether the scorer votes with the observation window's queries on the tokens before it and leaves the
+    #: window's own columns to the session (SnapKV's vote): a wrapper that scores another token set (kvpress's
+    #: ``BlockPress``, its decoding presses) gives it that set's queries and scores the window ``max + 1``, as
+    #: kvpress's ``SnapKVPress`` pads its window.
+    window_scorer: ClassVar[bool] = False
 
     def prompt_rows(self, model_dtype: torch.dtype) -> PromptRows:
         """What :meth:`score` reads from the prompt rows before the window (default: nothing)."""
@@ -167,6 +173,8 @@ class DecodePolicy(ReadOnlyAfterBuild, ABC):
     evicts_on_append: bool = False
     #: How many of the last prompt queries the policy reads (:meth:`take_prompt_queries`; 0: none).
     prompt_window: int = 0
+    #: Whether the policy reads each later forward's pre-RoPE queries (:meth:`take_prerope_queries`).
+    reads_prerope_queries: bool = False
 
     def new_state(self) -> DecodeState:
         """A sample's empty decode state (filled layer by layer by :meth:`start_layer`)."""
@@ -175,6 +183,16 @@ class DecodePolicy(ReadOnlyAfterBuild, ABC):
     def take_prompt_queries(self, state: DecodeState, layer_idx: int, queries: torch.Tensor) -> None:
         """The layer's last :attr:`prompt_window` prompt queries ``[H_q, <=W, D]``, handed over by the session once
         the layer's prefill is compressed (before :meth:`start_layer`; R-KV's query cache).  Default: ignored."""
+
+    def take_prerope_queries(self, state: DecodeState, layer_idx: int, queries: torch.Tensor) -> None:
+        """The pre-RoPE queries ``[H_q, q, D]`` of a forward after the prefill (``q_proj`` of the layer's hidden
+        states, model dtype), handed over before its attention when :attr:`reads_prerope_queries`.  Default:
+        ignored."""
+
+    def take_prefill_scores(self, state: DecodeState, layer_idx: int, scores: torch.Tensor) -> None:
+        """The layer's prefill scores ``[H, S]`` (float32, every prompt token, the window's as the scorer returned
+        them), handed over by the session once they are computed, before the layer is shrunk (kvpress's decoding
+        presses order the cache by them).  Default: ignored."""
 
     def start_layer(
         self,

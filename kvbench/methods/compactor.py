@@ -7,12 +7,12 @@ between the first ``sink_size_start`` and the last ``sink_size_end`` (both cappe
 generator) and :mod:`kvbench.methods.noncausal` (chunks of ``chunk_size`` starting at the first scored token), each
 z-scored over that span -- and the protected tokens get the span's maximum.
 
-``blending``: kvpress's default ``None`` means *the press's compression ratio*; kvbench has a budget, not a ratio, so
-``null`` takes ``1 - layer budget / S`` (the ratio the budget keeps, equal to kvpress's when ``S (1 - ratio)`` is a
-whole number; give ``blending`` explicitly to match another ratio exactly); without a known layer budget (an
-allocator that sets it after scoring) it is 0.35, kvpress's fallback.  kvpress's ``compression_ratio`` c is the
-budget ``<max(1, int(S (1 - c)))>/layer``.  Reads every prompt query and the pre-RoPE keys of the span (``k_proj``
-of its hidden states, as kvpress: :mod:`kvbench.methods.prerope`).  Parity: ``tests/methods/test_compactor.py``.
+``blending``: kvpress's default ``None`` means *the press's compression ratio*: ``null`` takes c under ``budget=<c>cr``
+(kvpress's own), else ``1 - layer budget / S`` (the ratio the budget keeps, kvpress's wherever ``S (1 - c)`` is a
+whole number); without a known layer budget (an allocator that sets it after scoring) it is 0.35, kvpress's
+fallback.  kvpress's ``compression_ratio`` c is ``budget=<c>cr`` (or ``<max(1, int(S (1 - c)))>/layer``).  Reads
+every prompt query and the pre-RoPE keys of the span (``k_proj`` of its hidden states, as kvpress:
+:mod:`kvbench.methods.prerope`).  Parity: ``tests/methods/test_compactor.py``.
 """
 
 from __future__ import annotations
@@ -71,9 +71,12 @@ class Compactor(ScorerMethod, family="compactor", reference="NVIDIA/kvpress kvpr
         return F.pad(scores, (left, right), value=float(scores.max()))
 
     def blending_weight(self, observation: WindowObservation) -> float:
-        """``blending``, or the compression ratio of the layer budget, or kvpress's fallback 0.35."""
+        """``blending``, or kvpress's compression ratio (``<c>cr``: c), or the compression ratio of the layer
+        budget, or kvpress's fallback 0.35."""
         if self.blending is not None:
             return self.blending
+        if observation.compression_ratio is not None:
+            return observation.compression_ratio
         if observation.layer_budget is None:
             return FALLBACK_BLENDING
         return max(0.0, 1.0 - observation.layer_budget / observation.context_length)

@@ -10,8 +10,9 @@ FFY0/AdaKV-in-NVIDIA-kvpress): ``method=knorm method.params.rescale=critical`` (
   (:attr:`WindowObservation.output_projection`);
 * CriticalKV: stage 1 takes each head's top ``int(k first_stage_ratio)`` of ``s`` (``k`` the layer budget, 0.5), stage
   2 scores ``(s + epsilon) vnorm`` (epsilon 1e-4), and stage 1's picks score the largest float: one top-``k`` per
-  head then keeps them first.  kvpress sizes stage 1 from the ratio, ``int((1 - r) S 0.5)``, the same as ``int(k
-  0.5)`` wherever ``S (1 - r)`` is a whole number (every recorded case).
+  head then keeps them first.  kvpress sizes stage 1 from the ratio, ``max(1, int((1 - r) S 0.5))``: so does
+  ``budget=<c>cr``; under another budget ``int(k 0.5)`` (kvpress's count but for the ``max(1, .)``, which differs
+  where ``k`` is 1).
 * CriticalAdaKV: the head budgets are kvpress's Ada-KV shares (:mod:`kvbench.methods.kvpress_ada`, safeguard
   ``int(k 0.2)`` here, as this press has it, without the ``max(1, .)``); stage 1 takes each head's top ``int(budget_h
   0.5)``, stage 2 rescales, and each head keeps its top ``budget_h`` of the result.  The wrapper returns the stage-2
@@ -90,6 +91,13 @@ class CriticalScorer(TokenScorer):
             keep[head, ranked[head, :count]] = True
         return torch.where(keep, rescaled.float(), float("-inf"))
 
+    def first_stage_count(self, budget: int, length: int, ratio: float | None) -> int:
+        """CriticalKV's stage-1 count: kvpress's ``max(1, int((1 - c) S first_stage_ratio))`` when its compression
+        ratio c is known (``<c>cr``), else ``int(k first_stage_ratio)`` of the layer budget ``k``."""
+        if ratio is not None:
+            return min(length, max(1, int((1 - ratio) * length * self.first_stage_ratio)))
+        return int(budget * self.first_stage_ratio)
+
     def rescaled(self, observation: WindowObservation) -> tuple[torch.Tensor, list[int] | None]:
         """``[H, S]`` the two-stage scores (stage 1's picks at the dtype's largest value) and, for CriticalAdaKV,
         the per-head budgets (``None`` for CriticalKV: every head keeps the layer budget)."""
@@ -104,7 +112,7 @@ class CriticalScorer(TokenScorer):
         budget = min(observation.layer_budget or length, length)
         vnorm = projected_value_norms(observation.values, observation.output_projection, observation.queries.shape[0])
         if not self.adaptive:
-            first = scores.topk(int(budget * self.first_stage_ratio), dim=-1).indices
+            first = scores.topk(self.first_stage_count(budget, length, observation.compression_ratio), dim=-1).indices
             rescaled = (scores + self.epsilon) * vnorm
             return rescaled.scatter(-1, first, torch.finfo(rescaled.dtype).max), None
         guarded, head_budgets = kvpress_head_budgets(scores, budget)

@@ -91,7 +91,9 @@ class ExpectedAttention(
         if length <= self.n_sink:
             raise ValueError(f"expected_attention: {length} context tokens, it needs more than n_sink={self.n_sink}")
         mean, covariance = self.query_statistics(observation)
-        future = torch.arange(length, length + self.n_future_positions, device=keys.device)
+        # kvpress's q_len: the rows the statistics come from (the prompt's S; a decoding press's buffered forwards)
+        rows = getattr(observation.prerope, "rows", length)
+        future = torch.arange(rows, rows + self.n_future_positions, device=keys.device)
         rotation = average_rotation(*observation.rotary(future, mean.dtype))
         mean = mean @ rotation.T  # [H_q, D]
         group = mean.shape[0] // keys.shape[0]  # query heads per stored head

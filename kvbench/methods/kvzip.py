@@ -21,8 +21,9 @@ authors; the original is snu-mllab/KVzip), which kvbench's tests hold as recordi
    are evicted (``layerwise: false``: kvpress's global choice, so layers and heads keep different numbers), or the
    lowest of each layer (``layerwise: true``, and always under a ``<n>/layer`` budget).
 
-kvpress's ``compression_ratio`` c evicts ``int(L H S c)`` tokens (``int(H S c)`` per layer when layerwise); kvbench's
-budget keeps ``T H`` tokens, ``T`` its total per head over the layers (``<n>L``: ``n L``).  kvpress masks the evicted
+kvpress's ``compression_ratio`` c evicts ``int(L H S c)`` tokens (``int(H S c)`` per layer when layerwise): so does
+``budget=<c>cr`` (issue #54); any other budget keeps ``T H`` tokens, ``T`` its total per head over the layers
+(``<n>L``: ``n L``).  kvpress masks the evicted
 keys (they stay in memory); kvbench removes them.  Not reproduced: ``kvzip_plus_normalization`` (off by default).
 Parity: ``tests/methods/test_kvzip.py``.
 """
@@ -134,21 +135,28 @@ class KVzip(ScorerMethod, family="kvzip", reference="NVIDIA/kvpress kvpress/pres
         return probs[..., sink : sink + end - start].amax(dim=(-3, -2))[0]
 
     def select(
-        self, scores: list[torch.Tensor], kept: int, per_layer: int | None, prefix: int = 0
+        self,
+        scores: list[torch.Tensor],
+        kept: int,
+        per_layer: int | None,
+        prefix: int = 0,
+        layer_kept: int | None = None,
     ) -> list[list[torch.Tensor]]:
         """Per layer, per head, the kept token indices (sorted).
 
         ``scores``: per layer ``[H, S]`` (model dtype); ``kept``: tokens kept over all layers and heads (the budget's
-        total per head times ``H``; ``layerwise``: ``kept // L`` per layer, over its heads); ``per_layer``: tokens
-        kept per layer over its heads (a ``<n>/layer`` budget: ``n H``), or ``None``; ``prefix``: the prompt tokens
-        before the replayed ones (protected with ``keep_prefix``).
+        total per head times ``H``; ``<c>cr``: kvpress's ``L H S - int(L H S c)``); ``per_layer``: tokens kept per
+        layer over its heads (a ``<n>/layer`` budget: ``n H``), or ``None``; ``prefix``: the prompt tokens before the
+        replayed ones (protected with ``keep_prefix``); ``layer_kept``: with ``layerwise``, each layer's count
+        (``<c>cr``: kvpress's ``H S - int(H S c)``; ``None``: ``kept // L``).
         """
         stacked = torch.stack(scores)  # [L, H, S]
         layers, heads, length = stacked.shape
         protected = max(self.n_sink, prefix) if self.keep_prefix else self.n_sink
         stacked[..., :protected] = stacked.amax() + 1.0
         if per_layer is not None or self.layerwise:
-            counts = [min(per_layer if per_layer is not None else kept // layers, heads * length)] * layers
+            count = per_layer if per_layer is not None else layer_kept if layer_kept is not None else kept // layers
+            counts = [min(count, heads * length)] * layers
         else:
             order = torch.argsort(stacked.reshape(-1).float(), descending=True, stable=True)[:kept]
             counts = torch.bincount(order // (heads * length), minlength=layers).tolist()

@@ -65,6 +65,12 @@ class WindowObservation:
     output_projection:
         ``[hidden, H_q D]`` the layer's attention output projection weight (``o_proj.weight``), when the model has
         one (CriticalKV's value norms); ``None`` when unknown.
+    compression_ratio:
+        kvpress's ``compression_ratio`` c when the budget is ``<c>cr`` and this layer keeps its uniform share
+        ``max(1, int(S (1 - c)))`` (the session sets it with :attr:`layer_budget`); ``None`` otherwise.  The
+        kvpress-referenced scorers and wrappers that compute a count from c itself (ChunkKV's chunks, ChunkPress's
+        per-chunk counts, CriticalKV's first stage, Compactor's blending, StreamingLLM's pruned count) take kvpress's
+        arithmetic from it; under any other budget they derive the count from :attr:`layer_budget`.
     prerope:
         The layer's pre-RoPE keys and queries recomputed from its input hidden states (kvpress's way), when the
         scorer asked for them (:attr:`PromptRows.prerope_keys`) and the session could keep those; ``None``
@@ -89,6 +95,7 @@ class WindowObservation:
     #: Per stored head, the budgets the layer allocator set for this layer when it sets them per head (LU-KV's
     #: curve, :mod:`kvbench.methods.lukv`); ``None`` otherwise.
     head_budgets: list[int] | None = None
+    compression_ratio: float | None = None
 
     @property
     def window(self) -> int:

@@ -50,6 +50,8 @@ class WindowVoteScorer(TokenScorer):
         ``sum`` (SnapKV, PyramidKV) or ``mean`` (Ada-KV's code).
     """
 
+    window_scorer = True
+
     def __init__(self, options: ScoreOptions, row_reduce: str = "sum") -> None:
         self.options = options
         self.row_reduce = row_reduce

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,6 +122,11 @@ class DecodeState:
     #: Per layer, the caps tensor last read and its host list (caps are set, never changed in place: a decoding step
     #: reads them without a ``tolist``).
     _host_caps: dict[int, tuple[torch.Tensor, list[int]]] = field(default_factory=dict, repr=False, compare=False)
+    #: The model's rotary tables (:attr:`~kvbench.methods.observation.WindowObservation.rotary`), set by the session
+    #: (``None``: unknown, or no RoPE); a policy that re-rotates buffered queries reads them.
+    rotary: Callable[[torch.Tensor, torch.dtype], tuple[torch.Tensor, torch.Tensor]] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     def layer_caps(self, layer_idx: int) -> list[int]:
         """The layer's per-head caps as host integers (read once per caps tensor)."""

@@ -104,6 +104,18 @@ def declares_wrappers(family: str) -> bool:
     return method_class is not None and issubclass(method_class, (Wrappers, WrapperKnobs))
 
 
+def check_kvpress_composition(method: EvictionMethod, knobs: Any) -> None:
+    """Refuse (``ValueError``, the command line's exit 2) a wrapper over a scorer whose kvpress composition kvbench
+    does not reproduce, naming why: a decoding press over ``AdaKVPress`` (kvpress masks, and its decoding press then
+    compresses the masked cache: kvbench's decode compressions cut each head by the scorer alone)."""
+    if knobs.decode_interval and knobs.allocation == "ada_kvpress":
+        raise ValueError(
+            "method.params.decode_interval with allocation=ada_kvpress is kvpress's DecodingPress over AdaKVPress, "
+            "which masks instead of evicting and then compresses the masked cache; kvbench does not reproduce it "
+            "(valid with decode_interval: allocation=uniform or ada)"
+        )
+
+
 def apply_wrappers(method: EvictionMethod, knobs: Any) -> EvictionMethod:
     """``method`` (a scorer with uniform head and layer budgets) under the wrappers ``knobs`` turns on (module
     docstring); unchanged when every wrapper is off.  Raises ``ValueError`` for a combination that does not compose
@@ -113,6 +125,7 @@ def apply_wrappers(method: EvictionMethod, knobs: Any) -> EvictionMethod:
     if method.scorer is None:
         raise ValueError(f"method {method.name!r} has no token scorer: its wrapper knobs cannot apply")
     allocation, selection = knobs.allocation, knobs.selection
+    check_kvpress_composition(method, knobs)
     if selection != "topk" and allocation != "uniform":
         raise ValueError(
             f"method.params.selection={selection!r} sets its own per-head counts: it does not combine with "

@@ -85,6 +85,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kvbench.storage.ownership import check_held
 from kvbench.storage.reader import read_config_yaml, read_metrics, read_prediction_rows
+from kvbench.storage.revisions import prediction_revisions
 
 PREDICTIONS_FILE = "predictions.jsonl"
 METRICS_FILE = "metrics.json"
@@ -326,15 +327,31 @@ def _without_added_task_options(container: dict[str, Any]) -> dict[str, Any]:
     return {**container, "task": {**task, "options": kept}}
 
 
+def scale_free_row_reduce(method: dict[str, Any]) -> bool:
+    """Whether SnapKV's ``row_reduce: mean`` ranks exactly as ``sum`` (so a run of either keeps the hash of before
+    the knob, issue #54): a window of a power of two (the mean is the sum divided by 2^n, exact in binary floating
+    point through the pooling, the GQA mean and any rounding to the model dtype; only scores below float32's normal
+    range, 2^-126, could round otherwise), and no wrapper that reads the scores' scale (ChunkKV's ``max + 1`` window
+    padding before its chunk means, CriticalKV's ``score + epsilon``); top-k, Ada-KV's shares, BlockPress, the layer
+    schedules and the decoding presses rank only."""
+    params = dict(method.get("params") or {})
+    window = method.get("window")
+    scale_read = params.get("selection") == "chunkkv" or params.get("rescale", "none") != "none"
+    power_of_two = isinstance(window, int) and window > 0 and window & (window - 1) == 0
+    return params.get("row_reduce") == "mean" and not scale_read and power_of_two
+
+
 def canonical_config(container: dict[str, Any]) -> dict[str, Any]:
     """The resolved config ``container`` in the layout it had before issue #41 (hashes and comparisons are computed
     from it, so every existing run keeps its hash: docs/results.md): the scorer knobs of :data:`LEGACY_METHOD_KNOBS`
     back at ``method.<knob>``, taken from ``method.params`` for the families that declare them
     (:data:`LEGACY_KNOB_FAMILIES`), else at the value a run of the family recorded then (the schema's default, or
     :data:`LEGACY_PRESET_VALUES`), and without the fields of :data:`PARAMS_ADDED_OFF` that are off (and, for
-    :data:`FAMILIES_GAINED_WRAPPERS`, the wrapper knobs of :data:`WRAPPER_KNOBS_OFF` that are off), and without a
-    ``kv_quant`` node whose scheme is ``none`` (unquantized runs keep their hashes).  A config already in that layout
-    is returned as it is.  Task options of :data:`TASK_OPTIONS_ADDED_OFF` at their old behaviour are dropped."""
+    :data:`FAMILIES_GAINED_WRAPPERS`, the wrapper knobs of :data:`WRAPPER_KNOBS_OFF` that are off, and
+    :func:`scale_free_row_reduce`), without a ``kv_quant`` node whose scheme is ``none`` (unquantized runs keep
+    their hashes), plus the :mod:`kvbench.storage.revisions` lines that apply (``revisions``).  A config already in
+    that layout is returned as it is.  Task options of :data:`TASK_OPTIONS_ADDED_OFF` at their old behaviour are
+    dropped."""
     container = _without_added_task_options(container)
     kv_quant = container.get("kv_quant")
     if isinstance(kv_quant, dict) and kv_quant.get("scheme", "none") == "none":  # unquantized storage: as before
@@ -350,11 +367,18 @@ def canonical_config(container: dict[str, Any]) -> dict[str, Any]:
         for key, value in dict(method["params"] or {}).items()
         if not (key in added_off and value == added_off[key])
     }
+    if family in FAMILIES_GAINED_WRAPPERS and scale_free_row_reduce(method):
+        params.pop("row_reduce", None)
     legacy = {**LEGACY_METHOD_KNOBS, **LEGACY_PRESET_VALUES.get(family, {})}
     for knob in LEGACY_KNOB_FAMILIES.get(family, ()):
         if knob in params:
             legacy[knob] = params.pop(knob)
-    return {**container, "method": {**legacy, **method, "params": params}}
+    revisions = prediction_revisions(container)
+    return {
+        **container,
+        "method": {**legacy, **method, "params": params},
+        **({"revisions": revisions} if revisions else {}),
+    }
 
 
 def config_hash(cfg: DictConfig) -> str:
@@ -379,7 +403,11 @@ def config_differences(folder: Path, cfg: DictConfig) -> list[str]:
     between the run stored in ``folder`` (its ``config.yaml``) and ``cfg``; empty when they are the same run."""
     old_cfg = read_config_yaml(folder / CONFIG_FILE) or OmegaConf.create()
     old, new = (canonical_config(OmegaConf.to_container(c, resolve=True)) for c in (old_cfg, cfg))  # type: ignore[arg-type]
-    return _differences(old, new, prefix="", ignored=ignored_keys(cfg))
+    differences = _differences(old, new, prefix="", ignored=ignored_keys(cfg))
+    if not differences and new.get("revisions"):
+        # The same settings, but a fix changed their predictions since (kvbench.storage.revisions): never the same run.
+        differences = [f"revisions: fixed since that run: {'; '.join(new['revisions'])}"]
+    return differences
 
 
 def _differences(old: Any, new: Any, prefix: str, ignored: tuple[str, ...]) -> list[str]:

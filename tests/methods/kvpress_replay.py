@@ -54,12 +54,15 @@ class ReplayTally:
     kinds: dict[str, int] = field(default_factory=dict)
 
 
-def keep_one_layer(method: EvictionMethod, observation: WindowObservation, n_kept: int) -> list[list[int]]:
-    """kvbench's session on one layer holding ``observation``'s keys and values: kept positions per head."""
+def keep_one_layer(
+    method: EvictionMethod, observation: WindowObservation, n_kept: int, budget: str | None = None
+) -> list[list[int]]:
+    """kvbench's session on one layer holding ``observation``'s keys and values: kept positions per head, under
+    ``budget`` (default ``<n_kept>/layer``; ``<c>cr`` is kvpress's compression ratio as kvbench spells it)."""
     keys, values = observation.keys, observation.values
     cache = KVBenchCache(1)
     cache.update(keys[None], values[None], 0)
-    session = EvictionSession(method, parse_budget(f"{n_kept}/layer"), cache)
+    session = EvictionSession(method, parse_budget(budget or f"{n_kept}/layer"), cache)
     session.begin_prefill(keys.shape[1])
     scorer = method.scorer
 
@@ -67,8 +70,9 @@ def keep_one_layer(method: EvictionMethod, observation: WindowObservation, n_kep
         def prompt_rows(self, dtype: torch.dtype):
             return scorer.prompt_rows(dtype)
 
-        def score(self, seen: WindowObservation) -> torch.Tensor:  # the layer budget is the session's
-            return scorer.score(dataclasses.replace(observation, layer_budget=seen.layer_budget))
+        def score(self, seen: WindowObservation) -> torch.Tensor:  # the layer budget (and ratio) are the session's
+            budget = {"layer_budget": seen.layer_budget, "compression_ratio": seen.compression_ratio}
+            return scorer.score(dataclasses.replace(observation, **budget))
 
     method_for_case = EvictionMethod(**{**method.__dict__, "scorer": Fixed()})
     session.method = method_for_case

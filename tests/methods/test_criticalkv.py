@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from kvbench.methods.base import EvictionMethod, TokenScorer, WindowObservation, build_method
+from kvbench.methods.base import EvictionMethod, WindowObservation, build_method
 from kvbench.methods.critical import projected_value_norms, wrap_critical
 from tests.methods.helpers import method_from_yaml
 from tests.methods.kvpress_replay import keep_one_layer
@@ -37,21 +37,10 @@ def keys_values(case: RecordedCase, layer: int, inputs: dict[str, torch.Tensor])
     return WindowObservation(layer, 2, queries, keys, values, keys.shape[-1] ** -0.5)
 
 
-@dataclasses.dataclass(frozen=True)
-class WindowMean(TokenScorer):
-    """kvpress's SnapKV scale: kvbench's SnapKV sums the window rows, kvpress averages them.  CriticalKV's epsilon
-    and its ``max + 1`` padding are not scale-free, so the comparison takes kvpress's scale."""
-
-    inner: TokenScorer
-    window: int
-
-    def score(self, observation: WindowObservation) -> torch.Tensor:
-        return self.inner.score(observation) / self.window
-
-
 def kvpress_snapkv(adaptive: bool) -> EvictionMethod:
-    snapkv = method_from_yaml("snapkv_kvpress", window=16)
-    return wrap_critical(dataclasses.replace(snapkv, scorer=WindowMean(snapkv.scorer, 16)), adaptive)
+    """kvpress's SnapKV (the ``snapkv_kvpress`` preset averages the window rows as kvpress's ``SnapKVPress``:
+    CriticalKV's epsilon and ``max + 1`` padding are not scale-free) under CriticalKV / CriticalAdaKV."""
+    return wrap_critical(method_from_yaml("snapkv_kvpress", window=16), adaptive)
 
 
 def tied_in(press: str):

@@ -15,6 +15,7 @@ from kvbench.inference.eviction import EvictionSession
 from kvbench.inference.prefill import forward_logits
 from kvbench.methods.base import build_method
 from kvbench.methods.kvpress_decoding import IntervalDecodingPolicy
+from tests.methods.helpers import method_from_yaml
 from tests.reference_recordings import (
     DTYPES,
     RecordedCase,
@@ -150,3 +151,62 @@ def test_interval_policy_counts_forwards_per_layer() -> None:
     assert layer.head_lengths() == [4, 4]
     norms = keys[0, 0].norm(dim=-1)
     assert sorted(layer.positions[0].tolist()) == sorted((-norms).topk(4).indices.tolist())
+
+
+def test_snapkv_kvpress_decode_interval_4_keeps_the_newest_tokens_where_kvpress_does() -> None:
+    """``python run.py method=snapkv_kvpress method.params.decode_interval=4 budget=64/layer``, as the command line
+    composes it, is kvpress's ``PrefillDecodingPress(SnapKVPress(0.5), DecodingPress(SnapKVPress(), 4, 64))`` on the
+    recorded tiny Llama (S 128, float32 and bfloat16): every compression step keeps kvpress's positions -- its
+    ``max + 1`` window, the last 64 rows of its cache order: the tokens generated since the last compression and the
+    tail of its top-k order -- or another top-k of kvpress's tied scores."""
+    import kvbench
+    from kvbench.validation import validate
+    from tests.methods.decoding_replay import replay_case
+    from tests.methods.wrapper_replay import KeptTally
+    from tests.parity.kvpress_claims import claims_of
+
+    cfg = kvbench.compose_config("snapkv_kvpress", "64/layer", overrides=["method.params.decode_interval=4"])
+    method = validate(cfg)[0]
+    claim = claims_of("PrefillDecodingPress_SnapKVPress_window64")[0]
+    tally, compressions = KeptTally(), 0
+    for case in load_recording(claim.recording).cases:
+        if kvpress_n_kept(case.length, case.compression_ratio) != 64:
+            continue
+        tally.cases += 1
+        replay_case(claim, case, "per_layer", tally, method)
+        previous = case.length  # the first position decoded since the last compression
+        for before, after in zip(case.steps[1:], case.steps[2:], strict=False):  # the decoding forwards
+            if len(after[0][0]) < len(before[0][0]) + 1:
+                compressions += 1
+                newest = set(range(previous, max(after[0][0]) + 1))
+                assert len(newest) >= 4 and all(newest <= set(head) for layer in after for head in layer)
+                previous = max(after[0][0]) + 1
+    assert tally.cases == 2 and compressions == 2 * 5 and tally.differ == 0
+    assert tally.same + tally.tied_valid == tally.selections and tally.same >= 2 * 2 * 2 * 5
+
+
+def test_heads_of_unequal_length_are_scored_on_their_own_tokens() -> None:
+    """A ragged layer (an Ada-KV prefill) under a window scorer's decoding press: each head keeps what it keeps when
+    it is the only head of its layer -- its softmax never sees another head's padding."""
+    method = method_from_yaml("snapkv_kvpress", window=2, decode_interval=1, decode_target=5)
+    policy = method.decode_policy
+    generator = torch.Generator().manual_seed(5)
+    keys, values = torch.randn(2, 2, 12, 8, generator=generator)  # [K/V, H, S, D]
+    new_key, new_value = torch.randn(2, 2, 1, 8, generator=generator)
+    query = torch.randn(4, 1, 8, generator=generator)  # two query heads per stored head
+
+    def kept(heads: list[int], lengths: list[int]) -> list[list[int]]:
+        cache = KVBenchCache(1)
+        cache.update(keys[None, heads], values[None, heads], 0)
+        layer = cache.headwise_layers[0]
+        layer.keep([torch.arange(length) for length in lengths])
+        state = policy.new_state()
+        state.rotary = lambda positions, dtype: (torch.ones(len(positions), 8), torch.zeros(len(positions), 8))
+        policy.start_layer(state, 0, layer, [5] * len(heads))
+        cache.update(new_key[None, heads], new_value[None, heads], 0)
+        policy.step(state, 0, layer, query[[q for h in heads for q in (2 * h, 2 * h + 1)]], 8**-0.5)
+        return [sorted(p.tolist()) for p in layer.positions]
+
+    ragged = kept([0, 1], [12, 7])
+    assert [len(head) for head in ragged] == [5, 5]
+    assert ragged == kept([0], [12]) + kept([1], [7])

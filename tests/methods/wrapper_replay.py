@@ -9,7 +9,7 @@ says the layer's selection is another valid choice among tied recorded scores, e
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,6 +30,8 @@ class KeptTally:
     same: int = 0
     tied_valid: int = 0
     differ: int = 0
+    #: The layers where a selection differed (not compared: the page prints the counts only).
+    differing_layers: set[int] = field(default_factory=set, compare=False)
 
     @property
     def selections(self) -> int:
@@ -41,14 +43,23 @@ def replay_kept(
     press: str,
     observation_of: ObservationOf = keys_values_observation,
     valid: TieCheck | None = None,
+    form: str = "per_layer",
+    dtypes: tuple[str, ...] = ("float32", "bfloat16"),
+    before_case: Callable[[RecordedCase], None] | None = None,
 ) -> KeptTally:
-    """Every recorded case of ``press`` (both dtypes) through ``method`` at ``<max(1, int(S (1 - r)))>/layer``."""
+    """Every recorded case of ``press`` in ``dtypes`` through ``method`` under kvpress's budget spelled as ``form``:
+    ``per_layer`` (``<max(1, int(S (1 - r)))>/layer``) or ``cr`` (``<r>cr``, kvbench reading r itself)."""
     tally = KeptTally()
     for case in load_recording(press).cases:
+        if case.dtype not in dtypes:
+            continue
         tally.cases += 1
         n_kept = kvpress_n_kept(case.length, case.compression_ratio)
+        budget = f"{case.compression_ratio}cr" if form == "cr" else None
+        if before_case is not None:
+            before_case(case)  # e.g. the recorder's torch.manual_seed(1234): layer 0 then layer 1 draw from it
         for layer, inputs in enumerate(case_inputs(case)):
-            kept = keep_one_layer(method, observation_of(case, layer, inputs), n_kept)
+            kept = keep_one_layer(method, observation_of(case, layer, inputs), n_kept, budget)
             same = sum(positions == sorted(case.kept[layer][head]) for head, positions in enumerate(kept))
             tally.same += same
             if same < len(kept):

@@ -55,14 +55,26 @@ TOPK_OF_SCORER = {
     "ObservedAttentionPress": "ObservedAttentionPress",
     "CriticalKVPress_KnormPress": "CriticalKVPress",
     "CriticalKVPress_SnapKVPress": "CriticalKVPress",
+    "CriticalKVPress_KnormPress_fractional": "CriticalKVPress",
+    "CriticalKVPress_SnapKVPress_window64": "CriticalKVPress",
+    "CompactorPress_fractional": "CompactorPress",
 }
-# Presses that keep a different number of tokens per layer or head (checked by their totals below).
-PER_LAYER_BUDGET = {"PyramidKVPress", "PyramidKVPress_window16"}
-PER_HEAD_BUDGET = {"AdaKVPress_KnormPress", "AdaKVPress_SnapKVPress", "AdaKVPress_ExpectedAttentionPress"}
-PER_HEAD_BUDGET |= {"CriticalAdaKVPress_SnapKVPress"}
-DECODING = {"DecodingPress_KnormPress", "DecodingPress_KnormPress_buffer0", "CompressionRatioDecodingPress_KnormPress"}
-DECODING |= {"PrefillDecodingPress_KnormPress"}
-DECODING |= {"CAMPress_KnormPress"}
+
+
+def press_class(press: str) -> str:
+    """The outermost press class of a recording (its cases' ``settings["class"]``)."""
+    return load_recording(press).cases[0].settings["class"]
+
+
+# How a recording's kept sets are budgeted, by its press class (a new recording of a known class is checked as its
+# class is): per layer (PyramidKV), per head over the layer (AdaKV's masking), decoding (the cache after the last
+# step), ChunkKV's whole chunks, ChunkPress's per-chunk budgets.
+PER_LAYER_CLASSES = {"PyramidKVPress"}
+PER_HEAD_CLASSES = {"AdaKVPress", "CriticalAdaKVPress"}
+DECODING_CLASSES = {"DecodingPress", "CompressionRatioDecodingPress", "PrefillDecodingPress", "CAMPress"}
+PER_LAYER_BUDGET = {press for press in PRESSES if press_class(press) in PER_LAYER_CLASSES}
+PER_HEAD_BUDGET = {press for press in PRESSES if press_class(press) in PER_HEAD_CLASSES}
+DECODING = {press for press in PRESSES if press_class(press) in DECODING_CLASSES}
 # Issue #58: DMS keeps what scores at least its threshold (per head), ComposedPress its last press's share of what the
 # first kept, PerLayerCompressionPress one ratio per layer.
 THRESHOLD = {"DMSPress_KnormPress", "DMSPress_SnapKVPress", "DMSPress_KnormPress_decoding"}
@@ -89,7 +101,8 @@ def test_kvcompose_keeps_its_budget_over_the_layers() -> None:
 
 
 # ChunkKV keeps whole chunks: max(1, int(n_chunks * (1 - ratio))) of them, the last chunk possibly partial.
-CHUNKED = {"ChunkKVPress_KnormPress", "ChunkKVPress_SnapKVPress"}
+CHUNKED = {press for press in PRESSES if press_class(press) == "ChunkKVPress"}
+PER_CHUNK = {press for press in PRESSES if press_class(press) == "ChunkPress"}
 
 
 def test_the_recordings_cover_the_issue_presses() -> None:
@@ -100,8 +113,12 @@ def test_the_recordings_cover_the_issue_presses() -> None:
         "AdaKVPress_KnormPress",
         "DecodingPress_KnormPress",
     }
+    wanted |= {f"{wrapper}_SnapKVPress" for wrapper in ("ChunkKVPress", "BlockPress", "CriticalKVPress", "AdaKVPress")}
+    for decoding in ("DecodingPress", "CompressionRatioDecodingPress", "PrefillDecodingPress"):
+        for scorer in ("SnapKVPress", "ExpectedAttentionPress", "KnormPress"):
+            assert any(press.startswith(f"{decoding}_{scorer}") for press in PRESSES), (decoding, scorer)
     assert wanted <= set(PRESSES)
-    assert set(TOPK_OF_SCORER) | PER_HEAD_BUDGET | DECODING <= set(PRESSES)
+    assert set(TOPK_OF_SCORER) <= set(PRESSES)
 
 
 def test_an_unknown_recording_names_the_recorded_ones() -> None:
@@ -156,6 +173,8 @@ def test_kept_positions_respect_kvpress_budget(press: str) -> None:
                 assert min(positions) >= 0
             if press in DECODING:
                 assert len({len(h) for h in heads}) == 1
+                if case.steps:  # recorded step by step: the last step is the final cache, in kvpress's order
+                    assert case.steps[-1][layer] == heads
                 continue
             if press in THRESHOLD:  # the sliding window kept; the kept fraction is kvpress's measured ratio
                 window = case.settings["sliding_window_size"]
@@ -163,7 +182,7 @@ def test_kept_positions_respect_kvpress_budget(press: str) -> None:
                 continue
             assert max(max(h) for h in heads) < case.length
             budget = kvpress_n_kept(case.length, case.compression_ratio)
-            if press == "ChunkPress_KnormPress":
+            if press in PER_CHUNK:
                 _check_per_chunk_budget(heads, case.length, case.compression_ratio, case.settings["chunk_length"])
             elif press in CHUNKED:
                 _check_whole_chunks(heads, case.length, case.compression_ratio, case.settings["chunk_length"])
