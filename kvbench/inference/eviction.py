@@ -342,7 +342,7 @@ class EvictionSession(SessionPasses):
         rank, num_compressible = self._rank[layer_idx], len(self.compressible)
         self._model_dtype = queries.dtype
         needs = self.method.scorer.prompt_rows(queries.dtype) if self.method.scorer is not None else PromptRows()
-        prerope = rows.prerope(self.cache.expand_factor) if needs.prerope else None
+        prerope = rows.prerope(self.cache.expand_factor) if needs.keeps_hidden_states else None
         if needs.prerope:
             source = "unrotated" if prerope is None else prerope.source
             previous = self.record.prerope_states
@@ -377,6 +377,8 @@ class EvictionSession(SessionPasses):
             observation.layer_budget = int(budgets[rank])
         assert self.method.scorer is not None
         raw = self.method.scorer.score(observation)
+        if needs.hidden_states and prerope is not None and hasattr(self.method.scorer, "learned_weights"):
+            self.record.learned_weights = self.method.scorer.learned_weights(prerope.module)  # KVzap's checkpoint
         # [H_stored, S]: one row per stored head; [H_q, S] (per query head) is reduced by method.gqa_agg.
         if tuple(raw.shape) not in ((num_heads, context), (queries.shape[0], context)):
             raise ValueError(

@@ -101,11 +101,12 @@ def attention_modules(model: PreTrainedModel) -> dict[int, torch.nn.Module]:
 
 def capture_hidden_states(model: PreTrainedModel, session: EvictionSession) -> None:
     """Register the pre-hooks of the module docstring when ``session`` compresses with a scorer that reads pre-RoPE
-    states (its handles go to ``session.hooks``; :meth:`EvictionSession.release_hooks` removes them)."""
+    states or the hidden states themselves (its handles go to ``session.hooks``;
+    :meth:`EvictionSession.release_hooks` removes them)."""
     scorer = session.method.scorer
     if scorer is None or not session.compresses or session.replays:
         return
-    if not scorer.prompt_rows(model.dtype).prerope:
+    if not scorer.prompt_rows(model.dtype).keeps_hidden_states:
         return
 
     def before_attention(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
