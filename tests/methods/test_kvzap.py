@@ -1,0 +1,133 @@
+"""KVzap against NVIDIA/kvpress 0.5.5's ``KVzapPress`` with the same weights: kvbench's shipped CPU-trained
+checkpoints for the embedded tiny model, loaded into kvpress's ``KVzapModel`` by ``scripts/reference/record_learned.py``
+(``tests/fixtures/reference/learned/``).  The recorded prompts go through kvbench's prefill (its attention, cache and
+hidden-states capture) at kvpress's budget ``<max(1, int(S (1 - c)))>/layer``; scores bit for bit, every layer and
+head keeps kvpress's positions or another valid top-k of kvpress's scores where they tie.  Also: the published
+checkpoint format (config + safetensors, shapes checked), the ``auto`` rule, and the run record."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+
+import pytest
+import torch
+
+import kvbench
+from kvbench.budget import parse_budget
+from kvbench.inference.prefill import prefill
+from kvbench.methods.base import build_method
+from kvbench.methods.surrogates import load_kvzap, resolve_kvzap, save_kvzap
+from tests.reference_recordings import is_valid_topk, kvpress_n_kept
+
+LEARNED = Path(__file__).resolve().parents[1] / "fixtures" / "reference" / "learned"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@cache
+def tiny_niah(dtype: str):
+    """The embedded model (``model=tiny``) in ``dtype`` with kvbench attention, and its tokenizer."""
+    from kvbench.models.loading import load_model
+
+    cfg = kvbench.compose_config(model="tiny").model
+    cfg.dtype, cfg.device = dtype, "cpu"
+    loaded = load_model(cfg)
+    return loaded.model.eval(), loaded.tokenizer
+
+
+def kvzap(**params):
+    return build_method({"name": "kvzap", "family": "kvzap", "params": params})
+
+
+def recorded(name: str) -> tuple[dict, list[torch.Tensor]]:
+    raw = json.loads((LEARNED / f"{name}.json").read_text())
+    tables = [torch.tensor(t["values"], dtype=torch.float32).reshape(t["shape"]) for t in raw["score_tables"]]
+    return raw, tables
+
+
+def test_kvzap_scores_and_keeps_kvpress_tokens_with_the_same_weights() -> None:
+    raw, tables = recorded("KVzapPress_tiny-niah")
+    assert raw["versions"]["kvpress"] == "0.5.5"
+    same = tied = differ = 0
+    worst = 0.0
+    for case in raw["cases"]:
+        model, _ = tiny_niah(case["dtype"])
+        ids, ratio = case["input_ids"], case["compression_ratio"]
+        n_kept = kvpress_n_kept(len(ids), ratio)
+        assert {n for layer in case["n_kept"] for n in layer} == {n_kept}
+        method = kvzap(model_type=case["settings"]["model_type"], checkpoint=case["checkpoint"])
+        hidden: dict[int, torch.Tensor] = {}
+
+        def keep(module, args, kwargs, hidden=hidden) -> None:
+            hidden.setdefault(int(module.layer_idx), kwargs["hidden_states"][0].clone())
+
+        hooks = [layer.self_attn.register_forward_pre_hook(keep, with_kwargs=True) for layer in model.model.layers]
+        try:
+            with torch.no_grad():
+                state = prefill(model, ids, method=method, budget=parse_budget(f"{n_kept}/layer"))
+        finally:
+            for hook in hooks:
+                hook.remove()
+        record = state.session.finish()
+        assert record.learned_weights["source"] == "folder"
+        for call in case["score_calls"]:
+            layer, theirs = call["layer"], tables[call["table"]]
+            ours = method.scorer.score_hidden(hidden[layer], layer, model.config.name_or_path).float()
+            worst = max(worst, float((ours - theirs).abs().max()))
+            for head, positions in enumerate(state.cache.headwise_layers[layer].positions):
+                kept = sorted(positions.tolist())
+                if kept == sorted(case["kept"][layer][head]):
+                    same += 1
+                elif is_valid_topk(theirs[head], kept):
+                    tied += 1
+                else:
+                    differ += 1
+    print(f"kvzap parity: {len(raw['cases'])} cases, {same} same, {tied} tied, {differ} differ, max |score| {worst}")
+    assert len(raw["cases"]) == 24 and {c["dtype"] for c in raw["cases"]} == {"float32", "bfloat16"}
+    assert differ == 0 and worst == 0.0
+    assert same >= 130  # 24 cases x 3 layers x 2 heads = 144 selections
+
+
+def test_auto_finds_the_shipped_checkpoint_and_the_row_says_it_is_not_nvidias() -> None:
+    model, _ = tiny_niah("float32")
+    with torch.no_grad():
+        state = prefill(model, list(range(4, 90)), method=kvzap(), budget=parse_budget("8L"))
+    weights = state.session.finish().learned_weights
+    assert weights["source"] == "shipped" and weights["path"].endswith("models/kvzap/tiny-niah/mlp")
+    assert "NOT NVIDIA" in weights["training"]["by"] and len(weights["sha256"]) == 16
+    assert state.session.record.evicted
+
+
+def test_checkpoint_format_round_trips_and_bad_files_are_named(tmp_path: Path) -> None:
+    """``save_kvzap`` writes kvpress's ``KVzapModel.save_pretrained`` layout; shapes are checked against the config,
+    and a missing checkpoint names how to get one."""
+    generator = torch.Generator().manual_seed(0)
+    layers = [(torch.randn(8, 16, generator=generator), torch.randn(8, generator=generator),
+               torch.randn(2, 8, generator=generator), torch.randn(2, generator=generator)) for _ in range(3)]  # fmt: skip
+    folder = save_kvzap(tmp_path / "mlp", layers, 16, 2, 8)
+    loaded = load_kvzap(str(folder))
+    assert loaded.model_type == "mlp" and len(loaded.layers) == 3
+    hidden = torch.randn(5, 16, generator=generator)
+    expected = torch.nn.functional.linear(
+        torch.nn.functional.gelu(hidden @ layers[1][0].T + layers[1][1]), layers[1][2], layers[1][3]
+    ).T
+    torch.testing.assert_close(loaded.scores(1, hidden), expected)
+    config = json.loads((folder / "config.json").read_text())
+    config["hidden_dim"] = 4
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"layers.0.0.weight has shape \(8, 16\)"):
+        load_kvzap.__wrapped__(str(folder))
+    with pytest.raises(ValueError, match="train_kvzap.py"):
+        resolve_kvzap.__wrapped__("auto", "linear", "some-org/UnknownModel-7B")
+    with pytest.raises(ValueError, match="model_type"):
+        kvzap(model_type="quadratic")
+    with pytest.raises(ValueError, match="decode_interval"):
+        kvzap(decode_interval=2)
+
+
+def test_shipped_checkpoints_are_small_and_say_how_they_were_made() -> None:
+    for folder in sorted((REPO / "models" / "kvzap").glob("*/*/")):
+        config = json.loads((folder / "config.json").read_text())
+        assert config["model_type"] == "kvzap" and "train_kvzap.py" in config["kvbench_training"]["command"]
+        assert (folder / "model.safetensors").stat().st_size < 1_000_000, folder
