@@ -23,10 +23,11 @@ Output: ``<out>/linear`` and ``<out>/mlp``, each a folder in the published forma
 
     python scripts/train_kvzap.py --model tiny --out models/kvzap/tiny-niah --texts 48 --hidden-dim 32
     python scripts/train_kvzap.py --model smollm2-135m-instruct --out models/kvzap/SmolLM2-135M-Instruct \\
-        --texts 24 --hidden-dim 8
+        --texts 40 --tokens 300 --hidden-dim 8
 
 Texts: ``tiny`` gets ``tiny_niah`` haystacks (its vocabulary); other models the shipped essays
-(``tasks/needle_grid/essays``) cut into pieces of ``--tokens`` tokens.
+(``tasks/needle_grid/essays``) and Python's documentation topics (``pydoc_data.topics``, in every Python install)
+cut into pieces of ``--tokens`` tokens, shuffled with ``--seed`` -- local English text, not NVIDIA's Nemotron data.
 """
 
 from __future__ import annotations
@@ -81,7 +82,10 @@ def texts_for(preset: str, tokenizer, count: int, tokens: int, seed: int) -> lis
             ids = tokenizer.encode(" ".join(instance.context), add_special_tokens=False)
             out.append(ids[:tokens])
         return out
-    words = " ".join(p.read_text(encoding="utf-8") for p in sorted((ROOT / "tasks/needle_grid/essays").glob("*")))
+    from pydoc_data.topics import topics  # Python's own documentation text: English, offline, in every install
+
+    essays = [p.read_text(encoding="utf-8") for p in sorted((ROOT / "tasks/needle_grid/essays").glob("*"))]
+    words = "\n\n".join(essays + [topics[name] for name in sorted(topics)])
     ids = tokenizer.encode(words, add_special_tokens=False)
     pieces = [ids[start : start + tokens] for start in range(0, len(ids) - tokens, tokens)]
     random.Random(seed).shuffle(pieces)

@@ -192,6 +192,7 @@ class EvictionSession(SessionPasses):
         self.question_tokens = 0
         #: Per layer, ``[H, S]`` scores from the replay forwards (KVzip), in the model dtype.
         self._replay_scores: dict[int, torch.Tensor] = {}
+        self._replay_attention: dict[int, torch.Tensor] = {}  # KVgrad: [H, G, q, c] per layer, until the backward
         self._replay_span = (0, 0)
         self._replay_prefix: int | None = None
         self.replayed = False

@@ -115,10 +115,16 @@ class KVzip(ScorerMethod, family="kvzip", reference="NVIDIA/kvpress kvpress/pres
         return passes
 
     def replay_scores(self, queries: torch.Tensor, keys: torch.Tensor, start: int, end: int) -> torch.Tensor:
-        """``[H, end - start]`` scores of the replayed span at one layer, in the model dtype.
+        """``[H, end - start]`` scores of the replayed span at one layer, in the model dtype: the largest replay
+        attention (:meth:`replay_attention`) over the replay's queries and the KV head's query heads."""
+        return self.replay_attention(queries, keys, start, end).amax(dim=(-3, -2))
+
+    def replay_attention(self, queries: torch.Tensor, keys: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        """``[H, G, q, end - start]`` probabilities of each replayed query over the replayed span, in the model dtype.
 
         ``queries``: ``[H_q, q, D]`` post-RoPE queries of the replay; ``keys``: ``[H, S + q, D]`` the prompt's
-        keys, then the replay's.
+        keys, then the replay's.  The softmax runs over the first ``min(n_sink, start)`` keys, the span's and the
+        replay's own (causal among the replay).
         """
         heads_q, replay, dim = queries.shape
         heads = keys.shape[0]
@@ -131,7 +137,7 @@ class KVzip(ScorerMethod, family="kvzip", reference="NVIDIA/kvpress kvpress/pres
         causal.masked_fill_(rows < (rows + 1).view(replay, 1), 0)
         logits[..., -replay:, -replay:] += causal
         probs = F.softmax(logits, dim=-1)
-        return probs[..., sink : sink + end - start].amax(dim=(-3, -2))[0]
+        return probs[0, ..., sink : sink + end - start]
 
     def select(
         self, scores: list[torch.Tensor], kept: int, per_layer: int | None, prefix: int = 0

@@ -1,0 +1,89 @@
+"""Record what kvpress's KVgradPress keeps, for kvbench's parity tests (issue #58).
+
+Runs ONLY inside kvpress's own virtual environment (kvpress 0.5.5, transformers 5.2; see
+``scripts/reference/record_kvpress.py``); it never imports kvbench and kvbench never imports it::
+
+    OMP_NUM_THREADS=1 /work/venvs/kvpress/bin/python scripts/reference/record_kvgrad.py
+
+Inputs as ``record_kvzip_finch.py``'s KVzip cases (the tiny random Llama of
+``tests/fixtures/reference/kvpress/inputs.safetensors``, sdpa, its character-level tokenizers in
+``tests/fixtures/reference/kvzip/tokenizer{,_chat}/``, seeded prompt ids with salts from 200).  kvpress's pipeline
+prefill runs the context inside ``with press(model)``; KVgradPress then replays it chunk by chunk with one forward and
+one backward pass per chunk (outside inference mode) and masks the lowest scores.
+
+Output ``tests/fixtures/reference/kvzip/KVgradPress.json`` in ``KVzipPress.json``'s schema: per case (dtype,
+tokenizer, prompt ids, ratio, settings) the kept positions per layer and KV head (the complement of
+``module.masked_key_indices``) and ``score_val`` (float32 ``[L, H, S]``, after the sinks' ``max + 1``).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from kvpress import KVgradPress
+from transformers import DynamicCache
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record_kvpress import MODEL_CONFIG  # noqa: E402
+from record_kvzip_finch import DTYPES, FIXTURES, float32_list, load_model, prompt_ids, write  # noqa: E402
+
+CASES = [  # (length, tokenizer, ratio, settings)
+    (48, "tokenizer", 0.5, {}),
+    (48, "tokenizer_chat", 0.75, {}),
+    (150, "tokenizer", 0.5, {"chunk_size": 64}),
+    (150, "tokenizer_chat", 0.75, {"chunk_size": 64}),
+    (150, "tokenizer", 0.5, {"chunk_size": 64, "layerwise": True}),
+    (96, "tokenizer_chat", 0.25, {"chunk_size": 40, "n_sink": 2}),
+]
+SALT = 200
+
+
+def record(out: Path) -> list[dict]:
+    cases = []
+    for dtype_name, dtype in DTYPES.items():
+        for index, (length, tokenizer_dir, ratio, settings) in enumerate(CASES):
+            model = load_model(dtype, str(out / tokenizer_dir))
+            ids = prompt_ids(length, SALT + index)
+            press = KVgradPress(compression_ratio=ratio, **settings)
+            captured: dict = {}
+            original = press.compress_post
+
+            def capture(model, press=press, original=original, captured=captured):
+                original(model)
+                captured["scores"] = press.score_val[:, 0].float().clone()
+
+            press.compress_post = capture
+            with torch.no_grad(), press(model):
+                model.model(input_ids=torch.tensor([ids]), past_key_values=DynamicCache())
+            kept = []
+            for layer in model.model.layers:
+                _, heads, positions = layer.self_attn.masked_key_indices
+                mask = torch.ones(MODEL_CONFIG["num_key_value_heads"], length, dtype=torch.bool)
+                mask[heads, positions] = False
+                kept.append([torch.nonzero(row).flatten().tolist() for row in mask])
+                layer.self_attn.masked_key_indices = None
+            cases.append(
+                {
+                    "dtype": dtype_name,
+                    "tokenizer": tokenizer_dir,
+                    "input_ids": ids,
+                    "compression_ratio": ratio,
+                    "settings": {"n_sink": press.n_sink, "chunk_size": press.chunk_size, "layerwise": press.layerwise},
+                    "kept": kept,
+                    "scores": float32_list(captured["scores"]),
+                }
+            )
+    return cases
+
+
+def main() -> int:
+    torch.set_num_threads(1)
+    kvzip_dir = FIXTURES / "kvzip"
+    write(kvzip_dir / "KVgradPress.json", "KVgradPress", record(kvzip_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
