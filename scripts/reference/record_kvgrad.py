@@ -26,8 +26,8 @@ from kvpress import KVgradPress
 from transformers import DynamicCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_kvpress import MODEL_CONFIG  # noqa: E402
-from record_kvzip_finch import DTYPES, FIXTURES, float32_list, load_model, prompt_ids, write  # noqa: E402
+from record_kvpress import MODEL_CONFIG
+from record_kvzip_finch import DTYPES, FIXTURES, float32_list, load_model, prompt_ids, write
 
 CASES = [  # (length, tokenizer, ratio, settings)
     (48, "tokenizer", 0.5, {}),
