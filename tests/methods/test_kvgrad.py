@@ -72,3 +72,51 @@ def test_kvgrad_scores_and_keeps_kvpress_tokens_on_the_recorded_tiny_llama(monke
     print("kvgrad parity:", tally.summary(), "max |score error|", worst)
     assert tally.cases == 12 and tally.differ == 0 and worst == 0.0, (tally.summary(), worst)
     assert tally.same >= 40, tally.summary()
+
+
+def test_batched_decoding_gives_batch_one_tokens() -> None:
+    """``run.decode_batch``: each sample replays (and back-propagates) alone, then decodes in the batch."""
+    from tests.methods.reference_models import assert_batched_equals_batch_one
+
+    assert_batched_equals_batch_one("kvgrad", "aware", 3, 2)
+    assert_batched_equals_batch_one("kvgrad", "agnostic", 2, 2)
+
+
+def test_lm_eval_bridge_replays_with_gradients_under_inference_mode() -> None:
+    """``kvbench.lmeval`` compresses each context under ``torch.inference_mode()``: KVgrad's backward leaves it, and
+    the compressed cache is then read by the harness's continuation scoring."""
+    from kvbench.budget import parse_budget
+    from kvbench.lmeval.loglikelihood import compress_context, score_continuation
+
+    model = tiny_llama("float32", recording("kvzip/KVgradPress")["model_config"])
+    ids = list(range(1, 90))
+    method = kvgrad(chunk_size=40)
+    context = compress_context(
+        model, ids, method=method, budget=parse_budget("10L"), question_mode="agnostic",
+        tokenizer=tokenizer("tokenizer"),
+    )  # fmt: skip
+    # The context's last token is fed with the continuation: 88 compressed, 3 chunks of 40.
+    assert (context.position, context.record.extra_forwards, context.record.evicted) == (88, 3, True)
+    assert all(p.requires_grad for p in model.parameters())  # frozen during the replay only
+    logprob, greedy = score_continuation(model, context, [5, 6, 7])
+    assert torch.isfinite(torch.tensor(logprob)) and isinstance(greedy, bool)
+
+
+def test_models_with_sliding_window_layers_and_a_users_generate_are_refused_by_name() -> None:
+    """KVgrad replays the context as KVzip does: no sliding-window layers, no held last segment (``kvbench.press``)."""
+    import pytest
+    from transformers import AutoModelForCausalLM
+
+    import kvbench
+    from kvbench.budget import parse_budget
+    from kvbench.inference.prefill import prefill
+    from tests.models.test_sliding_models import CONFIGS, PROMPT
+
+    model = tiny_llama("float32", recording("kvzip/KVgradPress")["model_config"])
+    ids = torch.tensor([list(range(1, 60))])
+    refused = pytest.raises(ValueError, match="method 'kvgrad' runs forwards of its own")
+    with refused, torch.no_grad(), kvbench.press(model, kvgrad(), parse_budget("8L")):
+        model.generate(ids, max_new_tokens=2, do_sample=False, pad_token_id=0)
+    sliding = AutoModelForCausalLM.from_config(CONFIGS["gemma2"](), attn_implementation="kvbench").eval()
+    with pytest.raises(ValueError, match="sliding-window layers"), torch.no_grad():
+        prefill(sliding, PROMPT, method=kvgrad(), budget=parse_budget("8L"), tokenizer=tokenizer("tokenizer"))

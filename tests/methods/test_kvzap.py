@@ -131,3 +131,53 @@ def test_shipped_checkpoints_are_small_and_say_how_they_were_made() -> None:
         config = json.loads((folder / "config.json").read_text())
         assert config["model_type"] == "kvzap" and "train_kvzap.py" in config["kvbench_training"]["command"]
         assert (folder / "model.safetensors").stat().st_size < 1_000_000, folder
+
+
+def test_batched_decoding_gives_batch_one_tokens() -> None:
+    """``run.decode_batch``: three samples decoded together give each its batch-1 tokens and cache record (the
+    embedded model, its shipped MLP checkpoint)."""
+    from kvbench.inference.batched_decode import generate_batched
+    from kvbench.inference.generate import generate
+    from tests.inference.test_batch_decode import _requests
+
+    model, tokenizer = tiny_niah("float32")
+    method, budget = kvzap(), parse_budget("0.5cr")
+    requests = _requests(model.config.vocab_size, 3, stops={7})
+    alone = [
+        generate(model, tokenizer, r.context_ids, r.question_ids, method=method, budget=budget, question_mode="aware",
+                 max_new_tokens=r.max_new_tokens, stop_token_ids=r.stop_token_ids)
+        for r in requests
+    ]  # fmt: skip
+    batched = dict(
+        generate_batched(
+            model, tokenizer, requests, method=method, budget=budget, question_mode="aware", decode_batch=3
+        )
+    )
+    for index, expected in enumerate(alone):
+        got = batched[index]
+        assert (got.token_ids, got.text, got.stop_reason) == (expected.token_ids, expected.text, expected.stop_reason)
+        assert got.record.to_json() == expected.record.to_json()
+        assert expected.record.evicted and expected.record.learned_weights["source"] == "shipped"
+
+
+def test_lm_eval_bridge_runs_kvzap_with_a_given_checkpoint(tmp_path: Path) -> None:
+    """``--model kvbench --model_args method=kvzap,method.params.checkpoint=<folder>``: each context compressed once at
+    kvpress's budget by the given checkpoint (a seeded one of the bridge's tiny random model)."""
+    pytest.importorskip("lm_eval")
+    from kvbench.lmeval.model import KVBenchLM
+    from kvbench.lmeval.tasks import task_manager
+    from kvbench.models.loading import build_builtin
+    from tests.lmeval.test_lmeval import MODEL, _evaluate, _write_tasks
+    from tests.methods.heads_replay import seeded_kvzap
+
+    config = build_builtin(MODEL.split(":", 1)[1], seed=0)[0].config
+    checkpoint = seeded_kvzap(tmp_path, config)
+    manager = task_manager(str(_write_tasks(tmp_path)), include_defaults=False)
+    params = {"method.params.checkpoint": str(checkpoint), "method.params.model_type": "linear"}
+    lm = KVBenchLM(pretrained=MODEL, method="kvzap", budget="0.5cr", question_mode="agnostic", **params)
+    _evaluate(lm, manager, tasks=["kv_mc"])
+    assert lm.records
+    for record in lm.records:
+        cache = record["cache"]
+        assert cache["evicted"] and cache["learned_weights"]["path"] == str(checkpoint)
+        assert cache["requested_per_layer"] == [kvpress_n_kept(cache["context_tokens"], 0.5)] * 4
