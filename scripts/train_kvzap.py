@@ -107,9 +107,11 @@ def template_parts(tokenizer) -> tuple[list[int], list[int]]:
 
 class ScoreHooks:
     """Forward hooks on every ``self_attn``: the layer's attention input at the text's tokens and the log KVzip+
-    scores ``[n, H_kv]`` of those tokens (module docstring, step 2)."""
+    scores ``[n, H_kv]`` of those tokens (module docstring, step 2); ``plus=False``: KVzip's own scores (the largest
+    attention probability, no normalisation, no log: Fast KVzip's targets)."""
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, plus: bool = True) -> None:
+        self.plus = plus
         self.span = (0, 0)
         self.repeat = (0, 0)
         self.rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -127,20 +129,22 @@ class ScoreHooks:
         values = values.repeat_interleave(heads_q // heads_kv, dim=0)  # [H_q, T, D]
         out_proj = module.o_proj.weight.T.reshape(heads_q, dim, -1)  # [H_q, D, hidden]
         value_norm = torch.einsum("hid,hti->htd", out_proj, values).norm(dim=-1)  # [H_q, T]
-        scores = weights / hidden.norm(dim=-1)[None, :, None] * value_norm[:, None, :]
+        scores = weights / hidden.norm(dim=-1)[None, :, None] * value_norm[:, None, :] if self.plus else weights
         (first, last), (r_first, r_last) = self.span, self.repeat
         best = scores[:, r_first:r_last, first:last].amax(dim=1)  # [H_q, n]
         best = best.view(heads_kv, heads_q // heads_kv, -1).amax(dim=1)  # [H_kv, n]
-        self.rows[int(module.layer_idx)] = (hidden[first:last].clone(), best.log().T.contiguous())
+        target = best.log() if self.plus else best
+        self.rows[int(module.layer_idx)] = (hidden[first:last].clone(), target.T.contiguous())
 
 
-def collect(model, tokenizer, texts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``X [N, L, hidden]`` attention inputs and ``y [N, L, H_kv]`` log KVzip+ scores of every text token."""
+def collect(model, tokenizer, texts: list[list[int]], plus: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """``X [N, L, hidden]`` attention inputs and ``y [N, L, H_kv]`` log KVzip+ scores (``plus=False``: KVzip's
+    scores) of every text token."""
     from transformers import DynamicCache
 
     prefix, suffix = template_parts(tokenizer)
     repeat = tokenizer.encode(REPEAT_PROMPT, add_special_tokens=False)
-    hooks = ScoreHooks(model)
+    hooks = ScoreHooks(model, plus)
     xs, ys = [], []
     try:
         for ids in texts:

@@ -272,7 +272,7 @@ class EvictionSession(SessionPasses):
         """Called before a compressible layer's attention with its input ``hidden_states`` ``[1, q, hidden]``
         (pre-RoPE states; kept until the layer is compressed)."""
         layer_idx = int(module.layer_idx)
-        if self.phase != "compress" or layer_idx not in self._rank or not self.compresses or self.replays:
+        if self.phase != "compress" or layer_idx not in self._rank or not self.compresses:
             return
         rows = self._rows.setdefault(layer_idx, PrefillRows())
         rows.hidden_states.append(hidden_states[0].detach())
@@ -319,8 +319,8 @@ class EvictionSession(SessionPasses):
             self._requested[layer_idx] = (context, [context] * layer.num_heads)
             return
         assert self.method.scorer is not None
-        if self.replays:
-            return  # scored by the replay forwards after the prefill, then compressed (compress_replayed)
+        if self.replays:  # scored by the replay forwards (or the hidden states) after the prefill, then compressed
+            return self._score_hidden_states(layer_idx, context)
         rows = self._rows.setdefault(layer_idx, PrefillRows())
         needs = self.method.scorer.prompt_rows(query.dtype)
         pruner, policy = self.method.key_channel_pruner, self.method.decode_policy

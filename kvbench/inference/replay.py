@@ -34,7 +34,7 @@ def replay_context(
     scorer replays the context, or when it already did).  ``forward`` is the prefill's forward wrapper."""
     if not session.replays or session.replayed:
         return
-    if tokenizer is None:
+    if tokenizer is None and getattr(session.method.scorer, "replay_needs_tokenizer", True):
         raise ValueError(
             f"{session.method.family} scores the context by reconstructing it (a repeat prompt): it needs the "
             "tokenizer, which this caller did not give the prefill"

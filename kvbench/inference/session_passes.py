@@ -44,6 +44,7 @@ class SessionPasses:
     _rank: dict[int, int]
     _replay_scores: dict[int, torch.Tensor]
     _replay_attention: dict[int, torch.Tensor]
+    _rows: dict[int, Any]
     _replay_span: tuple[int, int]
     _replay_prefix: int | None
     _requested: dict[int, tuple[int, list[int]]]
@@ -106,6 +107,22 @@ class SessionPasses:
             self._replay_scores[layer_idx] = scores
         scores[:, start:end] = scorer.replay_scores(query, keys, start, end)  # type: ignore[union-attr]
         self._note_bytes(prefill=True)
+
+    def _score_hidden_states(self, layer_idx: int, context: int) -> None:
+        """A replaying scorer that scores the prompt from the layers' hidden states (Fast KVzip): once the layer's
+        last prefill chunk is stored, its ``hidden_scores`` become the layer's replay scores."""
+        scorer = self.method.scorer
+        if not hasattr(scorer, "hidden_scores") or context < self.context_length:
+            return
+        rows = self._rows.pop(layer_idx, None)
+        states = None if rows is None else rows.prerope(1)
+        if states is None:
+            raise ValueError(
+                f"{self.method.family} scores the layers' hidden states: it needs a model whose attention modules "
+                "kvbench can hook (q_proj/k_proj or qkv_proj), run through kvbench's prefill"
+            )
+        self._replay_scores[layer_idx] = scorer.hidden_scores(states.hidden_states, states.module)
+        self.record.learned_weights = scorer.learned_weights(states.module)
 
     def end_replay(self) -> None:
         """Remove the replayed tokens from every layer: the cache holds the prompt again."""

@@ -150,17 +150,24 @@ class KVzip(ScorerMethod, family="kvzip", reference="NVIDIA/kvpress kvpress/pres
         before the replayed ones (protected with ``keep_prefix``).
         """
         stacked = torch.stack(scores)  # [L, H, S]
-        layers, heads, length = stacked.shape
         protected = max(self.n_sink, prefix) if self.keep_prefix else self.n_sink
         stacked[..., :protected] = stacked.amax() + 1.0
-        if per_layer is not None or self.layerwise:
-            counts = [min(per_layer if per_layer is not None else kept // layers, heads * length)] * layers
-        else:
-            order = torch.argsort(stacked.reshape(-1).float(), descending=True, stable=True)[:kept]
-            counts = torch.bincount(order // (heads * length), minlength=layers).tolist()
-        kept_per_layer = []
-        for layer, count in enumerate(counts):
-            order = torch.argsort(stacked[layer].reshape(-1).float(), descending=True, stable=True)[: int(count)]
-            head_of, token_of = order // length, order % length
-            kept_per_layer.append([torch.sort(token_of[head_of == head]).values for head in range(heads)])
-        return kept_per_layer
+        return top_scores(stacked, kept, per_layer, self.layerwise)
+
+
+def top_scores(stacked: torch.Tensor, kept: int, per_layer: int | None, layerwise: bool) -> list[list[torch.Tensor]]:
+    """KVzip's selection (kvpress's ``compress_post``): per layer, per head, the sorted indices of the top ``kept``
+    of ``stacked`` ``[L, H, S]`` over every layer and head -- each layer then keeping the top of its own heads
+    together --, or the top ``kept // L`` (``per_layer``, when given) of each layer (``layerwise``)."""
+    layers, heads, length = stacked.shape
+    if per_layer is not None or layerwise:
+        counts = [min(per_layer if per_layer is not None else kept // layers, heads * length)] * layers
+    else:
+        order = torch.argsort(stacked.reshape(-1).float(), descending=True, stable=True)[:kept]
+        counts = torch.bincount(order // (heads * length), minlength=layers).tolist()
+    kept_per_layer = []
+    for layer, count in enumerate(counts):
+        order = torch.argsort(stacked[layer].reshape(-1).float(), descending=True, stable=True)[: int(count)]
+        head_of, token_of = order // length, order % length
+        kept_per_layer.append([torch.sort(token_of[head_of == head]).values for head in range(heads)])
+    return kept_per_layer

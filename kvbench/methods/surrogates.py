@@ -24,6 +24,7 @@ when the model's ``name_or_path`` basename starts with ``<model>``.  A shipped c
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -222,3 +223,132 @@ def save_kvzap(
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
     return path
+
+
+# ---------------------------------------------------------------------------------------------------- Fast KVzip
+#: Where Fast KVzip's authors publish gates (``<model name, lower case>/q<G>_dim16_sink16.pt``).
+FASTKVZIP_REPO = "Jang-Hyun/Fast-KVzip"
+SHIPPED_FASTKVZIP = Path("models") / "fastkvzip"
+GATE_KEYS = ("q_proj.weight", "q_proj.bias", "k_proj.weight", "q_norm.weight", "k_norm.weight", "k_base", "b")
+GATE_HINT = (
+    "give method.params.checkpoint=<gate file> (Jang-Hyun/Fast-KVzip's <model>/q<G>_dim16_sink16.pt downloaded on "
+    "your machine), or train one with `python scripts/train_fastkvzip.py --model <preset> --out <folder>`"
+)
+
+
+def gate_file_name(num_heads: int, num_kv_heads: int) -> str:
+    """The published gates' file name: ``q<G>_dim16_sink16.pt`` for GQA groups of ``G`` query heads."""
+    return f"q{num_heads // num_kv_heads}_dim16_sink16.pt"
+
+
+def _rms(states: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Qwen3's RMSNorm as Fast KVzip's gates use it: float32 statistics, the normalised states cast back to their
+    dtype, then times the (float32) weight."""
+    normed = states.float()
+    normed = normed * torch.rsqrt(normed.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(states.dtype)
+
+
+@dataclass(frozen=True)
+class FastKVzipGates:
+    """Loaded Fast KVzip gates: per layer the tensors of ``GATE_KEYS`` (Fast KVzip's ``FastKVzipGate``, arXiv
+    2601.17668), and where they came from."""
+
+    layers: tuple[dict[str, torch.Tensor], ...]
+    provenance: dict[str, Any]
+
+    def scores(self, layer_idx: int, hidden_states: torch.Tensor) -> torch.Tensor:
+        """``[H_kv, n]`` float32 gate scores of one layer from its attention input ``[n, hidden]``.
+
+        Per KV head: queries ``[n, G, d]`` and a key ``[n, 1, d]`` projected from the hidden states (linear maps in
+        the hidden states' dtype, each followed by the float32 RMSNorm), the token's logit ``k . q / sqrt(d) + b`` per
+        group member against ``sink`` learned base keys ``k_base . q / sqrt(d)``; the score is ``1 / (1 + sum_sink
+        exp(base - logit))`` averaged over the group.  kvpress applies the linear maps in the gates' dtype (it fails
+        when that is not the model's); kvbench casts them to the hidden states' dtype, the same numbers when equal.
+        """
+        if not 0 <= layer_idx < len(self.layers):
+            raise ValueError(f"Fast KVzip gates {self.provenance['path']}: no gate for the model's layer {layer_idx}")
+        p = self.layers[layer_idx]
+        dtype, device = hidden_states.dtype, hidden_states.device
+        d = p["q_norm.weight"].shape[-1]
+        heads = p["k_proj.weight"].shape[0] // d
+        if hidden_states.shape[-1] != p["q_proj.weight"].shape[1]:
+            size = p["q_proj.weight"].shape[1]
+            raise ValueError(
+                f"Fast KVzip gates {self.provenance['path']} read hidden states of size {size}, this model's are "
+                f"{hidden_states.shape[-1]}; {GATE_HINT}"
+            )
+        w = {name: t.to(device=device) for name, t in p.items()}
+        n = hidden_states.shape[0]
+        queries = F.linear(hidden_states, w["q_proj.weight"].to(dtype), w["q_proj.bias"].to(dtype))
+        keys = F.linear(hidden_states, w["k_proj.weight"].to(dtype))
+        queries = _rms(queries.view(n, heads, -1, d), w["q_norm.weight"].float())
+        keys = _rms(keys.view(n, heads, -1, d), w["k_norm.weight"].float())
+        queries = queries.transpose(0, 1).transpose(-1, -2)  # [H, n, d, G]
+        keys = keys.transpose(0, 1)  # [H, n, 1, d]
+        logit = torch.matmul(keys, queries) / math.sqrt(d) + w["b"].to(dtype).unsqueeze(2)  # [H, n, 1, G]
+        base = torch.matmul(w["k_base"].float(), queries) / math.sqrt(d)  # [H, n, sink, G]
+        score = 1 / (1 + torch.exp(base - logit).sum(2, keepdim=True))
+        return score.mean(-1).squeeze(-1)
+
+
+@cache
+def load_gates(path: str, source: str = "file") -> FastKVzipGates:
+    """Read a gate file in the published format: ``torch.load(weights_only=True)["module"]``, one state dict of
+    ``GATE_KEYS`` per layer (shapes checked against each other)."""
+    import numpy as np
+
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"Fast KVzip gates {file}: no such file; {GATE_HINT}")
+    reconstruct = (np._core.multiarray._reconstruct, "numpy.core.multiarray._reconstruct")  # older pickles' name
+    safe = [reconstruct, np.ndarray, np.dtype, np.dtypes.Float64DType, np.dtypes.Float32DType]
+    try:
+        with torch.serialization.safe_globals(safe):  # the published files also hold numpy loss curves
+            raw = torch.load(str(file), weights_only=True, map_location="cpu")
+        modules = raw["module"]
+    except Exception as err:  # any unreadable file is the same user error
+        raise ValueError(f"Fast KVzip gates {file}: unreadable ({type(err).__name__}: {err}); {GATE_HINT}") from None
+    layers = []
+    for index, state in enumerate(modules):
+        missing = [key for key in GATE_KEYS if key not in state]
+        if missing:
+            raise ValueError(f"Fast KVzip gates {file}: layer {index} lacks {missing}; {GATE_HINT}")
+        d = state["q_norm.weight"].shape[-1]
+        heads = state["k_proj.weight"].shape[0] // d
+        groups = state["q_proj.weight"].shape[0] // (heads * d)
+        expected = {"k_base": (heads, 1, state["k_base"].shape[2], d), "b": (heads, 1, groups)}
+        for key, shape in expected.items():
+            if tuple(state[key].shape) != shape:
+                raise ValueError(f"Fast KVzip gates {file}: layer {index} {key} {tuple(state[key].shape)}, not {shape}")
+        layers.append({key: state[key] for key in GATE_KEYS})
+    provenance = {"source": source, "path": str(file), "sha256": files_digest(file)}
+    if "kvbench_training" in raw:  # kvbench's own gates say how they were made
+        provenance["training"] = {key: raw["kvbench_training"].get(key) for key in ("by", "command")}
+    return FastKVzipGates(tuple(layers), provenance)
+
+
+@cache
+def resolve_gates(checkpoint: str, name_or_path: str, gate_name: str) -> FastKVzipGates:
+    """The gates ``method.params.checkpoint`` names: a file; ``auto``: the authors' ``<model>/<gate_name>`` in the
+    local Hub cache (kvpress's rule), else kvbench's shipped ``models/fastkvzip/<model>/<gate_name>``."""
+    from huggingface_hub import try_to_load_from_cache
+
+    if checkpoint != "auto":
+        given = Path(checkpoint).expanduser()
+        for candidate in (given, resources.shipped_root() / given):
+            if candidate.is_file():
+                return load_gates(str(candidate), "file")
+        raise ValueError(f"method.params.checkpoint={checkpoint!r}: no such gate file; {GATE_HINT}")
+    basename = str(name_or_path).rstrip("/").split("/")[-1]
+    cached = try_to_load_from_cache(FASTKVZIP_REPO, f"{basename.lower()}/{gate_name}") if basename else None
+    if isinstance(cached, str):
+        return load_gates(cached, "hub-cache")
+    root = resources.shipped_root() / SHIPPED_FASTKVZIP
+    for folder in sorted(root.iterdir()) if root.is_dir() else []:
+        if basename.startswith(folder.name) and (folder / gate_name).is_file():
+            return load_gates(str(folder / gate_name), "shipped")
+    raise ValueError(
+        f"fastkvzip: no gates for model {name_or_path!r} ({FASTKVZIP_REPO} {basename.lower()}/{gate_name} is not in "
+        f"the local Hugging Face cache and kvbench ships none for it); {GATE_HINT}"
+    )

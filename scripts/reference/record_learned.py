@@ -17,7 +17,13 @@ tokens excluded) from ``Generator().manual_seed(5800 + length)``.  Each case run
 (``model.model(input_ids, past_key_values=DynamicCache())`` inside ``with press(model)``); kept positions are
 recovered as ``record_kvpress.py`` does (its ``Tracker``), scores are every ``score()`` call's output.
 
-Output: ``tests/fixtures/reference/learned/KVzapPress_<model>.json`` in ``record_kvpress.py``'s format (format
+``FastKVzipPress`` downloads its gates from ``Jang-Hyun/Fast-KVzip``; here ``post_init_from_model`` builds kvpress's
+own ``FastKVzipGate`` modules from kvbench's shipped gate file (``models/fastkvzip/tiny-niah/q2_dim16_sink16.pt``),
+cast to the model's dtype (kvpress runs the gates' linear maps in the file's dtype, which must be the model's).
+
+Output: ``tests/fixtures/reference/learned/FastKVzipPress_tiny-niah.json`` (``KVzipPress.json``'s schema: per case
+``dtype``, ``input_ids``, ``compression_ratio``, ``settings``, ``checkpoint``, ``kept``, ``scores`` ``[L, H, S]``) and
+``tests/fixtures/reference/learned/KVzapPress_<model>.json`` in ``record_kvpress.py``'s format (format
 version 1: ``cases`` with ``kind: model``, ``dtype``, ``compression_ratio``, ``settings``, ``n_kept``, ``kept``,
 ``score_calls``; ``score_tables``), each case also carrying its ``input_ids`` and ``checkpoint`` (the folder,
 relative to the repository).  Format and notes: ``tests/fixtures/reference/learned/README.md``.
@@ -33,15 +39,23 @@ import sys
 from pathlib import Path
 
 import torch
-from kvpress import KVzapPress
+from kvpress import FastKVzipPress, KVzapPress
+from kvpress.presses.fastkvzip_press import FastKVzipGate
 from kvpress.presses.kvzap_press import KVzapModel
-from transformers import LlamaForCausalLM
+from transformers import DynamicCache, LlamaForCausalLM
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
-from record_kvpress import FORMAT_VERSION, ScoreTables, run_model_prefill, settings_of, versions  # noqa: E402
+from record_kvpress import (  # noqa: E402
+    FORMAT_VERSION,
+    ScoreTables,
+    float32_list,
+    run_model_prefill,
+    settings_of,
+    versions,
+)
 
 from tests.reference_recordings import checksum  # noqa: E402  (torch + safetensors only)
 
@@ -63,6 +77,81 @@ class LocalKVzapPress(KVzapPress):
         if self.kvzap_model_name != self.checkpoint:
             self.kvzap_model_name = self.checkpoint
             self.kvzap_model = KVzapModel.from_pretrained(self.checkpoint)
+
+
+@dataclasses.dataclass
+class LocalFastKVzipPress(FastKVzipPress):
+    """kvpress's FastKVzipPress with its gates built as ``load_fastkvzip`` builds them, from a local gate file (cast
+    to ``gate_dtype`` first: kvpress runs the gates' linear maps in their own dtype, which must be the model's)."""
+
+    checkpoint: str = ""
+    gate_dtype: str = "float32"
+
+    def post_init_from_model(self, model):
+        if self.gates is None:
+            states = torch.load(self.checkpoint, weights_only=True)["module"]
+            states = [{k: v.to(DTYPES[self.gate_dtype]) for k, v in state.items()} for state in states]
+            out_dim = states[0]["q_norm.weight"].shape[-1]
+            heads = states[0]["k_proj.weight"].shape[0] // out_dim
+            groups = states[0]["q_proj.weight"].shape[0] // (heads * out_dim)
+            dtype, hidden = states[0]["q_proj.weight"].dtype, states[0]["q_proj.weight"].shape[1]
+            sink = states[0]["k_base"].shape[2]
+            self.gates = []
+            for index, state in enumerate(states):
+                gate = FastKVzipGate(index, hidden, heads, groups, dtype, out_dim, sink)
+                gate.load_state_dict(state)
+                self.gates.append(gate)
+
+
+def record_fastkvzip(name: str, model_folder: Path, gate_file: Path, lengths, ratios, first: int) -> dict:
+    """FastKVzipPress cases in ``KVzipPress.json``'s schema (kept = complement of the masked indices; ``scores`` =
+    ``score_val`` ``[L, H, S]`` float32)."""
+    cases = []
+    for dtype_name, dtype in DTYPES.items():
+        model = load(model_folder, dtype)
+        heads = model.config.num_key_value_heads
+        for length in lengths:
+            ids = prompt(length, model.config.vocab_size, first)
+            for ratio, layerwise in [(r, False) for r in ratios] + [(ratios[-1], True)]:
+                press = LocalFastKVzipPress(
+                    compression_ratio=ratio, layerwise=layerwise, checkpoint=str(gate_file), gate_dtype=dtype_name
+                )
+                captured = {}
+                original = press.compress_post
+
+                def capture(model, press=press, original=original, captured=captured):
+                    original(model)
+                    captured["scores"] = press.score_val[:, 0].float().clone()
+
+                press.compress_post = capture
+                with torch.no_grad(), press(model):
+                    model.model(input_ids=ids, past_key_values=DynamicCache())
+                kept = []
+                for layer in model.model.layers:
+                    _, head_idx, positions = layer.self_attn.masked_key_indices
+                    mask = torch.ones(heads, length, dtype=torch.bool)
+                    mask[head_idx, positions] = False
+                    kept.append([torch.nonzero(row).flatten().tolist() for row in mask])
+                    layer.self_attn.masked_key_indices = None
+                cases.append(
+                    {
+                        "dtype": dtype_name,
+                        "input_ids": ids[0].tolist(),
+                        "compression_ratio": ratio,
+                        "settings": {k: v for k, v in settings_of(press).items() if k != "checkpoint"},
+                        "checkpoint": str(gate_file.relative_to(ROOT)),
+                        "kept": kept,
+                        "scores": float32_list(captured["scores"]),
+                    }
+                )
+    raw = torch.frombuffer(bytearray(gate_file.read_bytes()), dtype=torch.uint8)
+    return {
+        "press": f"FastKVzipPress_{name}",
+        "note": f"FastKVzipPress with kvbench's shipped CPU-trained gates for {name} (not the authors'); sdpa",
+        "versions": versions(),
+        "inputs_checksums": {str(gate_file.relative_to(ROOT)): checksum(raw)},
+        "cases": cases,
+    }
 
 
 def load(folder: Path, dtype: torch.dtype) -> LlamaForCausalLM:
@@ -142,6 +231,10 @@ def main(argv: list[str] | None = None) -> int:
         path = OUT / f"{payload['press']}.json"
         path.write_text(json.dumps(payload, separators=(",", ":")) + "\n")
         print(f"{path.name}: {len(payload['cases'])} cases", flush=True)
+    gate_file = ROOT / "models" / "fastkvzip" / "tiny-niah" / "q2_dim16_sink16.pt"
+    payload = record_fastkvzip("tiny-niah", ROOT / "models" / "tiny-niah", gate_file, (48, 160), (0.25, 0.5, 0.75), 4)
+    (OUT / f"{payload['press']}.json").write_text(json.dumps(payload, separators=(",", ":")) + "\n")
+    print(f"{payload['press']}.json: {len(payload['cases'])} cases", flush=True)
     return 0
 
 
