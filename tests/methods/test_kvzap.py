@@ -173,23 +173,37 @@ def test_batched_decoding_gives_batch_one_tokens() -> None:
 
 
 def test_lm_eval_bridge_runs_kvzap_with_a_given_checkpoint(tmp_path: Path) -> None:
-    """``--model kvbench --model_args method=kvzap,method.params.checkpoint=<folder>``: each context compressed once at
-    kvpress's budget by the given checkpoint (a seeded one of the bridge's tiny random model)."""
-    pytest.importorskip("lm_eval")
-    from kvbench.lmeval.model import KVBenchLM
-    from kvbench.lmeval.tasks import task_manager
+    """``kvbench.lmeval`` compresses each context (under inference mode) with the checkpoint given as
+    ``method.params.checkpoint`` (a seeded one of the bridge's tiny random model), at kvpress's budget, and scores a
+    continuation on the compressed cache."""
+    from kvbench.lmeval.loglikelihood import compress_context, score_continuation
     from kvbench.models.loading import build_builtin
-    from tests.lmeval.test_lmeval import MODEL, _evaluate, _write_tasks
     from tests.methods.heads_replay import seeded_kvzap
 
-    config = build_builtin(MODEL.split(":", 1)[1], seed=0)[0].config
-    checkpoint = seeded_kvzap(tmp_path, config)
-    manager = task_manager(str(_write_tasks(tmp_path)), include_defaults=False)
-    params = {"method.params.checkpoint": str(checkpoint), "method.params.model_type": "linear"}
-    lm = KVBenchLM(pretrained=MODEL, method="kvzap", budget="0.5cr", question_mode="agnostic", **params)
-    _evaluate(lm, manager, tasks=["kv_mc"])
-    assert lm.records
-    for record in lm.records:
-        cache = record["cache"]
-        assert cache["evicted"] and cache["learned_weights"]["path"] == str(checkpoint)
-        assert cache["requested_per_layer"] == [kvpress_n_kept(cache["context_tokens"], 0.5)] * 4
+    model, _ = build_builtin("tiny-random-llama", seed=0)
+    model.set_attn_implementation("kvbench")
+    checkpoint = seeded_kvzap(tmp_path, model.config)
+    method = kvzap(checkpoint=str(checkpoint), model_type="linear")
+    ids = list(range(5, 95))
+    context = compress_context(model.eval(), ids, method=method, budget=parse_budget("0.5cr"), question_mode="agnostic")
+    record = context.record
+    assert record.evicted and record.learned_weights["path"] == str(checkpoint)
+    assert record.requested_per_layer == [kvpress_n_kept(len(ids) - 1, 0.5)] * 4  # the last id is fed with the rest
+    logprob, _ = score_continuation(model, context, [5, 6, 7])
+    assert torch.isfinite(torch.tensor(logprob))
+
+
+@pytest.mark.parametrize("family", ["kvzap", "fastkvzip"])
+def test_a_chunked_prefill_keeps_what_one_forward_keeps(family: str) -> None:
+    """``run.prefill_chunk``: the session keeps every chunk's hidden states, so the learned scorers see the whole
+    prompt's, as in one forward (the same kept positions per layer and head)."""
+    model, _ = tiny_niah("float32")
+    method = build_method({"name": family, "family": family})
+    ids = torch.randint(4, 503, (150,), generator=torch.Generator().manual_seed(3)).tolist()
+    kept = []
+    for chunk in (0, 32):
+        with torch.no_grad():
+            state = prefill(model, ids, method=method, budget=parse_budget("20L"), prefill_chunk=chunk)
+        kept.append([[p.tolist() for p in layer.positions] for layer in state.cache.headwise_layers])
+        assert state.session.record.evicted
+    assert kept[0] == kept[1]
