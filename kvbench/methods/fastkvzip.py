@@ -62,6 +62,8 @@ class FastKVzip(ScorerMethod, family="fastkvzip", reference="NVIDIA/kvpress kvpr
                     f"method.params.{name}={getattr(self, name)!r}: fastkvzip splits the budget over layers and heads "
                     f"itself; valid: {name}={default}"
                 )
+        if self.checkpoint != "auto":  # a named gate file is read (and checked) before any model is loaded
+            resolve_gates(self.checkpoint, "", "")
         if self.decode_interval or self.keep_window:
             raise ValueError("fastkvzip evicts once after the prefill: decode_interval and keep_window must stay off")
 

@@ -42,6 +42,8 @@ class KVzap(ScorerMethod, family="kvzap", reference="NVIDIA/kvpress kvpress/pres
     checkpoint: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.checkpoint != "auto":  # a named checkpoint is read (and checked) before any model is loaded
+            self.weights("")
         if self.decode_interval:
             raise ValueError(
                 "method.params.decode_interval: kvzap scores tokens from their own hidden states, which kvpress's "

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -34,11 +35,14 @@ import torch
 from torch.nn import functional as F
 
 from kvbench import resources
+from kvbench.errors import KVBenchError
 from kvbench.methods.kept_sets import files_digest
 
 #: Files of a KVzap checkpoint folder (``KVzapModel.save_pretrained``).
 KVZAP_FILES = ("config.json", "model.safetensors")
 MODEL_TYPES = ("linear", "mlp")
+#: A Hugging Face Hub id (``owner/name``), as opposed to a path.
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]*[A-Za-z0-9]")
 #: Where kvbench's own small checkpoints live (under the shipped root): ``<model>/<type>/``.
 SHIPPED_KVZAP = Path("models") / "kvzap"
 TRAIN_HINT = (
@@ -168,7 +172,7 @@ def resolve_kvzap(checkpoint: str, model_type: str, name_or_path: str) -> KVzapW
         for candidate in (given, resources.shipped_root() / given):
             if candidate.is_dir():
                 return load_kvzap(str(candidate), "folder")
-        if checkpoint.count("/") == 1 and not given.exists():
+        if HUB_ID.fullmatch(checkpoint) and not given.exists():
             found = hub_cache_folder(checkpoint)
             if found is not None:
                 return load_kvzap(str(found), "hub-cache")
@@ -184,7 +188,7 @@ def resolve_kvzap(checkpoint: str, model_type: str, name_or_path: str) -> KVzapW
     shipped = shipped_kvzap(basename, model_type)
     if shipped is not None:
         return load_kvzap(str(shipped), "shipped")
-    raise ValueError(
+    raise KVBenchError(  # found out once the model is loaded: a user error all the same, not a bug
         f"kvzap: no {model_type} checkpoint for model {name_or_path!r} (kvpress's {repo_id} is not in the local "
         f"Hugging Face cache and kvbench ships none for it); {TRAIN_HINT}"
     )
@@ -348,7 +352,7 @@ def resolve_gates(checkpoint: str, name_or_path: str, gate_name: str) -> FastKVz
     for folder in sorted(root.iterdir()) if root.is_dir() else []:
         if basename.startswith(folder.name) and (folder / gate_name).is_file():
             return load_gates(str(folder / gate_name), "shipped")
-    raise ValueError(
+    raise KVBenchError(  # found out once the model is loaded: a user error all the same, not a bug
         f"fastkvzip: no gates for model {name_or_path!r} ({FASTKVZIP_REPO} {basename.lower()}/{gate_name} is not in "
         f"the local Hugging Face cache and kvbench ships none for it); {GATE_HINT}"
     )

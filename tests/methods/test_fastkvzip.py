@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from kvbench.budget import parse_budget
+from kvbench.errors import KVBenchError
 from kvbench.methods.base import build_method
 from tests.methods.reference_models import Tally, exact_total, valid_topk
 from tests.methods.test_kvzap import LEARNED, REPO, tiny_niah
@@ -126,7 +127,7 @@ def test_gate_files_are_checked_and_a_missing_one_names_how_to_get_it(tmp_path: 
     torch.save({"module": broken}, tmp_path / "broken.pt")
     with pytest.raises(ValueError, match=r"layer 0 b \(2, 1, 3\), not \(2, 1, 2\)"):
         load_gates.__wrapped__(str(tmp_path / "broken.pt"))
-    with pytest.raises(ValueError, match=r"train_fastkvzip\.py"):
+    with pytest.raises(KVBenchError, match=r"train_fastkvzip\.py"):
         resolve_gates.__wrapped__("auto", "some-org/Unknown-7B", "q4_dim16_sink16.pt")
     with pytest.raises(ValueError, match="allocation"):
         fastkvzip(allocation="ada")

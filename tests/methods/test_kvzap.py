@@ -17,6 +17,7 @@ import torch
 
 import kvbench
 from kvbench.budget import parse_budget
+from kvbench.errors import KVBenchError
 from kvbench.inference.prefill import prefill
 from kvbench.methods.base import build_method
 from kvbench.methods.surrogates import load_kvzap, resolve_kvzap, save_kvzap
@@ -130,7 +131,7 @@ def test_checkpoint_format_round_trips_and_bad_files_are_named(tmp_path: Path) -
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=r"layers.0.0.weight has shape \(8, 16\)"):
         load_kvzap.__wrapped__(str(folder))
-    with pytest.raises(ValueError, match=r"train_kvzap\.py"):
+    with pytest.raises(KVBenchError, match=r"train_kvzap\.py"):
         resolve_kvzap.__wrapped__("auto", "linear", "some-org/UnknownModel-7B")
     with pytest.raises(ValueError, match="model_type"):
         kvzap(model_type="quadratic")
