@@ -32,12 +32,10 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_kvzap import ROOT, collect, load, texts_for
-
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 from kvbench.methods.surrogates import FastKVzipGates, gate_file_name
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_kvzap import collect, load, texts_for
 
 DIM, SINK = 16, 16
 

@@ -44,12 +44,9 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from kvbench.methods.kvzip import FIRST_PROMPT  # noqa: E402
-from kvbench.methods.surrogates import save_kvzap  # noqa: E402
+from kvbench import resources
+from kvbench.methods.kvzip import FIRST_PROMPT
+from kvbench.methods.surrogates import save_kvzap
 
 REPEAT_PROMPT = FIRST_PROMPT  # "\n\nRepeat the previous context exactly."
 
@@ -84,7 +81,7 @@ def texts_for(preset: str, tokenizer, count: int, tokens: int, seed: int) -> lis
         return out
     from pydoc_data.topics import topics  # Python's own documentation text: English, offline, in every install
 
-    essays = [p.read_text(encoding="utf-8") for p in sorted((ROOT / "tasks/needle_grid/essays").glob("*"))]
+    essays = [p.read_text(encoding="utf-8") for p in sorted((resources.tasks_dir() / "needle_grid/essays").glob("*"))]
     words = "\n\n".join(essays + [topics[name] for name in sorted(topics)])
     ids = tokenizer.encode(words, add_special_tokens=False)
     pieces = [ids[start : start + tokens] for start in range(0, len(ids) - tokens, tokens)]
