@@ -16,7 +16,8 @@ for one nor updated in place outside it.  So, per replay pass (the scorer's ``re
    ``Phi``'s gradient at its attention output; the graph is then dropped and the replay's tokens removed.
 
 After the last pass the session evicts every layer at once (``compress_replayed``), as after KVzip's replay.
-Supported on kvbench's default (headwise) cache, on models whose attention modules have ``o_proj``.
+Supported on the torch cache backend (the prefill builds it for such a scorer on every device: the paged backend's
+CUDA kernels have no backward), on models whose attention modules have ``o_proj``.
 """
 
 from __future__ import annotations
@@ -67,7 +68,10 @@ def replay_with_gradients(
     scorer = session.method.scorer
     layers = [session.cache.headwise_layers[idx] for idx in session.compressible]
     if not all(type(layer) is HeadwiseLayer for layer in layers):
-        raise ValueError(f"{session.method.family} replays with gradients on kvbench's default cache backend only")
+        raise ValueError(
+            f"{session.method.family} back-propagates through the cache: it needs the torch cache backend "
+            "(KVBenchCache(backend='torch'), what kvbench's prefill builds for it), not the paged one"
+        )
     decoder = model.get_decoder()
     attention = {int(block.self_attn.layer_idx): block.self_attn for block in decoder.layers}
     captured: dict[Any, torch.Tensor] = {}

@@ -69,16 +69,20 @@ def resolve_prefill_chunk(prefill_chunk: int | None, device: torch.device, promp
 def build_cache(model: PreTrainedModel, method: EvictionMethod) -> KVBenchCache:
     """An empty cache with the method's GQA granularity; the model's sliding-window layers (as transformers reads
     its config, :func:`kvbench.cache.sliding.layer_windows`) are held in sliding layers, or kept evictable when the
-    method says ``compress_sliding`` (:class:`~kvbench.methods.base.EvictionMethod`, off by default)."""
+    method says ``compress_sliding`` (:class:`~kvbench.methods.base.EvictionMethod`, off by default).  A scorer that
+    back-propagates through the cache (``needs_gradient``: KVgrad) gets the torch storage on every device."""
     config = model.config.get_text_config(decoder=True)
     expand = 1
     if method.gqa_granularity == "query_head":
         heads = int(config.num_attention_heads)
         expand = heads // int(getattr(config, "num_key_value_heads", None) or heads)
     windows = layer_windows(config)
+    # A backward pass through the cache (KVgrad) needs the torch storage: the paged one's CUDA kernels have none.
+    backend = "torch" if getattr(method.scorer, "needs_gradient", False) else None
     return KVBenchCache(
-        len(windows), expand_factor=expand, sliding_windows=windows, compress_sliding=method.compress_sliding
-    )
+        len(windows), expand_factor=expand, sliding_windows=windows, compress_sliding=method.compress_sliding,
+        backend=backend,
+    )  # fmt: skip
 
 
 def forward_logits(

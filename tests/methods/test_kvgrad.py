@@ -120,3 +120,23 @@ def test_models_with_sliding_window_layers_and_a_users_generate_are_refused_by_n
     sliding = AutoModelForCausalLM.from_config(CONFIGS["gemma2"](), attn_implementation="kvbench").eval()
     with pytest.raises(ValueError, match="sliding-window layers"), torch.no_grad():
         prefill(sliding, PROMPT, method=kvgrad(), budget=parse_budget("8L"), tokenizer=tokenizer("tokenizer"))
+
+
+def test_the_backward_runs_on_the_torch_cache_backend_whatever_the_default(monkeypatch) -> None:
+    """On CUDA the default backend is paged, whose kernels have no backward: KVgrad's prefill builds the torch one
+    (also under ``KVBENCH_CACHE_BACKEND=paged``); a paged cache handed in is refused by name."""
+    import pytest
+
+    from kvbench.budget import parse_budget
+    from kvbench.cache.kv_cache import HeadwiseLayer, KVBenchCache
+    from kvbench.inference.prefill import prefill
+
+    monkeypatch.setenv("KVBENCH_CACHE_BACKEND", "paged")
+    model = tiny_llama("float32", recording("kvzip/KVgradPress")["model_config"])
+    ids = list(range(1, 70))
+    with torch.inference_mode():
+        state = prefill(model, ids, method=kvgrad(), budget=parse_budget("8L"), tokenizer=tokenizer("tokenizer"))
+    assert all(type(layer) is HeadwiseLayer for layer in state.cache.headwise_layers) and state.session.record.evicted
+    with pytest.raises(ValueError, match="torch cache backend"), torch.inference_mode():
+        prefill(model, ids, method=kvgrad(), budget=parse_budget("8L"), tokenizer=tokenizer("tokenizer"),
+                cache=KVBenchCache(2, backend="paged"))  # fmt: skip
