@@ -14,7 +14,7 @@ one backward pass per chunk (outside inference mode) and masks the lowest scores
 
 With ``--smollm2`` (the folder kvbench's model cache holds after ``model=smollm2-135m-instruct`` ran once: weights,
 tokenizer and chat template) also ``KVgradPress_SmolLM2-135M-Instruct.json``: 96 seeded ids
-(``Generator().manual_seed(5996)``), ratio 0.5, chunk sizes 512 and 40, float32 and bfloat16.
+(``Generator().manual_seed(5996)``), ratio 0.5, KVgrad's default chunk (one replay), float32 and bfloat16.
 
 Output ``tests/fixtures/reference/kvzip/KVgradPress.json`` in ``KVzipPress.json``'s schema: per case (dtype,
 tokenizer, prompt ids, ratio, settings) the kept positions per layer and KV head (the complement of
@@ -85,7 +85,7 @@ def record(out: Path) -> list[dict]:
 
 
 #: SmolLM2 cases (``--smollm2``): (length, ratio, settings); ids from ``Generator().manual_seed(5900 + length)``.
-SMOLLM2_CASES = [(96, 0.5, {}), (96, 0.5, {"chunk_size": 40})]
+SMOLLM2_CASES = [(96, 0.5, {})]  # one backward per case: the tiny model's cases cover several chunks
 
 
 def record_smollm2(folder: Path) -> list[dict]:
