@@ -110,6 +110,11 @@ def test_auto_finds_the_shipped_checkpoint_and_the_row_says_it_is_not_nvidias() 
     assert weights["source"] == "shipped" and weights["path"].endswith("models/kvzap/tiny-niah/mlp")
     assert "NOT NVIDIA" in weights["training"]["by"] and len(weights["sha256"]) == 16
     assert state.session.record.evicted
+    from kvbench.run.records import learned_weights_summary
+
+    rows = [{"cache": {"learned_weights": weights}}, {"cache": {"learned_weights": dict(weights)}}, {"cache": {}}]
+    assert learned_weights_summary(rows) == {"learned_weights": [weights]}  # metrics.json: each checkpoint once
+    assert learned_weights_summary([{"cache": {"learned_weights": None}}]) == {}
 
 
 def test_checkpoint_format_round_trips_and_bad_files_are_named(tmp_path: Path) -> None:
