@@ -25,6 +25,7 @@ Nothing here imports torch before the config checks pass; transformers is import
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import traceback
@@ -104,15 +105,26 @@ def main() -> None:
     from kvbench.overrides import prepare_overrides
 
     # Any budget spec (budget=80L, budget=0.3x, budget=512) and a number given to any group, as Hydra composes them.
-    sys.argv[1:] = prepare_overrides(sys.argv[1:])
     continue_on_error = CONTINUE_FLAG in sys.argv[1:]
     sys.argv[1:] = [arg for arg in sys.argv[1:] if arg != CONTINUE_FLAG]  # kvbench's flag, not Hydra's
+    sys.argv[1:] = flags_first(sys.argv[1:])
     with reporting_errors():
+        sys.argv[1:] = prepare_overrides(sys.argv[1:])  # a method= naming a broken plug-in: one error line, exit 2
         check_sweep(sys.argv[1:], continue_on_error)
     with reporting_hydra_errors(sys.argv[1:]):
         hydra_app(continue_on_error)()
     if FAILED_JOBS:
         report_failed_jobs()
+
+
+#: Hydra's flags that take no value: accepted anywhere on the command line (Hydra's argparse wants them before the
+#: overrides, and names a later one "unrecognized arguments").
+VALUELESS_FLAGS = ("-m", "--multirun")
+
+
+def flags_first(args: Sequence[str]) -> list[str]:
+    """``args`` with :data:`VALUELESS_FLAGS` moved before the overrides (``budget=64L -m`` = ``-m budget=64L``)."""
+    return [arg for arg in args if arg in VALUELESS_FLAGS] + [arg for arg in args if arg not in VALUELESS_FLAGS]
 
 
 #: ``kvbench -m --continue-on-error ...``: a failed job is recorded and the sweep goes on (:func:`run_sweep_job`).
@@ -223,7 +235,7 @@ def demo_overrides(overrides: Sequence[str]) -> bool:
 def run_job(cfg: DictConfig, demo: bool = False, overrides: Sequence[str] = ()) -> None:
     """Run one configuration as ``run.py`` does; exits with status 2 on a user error.  ``demo``: the embedded
     default's comparison, its variants composed with ``overrides`` too."""
-    with reporting_errors():
+    with reporting_errors(), forgetting_refused_job_logs():
         validated = validate_run(cfg)  # the method family's parameters before the runner imports transformers
         if demo:
             from kvbench.demo import run_demo
@@ -233,6 +245,38 @@ def run_job(cfg: DictConfig, demo: bool = False, overrides: Sequence[str] = ()) 
             from kvbench.run.runner import Runner
 
             Runner(cfg, validated=validated).run()
+
+
+@contextmanager
+def forgetting_refused_job_logs() -> Iterator[None]:
+    """A job refused with a user error before it claimed any run folder leaves no trace under ``results/``: Hydra's
+    ``.hydra`` snapshots and log of it are removed again (:func:`kvbench.storage.paths.forget_hydra_job_output`).
+    Outside a Hydra app (the API) there is nothing to remove."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from kvbench.storage.folder import CLAIMED_FOLDERS
+    from kvbench.storage.paths import forget_hydra_job_output
+
+    if not HydraConfig.initialized():
+        yield
+        return
+    hydra = HydraConfig.get()
+    output_dir = Path(hydra.runtime.output_dir)
+    log_name = f"{hydra.job.name}.log"
+    log = output_dir / log_name
+    log_size = log.stat().st_size if log.exists() else None
+    claims = len(CLAIMED_FOLDERS)
+    try:
+        yield
+    except KVBenchError:
+        if len(CLAIMED_FOLDERS) == claims:
+            for handler in list(logging.getLogger().handlers):  # Hydra's file handler of this job's log
+                if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename) == log.resolve():
+                    logging.getLogger().removeHandler(handler)
+                    handler.close()
+            first_of_sweep = str(hydra.mode) == "RunMode.MULTIRUN" and int(hydra.job.get("num", 0) or 0) == 0
+            forget_hydra_job_output(output_dir, log_name, log_size, Path(hydra.sweep.dir) if first_of_sweep else None)
+        raise
 
 
 @contextmanager

@@ -188,6 +188,11 @@ class RunConfig:
     #: Where generated RULER/NeedleBench samples are stored and reused across method x budget runs: "auto"
     #: (``<output_root>/../samples``, i.e. results/samples), a folder, or null (regenerate in every run).
     sample_cache: Optional[str] = "auto"
+    #: A resume whose data, method files or method source changed since the folder's rows were computed (issue #55):
+    #: "refuse" (the default: nothing changed, the message names what changed), "recompute" (those datasets' files
+    #: are set aside as <file>.stale-<time> and computed again) or "keep" (the rows stay, recorded in run_meta.json
+    #: ``stale_rows`` and flagged by every view).  Not part of the config hash.
+    changed_inputs: str = "refuse"
 
 
 @dataclass
@@ -288,6 +293,10 @@ def budget_choice(value: str) -> str | None:
         if (preset.kind, preset.value) == (budget.kind, budget.value):
             return name
     return _budget_name(budget)
+
+
+#: ``run.changed_inputs``'s choices (:func:`kvbench.run.resume.check_inputs_unchanged`).
+CHANGED_INPUTS = ("refuse", "recompute", "keep")
 
 
 def _budget_name(budget: Budget) -> str:

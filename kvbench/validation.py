@@ -34,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from kvbench.budget import BudgetError, budget_label, parse_budget
 from kvbench.checks import check_choice, check_decode_batch, check_min
 from kvbench.config import (
+    CHANGED_INPUTS,
     DTYPE_NAMES,
     QUESTION_MODES,
     WANDB_MODES,
@@ -79,6 +80,7 @@ def check_config(cfg: DictConfig) -> None:
             "tokens per forward of the compressed prefill; 0 = one forward, null = automatic",
         )
     check_decode_batch(cfg.run.decode_batch, error=KVBenchError)
+    _check_choice("run.changed_inputs", cfg.run.changed_inputs, CHANGED_INPUTS)
 
 
 def label_budget(cfg: DictConfig) -> None:

@@ -253,15 +253,34 @@ MethodBuilder = Callable[[Any], EvictionMethod]
 
 
 def _discover_methods() -> None:
-    """Import kvbench's method modules, then the installed packages' methods (:mod:`kvbench.methods.plugins`)."""
+    """Import kvbench's method modules (the installed packages' methods are imported one at a time, when asked for:
+    :func:`_load_plugin_method`); an entry point named like one of them is reported once, never loaded."""
     submodule_importer("kvbench.methods")()
-    from kvbench.methods.plugins import load_plugins
+    from kvbench.methods.plugins import report_clashes
 
-    load_plugins()
+    report_clashes(METHOD_FAMILIES.names())  # the built-ins discovered so far: this discovery is running
+
+
+def _load_plugin_method(family: str) -> None:
+    """Import the installed package declaring method ``family`` (entry-point group ``kvbench.methods``), if any:
+    :func:`kvbench.methods.plugins.load_plugin` (a broken one raises its ``PluginError``, for that method only)."""
+    from kvbench.methods.plugins import load_plugin
+
+    load_plugin(family)
 
 
 #: Method builders by ``method.family``.
-METHOD_FAMILIES: Registry[MethodBuilder] = Registry("method family", discover=_discover_methods)
+METHOD_FAMILIES: Registry[MethodBuilder] = Registry(
+    "method family", discover=_discover_methods, load_missing=_load_plugin_method
+)
+
+
+def load_plugin_methods() -> dict[str, str]:
+    """Import every installed package's methods but those named like one of kvbench's own (``kvbench list
+    methods``); the broken ones: family -> why."""
+    from kvbench.methods.plugins import load_plugins
+
+    return load_plugins(METHOD_FAMILIES.names())
 
 
 def register_method(family: str) -> Callable[[MethodBuilder], MethodBuilder]:

@@ -39,7 +39,7 @@ results writer (:mod:`kvbench.run.records`), SIGTERM handling
 (:mod:`kvbench.storage.termination`), provenance (:mod:`kvbench.storage.provenance`), the score table
 (:mod:`kvbench.run.table`), the sample cache and W&B; grouped datasets' generation (:mod:`kvbench.run.groups`).
 
-Size: just over 500 lines: the order of work above stays in one class, so it reads top to bottom.
+Size: over 500 lines (about 535): the order of work above stays in one class, so it reads top to bottom.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ from kvbench.models.loading import (
     stop_token_ids,
 )
 from kvbench.prompting import encode_sample
+from kvbench.run.fingerprints import Inputs, dataset_inputs, row_stamp, rows_record
 from kvbench.run.generation import decode_batch_for, decode_path_settings, generate_dataset
 from kvbench.run.groups import extent, first_extent, generate_groups
 from kvbench.run.job import DatasetJob
@@ -80,8 +81,16 @@ from kvbench.run.records import (
     warn_if_not_as_asked,
     write_metrics,
 )
-from kvbench.run.resume import check_existing_run, check_resumable, lost_predictions, trusted_metrics
+from kvbench.run.resume import (
+    check_existing_run,
+    check_inputs_unchanged,
+    check_resumable,
+    lost_predictions,
+    metrics_disagree,
+    trusted_metrics,
+)
 from kvbench.run.run_meta import write_run_files
+from kvbench.run.scoring import score_rows
 from kvbench.run.summary import SUMMARY_FILE, DatasetScores, build_summary, interval_of, sample_scores
 from kvbench.run.table import format_table
 from kvbench.storage.folder import claim_run_folder
@@ -185,7 +194,7 @@ class Runner:
         if loaded is None and check_device_map(cfg.model.get("device_map")) is None:
             resolve_device(str(cfg.model.device))
         self.cfg_hash = config_hash(cfg)
-        self.folder = run_folder(cfg)
+        self.folder = run_folder(cfg, self.cfg_hash, announce=True)
         #: The run's ``summary.json`` payload, once :meth:`run` completed.
         self.summary: dict[str, Any] = {}
         #: Paged-attention fallbacks (reason -> calls) of the datasets run so far (``run_meta.json``).
@@ -194,6 +203,8 @@ class Runner:
         self.resolved_decode_batch: int | None = None
         #: Per dataset generated in this process, how its samples decoded (``run_meta.json`` ``decode_paths``).
         self.decode_paths: dict[str, dict[str, str | None]] = {}
+        #: Per dataset, what its rows are computed from (:mod:`kvbench.run.fingerprints`), once the data loaded.
+        self.inputs: dict[str, Inputs] = {}
 
     def run(self) -> list[DatasetResult]:
         """Execute the run; returns one result per dataset."""
@@ -201,24 +212,29 @@ class Runner:
         if cfg.run.threads:
             torch.set_num_threads(int(cfg.run.threads))
         torch.manual_seed(int(cfg.seed))
-        check_existing_run(self.folder, self.cfg_hash, cfg, note_replacement=False)
-        tokenizer = self.loaded.tokenizer if self.loaded else load_tokenizer(cfg.model)
-        data = self.load_data(tokenizer)  # every sample checked before the weights load
-        # The folder is claimed before the weights load: an identical run started meanwhile is refused at once.
-        with claim_run_folder(self.folder):
-            # Checked again under the lock: another job may have started this folder since the first check.
-            check_existing_run(self.folder, self.cfg_hash, cfg)
-            loaded = self.loaded or load_model(cfg.model, seed=int(cfg.seed), tokenizer=tokenizer)
-            meta = write_run_files(self.folder, self.cfg, self.cfg_hash)
-            logger = _wandb_logger(cfg)
-            results: list[DatasetResult] = []
-            status = "failed"
-            with graceful_termination():
+        # SIGTERM at any point (data, model load, generation) ends as Interrupted: one message, exit 143.
+        with graceful_termination():
+            check_existing_run(self.folder, self.cfg_hash, cfg, note_replacement=False)
+            tokenizer = self.loaded.tokenizer if self.loaded else load_tokenizer(cfg.model)
+            data = self.load_data(tokenizer)  # every sample checked before the weights load
+            # The folder is claimed before the weights load: an identical run started meanwhile is refused at once.
+            with claim_run_folder(self.folder, config=self.cfg_hash):
+                # Checked again under the lock: another job may have started this folder since the first check.
+                check_existing_run(self.folder, self.cfg_hash, cfg)
+                self.inputs = {d.name: dataset_inputs(cfg, self.method, d.provenance()) for d, _ in data}
+                checked = {d.name: self.inputs[d.name] for d, _ in data if not d.evaluates_itself}  # lm-eval: own rows
+                on_change = str(cfg.run.get("changed_inputs", "refuse"))
+                stale = check_inputs_unchanged(self.folder, checked, self.cfg_hash, on_change)
+                loaded = self.loaded or load_model(cfg.model, seed=int(cfg.seed), tokenizer=tokenizer)
+                meta = write_run_files(self.folder, self.cfg, self.cfg_hash, self.inputs, stale)
+                logger = _wandb_logger(cfg)
+                results: list[DatasetResult] = []
+                status = "failed"
                 try:
                     for dataset, samples in data:
                         results.append(self._run_dataset(loaded, dataset, samples))
                     status = "complete"
-                except Interrupted:
+                except (Interrupted, KeyboardInterrupt):  # SIGTERM, or SIGINT (Ctrl-C): the same command resumes
                     status = "interrupted"
                     if logger is not None:
                         logger.abort(exit_code=143)
@@ -316,6 +332,8 @@ class Runner:
             rows = {row["id"]: row for row in PredictionLog(predictions).load()}
             if lost_predictions(predictions, rows, samples, existing["n_samples"]):
                 return None  # rows gone since metrics.json was written: regenerate them
+            if metrics_disagree(metrics_path, existing, [rows[s.id] for s in samples], dataset, samples):
+                return None  # rewritten from the rows (scored again, nothing regenerated)
             return self._dataset_result(dataset, samples, [rows.get(s.id) for s in samples], existing, True)
         if len(samples) < int(existing.get("n_samples", 0)):
             return self._report_on_first(dataset, samples, existing)
@@ -361,6 +379,7 @@ class Runner:
 
         def write(sample: Sample, encoded: Any, output: Any) -> None:
             row = _prediction_row(sample, dataset, output, encoded)
+            row.update(row_stamp(self.cfg_hash, self.inputs[dataset.name]))
             warn_if_above_full(output.record, self.cfg)
             warn_if_not_as_asked(row["cache"], self.cfg)
             with TERMINATION.critical():
@@ -381,7 +400,7 @@ class Runner:
         cfg, rows = self.cfg, generated.rows
         attention = ATTENTION_RECORD.summary()
         self.attention_fallbacks.update(attention["fallbacks"])
-        scores = dataset.score([r["prediction"] for r in rows], samples)
+        scores, scoring_errors = score_rows(dataset, rows, samples, self.folder / dataset.name)
         metrics = metrics_record(
             cfg,
             self.cfg_hash,
@@ -399,6 +418,8 @@ class Runner:
             ),
             timing=generated.timing,
             attention=attention,
+            scoring_errors=scoring_errors,
+            **rows_record(self.inputs[dataset.name], rows, scores["score"]),
         )
         label = f"{cfg.model.name} {cfg.method.name} {cfg.budget.name} {dataset.name}"
         predictions = [r["prediction"] for r in rows]

@@ -164,7 +164,7 @@ def classify(job: Job, cfg: Any) -> None:
     )
 
     cfg_hash = config_hash(cfg)
-    folder = run_folder(cfg)
+    folder = run_folder(cfg, cfg_hash)
     job.folder = folder
     job.details["config_hash"] = cfg_hash
     meta_path = folder / RUN_META_FILE
@@ -212,6 +212,7 @@ def plan(
 ) -> list[Job]:
     """Every job of the sweep, classified (see the module docstring).  ``check_environment``: also check each
     job's environment (model, data, results folder), as a local ``-m`` sweep about to run them does."""
+    from kvbench.storage.paths import variant_folder
     from kvbench.validation import validate, validate_run
 
     def check(cfg: Any) -> None:
@@ -223,7 +224,7 @@ def plan(
         prefix.append(f"run.experiment={name or 'adhoc'}")
     jobs = [Job(prefix + combo) for combo in expand_grid(params, overrides, conf_dir)]
     composer = Composer(conf_dir)
-    seen: dict[Path, int] = {}
+    seen: dict[Path, tuple[int, str]] = {}
     try:
         for index, job in enumerate(jobs):
             try:
@@ -234,11 +235,16 @@ def plan(
                 continue
             classify(job, cfg)
             if job.folder is not None and job.state != "invalid":
+                cfg_hash = job.details["config_hash"]
+                if job.folder in seen and seen[job.folder][1] != cfg_hash:
+                    # Another job of this sweep runs another config in that folder: this one gets its own, as the
+                    # runner decides when the two start side by side (kvbench.storage.paths.resolve_variant).
+                    job.folder, job.state = variant_folder(job.folder, cfg_hash), "new"
                 if job.folder in seen:
                     job.state = "invalid"
-                    job.reason = f"same run folder as job {seen[job.folder]} ({job.folder}); use run.tag to separate"
+                    job.reason = f"the same run as job {seen[job.folder][0]} ({job.folder}): drop one of the two"
                 else:
-                    seen[job.folder] = index
+                    seen[job.folder] = (index, cfg_hash)
     finally:
         composer.close()
     return jobs
