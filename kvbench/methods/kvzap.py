@@ -13,9 +13,9 @@ Weights: ``checkpoint`` (``auto``: kvpress's ``nvidia/KVzap-<type>-<model>`` fro
 kvbench's small CPU-trained checkpoint for the model; or a folder / a cached Hub id).  Every prediction row records
 the checkpoint that scored it (``cache.learned_weights``).
 
-KVzap is designed for kvpress's ``DMSPress`` (a score threshold, prefill and decoding): that wrapper is the
-threshold budget form of issue #58 (another branch); :meth:`KVzap.score_hidden` scores any tokens from their hidden
-states for it.  kvpress's ``DecodingPress`` cannot run KVzap (it scores a buffer of hidden states against the whole
+KVzap is designed for kvpress's ``DMSPress`` (a score threshold instead of a budget, prefill and decoding), which
+this method does not include; :meth:`KVzap.score_hidden` scores any tokens from their hidden states for such a wrapper.
+kvpress's ``DecodingPress`` cannot run KVzap (it scores a buffer of hidden states against the whole
 cache), so ``decode_interval`` is refused.  Parity: ``tests/methods/test_kvzap.py``.
 """
 
