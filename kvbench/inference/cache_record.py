@@ -59,6 +59,10 @@ class CacheRecord:
     #: (recomputed from the layers' input, as kvpress), ``unrotated`` (the stored states un-rotated: no hidden states
     #: for that layer), ``mixed``; ``None`` for a scorer that reads none.
     prerope_states: str | None = None
+    #: The learned weights that scored the prompt (KVzap's checkpoint: ``source`` -- ``hub-cache``, ``folder`` or
+    #: ``shipped``, kvbench's small CPU-trained ones --, ``path``, ``sha256``, and a shipped one's ``training``);
+    #: ``None`` for a scorer without learned weights.
+    learned_weights: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -194,6 +194,7 @@ class EvictionSession(SessionPasses):
         self.question_tokens = 0
         #: Per layer, ``[H, S]`` scores from the replay forwards (KVzip), in the model dtype.
         self._replay_scores: dict[int, torch.Tensor] = {}
+        self._replay_attention: dict[int, torch.Tensor] = {}  # KVgrad: [H, G, q, c] per layer, until the backward
         self._replay_span = (0, 0)
         self._replay_prefix: int | None = None
         self.replayed = False
@@ -277,7 +278,7 @@ class EvictionSession(SessionPasses):
         """Called before a compressible layer's attention with its input ``hidden_states`` ``[1, q, hidden]``
         (pre-RoPE states; kept until the layer is compressed)."""
         layer_idx = int(module.layer_idx)
-        if self.phase != "compress" or layer_idx not in self._rank or not self.compresses or self.replays:
+        if self.phase != "compress" or layer_idx not in self._rank or not self.compresses:
             return
         rows = self._rows.setdefault(layer_idx, PrefillRows())
         rows.hidden_states.append(hidden_states[0].detach())
@@ -324,8 +325,8 @@ class EvictionSession(SessionPasses):
             self._requested[layer_idx] = (context, [context] * layer.num_heads)
             return
         assert self.method.scorer is not None
-        if self.replays:
-            return  # scored by the replay forwards after the prefill, then compressed (compress_replayed)
+        if self.replays:  # scored by the replay forwards (or the hidden states) after the prefill, then compressed
+            return self._score_hidden_states(layer_idx, context)
         rows = self._rows.setdefault(layer_idx, PrefillRows())
         needs = self.method.scorer.prompt_rows(query.dtype)
         pruner, policy = self.method.key_channel_pruner, self.method.decode_policy
@@ -348,7 +349,7 @@ class EvictionSession(SessionPasses):
         rank, num_compressible = self._rank[layer_idx], len(self.compressible)
         self._model_dtype = queries.dtype
         needs = self.method.scorer.prompt_rows(queries.dtype) if self.method.scorer is not None else PromptRows()
-        prerope = rows.prerope(self.cache.expand_factor) if needs.prerope else None
+        prerope = rows.prerope(self.cache.expand_factor) if needs.keeps_hidden_states else None
         if needs.prerope:
             source = "unrotated" if prerope is None else prerope.source
             previous = self.record.prerope_states
@@ -384,6 +385,8 @@ class EvictionSession(SessionPasses):
             observation.compression_ratio = self.budget.kvpress_ratio(context, observation.layer_budget)
         assert self.method.scorer is not None
         raw = self.method.scorer.score(observation)
+        if needs.hidden_states and prerope is not None and hasattr(self.method.scorer, "learned_weights"):
+            self.record.learned_weights = self.method.scorer.learned_weights(prerope.module)  # KVzap's checkpoint
         # [H_stored, S]: one row per stored head; [H_q, S] (per query head) is reduced by method.gqa_agg.
         if tuple(raw.shape) not in ((num_heads, context), (queries.shape[0], context)):
             raise ValueError(

@@ -110,11 +110,13 @@ def attention_modules(model: PreTrainedModel) -> dict[int, torch.nn.Module]:
 
 def capture_hidden_states(model: PreTrainedModel, session: EvictionSession) -> None:
     """Register the pre-hooks of the module docstring when ``session`` compresses with a scorer that reads pre-RoPE
-    states (its handles go to ``session.hooks``; :meth:`EvictionSession.release_hooks` removes them)."""
+    states or the hidden states themselves (its handles go to ``session.hooks``;
+    :meth:`EvictionSession.release_hooks` removes them)."""
     scorer = session.method.scorer
-    if scorer is None or not session.compresses or session.replays:
+    if scorer is None or not session.compresses:
         return
-    if not scorer.prompt_rows(model.dtype).prerope:
+    needs = scorer.prompt_rows(model.dtype)
+    if not needs.keeps_hidden_states or (session.replays and not needs.hidden_states):
         return
 
     def before_attention(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:

@@ -73,7 +73,8 @@ def build_cache(model: PreTrainedModel, method: EvictionMethod, kv_quant: Any = 
     its config, :func:`kvbench.cache.sliding.layer_windows`) are held in sliding layers, or kept evictable when the
     method says ``compress_sliding`` (:class:`~kvbench.methods.base.EvictionMethod`, off by default).  ``kv_quant``
     (a ``kv_quant`` config node or :class:`~kvbench.config.KVQuantConfig`; ``None`` or scheme ``none``: unquantized)
-    makes the evictable layers store quantized KV (:mod:`kvbench.cache.quantized`)."""
+    makes the evictable layers store quantized KV (:mod:`kvbench.cache.quantized`).  A scorer that back-propagates
+    through the cache (``needs_gradient``: KVgrad) gets the torch storage on every device."""
     spec = quantized_storage(kv_quant, method)
     config = model.config.get_text_config(decoder=True)
     expand = 1
@@ -85,9 +86,12 @@ def build_cache(model: PreTrainedModel, method: EvictionMethod, kv_quant: Any = 
         return QuantizedKVBenchCache(
             len(windows), spec, expand_factor=expand, sliding_windows=windows, compress_sliding=method.compress_sliding
         )
+    # A backward pass through the cache (KVgrad) needs the torch storage: the paged one's CUDA kernels have none.
+    backend = "torch" if getattr(method.scorer, "needs_gradient", False) else None
     return KVBenchCache(
-        len(windows), expand_factor=expand, sliding_windows=windows, compress_sliding=method.compress_sliding
-    )
+        len(windows), expand_factor=expand, sliding_windows=windows, compress_sliding=method.compress_sliding,
+        backend=backend,
+    )  # fmt: skip
 
 
 def quantized_storage(kv_quant: Any, method: EvictionMethod) -> KVQuantConfig | None:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from kvbench.inference.eviction import EvictionSession
+from kvbench.inference.gradient_replay import replay_with_gradients
 
 
 def replay_context(
@@ -33,7 +34,7 @@ def replay_context(
     scorer replays the context, or when it already did).  ``forward`` is the prefill's forward wrapper."""
     if not session.replays or session.replayed:
         return
-    if tokenizer is None:
+    if tokenizer is None and getattr(session.method.scorer, "replay_needs_tokenizer", True):
         raise ValueError(
             f"{session.method.family} scores the context by reconstructing it (a repeat prompt): it needs the "
             "tokenizer, which this caller did not give the prefill"
@@ -43,10 +44,13 @@ def replay_context(
     scorer = session.method.scorer
     passes = scorer.replay_passes(list(prompt_ids), tokenizer)  # type: ignore[union-attr]
     context = len(prompt_ids)
-    for replay_ids, start, end in passes:
-        session.begin_replay(start, end)
-        forward(model, replay_ids, context, session.cache, session, device)
-        session.end_replay()
+    if getattr(scorer, "needs_gradient", False):  # KVgrad: a backward per pass, outside inference mode
+        replay_with_gradients(model, session, passes, context, device)
+    else:
+        for replay_ids, start, end in passes:
+            session.begin_replay(start, end)
+            forward(model, replay_ids, context, session.cache, session, device)
+            session.end_replay()
     session.compress_replayed()
     session.replayed = True
     session.record.extra_forwards = len(passes)

@@ -11,7 +11,8 @@ scorer's ``rerotated(keys, positions, rotary)`` to positions ``0 .. n-1`` and st
 Replay: ``begin_replay(start, end)`` -> one forward of the replay tokens on top of the prompt, during which every
 layer hands its queries to the scorer's ``replay_scores`` (scores of the prompt tokens ``start .. end-1``) ->
 ``end_replay`` removes the replay tokens; after the last pass ``compress_replayed`` evicts every layer at once from
-the scorer's ``select``.
+the scorer's ``select``.  A scorer that ``needs_gradient`` (KVgrad) has its ``replay_attention`` kept per layer
+instead, and :mod:`kvbench.inference.gradient_replay` writes the scores after the pass's backward.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ class SessionPasses:
     rerotated_from: dict[int, torch.Tensor]
     _rank: dict[int, int]
     _replay_scores: dict[int, torch.Tensor]
+    _replay_attention: dict[int, torch.Tensor]
+    _rows: dict[int, Any]
     _replay_span: tuple[int, int]
     _replay_prefix: int | None
     _requested: dict[int, tuple[int, list[int]]]
@@ -91,15 +94,36 @@ class SessionPasses:
         if layer_idx not in self._rank:
             raise ValueError(f"{self.method.family} does not support sliding-window layers")
         keys, _ = layer.dense_kv()  # [H, S + q, D]: the prompt, then the replay
+        start, end = self._replay_span
+        scorer = self.method.scorer
+        if getattr(scorer, "needs_gradient", False):  # KVgrad: scored after the backward (gradient_replay)
+            with torch.no_grad():
+                self._replay_attention[layer_idx] = scorer.replay_attention(query.detach(), keys.detach(), start, end)
+            self._note_bytes(prefill=True)
+            return
         scores = self._replay_scores.get(layer_idx)
         if scores is None:
             dtype = getattr(self.method.scorer, "replay_score_dtype", None) or keys.dtype  # KVCompose: float32
             scores = torch.zeros(layer.num_heads, self.context_length, dtype=dtype, device=keys.device)
             self._replay_scores[layer_idx] = scores
-        start, end = self._replay_span
-        scorer = self.method.scorer
         scores[:, start:end] = scorer.replay_scores(query, keys, start, end)  # type: ignore[union-attr]
         self._note_bytes(prefill=True)
+
+    def _score_hidden_states(self, layer_idx: int, context: int) -> None:
+        """A replaying scorer that scores the prompt from the layers' hidden states (Fast KVzip): once the layer's
+        last prefill chunk is stored, its ``hidden_scores`` become the layer's replay scores."""
+        scorer = self.method.scorer
+        if not hasattr(scorer, "hidden_scores") or context < self.context_length:
+            return
+        rows = self._rows.pop(layer_idx, None)
+        states = None if rows is None else rows.prerope(1)
+        if states is None:
+            raise ValueError(
+                f"{self.method.family} scores the layers' hidden states: it needs a model whose attention modules "
+                "kvbench can hook (q_proj/k_proj or qkv_proj), run through kvbench's prefill"
+            )
+        self._replay_scores[layer_idx] = scorer.hidden_scores(states.hidden_states, states.module)
+        self.record.learned_weights = scorer.learned_weights(states.module)
 
     def end_replay(self) -> None:
         """Remove the replayed tokens from every layer: the cache holds the prompt again."""

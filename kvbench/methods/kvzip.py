@@ -116,10 +116,16 @@ class KVzip(ScorerMethod, family="kvzip", reference="NVIDIA/kvpress kvpress/pres
         return passes
 
     def replay_scores(self, queries: torch.Tensor, keys: torch.Tensor, start: int, end: int) -> torch.Tensor:
-        """``[H, end - start]`` scores of the replayed span at one layer, in the model dtype.
+        """``[H, end - start]`` scores of the replayed span at one layer, in the model dtype: the largest replay
+        attention (:meth:`replay_attention`) over the replay's queries and the KV head's query heads."""
+        return self.replay_attention(queries, keys, start, end).amax(dim=(-3, -2))
+
+    def replay_attention(self, queries: torch.Tensor, keys: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        """``[H, G, q, end - start]`` probabilities of each replayed query over the replayed span, in the model dtype.
 
         ``queries``: ``[H_q, q, D]`` post-RoPE queries of the replay; ``keys``: ``[H, S + q, D]`` the prompt's
-        keys, then the replay's.
+        keys, then the replay's.  The softmax runs over the first ``min(n_sink, start)`` keys, the span's and the
+        replay's own (causal among the replay).
         """
         heads_q, replay, dim = queries.shape
         heads = keys.shape[0]
@@ -132,7 +138,7 @@ class KVzip(ScorerMethod, family="kvzip", reference="NVIDIA/kvpress kvpress/pres
         causal.masked_fill_(rows < (rows + 1).view(replay, 1), 0)
         logits[..., -replay:, -replay:] += causal
         probs = F.softmax(logits, dim=-1)
-        return probs[..., sink : sink + end - start].amax(dim=(-3, -2))[0]
+        return probs[0, ..., sink : sink + end - start]
 
     def select(
         self,
@@ -151,18 +157,28 @@ class KVzip(ScorerMethod, family="kvzip", reference="NVIDIA/kvpress kvpress/pres
         (``<c>cr``: kvpress's ``H S - int(H S c)``; ``None``: ``kept // L``).
         """
         stacked = torch.stack(scores)  # [L, H, S]
-        layers, heads, length = stacked.shape
         protected = max(self.n_sink, prefix) if self.keep_prefix else self.n_sink
         stacked[..., :protected] = stacked.amax() + 1.0
-        if per_layer is not None or self.layerwise:
-            count = per_layer if per_layer is not None else layer_kept if layer_kept is not None else kept // layers
-            counts = [min(count, heads * length)] * layers
-        else:
-            order = torch.argsort(stacked.reshape(-1).float(), descending=True, stable=True)[:kept]
-            counts = torch.bincount(order // (heads * length), minlength=layers).tolist()
-        kept_per_layer = []
-        for layer, count in enumerate(counts):
-            order = torch.argsort(stacked[layer].reshape(-1).float(), descending=True, stable=True)[: int(count)]
-            head_of, token_of = order // length, order % length
-            kept_per_layer.append([torch.sort(token_of[head_of == head]).values for head in range(heads)])
-        return kept_per_layer
+        return top_scores(stacked, kept, per_layer, self.layerwise, layer_kept)
+
+
+def top_scores(
+    stacked: torch.Tensor, kept: int, per_layer: int | None, layerwise: bool, layer_kept: int | None = None
+) -> list[list[torch.Tensor]]:
+    """KVzip's selection (kvpress's ``compress_post``): per layer, per head, the sorted indices of the top ``kept``
+    of ``stacked`` ``[L, H, S]`` over every layer and head -- each layer then keeping the top of its own heads
+    together --, or the top ``kept // L`` (``per_layer``, when given; ``layer_kept``: kvpress's own count of a layer
+    under ``<c>cr``) of each layer (``layerwise``)."""
+    layers, heads, length = stacked.shape
+    if per_layer is not None or layerwise:
+        count = per_layer if per_layer is not None else layer_kept if layer_kept is not None else kept // layers
+        counts = [min(count, heads * length)] * layers
+    else:
+        order = torch.argsort(stacked.reshape(-1).float(), descending=True, stable=True)[:kept]
+        counts = torch.bincount(order // (heads * length), minlength=layers).tolist()
+    kept_per_layer = []
+    for layer, count in enumerate(counts):
+        order = torch.argsort(stacked[layer].reshape(-1).float(), descending=True, stable=True)[: int(count)]
+        head_of, token_of = order // length, order % length
+        kept_per_layer.append([torch.sort(token_of[head_of == head]).values for head in range(heads)])
+    return kept_per_layer

@@ -188,6 +188,10 @@ class PromptRows:
         x hidden)`` per layer across the chunks of a chunked prefill; nothing extra in one forward) and they are
         recomputed from them; without hidden states they are un-rotated from the stored keys and, for queries, from
         every prompt query, which the session then keeps as if ``queries`` were asked.
+    hidden_states:
+        The layer's input hidden states themselves (a learned scorer's input: KVzap), in
+        :attr:`WindowObservation.prerope` (``hidden_states`` and ``module`` of its
+        :class:`~kvbench.inference.hidden_states.ProjectedStates`); kept as for the pre-RoPE states.
     """
 
     column_sums: bool = False
@@ -196,8 +200,14 @@ class PromptRows:
     query_rows: Callable[[int], int] | None = None
     prerope_keys: bool = False
     prerope_queries: bool = False
+    hidden_states: bool = False
 
     @property
     def prerope(self) -> bool:
-        """Whether the scorer reads pre-RoPE states (so the session keeps the layer's hidden states)."""
+        """Whether the scorer reads pre-RoPE states."""
         return self.prerope_keys or self.prerope_queries
+
+    @property
+    def keeps_hidden_states(self) -> bool:
+        """Whether the session keeps the layer's input hidden states (pre-RoPE states or the states themselves)."""
+        return self.prerope or self.hidden_states

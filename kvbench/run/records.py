@@ -8,6 +8,7 @@ Both evaluation loops use it: kvbench's own (:class:`kvbench.run.runner.Runner`)
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Callable, Mapping
@@ -72,7 +73,20 @@ def cache_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         # Every head kept what the method allocated it (Ada-KV's per-head rounding may drift from the layer budget).
         "allocation_exact": all(r["cache"]["requested_per_head"] == r["cache"]["achieved_per_head"] for r in rows),
         "samples_evicted": sum(1 for r in rows if r["cache"]["evicted"]),
+        # The learned weights that scored the samples (KVzap's, Fast KVzip's; kvbench's own CPU-trained checkpoints
+        # say so in their "training"), each distinct one once; omitted for methods without any.
+        **learned_weights_summary(rows),
     }
+
+
+def learned_weights_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """``{"learned_weights": [distinct records]}`` of the rows' ``cache.learned_weights``, or ``{}`` when none."""
+    distinct: dict[str, Any] = {}
+    for row in rows:
+        weights = row["cache"].get("learned_weights")
+        if weights is not None:
+            distinct.setdefault(json.dumps(weights, sort_keys=True), weights)
+    return {"learned_weights": list(distinct.values())} if distinct else {}
 
 
 _WARNED: set[tuple[str, str]] = set()

@@ -32,7 +32,10 @@ Layout (one *run* = one model x task x method x budget)::
                                   "rerotated" (Finch: kept keys re-rotated to 0..n-1), "next_position": int | null
                                   (where the tokens after the prompt went, when re-rotated),
                                   "prerope_states": "hidden_states" | "unrotated" | "mixed" | null (where a
-                                  scorer's pre-RoPE keys/queries came from; null: it reads none)},
+                                  scorer's pre-RoPE keys/queries came from; null: it reads none),
+                                  "learned_weights": {"source", "path", "sha256", "training"?} | null (the
+                                  checkpoint a learned scorer read: KVzap, Fast KVzip; "training" marks kvbench's
+                                  own CPU-trained ones)},
      "stop_reason": str, "question_lost": bool,
      "scoring_error": str (only on a row whose scorer raised: it scored 0; :mod:`kvbench.run.scoring`),
      "config_hash": str, "inputs": str (digest of the data, method files and method source the row was computed
@@ -53,7 +56,8 @@ Layout (one *run* = one model x task x method x budget)::
      the prefill, peaks over samples of each sample's peak; docs/results.md), "mean_stored_vs_full": float | null,
      "budget_exact": bool (every layer kept its requested budget), "allocation_exact": bool (every head kept what
      the method allocated it; Ada-KV's reference rounds heads on their own, so its layers may drift by a few
-     tokens), "samples_evicted": int},
+     tokens), "samples_evicted": int, "learned_weights": [{...}] (only for learned scorers: each distinct
+     checkpoint of the rows)},
      "settings": {...method/budget knobs that matter, incl. the preset's reference...},
      "timing": {"n": int, "prefill_s_mean": float, "decode_s_mean": float, "total_s": float},
      "attention": {"calls": {path: int}, "fallbacks": {reason: int}} (paged-cache attention paths that ran and

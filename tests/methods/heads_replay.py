@@ -70,7 +70,19 @@ def kept_by_kvbench(
 
 
 #: The families that read a per-model head file, and the ``method.params`` key naming it.
-HEAD_FILE_PARAMS = {"duo_attention": "pattern", "headkv": "head_scores"}
+HEAD_FILE_PARAMS = {"duo_attention": "pattern", "headkv": "head_scores", "kvzap": "checkpoint"}
+
+
+def seeded_kvzap(folder: Path, model_config: Any) -> Path:
+    """A seeded linear KVzap checkpoint (published format) of ``model_config``'s shape, written under ``folder``."""
+    from kvbench.methods.surrogates import save_kvzap
+
+    text = getattr(model_config, "text_config", None) or model_config
+    hidden, heads, layers = text.hidden_size, text.num_key_value_heads, text.num_hidden_layers
+    generator = torch.Generator().manual_seed(45)
+    modules = [(torch.randn(heads, hidden, generator=generator), torch.randn(heads, generator=generator))
+               for _ in range(layers)]  # fmt: skip
+    return save_kvzap(folder / f"kvzap_{layers}x{hidden}x{heads}", modules, hidden, heads, None)
 
 
 #: Families whose knob holds one number per compressible layer (a mismatched length is an error, by design).
@@ -93,6 +105,11 @@ def fitted_to_model(method_cfg: Any, model_config: Any, folder: Path) -> Any:
     layers = sum(window is None for window in layer_windows(model_config))
     if layers == 0:  # nothing is compressed: the shipped file is never read
         return method_cfg
+    if family == "kvzap":  # a seeded linear surrogate with a module per model layer (sliding ones included)
+        target = seeded_kvzap(folder, model_config)
+        fitted = OmegaConf.create(OmegaConf.to_container(method_cfg))
+        fitted.params.checkpoint, fitted.params.model_type = str(target), "linear"
+        return fitted
     if family in MODEL_SHAPED_PARAMS:  # one number per compressible layer (per_layer's ratios), seeded
         fitted = OmegaConf.create(OmegaConf.to_container(method_cfg))
         ratios = torch.rand(layers, generator=torch.Generator().manual_seed(45)) * 0.9

@@ -1,0 +1,133 @@
+"""Fast KVzip against NVIDIA/kvpress 0.5.5's ``FastKVzipPress`` with the same gates: kvbench's shipped CPU-trained
+gates for the embedded tiny model, built into kvpress's own ``FastKVzipGate`` modules by
+``scripts/reference/record_learned.py`` (``tests/fixtures/reference/learned/FastKVzipPress_tiny-niah.json``; the
+bfloat16 cases with the gates cast to bfloat16, as kvpress needs).  Scores bit for bit; every layer and head keeps
+kvpress's positions or another valid top-k of kvpress's scores where they tie (the sinks and the window all score 1)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvbench.budget import parse_budget
+from kvbench.errors import KVBenchError
+from kvbench.methods.base import build_method
+from tests.methods.reference_models import Tally, exact_total, valid_topk
+from tests.methods.test_kvzap import LEARNED, REPO, tiny_niah
+
+
+def fastkvzip(**params):
+    return build_method({"name": "fastkvzip", "family": "fastkvzip", "params": params})
+
+
+def gate_file(case: dict, folder: Path) -> str:
+    """The recorded gate file, or (bfloat16 cases) the same gates cast to bfloat16 as the recorder fed kvpress."""
+    shipped = REPO / case["checkpoint"]
+    if case["dtype"] == "float32":
+        return str(shipped)
+    target = folder / "q2_dim16_sink16.bf16.pt"
+    if not target.exists():
+        states = torch.load(shipped, weights_only=True)["module"]
+        torch.save({"module": [{k: v.to(torch.bfloat16) for k, v in s.items()} for s in states]}, target)
+    return str(target)
+
+
+def test_fastkvzip_scores_and_keeps_kvpress_tokens_with_the_same_gates(monkeypatch, tmp_path: Path) -> None:
+    from kvbench.inference.prefill import prefill
+    from kvbench.methods.fastkvzip import FastKVzip
+
+    seen: list[torch.Tensor] = []
+    select = FastKVzip.select
+
+    def recording_select(self, scores, *args, **kwargs):
+        seen.append(torch.stack(scores).float().clone())
+        return select(self, scores, *args, **kwargs)
+
+    monkeypatch.setattr(FastKVzip, "select", recording_select)
+    data = json.loads((LEARNED / "FastKVzipPress_tiny-niah.json").read_text())
+    assert data["versions"]["kvpress"] == "0.5.5"
+    tally, worst = Tally(), 0.0
+    for case in data["cases"]:
+        model, _ = tiny_niah(case["dtype"])
+        settings = case["settings"]
+        params = {key: settings[key] for key in ("n_sink", "layerwise", "window_size", "window_ratio")}
+        method = fastkvzip(checkpoint=gate_file(case, tmp_path), **params)
+        kept_total = sum(len(head) for layer in case["kept"] for head in layer)
+        heads = len(case["kept"][0])
+        assert kept_total % heads == 0
+        with torch.inference_mode():
+            state = prefill(model, case["input_ids"], method=method, budget=exact_total(kept_total // heads))
+        scores = torch.tensor(case["scores"])  # [L, H, S]
+        worst = max(worst, float((seen[-1] - scores).abs().max()))
+        ours = torch.zeros(scores.shape, dtype=torch.bool)
+        for layer, cache_layer in enumerate(state.cache.headwise_layers):
+            for head, positions in enumerate(cache_layer.positions):
+                ours[layer, head, positions.long()] = True
+        theirs = torch.zeros_like(ours)
+        for layer, per_head in enumerate(case["kept"]):
+            for head, positions in enumerate(per_head):
+                theirs[layer, head, positions] = True
+        tally.cases += 1
+        scope = list(zip(scores.unbind(0), ours.unbind(0), strict=True)) if params["layerwise"] else [(scores, ours)]
+        for layer in range(scores.shape[0]):
+            for head in range(scores.shape[1]):
+                if torch.equal(ours[layer, head], theirs[layer, head]):
+                    tally.same += 1
+                elif int(ours.sum()) == int(theirs.sum()) and all(valid_topk(s, m) for s, m in scope):
+                    tally.tied += 1
+                else:
+                    tally.differ += 1
+        record = state.session.record
+        assert record.extra_forwards == 0 and record.evicted and record.learned_weights["source"] == "file"
+    print("fastkvzip parity:", tally.summary(), "max |score error|", worst)
+    assert tally.cases == 16 and {c["dtype"] for c in data["cases"]} == {"float32", "bfloat16"}
+    assert tally.differ == 0 and worst == 0.0, (tally.summary(), worst)
+    assert tally.same >= 80, tally.summary()  # 16 cases x 3 layers x 2 heads = 96 selections
+
+
+def test_batched_decoding_and_the_lm_eval_bridge() -> None:
+    """``run.decode_batch`` gives batch 1's tokens and records (the shipped gates); ``kvbench.lmeval`` compresses a
+    context under inference mode with them."""
+    from kvbench.inference.batched_decode import generate_batched
+    from kvbench.inference.generate import generate
+    from kvbench.lmeval.loglikelihood import compress_context
+    from tests.inference.test_batch_decode import _requests
+
+    model, tokenizer = tiny_niah("float32")
+    method, budget = fastkvzip(), parse_budget("0.5cr")
+    requests = _requests(model.config.vocab_size, 3, stops={7})
+    alone = [
+        generate(model, tokenizer, r.context_ids, r.question_ids, method=method, budget=budget, question_mode="aware",
+                 max_new_tokens=r.max_new_tokens, stop_token_ids=r.stop_token_ids)
+        for r in requests
+    ]  # fmt: skip
+    batched = dict(
+        generate_batched(
+            model, tokenizer, requests, method=method, budget=budget, question_mode="aware", decode_batch=3
+        )
+    )
+    for index, expected in enumerate(alone):
+        got = batched[index]
+        assert (got.token_ids, got.text, got.stop_reason) == (expected.token_ids, expected.text, expected.stop_reason)
+        assert got.record.to_json() == expected.record.to_json()
+        assert expected.record.evicted and expected.record.learned_weights["source"] == "shipped"
+    context = compress_context(model, list(range(4, 120)), method=method, budget=parse_budget("16L"),
+                               question_mode="agnostic", tokenizer=None)  # fmt: skip
+    assert context.record.evicted and context.record.extra_forwards == 0
+
+
+def test_gate_files_are_checked_and_a_missing_one_names_how_to_get_it(tmp_path: Path) -> None:
+    from kvbench.methods.surrogates import load_gates, resolve_gates
+
+    states = torch.load(REPO / "models/fastkvzip/tiny-niah/q2_dim16_sink16.pt", weights_only=True)["module"]
+    broken = [dict(states[0], b=torch.zeros(2, 1, 3))]
+    torch.save({"module": broken}, tmp_path / "broken.pt")
+    with pytest.raises(ValueError, match=r"layer 0 b \(2, 1, 3\), not \(2, 1, 2\)"):
+        load_gates.__wrapped__(str(tmp_path / "broken.pt"))
+    with pytest.raises(KVBenchError, match=r"train_fastkvzip\.py"):
+        resolve_gates.__wrapped__("auto", "some-org/Unknown-7B", "q4_dim16_sink16.pt")
+    with pytest.raises(ValueError, match="allocation"):
+        fastkvzip(allocation="ada")
