@@ -20,8 +20,10 @@ from kvbench.cache.base import RaggedKV
 #: The largest additive bottom-right causal mask built so far, per ``(dtype, device)``: every smaller one is a view of
 #: its bottom-right corner, so long CPU prefills (chunks of the same shapes, prompt after prompt) build it once.
 #: At most one mask per key, covering the largest chunk asked for; the keys grow geometrically, so it may hold up to
-#: twice the longest key length seen (<= 1 GiB at the automatic CPU chunk sizes of a 128K prompt in float32).
-_ADDITIVE_MASKS: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+#: twice the longest key length seen (<= 1 GiB at the automatic CPU chunk sizes of a 128K prompt in float32).  A mask
+#: made under ``torch.inference_mode()`` (generation) is kept apart from one made outside it: an inference tensor
+#: cannot take part in a backward pass (KVgrad's gradient replay attends outside inference mode).
+_ADDITIVE_MASKS: dict[tuple[torch.dtype, torch.device, bool], torch.Tensor] = {}
 
 
 def bottom_right_causal_mask(
@@ -37,7 +39,7 @@ def bottom_right_causal_mask(
         raise ValueError(f"cache holds {key_length} tokens, fewer than the {query_length} new queries")
     if dtype == torch.bool:
         return torch.ones(query_length, key_length, dtype=torch.bool, device=device).tril_(key_length - query_length)
-    key = (dtype, torch.device(device))
+    key = (dtype, torch.device(device), torch.is_inference_mode_enabled())
     cached = _ADDITIVE_MASKS.get(key)
     if cached is None or cached.shape[0] < query_length or cached.shape[1] < key_length:
         # Any bottom-right corner of a larger bottom-right mask is the smaller mask, so grow to cover both the old

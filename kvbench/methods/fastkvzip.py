@@ -100,7 +100,13 @@ class FastKVzip(ScorerMethod, family="fastkvzip", reference="NVIDIA/kvpress kvpr
         raise NotImplementedError("fastkvzip scores the prompt from the layers' hidden states during the prefill")
 
     def select(
-        self, scores: list[torch.Tensor], kept: int, per_layer: int | None, prefix: int = 0
+        self,
+        scores: list[torch.Tensor],
+        kept: int,
+        per_layer: int | None,
+        prefix: int = 0,
+        layer_kept: int | None = None,
     ) -> list[list[torch.Tensor]]:
-        """Per layer, per head, the kept token indices (sorted): KVzip's selection on the gate scores as they are."""
-        return top_scores(torch.stack(scores), kept, per_layer, self.layerwise)
+        """Per layer, per head, the kept token indices (sorted): KVzip's selection on the gate scores as they are
+        (``layer_kept``: kvpress's count of a layer under ``<c>cr`` with ``layerwise``)."""
+        return top_scores(torch.stack(scores), kept, per_layer, self.layerwise, layer_kept)
