@@ -31,6 +31,7 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -138,6 +139,8 @@ def check_sweep(args: Sequence[str], continue_on_error: bool) -> None:
 
     jobs = multirun_jobs(args)
     bad = [(index, job) for index, job in enumerate(jobs) if job.state == "invalid"]
+    if not any(item.split("=", 1)[0].lstrip("+") == "hydra/launcher" for item in args):  # jobs run in this process
+        plan_sharing([job.cfg for job in jobs if job.state != "invalid" and job.cfg is not None])
     if not bad:
         return
     lines = [f"  job {index} ({' '.join(job.overrides)}): {job.reason}" for index, job in bad]
@@ -152,6 +155,21 @@ def check_sweep(args: Sequence[str], continue_on_error: bool) -> None:
     )
     print("\n".join(lines), file=sys.stderr, flush=True)
     sys.exit(USER_ERROR_EXIT)
+
+
+#: A local sweep's shared-prefill groups (issue #56; :class:`kvbench.run.shared_sweep.SweepSharing`), planned by
+#: :func:`check_sweep` before the first job runs; ``None`` outside a sweep.
+SHARING: Any = None
+
+
+def plan_sharing(cfgs: Sequence[DictConfig]) -> None:
+    """Group a local sweep's jobs that share a prefill (:data:`SHARING`) and list the groups."""
+    global SHARING
+    from kvbench.run.shared_sweep import SweepSharing
+
+    SHARING = SweepSharing.plan(cfgs)
+    for line in SHARING.listing():
+        print(line, file=sys.stderr, flush=True)
 
 
 def run_sweep_job(job: Callable[[], None]) -> None:
@@ -229,10 +247,13 @@ def run_job(cfg: DictConfig, demo: bool = False, overrides: Sequence[str] = ()) 
             from kvbench.demo import run_demo
 
             run_demo(cfg, overrides)
-        else:
+        elif SHARING is None or not SHARING.run_job(cfg):  # a sweep's group runs its jobs together
             from kvbench.run.runner import Runner
 
-            Runner(cfg, validated=validated).run()
+            runner = Runner(cfg, validated=validated)
+            reason = SHARING.reason(cfg) if SHARING is not None else None
+            runner.prefill_sharing = {"shared": False, "reason": reason or "run alone"}
+            runner.run()
 
 
 @contextmanager

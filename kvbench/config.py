@@ -188,6 +188,11 @@ class RunConfig:
     #: Where generated RULER/NeedleBench samples are stored and reused across method x budget runs: "auto"
     #: (``<output_root>/../samples``, i.e. results/samples), a folder, or null (regenerate in every run).
     sample_cache: Optional[str] = "auto"
+    #: Jobs of a sweep that differ only in method and budget share each sample's prefill forward (issue #56;
+    #: docs/performance.md): the same predictions, one prefill per sample.  false: every job prefills alone.
+    share_prefill: bool = True
+    #: Most jobs per shared-prefill group (null: every shareable job of the sweep); bounds the caches held at once.
+    prefill_group_size: Optional[int] = None
 
 
 @dataclass

@@ -160,8 +160,8 @@ def shared_prefill(
     the question appended in agnostic mode, its session ready for ``begin_decode``.
 
     ``question_mode``, ``prefill_chunk``, ``tokenizer`` and ``scoring_impl`` are those of
-    :func:`~kvbench.inference.prefill.prefill`, the same for every job; each job's ``started`` is the shared
-    forward's start (its prefill seconds include the shared forward).
+    :func:`~kvbench.inference.prefill.prefill`, the same for every job; each job's prefill seconds (from its
+    ``started``) are its share of the shared forward (the forward's seconds over the jobs) and its own finishing.
     """
     check_shareable(jobs)
     compressed, appended = split_question(list(context_ids), list(question_ids), question_mode)
@@ -192,9 +192,11 @@ def shared_prefill(
         raise
     del driver, fan_out
     assert logits is not None
+    share = (time.perf_counter() - started) / len(jobs)
     states = []
     for (cache, session, _), random in zip(opened, randoms, strict=True):
         position, job_logits = len(compressed), logits
+        started = time.perf_counter() - share  # the job's prefill seconds: its share of the forward, then its own
         with random.active():
             if appended:
                 position, job_logits = feed_question(model, session, compressed, appended, tokenizer)

@@ -56,6 +56,8 @@ class Job:
     reason: str | None = None
     folder: Path | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    #: The composed config (valid jobs), as ``run.py`` gets it.
+    cfg: Any = field(default=None, repr=False)
 
     @property
     def line(self) -> str:
@@ -209,9 +211,12 @@ def plan(
     name: str | None = None,
     conf_dir: Path = CONF_DIR,
     check_environment: bool = False,
+    name_experiment: bool = True,
 ) -> list[Job]:
     """Every job of the sweep, classified (see the module docstring).  ``check_environment``: also check each
-    job's environment (model, data, results folder), as a local ``-m`` sweep about to run them does."""
+    job's environment (model, data, results folder), as a local ``-m`` sweep about to run them does;
+    ``name_experiment``: without an experiment, set ``run.experiment`` to ``name`` (a manifest's jobs), else leave
+    it as ``run.py -m`` does."""
     from kvbench.validation import validate, validate_run
 
     def check(cfg: Any) -> None:
@@ -219,7 +224,8 @@ def plan(
 
     params = experiment_params(experiment, conf_dir) if experiment else {}
     prefix = [f"+experiment={experiment}"] if experiment else []
-    if not experiment and not any(o.split("=", 1)[0].lstrip("+") == "run.experiment" for o in overrides):
+    named = any(o.split("=", 1)[0].lstrip("+") == "run.experiment" for o in overrides)
+    if not experiment and not named and name_experiment:
         prefix.append(f"run.experiment={name or 'adhoc'}")
     jobs = [Job(prefix + combo) for combo in expand_grid(params, overrides, conf_dir)]
     composer = Composer(conf_dir)
@@ -229,6 +235,7 @@ def plan(
             try:
                 cfg = composer.compose(job.overrides)
                 check(cfg)
+                job.cfg = cfg
             except Exception as err:  # composition/validation errors are reported per job, never fatal
                 job.state, job.reason = "invalid", _short_reason(err)
                 continue
@@ -260,7 +267,8 @@ def multirun_jobs(command_line: Sequence[str], conf_dir: Path = CONF_DIR) -> lis
             overrides.append(item)
     # A cluster launcher runs the jobs elsewhere: their environment (model, data) is checked there, as slurm_sweep.py.
     remote = any(item.split("=", 1)[0].lstrip("+") == "hydra/launcher" for item in command_line)
-    return plan(experiment, overrides, name="multirun", conf_dir=conf_dir, check_environment=not remote)
+    return plan(experiment, overrides, name="multirun", conf_dir=conf_dir, check_environment=not remote,
+                name_experiment=False)  # fmt: skip
 
 
 def pending(jobs: Sequence[Job]) -> list[Job]:
