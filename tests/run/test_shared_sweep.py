@@ -6,6 +6,7 @@ resumes only the missing (job, sample) pairs; what splits groups is declared; sh
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -83,20 +84,18 @@ def test_each_job_of_the_shared_sweep_equals_the_job_run_alone(sweeps) -> None:
 
 
 def test_a_killed_shared_sweep_resumes_only_the_missing_job_sample_pairs(sweeps, tmp_path, monkeypatch) -> None:
-    shared_root, _, cfgs = sweeps
+    _, _, cfgs = sweeps
     root = tmp_path / "runs"
     group = cfgs[:4]  # snapkv and h2o, 64L and 128L: one group
     folders = [Path(str(cfg.run.output_root)) for cfg in group]
     assert len(set(folders)) == 1
-    import shutil
-
     shutil.copytree(folders[0], root)
     group = [OmegaConf.merge(cfg, {"run": {"output_root": str(root)}}) for cfg in group]
     dataset = Path("niah_single_2k")
     rows = {}
     # As a kill leaves them: job 0 lost its last row and its metrics, job 2 its whole dataset, jobs 1 and 3 finished.
     for index, cut in ((0, 2), (2, 0)):
-        folder = root / Path(*Path(Runner(group[index]).folder).relative_to(root).parts) / dataset
+        folder = Runner(group[index]).folder / dataset
         lines = (folder / PREDICTIONS_FILE).read_text().splitlines(keepends=True)
         rows[index] = "".join(lines)
         (folder / PREDICTIONS_FILE).write_text("".join(lines[:cut]))
@@ -133,3 +132,30 @@ def test_what_splits_groups_is_declared_and_sharing_is_not_part_of_the_run(sweep
         config_hash(cfg)
     )
     assert group_jobs(["a", "b", None, "a", "a", "b"], size=2) == [[0, 3], [1, 5], [2], [4]]
+
+
+def test_the_slurm_manifest_puts_a_group_in_one_array_task_and_runs_it_shared(sweeps, tmp_path) -> None:
+    """``scripts/slurm_sweep.py``'s manifest: one line per group of jobs sharing a prefill (``::`` between them, at
+    most ``--group-size`` per line), listed by the dry run; the line runs the group in one process, each job's
+    predictions equal to the job alone."""
+    from kvbench.run import sweep
+
+    _, alone_root, _ = sweeps
+    root = tmp_path / "runs"
+    overrides = [item for item in SWEEP if item != "-m"] + [f"run.output_root={root}"]
+    jobs = sweep.plan(None, overrides, name="shared")
+    tasks = sweep.manifest_tasks(jobs, size=3)
+    assert [len(task) for task in tasks] == [3, 1, 3, 1]  # snapkv+h2o (4 jobs) and tova+cake (4), 3 per task
+    assert [len(task) for task in sweep.manifest_tasks(jobs, share=False)] == [1] * 8
+    listing = sweep.task_listing(tasks)
+    assert listing.startswith("task 0 (3 jobs, one shared prefill per sample):") and "task 1 (1 job):" in listing
+    manifest = sweep.write_manifest(tmp_path / "manifest.txt", sweep.manifest_text(jobs, tasks))
+    line = sweep.manifest_line(manifest, 2)
+    assert len(sweep.split_jobs(line)) == 3
+    sweep.exec_line(line)  # tova 64L, tova 128L, cake 64L: run here, together
+    for job in tasks[2]:
+        relative = job.folder.relative_to(root)
+        predictions = relative / "niah_single_2k" / PREDICTIONS_FILE
+        assert (root / predictions).read_bytes() == (alone_root / predictions).read_bytes()
+        meta = json.loads((root / relative / RUN_META_FILE).read_text())
+        assert meta["prefill_sharing"]["jobs"] == 3
