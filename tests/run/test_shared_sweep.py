@@ -159,3 +159,29 @@ def test_the_slurm_manifest_puts_a_group_in_one_array_task_and_runs_it_shared(sw
         assert (root / predictions).read_bytes() == (alone_root / predictions).read_bytes()
         meta = json.loads((root / relative / RUN_META_FILE).read_text())
         assert meta["prefill_sharing"]["jobs"] == 3
+
+
+def test_the_kvpress_leaderboard_on_a_small_grid_runs_shared_with_the_predictions_of_its_unshared_run(
+    tmp_path,
+) -> None:
+    """``+experiment=kvpress_leaderboard``'s 13 presses at one compression ratio, on the tiny model, two RULER tasks
+    at 512 tokens, two samples each, 8-token answers (question-agnostic, kvpress's data generation and template options): one shared
+    group, each job's predictions those of its run alone."""
+    from kvbench.run import sweep
+
+    grid = ["model=tiny", "task.length=512", "task.datasets=[niah_single_1,niah_multikey_1]", "task.num_samples=2",
+            "task.options.max_new_tokens=8", "budget=cr0.5", "run.progress=false", "run.print_table=false"]  # fmt: skip
+    shared_jobs = sweep.plan("kvpress_leaderboard", [*grid, f"run.output_root={tmp_path / 'shared'}"])
+    assert len(shared_jobs) == 13 and all(job.state == "new" for job in shared_jobs)
+    sharing = SweepSharing.plan([job.cfg for job in shared_jobs])
+    assert len({id(group) for group in sharing.groups.values()}) == 1 and len(sharing.groups) == 13
+    for job in shared_jobs:
+        assert sharing.run_job(job.cfg)
+    alone_overrides = [*grid, f"run.output_root={tmp_path / 'alone'}", "run.share_prefill=false"]
+    for job in sweep.plan("kvpress_leaderboard", alone_overrides):
+        Runner(job.cfg).run()
+    shared, alone = _files(tmp_path / "shared"), _files(tmp_path / "alone")
+    predictions = [name for name in shared if name.endswith(PREDICTIONS_FILE)]
+    assert len(predictions) == 26
+    for name in predictions:
+        assert shared[name].read_bytes() == alone[name].read_bytes(), name
