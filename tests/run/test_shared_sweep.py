@@ -165,8 +165,8 @@ def test_the_kvpress_leaderboard_on_a_small_grid_runs_shared_with_the_prediction
     tmp_path,
 ) -> None:
     """``+experiment=kvpress_leaderboard``'s 13 presses at one compression ratio, on the tiny model, two RULER tasks
-    at 512 tokens, two samples each, 8-token answers (question-agnostic, kvpress's data generation and template options): one shared
-    group, each job's predictions those of its run alone."""
+    at 512 tokens, two samples each, 8-token answers (question-agnostic, kvpress's data generation and template
+    options): one shared group, each job's predictions those of its run alone."""
     from kvbench.run import sweep
 
     grid = ["model=tiny", "task.length=512", "task.datasets=[niah_single_1,niah_multikey_1]", "task.num_samples=2",
