@@ -141,6 +141,13 @@ def check_sweep(args: Sequence[str], continue_on_error: bool) -> None:
     bad = [(index, job) for index, job in enumerate(jobs) if job.state == "invalid"]
     if not any(item.split("=", 1)[0].lstrip("+") == "hydra/launcher" for item in args):  # jobs run in this process
         plan_sharing([job.cfg for job in jobs if job.state != "invalid" and job.cfg is not None])
+    elif not bad:  # a cluster launcher: one launcher job per shared-prefill group (kvbench/run/shared_tasks.py)
+        from kvbench.run.shared_tasks import grouped_command_line
+
+        grouped = grouped_command_line(args, jobs)
+        if grouped is not None:
+            print(f"{len(jobs)} jobs in shared-prefill tasks: {grouped[-2]}", file=sys.stderr, flush=True)
+            sys.argv[1:] = grouped
     if not bad:
         return
     lines = [f"  job {index} ({' '.join(job.overrides)}): {job.reason}" for index, job in bad]
@@ -242,6 +249,11 @@ def run_job(cfg: DictConfig, demo: bool = False, overrides: Sequence[str] = ()) 
     """Run one configuration as ``run.py`` does; exits with status 2 on a user error.  ``demo``: the embedded
     default's comparison, its variants composed with ``overrides`` too."""
     with reporting_errors():
+        if cfg.run.get("shared_tasks"):  # a cluster launcher's job: a line of shared-prefill tasks (check_sweep)
+            from kvbench.run.shared_tasks import run_manifest_task
+
+            run_manifest_task(str(cfg.run.shared_tasks), int(cfg.run.shared_task))
+            return
         validated = validate_run(cfg)  # the method family's parameters before the runner imports transformers
         if demo:
             from kvbench.demo import run_demo
