@@ -10,7 +10,8 @@ validated every job) writes the sweep's tasks as a manifest (:func:`kvbench.run.
 ``run.shared_tasks=<manifest> run.shared_task=0,1,...`` with the command's Hydra settings and its overrides that no
 job sweeps kept.  Each launcher job then runs its line (:func:`run_manifest_task`): its jobs composed as ``run.py``
 composes them (inside the Hydra job, through Hydra's compose API), then :func:`kvbench.run.shared_sweep.run_group`
-for several jobs, the runner for one.  ``run.prefill_group_size`` caps a line's jobs (a task's time limit holds all of them).
+for several jobs, the runner for one.  ``run.prefill_group_size`` caps a line's jobs (a task's time limit holds all
+of them).
 """
 
 from __future__ import annotations
