@@ -185,3 +185,26 @@ def test_the_kvpress_leaderboard_on_a_small_grid_runs_shared_with_the_prediction
     assert len(predictions) == 26
     for name in predictions:
         assert shared[name].read_bytes() == alone[name].read_bytes(), name
+
+
+def test_a_cluster_launcher_sweep_becomes_one_launcher_job_per_group(tmp_path, monkeypatch) -> None:
+    """``-m ... hydra/launcher=slurm``: the sweep handed to the launcher is one over the lines of a manifest of its
+    shared-prefill tasks (the Hydra settings and the overrides no job sweeps kept); each line holds a group."""
+    from kvbench.run import sweep
+    from kvbench.run.shared_tasks import grouped_command_line
+
+    monkeypatch.chdir(tmp_path)
+    args = ["-m", "hydra/launcher=slurm", "method=snapkv,h2o,tova", "budget=64L,128L", "task.num_samples=1",
+            f"run.output_root={tmp_path / 'runs'}"]  # fmt: skip
+    jobs = multirun_jobs(args)
+    line = grouped_command_line(args, jobs)
+    assert line is not None
+    assert line[:4] == ["-m", "hydra/launcher=slurm", "task.num_samples=1", f"run.output_root={tmp_path / 'runs'}"]
+    assert line[5:] == ["run.shared_task=0,1", "hydra.sweep.subdir=task_${hydra.job.num}"]
+    manifest = Path(line[4].split("=", 1)[1].strip("'"))
+    assert manifest.is_relative_to(tmp_path / "logs" / "sweeps" / "multirun")
+    tasks = [sweep.split_jobs(sweep.manifest_line(manifest, index)) for index in range(2)]
+    methods = [[job[0] for job in task] for task in tasks]
+    assert methods == [["method=snapkv"] * 2 + ["method=h2o"] * 2, ["method=tova"] * 2]
+    one = ["-m", "hydra/launcher=slurm", "method=snapkv", "budget=64L", f"run.output_root={tmp_path / 'runs'}"]
+    assert grouped_command_line(one, multirun_jobs(one)) is None  # nothing to share: the sweep as given
