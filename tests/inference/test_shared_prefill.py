@@ -90,3 +90,26 @@ def test_jobs_of_other_cache_layouts_or_unshared_methods_are_refused() -> None:
         check_shareable([PrefillJob(snapkv, budget), PrefillJob(tova, budget)])
     with pytest.raises(ValueError, match="at least one job"):
         check_shareable([])
+
+
+def test_a_method_that_cannot_share_says_so_in_one_attribute() -> None:
+    """``TokenScorer.unshared_prefill``: the method runs its own prefill in a sweep (its reason recorded), a shared
+    prefill refuses it, and ``kvbench list methods`` names it."""
+    from kvbench.listing import _sharing_note
+    from kvbench.methods.base import EvictionMethod, TokenScorer
+    from kvbench.run.prefill_groups import unshared_reason
+
+    class Peeking(TokenScorer):
+        unshared_prefill = "changes the prefill's attention"
+
+        def score(self, observation):
+            return observation.keys.norm(dim=-1)
+
+    method = EvictionMethod(name="peeking", family="peeking", scorer=Peeking())
+    assert method.unshared_prefill == "changes the prefill's attention"
+    assert load_method("snapkv").unshared_prefill is None
+    with pytest.raises(ValueError, match="cannot share a prefill: changes the prefill's attention"):
+        check_shareable([PrefillJob(method, parse_budget("16L"))])
+    cfg = OmegaConf.create({"method": {"name": "peeking"}, "run": {"share_prefill": True, "decode_batch": 1}})
+    assert unshared_reason(cfg, method) == "method peeking: changes the prefill's attention"
+    assert "peeking (changes the prefill's attention)" in _sharing_note({"peeking": Peeking})
