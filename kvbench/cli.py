@@ -25,6 +25,7 @@ Nothing here imports torch before the config checks pass; transformers is import
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import traceback
@@ -248,7 +249,7 @@ def demo_overrides(overrides: Sequence[str]) -> bool:
 def run_job(cfg: DictConfig, demo: bool = False, overrides: Sequence[str] = ()) -> None:
     """Run one configuration as ``run.py`` does; exits with status 2 on a user error.  ``demo``: the embedded
     default's comparison, its variants composed with ``overrides`` too."""
-    with reporting_errors():
+    with reporting_errors(), forgetting_refused_job_logs():
         if cfg.run.get("shared_tasks"):  # a cluster launcher's job: a line of shared-prefill tasks (check_sweep)
             from kvbench.run.shared_tasks import run_manifest_task
 
@@ -266,6 +267,38 @@ def run_job(cfg: DictConfig, demo: bool = False, overrides: Sequence[str] = ()) 
             reason = SHARING.reason(cfg) if SHARING is not None else None
             runner.prefill_sharing = {"shared": False, "reason": reason or "run alone"}
             runner.run()
+
+
+@contextmanager
+def forgetting_refused_job_logs() -> Iterator[None]:
+    """A job refused with a user error before it claimed any run folder leaves no trace under ``results/``: Hydra's
+    ``.hydra`` snapshots and log of it are removed again (:func:`kvbench.storage.paths.forget_hydra_job_output`).
+    Outside a Hydra app (the API) there is nothing to remove."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from kvbench.storage.folder import CLAIMED_FOLDERS
+    from kvbench.storage.paths import forget_hydra_job_output
+
+    if not HydraConfig.initialized():
+        yield
+        return
+    hydra = HydraConfig.get()
+    output_dir = Path(hydra.runtime.output_dir)
+    log_name = f"{hydra.job.name}.log"
+    log = output_dir / log_name
+    log_size = log.stat().st_size if log.exists() else None
+    claims = len(CLAIMED_FOLDERS)
+    try:
+        yield
+    except KVBenchError:
+        if len(CLAIMED_FOLDERS) == claims:
+            for handler in list(logging.getLogger().handlers):  # Hydra's file handler of this job's log
+                if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename) == log.resolve():
+                    logging.getLogger().removeHandler(handler)
+                    handler.close()
+            first_of_sweep = str(hydra.mode) == "RunMode.MULTIRUN" and int(hydra.job.get("num", 0) or 0) == 0
+            forget_hydra_job_output(output_dir, log_name, log_size, Path(hydra.sweep.dir) if first_of_sweep else None)
+        raise
 
 
 @contextmanager

@@ -59,7 +59,8 @@ def format_comparison(
     cfg: DictConfig, columns: dict[str, list[DatasetResult]], folders: dict[str, Path] | None = None
 ) -> str:
     """A dataset x variant table of scores (each with its bootstrap 95 % interval, :mod:`kvbench.run.summary`), with the
-    mean kept fraction of the cache per variant, and where each variant's results are."""
+    mean fraction of the context's tokens kept and (given ``folders``) the bytes stored as a fraction of the full
+    cache's per variant, and where each variant's results are."""
     labels = list(columns)
     datasets = [r.dataset for r in next(iter(columns.values()))]
     width = max(len("dataset"), *(len(d) for d in datasets))
@@ -75,10 +76,30 @@ def format_comparison(
         intervals = [_interval_cell(columns[label][index].interval) for label in labels]
         lines.append(f"{'  95% CI':<{width}}  " + "  ".join(f"{cell:>{col}}" for cell in intervals))
     kept = [sum(r.mean_kept_fraction for r in columns[label]) / max(len(columns[label]), 1) for label in labels]
-    lines.append(f"{'cache kept':<{width}}  " + "  ".join(f"{k:>{col}.1%}" for k in kept))
+    lines.append(f"{'tokens kept':<{width}}  " + "  ".join(f"{k:>{col}.1%}" for k in kept))
+    if folders:
+        stored = [stored_vs_full(folders[label], columns[label]) for label in labels]
+        cells = ["-" if value is None else f"{value:.1%}" for value in stored]
+        lines.append(f"{'bytes stored':<{width}}  " + "  ".join(f"{c:>{col}}" for c in cells))
     for label, folder in (folders or {}).items():
         lines.append(f"results ({label}): {folder}")
     return "\n".join(lines)
+
+
+def stored_vs_full(folder: Path, results: list[DatasetResult]) -> float | None:
+    """The run's mean bytes stored as a fraction of the full cache's for the same tokens (each dataset's
+    ``metrics.json`` ``cache.mean_stored_vs_full``, averaged over the datasets): a method that stores a cache per
+    query head (SnapKV) stores more bytes than one that keeps as many tokens per KV head (StreamingLLM)."""
+    from kvbench.storage.reader import read_metrics
+
+    values = []
+    for result in results:
+        path = folder / result.dataset / "metrics.json"
+        value = (read_metrics(path).get("cache") or {}).get("mean_stored_vs_full") if path.exists() else None
+        if value is None:
+            return None
+        values.append(float(value))
+    return sum(values) / len(values) if values else None
 
 
 def _interval_cell(interval: tuple[float, float] | None) -> str:

@@ -11,7 +11,8 @@ Order of operations:
      ``max_input_length // 2`` and the last ``-(-max_input_length // 2)`` (exactly ``max_input_length`` in all), joined
      as ids and decoded once;
    * ``"middle_joined_half"`` (InfiniteBench ``src/eval_*.py``): as ``middle_joined`` with two equal halves of
-     ``max_input_length // 2`` ids (an odd maximum keeps one fewer);
+     ``max_input_length // 2`` ids (an odd maximum keeps one fewer), and the ids are decoded even when nothing is cut
+     (``truncate_by_tokens`` always decodes: special-token text such as ``</s>`` in a context is dropped);
    * ``"none"`` (RULER, NeedleBench: their harnesses build prompts that fit and never cut them): a prompt longer than
      ``max_input_length`` is an error naming the sample and both lengths;
 
@@ -130,15 +131,21 @@ def truncate_prompt_joined(prompt: str, tokenizer: Any, max_length: int, equal_h
     ``max_length``, ``ids[:max_length // 2] + ids[-max_length // 2:]`` (Python's floor division: an odd
     ``max_length`` keeps one more token at the end, ``max_length`` in all), decoded once with
     ``skip_special_tokens=True``; otherwise the prompt unchanged.  ``equal_halves``: InfiniteBench's
-    ``truncate_input``, ``split = max_length // 2; ids[:split] + ids[-split:]``."""
+    ``truncate_by_tokens``, ``split = max_length // 2; ids[:split] + ids[-split:]``, and the ids are decoded even when
+    nothing is cut (special-token text in the prompt, ``</s>`` or ``<|eot_id|>``, is dropped, as there)."""
+    return joined_truncation(prompt, tokenizer, max_length, equal_halves)[0]
+
+
+def joined_truncation(prompt: str, tokenizer: Any, max_length: int, equal_halves: bool) -> tuple[str, bool]:
+    """:func:`truncate_prompt_joined`'s text and whether ids were cut."""
     if max_length < 2:
         raise ValueError(f"max_length must be >= 2, got {max_length}")
     ids = list(tokenizer(prompt, truncation=False, add_special_tokens=True).input_ids)
     if len(ids) <= max_length:
-        return prompt
+        return (tokenizer.decode(ids, skip_special_tokens=True) if equal_halves else prompt), False
     tail = max_length // 2 if equal_halves else -(-max_length // 2)
     kept = ids[: max_length // 2] + ids[len(ids) - tail :]
-    return tokenizer.decode(kept, skip_special_tokens=True)
+    return tokenizer.decode(kept, skip_special_tokens=True), True
 
 
 def split_truncated_prompt(truncated_prompt: str, question: str) -> tuple[str, str]:
@@ -268,15 +275,14 @@ def encode_sample(
     text = context + question
     if truncation == "middle":
         text = truncate_prompt(context + question, tokenizer, max_input_length)
+        truncated = text != context + question
     elif truncation in ("middle_joined", "middle_joined_half"):
         halves = truncation == "middle_joined_half"
-        text = truncate_prompt_joined(context + question, tokenizer, max_input_length, equal_halves=halves)
-    if truncation != "none":
-        truncated = text != context + question
-        if truncated:
-            context, kept_question = split_truncated_prompt(text, question)
-            question_lost = bool(question) and not kept_question
-            question = kept_question
+        text, truncated = joined_truncation(context + question, tokenizer, max_input_length, halves)
+    if text != context + question:  # cut, or (InfiniteBench) decoded back without its special-token text
+        context, kept_question = split_truncated_prompt(text, question)
+        question_lost = truncated and bool(question) and not kept_question
+        question = kept_question
     rendered = render_prompt(
         tokenizer,
         context,

@@ -6,6 +6,7 @@ Usage::
 
     nice -n 5 python scripts/smollm2_grid.py run [--out results/smollm2_grid] [--phases 1 2 3]   # resumable
     python scripts/smollm2_grid.py table [--out results/smollm2_grid]                            # Markdown + CSV
+    python scripts/smollm2_grid.py run --dry-run [--phases ...]      # compose and check every run, run nothing
 
 ``run`` loads the model once (``model=smollm2-135m-instruct``, converted into kvbench's model cache on first use)
 and calls :func:`kvbench.evaluate` for each cell in phase order (each cell is an ordinary resumable run folder under
@@ -22,7 +23,9 @@ filters that the run computes first from the model's own queries on :data:`QFILT
 ``scripts/compute_qfilters.py``), written to ``<out>/qfilters.safetensors``.
 ``table`` writes ``<out>/grid.md`` and ``<out>/grid.csv`` from the summaries found (score, 95 % interval, samples,
 seconds per sample from the runs' ``timings.jsonl``); with no finished run under ``<out>/runs`` (a fresh clone: the
-run folders are not committed, the tables are) it exits with status 2 and one line, leaving the tables as they are.
+run folders are not committed, the tables are) it exits with status 2 and one line, leaving the tables as they are;
+tables that would lose rows they hold (``run --phases 1`` after the whole grid) are left as they are too (exit 2, one
+line naming ``--replace``, which writes them anyway).
 
 The inputs are kvbench's shipped stand-ins (RULER's essays/words, NeedleBench's needles and haystacks, the LongBench
 fixtures -- not the benchmarks' own data), with very few samples per dataset; see the README for what that shows.
@@ -417,12 +420,54 @@ def write_table(out: Path, rows: list[dict]) -> str:
     return markdown
 
 
+def dry_run(out: Path, phases: list[int]) -> int:
+    """Compose and check every planned run's config as :func:`run_grid` would run it, loading no model; prints one
+    line per run and returns the count (a config that does not compose raises, naming it)."""
+    from kvbench.run.sweep import Composer
+    from kvbench.validation import validate
+
+    planned = planned_runs(phases)
+    composer = Composer()  # one Hydra context for every run (as a sweep's planner composes its jobs)
+    try:
+        for phase, cell, method, budget, mode in planned:
+            groups = [f"model={MODEL}", f"method={method}", f"budget={budget}", f"task={cell.task}"]
+            extra = [*cell.overrides, *method_overrides(method, out), f"run.tag={cell.name}-{mode}"]
+            validate(composer.compose([*groups, *extra, f"task.question_mode={mode}"]))
+            print(f"phase {phase}: {cell.name} {method} {budget} {mode}: composes")
+    finally:
+        composer.close()
+    print(f"{len(planned)} runs of phases {' '.join(map(str, phases))} compose and validate (nothing run)")
+    return len(planned)
+
+
+def rows_left_out(out: Path, rows: list[dict]) -> int:
+    """How many rows of the existing ``<out>/grid.csv`` (committed: every phase) ``rows`` would drop."""
+    path = out / "grid.csv"
+    if not path.is_file():
+        return 0
+    with path.open(newline="") as handle:
+        old = {tuple(row.get(k) for k in GRID_KEY) for row in csv.DictReader(handle)}
+    new = {tuple(str(row[k]) for k in GRID_KEY) for row in rows}
+    return len(old - new)
+
+
+#: The columns that name one row of ``grid.csv``.
+GRID_KEY = ("cell", "method", "budget", "mode", "dataset")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("action", choices=("run", "table"))
     parser.add_argument("--out", type=Path, default=Path("results/smollm2_grid"))
     parser.add_argument("--phases", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6], choices=range(1, 9))
+    parser.add_argument("--dry-run", action="store_true", help="run: compose and check every run, run nothing")
+    parser.add_argument(
+        "--replace", action="store_true", help="write grid.{md,csv} even when they would lose rows they hold now"
+    )
     args = parser.parse_args(argv)
+    if args.dry_run:
+        dry_run(args.out, args.phases)
+        return 0
     if args.action == "run":
         run_grid(args.out, args.phases)
     rows = collect(args.out)
@@ -430,6 +475,15 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"error: no finished run under {args.out / 'runs' / MODEL}: nothing to tabulate, {args.out}/grid.md and "
             "grid.csv left as they are (run the grid first: python scripts/smollm2_grid.py run)",
+            file=sys.stderr,
+        )
+        return 2
+    dropped = rows_left_out(args.out, rows)
+    if dropped and not args.replace:
+        print(
+            f"error: {args.out}/grid.csv holds {dropped} rows of runs not found under {args.out / 'runs'} (phases "
+            f"not run here); grid.md and grid.csv left as they are. Run those phases too, or pass --replace to "
+            "write the tables of the runs found alone.",
             file=sys.stderr,
         )
         return 2

@@ -7,7 +7,9 @@ it (``--compress --cascading --window_size 32``, gamma 200, tau from ``config/mo
 * Layer preference (Eq. 6, P2A): from the window's attention over the candidates ``A[-S_w:, :-S_w]`` (all query
   heads, rows *not* renormalised): dispersion ``H = -sum a log(a + 1e-10)`` and shift ``V = sum_j Var_rows(A[:, j])``
   (unbiased), both summed over heads; ``P = H^(1/tau1) * V^(1/tau2)``.  ``params.preference`` drops a factor for
-  the ablation (``hv`` default, ``h``, ``v``).
+  the ablation (``hv`` default, ``h``, ``v``).  In a half-precision model under ``score_dtype=model`` (the default)
+  it is computed by the code's own operations in the model dtype (:mod:`kvbench.methods.cake_preference`), so a
+  cascade over many layers gets the code's budgets to the token.
 * Allocation (:func:`adjust_budgets`): the pool ``(C - S_w) L`` (``C`` the mean per-layer budget) is split in
   proportion to ``P``, truncated to integers, capped at ``S - S_w`` (the excess spread once over the uncapped
   layers, remainder to the first ones), then the difference to the pool added to (or taken from) the layers evenly,
@@ -45,7 +47,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from kvbench.kernels import WindowStats
 from kvbench.methods.base import (
     AllocatorState,
     DecodePolicy,
@@ -58,6 +59,7 @@ from kvbench.methods.base import (
     common_knobs,
     score_options,
 )
+from kvbench.methods.cake_preference import code_preference, layer_preference
 from kvbench.methods.decoding import evict_lowest, evict_to_caps, key_products, one_token_evictions
 from kvbench.methods.family import FamilyMethod
 from kvbench.methods.h2o import AllRowsScorer, HeavyHitterDecode, ScoredDecodePolicy
@@ -65,14 +67,11 @@ from kvbench.methods.params import bounded, choice
 from kvbench.methods.seeding import sample_generator
 from kvbench.methods.snapkv import PyramidLayerAllocator, WindowVoteScorer
 from kvbench.methods.token_scores import (
-    Rounding,
     ScoreOptions,
     VoteKnobs,
-    no_rounding,
     pool_scores,
     probability_dtype,
     round_to,
-    rounding_to,
     with_window_columns,
 )
 from kvbench.methods.tova import CurrentAttentionDecode, LastQueryScorer
@@ -97,41 +96,6 @@ TAU_PRESETS: dict[str, dict[int, tuple[float, float]]] = {
 
 
 # ---------------------------------------------------------------------------------------------------- preference
-def layer_preference(
-    stats: WindowStats,
-    window: int,
-    tau1: float,
-    tau2: float,
-    preference: str = "hv",
-    rnd: Rounding = no_rounding,
-) -> float:
-    """Eq. 6 from the window attention's statistics: ``H^(1/tau1) * V^(1/tau2)`` over the candidates ``A[:, :, :S-W]``.
-
-    ``H = -sum A log(A + 1e-10)`` is the sum of the column entropies (``stats`` computed with that ``eps``, the
-    kernels' default); ``V`` sums the unbiased column variances over heads, then over candidates.  ``stats`` come
-    from probabilities rounded as ``rnd`` rounds (the reference casts its softmax to the model dtype; its
-    ``torch.var`` and sums run in that dtype, the entropy in float32, and ``V ** (1 / tau2)`` is a power of a
-    model-dtype scalar: exponent and result rounded to that dtype); float32 arithmetic otherwise.
-    """
-    candidates = stats.col_sum.shape[-1] - window
-    if candidates <= 0:
-        return 1.0
-    value = torch.ones((), dtype=torch.float32)
-    if preference in ("hv", "h"):
-        entropy = stats.col_entropy[:, :candidates].sum()
-        value = value * entropy.cpu().clamp_min(0) ** (1 / tau1)
-    if preference in ("hv", "v"):
-        if stats.window > 1:
-            variance = rnd(rnd(rnd(stats.var()[:, :candidates]).sum(dim=0)).sum(dim=0)).cpu()
-        else:
-            variance = value * 0
-        exponent: float | torch.Tensor = 1 / tau2
-        if rnd is not no_rounding:  # ``V ** (1 / tau2)`` of the code's model-dtype V: the exponent in that dtype too
-            exponent = rnd(torch.tensor(exponent, dtype=torch.float64))
-        value = value * rnd(variance.clamp_min(0) ** exponent)
-    return max(float(value), 1e-30)  # all preferences must be positive (Proposition 1)
-
-
 def preference_shares(preferences: list[float], pool: int) -> list[float]:
     """``P_l / sum(P) * pool`` in float32, as the reference computes it (numpy float32 scalars)."""
     as_float32 = [np.float32(p) for p in preferences]
@@ -246,9 +210,12 @@ class CakeLayerAllocator(LayerBudgetAllocator):
             state.below_trigger = True
             return {observation.layer_idx: context}
         dtype = observation.model_dtype
-        rnd = rounding_to(dtype) if self.score_dtype == "model" else no_rounding
-        stats = observation.window_stats(probability_dtype(dtype, self.score_dtype))
-        state.preferences.append(layer_preference(stats, window, state.tau1, state.tau2, self.preference, rnd))
+        if probability_dtype(dtype, self.score_dtype) is not None and window > 1:  # half model: the code's operations
+            preference = code_preference(observation, window, state.tau1, state.tau2, self.preference)
+        else:
+            stats = observation.window_stats(None)
+            preference = layer_preference(stats, window, state.tau1, state.tau2, self.preference)
+        state.preferences.append(preference)
         seen = len(state.preferences)
         if not self.cascading and seen < state.num_layers:
             return {}

@@ -10,6 +10,8 @@ unmerged InfiniteBench PR #23 proposed: a named switch, off by default); ``math_
 for ``model_name == "gpt4"``; ``longbook_sum_eng`` is the ``rougeLsum`` F-measure of Hugging Face ``evaluate``'s
 ``rouge`` metric (``rouge_score``'s scorer, no stemmer; several references: ``score_multi``).  The SQuAD
 normalisation and token F1 are LongBench's (:mod:`kvbench.metrics.longbench`): the official code is the same.
+A prediction whose scorer raises (``math_find``'s ``int("7.0")``, which stops the official ``compute_scores``) scores
+0 and is recorded (:mod:`kvbench.metrics.guard`) instead of failing the task.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import Any
 
+from kvbench.metrics.guard import ScoreGuard
 from kvbench.metrics.longbench import f1_score, normalize_answer, normalize_zh_answer
 
 
@@ -197,9 +200,24 @@ def score_one(task: str, prediction: str, label: Any, model_name: str, fixed_kv_
     return float(SCORERS[task](prediction, label, model_name))
 
 
-def task_score(task: str, predictions: Sequence[str], labels: Sequence[Any], model_name: str, **kwargs: Any) -> float:
-    """The official ``get_score``: the mean of :func:`score_one` (0-1)."""
+def task_score(
+    task: str,
+    predictions: Sequence[str],
+    labels: Sequence[Any],
+    model_name: str,
+    keys: Sequence[str] | None = None,
+    guard: ScoreGuard | None = None,
+    **kwargs: Any,
+) -> float:
+    """The official ``get_score``: the mean of :func:`score_one` (0-1).  A prediction whose scorer raises (the
+    official code stops there: ``math_find`` on "7.0") scores 0, recorded by ``guard`` under its key (``keys``:
+    the samples' ids; default their positions)."""
     if len(predictions) != len(labels):
         raise ValueError(f"{len(predictions)} predictions for {len(labels)} labels")
-    scores = [score_one(task, p, label, model_name, **kwargs) for p, label in zip(predictions, labels, strict=True)]
+    guard = guard if guard is not None else ScoreGuard()
+    keys = [str(index) for index in range(len(labels))] if keys is None else keys
+    scores = [
+        guard(key, score_one, task, p, label, model_name, **kwargs)
+        for key, p, label in zip(keys, predictions, labels, strict=True)
+    ]
     return sum(scores) / len(scores)

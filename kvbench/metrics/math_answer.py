@@ -2,8 +2,10 @@
 re-implemented -- :func:`extract_answer` (the boxed / "the answer is" / last-number rules) and :func:`strip_string`
 (its normalisation: ``\\dfrac``/``\\tfrac`` to ``\\frac``, units, ``\\text{}``, degrees, dollars, percent,
 ``x=`` prefixes, trailing zeros, ``\\frac12`` and ``a/b`` to ``\\frac{a}{b}``).  Tested against the official code's
-recorded outputs (``tests/tasks/recorded/reasoning_official.json``).  Number words ("five") are converted with a
-small built-in table (the official code uses the ``word2number`` package): see :func:`word_to_number`.
+recorded outputs (``tests/tasks/recorded/reasoning_official.json``, ``tests/fixtures/reference/graders/math.json``).
+Number words ("five") are read as the ``word2number`` package the official code calls (:func:`word_to_num`).
+:func:`official_prediction` is the whole official path from a generation to the graded answer: ``run_execute``
+(``extract_answer``, then ``strip_string`` once more) and ``math_eval.py``'s multiple-choice clean-up.
 """
 
 from __future__ import annotations
@@ -148,7 +150,8 @@ _UNIT_WORDS: tuple[str, ...] = (
 )
 UNIT_TEXTS: tuple[str, ...] = _UNIT_WORDS + tuple(word + "s" for word in _UNIT_WORDS)
 
-_SMALL_NUMBERS = {
+#: ``word2number``'s American number words and their values (``"point"`` starts the decimals).
+_NUMBER_WORDS: dict[str, int] = {
     word: value
     for value, word in enumerate(
         (
@@ -157,33 +160,83 @@ _SMALL_NUMBERS = {
         )
     )
 }
-_TENS = {"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80, "ninety": 90}
-_SCALES = {"billion": 10**9, "million": 10**6, "thousand": 1000}
-_NUMBER_WORDS = {**_SMALL_NUMBERS, **_TENS, **{scale: 0 for scale in _SCALES}, "hundred": 100}
+_NUMBER_WORDS.update({"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70})
+_NUMBER_WORDS.update({"eighty": 80, "ninety": 90, "hundred": 100, "thousand": 1000, "million": 10**6})
+_NUMBER_WORDS["billion"] = 10**9
+_DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+_SCALES = ("billion", "million", "thousand")
+
+
+def _group_value(words: list[str]) -> int:
+    """``word2number``'s ``number_formation``: the value of the words before a scale word (at most four are read:
+    ``a*b + c + d``, ``a*b + c``, ``a*b`` with a hundred else ``a + b``, ``a``; raises on an empty group)."""
+    values = [_NUMBER_WORDS[word] for word in words]
+    if len(values) == 4:
+        return values[0] * values[1] + values[2] + values[3]
+    if len(values) == 3:
+        return values[0] * values[1] + values[2]
+    if len(values) == 2:
+        return values[0] * values[1] if 100 in values else values[0] + values[1]
+    return values[0]
+
+
+def _decimal_value(words: list[str]) -> float:
+    """The digits named after ``point`` as a fraction (``"five"`` -> 0.5); 0 when a word is not a digit."""
+    if any(word not in _DIGIT_WORDS for word in words):
+        return 0
+    return float("0." + "".join(str(_DIGIT_WORDS.index(word)) for word in words))
+
+
+def word_to_num(text: str) -> int | float:
+    """``word2number.w2n.word_to_num`` (1.1), rule for rule: a digit string is ``int(text)`` (raises on digits
+    ``int`` does not read, "7²"); otherwise the number words of the text (other words are skipped: "a + one" is
+    1) make billions, millions, thousands and the rest, then the ``point`` decimals; raises ``ValueError`` with no
+    number word, a repeated scale or ``point``, or scales out of order (``IndexError`` where word2number does)."""
+    text = text.replace("-", " ").lower()
+    if text.isdigit():
+        return int(text)
+    words = [word for word in text.strip().split() if word in _NUMBER_WORDS or word == "point"]
+    if not words:
+        raise ValueError("no number word")
+    if any(words.count(word) > 1 for word in (*_SCALES, "point")):
+        raise ValueError("redundant number word")
+    decimals: list[str] = []
+    if "point" in words:
+        decimals, words = words[words.index("point") + 1 :], words[: words.index("point")]
+    at = {scale: words.index(scale) if scale in words else -1 for scale in _SCALES}
+    billion, million, thousand = at["billion"], at["million"], at["thousand"]
+    if (thousand > -1 and (thousand < million or thousand < billion)) or (million > -1 and million < billion):
+        raise ValueError("malformed number")
+    total: int | float = 0
+    if len(words) == 1:
+        total += _NUMBER_WORDS[words[0]]
+    elif words:
+        if billion > -1:
+            total += _group_value(words[:billion]) * 10**9
+        if million > -1:
+            total += _group_value(words[billion + 1 if billion > -1 else 0 : million]) * 10**6
+        if thousand > -1:
+            start = million + 1 if million > -1 else billion + 1 if billion > -1 else 0
+            total += _group_value(words[start:thousand]) * 1000
+        # the rest after the first scale (thousand, million, billion) that is not the last word, as word2number
+        # reads it: "two million three thousand" adds "three thousand" once more (2004003)
+        rest = next((index for index in (thousand, million, billion) if -1 < index != len(words) - 1), None)
+        if rest is not None:
+            total += _group_value(words[rest + 1 :])
+        elif max(at.values()) == -1:
+            total += _group_value(words)
+    if decimals:
+        total += _decimal_value(decimals)
+    return total
 
 
 def word_to_number(text: str) -> str:
-    """``convert_word_number``: a string of digits becomes ``str(int(text))`` (``"049"`` -> ``"49"``); English number
-    words ("twenty five") their value; anything else is returned unchanged.  The official code calls
-    ``word2number.w2n.word_to_num``, which also reads "point" decimals and ignores non-number words mixed in; this
-    table reads whole numbers only, so those rarer strings stay unchanged here (documented difference)."""
-    if text.isdigit():
-        return str(int(text))
-    words = text.replace("-", " ").lower().split()
-    if not words or any(word not in _NUMBER_WORDS for word in words):
+    """``convert_word_number``: ``str(word_to_num(text))``, the text unchanged when that raises (as the official
+    ``try``/``except``: "7²" stays "7²", a sentence without number words stays itself)."""
+    try:
+        return str(word_to_num(text))
+    except Exception:  # the official code swallows every error of word2number
         return text
-    if any(words.count(scale) > 1 for scale in (*_SCALES, "hundred")) and len(words) > 1:
-        return text
-    total, current = 0, 0
-    for word in words:
-        if word in _SCALES:
-            total += max(current, 1) * _SCALES[word]
-            current = 0
-        elif word == "hundred":
-            current = max(current, 1) * 100
-        else:
-            current += _NUMBER_WORDS[word]
-    return str(total + current)
 
 
 def _fix_fracs(string: str) -> str:
@@ -333,3 +386,57 @@ def ground_truth(example: dict, data_name: str) -> str:
     else:
         raise ValueError(f"unknown official data name {data_name!r}; valid: math, gsm8k, aime24")
     return strip_string(answer)
+
+
+#: The data names whose answers keep their units (``parser.py``'s ``STRIP_EXCEPTIONS``).
+STRIP_EXCEPTIONS = ("carp_en", "minerva_math")
+_CHOICES = ("A", "B", "C", "D", "E")
+
+
+def choice_from_text(text: str) -> str:
+    """``parser.py``'s ``choice_answer_clean`` (not ``grader.py``'s): the text after the last "answer is" /
+    "choice is" (only the first paragraph when either occurs twice), then its first standalone letter A-E after such
+    a trigger, else its last one, else the cleaned text itself."""
+    text = text.strip("\n")
+    if any(text.count(trigger) > 1 for trigger in ("choice is", "answer is")):
+        text = text.split("\n\n")[0]
+    pieces = re.split("choice is|answer is", text)
+    after_trigger = len(pieces) > 1
+    if after_trigger:
+        text = pieces[-1]
+    text = text.strip("\n").rstrip(".").rstrip("/").strip(" ").lstrip(":")
+    letters = re.findall(r"\b(A|B|C|D|E)\b", text.upper()) or [text.strip().strip(".")]
+    picked = letters[0] if after_trigger else letters[-1]
+    return picked.rstrip(".").rstrip("/")
+
+
+def _all_choices(text: str) -> bool:
+    return all(char in _CHOICES for char in text)
+
+
+def official_prediction(code: str, data_name: str, reference: str) -> str | None:
+    """The answer the official evaluation grades for the generation ``code`` (the output, stripped and cut at the
+    stop words): ``run_execute`` -- ``None`` for an empty output, else :func:`extract_answer` then :func:`strip_string`
+    once more (the second pass turns ``\\text{eighteen}`` into ``18``, ``x\\in[1,2]`` into ``[1,2]``) -- then
+    ``math_eval.py``'s clean-up: a reference that is one letter A-E and a prediction that is not get
+    :func:`choice_from_text` of the whole output; a reference made of letters A-E (the empty one too) and a prediction
+    that is not keep only the prediction's letters A-E."""
+    if not code or code == "error":
+        return None
+    prediction = strip_string(extract_answer(code, data_name), skip_unit=data_name in STRIP_EXCEPTIONS)
+    if reference in _CHOICES and prediction not in _CHOICES:
+        return choice_from_text(code)
+    if _all_choices(reference) and not _all_choices(prediction):
+        return "".join(char for char in prediction if char in _CHOICES)
+    return prediction
+
+
+def reference_text(example: dict, data_name: str) -> str:
+    """The reference answer as written, before any normalisation (for graders that parse LaTeX themselves):
+    ``math`` -- the last ``\\boxed{}`` of ``solution``; ``gsm8k`` -- the text after ``####``; ``aime24`` --
+    ``answer``."""
+    if data_name == "math":
+        return _last_boxed(example["solution"]) if "boxed" in example["solution"] else ground_truth(example, data_name)
+    if data_name == "gsm8k":
+        return example["answer"].split("####")[1].strip()
+    return str(example["answer"]).strip()

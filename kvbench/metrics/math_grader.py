@@ -155,9 +155,47 @@ def _replace_command(text: str, command: str, arity: int, build: Any) -> str:
         text = text[:start] + build(*groups) + text[position:]
 
 
+#: LaTeX functions read as sympy's ``parse_latex`` reads them (``\\ln`` is the natural log).
+_FUNCTIONS = {"\\sin": "sin", "\\cos": "cos", "\\tan": "tan", "\\ln": "log", "\\log": "log", "\\exp": "exp"}
+
+
+def _symbols() -> dict[str, Any]:
+    """Every letter (and ``pi``) as a plain symbol: sympy's ``parse_latex`` reads ``\\pi``, ``e`` and ``i`` as symbols
+    (``2\\pi`` is not 6.2832 there, ``e^{i\\pi}`` not -1), and ``E``, ``I``, ``N``, ``S`` as letters."""
+    from sympy import Symbol
+
+    letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    return {**{letter: Symbol(letter) for letter in letters}, "pi": Symbol("pi")}
+
+
+def _rewrite_functions(text: str) -> str:
+    """``\\log_{b}x`` -> ``log(x, b)``; ``\\sin^{2}x`` -> ``sin(x)**(2)``; ``\\sin x`` -> ``sin(x)``; ``|x|`` ->
+    ``Abs(x)``; ``\\binom{a}{b}`` -> ``binomial(a, b)`` (the argument: a braced group, a parenthesised one, or one
+    letter / number)."""
+    text = _replace_command(text, "\\binom", 2, lambda a, b: f"binomial({a},{b})")
+    text = re.sub(r"\|([^|]+)\|", r"Abs(\1)", text)
+    argument = r"(\{[^{}]*\}|\([^()]*\)|[A-Za-z]|\d+(?:\.\d+)?)"
+    text = re.sub(r"\\log_\{?(\w+)\}?\s*" + argument, lambda m: f"log({_bare(m.group(2))},{m.group(1)})", text)
+    for latex, name in _FUNCTIONS.items():
+        power = r"(?:\^\{?([^{}\s]+)\}?)?"
+        pattern = re.escape(latex) + r"(?![A-Za-z])" + power + r"\s*" + argument
+        text = re.sub(pattern, lambda m, n=name: _applied(n, m.group(2), m.group(1)), text)
+    return text
+
+
+def _bare(argument: str) -> str:
+    return argument[1:-1] if argument[:1] in "{(" else argument
+
+
+def _applied(name: str, argument: str, power: str | None) -> str:
+    call = f"{name}({_bare(argument)})"
+    return f"({call})**({power})" if power else call
+
+
 def latex_to_sympy(text: str) -> Any:
-    """A sympy expression for a normalised LaTeX answer (``\\frac``, ``\\sqrt``, powers, ``\\pi``, ...); raises
-    on what it cannot read."""
+    """A sympy expression for a normalised LaTeX answer (``\\frac``, ``\\sqrt``, powers, ``\\pi``, logs,
+    trigonometric functions, ``\\binom``, ``|x|``); raises on what it cannot read.  Letters are symbols, as in sympy's
+    ``parse_latex``."""
     from sympy.parsing.sympy_parser import (
         convert_xor,
         implicit_multiplication_application,
@@ -166,18 +204,20 @@ def latex_to_sympy(text: str) -> Any:
     )
 
     text = text.replace("\\\\", "\\").replace("\\left", "").replace("\\right", "").replace("\\dfrac", "\\frac")
+    text = _rewrite_functions(text)
     text = _replace_command(text, "\\frac", 2, lambda a, b: f"(({a})/({b}))")
     text = re.sub(r"\\sqrt\[(\w+)\]\{", r"\\root{\1}{", text)
     text = _replace_command(text, "\\root", 2, lambda n, a: f"(({a})**(1/({n})))")
     text = re.sub(r"\\sqrt(\w)", r"\\sqrt{\1}", text)
     text = _replace_command(text, "\\sqrt", 1, lambda a: f"sqrt({a})")
-    for latex, python in (("\\cdot", "*"), ("\\times", "*"), ("\\pi", "pi"), ("\\infty", "oo"), ("^", "**")):
+    text = re.sub(r"\\pi(?![A-Za-z])", " pi ", text)  # ``\\pir`` is no command: left to fail, as there
+    for latex, python in (("\\cdot", "*"), ("\\times", "*"), ("\\infty", "oo"), ("^", "**")):
         text = text.replace(latex, f" {python} " if python in "*" else python)
     text = text.replace("{", "(").replace("}", ")")
     if "\\" in text:
         raise ValueError(f"unsupported LaTeX in {text!r}")
     transformations = (*standard_transformations, implicit_multiplication_application, convert_xor)
-    return parse_expr(text, transformations=transformations, evaluate=True)
+    return parse_expr(text, local_dict=_symbols(), transformations=transformations, evaluate=True)
 
 
 def symbolic_equal(a: str, b: str) -> bool:

@@ -7,8 +7,9 @@ SCBench's copy of ``compute_scores.py`` differs from InfiniteBench's in two of t
 ``scbench_many_shot``) is true when *any* element of the label, upper-cased, is a substring of the upper-cased
 prediction (a string label is iterated character by character, as the official code does).  ``scbench_vt`` is
 ``string_match_all`` (the fraction of references found, case-insensitive, rounded to 2 decimals).  The others are
-InfiniteBench's (:mod:`kvbench.metrics.infinitebench`): ``longbook_choice_eng``, ``longbook_qa_chn``, ``math_find``,
-``passkey``, and ``scbench_summary`` = evaluate's ``rougeLsum``.
+InfiniteBench's (:mod:`kvbench.metrics.infinitebench`): ``longbook_choice_eng``, ``longbook_qa_chn``, ``passkey``,
+and ``scbench_summary`` = evaluate's ``rougeLsum``; ``math_find`` is SCBench's own copy, which reads the first number
+with ``int(float(number))`` for an integer label (InfiniteBench's ``int(number)`` raises on "7.0").
 
 RepoQA (``scbench_repoqa`` and the repoqa half of ``scbench_repoqa_and_kv``): the model output is sanitised (its first
 fenced code block; with tree-sitter, the first function definition tree-sitter finds in a block), compared by BLEU
@@ -18,6 +19,12 @@ among the scored rows; a row passes when the most similar needle is its own and 
 
 Aggregation (``compute_scores``): multi-turn scores each turn separately (one number per turn; the mixed tasks
 one per sub-task per turn, 0 for a sub-task a turn does not have); multi-request one number over every query.
+Multi-request ``scbench_repoqa_and_kv`` hands the kv sub-task's whole rows (dicts), not their predictions, to
+``kv_retrieval``'s ``label in pred``: a key lookup in the row, never true for a kv value, so the official kv number is
+always 0; ``fixed_scdq_kv=True`` scores the predictions' text instead (kvbench's fix: a named switch, off by default).
+
+A prediction whose scorer raises scores 0 and is recorded (:class:`~kvbench.metrics.guard.ScoreGuard`): one bad
+prediction never fails a dataset.
 """
 
 from __future__ import annotations
@@ -27,12 +34,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvbench.metrics.guard import ScoreGuard
 from kvbench.metrics.infinitebench import (
     score_first_int,
     score_longbook_choice_eng,
     score_longbook_qa_chn,
     score_longbook_sum_eng,
-    score_math_find,
 )
 
 #: RepoQA's function query per language (``FUNCTION_QUERY``: the first match is the extracted function).
@@ -68,6 +75,24 @@ def string_match_all(prediction: str, label: Any, model_name: str = "") -> float
     return round(sum(1.0 if ref.lower() in prediction.lower() else 0.0 for ref in label) / len(label), 2)
 
 
+def score_math_find(prediction: str, label: Any, model_name: str = "") -> float:
+    """SCBench's ``get_score_one_math_find``: the first number of the prediction (``\\d+\\.\\d+|\\d+``) equals the
+    label, read with ``int(float(number))`` for an integer label ("7.0" scores as 7), ``float`` for a float label."""
+    label = label[0] if isinstance(label, list) else label
+    if not isinstance(label, int | float):
+        raise TypeError(f"Expected int or float, got {type(label)}")
+    found = re.search(r"\d+\.\d+|\d+", prediction)
+    if found is None:
+        return 0.0
+    number = found.group(0).strip()
+    return float(int(float(number)) == label) if isinstance(label, int) else float(float(number) == label)
+
+
+#: The keys of the rows ``run_scbench.py`` writes for ``scbench_repoqa_and_kv`` (``func_name`` on RepoQA turns only):
+#: what multi-request ``kv_retrieval`` looks the label up in.
+OFFICIAL_ROW_KEYS = frozenset({"id", "turn_idx", "prediction", "ground_truth", "task", "lang", "repo", "func_name"})
+
+
 #: The scorer of each SCBench (sub)task, as ``compute_scores`` resolves it.
 SCORERS = {
     "scbench_choice_eng": score_longbook_choice_eng,
@@ -95,6 +120,8 @@ class ScoredRow:
     lang: str | None = None
     repo: str | None = None
     func_name: str | None = None
+    #: The sample's id (a scoring error is recorded under it).
+    key: str = ""
 
 
 def sanitize_output(output: str, lang: str, extraction: str) -> str:
@@ -150,14 +177,24 @@ def _needles(rows: Sequence[ScoredRow]) -> dict[str, list[tuple[str, str]]]:
 
 
 def subtask_score(
-    subtask: str, rows: Sequence[ScoredRow], needles: dict[str, list[tuple[str, str]]], extraction: str
+    subtask: str,
+    rows: Sequence[ScoredRow],
+    needles: dict[str, list[tuple[str, str]]],
+    extraction: str,
+    guard: ScoreGuard | None = None,
+    whole_rows: bool = False,
 ) -> float:
-    """Mean score (0-1) of ``rows`` under ``subtask``'s scorer."""
+    """Mean score (0-1) of ``rows`` under ``subtask``'s scorer; ``whole_rows``: the scorer gets the official row (its
+    keys, :data:`OFFICIAL_ROW_KEYS`) instead of the prediction, as multi-request ``scbench_repoqa_and_kv``'s kv
+    sub-task does; a prediction whose scorer raises scores 0 (recorded by ``guard``)."""
+    guard = guard if guard is not None else ScoreGuard()
     if subtask == "scbench_repoqa":
-        scores = [repoqa_pass(row, needles.get(row.repo or "", []), extraction) for row in rows]
+        scores = [guard(row.key, repoqa_pass, row, needles.get(row.repo or "", []), extraction) for row in rows]
     else:
         scorer = SCORERS[subtask]
-        scores = [float(scorer(row.prediction, row.label, "")) for row in rows]
+        scores = [
+            guard(row.key, scorer, OFFICIAL_ROW_KEYS if whole_rows else row.prediction, row.label, "") for row in rows
+        ]
     return sum(scores) / len(scores)
 
 
@@ -169,10 +206,17 @@ MIXED = {
 
 
 def official_scores(
-    task: str, rows: Sequence[ScoredRow], multi_request: bool, extraction: str = "tree_sitter"
+    task: str,
+    rows: Sequence[ScoredRow],
+    multi_request: bool,
+    extraction: str = "tree_sitter",
+    fixed_scdq_kv: bool = False,
+    guard: ScoreGuard | None = None,
 ) -> dict[str, float]:
     """``compute_scores``'s numbers (0-1): multi-turn ``{"turn_<t>": ...}`` (mixed tasks ``"turn_<t>/<subtask>"``),
-    multi-request ``{"all": ...}`` (mixed ``"all/<subtask>"``); a sub-task with no row in a group is 0."""
+    multi-request ``{"all": ...}`` (mixed ``"all/<subtask>"``); a sub-task with no row in a group is 0.
+    ``fixed_scdq_kv``: multi-request ``scbench_repoqa_and_kv``'s kv sub-task scores the predictions (kvbench's fix)
+    instead of the whole rows (official: always 0)."""
     needles = _needles(rows)
     groups: dict[str, list[ScoredRow]] = {}
     if multi_request:
@@ -185,7 +229,10 @@ def official_scores(
         if task in MIXED:
             for subtask in MIXED[task]:
                 chosen = [row for row in members if row.subtask == subtask]
-                result[f"{key}/{subtask}"] = subtask_score(subtask, chosen, needles, extraction) if chosen else 0.0
+                whole_rows = multi_request and task == "scbench_repoqa_and_kv" and subtask == "scbench_kv"
+                whole_rows = whole_rows and not fixed_scdq_kv
+                number = subtask_score(subtask, chosen, needles, extraction, guard, whole_rows) if chosen else 0.0
+                result[f"{key}/{subtask}"] = number
         else:
-            result[key] = subtask_score(task, members, needles, extraction)
+            result[key] = subtask_score(task, members, needles, extraction, guard)
     return result

@@ -24,6 +24,7 @@ from typing import Any
 import pandas as pd
 
 from kvbench.errors import KVBenchError
+from kvbench.storage.paths import VARIANT_MARK
 from kvbench.storage.reader import read_metrics
 from kvbench.storage.writers import METRICS_FILE
 from kvbench.views.run_views import mean_stored_bytes, mean_stored_vs_full
@@ -70,6 +71,17 @@ def _float(value: Any) -> float:
         return math.nan
 
 
+def run_label_tag(tag: str | None, metrics_path: str | Path) -> str | None:
+    """The tag that tells a run apart in tables: the run's ``run.tag``, followed by ``@<hash>`` when its folder is a
+    variant folder (``<budget>[~<tag>]@<hash>``, :func:`kvbench.storage.paths.run_folder`: another config of the same
+    model/task/method/budget/tag took the plain folder first), so the two runs are two rows, never duplicates."""
+    leaf = Path(metrics_path).parent.parent.name if str(metrics_path) else ""
+    _, mark, variant = leaf.partition(VARIANT_MARK)
+    if not mark:
+        return tag or None
+    return f"{tag or ''}{VARIANT_MARK}{variant}"
+
+
 def metrics_to_row(metrics: dict[str, Any], path: str | Path = "") -> dict[str, Any]:
     """One tidy row from one ``metrics.json`` payload; raises ``ValueError`` if a required key is missing."""
     missing = [k for k in _REQUIRED if k not in metrics]
@@ -83,7 +95,7 @@ def metrics_to_row(metrics: dict[str, Any], path: str | Path = "") -> dict[str, 
         "dataset": str(metrics["dataset"]),
         "method": str(metrics["method"]),
         "budget": str(metrics["budget"]),
-        "tag": metrics.get("tag") or None,
+        "tag": run_label_tag(metrics.get("tag"), path),
         "question_mode": metrics.get("question_mode") or "aware",
         "metric": metrics.get("metric"),
         "score": _float(metrics["score"]),

@@ -23,9 +23,11 @@ import json
 import os
 import select
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -57,6 +59,36 @@ def find_chromium() -> str | None:
     return next((path for name in CHROMIUM_NAMES if (path := shutil.which(name))), None)
 
 
+#: Seconds Chromium's processes get to exit after SIGTERM before SIGKILL.
+CLOSE_GRACE_S = 10.0
+
+
+def _signal_group(group: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(group, sig)
+
+
+def _group_alive(group: int) -> bool:
+    """Whether any process of the group is left (a zombie of this process's own child counts until reaped)."""
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_profile(folder: Path, attempts: int = 20) -> None:
+    """Remove Chromium's profile folder, retrying while a process that just ended still has files appearing."""
+    for _ in range(attempts):
+        shutil.rmtree(folder, ignore_errors=True)
+        if not folder.exists():
+            return
+        time.sleep(0.1)
+    warnings.warn(f"could not remove Chromium's profile folder {folder}; remove it by hand", stacklevel=3)
+
+
 class HeadlessChromium:
     """One headless Chromium process with one tab, driven over the DevTools pipe (module docstring)."""
 
@@ -72,7 +104,7 @@ class HeadlessChromium:
         self._session: str | None = None
 
     def __enter__(self) -> HeadlessChromium:
-        self._profile = tempfile.TemporaryDirectory(prefix="kvbench-chromium-")
+        self._profile = Path(tempfile.mkdtemp(prefix="kvbench-chromium-"))
         to_browser_read, self._to_browser = os.pipe()
         self._from_browser, from_browser_write = os.pipe()
         # The child's descriptors 3 and 4 must be exactly these pipe ends: copy them to free numbers >= 10 first,
@@ -89,7 +121,7 @@ class HeadlessChromium:
         command = [
             self.executable,
             *FLAGS,
-            f"--user-data-dir={self._profile.name}",
+            f"--user-data-dir={self._profile}",
             f"--window-size={self.width},{self.height}",
             "about:blank",
         ]
@@ -100,6 +132,7 @@ class HeadlessChromium:
             stderr=subprocess.DEVNULL,
             pass_fds=(3, 4, high_in, high_out),
             preexec_fn=attach_pipes,  # the fds must be at 3 and 4 (single-threaded caller)
+            start_new_session=True,  # its own process group: close() ends the renderers and helpers too
         )
         os.close(high_in)
         os.close(high_out)
@@ -121,18 +154,29 @@ class HeadlessChromium:
         self.close()
 
     def close(self) -> None:
-        """Stop Chromium and remove its profile folder."""
+        """Stop Chromium and every process it started, then remove its profile folder.
+
+        The browser process exits before its children (renderer, GPU and utility processes, the zygote), which may
+        still write into the profile: removing the folder at once could fail ("Directory not empty").  So the whole
+        process group is ended (SIGTERM, then SIGKILL after :data:`CLOSE_GRACE_S`) and waited for, and only then is
+        the folder removed, retried while a straggler's files appear; a folder that still cannot be removed is left
+        in the temporary folder with a warning, never an error (the page was already read)."""
         for fd in (self._to_browser, self._from_browser):
             with contextlib.suppress(OSError):
                 os.close(fd)
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._profile.cleanup()
+        group = self.process.pid  # the session leader's pid is its process group's id
+        _signal_group(group, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=CLOSE_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        deadline = time.monotonic() + CLOSE_GRACE_S
+        while _group_alive(group) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _group_alive(group):
+            _signal_group(group, signal.SIGKILL)
+        _remove_profile(self._profile)
 
     # ------------------------------------------------------------------------------------------ the protocol
     def _read_message(self, deadline: float) -> dict[str, Any]:

@@ -239,7 +239,10 @@ def render_markdown(spec: TableSpec, cmp: pd.DataFrame, missing: pd.DataFrame | 
     if missing is not None and not missing.empty:
         lines += ["", f"Missing runs (`python run.py -m +experiment={spec.id}` runs this table's grid):", ""]
         for m in missing.itertuples():
-            lines.append(f"- {m.model} / {m.task} / {m.method} / {m.budget} ({m.question_mode or 'any'}): {m.what}")
+            lines.append(
+                f"- {m.model} / {m.task} / {m.method} / {m.budget} ({m.question_mode or 'any'}): {m.what}; "
+                f"run: `{m.command}`"
+            )
     return "\n".join(lines) + "\n"
 
 

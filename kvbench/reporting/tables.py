@@ -154,7 +154,7 @@ def missing_runs(comparisons: pd.DataFrame) -> pd.DataFrame:
     # Reference-only tables and paper rows whose method is unrecoverable can never be run: not "missing".
     miss = miss[~miss["missing"].str.endswith("not rebuilt from accuracy runs") & (miss["method"] != "")]
     if miss.empty:
-        return pd.DataFrame(columns=["table", "model", "task", "question_mode", "method", "budget", "what"])
+        return pd.DataFrame(columns=["table", "model", "task", "question_mode", "method", "budget", "what", "command"])
     rows = []
     keys = ["table", "row", "model", "task", "question_mode", "method", "budget"]
     for key, g in miss.groupby(keys, sort=False):
@@ -162,8 +162,31 @@ def missing_runs(comparisons: pd.DataFrame) -> pd.DataFrame:
         datasets = [m.split(": ", 1)[1] for m in reasons if m.startswith("dataset not run")]
         other = [m for m in reasons if not m.startswith("dataset not run")]
         what = "; ".join(other + ([f"datasets not run: {', '.join(datasets)}"] if datasets else []))
-        rows.append(dict(zip(keys, key, strict=True), what=what))
+        row = dict(zip(keys, key, strict=True), what=what)
+        rows.append({**row, "command": run_command(TABLES.get(row["table"]), row)})
     return pd.DataFrame(rows).drop(columns="row").drop_duplicates().reset_index(drop=True)
+
+
+def run_command(spec: TableSpec | None, row: dict[str, str]) -> str:
+    """The command that makes the run of a missing row: the table's experiment preset
+    (``conf/experiment/<table>.yaml``, or ``<tag>_full.yaml`` for the full cache, which the tables of one setup
+    share) with the row's model, task, method, budget and question mode; a resumed run completes the datasets it
+    lacks.  ``spec``: ``None`` for a table of the caller's own (no preset): the row's choices alone."""
+    from kvbench.resources import conf_dir
+
+    experiment = spec.id if spec is not None else ""
+    if spec is not None and row["method"] == "full":
+        tag = next((t for t in spec.tags_for("full") if t), None)
+        if tag is not None and (conf_dir() / "experiment" / f"{tag}_full.yaml").is_file():
+            experiment = f"{tag}_full"
+    parts = ["python run.py"]
+    if experiment and (conf_dir() / "experiment" / f"{experiment}.yaml").is_file():
+        parts.append(f"+experiment={experiment}")
+    parts += [f"model={row['model']}", f"task={row['task']}", f"method={row['method']}", f"budget={row['budget']}"]
+    mode = row.get("question_mode")
+    if isinstance(mode, str) and mode:
+        parts.append(f"task.question_mode={mode}")
+    return " ".join(parts)
 
 
 # ------------------------------------------------------------------------------------------------------------- all
@@ -208,7 +231,8 @@ def write_tables(
     missing.to_csv(out / "missing_runs.csv", index=False)
     md = ["# Missing runs", "", "Every paper cell we cannot fill, grouped by run.", ""]
     md += [
-        f"- {m.table}: {m.model} / {m.task} / {m.method} / {m.budget} ({m.question_mode or 'any'}): {m.what}"
+        f"- {m.table}: {m.model} / {m.task} / {m.method} / {m.budget} ({m.question_mode or 'any'}): {m.what}; "
+        f"run: `{m.command}`"
         for m in missing.itertuples()
     ]
     (out / "missing_runs.md").write_text("\n".join(md) + "\n", encoding="utf-8")

@@ -68,7 +68,8 @@ def check_existing_run(folder: Path, cfg_hash: str, cfg: DictConfig, note_replac
         shown = "; ".join(diffs[:8]) + (" ..." if len(diffs) > 8 else "")
         raise KVBenchError(
             f"{folder} already holds a run with a different config (hash {existing} != {cfg_hash}): {shown}. "
-            "Nothing was changed. Pass run.tag=<name> to store this variant separately, or remove that folder."
+            "Nothing was changed. Another process started that run in this folder after this one chose it: run the "
+            "command again and it takes a folder of its own (run.tag=<name> names one yourself)."
         )
 
 

@@ -83,6 +83,7 @@ from kvbench.run.records import (
 )
 from kvbench.run.resume import check_existing_run, check_resumable, lost_predictions, trusted_metrics
 from kvbench.run.run_meta import write_run_files
+from kvbench.run.scoring import score_rows
 from kvbench.run.summary import SUMMARY_FILE, DatasetScores, build_summary, interval_of, sample_scores
 from kvbench.run.table import format_table
 from kvbench.storage.folder import claim_run_folder
@@ -146,7 +147,7 @@ class Runner:
         if loaded is None and check_device_map(cfg.model.get("device_map")) is None:
             resolve_device(str(cfg.model.device))
         self.cfg_hash = config_hash(cfg)
-        self.folder = run_folder(cfg)
+        self.folder = run_folder(cfg, self.cfg_hash, announce=True)
         #: The run's ``summary.json`` payload, once :meth:`run` completed.
         self.summary: dict[str, Any] = {}
         #: Paged-attention fallbacks (reason -> calls) of the datasets run so far (``run_meta.json``).
@@ -169,7 +170,7 @@ class Runner:
         tokenizer = self.loaded.tokenizer if self.loaded else load_tokenizer(cfg.model)
         data = self.load_data(tokenizer)  # every sample checked before the weights load
         # The folder is claimed before the weights load: an identical run started meanwhile is refused at once.
-        with claim_run_folder(self.folder):
+        with claim_run_folder(self.folder, config=self.cfg_hash):
             # Checked again under the lock: another job may have started this folder since the first check.
             check_existing_run(self.folder, self.cfg_hash, cfg)
             loaded = self.loaded or load_model(cfg.model, seed=int(cfg.seed), tokenizer=tokenizer)
@@ -377,7 +378,7 @@ class Runner:
         cfg, rows = self.cfg, generated.rows
         attention = ATTENTION_RECORD.summary()
         self.attention_fallbacks.update(attention["fallbacks"])
-        scores = dataset.score([r["prediction"] for r in rows], samples)
+        scores, scoring_errors = score_rows(dataset, rows, samples, self.folder / dataset.name)
         metrics = metrics_record(
             cfg,
             self.cfg_hash,
@@ -395,6 +396,7 @@ class Runner:
             ),
             timing=generated.timing,
             attention=attention,
+            scoring_errors=scoring_errors,
         )
         label = f"{cfg.model.name} {cfg.method.name} {cfg.budget.name} {dataset.name}"
         predictions = [r["prediction"] for r in rows]

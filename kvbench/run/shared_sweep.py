@@ -102,7 +102,7 @@ def run_group(validated: Sequence[ValidatedRun]) -> list[list[DatasetResult]]:
     with ExitStack() as stack:
         for member in members:
             runner = member.runner
-            stack.enter_context(claim_run_folder(runner.folder))
+            stack.enter_context(claim_run_folder(runner.folder, config=runner.cfg_hash))
             check_existing_run(runner.folder, runner.cfg_hash, runner.cfg)
         loaded = load_model(cfg.model, seed=int(cfg.seed), tokenizer=tokenizer)
         for member in members:

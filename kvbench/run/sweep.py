@@ -169,7 +169,7 @@ def classify(job: Job, cfg: Any) -> None:
     )
 
     cfg_hash = config_hash(cfg)
-    folder = run_folder(cfg)
+    folder = run_folder(cfg, cfg_hash)
     job.folder = folder
     job.details["config_hash"] = cfg_hash
     meta_path = folder / RUN_META_FILE
@@ -220,6 +220,7 @@ def plan(
     job's environment (model, data, results folder), as a local ``-m`` sweep about to run them does;
     ``name_experiment``: without an experiment, set ``run.experiment`` to ``name`` (a manifest's jobs), else leave
     it as ``run.py -m`` does."""
+    from kvbench.storage.paths import variant_folder
     from kvbench.validation import validate, validate_run
 
     def check(cfg: Any) -> Any:
@@ -232,7 +233,7 @@ def plan(
         prefix.append(f"run.experiment={name or 'adhoc'}")
     jobs = [Job(prefix + combo) for combo in expand_grid(params, overrides, conf_dir)]
     composer = Composer(conf_dir)
-    seen: dict[Path, int] = {}
+    seen: dict[Path, tuple[int, str]] = {}
     try:
         for index, job in enumerate(jobs):
             try:
@@ -244,11 +245,16 @@ def plan(
                 continue
             classify(job, cfg)
             if job.folder is not None and job.state != "invalid":
+                cfg_hash = job.details["config_hash"]
+                if job.folder in seen and seen[job.folder][1] != cfg_hash:
+                    # Another job of this sweep runs another config in that folder: this one gets its own, as the
+                    # runner decides when the two start side by side (kvbench.storage.paths.resolve_variant).
+                    job.folder, job.state = variant_folder(job.folder, cfg_hash), "new"
                 if job.folder in seen:
                     job.state = "invalid"
-                    job.reason = f"same run folder as job {seen[job.folder]} ({job.folder}); use run.tag to separate"
+                    job.reason = f"the same run as job {seen[job.folder][0]} ({job.folder}): drop one of the two"
                 else:
-                    seen[job.folder] = index
+                    seen[job.folder] = (index, cfg_hash)
     finally:
         composer.close()
     return jobs

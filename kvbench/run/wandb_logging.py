@@ -114,6 +114,8 @@ class WandbLogger:
             intervals = interval_values(cfg.task.name, results, extras)
             reference = full_cache_values(self.folder, cfg.task.name)
             self.run.log({**axes, **values, **intervals, **reference, **self._needle_images(wandb, extras)})
+            for row in band_rows(cfg.task.name, results, extras):  # the interval bands of the report's panels
+                self.run.log({**axes, **row})
             self.run.summary.update({**values, **intervals})
             self.run.finish()
         except Exception as err:
@@ -204,6 +206,27 @@ def interval_values(task: str, results: list[Any], extras: dict[str, Any]) -> di
         if average.get("ci95"):
             values[f"{task}/avg/{column}/ci95_low"], values[f"{task}/avg/{column}/ci95_high"] = average["ci95"]
     return values
+
+
+#: The history series that draws a score with its 95 % interval as a band (:func:`band_rows`).
+BAND = "interval"
+
+
+def band_rows(task: str, results: list[Any], extras: dict[str, Any]) -> list[dict[str, float]]:
+    """Three history rows at the run's budget, ``<task>/<dataset>/interval`` (and ``<task>/avg/<column>/interval``)
+    holding the interval's low end, the score, then the high end: a line plot of that series grouped by
+    ``panel.group`` with the median and the min-max range draws each method's score as a line and its interval as
+    a band (``kvbench wandb-report``).  Scores without an interval give the score three times (no band)."""
+    series: dict[str, tuple[float, float, float]] = {}
+    for r in results:
+        low, high = r.interval if r.interval is not None else (r.score, r.score)
+        series[f"{task}/{r.dataset}/{BAND}"] = (low, r.score, high)
+    for column, average in (extras.get("averages") or {}).items():
+        score = average.get("score")
+        if isinstance(score, (int, float)):
+            low, high = average.get("ci95") or (score, score)
+            series[f"{task}/avg/{column}/{BAND}"] = (low, score, high)
+    return [{key: values[i] for key, values in series.items()} for i in range(3)]
 
 
 def summary_values(task: str, results: list[Any]) -> dict[str, Any]:

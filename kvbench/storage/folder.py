@@ -44,6 +44,7 @@ EXCL_LOCK_FILE = ".kvbench.lock.excl"
 _NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS}
 _BUSY = {errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK}
 _HOLDER = re.compile(r"^pid (\d+) on (\S+?)(?:, SLURM job (\S+?))?, since")
+_HOLDER_CONFIG = re.compile(r", config ([0-9a-f]+)\s*$")
 #: How many times the lock loop re-creates a folder that vanished between ``mkdir`` and ``open`` (a run that wrote
 #: nothing removing it concurrently) before giving up: a vanishing that repeats is not a race but a place where
 #: folders cannot be made (``/proc``), and the loop must not spin forever.
@@ -51,11 +52,28 @@ MAX_VANISHED_RETRIES = 20
 LOCK_WAIT_ENV = "KVBENCH_LOCK_WAIT"
 
 
-def holder_line() -> str:
-    """Who holds a lock: ``pid <pid> on <host>[, SLURM job <id>], since <UTC time>``."""
+def holder_line(config: str | None = None) -> str:
+    """Who holds a lock: ``pid <pid> on <host>[, SLURM job <id>], since <UTC time>[, config <hash>]`` (``config``:
+    the config hash of the run that holds the folder, so that a run of another config takes a folder of its own,
+    :func:`holder_config`)."""
     job = os.environ.get("SLURM_JOB_ID")
     since = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    return f"pid {os.getpid()} on {platform.node()}" + (f", SLURM job {job}" if job else "") + f", since {since}"
+    line = f"pid {os.getpid()} on {platform.node()}" + (f", SLURM job {job}" if job else "") + f", since {since}"
+    return line + (f", config {config}" if config else "")
+
+
+def holder_config(folder: Path) -> str | None:
+    """The config hash of the live process that holds ``folder``'s lock (its holder line), ``None`` when nobody
+    holds it, or the holder names no config (a kvbench of before the field)."""
+    try:
+        _probe_directory_lock(folder)
+        check_not_locked_now(folder)
+    except KVBenchError:
+        for name in (LOCK_FILE, EXCL_LOCK_FILE):
+            match = _HOLDER_CONFIG.search(_read_holder(folder / name, patience_s=0.2))
+            if match:
+                return match.group(1)
+    return None
 
 
 def _busy_error(folder: Path, holder: str, lock_path: Path | None = None) -> KVBenchError:
@@ -107,6 +125,11 @@ def check_not_locked(folder: Path) -> None:
     lock itself is taken later, by :func:`claim_run_folder`, when the run is ready to write)."""
     if lock_wait_seconds() > 0:
         return
+    check_not_locked_now(folder)
+
+
+def check_not_locked_now(folder: Path) -> None:
+    """:func:`check_not_locked` whatever ``$KVBENCH_LOCK_WAIT`` says."""
     _probe_directory_lock(folder)
     for name in (LOCK_FILE, EXCL_LOCK_FILE):
         path = folder / name
@@ -145,8 +168,9 @@ def _probe_directory_lock(folder: Path) -> None:
 
 
 @contextmanager
-def run_folder_lock(folder: Path, wait_s: float | None = None) -> Iterator[Path]:
-    """Hold the run folder's exclusive lock (see the module docstring); yields the lock file's path.
+def run_folder_lock(folder: Path, wait_s: float | None = None, config: str | None = None) -> Iterator[Path]:
+    """Hold the run folder's exclusive lock (see the module docstring); yields the lock file's path.  ``config``:
+    the holding run's config hash, written in the holder line (:func:`holder_line`).
 
     The lock is ``flock`` on the folder's own directory, which no file removal or replacement inside it can steal;
     ``.kvbench.lock`` is locked too (what older kvbench versions lock) and names the holder.  Where directories
@@ -168,7 +192,7 @@ def run_folder_lock(folder: Path, wait_s: float | None = None) -> Iterator[Path]
             if err.errno not in _NO_FLOCK | {errno.EBADF}:  # NFS: directories open read-only cannot be locked
                 raise
             try:
-                with _lock_file(folder, deadline) as lock_path:
+                with _lock_file(folder, deadline, config=config) as lock_path:
                     yield lock_path
                 return
             except _Vanished as vanished_err:
@@ -176,7 +200,7 @@ def run_folder_lock(folder: Path, wait_s: float | None = None) -> Iterator[Path]
                 continue
         if locked and _same_file(dir_fd, folder):
             try:
-                with _lock_file(folder, deadline, anchor_fd=dir_fd) as lock_path:
+                with _lock_file(folder, deadline, anchor_fd=dir_fd, config=config) as lock_path:
                     yield lock_path
                 return
             except _Vanished as err:
@@ -211,7 +235,9 @@ def _count_vanished(folder: Path, vanished: int, err: BaseException | None) -> i
 
 
 @contextmanager
-def _lock_file(folder: Path, deadline: float, anchor_fd: int | None = None) -> Iterator[Path]:
+def _lock_file(
+    folder: Path, deadline: float, anchor_fd: int | None = None, config: str | None = None
+) -> Iterator[Path]:
     """Lock ``.kvbench.lock`` (``anchor_fd``: the folder's directory, already locked, is what identifies the hold;
     without it the lock file does) and record the holder in it; falls back to ``O_EXCL`` where ``flock`` is
     unsupported."""
@@ -227,7 +253,7 @@ def _lock_file(folder: Path, deadline: float, anchor_fd: int | None = None) -> I
             os.close(fd)
             if err.errno not in _NO_FLOCK:
                 raise
-            with _excl_lock(folder, deadline) as excl_path:
+            with _excl_lock(folder, deadline, config) as excl_path:
                 anchor = folder if anchor_fd is not None else excl_path
                 ownership.hold(folder, anchor, ownership.identity_of(anchor))
                 try:
@@ -245,7 +271,7 @@ def _lock_file(folder: Path, deadline: float, anchor_fd: int | None = None) -> I
         time.sleep(min(1.0, max(0.05, deadline - time.monotonic())))
     try:
         os.ftruncate(fd, 0)
-        os.pwrite(fd, (holder_line() + "\n").encode(), 0)
+        os.pwrite(fd, (holder_line(config) + "\n").encode(), 0)
         held = ownership.identity(anchor_fd if anchor_fd is not None else fd)
         ownership.hold(folder, folder if anchor_fd is not None else path, held)
         yield path
@@ -275,10 +301,10 @@ def _same_file(fd: int, path: Path) -> bool:
 
 
 @contextmanager
-def _excl_lock(folder: Path, deadline: float) -> Iterator[Path]:
+def _excl_lock(folder: Path, deadline: float, config: str | None = None) -> Iterator[Path]:
     """The ``O_EXCL`` fallback: the lock is the existence of ``.kvbench.lock.excl``."""
     path = folder / EXCL_LOCK_FILE
-    mine = holder_line()
+    mine = holder_line(config)
     while True:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
@@ -340,13 +366,19 @@ def _first_missing(folder: Path) -> Path | None:
     return missing
 
 
+#: Every run folder this process set out to claim (:func:`claim_run_folder`), in order: a command that claimed none
+#: was refused before its run started (:func:`kvbench.cli.run_job` then removes Hydra's logs of it).
+CLAIMED_FOLDERS: list[Path] = []
+
+
 @contextmanager
-def claim_run_folder(folder: Path, wait_s: float | None = None) -> Iterator[None]:
+def claim_run_folder(folder: Path, wait_s: float | None = None, config: str | None = None) -> Iterator[None]:
     """Create and lock ``folder`` for one run; if the run fails while the folder holds no results, remove what
     kvbench wrote there and the folders this call created (see the module docstring), before the lock is released:
     a process waiting for it then finds the folder gone and makes a fresh one."""
     created = _first_missing(folder)
-    with run_folder_lock(folder, wait_s):
+    CLAIMED_FOLDERS.append(folder)
+    with run_folder_lock(folder, wait_s, config):
         try:
             yield
         except BaseException:

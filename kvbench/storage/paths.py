@@ -14,12 +14,28 @@ the checks that the path can hold a folder (:func:`check_run_folder_path`), and 
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from kvbench.errors import KVBenchError
-from kvbench.storage.writers import run_dir
+from kvbench.storage.folder import holder_config
+from kvbench.storage.reader import DamagedFile, read_run_meta
+from kvbench.storage.writers import (
+    CONFIG_FILE,
+    RUN_META_FILE,
+    config_differences,
+    config_hash,
+    holds_results,
+    run_dir,
+    same_run,
+)
+
+#: Separates a run folder's name from the config hash that makes it unique (``64L@1a2b3c4d``).
+VARIANT_MARK = "@"
+#: Hex digits of the config hash in a variant folder's name.
+VARIANT_HASH_DIGITS = 8
 
 #: Hydra's logs when ``run.output_root`` gives no usable place (empty, or a parent where no folder can be made).
 FALLBACK_LOG_DIR = Path(tempfile.gettempdir()) / "kvbench-hydra-logs"
@@ -64,9 +80,60 @@ def output_root(cfg: Any) -> Path:
     return expand_root(cfg.run.output_root)
 
 
-def run_folder(cfg: Any) -> Path:
-    """The run's results folder: the one place it is computed (validation, the runner, the sweep planner, W&B)."""
-    return run_dir(output_root(cfg), cfg.model.name, cfg.task.name, cfg.method.name, cfg.budget.name, cfg.run.tag)
+def run_folder(cfg: Any, cfg_hash: str | None = None, announce: bool = False) -> Path:
+    """The run's results folder: the one place it is computed (validation, the runner, the sweep planner, W&B).
+
+    The folder is ``<model>/<task>/<method>/<budget>[~<tag>]`` (:func:`~kvbench.storage.writers.run_dir`) unless
+    that folder holds a run of another config (another config hash, with results); then it is the *variant folder*
+    ``<budget>[~<tag>]@<first 8 hex digits of the config hash>`` beside it (:func:`resolve_variant`).  So two
+    commands whose settings give different results never share a folder, a run with more samples extends its own,
+    and every existing folder keeps its name.  ``cfg_hash``: :func:`~kvbench.storage.writers.config_hash` of
+    ``cfg`` when the caller has it.  ``announce``: print a note to stderr when a new variant folder is chosen (the
+    runner does, once), naming what differs from the run in the plain folder."""
+    base = run_dir(output_root(cfg), cfg.model.name, cfg.task.name, cfg.method.name, cfg.budget.name, cfg.run.tag)
+    folder = resolve_variant(base, cfg, cfg_hash or config_hash(cfg))
+    if announce and folder != base and not folder.exists():
+        diffs = config_differences(base, cfg) if (base / CONFIG_FILE).exists() else []
+        shown = "; ".join(diffs[:4]) + (" ..." if len(diffs) > 4 else "")
+        print(
+            f"note: {base} holds a run with other settings{f' ({shown})' if shown else ''}; this run's results go "
+            f"to {folder.name} beside it.",
+            file=sys.stderr,
+        )
+    return folder
+
+
+def variant_folder(base: Path, cfg_hash: str) -> Path:
+    """The variant folder of config ``cfg_hash`` beside the plain folder ``base`` (``64L`` -> ``64L@1a2b3c4d``)."""
+    return base.with_name(f"{base.name}{VARIANT_MARK}{cfg_hash[:VARIANT_HASH_DIGITS]}")
+
+
+def resolve_variant(base: Path, cfg: Any, cfg_hash: str) -> Path:
+    """``base`` or its variant folder for the run ``cfg`` (hash ``cfg_hash``), decided by what is on disk:
+
+    1. the variant folder, if it exists (this config ran there before: the run resumes it);
+    2. the variant folder, if a live process of another config holds ``base``'s lock (a sweep's jobs started side
+       by side: the holder line names its config hash, :func:`~kvbench.storage.folder.holder_line`);
+    3. ``base``, if it holds no run, the same run (:func:`~kvbench.storage.writers.same_run`), a run that wrote no
+       result (replaced, as before), or a run whose ``run_meta.json`` is damaged (the runner repairs or refuses it);
+    4. else the variant folder: ``base`` holds another configuration's results, which stay untouched.
+    """
+    variant = variant_folder(base, cfg_hash)
+    if variant.exists():
+        return variant
+    holder = holder_config(base)  # a live run of another config holds it (it may not have written run_meta yet)
+    if holder is not None and holder != cfg_hash:
+        return variant
+    meta_path = base / RUN_META_FILE
+    if not meta_path.exists():
+        return base
+    try:
+        recorded = read_run_meta(meta_path).get("config_hash")
+    except DamagedFile:
+        return base
+    if same_run(base, recorded, cfg, cfg_hash) or not holds_results(base):
+        return base
+    return variant
 
 
 def check_run_folder_path(root: Path, folder: Path) -> None:
@@ -133,8 +200,61 @@ def hydra_log_dir(raw_root: Any) -> str:
     except KVBenchError:
         return str(FALLBACK_LOG_DIR)
     logs = root.parent / "logs" / "hydra"
+    first_missing = next((p for p in reversed([logs, *logs.parents]) if not p.exists()), None)
     try:
         logs.mkdir(parents=True, exist_ok=True)
     except OSError:
         return str(FALLBACK_LOG_DIR)
+    LOG_ROOTS.setdefault(logs.absolute(), first_missing.absolute() if first_missing is not None else None)
     return str(logs)
+
+
+#: The Hydra log roots :func:`hydra_log_dir` gave in this process, each with the outermost folder it created for it
+#: (``results/`` itself on a fresh checkout; ``None``: it existed): :func:`forget_hydra_job_output` removes them
+#: again, when empty, after a refused command.
+LOG_ROOTS: dict[Path, Path | None] = {}
+#: Hydra's snapshot files of a job (``hydra.output_subdir``, ``.hydra``).
+HYDRA_SNAPSHOTS = ("config.yaml", "hydra.yaml", "overrides.yaml")
+
+
+def forget_hydra_job_output(
+    output_dir: Path, log_name: str, log_size_at_start: int | None, sweep_dir: Path | None
+) -> None:
+    """Remove what Hydra wrote for a job that was refused before its run started (so a refused command leaves no
+    trace under ``results/``): the job's ``.hydra`` snapshots, its log file (``log_size_at_start``: the file's size
+    when the job started, 0 or ``None`` when it was new; an older log is cut back to that size, never removed),
+    ``sweep_dir``'s ``multirun.yaml`` (given for a sweep's first job only), then every folder on the way up that is
+    left empty, below the log root, and above it only the folders this process created (:data:`LOG_ROOTS`)."""
+    for name in HYDRA_SNAPSHOTS:
+        (output_dir / ".hydra" / name).unlink(missing_ok=True)
+    log = output_dir / log_name
+    if log.exists():
+        if not log_size_at_start:
+            log.unlink()
+        else:
+            os.truncate(log, log_size_at_start)
+    if sweep_dir is not None:
+        (sweep_dir / "multirun.yaml").unlink(missing_ok=True)
+    _remove_empty_up((output_dir / ".hydra").absolute())
+
+
+def _remove_empty_up(folder: Path) -> None:
+    """Remove ``folder`` and its parents while they are empty and removable (:func:`forget_hydra_job_output`)."""
+    current = folder
+    while current != current.parent and _removable(current):
+        try:
+            current.rmdir()
+        except OSError:  # not empty (another run's logs) or gone
+            if current.exists():
+                return
+        current = current.parent
+
+
+def _removable(folder: Path) -> bool:
+    """Whether ``folder`` lies below a log root of this process, or inside a folder this process created for one."""
+    for logs, created in LOG_ROOTS.items():
+        if folder != logs and folder.is_relative_to(logs):
+            return True
+        if created is not None and folder.is_relative_to(created):
+            return True
+    return False

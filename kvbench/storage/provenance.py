@@ -10,10 +10,15 @@ from datetime import datetime, timezone
 
 import torch
 
+#: The checkout's output folder: changes under it are results, not code (:func:`git_commit`).
+OUTPUT_FOLDER = "results"
+
 
 def git_commit() -> str | None:
-    """The repository's HEAD commit (with ``-dirty`` when there are uncommitted changes), if available; None for an
-    installed wheel (``kvbench_version`` identifies that code; never the commit of a repository it sits in)."""
+    """The repository's HEAD commit (with ``-dirty`` when tracked files outside ``results/`` have uncommitted
+    changes), if available; None for an installed wheel (``kvbench_version`` identifies that code; never the commit
+    of a repository it sits in).  What runs and scripts write under ``results/`` (committed tables and papers' numbers
+    included) is output, not the code that computed a result, so it never marks the tree dirty."""
     from kvbench.resources import checkout_dir
 
     root = checkout_dir()
@@ -24,7 +29,7 @@ def git_commit() -> str | None:
             ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True, timeout=10
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", f":(exclude){OUTPUT_FOLDER}"],
             cwd=root,
             capture_output=True,
             text=True,

@@ -33,7 +33,8 @@ Layout (one *run* = one model x task x method x budget)::
                                   (where the tokens after the prompt went, when re-rotated),
                                   "prerope_states": "hidden_states" | "unrotated" | "mixed" | null (where a
                                   scorer's pre-RoPE keys/queries came from; null: it reads none)},
-     "stop_reason": str, "question_lost": bool}
+     "stop_reason": str, "question_lost": bool,
+     "scoring_error": str (only on a row whose scorer raised: it scored 0; :mod:`kvbench.run.scoring`)}
 
 ``metrics.json``::
 
@@ -54,7 +55,8 @@ Layout (one *run* = one model x task x method x budget)::
      "timing": {"n": int, "prefill_s_mean": float, "decode_s_mean": float, "total_s": float},
      "attention": {"calls": {path: int}, "fallbacks": {reason: int}} (paged-cache attention paths that ran and
      any GPU path that was unavailable, :mod:`kvbench.kernels.paths`; run_meta.json has the machine's
-     "attention_capability" and the run's "attention_fallbacks")}
+     "attention_capability" and the run's "attention_fallbacks"),
+     "scoring_errors": {"count": int, "by_sample": {id: str}} (predictions whose scorer raised, scored 0)}
 
 Generated RULER/NeedleBench samples live apart from the runs, in ``run.sample_cache`` (default
 ``results/samples/<benchmark>/<dataset>-<key>.jsonl``, see :mod:`kvbench.storage.sample_cache`).
@@ -294,6 +296,21 @@ FAMILIES_GAINED_WRAPPERS = frozenset({"snapkv"})
 KNOBS_GAINED_WITH_WRAPPERS: dict[str, Any] = {"row_reduce": "sum"}
 
 
+#: Task options added after their task's hashes were recorded, with the value that keeps the old behaviour: a config
+#: with such an option at that value hashes as one from before the option existed (issue #54: SCBench's
+#: ``fixed_scdq_kv`` changes scores only, never predictions).
+TASK_OPTIONS_ADDED_OFF: dict[str, Any] = {"fixed_scdq_kv": False}
+
+
+def _without_added_task_options(container: dict[str, Any]) -> dict[str, Any]:
+    task = container.get("task")
+    options = task.get("options") if isinstance(task, dict) else None
+    if not isinstance(options, dict) or not any(key in options for key in TASK_OPTIONS_ADDED_OFF):
+        return container
+    kept = {k: v for k, v in options.items() if not (k in TASK_OPTIONS_ADDED_OFF and v == TASK_OPTIONS_ADDED_OFF[k])}
+    return {**container, "task": {**task, "options": kept}}
+
+
 def canonical_config(container: dict[str, Any]) -> dict[str, Any]:
     """The resolved config ``container`` in the layout it had before issue #41 (hashes and comparisons are computed
     from it, so every existing run keeps its hash: docs/results.md): the scorer knobs of :data:`LEGACY_METHOD_KNOBS`
@@ -301,7 +318,9 @@ def canonical_config(container: dict[str, Any]) -> dict[str, Any]:
     (:data:`LEGACY_KNOB_FAMILIES`), else at the value a run of the family recorded then (the schema's default, or
     :data:`LEGACY_PRESET_VALUES`), and without the fields of :data:`PARAMS_ADDED_OFF` that are off (and, for
     :data:`FAMILIES_GAINED_WRAPPERS`, the wrapper knobs of :data:`WRAPPER_KNOBS_OFF` that are off).  A config
-    already in that layout is returned as it is."""
+    already in that layout is returned as it is.  Task options of :data:`TASK_OPTIONS_ADDED_OFF` at their old
+    behaviour are dropped."""
+    container = _without_added_task_options(container)
     method = container.get("method")
     if not isinstance(method, dict) or "params" not in method or all(knob in method for knob in _VOTE_KNOBS):
         return container

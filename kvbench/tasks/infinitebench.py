@@ -237,7 +237,8 @@ class InfiniteBenchDataset(TaskDataset):
     def score(self, predictions: Sequence[str], samples: Sequence[Sample]) -> dict[str, float]:
         """``compute_scores.py``'s mean for the task, x100 (the template's family is the scorer's ``model_name``)."""
         labels = [sample.extra["label"] for sample in samples]
-        mean = task_score(self.name, predictions, labels, self.template, fixed_kv_label=self.fixed_kv_label)
+        keys = [sample.id for sample in samples]
+        mean = task_score(self.name, predictions, labels, self.template, keys, fixed_kv_label=self.fixed_kv_label)
         return {"score": 100 * mean}
 
     def describe(self) -> dict[str, Any]:

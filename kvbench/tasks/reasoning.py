@@ -13,9 +13,12 @@ Official pipeline and who does what
    R-KV's ``run_math.py`` total lengths (GSM8K 8192, MATH 16384, AIME 32768), counted here as new tokens.
 4. Reference answer: ``parse_ground_truth`` (MATH: the last ``\\boxed{}`` of ``solution``; GSM8K: after ``####``; AIME:
    ``answer``), normalised by ``strip_string`` -- :func:`kvbench.metrics.math_answer.ground_truth`.
-5. Prediction: ``extract_answer`` then ``strip_string`` (:mod:`kvbench.metrics.math_answer`); grading ``math_equal``
-   (:mod:`kvbench.metrics.math_grader`; ``task.options.grader=math_verify`` uses the ``math-verify`` package on the
-   raw output instead).  Accuracy = mean over every generated sample (0-100), with a 95 % interval over questions.
+5. Prediction: ``run_execute`` (``extract_answer``, ``strip_string`` twice) and ``math_eval.py``'s A-E clean-up
+   (:func:`kvbench.metrics.math_answer.official_prediction`); grading ``math_equal``
+   (:mod:`kvbench.metrics.math_grader`;
+   ``task.options.grader=math_verify`` uses the ``math-verify`` package on the raw output and the reference as
+   written instead).  A grading error scores the sample wrong and is recorded.  Accuracy = mean over every generated
+   sample (0-100), with a 95 % interval over questions.
 
 MATH500 and AIME25 are not in Qwen2.5-Math's data folder: MATH500 (``HuggingFaceH4/MATH-500``, MATH's own fields) is
 read as its ``math`` data, AIME25 as its ``aime24`` (fields ``problem`` / ``answer``).  See
@@ -34,7 +37,8 @@ from typing import Any
 
 from kvbench import resources
 from kvbench.checks import check_choice, check_known_keys
-from kvbench.metrics.math_answer import extract_answer, ground_truth
+from kvbench.metrics.guard import ScoreGuard
+from kvbench.metrics.math_answer import ground_truth, official_prediction, reference_text
 from kvbench.metrics.math_grader import math_equal
 from kvbench.sampling import Sampling
 from kvbench.tasks import provenance
@@ -168,9 +172,10 @@ class ReasoningDataset(TaskDataset):
             for index, example in enumerate(examples):
                 prompt = format_prompt(official_question(example, self.data_name))
                 answer = ground_truth(example, self.data_name)
+                written = reference_text(example, self.data_name)
                 for k in range(self.n_samples):
                     sample_id = str(index) if self.n_samples == 1 else f"{index}#{k}"
-                    extra = {"question_index": index, "draw": k}
+                    extra = {"question_index": index, "draw": k, "reference_text": written}
                     self._samples.append(
                         Sample(id=sample_id, context=prompt, question="", answers=[answer], extra=extra)
                     )
@@ -185,13 +190,22 @@ class ReasoningDataset(TaskDataset):
         self.samples()
         return self._provenance
 
-    def is_correct(self, prediction: str, reference: str) -> bool:
-        """Whether a raw generation answers ``reference`` (the normalised reference answer) by the chosen grader."""
+    def is_correct(self, prediction: str, reference: str, reference_as_written: str | None = None) -> bool:
+        """Whether a raw generation answers ``reference`` (the normalised reference answer) by the chosen grader:
+        ``official`` -- :func:`~kvbench.metrics.math_answer.official_prediction` of the output (stripped, cut at the
+        stop words, as ``math_eval.py``) graded by ``math_equal``; ``math_verify`` -- the package's ``verify`` of the
+        raw output against the reference as written (``reference_as_written``, ``\\boxed{}``-wrapped; the
+        normalised one would reach it mangled: ``strip_string`` turns ``\\frac{a}{b}`` into ``\\frac{}{b}``)."""
         if self.grader == "math_verify":
             from math_verify import parse, verify
 
-            return bool(verify(parse("\\boxed{" + reference + "}"), parse(prediction)))
-        return math_equal(extract_answer(prediction, self.data_name), reference)
+            gold = reference if reference_as_written is None else reference_as_written
+            return bool(verify(parse("\\boxed{" + gold + "}"), parse(prediction)))
+        code = prediction.strip()
+        for stop in STOP_STRINGS:
+            code = code.split(stop)[0].strip()
+        answer = official_prediction(code, self.data_name, reference)
+        return answer is not None and math_equal(answer, reference)
 
     def score(self, predictions: Sequence[str], samples: Sequence[Sample]) -> dict[str, float]:
         """Accuracy (0-100): the mean over every generated sample (``score``), with a 95 % interval over questions
@@ -201,8 +215,10 @@ class ReasoningDataset(TaskDataset):
         if len(predictions) != len(samples):
             raise ValueError(f"{len(predictions)} predictions for {len(samples)} samples in {self.name!r}")
         per_question: dict[int, list[bool]] = {}
+        guard = ScoreGuard()  # a grading error scores the sample wrong, recorded (the official pool: a timeout)
         for prediction, sample in zip(predictions, samples, strict=True):
-            correct = self.is_correct(prediction, sample.answers[0])
+            written = sample.extra.get("reference_text")
+            correct = bool(guard(sample.id, self.is_correct, prediction, sample.answers[0], written))
             per_question.setdefault(int(sample.extra.get("question_index", 0)), []).append(correct)
         means = [sum(hits) / len(hits) for hits in per_question.values()]
         accuracy = sum(means) / len(means) if means else 0.0

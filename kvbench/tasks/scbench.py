@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.checks import check_choice, check_known_keys
+from kvbench.metrics.guard import ScoreGuard
 from kvbench.metrics.scbench import FUNCTION_EXTRACTIONS, ScoredRow, official_scores
 from kvbench.tasks import provenance
 from kvbench.tasks.base import PackageNeed, Sample, TaskDataset, register_data_preparer, register_task, select_datasets
@@ -57,6 +58,9 @@ VALID_OPTIONS: dict[str, Any] = {
     "hub_repo": DEFAULT_HUB_REPO,
     "hub_revision": "main",
     "max_new_tokens": None,
+    # multi-request scbench_repoqa_and_kv: the official compute_scores scores the kv sub-task's whole rows (always 0);
+    # true scores the predictions (kvbench's fix: deviation, recorded).
+    "fixed_scdq_kv": False,
 }
 METRIC_NAMES = {
     "scbench_qa_chn": "qa_f1_score_zh",
@@ -150,6 +154,7 @@ class SCBenchDataset(TaskDataset):
             self.max_new_tokens = min(self.max_new_tokens, int(cap))
         self.cap = cap
         self.extraction, self.extraction_rule = resolve_extraction(options["repoqa_extraction"])
+        self.fixed_scdq_kv = bool(options["fixed_scdq_kv"])
         self.metric_name = METRIC_NAMES.get(name, "accuracy")
         self.data_dir, self.num_samples = data_dir, num_samples
         self.hub_repo, self.hub_revision = options["hub_repo"], options["hub_revision"]
@@ -226,10 +231,12 @@ class SCBenchDataset(TaskDataset):
                 lang=s.extra.get("lang"),
                 repo=s.extra.get("repo"),
                 func_name=s.extra.get("func_name"),
+                key=s.id,
             )
             for p, s in zip(predictions, samples, strict=True)
         ]
-        scores = official_scores(self.name, rows, self.mode == "multi_request", self.extraction)
+        multi_request = self.mode == "multi_request"
+        scores = official_scores(self.name, rows, multi_request, self.extraction, self.fixed_scdq_kv, ScoreGuard())
         return {key: 100 * value for key, value in scores.items()}
 
     def score(self, predictions: Sequence[str], samples: Sequence[Sample]) -> dict[str, float]:
@@ -256,6 +263,8 @@ class SCBenchDataset(TaskDataset):
         )
         if self.name in _REPOQA_TASKS:
             info.update({"repoqa_extraction": self.extraction, "repoqa_extraction_rule": self.extraction_rule})
+        if self.name == "scbench_repoqa_and_kv" and self.mode == "multi_request":
+            info["fixed_scdq_kv"] = self.fixed_scdq_kv
         return info
 
 
@@ -265,6 +274,8 @@ def _options(task_cfg: Any) -> dict[str, Any]:
     merged = {**VALID_OPTIONS, **given}
     check_choice("task.options.mode", merged["mode"], MODES)
     check_choice("task.options.repoqa_extraction", merged["repoqa_extraction"], ("auto", *FUNCTION_EXTRACTIONS))
+    if not isinstance(merged["fixed_scdq_kv"], bool):
+        raise ValueError(f"task.options.fixed_scdq_kv must be true or false, got {merged['fixed_scdq_kv']!r}")
     for key in ("max_turns", "max_new_tokens"):
         value = merged[key]
         if (value is not None or key == "max_turns") and (

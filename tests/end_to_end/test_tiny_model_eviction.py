@@ -123,7 +123,8 @@ def test_front_page_shows_what_the_quick_start_prints(
     assert shown, "docs/index.md has no quick-start output block"
     assert shown.group(1).strip() == stdout.strip()
     printed = {line.split()[0]: line.split()[1:] for line in stdout.splitlines() if line.startswith(DATASETS)}
-    printed["cache"] = next(line for line in stdout.splitlines() if line.startswith("cache kept")).split()[2:]
+    for row in ("tokens kept", "bytes stored"):  # memory: tokens kept and bytes stored, both on the front page
+        printed[row.split()[0]] = next(line for line in stdout.splitlines() if line.startswith(row)).split()[2:]
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     for key, values in printed.items():
         row = next(line for line in readme.splitlines() if line.startswith(f"| {key}"))

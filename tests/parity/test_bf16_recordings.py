@@ -5,9 +5,9 @@ authors' code, FFY0/AdaKV and antgroup/cakekv, run outside kvbench; ``tests/fixt
 * Ada-KV: the head capacities equal the code's exactly (its count runs in bfloat16: sorted rows, the ``normalize``
   weight in bfloat16, one ``topk`` over the rows laid end to end); each head's kept candidates are a top-k of the
   code's bfloat16 scores (the same set, or another where scores tie at the cut).
-* CAKE: the cascade's layer budgets equal the code's exactly (``V ** (1 / tau2)`` of its bfloat16 variance), the
-  layer preferences to float32 rounding (the entropy's float32 sum runs in another order), each layer's kept tokens
-  are a top-k of the code's bfloat16 indicator.
+* CAKE: the layer preferences equal the code's bit for bit (computed by the code's own operations in bfloat16:
+  :mod:`kvbench.methods.cake_preference`), so the cascade's layer budgets are the code's, also over 28-32 layers
+  (``cake_bf16_cascade.json``, issue #54); each layer's kept tokens are a top-k of the code's bfloat16 indicator.
 
 The inputs are regenerated from their seeds here (checked against the recorded sha256), so the fixtures hold only
 the outputs.
@@ -129,9 +129,8 @@ def _cake_layers(case: dict) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def _cake_run(case: dict, score_dtype: str):
-    method = method_from_yaml(
-        "cake", decode_eviction=False, score_dtype=score_dtype, params={"tau1": case["tau1"], "tau2": case["tau2"]}
-    )
+    params = {"tau1": case["tau1"], "tau2": case["tau2"], "gamma": case["gamma"]}
+    method = method_from_yaml("cake", decode_eviction=False, score_dtype=score_dtype, params=params)
     return _session(method, f"{case['cache_size']}L", _cake_layers(case))
 
 
@@ -146,8 +145,7 @@ def test_cake_keeps_the_codes_bf16_budgets_and_a_top_k_of_its_indicator(index: i
     cache_, session = _cake_run(case, "model")
     assert [b - window for b in session.record.requested_per_layer] == case["layer_budget"]
     assert session.allocator_state is not None
-    preferences = torch.tensor(session.allocator_state.preferences)
-    torch.testing.assert_close(preferences, torch.tensor(case["preferences"]), rtol=1e-6, atol=0)
+    assert session.allocator_state.preferences == case["preferences"]  # the code's operations: bit for bit
     for layer, stored in enumerate(cache_.headwise_layers):
         scores = tensors[f"{index}/scores/{layer}"].float()
         assert stored.head_lengths() == [tensors[f"{index}/kept/{layer}"].shape[1]] * case["kv_heads"]
@@ -167,3 +165,30 @@ def test_cake_float32_scoring_misses_budgets_that_model_dtype_scoring_keeps() ->
         _, session = _cake_run(case, "float32")
         off += [b - case["window"] for b in session.record.requested_per_layer] != case["layer_budget"]
     assert off > 0
+
+
+@cache
+def cascade_recording() -> dict:
+    """``cake_bf16_cascade.json``: per case the settings, the inputs' sha256, the preferences and the budgets."""
+    return json.loads((RECORDINGS / "cake_bf16_cascade.json").read_text())
+
+
+#: Many-layer cascades (issue #54 item 5): the four (gamma, tau) settings over both shapes, 28 and 32 layers.
+CASCADE_CASES = [0, 27, 37, 46]
+
+
+@pytest.mark.parametrize("index", CASCADE_CASES)
+def test_cake_cascade_over_many_layers_keeps_the_codes_bf16_budgets(index: int) -> None:
+    """Every stage's preference equals the code's bit for bit (so the final budgets are the code's to the token),
+    over 28-32 layers of GQA heads with gamma 50-200 and the official tau pairs."""
+    case = cascade_recording()["cases"][index]
+    _, session = _cake_run(case, "model")
+    assert session.allocator_state is not None
+    assert session.allocator_state.preferences == case["preferences"]
+    assert [b - case["window"] for b in session.record.requested_per_layer] == case["layer_budget"]
+
+
+def test_cascade_recordings_cover_many_layers_gqa_and_several_gamma_and_tau() -> None:
+    cases = [cascade_recording()["cases"][i] for i in CASCADE_CASES]
+    assert {case["layers"] for case in cases} == {28, 32} and {case["groups"] for case in cases} == {2, 4}
+    assert len({case["gamma"] for case in cases}) == 3 and len({(c["tau1"], c["tau2"]) for c in cases}) == 4

@@ -232,14 +232,25 @@ def test_wandb_report_dry_run_has_one_budget_panel_per_dataset(grid: Path, tmp_p
         assert f'Config("panel.{key}") == {value!r}' in runset.filters
     lines = [p for p in grid_block.panels if isinstance(p, wr.LinePlot)]
     per_dataset = {p.y[0].name: p for p in lines if "/avg/" not in p.y[0].name}
-    assert sorted(per_dataset) == sorted(f"tiny_niah/{d}" for d in DATASETS)
+    assert sorted(per_dataset) == sorted(f"tiny_niah/{d}/interval" for d in DATASETS)
     for name, panel in per_dataset.items():
         assert panel.x.name == "budget_tokens_per_layer" and panel.log_x
-        # One line per method x question mode (x tag), the interval's ends, the full cache across the budgets.
+        # One line per method x question mode (x tag): the median of the three band rows (the score) with the
+        # min-max band (the interval's ends), and the full cache across the budgets; no extra interval lines.
         assert isinstance(panel.groupby, wr.Config) and panel.groupby.name == "panel.group"
-        assert [m.name for m in panel.y] == [name, f"{name}/ci95_low", f"{name}/ci95_high", f"full_cache/{name}"]
+        dataset_key = name.removesuffix("/interval")
+        assert [m.name for m in panel.y] == [name, f"full_cache/{dataset_key}"]
+        assert (panel.groupby_aggfunc, panel.groupby_rangefunc) == ("median", "minmax")
         assert "(full cache: " in panel.title
-    assert any(p.y[0].name == "tiny_niah/avg/mean" for p in lines)
+    assert any(p.y[0].name == "tiny_niah/avg/mean/interval" for p in lines)
+    # The palette: every group of the run set (method, question mode, tag) in its method's colour.
+    from kvbench.reporting.palette import method_colour
+
+    colours = {tuple(k.value for k in group.keys): colour for group, colour in grid_block.custom_run_colors.items()}
+    assert colours and all(colour == method_colour(key[0]) for key, colour in colours.items())
+    methods = {key[0] for key in colours}
+    assert "snapkv" in methods and len(set(colours.values())) == len(methods)
+    assert "kept fraction vs score" not in out.read_text() and "as a band" in out.read_text()
     [scatter] = [p for p in grid_block.panels if isinstance(p, wr.ScatterPlot)]
     assert scatter.x.name == "panel.stored_fraction" and scatter.y.name == "tiny_niah/avg"
     [parallel] = [p for p in grid_block.panels if isinstance(p, wr.ParallelCoordinatesPlot)]

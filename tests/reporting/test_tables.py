@@ -230,6 +230,19 @@ def test_missing_runs_are_listed(cake_runs):
     assert (LLAMA2, "128L", "snapkv") not in key.index
     # Every paper row without a complete run is listed once: 36 rows - snapkv, h2o, streamingllm.
     assert len(miss) == 36 - 3
+    # ... with the command that makes its run: the table's experiment preset and the row's choices, which compose.
+    command = miss.set_index(["model", "budget", "method"])["command"][(LLAMA2, "128L", "pyramidkv")]
+    expected = f"python run.py +experiment=cake_t1 model={LLAMA2} task=longbench method=pyramidkv budget=128L"
+    assert command == expected + " task.question_mode=aware"
+    from kvbench.run.sweep import Composer
+
+    composer = Composer()
+    try:
+        for line in miss["command"].drop_duplicates().head(3):
+            cfg = composer.compose(line.split()[2:])
+            assert cfg.run.tag == "cake" and cfg.model.name == LLAMA2
+    finally:
+        composer.close()
 
 
 def test_markdown_and_latex_layout(cake_runs):

@@ -51,6 +51,7 @@ def test_default_style_run_writes_all_result_files(default_run: tuple[Path, subp
             assert all(heads == [64] * TINY_CONFIG["num_attention_heads"] for heads in cache["achieved_per_head"])
         metrics = json.loads((folder / name / "metrics.json").read_text())
         assert metrics["n_samples"] == 2 and metrics["cache"]["budget_exact"] is True
+        assert metrics["scoring_errors"] == {"count": 0, "by_sample": {}}  # a scorer that raised would be counted
     assert "average" in result.stdout and "niah_single_1k" in result.stdout
     # summary.json: each dataset's score (as in metrics.json) inside its bootstrap interval, the average, provenance.
     summary = json.loads((folder / "summary.json").read_text())

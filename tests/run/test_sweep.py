@@ -88,12 +88,17 @@ def test_plan_reports_missing_presets_clearly_and_keeps_the_rest(conf_copy: Path
     assert "no_such_method" in report
 
 
-def test_plan_flags_two_jobs_sharing_one_run_folder(tmp_path: Path) -> None:
-    # method.window changes the config but not the folder, so both jobs would write into .../snapkv/64L.  (A
-    # budget.spec sweep no longer does: each spec names its own folder, tests/faults/test_sweeps_and_budgets.py.)
+def test_plan_gives_two_configs_of_one_run_folder_a_folder_each(tmp_path: Path) -> None:
+    # method.window changes the config but not the folder name: the second job takes the variant folder
+    # 64L@<hash> (as the runner does when the two start side by side); the same job twice is still refused.
     jobs = sweep.plan(None, [*FAST, "budget=64L", "method.window=8,16", f"run.output_root={tmp_path}"], name="dup")
-    assert [j.state for j in jobs] == ["new", "invalid"]
-    assert "same run folder as job 0" in (jobs[1].reason or "")
+    assert [j.state for j in jobs] == ["new", "new"]
+    assert jobs[0].folder is not None and jobs[1].folder is not None
+    assert jobs[0].folder.name == "64L"
+    assert jobs[1].folder.name == "64L@" + jobs[1].details["config_hash"][:8]
+    twice = sweep.plan(None, [*FAST, "budget=64L", "method.window=8,8", f"run.output_root={tmp_path}"], name="dup")
+    assert [j.state for j in twice] == ["new", "invalid"]
+    assert "the same run as job 0" in (twice[1].reason or "")
 
 
 def test_unknown_experiment_is_a_clear_error() -> None:

@@ -98,11 +98,15 @@ def test_offline_mode_logs_group_name_table_and_summary(tmp_path: Path) -> None:
     # row with the numeric axes and the scores, and a needle heatmap image per dataset.
     config: dict[str, Any] = {}
     history: dict[tuple[str, ...], Any] = {}
+    bands: dict[str, list[float]] = {}  # every value of a band series, in the order of the history rows
     for record in records:
         if record.WhichOneof("record_type") == "config":
             config.update({item.key: json.loads(item.value_json) for item in record.config.update if item.key})
         if record.WhichOneof("record_type") == "history":
             history.update({tuple(item.nested_key): json.loads(item.value_json) for item in record.history.item})
+            for item in record.history.item:
+                if item.nested_key and item.nested_key[0].endswith("/interval"):
+                    bands.setdefault(item.nested_key[0], []).append(json.loads(item.value_json))
     run_summary = json.loads((folder / "summary.json").read_text())
     panel = config["panel"]
     assert {k: panel[k] for k in ("method", "family", "model", "task", "question_mode", "experiment", "budget")} == {
@@ -137,6 +141,10 @@ def test_offline_mode_logs_group_name_table_and_summary(tmp_path: Path) -> None:
     assert history[("kept_fraction",)] == pytest.approx(sum(kept) / 3)
     for row in run_summary["datasets"]:  # the intervals in the history row too: the panels draw them
         assert history[(f"tiny_niah/{row['dataset']}/ci95_low",)] == pytest.approx(row["ci95"][0])
+        # The report's band: three rows at the run's budget, the low end, the score, the high end.
+        low, high = row["ci95"]
+        assert bands[f"tiny_niah/{row['dataset']}/interval"] == pytest.approx([low, row["score"], high])
+    assert bands["tiny_niah/avg/mean/interval"] == pytest.approx([mean["ci95"][0], mean["score"], mean["ci95"][1]])
     for name in DATASETS:
         assert history[(f"tiny_niah/{name}",)] == pytest.approx(metrics[name]["score"])
         assert history[(f"needle/{name}", "_type")] == "image-file"
