@@ -227,6 +227,7 @@ def evaluate(
     training flag.
     """
     # The caller's own argument names, before they become task.* keys (and before transformers is imported).
+    check_evaluate_arguments(model, tokenizer, overrides)
     if limit is not None:
         check_min("limit", limit, 1, "samples per dataset, the first N; None for all", error=KVBenchError)
     if question_mode is not None:
@@ -260,6 +261,38 @@ def evaluate(
             predictions=_read_predictions(runner.folder, [r.dataset for r in results]),
             folder=runner.folder if output_dir is not None else None,
             config=cfg,
+        )
+
+
+def check_evaluate_arguments(model: Any, tokenizer: Any, overrides: Any) -> None:
+    """:func:`evaluate`'s model, tokenizer and overrides, checked before any work: one :class:`KVBenchError` naming
+    the problem and the fix (never an AttributeError from deep inside): no model, the two swapped, a model
+    transformers loaded as an encoder-decoder (kvbench evaluates decoder-only causal LMs), or ``overrides`` given
+    as one string instead of a list of ``key=value`` strings."""
+    call = "kvbench.evaluate(model, tokenizer, ...)"
+    looks_like_tokenizer = hasattr(model, "get_vocab") and not hasattr(model, "config")
+    if model is not None and looks_like_tokenizer and hasattr(tokenizer, "config"):
+        raise KVBenchError(f"{call}: the model and the tokenizer are swapped: pass the model first, then the tokenizer")
+    if model is None or not hasattr(model, "config") or not callable(model):
+        raise KVBenchError(
+            f"{call}: model={type(model).__name__} is not a loaded transformers model; pass one, e.g. "
+            "AutoModelForCausalLM.from_pretrained(name)"
+        )
+    if tokenizer is None or not callable(getattr(tokenizer, "encode", None)):
+        raise KVBenchError(
+            f"{call}: tokenizer={type(tokenizer).__name__} is not a tokenizer; pass the model's, e.g. "
+            "AutoTokenizer.from_pretrained(name)"
+        )
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise KVBenchError(
+            f"{call}: {type(model).__name__} is an encoder-decoder model ({getattr(model.config, 'model_type', '?')}); "
+            "kvbench evaluates decoder-only causal LMs (AutoModelForCausalLM), whose one KV cache it compresses"
+        )
+    if isinstance(overrides, (str, bytes)) or not all(isinstance(item, str) for item in overrides):
+        raise KVBenchError(
+            f"{call}: overrides={overrides!r} must be a list of key=value strings, e.g. overrides=[{overrides!r}]"
+            if isinstance(overrides, str)
+            else f"{call}: overrides={overrides!r} must be a list of key=value strings"
         )
 
 

@@ -14,6 +14,10 @@ Accepted ``budget.spec`` strings:
   the layer allocator (uniform: that many per layer).  kvpress protects no window: use it with methods that do not
   (the one-class methods, the ``*_kvpress`` presets), and ``task.question_mode=agnostic`` so that only the context
   is compressed, as kvpress's pipeline.
+* ``<t>thr`` (e.g. ``-3.0thr``, ``0.01thr``) -- a *threshold*, not a size (kvpress's ``DMSPress``, issue #58): every
+  token whose score is below ``t`` is evicted, so the kept count varies by head, layer and sample and memory is an
+  outcome, reported per run (kept fraction, stored bytes).  Only threshold methods (``method=dms``) take it, and they
+  take nothing else; ``t`` is on the scale of the method's scorer (KNorm: minus a key norm).
 
 All budgets count tokens per stored head and, by default, include the observation window
 (``method.window_in_budget``).  When a layer's budget is at least the context length nothing is evicted there.
@@ -25,17 +29,19 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-BudgetKind = Literal["full", "total_per_layer", "fixed_per_layer", "ratio", "compression"]
+BudgetKind = Literal["full", "total_per_layer", "fixed_per_layer", "ratio", "compression", "threshold"]
 
 ACCEPTED_FORMS = (
     "'full', '<n>L' (e.g. 128L), '<n>/layer' (e.g. 128/layer), '<r>x' with 0<r<=1 (e.g. 0.2x), "
-    "'<c>cr' (kvpress's compression ratio) with 0<=c<1 (e.g. 0.25cr)"
+    "'<c>cr' (kvpress's compression ratio) with 0<=c<1 (e.g. 0.25cr), "
+    "'<t>thr' (a score threshold, threshold methods only: e.g. -3.0thr)"
 )
 
 _TOTAL = re.compile(r"^(\d+)L$")
 _FIXED = re.compile(r"^(\d+)/layer$")
 _RATIO = re.compile(r"^(\d*\.?\d+)x$")
 _COMPRESSION = re.compile(r"^(\d*\.?\d+)cr$")
+_THRESHOLD = re.compile(r"^([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)thr$")
 
 
 class BudgetError(ValueError):
@@ -49,7 +55,7 @@ class Budget:
     spec: str
     kind: BudgetKind
     #: Tokens per layer (``<n>L``, ``<n>/layer``), the kept ratio (``<r>x``) or kvpress's compression ratio
-    #: (``<c>cr``); 0 for ``full``.
+    #: (``<c>cr``), the score threshold (``<t>thr``); 0 for ``full``.
     value: float
 
     @property
@@ -61,17 +67,23 @@ class Budget:
         """Whether every layer must keep the same number (layer allocators bypassed)."""
         return self.kind == "fixed_per_layer"
 
+    @property
+    def is_threshold(self) -> bool:
+        """Whether the budget is a score threshold (``<t>thr``): the kept count is an outcome, not a setting."""
+        return self.kind == "threshold"
+
     def total(self, context_length: int, num_layers: int) -> int:
-        """Total tokens per stored head over all layers for a context of ``context_length`` tokens."""
-        if self.kind == "full":
+        """Total tokens per stored head over all layers for a context of ``context_length`` tokens (a threshold
+        bounds nothing: every token, as ``full``)."""
+        if self.kind in ("full", "threshold"):
             return context_length * num_layers
         if self.kind in ("ratio", "compression"):
             return self.mean_per_layer(context_length) * num_layers
         return int(self.value) * num_layers
 
     def mean_per_layer(self, context_length: int) -> int:
-        """Average tokens per layer (per head)."""
-        if self.kind == "full":
+        """Average tokens per layer (per head); a threshold's upper bound (every token) for ``<t>thr``."""
+        if self.kind in ("full", "threshold"):
             return context_length
         if self.kind == "ratio":
             return max(1, round(self.value * context_length))
@@ -112,6 +124,8 @@ def parse_budget(spec: str) -> Budget:
         if not 0 <= compression < 1:
             raise BudgetError(f"budget {spec!r}: compression ratio must be in [0, 1); accepted forms: {ACCEPTED_FORMS}")
         return Budget(text, "compression", compression)
+    if match := _THRESHOLD.match(text):
+        return Budget(text, "threshold", float(match.group(1)))
     raise BudgetError(f"invalid budget {spec!r}; accepted forms: {ACCEPTED_FORMS}")
 
 
@@ -123,8 +137,10 @@ def _positive(budget: Budget) -> Budget:
 
 def budget_label(spec: str) -> str:
     """The folder-safe name of a budget string, as the presets name theirs: ``full``, ``64L``, ``128/layer`` ->
-    ``128perlayer``, ``0.2x`` -> ``ratio0.2``, ``0.25cr`` -> ``cr0.25``."""
+    ``128perlayer``, ``0.2x`` -> ``ratio0.2``, ``0.25cr`` -> ``cr0.25``, ``-3.0thr`` -> ``thr-3.0``."""
     text = str(spec).strip()
+    if match := _THRESHOLD.match(text):
+        return f"thr{match.group(1)}"
     if match := _COMPRESSION.match(text):
         return f"cr{match.group(1)}"
     if match := _FIXED.match(text):

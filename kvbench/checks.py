@@ -9,6 +9,7 @@ each method family's module for its parameters).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -44,8 +45,10 @@ def check_range(
     low_open: bool = False,
     error: type[Exception] = ValueError,
 ) -> Any:
-    """``value`` if it is a number in ``[low, high]`` (``(low, high]`` with ``low_open``; a ``None`` bound is
-    unbounded); else raise ``error`` naming the interval."""
+    """``value`` if it is a finite number in ``[low, high]`` (``(low, high]`` with ``low_open``; a ``None`` bound is
+    unbounded); else raise ``error`` naming the interval.  NaN and the infinities are refused whatever the bounds
+    (``nan`` compares false with every bound, and ``1e400`` reads as ``inf``)."""
+    check_finite(key, value, error)
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     too_low = low is not None and number and (value <= low if low_open else value < low)
     too_high = high is not None and number and value > high
@@ -53,6 +56,18 @@ def check_range(
         lower = ("(" if low_open else "[") + ("-inf" if low is None else f"{low:g}")
         upper = "inf)" if high is None else f"{high:g}]"
         raise error(f"{key}={value!r} is not valid: it must be a number in {lower}, {upper}.")
+    return value
+
+
+def check_finite(key: str, value: Any, error: type[Exception] = ValueError) -> Any:
+    """``value`` unless it is a float NaN or infinity (``nan``, ``inf``, ``-inf``, or ``1e400``, which reads as
+    ``inf``); else raise ``error`` naming ``key`` and the value.  Anything that is not a float passes (its type is
+    another check's business)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise error(
+            f"{key}={value!r} is not valid: it must be a finite number (NaN and infinities are refused; a number "
+            f"written beyond float range such as 1e400 reads as inf). Give a finite value, e.g. {key}=0.5."
+        )
     return value
 
 

@@ -106,15 +106,26 @@ def main() -> None:
     from kvbench.overrides import prepare_overrides
 
     # Any budget spec (budget=80L, budget=0.3x, budget=512) and a number given to any group, as Hydra composes them.
-    sys.argv[1:] = prepare_overrides(sys.argv[1:])
     continue_on_error = CONTINUE_FLAG in sys.argv[1:]
     sys.argv[1:] = [arg for arg in sys.argv[1:] if arg != CONTINUE_FLAG]  # kvbench's flag, not Hydra's
+    sys.argv[1:] = flags_first(sys.argv[1:])
     with reporting_errors():
+        sys.argv[1:] = prepare_overrides(sys.argv[1:])  # a method= naming a broken plug-in: one error line, exit 2
         check_sweep(sys.argv[1:], continue_on_error)
     with reporting_hydra_errors(sys.argv[1:]):
         hydra_app(continue_on_error)()
     if FAILED_JOBS:
         report_failed_jobs()
+
+
+#: Hydra's flags that take no value: accepted anywhere on the command line (Hydra's argparse wants them before the
+#: overrides, and names a later one "unrecognized arguments").
+VALUELESS_FLAGS = ("-m", "--multirun")
+
+
+def flags_first(args: Sequence[str]) -> list[str]:
+    """``args`` with :data:`VALUELESS_FLAGS` moved before the overrides (``budget=64L -m`` = ``-m budget=64L``)."""
+    return [arg for arg in args if arg in VALUELESS_FLAGS] + [arg for arg in args if arg not in VALUELESS_FLAGS]
 
 
 #: ``kvbench -m --continue-on-error ...``: a failed job is recorded and the sweep goes on (:func:`run_sweep_job`).

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-from kvbench.budget import Budget, BudgetError, parse_budget
+from kvbench.budget import Budget, BudgetError, budget_label, parse_budget
 from kvbench.checks import check_choice
 from kvbench.resources import conf_dir
 
@@ -197,6 +197,11 @@ class RunConfig:
     #: the line this job runs; not set by hand.
     shared_tasks: Optional[str] = None
     shared_task: Optional[int] = None
+    #: A resume whose data, method files or method source changed since the folder's rows were computed (issue #55):
+    #: "refuse" (the default: nothing changed, the message names what changed), "recompute" (those datasets' files
+    #: are set aside as <file>.stale-<time> and computed again) or "keep" (the rows stay, recorded in run_meta.json
+    #: ``stale_rows`` and flagged by every view).  Not part of the config hash.
+    changed_inputs: str = "refuse"
 
 
 @dataclass
@@ -299,6 +304,10 @@ def budget_choice(value: str) -> str | None:
     return _budget_name(budget)
 
 
+#: ``run.changed_inputs``'s choices (:func:`kvbench.run.resume.check_inputs_unchanged`).
+CHANGED_INPUTS = ("refuse", "recompute", "keep")
+
+
 def _budget_name(budget: Budget) -> str:
     """The presets' naming of a budget: ``full``, ``<n>L``, ``<n>perlayer``, ``ratio<r>`` (the inverse of
     :func:`_budget_spec`)."""
@@ -306,6 +315,8 @@ def _budget_name(budget: Budget) -> str:
         return f"ratio{budget.value:.10f}".rstrip("0").rstrip(".")
     if budget.kind == "compression":
         return f"cr{budget.value:.10f}".rstrip("0").rstrip(".")
+    if budget.kind == "threshold":
+        return budget_label(budget.spec)
     return {"full": "full", "total_per_layer": f"{int(budget.value)}L"}.get(budget.kind, f"{int(budget.value)}perlayer")
 
 
@@ -316,6 +327,8 @@ def _budget_spec(name: str) -> str:
         return f"{name[len('ratio') :]}x"
     if name.startswith("cr"):
         return f"{name[len('cr') :]}cr"
+    if name.startswith("thr"):
+        return f"{name[len('thr') :]}thr"
     return name.replace("perlayer", "/layer")
 
 

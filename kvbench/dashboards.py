@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from collections.abc import Sequence
 
 from kvbench.errors import KVBenchError
@@ -41,6 +42,10 @@ def report_main(argv: Sequence[str]) -> int:
     args.out = check_output_folder(args.out, "--out")
 
     result = build_site(args.runs, args.out, args.experiment, args.title or "kvbench results", args.single_file)
+    from kvbench.reporting.aggregate import incomplete_run_notes
+
+    for note in incomplete_run_notes(args.runs):  # issue #55: incomplete runs are listed, never ranked unflagged
+        print(note, file=sys.stderr)
     print(
         f"{result.n_runs} runs -> {result.index} ({result.cache_hits} unchanged, read from the cache; "
         f"{result.seconds:.1f} s)"
@@ -95,4 +100,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Dispatch ``report`` / ``wandb-report`` (the first argument)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     command, rest = argv[0], argv[1:]
-    return {"report": report_main, "wandb-report": wandb_report_main}[command](rest)
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning  # restored on exit
+        return {"report": report_main, "wandb-report": wandb_report_main}[command](rest)
+
+
+def _show_warning(message: Warning | str, *args: object, **kwargs: object) -> None:
+    """A warning as one ``warning: <message>`` line on stderr (a metrics.json that disagrees with its rows, a
+    duplicate run), without Python's source-line decoration."""
+    print(f"warning: {message}", file=sys.stderr)

@@ -34,6 +34,8 @@ def hydra_error_message(err: BaseException, overrides: Sequence[str] = ()) -> st
         )
     if isinstance(err, MissingConfigException) and err.missing_cfg_file and err.options:
         group, _, name = err.missing_cfg_file.rpartition("/")
+        if group.startswith("budget/"):  # a per-layer spec (budget=0/layer): Hydra reads its "/" as a sub-group
+            group, name = "budget", err.missing_cfg_file.removeprefix("budget/")
         options = list(err.options)
         if group == "method":  # the methods a class alone defines have no YAML: Hydra does not list them
             from kvbench.overrides import class_method_names

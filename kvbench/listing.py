@@ -38,6 +38,7 @@ BUDGET_SEMANTICS = {
     "ratio": "keep {r} of the context: round({r} x context) x num_layers tokens per stored head in total",
     "compression": "kvpress's compression ratio {r}: max(1, int(context x (1 - {r}))) x num_layers tokens per stored "
     "head in total",
+    "threshold": "evict every token scored below {r} (threshold methods only: the kept count is measured, not set)",
 }
 #: Method fields shown in the header (their schema defaults) and, per preset, where they differ.
 _METHOD_SKIP = ("name", "family", "params", "paper", "reference")
@@ -160,12 +161,13 @@ def _reference_note(reference: dict) -> str:
 def list_methods() -> str:
     """Method presets: family, knobs that differ from the shared defaults, params, paper."""
     from kvbench.config import MethodConfig
-    from kvbench.methods.base import method_families
+    from kvbench.methods.base import load_plugin_methods, method_families
     from kvbench.methods.plugins import PLUGIN_PACKAGES
     from kvbench.methods.recipe import SCORER_METHODS
     from kvbench.overrides import default_preset
 
     method_families()  # imports every method module: the one-class methods register themselves
+    broken = load_plugin_methods()  # and every installed package's; one that fails to import is listed as broken
 
     defaults = _raw(OmegaConf.structured(MethodConfig))
     shared = [key for key in defaults if key not in _METHOD_SKIP]
@@ -192,6 +194,8 @@ def list_methods() -> str:
             if family in PLUGIN_PACKAGES:
                 reference += " [package: {package} {version}]".format(**PLUGIN_PACKAGES[family])
             rows.append([family, family, "KV heads", f"{settings} [class default, no YAML]{reference}".strip()])
+    for family, why in sorted(broken.items()):
+        rows.append([family, family, "-", f"BROKEN: {why}"])
     return "\n".join(
         [
             "Methods: method=<preset> (conf/method/<preset>.yaml, or a one-class method's default preset); any knob is "

@@ -41,12 +41,21 @@ class Registry(Generic[T]):
         What an entry is, for messages (``"method family"``, ``"task kind"``).
     discover:
         Called once before the first lookup: imports the modules whose decorators register the built-in entries.
+    load_missing:
+        Called by :meth:`get` with a name that is not registered, before the name is refused: registers the entry
+        if something outside the built-ins provides it (a plug-in, imported only when asked for).
     """
 
-    def __init__(self, what: str, discover: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        what: str,
+        discover: Callable[[], None] | None = None,
+        load_missing: Callable[[str], None] | None = None,
+    ) -> None:
         self.what = what
         self._entries: dict[str, T] = {}
         self._discover = discover
+        self._load_missing = load_missing
         self._discovered = discover is None
         self._discovering = False
 
@@ -82,6 +91,8 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         """The entry registered under ``name``; ``ValueError`` naming the valid names otherwise."""
         self._ensure_discovered()
+        if name not in self._entries and self._load_missing is not None:
+            self._load_missing(name)
         if name not in self._entries:
             noun = self.what.rsplit(" ", 1)[-1]
             plural = noun[:-1] + "ies" if noun.endswith("y") else noun + "s"

@@ -34,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from kvbench.budget import BudgetError, budget_label, parse_budget
 from kvbench.checks import check_choice, check_decode_batch, check_min
 from kvbench.config import (
+    CHANGED_INPUTS,
     DTYPE_NAMES,
     QUESTION_MODES,
     WANDB_MODES,
@@ -79,6 +80,7 @@ def check_config(cfg: DictConfig) -> None:
             "tokens per forward of the compressed prefill; 0 = one forward, null = automatic",
         )
     check_decode_batch(cfg.run.decode_batch, error=KVBenchError)
+    _check_choice("run.changed_inputs", cfg.run.changed_inputs, CHANGED_INPUTS)
 
 
 def label_budget(cfg: DictConfig) -> None:
@@ -344,7 +346,14 @@ def _build_run(cfg: DictConfig) -> tuple[Any, Any]:
             f"task.kind={cfg.task.kind!r} is not a registered task kind; valid: {', '.join(kinds)} (pick a task "
             "preset: task=longbench, task=ruler, ...)."
         )
-    return method, parse_budget(str(cfg.budget.spec))
+    from kvbench.methods.threshold import check_budget_form
+
+    budget = parse_budget(str(cfg.budget.spec))
+    try:  # a threshold method takes a threshold budget (<t>thr), every other method a size
+        check_budget_form(method, budget)
+    except ValueError as err:
+        raise KVBenchError(str(err)) from None
+    return method, budget
 
 
 def check_samples(dataset: str, samples: Sequence[Any], source: str) -> None:

@@ -25,14 +25,21 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
 
 import pandas as pd
 
 from kvbench.errors import KVBenchError
-from kvbench.reporting.aggregate import require_runs
+from kvbench.reporting.aggregate import incomplete_run_notes, require_runs
 from kvbench.reporting.breakdowns import write_breakdowns
-from kvbench.reporting.paper_refs import TABLES, check_printed_aggregates, errata_keys, load_reference
+from kvbench.reporting.paper_refs import (
+    DEFAULT_PAPER_DIR,
+    TABLES,
+    check_printed_aggregates,
+    errata_keys,
+    load_reference,
+)
 from kvbench.reporting.plots import plot_needle_heatmaps, plot_paper_tables, plot_score_vs_budget
 from kvbench.reporting.render import LatexError, compile_pdf
 from kvbench.reporting.synthetic import write_synthetic_runs
@@ -43,7 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit status."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", default="results/runs", help="root of the run folders")
-    parser.add_argument("--paper", default="results/paper", help="folder of the paper reference CSVs")
+    parser.add_argument(
+        "--paper",
+        default=str(DEFAULT_PAPER_DIR),
+        help="folder of the paper reference CSVs (default: kvbench's shipped results/paper, from any folder)",
+    )
     parser.add_argument("--out", default="results/tables", help="output folder for the tables")
     parser.add_argument("--plots", default="results/plots", help="output folder for the PNG plots")
     parser.add_argument("--tables", nargs="*", choices=sorted(TABLES), help="only these tables (default: all)")
@@ -70,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     except KVBenchError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    for note in incomplete_run_notes(args.runs):  # issue #55: incomplete runs are listed, never ranked unflagged
+        print(note, file=sys.stderr)
     comparisons = build_all(runs, args.paper, args.tables)
     missing = write_tables(comparisons, args.out, args.formats)
     write_runs_overview(runs, args.out)
@@ -108,4 +121,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # A warning (a metrics.json that disagrees with its rows, a duplicate run) as one line, without the source line.
+    warnings.showwarning = lambda message, *args, **kwargs: print(f"warning: {message}", file=sys.stderr)
     raise SystemExit(main())

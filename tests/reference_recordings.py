@@ -218,3 +218,12 @@ def boundary_tie(scores: torch.Tensor, k: int) -> bool:
         return False
     ordered = scores.sort(descending=True).values
     return bool(ordered[k - 1] == ordered[k])
+
+
+def recorded_kept_values(press: str) -> list[list[torch.Tensor]]:
+    """Per case of a merging press's recording (``MergingPress_*``, ``CAMPress_*``), per layer, the values the
+    compressed cache holds ``[H_kv, n, D]`` (float32, merged values included), in the order of the case's ``kept``
+    (kvpress's cache order)."""
+    raw = json.loads((RECORDINGS / f"{press}.json").read_text())
+    tables = [torch.tensor(t["values"], dtype=torch.float32).reshape(t["shape"]) for t in raw["value_tables"]]
+    return [[tables[index] for index in case["kept_values"]] for case in raw["cases"]]

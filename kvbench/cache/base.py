@@ -127,6 +127,10 @@ class EvictableLayer(Protocol):
         """Overwrite every stored key ``[H, S, D]`` and position ``[H, S]`` of a dense layer (key re-rotation)."""
         ...
 
+    def rewrite_values(self, values: Sequence[torch.Tensor]) -> None:
+        """Overwrite every stored value: per head ``[S_h, D]`` in slot order (merged values: MergingPress, CaM)."""
+        ...
+
     # -- key channels (ThinK: a layer may store fewer key channels than the model's head dim)
     #: ``[H, D_k]`` int64 the key channels each stored head keeps, ascending (``None``: all ``D``).
     key_channels: torch.Tensor | None
@@ -294,6 +298,19 @@ class LogicalLengthLayer(CacheLayerMixin):
         if not prune_appended:  # kvpress: later tokens stay whole (their pruned channels kept aside)
             self.appended_keys = AppendedKeyChannels(channels, head_dim, self.dtype, self.device)  # type: ignore[attr-defined]
         return channels
+
+    def rewrite_values(self, values: Sequence[torch.Tensor]) -> None:
+        """Overwrite every stored value in place, ``values[h]`` ``[S_h, D]`` in head ``h``'s slot order: values no
+        token produced (a merging method folds evicted values into kept ones, issue #58); keys, positions and bytes
+        unchanged.  One implementation for both backends: the paged pool (``v_pool``) or the torch buffer."""
+        v_pool = getattr(self, "v_pool", None)
+        for head, head_values in enumerate(values):
+            if v_pool is not None:  # paged (and the batched pool): the head's slots in the flat page pool
+                flat = self._flat(v_pool)  # type: ignore[attr-defined]
+                flat.index_copy_(0, self._slots(head), head_values.to(flat.dtype))  # type: ignore[attr-defined]
+            else:  # torch: slots 0 .. S_h - 1 of the head's row (the layer's values are views of the buffer)
+                length = self.host_lengths[head]  # type: ignore[attr-defined]
+                self.value_buffer[0, head, :length] = head_values.to(self.value_buffer.dtype)  # type: ignore[attr-defined]
 
     def _refuse_pruned(self, operation: str) -> None:
         """Refuse an operation that writes full-width keys once the key channels were pruned."""

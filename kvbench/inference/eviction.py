@@ -36,6 +36,7 @@ from kvbench.inference.cache_record import CacheRecord
 from kvbench.inference.hidden_states import ProjectedStates
 from kvbench.inference.session_passes import SessionPasses
 from kvbench.methods.base import AllocatorState, DecodeState, EvictionMethod, PromptRows, WindowObservation
+from kvbench.methods.threshold import new_decode_state, threshold_counts
 from kvbench.methods.token_scores import aggregate_groups
 
 Phase = Literal["idle", "compress", "replay", "append", "decode"]
@@ -182,9 +183,8 @@ class EvictionSession(SessionPasses):
         self.dataset_state = dataset_state
         #: The layer allocator's state for this sample (``None`` until the first compressed layer needs it).
         self.allocator_state: AllocatorState | None = None
-        #: The decode policy's state for this sample (``None`` without a policy).
-        policy = method.decode_policy
-        self.decode_state: DecodeState | None = None if policy is None else policy.new_state()
+        #: The decode policy's state for this sample (``None`` without a policy; checks the budget's form).
+        self.decode_state: DecodeState | None = new_decode_state(method, budget)
         self._rows: dict[int, PrefillRows] = {}
         self.sample_key = 0
         #: Question tokens at the end of the compressed prompt (question-aware mode; set by the prefill): the
@@ -364,8 +364,8 @@ class EvictionSession(SessionPasses):
         )
         # With window_in_budget=False every layer keeps its window on top of the budget: allocators see it added.
         off_budget = 0 if self.method.window_in_budget else window
-        if self.budget.fixed_per_layer:
-            budgets = {rank: int(self.budget.value) + off_budget}
+        if self.budget.fixed_per_layer or self.budget.is_threshold:  # a threshold: what scores above it stays
+            budgets = {rank: context if self.budget.is_threshold else int(self.budget.value) + off_budget}
         else:
             allocator = self.method.layer_allocator
             if self.allocator_state is None:
@@ -385,7 +385,7 @@ class EvictionSession(SessionPasses):
                 f"(or [H_q, S] = ({queries.shape[0]}, {context}), reduced per GQA group by method.gqa_agg)"
             )
         scores = aggregate_groups(raw.float(), num_heads, self.method.gqa_agg)
-        self._scores[layer_idx] = list(scores.unbind(0))
+        self._scores[layer_idx], self._score_dtype = list(scores.unbind(0)), raw.dtype  # threshold: compared in it
         for target_rank, layer_budget in sorted(budgets.items()):
             self._shrink_layer(self.compressible[target_rank], int(layer_budget), window)
         if getattr(self.method.scorer, "rerotates_keys", False):
@@ -409,14 +409,19 @@ class EvictionSession(SessionPasses):
         protected = []
         for head in range(layer.num_heads):
             positions = layer.positions[head]
-            mask = positions < method.sink_tokens
+            recent = positions >= self.context_length - getattr(method.scorer, "protect_last", 0)  # DMS's window
+            mask = (positions < method.sink_tokens) | recent
             if method.keep_window:
                 mask = mask | (positions >= self.context_length - window)
             protected.append(mask)
         padded = _pad_scores(scores, protected)
-        counts = method.head_allocator.allocate_for(padded, keep_total, self._model_dtype)
+        if self.budget.is_threshold:
+            counts = threshold_counts(padded, self.budget.value, self._score_dtype)
+        else:
+            counts = method.head_allocator.allocate_for(padded, keep_total, self._model_dtype)
         counts = [min(int(count), length) for count, length in zip(counts, lengths, strict=True)]
-        self._requested[layer_idx] = (keep_total, counts)
+        requested = round(sum(counts) / len(counts)) if self.budget.is_threshold else keep_total  # a threshold's
+        self._requested[layer_idx] = (requested, counts)
         # While decoding, a head that was cut keeps its allocation; one that was not grows to the layer budget before
         # evicting -- unless the allocator sets its own decode budget (CAKE's, when its prefill trigger did not fire).
         decode_budget = (
@@ -435,8 +440,11 @@ class EvictionSession(SessionPasses):
             order = rank_tokens(scores[head], layer.positions[head], protected[head])
             keep.append(order[: counts[head]])
         kept_sorted = [torch.sort(idx).values for idx in keep]
+        merged = None if method.value_merger is None else method.value_merger.merged_values(layer, kept_sorted, padded)
         with on_device(layer.positions[0].device):  # an allocator may shrink a layer on another GPU
             layer.keep(kept_sorted)
+            if merged is not None:
+                layer.rewrite_values(merged)
         self._scores[layer_idx] = [s.index_select(0, idx) for s, idx in zip(scores, kept_sorted, strict=True)]
         self.record.evicted = True
 

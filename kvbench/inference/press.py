@@ -30,6 +30,7 @@ are refused with a clear error, as are ``inputs_embeds``, ``use_cache=False`` an
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -64,6 +65,10 @@ def kvbench_attention(model: PreTrainedModel) -> Iterator[PreTrainedModel]:
 
 class PressUsageError(KVBenchError, ValueError):
     """A ``kvbench.press`` call kvbench cannot serve (a bad argument, or a ``generate`` call it does not support)."""
+
+
+#: The models a press is active on (one at a time per model: a nested press is refused when entered).
+_PRESSED: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
 
 def batch_message(input_ids: torch.Tensor) -> str:
@@ -196,8 +201,14 @@ class Press:
     def __enter__(self) -> PressRecord:
         if self._handles:
             raise RuntimeError("this press is already active; a press cannot be nested in itself")
+        if self.model in _PRESSED:
+            raise PressUsageError(
+                "a kvbench.press is already active on this model: presses cannot be nested. Leave the first "
+                "`with kvbench.press(...)` block before entering another (one method and budget per model at a time)"
+            )
         self._attention = kvbench_attention(self.model)
         self._attention.__enter__()
+        _PRESSED.add(self.model)
         # The prompts run in this press share what spans them (XKV's sampled mode: one calibration per press).
         self._dataset_state = self.method.layer_allocator.new_dataset_state("press", 1)
         try:
@@ -214,6 +225,7 @@ class Press:
         self._restore()
 
     def _restore(self) -> None:
+        _PRESSED.discard(self.model)
         for handle in self._handles:
             handle.remove()
         self._handles = []

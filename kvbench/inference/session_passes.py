@@ -93,7 +93,8 @@ class SessionPasses:
         keys, _ = layer.dense_kv()  # [H, S + q, D]: the prompt, then the replay
         scores = self._replay_scores.get(layer_idx)
         if scores is None:
-            scores = torch.zeros(layer.num_heads, self.context_length, dtype=keys.dtype, device=keys.device)
+            dtype = getattr(self.method.scorer, "replay_score_dtype", None) or keys.dtype  # KVCompose: float32
+            scores = torch.zeros(layer.num_heads, self.context_length, dtype=dtype, device=keys.device)
             self._replay_scores[layer_idx] = scores
         start, end = self._replay_span
         scorer = self.method.scorer

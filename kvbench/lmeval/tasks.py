@@ -9,6 +9,7 @@ cache then fails here, naming it, before the model loads.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from kvbench.errors import KVBenchError
@@ -18,10 +19,16 @@ from kvbench.lmeval import require_lm_eval
 def task_manager(include_path: str | Sequence[str] | None = None, include_defaults: bool = True) -> Any:
     """lm-eval's :class:`~lm_eval.tasks.TaskManager` over its own tasks (unless ``include_defaults`` is false) and
     the task YAML folders of ``include_path``."""
+    paths = [include_path] if isinstance(include_path, str) else list(include_path or [])
+    missing = [str(path) for path in paths if not Path(str(path)).expanduser().exists()]
+    if missing:  # lm-eval skips a folder it cannot find without a word, then names the task unknown
+        raise KVBenchError(
+            f"task.options.include_path: {', '.join(missing)} does not exist (a folder of lm-eval task YAMLs, or one "
+            "YAML file). Fix the path (relative paths are from the working directory), or drop the option"
+        )
     require_lm_eval()
     from lm_eval.tasks import TaskManager
 
-    paths = [include_path] if isinstance(include_path, str) else list(include_path or [])
     return TaskManager(include_path=paths or None, include_defaults=include_defaults)
 
 

@@ -152,6 +152,17 @@ class UniformHeadAllocator(HeadBudgetAllocator):
         return [min(budget_per_head, scores.shape[1])] * scores.shape[0]
 
 
+class ValueMerger(ReadOnlyAfterBuild, ABC):
+    """Merge-on-evict: the values the kept tokens of a layer hold once the evicted ones are folded into them."""
+
+    @abstractmethod
+    def merged_values(self, layer: HeadwiseLayer, kept: list[torch.Tensor], scores: torch.Tensor) -> list[torch.Tensor]:
+        """Per head ``[n_h, D]`` the values of the kept slots ``kept[h]`` (ascending) after merging, from the layer's
+        stored keys and values before the eviction (the session stores them with ``rewrite_values`` once the layer
+        keeps them); ``scores`` ``[H, S_max]`` are the slots' ranking scores (protected ``+inf``), for a reference
+        that merges in its top-k order (its float sums round in that order)."""
+
+
 class DecodePolicy(ReadOnlyAfterBuild, ABC):
     """Eviction while generating.  Called after each decoding step's attention at every layer, with the sample's
     :class:`DecodeState` (:meth:`new_state`)."""
@@ -238,9 +249,12 @@ class EvictionMethod:
     ignored_knobs: frozenset[str] = frozenset()
     #: After a layer's prefill eviction, the key channels each head keeps (ThinK; ``None``: every channel).
     key_channel_pruner: KeyChannelPruner | None = None
+    #: At a prefill eviction, folds the evicted tokens' values into the kept ones (MergingPress; ``None``: evict).
+    value_merger: ValueMerger | None = None
 
     def __post_init__(self) -> None:
         pieces = (self.scorer, self.layer_allocator, self.head_allocator, self.decode_policy, self.key_channel_pruner)
+        pieces += (self.value_merger,)
         for piece in pieces:
             if isinstance(piece, ReadOnlyAfterBuild):
                 piece.freeze()
@@ -265,15 +279,34 @@ MethodBuilder = Callable[[Any], EvictionMethod]
 
 
 def _discover_methods() -> None:
-    """Import kvbench's method modules, then the installed packages' methods (:mod:`kvbench.methods.plugins`)."""
+    """Import kvbench's method modules (the installed packages' methods are imported one at a time, when asked for:
+    :func:`_load_plugin_method`); an entry point named like one of them is reported once, never loaded."""
     submodule_importer("kvbench.methods")()
-    from kvbench.methods.plugins import load_plugins
+    from kvbench.methods.plugins import report_clashes
 
-    load_plugins()
+    report_clashes(METHOD_FAMILIES.names())  # the built-ins discovered so far: this discovery is running
+
+
+def _load_plugin_method(family: str) -> None:
+    """Import the installed package declaring method ``family`` (entry-point group ``kvbench.methods``), if any:
+    :func:`kvbench.methods.plugins.load_plugin` (a broken one raises its ``PluginError``, for that method only)."""
+    from kvbench.methods.plugins import load_plugin
+
+    load_plugin(family)
 
 
 #: Method builders by ``method.family``.
-METHOD_FAMILIES: Registry[MethodBuilder] = Registry("method family", discover=_discover_methods)
+METHOD_FAMILIES: Registry[MethodBuilder] = Registry(
+    "method family", discover=_discover_methods, load_missing=_load_plugin_method
+)
+
+
+def load_plugin_methods() -> dict[str, str]:
+    """Import every installed package's methods but those named like one of kvbench's own (``kvbench list
+    methods``); the broken ones: family -> why."""
+    from kvbench.methods.plugins import load_plugins
+
+    return load_plugins(METHOD_FAMILIES.names())
 
 
 def register_method(family: str) -> Callable[[MethodBuilder], MethodBuilder]:

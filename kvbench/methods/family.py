@@ -28,6 +28,7 @@ from typing import Any, ClassVar, TypeVar
 
 from kvbench.methods.base import METHOD_FAMILIES, EvictionMethod, register_method
 from kvbench.methods.params import parse_params
+from kvbench.methods.plugins import method_entry_points
 
 FamilyT = TypeVar("FamilyT", bound="FamilyMethod")
 
@@ -45,8 +46,9 @@ class FamilyMethod(ABC):
         super().__init_subclass__(**kwargs)
         if family is not None:
             cls.family = family
-            FAMILY_CLASSES[family] = cls
+            # Registered first: a family refused as a duplicate ("registered twice") leaves the registered class.
             register_method(family)(partial(build_family_method, cls))
+            FAMILY_CLASSES[family] = cls
 
     @classmethod
     def from_params(cls: type[FamilyT], params: Mapping[str, Any] | None) -> FamilyT:
@@ -76,9 +78,11 @@ def build_family_method(method_class: type[FamilyT], method_cfg: Any) -> Evictio
 
 
 def family_class(family: str) -> type[FamilyMethod] | None:
-    """The class of a registered family (the method modules and plug-ins imported first); ``None`` for a family
-    registered by a builder alone or not at all."""
-    METHOD_FAMILIES.names()  # discovers kvbench's method modules and the installed packages' methods
+    """The class of a registered family (kvbench's method modules imported first, and the plug-in declaring
+    ``family``, if any); ``None`` for a family registered by a builder alone or not at all."""
+    METHOD_FAMILIES.names()  # discovers kvbench's method modules
+    if family not in FAMILY_CLASSES and family in method_entry_points():
+        METHOD_FAMILIES.get(family)  # a plug-in's module is imported when its method is asked for
     return FAMILY_CLASSES.get(family)
 
 

@@ -86,6 +86,9 @@ class WindowObservation:
     rotary: Callable[[torch.Tensor, torch.dtype], tuple[torch.Tensor, torch.Tensor]] | None = None
     output_projection: torch.Tensor | None = None
     prerope: PreRopeStates | None = None
+    #: Per stored head, the budgets the layer allocator set for this layer when it sets them per head (LU-KV's
+    #: curve, :mod:`kvbench.methods.lukv`); ``None`` otherwise.
+    head_budgets: list[int] | None = None
 
     @property
     def window(self) -> int:

@@ -21,7 +21,7 @@ import typing
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from kvbench.checks import check_choice, check_known_keys, check_range
+from kvbench.checks import check_choice, check_finite, check_known_keys, check_range
 
 ParamsT = TypeVar("ParamsT")
 
@@ -62,6 +62,7 @@ def parse_params(params_cls: type[ParamsT], params: Any, family: str) -> ParamsT
             raise ValueError(f"{key}={value!r} is not valid: it must be {' or '.join(names)}{also}.")
         if value is None:
             continue
+        check_finite(key, value)  # every float knob, bounded or not: NaN passes any comparison with a bound
         metadata = fields[name].metadata
         if "choices" in metadata:
             check_choice(key, value, metadata["choices"])

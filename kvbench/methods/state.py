@@ -116,6 +116,8 @@ class DecodeState:
     caps: dict[int, torch.Tensor] = field(default_factory=dict)
     scores: dict[int, torch.Tensor] = field(default_factory=dict)
     scored: dict[int, torch.Tensor] = field(default_factory=dict)
+    #: The budget's score threshold (``<t>thr``: a threshold method's decode policy evicts by it), else ``None``.
+    threshold: float | None = None
     #: Per layer, the caps tensor last read and its host list (caps are set, never changed in place: a decoding step
     #: reads them without a ``tolist``).
     _host_caps: dict[int, tuple[torch.Tensor, list[int]]] = field(default_factory=dict, repr=False, compare=False)

@@ -144,7 +144,8 @@ def leaderboards(
     """One leaderboard per model × task: ``{"model", "task", "datasets", "rows"}``.
 
     Each row is one run of :func:`run_summary` (same order, same values): ``run_id``, the run columns,
-    ``experiment``, ``flags`` (``stand-in``, ``synthetic``), ``kept_fraction`` and ``cells`` -- per dataset and
+    ``experiment``, ``flags`` (``stand-in``, ``synthetic``, and :func:`~kvbench.reporting.aggregate.load_runs`'
+    ``incomplete``, ``disagrees``, ``mixed-code``, ``stale-rows``), ``kept_fraction`` and ``cells`` -- per dataset and
     ``mean``: ``{"score", "ci95", "paper", "best"}`` (``best``: the highest score of the compressed methods at this
     budget and question mode; ``mean``'s interval is summary.json's ``mean`` average's).
     """
@@ -176,6 +177,8 @@ def leaderboards(
             flags = (["stand-in"] if extras.get("stand_in") else []) + (
                 ["synthetic"] if extras.get("synthetic") else []
             )
+            # incomplete, disagrees, mixed-code, stale-rows (kvbench.reporting.aggregate, issue #55)
+            flags += [flag for flag in str(rec.get("flags") or "").split(",") if flag]
             rows.append(
                 {
                     "run_id": rid,

@@ -221,6 +221,10 @@ def render_markdown(spec: TableSpec, cmp: pd.DataFrame, missing: pd.DataFrame | 
     if bool(cmp["synthetic"].any()):
         lines += ["", "**Synthetic runs** (paper values plus noise, made by `kvbench.reporting.synthetic`): these "
                   "'ours' numbers are not measurements."]  # fmt: skip
+    flagged = cmp[(cmp["flags"].astype(str) != "") & cmp["ours"].notna()] if "flags" in cmp else cmp.iloc[:0]
+    if not flagged.empty:  # ranked here like the others: said so (kvbench.reporting.aggregate's flags)
+        rows = sorted({f"{r.model} {r.method} {r.budget} ({r.flags})" for r in flagged.itertuples()})
+        lines += ["", f"**Flagged runs** (their 'ours' cells need a look): {'; '.join(rows)}."]
     units, cells = print_units(spec, cmp), TableCells.of(cmp)
     for unit in units:
         if len(units) > 1:

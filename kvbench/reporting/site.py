@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.errors import KVBenchError
-from kvbench.reporting.aggregate import run_summary
+from kvbench.reporting.aggregate import run_summary, union_flags
 from kvbench.reporting.breakdowns import breakdown_tables, length_charts
 from kvbench.reporting.dashboard_data import (
     NO_EXPERIMENT,
@@ -108,6 +108,7 @@ def run_records(runs: DashboardRuns) -> list[dict[str, Any]]:
         }
         mean_ci = (extras.get("averages", {}).get("mean") or {}).get("ci95")
         flags = (["stand-in"] if extras.get("stand_in") else []) + (["synthetic"] if extras.get("synthetic") else [])
+        flags += [flag for flag in union_flags(group["flags"]).split(",") if flag]
         records.append(
             {
                 "run_id": rid,
@@ -127,7 +128,8 @@ def run_records(runs: DashboardRuns) -> list[dict[str, Any]]:
                 "cache_bytes": extras.get("cache_bytes"),
                 "prefill_s": extras.get("prefill_s"),
                 "decode_s": extras.get("decode_s"),
-                "n_min": min((d.get("n_samples") or 0 for d in per_dataset.values()), default=None),
+                # complete rows on disk (load_runs checks every metrics.json against its predictions.jsonl)
+                "n_min": min((int(n) for n in group["n_samples"] if n == n and n is not None), default=None),
                 "context_length": extras.get("context_length"),
                 "scores": scores,
                 "mean": {"score": float(means[rid]), "ci95": mean_ci} if rid in means else None,

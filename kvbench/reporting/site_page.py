@@ -90,8 +90,12 @@ function el(tag, attrs, ...children) {
   return node;
 }
 function fmt(x, d) { return x === null || x === undefined ? "–" : Number(x).toFixed(d); }
-function flags(list) { return (list || []).map(f => el("span", {class: "flag", title: f === "stand-in" ?
-  "scored on stand-in data: not comparable with published numbers" : "made-up numbers, not a measurement"}, "⚠ " + f)); }
+const FLAG_TITLES = {"stand-in": "scored on stand-in data: not comparable with published numbers",
+  "synthetic": "made-up numbers, not a measurement", "incomplete": "the run did not complete (run_meta.json status)",
+  "disagrees": "a metrics.json disagrees with its predictions.jsonl: that score is left out; rerun to rewrite it",
+  "mixed-code": "rows computed by several versions of kvbench's code",
+  "stale-rows": "rows kept from data or method inputs that changed since (run.changed_inputs=keep)"};
+function flags(list) { return (list || []).map(f => el("span", {class: "flag", title: FLAG_TITLES[f] || f}, "⚠ " + f)); }
 function label(run) {
   const tag = run.tag && run.tag !== run.question_mode ? "~" + run.tag : "";
   return labelOf(run.method) + tag + (run.question_mode !== "aware" ? " (" + run.question_mode + ")" : "");

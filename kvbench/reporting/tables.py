@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from kvbench.reporting.aggregate import union_flags
 from kvbench.reporting.paper_refs import CELL_COLUMNS, DEFAULT_PAPER_DIR, TABLES, TableSpec, load_reference
 from kvbench.reporting.render import latex_document, render_latex, render_markdown, runs_overview_markdown
 from kvbench.views.conventions import MissingData
@@ -35,6 +36,7 @@ COMPARISON_COLUMNS: tuple[str, ...] = (
     "paper_rank",
     "ours_rank",
     "note",
+    "flags",
 )
 
 
@@ -45,6 +47,8 @@ class RowRuns:
     tag: str | None
     scores: dict[str, float]
     synthetic: bool = False
+    #: The runs' flags (:func:`kvbench.reporting.aggregate.load_runs`: incomplete, disagrees, mixed-code, stale-rows).
+    flags: str = ""
 
 
 _RUN_GROUP = ["model", "task", "method", "budget"]
@@ -74,7 +78,8 @@ def _select_runs(by_cell: dict[tuple[str, ...], pd.DataFrame], spec: TableSpec, 
         if not hit.empty:
             hit = hit.drop_duplicates("dataset")
             synthetic = bool(hit["synthetic"].astype(bool).any()) if "synthetic" in hit else False
-            return RowRuns(tag, dict(zip(hit["dataset"], hit["score"].astype(float), strict=True)), synthetic)
+            flags = union_flags(hit.get("flags", []))
+            return RowRuns(tag, dict(zip(hit["dataset"], hit["score"].astype(float), strict=True)), synthetic, flags)
     return None
 
 
@@ -123,6 +128,7 @@ def compare_table(spec: TableSpec, ref: pd.DataFrame, runs: pd.DataFrame) -> pd.
                     "synthetic": found is not None and found.synthetic and not math.isnan(ours),
                     "missing": missing,
                     "note": r["note"],
+                    "flags": found.flags if found is not None else "",
                 }
             )
     df = pd.DataFrame(out, columns=[c for c in COMPARISON_COLUMNS if c not in ("paper_rank", "ours_rank")])

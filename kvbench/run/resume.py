@@ -1,10 +1,14 @@
 """What a run folder already holds, checked before a run adds to it: the same config (:func:`check_existing_run`),
-predictions that belong to this dataset's samples and prompts (:func:`check_resumable`), and the sample extent
-recorded in ``config.yaml`` (:func:`with_folder_extent`)."""
+rows of this configuration computed from today's data, method files and method source
+(:func:`check_inputs_unchanged`), predictions that belong to this dataset's samples and prompts
+(:func:`check_resumable`), a ``metrics.json`` that agrees with its rows (:func:`scores_disagree`), and the sample
+extent recorded in ``config.yaml`` (:func:`with_folder_extent`)."""
 
 from __future__ import annotations
 
 import logging
+import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,9 +16,22 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from kvbench.errors import KVBenchError
+from kvbench.run.fingerprints import Inputs, changes
 from kvbench.sample import Sample
+from kvbench.storage.integrity import check_metrics
+from kvbench.storage.provenance import now
 from kvbench.storage.reader import DamagedFile, read_config_yaml, read_metrics, read_run_meta
-from kvbench.storage.writers import CONFIG_FILE, RUN_META_FILE, config_differences, holds_results, same_run
+from kvbench.storage.writers import (
+    CONFIG_FILE,
+    METRICS_FILE,
+    PREDICTIONS_FILE,
+    RUN_META_FILE,
+    TIMINGS_FILE,
+    PredictionLog,
+    config_differences,
+    holds_results,
+    same_run,
+)
 
 LOG = logging.getLogger(__name__)
 
@@ -138,3 +155,141 @@ def lost_predictions(path: Path, rows: dict[str, dict[str, Any]], samples: list[
         ", ".join(missing[:3]) + (" ..." if len(missing) > 3 else ""),
     )
     return True
+
+
+def _recorded_metrics(path: Path) -> dict[str, Any]:
+    """A dataset's ``metrics.json`` for the checks below; ``{}`` when absent or damaged (the run recomputes it)."""
+    try:
+        return read_metrics(path) if path.exists() else {}
+    except DamagedFile:
+        return {}
+
+
+def check_rows_belong(folder: Path, rows: list[dict[str, Any]], hashes: set[str]) -> None:
+    """Refuse rows of another configuration: a row records the config hash it was computed under
+    (``config_hash``), which must be one of ``hashes`` (this run's; the folder's recorded one, which
+    :func:`check_existing_run` found to be this run).  Rows written before hashes were recorded are accepted when
+    the run folder records its own config (``run_meta.json`` or ``config.yaml``), and refused in a folder that
+    records none: nothing says which configuration wrote them."""
+    path = folder / PREDICTIONS_FILE
+    foreign = sorted({str(row["config_hash"]) for row in rows if row.get("config_hash") not in (None, *hashes)})
+    run = folder.parent
+    unknown = any("config_hash" not in row for row in rows) and not (
+        (run / RUN_META_FILE).exists() or (run / CONFIG_FILE).exists()
+    )
+    if not foreign and not unknown:
+        return
+    whose = f"another configuration (config hash {', '.join(foreign)})" if foreign else "an unknown configuration"
+    raise KVBenchError(
+        f"{path} holds prediction rows of {whose}, not of this run ({sorted(hashes)[0]}): they are not this run's "
+        f"results. Nothing was changed. Move that file (or {folder}) away to run this configuration here, or store "
+        "this run apart with run.tag=<name>"
+    )
+
+
+def check_inputs_unchanged(
+    folder: Path, current: dict[str, Inputs], cfg_hash: str, on_change: str = "refuse"
+) -> dict[str, list[dict[str, Any]]]:
+    r"""The one check of a resume against what its rows were computed from (issue #55 item 1): per dataset of
+    ``current`` (dataset -> this run's :class:`~kvbench.run.fingerprints.Inputs`), the ``inputs`` digest of each row
+    of ``predictions.jsonl`` and of ``metrics.json`` must be today's, or one that an earlier run kept
+    (``run_meta.json``'s ``stale_rows``).  Rows from changed data, method files or method source are, by
+    ``on_change`` (``run.changed_inputs``): ``refuse``\ d (the default), naming what changed and the two ways on;
+    ``recompute``\ d (the dataset's files are set aside as ``<file>.stale-<time>``, nothing deleted, and the run
+    computes them again); or ``keep``\ t, recorded as predating the change (every view flags the dataset).  Returns
+    what to record in ``run_meta.json``: dataset -> ``[{"inputs": digest, "changed": [...], "kept_at" or
+    "set_aside_at": time}]``.  Also refuses rows of another configuration (:func:`check_rows_belong`).  Records
+    without a digest (written before issue #55) pass.
+
+    A folder whose config changed is another matter (:func:`check_existing_run`): this is the case of a folder
+    whose run is the same configuration, computed from inputs that changed under it."""
+    meta = _recorded_run_meta(folder)
+    records: dict[str, list[dict[str, Any]]] = {}
+    refused = []
+    hashes = {cfg_hash, *([meta["config_hash"]] if meta.get("config_hash") else [])}
+    for dataset, inputs in current.items():
+        metrics = _recorded_metrics(folder / dataset / METRICS_FILE)
+        log = folder / dataset / PREDICTIONS_FILE
+        rows = PredictionLog(log).load() if log.exists() else []
+        check_rows_belong(folder / dataset, rows, hashes)
+        accepted = {record.get("inputs") for record in (meta.get("stale_rows") or {}).get(dataset, [])}
+        recorded = {row["inputs"] for row in rows if row.get("inputs")}
+        if isinstance(metrics.get("inputs"), dict) and metrics["inputs"].get("digest"):
+            recorded.add(metrics["inputs"]["digest"])
+        stale = sorted(recorded - {inputs.digest} - accepted)
+        changed = [changes(_details_of(digest, dataset, metrics, meta), inputs) for digest in stale]
+        if stale and on_change == "refuse":
+            refused.append(f"{folder / dataset}: " + "; ".join(line for lines in changed for line in lines))
+        elif stale:
+            when = now()
+            if on_change == "recompute":
+                set_aside(folder / dataset, when)
+            key = "kept_at" if on_change == "keep" else "set_aside_at"
+            records[dataset] = [{"inputs": d, "changed": c, key: when} for d, c in zip(stale, changed, strict=True)]
+    if refused:
+        raise KVBenchError(
+            "this run's rows were computed from other inputs than today's (the config is the same; what it reads "
+            f"changed): {' | '.join(refused)}. Nothing was changed. To compute them again (the old files are kept "
+            "beside them as <file>.stale-<time>), run again with run.changed_inputs=recompute; to keep them and "
+            "record that they predate the change, run again with run.changed_inputs=keep"
+        )
+    return records
+
+
+def set_aside(folder: Path, when: str) -> None:
+    """Rename a dataset folder's result files to ``<name>.stale-<when>`` (nothing deleted; no view reads them)."""
+    stamp = when.replace(":", "").replace("+0000", "Z")
+    for name in (PREDICTIONS_FILE, METRICS_FILE, TIMINGS_FILE):
+        if (folder / name).exists():
+            os.replace(folder / name, folder / f"{name}.stale-{stamp}")
+
+
+def _recorded_run_meta(folder: Path) -> dict[str, Any]:
+    try:
+        return read_run_meta(folder / RUN_META_FILE) if (folder / RUN_META_FILE).exists() else {}
+    except DamagedFile:
+        return {}
+
+
+def _details_of(stale: str, dataset: str, metrics: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The recorded details of inputs digest ``stale``: ``metrics.json``'s, or ``run_meta.json``'s for the dataset."""
+    for record in (metrics.get("inputs"), (meta.get("inputs") or {}).get(dataset)):
+        if isinstance(record, dict) and record.get("digest") == stale:
+            return record.get("details")
+    return None
+
+
+def metrics_disagree(
+    path: Path, metrics: dict[str, Any], rows: list[dict[str, Any]], dataset: Any, samples: list[Sample]
+) -> bool:
+    """Whether a finished dataset's ``metrics.json`` (``path``, payload ``metrics``) disagrees with its rows (one per
+    sample, in sample order): its score is re-computed by the dataset's scorer and compared, field by field, with
+    ``score``, ``scores`` and ``n_samples``; and its ``rows`` record is checked
+    (:func:`kvbench.storage.integrity.check_metrics`).  If so, warns naming the file and what differs: the run
+    rewrites it from ``predictions.jsonl`` (rows untouched, nothing regenerated)."""
+    scores = dataset.score([row["prediction"] for row in rows], samples)
+    why = _scores_disagree(metrics, rows, scores)
+    problems = ([why] if why else []) + check_metrics(metrics, path.with_name(PREDICTIONS_FILE))[1]
+    if not problems:
+        return False
+    LOG.warning("%s disagrees with its predictions.jsonl (%s): rewriting it from the rows", path, "; ".join(problems))
+    return True
+
+
+def _scores_disagree(metrics: dict[str, Any], rows: list[dict[str, Any]], scores: dict[str, Any]) -> str | None:
+    """Why ``metrics`` does not match what its rows score (``scores``), or ``None`` when it does."""
+    if metrics.get("n_samples") != len(rows):
+        return f"n_samples {metrics.get('n_samples')} != {len(rows)} complete rows in predictions.jsonl"
+    recorded = {**(metrics.get("scores") or {}), "score": metrics.get("score")}
+    for name, value in scores.items():
+        if name in recorded and not _same_number(recorded[name], value):
+            return f"{name} {recorded[name]} != {value} computed from predictions.jsonl"
+    return None
+
+
+def _same_number(recorded: Any, computed: Any) -> bool:
+    try:
+        a, b = float(recorded) if recorded is not None else math.nan, float(computed)
+    except (TypeError, ValueError):
+        return bool(recorded == computed)
+    return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)

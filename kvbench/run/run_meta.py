@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import platform
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kvbench.kernels.paths import capability_summary
 from kvbench.methods.plugins import PLUGIN_PACKAGES
+from kvbench.run.fingerprints import Inputs, kvbench_source_digest
 from kvbench.run.resume import previous_run_meta, with_folder_extent
 from kvbench.storage.provenance import device_name, git_commit, now, slurm_job_id
 from kvbench.storage.reader import SCHEMA_VERSION
@@ -27,10 +29,18 @@ from kvbench.storage.writers import (
 from kvbench.version import __version__
 
 
-def write_run_files(folder: Path, cfg: DictConfig, cfg_hash: str) -> dict[str, Any]:
+def write_run_files(
+    folder: Path,
+    cfg: DictConfig,
+    cfg_hash: str,
+    inputs: Mapping[str, Inputs] | None = None,
+    stale_rows: Mapping[str, list[dict[str, Any]]] | None = None,
+) -> dict[str, Any]:
     """Write ``folder``'s ``config.yaml`` and ``run_meta.json`` (status ``running``) for the run of ``cfg``; returns
-    the ``run_meta.json`` payload.  A folder resumed by the same run keeps its ``first_start_time``; one whose run
-    was replaced starts afresh."""
+    the ``run_meta.json`` payload.  A folder resumed by the same run keeps its ``first_start_time``, the inputs
+    recorded for its other datasets and the rows kept from changed inputs (``stale_rows``, plus this run's); one
+    whose run was replaced starts afresh.  ``inputs``: what each dataset's rows are computed from
+    (:mod:`kvbench.run.fingerprints`), recorded per dataset with kvbench's source digest (``kvbench_source``)."""
     atomic_write_text(folder / CONFIG_FILE, OmegaConf.to_yaml(with_folder_extent(folder, cfg), resolve=True))
     meta_path = folder / RUN_META_FILE
     meta = previous_run_meta(folder, cfg, cfg_hash)  # verified; {} for a replaced run (it starts afresh)
@@ -65,5 +75,12 @@ def write_run_files(folder: Path, cfg: DictConfig, cfg_hash: str) -> dict[str, A
     if str(cfg.method.family) in PLUGIN_PACKAGES:  # another package's method (entry-point group kvbench.methods)
         meta["method_package"] = PLUGIN_PACKAGES[str(cfg.method.family)]
     meta.setdefault("first_start_time", meta["start_time"])
+    meta["kvbench_source"] = kvbench_source_digest()
+    recorded = meta.setdefault("inputs", {})
+    recorded.update({name: {"digest": i.digest, "details": i.details} for name, i in (inputs or {}).items()})
+    for dataset, records in (stale_rows or {}).items():  # kept (flagged by the views) or set aside (recomputed)
+        for record in records:
+            key = "stale_rows" if "kept_at" in record else "recomputed_rows"
+            meta.setdefault(key, {}).setdefault(dataset, []).append(record)
     atomic_write_json(meta_path, meta)
     return meta

@@ -39,7 +39,7 @@ results writer (:mod:`kvbench.run.records`), SIGTERM handling
 (:mod:`kvbench.storage.termination`), provenance (:mod:`kvbench.storage.provenance`), the score table
 (:mod:`kvbench.run.table`), the sample cache and W&B; grouped datasets' generation (:mod:`kvbench.run.groups`).
 
-Size: just over 500 lines: the order of work above stays in one class, so it reads top to bottom.
+Size: over 500 lines (about 535): the order of work above stays in one class, so it reads top to bottom.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ from kvbench.models.loading import (
     stop_token_ids,
 )
 from kvbench.prompting import encode_sample
+from kvbench.run.fingerprints import Inputs, dataset_inputs, row_stamp, rows_record
 from kvbench.run.generation import decode_batch_for, decode_path_settings, generate_dataset
 from kvbench.run.groups import extent, first_extent, generate_groups
 from kvbench.run.job import DatasetJob, Generated, PendingGeneration
@@ -81,7 +82,14 @@ from kvbench.run.records import (
     warn_if_not_as_asked,
     write_metrics,
 )
-from kvbench.run.resume import check_existing_run, check_resumable, lost_predictions, trusted_metrics
+from kvbench.run.resume import (
+    check_existing_run,
+    check_inputs_unchanged,
+    check_resumable,
+    lost_predictions,
+    metrics_disagree,
+    trusted_metrics,
+)
 from kvbench.run.run_meta import write_run_files
 from kvbench.run.scoring import score_rows
 from kvbench.run.summary import SUMMARY_FILE, DatasetScores, build_summary, interval_of, sample_scores
@@ -156,8 +164,9 @@ class Runner:
         self.resolved_decode_batch: int | None = None
         #: Per dataset generated in this process, how its samples decoded (``run_meta.json`` ``decode_paths``).
         self.decode_paths: dict[str, dict[str, str | None]] = {}
-        #: Whether this run's prefills were shared with other jobs of a sweep, with how many, or why not
-        #: (``run_meta.json`` ``prefill_sharing``; :mod:`kvbench.run.shared_sweep`).
+        #: Per dataset, what its rows are computed from (:mod:`kvbench.run.fingerprints`), once the data loaded.
+        self.inputs: dict[str, Inputs] = {}
+        #: Whether a sweep's jobs shared this run's prefills, how many, or why not (:mod:`kvbench.run.shared_sweep`).
         self.prefill_sharing: dict[str, Any] = {"shared": False, "reason": "run alone"}
 
     def run(self) -> list[DatasetResult]:
@@ -166,55 +175,65 @@ class Runner:
         if cfg.run.threads:
             torch.set_num_threads(int(cfg.run.threads))
         torch.manual_seed(int(cfg.seed))
-        check_existing_run(self.folder, self.cfg_hash, cfg, note_replacement=False)
-        tokenizer = self.loaded.tokenizer if self.loaded else load_tokenizer(cfg.model)
-        data = self.load_data(tokenizer)  # every sample checked before the weights load
-        # The folder is claimed before the weights load: an identical run started meanwhile is refused at once.
-        with claim_run_folder(self.folder, config=self.cfg_hash):
-            # Checked again under the lock: another job may have started this folder since the first check.
-            check_existing_run(self.folder, self.cfg_hash, cfg)
-            loaded = self.loaded or load_model(cfg.model, seed=int(cfg.seed), tokenizer=tokenizer)
-            logger = _wandb_logger(cfg)
-            with self.recording(logger) as results:
-                for dataset, samples in data:
-                    results.append(self._run_dataset(loaded, dataset, samples))
+        # SIGTERM at any point (data, model load, generation) ends as Interrupted: one message, exit 143.
+        with graceful_termination():
+            check_existing_run(self.folder, self.cfg_hash, cfg, note_replacement=False)
+            tokenizer = self.loaded.tokenizer if self.loaded else load_tokenizer(cfg.model)
+            data = self.load_data(tokenizer)  # every sample checked before the weights load
+            # The folder is claimed before the weights load: an identical run started meanwhile is refused at once.
+            with claim_run_folder(self.folder, config=self.cfg_hash):
+                # Checked again under the lock: another job may have started this folder since the first check.
+                check_existing_run(self.folder, self.cfg_hash, cfg)
+                stale = self.check_inputs(data)
+                loaded = self.loaded or load_model(cfg.model, seed=int(cfg.seed), tokenizer=tokenizer)
+                logger = _wandb_logger(cfg)
+                with self.recording(stale, logger) as results:
+                    for dataset, samples in data:
+                        results.append(self._run_dataset(loaded, dataset, samples))
         return self.report(results, logger)
 
+    def check_inputs(self, data: list[tuple[TaskDataset, list[Sample]]]) -> dict[str, Any]:
+        """What each dataset's rows are computed from (:attr:`inputs`), checked against the rows the claimed folder
+        holds (``run.changed_inputs``); returns the datasets whose rows are stale and kept."""
+        self.inputs = {d.name: dataset_inputs(self.cfg, self.method, d.provenance()) for d, _ in data}
+        checked = {d.name: self.inputs[d.name] for d, _ in data if not d.evaluates_itself}  # lm-eval: own rows
+        on_change = str(self.cfg.run.get("changed_inputs", "refuse"))
+        return check_inputs_unchanged(self.folder, checked, self.cfg_hash, on_change)
+
     @contextmanager
-    def recording(self, logger: Any = None) -> Iterator[list[DatasetResult]]:
+    def recording(self, stale: Any, logger: Any = None) -> Iterator[list[DatasetResult]]:
         """Write the run's ``config.yaml`` and ``run_meta.json`` (status ``running``), then collect the datasets'
-        results in the list it yields, under SIGTERM handling; ``run_meta.json`` gets the status the block ended
-        with (complete, interrupted, failed) and a complete run its ``summary.json``.  The run folder is claimed."""
-        meta = write_run_files(self.folder, self.cfg, self.cfg_hash)
+        results in the list it yields; ``run_meta.json`` gets the status the block ended with (complete,
+        interrupted, failed) and a complete run its ``summary.json``.  The run folder is claimed, SIGTERM handled."""
+        meta = write_run_files(self.folder, self.cfg, self.cfg_hash, self.inputs, stale)
         results: list[DatasetResult] = []
         status = "failed"
-        with graceful_termination():
-            try:
-                yield results
-                status = "complete"
-            except Interrupted:
-                status = "interrupted"
-                if logger is not None:
-                    logger.abort(exit_code=143)
-                raise
-            except BaseException:
-                if logger is not None:
-                    logger.abort()
-                raise
-            finally:
-                with TERMINATION.critical(raise_pending=False):
-                    meta["end_time"] = now()
-                    meta["status"] = status
-                    meta["completed_datasets"] = [r.dataset for r in results]
-                    meta["attention_fallbacks"] = dict(sorted(self.attention_fallbacks.items()))
-                    meta["decode_batch_resolved"] = self.resolved_decode_batch
-                    meta["decode_paths"] = self.decode_paths
-                    meta["prefill_sharing"] = self.prefill_sharing
-                    if status == "complete":
-                        meta["datasets"] = [r.dataset for r in results]
-                    atomic_write_json(self.folder / RUN_META_FILE, meta)
-                    if status == "complete":
-                        self.summary = self._write_summary(meta, results)
+        try:
+            yield results
+            status = "complete"
+        except (Interrupted, KeyboardInterrupt):  # SIGTERM, or SIGINT (Ctrl-C): the same command resumes
+            status = "interrupted"
+            if logger is not None:
+                logger.abort(exit_code=143)
+            raise
+        except BaseException:
+            if logger is not None:
+                logger.abort()
+            raise
+        finally:
+            with TERMINATION.critical(raise_pending=False):
+                meta["end_time"] = now()
+                meta["status"] = status
+                meta["completed_datasets"] = [r.dataset for r in results]
+                meta["attention_fallbacks"] = dict(sorted(self.attention_fallbacks.items()))
+                meta["decode_batch_resolved"] = self.resolved_decode_batch
+                meta["decode_paths"] = self.decode_paths
+                meta["prefill_sharing"] = self.prefill_sharing
+                if status == "complete":
+                    meta["datasets"] = [r.dataset for r in results]
+                atomic_write_json(self.folder / RUN_META_FILE, meta)
+                if status == "complete":
+                    self.summary = self._write_summary(meta, results)
 
     def report(self, results: list[DatasetResult], logger: Any = None) -> list[DatasetResult]:
         """Log a finished run's results to W&B (``logger``) and print its score table (``run.print_table``)."""
@@ -294,6 +313,8 @@ class Runner:
             rows = {row["id"]: row for row in PredictionLog(predictions).load()}
             if lost_predictions(predictions, rows, samples, existing["n_samples"]):
                 return None  # rows gone since metrics.json was written: regenerate them
+            if metrics_disagree(metrics_path, existing, [rows[s.id] for s in samples], dataset, samples):
+                return None  # rewritten from the rows (scored again, nothing regenerated)
             return self._dataset_result(dataset, samples, [rows.get(s.id) for s in samples], existing, True)
         if len(samples) < int(existing.get("n_samples", 0)):
             return self._report_on_first(dataset, samples, existing)
@@ -311,10 +332,9 @@ class Runner:
     def pending_generation(
         self, loaded: LoadedModel, dataset: TaskDataset, samples: list[Sample], show_progress: bool = True
     ) -> PendingGeneration:
-        """What generating the dataset's missing samples needs (:class:`~kvbench.run.job.PendingGeneration`): the
-        samples ``predictions.jsonl`` lacks, how to encode them and write their rows, the stop tokens; resolves
-        ``run.decode_batch`` at the run's first generating dataset.  ``show_progress``: a bar of its own (else the
-        caller shows one, ``run.progress``)."""
+        """What generating the dataset's missing samples needs (:class:`~kvbench.run.job.PendingGeneration`; resolves
+        ``run.decode_batch`` at the run's first generating dataset).  ``show_progress``: a bar of its own (else the
+        caller shows one)."""
         cfg = self.cfg
         folder = self.folder / dataset.name
         provenance = dataset.provenance()
@@ -353,6 +373,7 @@ class Runner:
 
         def write(sample: Sample, encoded: Any, output: Any) -> None:
             row = prediction_row(sample, dataset, output, encoded)
+            row.update(row_stamp(self.cfg_hash, self.inputs[dataset.name]))
             warn_if_above_full(output.record, self.cfg)
             warn_if_not_as_asked(row["cache"], self.cfg)
             with TERMINATION.critical():
@@ -397,6 +418,7 @@ class Runner:
             timing=generated.timing,
             attention=attention,
             scoring_errors=scoring_errors,
+            **rows_record(self.inputs[dataset.name], rows, scores["score"]),
         )
         label = f"{cfg.model.name} {cfg.method.name} {cfg.budget.name} {dataset.name}"
         predictions = [r["prediction"] for r in rows]

@@ -51,6 +51,7 @@ from kvbench.run.resume import check_existing_run
 from kvbench.run.runner import Runner, _progress, _wandb_logger
 from kvbench.storage.folder import claim_run_folder
 from kvbench.storage.paths import run_folder
+from kvbench.storage.termination import graceful_termination
 from kvbench.storage.writers import config_hash
 from kvbench.tasks.base import Sample, TaskDataset
 from kvbench.validation import ValidatedRun, validate_run
@@ -94,23 +95,26 @@ def run_group(validated: Sequence[ValidatedRun]) -> list[list[DatasetResult]]:
     if cfg.run.threads:
         torch.set_num_threads(int(cfg.run.threads))
     torch.manual_seed(int(cfg.seed))
-    for member in members:
-        runner = member.runner
-        check_existing_run(runner.folder, runner.cfg_hash, runner.cfg, note_replacement=False)
-    tokenizer = load_tokenizer(cfg.model)
-    data = lead.load_data(tokenizer)  # every sample checked before the weights load
-    with ExitStack() as stack:
+    with graceful_termination():  # SIGTERM at any point ends as Interrupted (each job records it), as alone
         for member in members:
             runner = member.runner
-            stack.enter_context(claim_run_folder(runner.folder, config=runner.cfg_hash))
-            check_existing_run(runner.folder, runner.cfg_hash, runner.cfg)
-        loaded = load_model(cfg.model, seed=int(cfg.seed), tokenizer=tokenizer)
-        for member in members:
-            member.random = JobRandom()  # the state the job alone generates from (after seed, samples, weights)
-            member.runner.prefill_sharing = {"shared": True, "jobs": len(members), "datasets_alone": {}}
-            member.results = stack.enter_context(member.runner.recording())
-        for dataset, samples in data:
-            _run_dataset(members, loaded, dataset, samples)
+            check_existing_run(runner.folder, runner.cfg_hash, runner.cfg, note_replacement=False)
+        tokenizer = load_tokenizer(cfg.model)
+        data = lead.load_data(tokenizer)  # every sample checked before the weights load
+        with ExitStack() as stack:
+            stale = []
+            for member in members:
+                runner = member.runner
+                stack.enter_context(claim_run_folder(runner.folder, config=runner.cfg_hash))
+                check_existing_run(runner.folder, runner.cfg_hash, runner.cfg)
+                stale.append(runner.check_inputs(data))
+            loaded = load_model(cfg.model, seed=int(cfg.seed), tokenizer=tokenizer)
+            for member, kept in zip(members, stale, strict=True):
+                member.random = JobRandom()  # the state the job alone generates from (after seed, samples, weights)
+                member.runner.prefill_sharing = {"shared": True, "jobs": len(members), "datasets_alone": {}}
+                member.results = stack.enter_context(member.runner.recording(kept))
+            for dataset, samples in data:
+                _run_dataset(members, loaded, dataset, samples)
     for member in members:
         member.runner.report(member.results, _wandb_logger(member.runner.cfg))
     return [member.results for member in members]

@@ -16,7 +16,8 @@
   when the run would not wait (``$KVBENCH_LOCK_WAIT`` is 0); :func:`lock_wait_seconds` checks that variable.
 * :func:`claim_run_folder` -- creates the folder, takes the lock, and if the run fails before the folder holds any
   prediction or metrics, removes everything kvbench wrote there (and the parent folders it created), so that a
-  failed run never blocks the next command (``results/`` is as it was).
+  failed run never blocks the next command (``results/`` is as it was) -- only while the folder is still the one it
+  locked: a folder moved or replaced mid-run is left alone, and the run ends with one message saying so.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kvbench.errors import KVBenchError
+from kvbench.errors import Interrupted, KVBenchError
 from kvbench.storage import ownership
 from kvbench.storage.writers import CONFIG_FILE, PREDICTIONS_FILE, RUN_META_FILE, TIMINGS_FILE, holds_results
 
@@ -381,13 +382,27 @@ def claim_run_folder(folder: Path, wait_s: float | None = None, config: str | No
     with run_folder_lock(folder, wait_s, config):
         try:
             yield
-        except BaseException:
+        except BaseException as err:
+            if not ownership.still_held(folder):  # moved or replaced mid-run: not this run's folder any more
+                if isinstance(err, Exception) and not isinstance(err, Interrupted):
+                    raise _moved_error(folder) from err
+                raise
             if not holds_results(folder):
                 discard_run_files(folder)
                 (folder / LOCK_FILE).unlink(missing_ok=True)
                 if created is not None:
                     _remove_empty_dirs(folder, created)
             raise
+
+
+def _moved_error(folder: Path) -> KVBenchError:
+    """The error of a run whose folder was moved or replaced while it ran (cleanup deletes nothing then)."""
+    now = "was replaced by another folder" if folder.exists() else "is gone (moved or removed)"
+    return KVBenchError(
+        f"the run folder {folder} {now} while this run was writing to it, so the run stopped; nothing was deleted "
+        "(what it wrote is wherever the folder went). Fix: put the folder back and rerun the same command to resume "
+        "it, or rerun it with run.output_root=<the folder it was moved under>"
+    )
 
 
 def discard_run_files(folder: Path) -> None:

@@ -40,6 +40,20 @@ def release(folder: Path) -> None:
     _HELD.pop(Path(os.path.abspath(folder)), None)
 
 
+def still_held(folder: Path) -> bool:
+    """Whether ``folder`` is still what this process locked (the anchor's device and inode unchanged); ``True`` for
+    a folder this process does not hold (nothing to compare).  Cleanup runs only where this is true: a folder moved
+    or replaced mid-run is another folder now, and nothing in it is this run's to delete."""
+    entry = _HELD.get(Path(os.path.abspath(folder)))
+    if entry is None:
+        return True
+    anchor, held = entry
+    try:
+        return identity_of(anchor) == held
+    except OSError:
+        return False
+
+
 def check_held(path: Path) -> None:
     """Before writing ``path``: if it lies in a folder this process holds, that folder's lock must still be the one
     taken (same device and inode); else :class:`KVBenchError` (nothing is written)."""

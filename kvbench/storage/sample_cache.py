@@ -110,18 +110,58 @@ class SampleCache:
         except (ValueError, KeyError, TypeError) as err:
             return _damaged(path, f"a sample line does not parse ({type(err).__name__}: {err})")
 
-    def store(self, benchmark: str, dataset: str, key: dict[str, Any], samples: list[Sample], requested: int) -> Path:
-        """Write ``samples`` (generated for a request of ``requested``) atomically; returns the file."""
+    def store(
+        self, benchmark: str, dataset: str, key: dict[str, Any], samples: list[Sample], requested: int
+    ) -> Path | None:
+        """Write ``samples`` (generated for a request of ``requested``) atomically; returns the file, or ``None``
+        when it was not written, with a warning naming the file and the fix: a file there of a newer format (a newer
+        kvbench's: never replaced by this one's), or a cache folder that cannot be written (read-only, full; no
+        temporary file is left behind).  The run goes on with the samples it generated."""
         path = self.path(benchmark, dataset, key)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        newer = _newer_format(path)
+        if newer is not None:
+            LOG.warning(
+                "%s was written by a newer kvbench (sample-cache format %s; this one reads %d): left as it is, and "
+                "these samples are not stored. Upgrade kvbench to reuse it, or set run.sample_cache=<another folder>",
+                path,
+                newer,
+                FORMAT_VERSION,
+            )
+            return None
         tmp = path.with_name(f".{path.name}.{id(samples)}.tmp")
         header = {"kvbench_sample_cache": FORMAT_VERSION, "key": key, "count": len(samples), "requested": requested}
-        with tmp.open("w", encoding="utf-8") as handle:
-            handle.write(json.dumps(header, ensure_ascii=False, default=str) + "\n")
-            for sample in samples:
-                handle.write(json.dumps(sample.to_json(), ensure_ascii=False) + "\n")
-        tmp.replace(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tmp.open("w", encoding="utf-8") as handle:
+                handle.write(json.dumps(header, ensure_ascii=False, default=str) + "\n")
+                for sample in samples:
+                    handle.write(json.dumps(sample.to_json(), ensure_ascii=False) + "\n")
+            tmp.replace(path)
+        except OSError as err:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            LOG.warning(
+                "cannot store generated samples in the sample cache %s (%s): this run goes on without storing them, so "
+                "the next run generates them again. Fix: make that folder writable (or free space), or set "
+                "run.sample_cache=<a writable folder> (null: never store)",
+                self.root,
+                err.strerror or err,
+            )
+            return None
         return path
+
+
+def _newer_format(path: Path) -> Any:
+    """The format version of the file at ``path`` when a newer kvbench wrote it (an integer above
+    :data:`FORMAT_VERSION`), else ``None``."""
+    try:
+        with path.open("rb") as handle:
+            header = json.loads(handle.readline())
+    except (OSError, ValueError):
+        return None
+    version = header.get("kvbench_sample_cache") if isinstance(header, dict) else None
+    newer = isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION
+    return version if newer else None
 
 
 def _damaged(path: Path, why: str) -> None:

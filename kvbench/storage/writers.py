@@ -34,7 +34,10 @@ Layout (one *run* = one model x task x method x budget)::
                                   "prerope_states": "hidden_states" | "unrotated" | "mixed" | null (where a
                                   scorer's pre-RoPE keys/queries came from; null: it reads none)},
      "stop_reason": str, "question_lost": bool,
-     "scoring_error": str (only on a row whose scorer raised: it scored 0; :mod:`kvbench.run.scoring`)}
+     "scoring_error": str (only on a row whose scorer raised: it scored 0; :mod:`kvbench.run.scoring`),
+     "config_hash": str, "inputs": str (digest of the data, method files and method source the row was computed
+     from), "code": str (digest of kvbench's source) (issue #55, :mod:`kvbench.run.fingerprints`; absent in older
+     runs)}
 
 ``metrics.json``::
 
@@ -56,7 +59,11 @@ Layout (one *run* = one model x task x method x budget)::
      "attention": {"calls": {path: int}, "fallbacks": {reason: int}} (paged-cache attention paths that ran and
      any GPU path that was unavailable, :mod:`kvbench.kernels.paths`; run_meta.json has the machine's
      "attention_capability" and the run's "attention_fallbacks"),
-     "scoring_errors": {"count": int, "by_sample": {id: str}} (predictions whose scorer raised, scored 0)}
+     "scoring_errors": {"count": int, "by_sample": {id: str}} (predictions whose scorer raised, scored 0),
+     "inputs": {"digest": str, "details": {"data", "method_files", "method_source"}}, "code": {"commit": str | null,
+     "sources": [str] (kvbench source digests of the rows: more than one is a mixed-code dataset)}, "rows": {"n":
+     int, "sha256": str, "checksum": str} (the scored rows and the score's checksum over them,
+     :mod:`kvbench.storage.integrity`; these three absent in older runs)}
 
 Generated RULER/NeedleBench samples live apart from the runs, in ``run.sample_cache`` (default
 ``results/samples/<benchmark>/<dataset>-<key>.jsonl``, see :mod:`kvbench.storage.sample_cache`).
@@ -185,6 +192,7 @@ class TimingLog:
         self.path = path
 
     def append(self, row: dict[str, Any]) -> None:
+        check_held(self.path)  # never into a run folder moved or replaced mid-run
         with open(self.path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(row) + "\n")
 
@@ -231,6 +239,7 @@ NON_SEMANTIC_KEYS = (
     "run.prefill_group_size",
     "run.shared_tasks",
     "run.shared_task",
+    "run.changed_inputs",
     # Placement does not change the tokens (tests/models/test_device_map.py); a run may resume on another map.
     "model.device_map",
     "model.offload_folder",

@@ -385,6 +385,8 @@ class LongBenchDataset(TaskDataset):
             folder = _resolve_data_dir(self.data_dir)
             if folder is not None:
                 path = _local_file(folder, self.file_stem)
+                if folder != FIXTURES_DIR:
+                    provenance.verify_prepared(path.parent, path.name, _HOW_TO_GET)
                 lines = load_jsonl(path)
                 if folder == FIXTURES_DIR:
                     record = provenance.stand_in(path, f"{self.file_stem}.jsonl", _HOW_TO_GET)
@@ -587,10 +589,11 @@ def prepare_longbench(
     stems = list(names)
     if include_e:
         stems += [f"{n}_e" for n in dataset_names("longbench_e") if n in names]
-    manifest: dict[str, Any] = {"hub_repo": hub_repo, "hub_revision": hub_revision, "files": {}}
+    origin: dict[str, Any] = {"hub_repo": hub_repo, "hub_revision": hub_revision}
+    counts: dict[str, int] = {}
     for stem in stems:
         lines, record = _hub_lines(stem, hub_repo, hub_revision)
-        manifest.setdefault("commit", record["commit"])
+        origin.setdefault("commit", record["commit"])
         path = target_dir / f"{stem}.jsonl"
         tmp = path.with_suffix(".jsonl.tmp")
         with open(tmp, "w", encoding="utf-8") as handle:
@@ -598,6 +601,6 @@ def prepare_longbench(
                 record = {key: line.get(key) for key in _FIELDS}
                 handle.write(json.dumps(record, ensure_ascii=False) + "\n")
         tmp.replace(path)
-        manifest["files"][path.name] = len(lines)
+        counts[path.name] = len(lines)
         print(f"longbench: wrote {len(lines)} lines to {path}")
-    (target_dir / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    provenance.write_manifest(target_dir, origin, counts)  # every file's sha256, checked on every read

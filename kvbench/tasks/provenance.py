@@ -21,6 +21,9 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 _SHA_CACHE: dict[tuple[str, int, int], str] = {}
+#: Files checked against their folder's ``MANIFEST.json`` in this process (:func:`verify_prepared`): resolved path ->
+#: the sha256 verified, so :func:`official` records ``verified`` only for the bytes that were checked.
+_VERIFIED: dict[str, str] = {}
 
 
 def file_sha256(path: str | Path) -> str:
@@ -38,8 +41,15 @@ def file_sha256(path: str | Path) -> str:
 
 
 def official(path: str | Path) -> dict[str, Any]:
-    """Record of an official input file read from disk."""
-    return {"source": "official", "path": str(path), "sha256": file_sha256(path)}
+    """Record of an official input file read from disk, with ``verified``: whether its bytes were checked against
+    the sha256 its preparer recorded (:func:`verify_prepared`); a hand-made folder, or a file its folder's
+    ``MANIFEST.json`` does not list, is recorded as unverified (issue #55 item 3)."""
+    sha = file_sha256(path)
+    return {"source": "official", "path": str(path), "sha256": sha, "verified": _VERIFIED.get(_key(path)) == sha}
+
+
+def _key(path: str | Path) -> str:
+    return str(Path(path).resolve())
 
 
 def stand_in(path: str | Path, missing: str, how_to_get: str) -> dict[str, Any]:
@@ -84,15 +94,18 @@ def write_manifest(folder: Path, origin: dict[str, Any], lines: dict[str, int]) 
     tmp.replace(folder / MANIFEST_FILE)
 
 
-def verify_prepared(folder: Path, name: str, how_to_get: str) -> None:
-    """Check ``folder/name`` against the sha256 its preparer recorded in ``folder/MANIFEST.json``.
+def verify_prepared(folder: Path, name: str, how_to_get: str) -> bool:
+    """Check ``folder/name`` against the sha256 its preparer recorded in ``folder/MANIFEST.json``; whether it was
+    checked (:func:`official` records it as ``verified``).
 
-    No manifest: nothing to check (a hand-made folder; its provenance records the file's own sha256).  A manifest
-    that does not parse, or a file whose sha256 differs, raises ``ValueError`` naming the file and ``how_to_get``.
-    Manifests written before the ``files`` layout (one file, a top-level ``sha256``) are read too."""
+    No manifest: nothing to check (a hand-made folder; its provenance records the file's own sha256, unverified).
+    A manifest that does not list the file with a sha256 (an older preparer's, or a file added by hand): a warning
+    naming the file and ``how_to_get``, and the file is recorded as unverified.  A manifest that does not parse, or
+    a file whose sha256 differs, raises ``ValueError`` naming the file and ``how_to_get``.  Manifests written before
+    the ``files`` layout (one file, a top-level ``sha256``) are read too."""
     manifest_path = folder / MANIFEST_FILE
     if not manifest_path.is_file():
-        return
+        return False
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -102,13 +115,22 @@ def verify_prepared(folder: Path, name: str, how_to_get: str) -> None:
     entry = manifest.get("files", {}).get(name) if isinstance(manifest.get("files"), dict) else None
     expected = entry.get("sha256") if isinstance(entry, dict) else manifest.get("sha256")
     if expected is None:
-        return
+        log.warning(
+            "%s is not listed with a sha256 in %s: it is read unverified (recorded as such in data_provenance). To "
+            "verify it, prepare the folder again: %s",
+            folder / name,
+            manifest_path,
+            how_to_get,
+        )
+        return False
     actual = file_sha256(folder / name)
     if actual != expected:
         raise ValueError(
             f"{folder / name}: sha256 {actual} differs from {manifest_path} ({expected}); the file changed after it "
             f"was prepared: re-run {how_to_get}"
         )
+    _VERIFIED[_key(folder / name)] = actual
+    return True
 
 
 def hub_dataset_file(benchmark: str, repo: str, filename: str, revision: str, how_to_get: str) -> tuple[Path, str]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from typing import Any
 import yaml
 
 from kvbench.budget import BudgetError, parse_budget
+from kvbench.storage.integrity import check_metrics
 from kvbench.storage.writers import METRICS_FILE, PREDICTIONS_FILE, read_json
 
 SUMMARY_FILE = "summary.json"
@@ -63,6 +65,15 @@ _LENGTH_KEYS = ("target_length", "context_length", "length")
 def run_folder_of(metrics_path: str | Path) -> Path:
     """The run folder holding a dataset's ``metrics.json`` (``<run>/<dataset>/metrics.json``)."""
     return Path(metrics_path).parent.parent
+
+
+def rerun_command(folder: Path, meta: dict[str, Any]) -> str:
+    """The command that reruns (resumes, completes) the run in ``folder``: its recorded command (``run_meta.json``'s
+    ``command``) with ``run.output_root`` set to the root the folder is under now (a copied or moved results folder
+    is rerun where it is, never in the root it was first run in)."""
+    argv = [str(arg) for arg in (meta.get("command") or [])[1:] if not str(arg).startswith("run.output_root=")]
+    root = folder.parents[3] if len(folder.parents) > 3 else folder.parent  # <root>/<model>/<task>/<method>/<budget>
+    return shlex.join(["kvbench", *argv, f"run.output_root={root}"])
 
 
 def file_signature(folder: Path, datasets: Iterable[str]) -> list[list[Any]]:
@@ -187,10 +198,14 @@ def _mean(values: list[float] | None) -> float | None:
 
 def budget_tokens_per_layer(budget: str, context_length: float | None, requested: list[float] | None) -> float | None:
     """Tokens per layer a budget asks for: ``n`` of ``<n>L`` / ``<n>/layer``; for ``<r>x`` the mean of the run's
-    requested per-layer budgets when recorded, else ``ratio × context``; the context length for ``full``."""
+    requested per-layer budgets when recorded, else ``ratio × context``; the context length for ``full``; for a
+    threshold ``<t>thr``, which sets no size, the run's measured mean per layer (what the threshold kept, recorded as
+    its requested size), else ``None``: a threshold run is placed by what it stored, never by ``t``."""
     try:
         parsed = parse_budget(budget)
     except BudgetError:
+        return float(sum(requested) / len(requested)) if requested else None
+    if parsed.is_threshold:
         return float(sum(requested) / len(requested)) if requested else None
     if parsed.follows_context and requested:
         return float(sum(requested) / len(requested))
@@ -275,7 +290,8 @@ def read_run_extras(folder: Path, datasets: Iterable[str]) -> dict[str, Any]:
         timing = metrics.get("timing") or {}
         per_dataset[dataset] = {
             "ci95": intervals.get(dataset),
-            "n_samples": metrics.get("n_samples"),
+            # the complete rows on disk that metrics.json counts (issue #55), not its own claim
+            "n_samples": check_metrics(metrics, folder / dataset / PREDICTIONS_FILE)[0] if metrics else None,
             "per_sample": samples if scores_by_id else None,
             "predictions": browser,
             "prefill_s": finite_number(timing.get("prefill_s_mean")),
@@ -298,7 +314,10 @@ def read_run_extras(folder: Path, datasets: Iterable[str]) -> dict[str, Any]:
     return {
         "experiment": run_cfg.get("experiment") or None,
         "family": family or method_cfg.get("family") or None,
-        "provenance": {k: meta.get(k) for k in PROVENANCE_KEYS if k in meta},
+        "provenance": {
+            **{k: meta.get(k) for k in PROVENANCE_KEYS if k in meta},
+            **({"rerun_command": rerun_command(folder, meta)} if meta.get("command") else {}),
+        },
         "stand_in": stand_in,
         "synthetic": synthetic,
         "context_length": context_length,

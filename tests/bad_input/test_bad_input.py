@@ -139,6 +139,7 @@ CONFIG_CASES = [
     (["budget=-5L"], ["unknown budget '-5L'", "128L", "budget=<spec>", "<n>/layer"]),
     (["budget=0L"], ["unknown budget '0L'", "'0L' must be positive", "budget=<spec>"]),
     (["budget=1.5x"], ["unknown budget '1.5x'", "(0, 1]", "budget=<spec>"]),
+    (["method=dms", "budget=64L"], ["budget '64L' means nothing to method 'dms'", "'<t>thr'", "-3.0thr"]),
     (["run.threads=0"], ["run.threads=0", ">= 1"]),
     (["model.max_input_length=1"], ["model.max_input_length=1", ">= 2"]),
     (["task.depths=[150]"], ["task.depths contains 150", "[0, 100]"]),
@@ -152,6 +153,17 @@ CONFIG_CASES = [
 
 def no_weights(*args, **kwargs):
     raise AssertionError("the model's weights were loaded before the bad input was reported")
+
+
+def test_a_threshold_budget_for_a_sized_method_fails_clean(root: Path, capsys, monkeypatch) -> None:
+    """``budget=-3.0thr`` (registered as ``thr-3.0`` by the command line's override preparation) on KNorm."""
+    import kvbench.run.runner
+    from kvbench.overrides import prepare_overrides
+
+    monkeypatch.setattr(kvbench.run.runner, "load_model", no_weights)
+    overrides = prepare_overrides(["method=knorm", "budget=-3.0thr", f"run.output_root={root}"])
+    code, stderr = run_in_process(overrides, capsys)
+    assert_clean_failure(code, stderr, ["is a score threshold", "only threshold methods", "64L"])
 
 
 @pytest.mark.parametrize(("overrides", "expected"), CONFIG_CASES, ids=lambda case: " ".join(case))

@@ -9,7 +9,9 @@ nacl) run every budget (they set the reference paths of the eviction session), t
 paper versions: a knob of the same machinery) the :data:`PAPER_VARIANT_BUDGETS` (far below, just under and above the
 1K context), and every other method -- the full cache, the baselines' variants, one-class scorers, plug-ins,
 kvpress-variant presets, whose budgets take the session's paths the baselines already cover -- the
-:data:`SAMPLED_BUDGETS`: no eviction, a per-layer total, a per-head count and a ratio.
+:data:`SAMPLED_BUDGETS`: no eviction, a per-layer total, a per-head count and a ratio; a threshold method (DMS) a
+threshold (:data:`THRESHOLD_BUDGETS`), issue #58's kvpress presses one budget
+(:data:`WRAPPER_BUDGETS`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from kvbench.methods.base import method_families
 from kvbench.methods.recipe import SCORER_METHODS
 from kvbench.overrides import prepare_overrides
 from kvbench.run.runner import Runner
+from kvbench.views.run_views import read_run_extras
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 YAML_METHODS = sorted(p.stem for p in (CONF / "method").glob("*.yaml"))
@@ -46,6 +49,13 @@ SAMPLED_BUDGETS = ["full", "64L", "128perlayer", "ratio0.5"]
 #: The budgets a paper method's variant runs (its main preset runs every ``<n>L`` budget): far below the 1K context,
 #: just under it, above it.
 PAPER_VARIANT_BUDGETS = ["64L", "1000L", "2048L"]
+#: Threshold methods (DMS) take a threshold budget, nothing else (kvbench/budget.py): one threshold.
+THRESHOLD_FAMILIES = {"dms"}
+THRESHOLD_BUDGETS = ["thr-3.0"]
+#: kvpress's presses of issue #58 (wrappers over a scorer, CAP-KV): they take the session's paths the baselines cover,
+#: so one budget (the issue's ``budget=64L`` run); their parity tests cover the rest.
+WRAPPER_FAMILIES = {"merging", "composed", "per_layer", "cam", "entropy_chunkkv", "lukv", "cap", "kvcompose"}
+WRAPPER_BUDGETS = ["64L"]
 
 
 def budgets_for(method: str) -> list[str]:
@@ -53,6 +63,10 @@ def budgets_for(method: str) -> list[str]:
     presets, :data:`PAPER_VARIANT_BUDGETS` for their variants; :data:`SAMPLED_BUDGETS` for any other method (module
     docstring)."""
     family = OmegaConf.load(CONF / "method" / f"{method}.yaml").family if method in YAML_METHODS else method
+    if family in THRESHOLD_FAMILIES:
+        return THRESHOLD_BUDGETS
+    if family in WRAPPER_FAMILIES:
+        return WRAPPER_BUDGETS
     if family in PAPER_FAMILIES:
         return [b for b in BUDGETS if re.fullmatch(r"\d+L", b)] if method == family else PAPER_VARIANT_BUDGETS
     if family in BASELINE_FAMILIES and method == family:
@@ -93,3 +107,8 @@ def test_method_runs_with_every_budget(tmp_path: Path, method: str) -> None:
                 assert cache["budget_exact"], (method, budget, cache)
             if budget == "full" or method == "full":
                 assert cache["samples_evicted"] == 0
+            if budget in THRESHOLD_BUDGETS:  # a threshold's size is measured, and the views place the run by it
+                assert 0 < cache["mean_kept_fraction"] < 1 and cache["mean_stored_bytes"] > 0, cache
+                extras = read_run_extras(metrics_path.parent.parent, ["niah_single_1k"])
+                measured = cache["mean_achieved_per_layer"]
+                assert extras["budget_tokens_per_layer"] == pytest.approx(sum(measured) / len(measured)), extras

@@ -73,13 +73,18 @@ def kept_by_kvbench(
 HEAD_FILE_PARAMS = {"duo_attention": "pattern", "headkv": "head_scores"}
 
 
+#: Families whose knob holds one number per compressible layer (a mismatched length is an error, by design).
+MODEL_SHAPED_PARAMS = {"per_layer": "compression_ratios"}
+
+
 def fitted_to_model(method_cfg: Any, model_config: Any, folder: Path) -> Any:
     """``method_cfg`` with its per-model head file (DuoAttention's pattern, HeadKV's scores) replaced by a seeded one
-    of the model's shape (compressible layers x KV heads, or x query heads for HeadKV), written under ``folder``;
+    of the model's shape (compressible layers x KV heads, or x query heads for HeadKV), written under ``folder``, or
+    its per-layer numbers (:data:`MODEL_SHAPED_PARAMS`) by seeded ones, one per compressible layer;
     any other family's config unchanged.  For generic suites that run every family on other models than the one the
     shipped files were estimated for (a mismatched file is an error, by design)."""
     family = str(method_cfg.family)
-    if family not in HEAD_FILE_PARAMS:
+    if family not in HEAD_FILE_PARAMS and family not in MODEL_SHAPED_PARAMS:
         return method_cfg
     from omegaconf import OmegaConf
 
@@ -88,6 +93,11 @@ def fitted_to_model(method_cfg: Any, model_config: Any, folder: Path) -> Any:
     layers = sum(window is None for window in layer_windows(model_config))
     if layers == 0:  # nothing is compressed: the shipped file is never read
         return method_cfg
+    if family in MODEL_SHAPED_PARAMS:  # one number per compressible layer (per_layer's ratios), seeded
+        fitted = OmegaConf.create(OmegaConf.to_container(method_cfg))
+        ratios = torch.rand(layers, generator=torch.Generator().manual_seed(45)) * 0.9
+        fitted.params[MODEL_SHAPED_PARAMS[family]] = [round(float(ratio), 3) for ratio in ratios]
+        return fitted
     heads = model_config.num_key_value_heads if family == "duo_attention" else model_config.num_attention_heads
     gates = torch.rand(layers, heads, generator=torch.Generator().manual_seed(44)).tolist()
     if family == "duo_attention":

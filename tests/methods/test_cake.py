@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -295,4 +296,6 @@ def test_random_allocation_resumed_and_batched_draws_as_the_uninterrupted_run(tm
     rows = [json.loads(line) for line in straight.splitlines()]
     budgets = {tuple(row["cache"]["requested_per_layer"]) for row in rows}
     assert len(rows) == 3 and len(budgets) == 3  # a draw of its own per sample
-    assert resumed == straight
+    # Byte for byte but each row's config_hash (run.decode_batch=2 is its own configuration: issue #55's row stamp).
+    unstamped = [re.sub(rb', "config_hash": "[0-9a-f]+"', b"", text) for text in (resumed, straight)]
+    assert unstamped[0] == unstamped[1]

@@ -9,6 +9,8 @@ recorded scores. They also pin down RandomPress's seeding, which kvbench's Rando
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
@@ -60,6 +62,32 @@ PER_HEAD_BUDGET = {"AdaKVPress_KnormPress", "AdaKVPress_SnapKVPress", "AdaKVPres
 PER_HEAD_BUDGET |= {"CriticalAdaKVPress_SnapKVPress"}
 DECODING = {"DecodingPress_KnormPress", "DecodingPress_KnormPress_buffer0", "CompressionRatioDecodingPress_KnormPress"}
 DECODING |= {"PrefillDecodingPress_KnormPress"}
+DECODING |= {"CAMPress_KnormPress"}
+# Issue #58: DMS keeps what scores at least its threshold (per head), ComposedPress its last press's share of what the
+# first kept, PerLayerCompressionPress one ratio per layer.
+THRESHOLD = {"DMSPress_KnormPress", "DMSPress_SnapKVPress", "DMSPress_KnormPress_decoding"}
+COMPOSED = {"ComposedPress_SnapKVPress_KnormPress", "ComposedPress_KeyDiffPress_KnormPress"}
+PER_LAYER_RATIOS = {"PerLayerCompressionPress_KnormPress", "PerLayerCompressionPress_SnapKVPress"}
+# LU-KV: per-head counts from its (seeded) curve, between 1 and S (checked against the curve in test_lukv.py).
+CURVE_BUDGET = {"LUKVPress_KnormPress_seeded_curve", "LUKVPress_ExpectedAttentionPress_seeded_curve"}
+# KVCompose: one budget over every layer (structured: int(L S (1 - c)) over layers, each head of a layer alike;
+# unstructured: int(L H S (1 - c)) over every layer and head).
+OVER_LAYERS = {"KVComposePress", "KVComposePress_unstructured"}
+
+
+def test_kvcompose_keeps_its_budget_over_the_layers() -> None:
+    for press in sorted(OVER_LAYERS):
+        for case in load_recording(press).cases:
+            counts = [[len(h) for h in heads] for heads in case.kept]
+            layers, kv_heads = len(counts), len(counts[0])
+            if press == "KVComposePress":
+                assert all(len(set(row)) == 1 for row in counts), (press, case.inputs)
+                assert sum(row[0] for row in counts) == kvpress_n_kept(layers * case.length, case.compression_ratio)
+            else:
+                total = kvpress_n_kept(layers * kv_heads * case.length, case.compression_ratio)
+                assert sum(map(sum, counts)) == total, (press, case.inputs)
+
+
 # ChunkKV keeps whole chunks: max(1, int(n_chunks * (1 - ratio))) of them, the last chunk possibly partial.
 CHUNKED = {"ChunkKVPress_KnormPress", "ChunkKVPress_SnapKVPress"}
 
@@ -129,12 +157,25 @@ def test_kept_positions_respect_kvpress_budget(press: str) -> None:
             if press in DECODING:
                 assert len({len(h) for h in heads}) == 1
                 continue
+            if press in THRESHOLD:  # the sliding window kept; the kept fraction is kvpress's measured ratio
+                window = case.settings["sliding_window_size"]
+                assert all(min(case.length, window) <= len(h) for h in heads), (case.inputs, layer)
+                continue
             assert max(max(h) for h in heads) < case.length
             budget = kvpress_n_kept(case.length, case.compression_ratio)
             if press == "ChunkPress_KnormPress":
                 _check_per_chunk_budget(heads, case.length, case.compression_ratio, case.settings["chunk_length"])
             elif press in CHUNKED:
                 _check_whole_chunks(heads, case.length, case.compression_ratio, case.settings["chunk_length"])
+            elif press in COMPOSED:
+                assert [len(h) for h in heads] == [kvpress_n_kept(budget, 0.5)] * len(heads), (case.inputs, layer)
+            elif press in OVER_LAYERS:
+                continue  # test_kvcompose_keeps_its_budget_over_the_layers
+            elif press in CURVE_BUDGET:
+                assert all(1 <= len(h) <= case.length for h in heads), (case.inputs, layer)
+            elif press in PER_LAYER_RATIOS:
+                ratio = json.loads(case.settings["compression_ratios"])[layer]
+                assert [len(h) for h in heads] == [kvpress_n_kept(case.length, ratio)] * len(heads)
             elif press in PER_HEAD_BUDGET:
                 assert sum(len(h) for h in heads) == budget * len(heads)
             elif press not in PER_LAYER_BUDGET:

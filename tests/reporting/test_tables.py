@@ -36,8 +36,10 @@ def write_metrics(
     question_mode: str = "aware",
     folder: Path | None = None,
     settings: dict | None = None,
+    n_samples: int = 10,
 ) -> Path:
-    """Write one metrics.json as the runner does (``folder`` overrides the standard location)."""
+    """Write one metrics.json as the runner does (``folder`` overrides the standard location; a run folder that
+    holds ``predictions.jsonl`` must hold ``n_samples`` rows, or the views refuse the score)."""
     base = folder if folder is not None else run_dir(root, model, task, method, budget, tag)
     path = base / dataset / "metrics.json"
     atomic_write_json(
@@ -52,7 +54,7 @@ def write_metrics(
             "metric": "score",
             "score": score,
             "scores": {"score": score},
-            "n_samples": 10,
+            "n_samples": n_samples,
             "config_hash": "abc",
             "question_mode": question_mode,
             "dataset_settings": {},
@@ -405,7 +407,7 @@ def test_cli_on_embedded_default_like_runs(tmp_path):
     runs_root = tmp_path / "runs"
     for method, budget, score in (("snapkv", "64L", 40.0), ("snapkv", "512L", 80.0), ("full", "full", 90.0)):
         for dataset in ("niah_single_2k", "niah_multikey_2k"):
-            write_metrics(runs_root, "tiny", "tiny_niah", method, budget, dataset, score)
+            write_metrics(runs_root, "tiny", "tiny_niah", method, budget, dataset, score, n_samples=3)
             log = PredictionLog(
                 run_dir(runs_root, "tiny", "tiny_niah", method, budget, None) / dataset / "predictions.jsonl"
             )

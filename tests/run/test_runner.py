@@ -117,21 +117,22 @@ def test_torn_last_line_is_repaired(tmp_path: Path) -> None:
     assert [row["id"] for row in log.load()] == ["a", "b"]
 
 
-def test_changed_config_in_same_folder_is_refused_without_touching_results(
+def test_changed_config_takes_a_folder_of_its_own_without_touching_results(
     default_run: tuple[Path, subprocess.CompletedProcess[str]],
 ) -> None:
-    """The default-style run's folder (:func:`default_run`), asked for again with another ``method.window``: refused,
-    nothing touched; with a ``run.tag`` the changed config runs into a folder of its own."""
+    """The default-style run's folder (:func:`default_run`), asked for again with another ``method.window``: the new
+    config runs into the variant folder ``64L@<hash>`` beside it (with a note naming the difference), the first run's
+    files untouched; with a ``run.tag`` the changed config runs into a folder of that name."""
     root, first = default_run
     assert first.returncode == 0, first.stderr[-3000:]
-    args = [*DEFAULT_STYLE, f"run.output_root={root}"]
     folder = root / "tiny" / "tiny_niah" / "snapkv" / "64L"
     before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
-    result = run_cli(*args, "method.window=8")
-    assert result.returncode != 0
-    assert "method.window: 32 -> 8" in result.stderr and "run.tag" in result.stderr
-    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
     one_sample = [*FAST, "task.num_samples=1", "task.datasets=[niah_single_1k]", f"run.output_root={root}"]
-    tagged = run_cli(*one_sample, "method.window=8", "run.tag=w8")  # one sample is enough for a folder of its own
+    variant = run_cli(*one_sample, "method.window=8")  # one sample is enough for a folder of its own
+    assert variant.returncode == 0, variant.stderr[-3000:]
+    assert "holds a run with other settings" in variant.stderr and "method.window: 32 -> 8" in variant.stderr
+    assert [p.name for p in folder.parent.glob("64L@*/niah_single_1k/metrics.json")] == ["metrics.json"]
+    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
+    tagged = run_cli(*one_sample, "method.window=8", "run.tag=w8")
     assert tagged.returncode == 0, tagged.stderr[-3000:]
     assert (root / "tiny" / "tiny_niah" / "snapkv" / "64L~w8" / "niah_single_1k" / "metrics.json").exists()

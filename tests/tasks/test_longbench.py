@@ -356,7 +356,12 @@ def test_prepare_longbench_round_trip(parquet_hub, tmp_path):
     prepare_longbench(tmp_path, datasets=["trec", "vcsum"], hub_repo=str(parquet_hub))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["MANIFEST.json", "trec.jsonl", "trec_e.jsonl", "vcsum.jsonl"]
     manifest = json.loads((tmp_path / "MANIFEST.json").read_text())
-    assert manifest["files"] == {"trec.jsonl": 3, "trec_e.jsonl": 3, "vcsum.jsonl": 3}
+    assert {name: entry["lines"] for name, entry in manifest["files"].items()} == {
+        "trec.jsonl": 3,
+        "trec_e.jsonl": 3,
+        "vcsum.jsonl": 3,
+    }
+    assert all(len(entry["sha256"]) == 64 for entry in manifest["files"].values())  # checked on every read
     assert load_jsonl(tmp_path / "vcsum.jsonl") == load_jsonl(FIXTURES_DIR / "vcsum.jsonl")
     cfg = task_cfg(kind="longbench_full", name="longbench_full", datasets=["vcsum"], data_dir=str(tmp_path))
     samples = build_task(cfg, None)[0].samples()
