@@ -17,6 +17,7 @@ from kvbench.config import MethodConfig
 from kvbench.inference.generate import decode_prefilled, generate
 from kvbench.inference.shared_prefill import PrefillJob, cache_layout, check_shareable, shared_prefill
 from kvbench.methods.base import METHOD_FAMILIES, build_method
+from kvbench.methods.threshold import is_threshold_method
 from kvbench.models.loading import load_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,6 +48,9 @@ def _prompt(seed: int) -> tuple[list[int], list[int]]:
 def _compare(model, tokenizer, jobs: list[tuple[str, str]], mode: str, chunk: int | None, seed: int) -> None:
     """Each job's tokens and cache record from one shared prefill (per cache layout) equal its generation alone."""
     context, question = _prompt(seed)
+    methods = {job: _method(job[0]) for job in jobs}
+    # A threshold method (DMS) takes a threshold, not a size: KNorm-style scores are minus key norms.
+    jobs = [(name, "-3.0thr" if is_threshold_method(methods[(name, budget)]) else budget) for name, budget in jobs]
     methods = {job: _method(job[0]) for job in jobs}
     by_layout: dict[tuple[str, bool], list[tuple[str, str]]] = {}
     for job in jobs:
