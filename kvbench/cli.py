@@ -32,6 +32,7 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -150,6 +151,15 @@ def check_sweep(args: Sequence[str], continue_on_error: bool) -> None:
 
     jobs = multirun_jobs(args)
     bad = [(index, job) for index, job in enumerate(jobs) if job.state == "invalid"]
+    if not any(item.split("=", 1)[0].lstrip("+") == "hydra/launcher" for item in args):  # jobs run in this process
+        plan_sharing([job.cfg for job in jobs if job.state != "invalid" and job.cfg is not None])
+    elif not bad:  # a cluster launcher: one launcher job per shared-prefill group (kvbench/run/shared_tasks.py)
+        from kvbench.run.shared_tasks import grouped_command_line
+
+        grouped = grouped_command_line(args, jobs)
+        if grouped is not None:
+            print(f"{len(jobs)} jobs in shared-prefill tasks: {grouped[-2]}", file=sys.stderr, flush=True)
+            sys.argv[1:] = grouped
     if not bad:
         return
     lines = [f"  job {index} ({' '.join(job.overrides)}): {job.reason}" for index, job in bad]
@@ -164,6 +174,21 @@ def check_sweep(args: Sequence[str], continue_on_error: bool) -> None:
     )
     print("\n".join(lines), file=sys.stderr, flush=True)
     sys.exit(USER_ERROR_EXIT)
+
+
+#: A local sweep's shared-prefill groups (issue #56; :class:`kvbench.run.shared_sweep.SweepSharing`), planned by
+#: :func:`check_sweep` before the first job runs; ``None`` outside a sweep.
+SHARING: Any = None
+
+
+def plan_sharing(cfgs: Sequence[DictConfig]) -> None:
+    """Group a local sweep's jobs that share a prefill (:data:`SHARING`) and list the groups."""
+    global SHARING
+    from kvbench.run.shared_sweep import SweepSharing
+
+    SHARING = SweepSharing.plan(cfgs)
+    for line in SHARING.listing():
+        print(line, file=sys.stderr, flush=True)
 
 
 def run_sweep_job(job: Callable[[], None]) -> None:
@@ -236,15 +261,23 @@ def run_job(cfg: DictConfig, demo: bool = False, overrides: Sequence[str] = ()) 
     """Run one configuration as ``run.py`` does; exits with status 2 on a user error.  ``demo``: the embedded
     default's comparison, its variants composed with ``overrides`` too."""
     with reporting_errors(), forgetting_refused_job_logs():
+        if cfg.run.get("shared_tasks"):  # a cluster launcher's job: a line of shared-prefill tasks (check_sweep)
+            from kvbench.run.shared_tasks import run_manifest_task
+
+            run_manifest_task(str(cfg.run.shared_tasks), int(cfg.run.shared_task))
+            return
         validated = validate_run(cfg)  # the method family's parameters before the runner imports transformers
         if demo:
             from kvbench.demo import run_demo
 
             run_demo(cfg, overrides)
-        else:
+        elif SHARING is None or not SHARING.run_job(cfg):  # a sweep's group runs its jobs together
             from kvbench.run.runner import Runner
 
-            Runner(cfg, validated=validated).run()
+            runner = Runner(cfg, validated=validated)
+            reason = SHARING.reason(cfg) if SHARING is not None else None
+            runner.prefill_sharing = {"shared": False, "reason": reason or "run alone"}
+            runner.run()
 
 
 @contextmanager

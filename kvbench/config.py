@@ -188,6 +188,15 @@ class RunConfig:
     #: Where generated RULER/NeedleBench samples are stored and reused across method x budget runs: "auto"
     #: (``<output_root>/../samples``, i.e. results/samples), a folder, or null (regenerate in every run).
     sample_cache: Optional[str] = "auto"
+    #: Jobs of a sweep that differ only in method and budget share each sample's prefill forward (issue #56;
+    #: docs/performance.md): the same predictions, one prefill per sample.  false: every job prefills alone.
+    share_prefill: bool = True
+    #: Most jobs per shared-prefill group (null: every shareable job of the sweep); bounds the caches held at once.
+    prefill_group_size: Optional[int] = None
+    #: Set by a cluster-launcher sweep (kvbench/run/shared_tasks.py): the manifest of its shared-prefill tasks and
+    #: the line this job runs; not set by hand.
+    shared_tasks: Optional[str] = None
+    shared_task: Optional[int] = None
     #: A resume whose data, method files or method source changed since the folder's rows were computed (issue #55):
     #: "refuse" (the default: nothing changed, the message names what changed), "recompute" (those datasets' files
     #: are set aside as <file>.stale-<time> and computed again) or "keep" (the rows stay, recorded in run_meta.json

@@ -210,7 +210,19 @@ def list_methods() -> str:
             "about 1 - c of the full cache.",
             *_table(rows),
             f"Registered method families: {', '.join(method_families())}",
+            _sharing_note(SCORER_METHODS),
         ]
+    )
+
+
+def _sharing_note(scorer_methods: dict[str, Any]) -> str:
+    """Which methods share a sweep's prefill forward (issue #56): each method class's ``unshared_prefill``."""
+    alone = {family: cls.unshared_prefill for family, cls in scorer_methods.items() if cls.unshared_prefill}
+    listed = "; ".join(f"{family} ({reason})" for family, reason in sorted(alone.items())) or "none"
+    return (
+        "Sweeps share each sample's prefill forward between jobs that differ only in method and budget "
+        "(run.share_prefill; presets storing query heads share among themselves); methods that prefill alone "
+        f"(unshared_prefill): {listed}"
     )
 
 

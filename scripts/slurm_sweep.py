@@ -58,6 +58,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=int(os.environ.get("KVBENCH_MAX_ARRAY_SIZE", "1000")),
         help="split into several arrays of at most this many tasks (SLURM MaxArraySize - 1; default 1000)",
     )
+    parser.add_argument("--no-share", action="store_true", help="one job per array task (no shared prefills)")
+    parser.add_argument(
+        "--group-size",
+        type=int,
+        help="most jobs per array task sharing a prefill (default: run.prefill_group_size, null = no limit)",
+    )
     parser.add_argument("--exec", dest="exec_manifest", type=Path, help="run one line of this manifest")
     parser.add_argument("--index", type=int, help="with --exec: 0-based line (default offset + $SLURM_ARRAY_TASK_ID)")
     parser.add_argument("--offset", type=int, default=0, help="with --exec: added to $SLURM_ARRAY_TASK_ID")
@@ -74,8 +80,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.exec_manifest is not None:
             manifest = args.exec_manifest.resolve()
             index = args.index if args.index is not None else sweep.task_index(args.offset)
-            sweep.exec_line(sweep.manifest_line(manifest, index), check=not args.no_check)
-            return 0  # not reached: exec_line replaces the process
+            from kvbench.cli import reporting_errors
+
+            with reporting_errors():  # a line of several jobs runs here; a single job replaces this process
+                sweep.exec_line(sweep.manifest_line(manifest, index), check=not args.no_check)
+            return 0
         items = list(args.items)
         experiment = items.pop(0) if items and "=" not in items[0] else None
         if experiment is None and not items:
@@ -89,19 +98,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(sweep.summary(jobs), file=sys.stderr)
+    if args.group_size is not None and args.group_size < 1:
+        print(f"error: --group-size {args.group_size}: give a number of jobs >= 1", file=sys.stderr)
+        return 2
+    tasks = sweep.manifest_tasks(jobs, share=not args.no_share, size=args.group_size)
     if args.list or args.status:
         for job in jobs:
             print(f"{job.state:8} {job.line}" + (f"    # {job.reason}" if job.reason else ""))
+        print(sweep.task_listing(tasks))
     invalid = any(job.state == "invalid" for job in jobs)
     if args.status:
         return 3 if args.strict and invalid else 0
-    text = sweep.manifest_text(jobs)
-    todo = len(sweep.pending(jobs))
+    text = sweep.manifest_text(jobs, tasks)
+    todo = len(tasks)
     if todo == 0:
         print("nothing to run: every valid job is complete", file=sys.stderr)
         return 3 if args.strict and invalid else 0
     path = sweep.write_manifest(output or (sweep.REPO / sweep.default_manifest_path(name, text)), text)
-    print(f"manifest: {path} ({todo} jobs)", file=sys.stderr)
+    print(f"manifest: {path} ({todo} array tasks, {len(sweep.pending(jobs))} jobs)", file=sys.stderr)
     commands = sweep.sbatch_commands(path, todo, args.parallel, args.max_array_size, args.sbatch_args)
     if args.submit:
         try:

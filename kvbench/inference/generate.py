@@ -19,6 +19,7 @@ from kvbench.inference.eviction import CacheRecord
 from kvbench.inference.prefill import (  # noqa: F401  (re-exported: the runner's names for the prefill's parts)
     CPU_CHUNK_PAIRS,
     CPU_PREFILL_CHUNK,
+    PrefillState,
     build_cache,
     forward_logits,
     prefill,
@@ -91,7 +92,6 @@ def generate(
     :meth:`~kvbench.methods.base.LayerBudgetAllocator.new_dataset_state`), ``None`` for a sample alone.
     ``kv_quant``: quantized KV storage (the ``kv_quant`` config node; :func:`kvbench.inference.prefill.build_cache`).
     """
-    devices = model_devices(model)
     state = prefill(
         model,
         context_ids,
@@ -104,6 +104,25 @@ def generate(
         tokenizer=tokenizer,
         kv_quant=kv_quant,
     )
+    rules = (max_new_tokens, stop_token_ids, stop_strings, min_new_tokens, sampling)
+    return decode_prefilled(model, tokenizer, state, *rules)
+
+
+@torch.inference_mode()
+def decode_prefilled(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    state: PrefillState,
+    max_new_tokens: int,
+    stop_token_ids: set[int],
+    stop_strings: tuple[str, ...] = (),
+    min_new_tokens: int = 0,
+    sampling: Sampling | None = None,
+) -> GenerationOutput:
+    """Decode a prefilled prompt (:func:`generate`'s second half; a shared prefill's job,
+    :mod:`kvbench.inference.shared_prefill`): its first token from the prefill's logits, then one forward per token
+    under the stop rules; the prefill seconds run from ``state.started`` to the first decoding step."""
+    devices = model_devices(model)
     cache, session, position, logits = state.cache, state.session, state.position, state.logits
     device = input_device(model)
     session.begin_decode()

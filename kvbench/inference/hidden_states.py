@@ -120,8 +120,9 @@ def capture_hidden_states(model: PreTrainedModel, session: EvictionSession) -> N
         return
 
     def before_attention(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-        if kwargs.get("kvbench_session") is not session:  # a forward of another prompt (a stale hook)
-            return
+        owner = kwargs.get("kvbench_session")  # the session, or a shared prefill's fan-out over it (shared_prefill.py)
+        if owner is not session and not any(other is session for other in getattr(owner, "sessions", ())):
+            return  # a forward of another prompt (a stale hook)
         hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
         session.take_hidden_states(module, hidden)
 

@@ -276,18 +276,11 @@ def prefill(
     quantized KV storage for the default cache (:func:`build_cache`).
     """
     compressed, appended = split_question(list(context_ids), list(question_ids), question_mode)
-    if not compressed:
-        raise ValueError("empty prompt")
+    cache, session, chunk = open_session(
+        model, context_ids, question_ids, question_mode, method, budget, prefill_chunk, cache, scoring_impl,
+        dataset_state, kv_quant,
+    )  # fmt: skip
     device = input_device(model)  # with a device map each cache layer is created on its own layer's device
-    if cache is None:
-        cache = build_cache(model, method, kv_quant)
-    session = EvictionSession(
-        method, budget, cache, scoring_impl=scoring_impl, rotary=rotary_tables(model), dataset_state=dataset_state
-    )
-    chunk = resolve_prefill_chunk(prefill_chunk, device, len(compressed)) or len(compressed)
-    session.record.prefill_chunk = chunk if chunk < len(compressed) else 0
-    if aware_question_tokens(context_ids, question_ids, question_mode):
-        session.question_tokens = len(question_ids)
     segments = prompt_segments(compressed, appended, chunk)
     held = segments.pop() if hold_last else None
     if held is not None and (session.replays or getattr(method.scorer, "rerotates_keys", False)):
@@ -304,10 +297,10 @@ def prefill(
     last_chunk = max((i for i, s in enumerate(segments) if not s.appended), default=-1)
     try:
         for index, segment in enumerate(segments):
-            if segment.appended:
-                replay_context(model, session, compressed, tokenizer, device, forward_logits)
-                session.begin_append()
             hold_quantization(cache, index < last_chunk)  # kv_quant: one quantization after the whole prompt
+            if segment.appended:
+                position, logits = feed_question(model, session, compressed, segment.ids, tokenizer)
+                continue
             start = segment.start - session.position_shift
             logits = forward_logits(model, segment.ids, start, cache, session, device)[-1]
             position = start + len(segment.ids)
@@ -323,3 +316,48 @@ def prefill(
     if held is not None and held.appended:
         session.begin_append()
     return PrefillState(cache, session, compressed, appended, position, logits, held, started)
+
+
+def open_session(
+    model: PreTrainedModel,
+    context_ids: Sequence[int],
+    question_ids: Sequence[int],
+    question_mode: str,
+    method: EvictionMethod,
+    budget: Budget,
+    prefill_chunk: int | None,
+    cache: KVBenchCache | None = None,
+    scoring_impl: str = "auto",
+    dataset_state: Any = None,
+    kv_quant: Any = None,
+) -> tuple[KVBenchCache, EvictionSession, int]:
+    """A prompt's cache (``cache``, default :func:`build_cache` with ``kv_quant``), its eviction session (its prefill chunk and question
+    tokens recorded) and the tokens per forward of its compressed prompt (:func:`resolve_prefill_chunk`)."""
+    compressed, _ = split_question(list(context_ids), list(question_ids), question_mode)
+    if not compressed:
+        raise ValueError("empty prompt")
+    device = input_device(model)
+    if cache is None:
+        cache = build_cache(model, method, kv_quant)
+    session = EvictionSession(
+        method, budget, cache, scoring_impl=scoring_impl, rotary=rotary_tables(model), dataset_state=dataset_state
+    )
+    chunk = resolve_prefill_chunk(prefill_chunk, device, len(compressed)) or len(compressed)
+    session.record.prefill_chunk = chunk if chunk < len(compressed) else 0
+    if aware_question_tokens(context_ids, question_ids, question_mode):
+        session.question_tokens = len(question_ids)
+    return cache, session, chunk
+
+
+def feed_question(
+    model: PreTrainedModel, session: EvictionSession, compressed: list[int], question: list[int], tokenizer: Any
+) -> tuple[int, torch.Tensor]:
+    """Append the question (question-agnostic mode) on top of the compressed prompt: a replaying scorer's forwards
+    first (:mod:`kvbench.inference.replay`), then the question at the positions after the kept prompt; returns the
+    position after it and its last ``[vocab]`` logits."""
+    device = input_device(model)
+    replay_context(model, session, compressed, tokenizer, device, forward_logits)
+    session.begin_append()
+    start = len(compressed) - session.position_shift
+    logits = forward_logits(model, question, start, session.cache, session, device)[-1]
+    return start + len(question), logits

@@ -44,7 +44,13 @@ if TYPE_CHECKING:  # type hints only: importing the cache would import transform
 
 # ---------------------------------------------------------------------------------------------------- pieces
 class TokenScorer(ReadOnlyAfterBuild, ABC):
-    """Importance of each context token at one layer."""
+    """Importance of each context token at one layer.
+
+    ``unshared_prefill``: why a method with this scorer cannot share a sweep's prefill forward with other jobs
+    (:mod:`kvbench.inference.shared_prefill`), ``None`` (the default) when it can: a scorer sees the prompt only
+    through its session, after each layer's attention, so it cannot change what the prefill computes."""
+
+    unshared_prefill: str | None = None
 
     #: Whether the scorer votes with the observation window's queries on the tokens before it and leaves the
     #: window's own columns to the session (SnapKV's vote): a wrapper that scores another token set (kvpress's
@@ -274,6 +280,12 @@ class EvictionMethod:
     def __deepcopy__(self, memo: dict[int, Any]) -> EvictionMethod:
         """The recipe is immutable: a copy of something that holds it (a session) shares it."""
         return self
+
+    @property
+    def unshared_prefill(self) -> str | None:
+        """Why this method runs its own prefill in a sweep (its scorer's ``unshared_prefill``), ``None`` when it shares
+        one prefill forward per sample with the sweep's other jobs (issue #56; ``kvbench list methods`` shows it)."""
+        return getattr(self.scorer, "unshared_prefill", None)
 
     @property
     def evicts(self) -> bool:

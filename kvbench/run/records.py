@@ -47,6 +47,34 @@ class DatasetResult:
     first_of: int | None = None
 
 
+def prediction_row(sample: Any, dataset: Any, output: Any, encoded: Any) -> dict[str, Any]:
+    """A sample's ``predictions.jsonl`` row from its generation ``output`` and its ``encoded`` prompt."""
+    record = output.record
+    row = {
+        "id": sample.id,
+        "prompt_sha256": sample.prompt_sha256(),
+        "prediction": dataset.postprocess(output.final_text),
+        "raw_prediction": output.final_text,
+        "answers": list(sample.answers),
+        "all_classes": sample.all_classes,
+        "length": sample.length,
+        "extra": sample.extra,
+        "prompt_end": sample.prompt_end(),
+        "input_tokens": len(encoded.input_ids),
+        "context_tokens": len(encoded.context_ids),
+        "question_tokens": len(encoded.question_ids),
+        "truncated": encoded.truncated,
+        "question_lost": encoded.question_lost,
+        "new_tokens": len(output.token_ids),
+        "stop_reason": output.stop_reason,
+        "cache": record.to_json(),
+    }
+    if output.later_passes:  # a multi-pass dataset: the fields above describe the first pass (the document's)
+        row["first_pass_text"] = output.text
+        row["later_passes"] = output.later_passes
+    return row
+
+
 def cache_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Mean requested/achieved per-layer lengths and kept fraction over a dataset's rows."""
     if not rows:

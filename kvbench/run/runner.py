@@ -48,8 +48,8 @@ import logging
 import math
 import sys
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -72,12 +72,13 @@ from kvbench.prompting import encode_sample
 from kvbench.run.fingerprints import Inputs, dataset_inputs, row_stamp, rows_record
 from kvbench.run.generation import decode_batch_for, decode_path_settings, generate_dataset
 from kvbench.run.groups import extent, first_extent, generate_groups
-from kvbench.run.job import DatasetJob
+from kvbench.run.job import DatasetJob, Generated, PendingGeneration
 from kvbench.run.records import (
     DatasetResult,
     cache_summary,
     json_number,
     metrics_record,
+    prediction_row,
     settings_record,
     warn_if_not_as_asked,
     write_metrics,
@@ -116,33 +117,6 @@ from kvbench.validation import ValidatedRun, check_samples, validate_run
 LOG = logging.getLogger(__name__)
 
 
-def _prediction_row(sample: Sample, dataset: TaskDataset, output: Any, encoded: Any) -> dict[str, Any]:
-    record = output.record
-    row = {
-        "id": sample.id,
-        "prompt_sha256": sample.prompt_sha256(),
-        "prediction": dataset.postprocess(output.final_text),
-        "raw_prediction": output.final_text,
-        "answers": list(sample.answers),
-        "all_classes": sample.all_classes,
-        "length": sample.length,
-        "extra": sample.extra,
-        "prompt_end": sample.prompt_end(),
-        "input_tokens": len(encoded.input_ids),
-        "context_tokens": len(encoded.context_ids),
-        "question_tokens": len(encoded.question_ids),
-        "truncated": encoded.truncated,
-        "question_lost": encoded.question_lost,
-        "new_tokens": len(output.token_ids),
-        "stop_reason": output.stop_reason,
-        "cache": record.to_json(),
-    }
-    if output.later_passes:  # a multi-pass dataset: the fields above describe the first pass (the document's)
-        row["first_pass_text"] = output.text
-        row["later_passes"] = output.later_passes
-    return row
-
-
 _WARNED_ABOVE_FULL: set[str] = set()
 
 
@@ -161,19 +135,6 @@ def warn_if_above_full(record: Any, cfg: DictConfig) -> None:
             record.full_cache_bytes,
             cfg.budget.name,
         )
-
-
-@dataclass
-class _Generated:
-    """A dataset's generation, for scoring: every sample's prediction row (sample order), the data provenance,
-    whether the chat template was used, and the timing summary of ``timings.jsonl``."""
-
-    rows: list[dict[str, Any]]
-    provenance: dict[str, Any]
-    use_template: bool
-    timing: dict[str, Any]
-    #: ``decode_path`` and ``decode_path_reason`` (:func:`kvbench.run.generation.decode_path_settings`).
-    decode_path: dict[str, str | None]
 
 
 class Runner:
@@ -206,6 +167,8 @@ class Runner:
         self.decode_paths: dict[str, dict[str, str | None]] = {}
         #: Per dataset, what its rows are computed from (:mod:`kvbench.run.fingerprints`), once the data loaded.
         self.inputs: dict[str, Inputs] = {}
+        #: Whether a sweep's jobs shared this run's prefills, how many, or why not (:mod:`kvbench.run.shared_sweep`).
+        self.prefill_sharing: dict[str, Any] = {"shared": False, "reason": "run alone"}
 
     def run(self) -> list[DatasetResult]:
         """Execute the run; returns one result per dataset."""
@@ -222,46 +185,64 @@ class Runner:
             with claim_run_folder(self.folder, config=self.cfg_hash):
                 # Checked again under the lock: another job may have started this folder since the first check.
                 check_existing_run(self.folder, self.cfg_hash, cfg)
-                self.inputs = {d.name: dataset_inputs(cfg, self.method, d.provenance()) for d, _ in data}
-                checked = {d.name: self.inputs[d.name] for d, _ in data if not d.evaluates_itself}  # lm-eval: own rows
-                on_change = str(cfg.run.get("changed_inputs", "refuse"))
-                stale = check_inputs_unchanged(self.folder, checked, self.cfg_hash, on_change)
+                stale = self.check_inputs(data)
                 loaded = self.loaded or load_model(cfg.model, seed=int(cfg.seed), tokenizer=tokenizer)
                 check_kv_quant_model(cfg, loaded.model)  # before any file is written
-                meta = write_run_files(self.folder, self.cfg, self.cfg_hash, self.inputs, stale)
                 logger = _wandb_logger(cfg)
-                results: list[DatasetResult] = []
-                status = "failed"
-                try:
+                with self.recording(stale, logger) as results:
                     for dataset, samples in data:
                         results.append(self._run_dataset(loaded, dataset, samples))
-                    status = "complete"
-                except (Interrupted, KeyboardInterrupt):  # SIGTERM, or SIGINT (Ctrl-C): the same command resumes
-                    status = "interrupted"
-                    if logger is not None:
-                        logger.abort(exit_code=143)
-                    raise
-                except BaseException:
-                    if logger is not None:
-                        logger.abort()
-                    raise
-                finally:
-                    with TERMINATION.critical(raise_pending=False):
-                        meta["end_time"] = now()
-                        meta["status"] = status
-                        meta["completed_datasets"] = [r.dataset for r in results]
-                        meta["attention_fallbacks"] = dict(sorted(self.attention_fallbacks.items()))
-                        meta["decode_batch_resolved"] = self.resolved_decode_batch
-                        meta["decode_paths"] = self.decode_paths
-                        if status == "complete":
-                            meta["datasets"] = [r.dataset for r in results]
-                        atomic_write_json(self.folder / RUN_META_FILE, meta)
-                        if status == "complete":
-                            self.summary = self._write_summary(meta, results)
+        return self.report(results, logger)
+
+    def check_inputs(self, data: list[tuple[TaskDataset, list[Sample]]]) -> dict[str, Any]:
+        """What each dataset's rows are computed from (:attr:`inputs`), checked against the rows the claimed folder
+        holds (``run.changed_inputs``); returns the datasets whose rows are stale and kept."""
+        self.inputs = {d.name: dataset_inputs(self.cfg, self.method, d.provenance()) for d, _ in data}
+        checked = {d.name: self.inputs[d.name] for d, _ in data if not d.evaluates_itself}  # lm-eval: own rows
+        on_change = str(self.cfg.run.get("changed_inputs", "refuse"))
+        return check_inputs_unchanged(self.folder, checked, self.cfg_hash, on_change)
+
+    @contextmanager
+    def recording(self, stale: Any, logger: Any = None) -> Iterator[list[DatasetResult]]:
+        """Write the run's ``config.yaml`` and ``run_meta.json`` (status ``running``), then collect the datasets'
+        results in the list it yields; ``run_meta.json`` gets the status the block ended with (complete,
+        interrupted, failed) and a complete run its ``summary.json``.  The run folder is claimed, SIGTERM handled."""
+        meta = write_run_files(self.folder, self.cfg, self.cfg_hash, self.inputs, stale)
+        results: list[DatasetResult] = []
+        status = "failed"
+        try:
+            yield results
+            status = "complete"
+        except (Interrupted, KeyboardInterrupt):  # SIGTERM, or SIGINT (Ctrl-C): the same command resumes
+            status = "interrupted"
+            if logger is not None:
+                logger.abort(exit_code=143)
+            raise
+        except BaseException:
+            if logger is not None:
+                logger.abort()
+            raise
+        finally:
+            with TERMINATION.critical(raise_pending=False):
+                meta["end_time"] = now()
+                meta["status"] = status
+                meta["completed_datasets"] = [r.dataset for r in results]
+                meta["attention_fallbacks"] = dict(sorted(self.attention_fallbacks.items()))
+                meta["decode_batch_resolved"] = self.resolved_decode_batch
+                meta["decode_paths"] = self.decode_paths
+                meta["prefill_sharing"] = self.prefill_sharing
+                if status == "complete":
+                    meta["datasets"] = [r.dataset for r in results]
+                atomic_write_json(self.folder / RUN_META_FILE, meta)
+                if status == "complete":
+                    self.summary = self._write_summary(meta, results)
+
+    def report(self, results: list[DatasetResult], logger: Any = None) -> list[DatasetResult]:
+        """Log a finished run's results to W&B (``logger``) and print its score table (``run.print_table``)."""
         if logger is not None:
             logger.log_results(results)
-        if cfg.run.print_table:
-            print(format_table(cfg, results, self.folder, self.summary))
+        if self.cfg.run.print_table:
+            print(format_table(self.cfg, results, self.folder, self.summary))
         return results
 
     def load_data(self, tokenizer: Any) -> list[tuple[TaskDataset, list[Sample]]]:
@@ -341,9 +322,21 @@ class Runner:
             return self._report_on_first(dataset, samples, existing)
         return None
 
-    def _generate(self, loaded: LoadedModel, dataset: TaskDataset, samples: list[Sample]) -> _Generated:
+    def _generate(self, loaded: LoadedModel, dataset: TaskDataset, samples: list[Sample]) -> Generated:
         """Resume the dataset's ``predictions.jsonl``: generate the samples it lacks, appending each row as soon as
         it exists; returns every sample's row, in sample order."""
+        pending = self.pending_generation(loaded, dataset, samples)
+        generate = generate_groups if dataset.context_groups is not None else generate_dataset  # run/groups.py
+        generate(pending.job, loaded, dataset, pending.todo, pending.encode, pending.write, pending.stops,
+                 pending.progress)  # fmt: skip
+        return self.generated(dataset, samples, pending)
+
+    def pending_generation(
+        self, loaded: LoadedModel, dataset: TaskDataset, samples: list[Sample], show_progress: bool = True
+    ) -> PendingGeneration:
+        """What generating the dataset's missing samples needs (:class:`~kvbench.run.job.PendingGeneration`; resolves
+        ``run.decode_batch`` at the run's first generating dataset).  ``show_progress``: a bar of its own (else the
+        caller shows one)."""
         cfg = self.cfg
         folder = self.folder / dataset.name
         provenance = dataset.provenance()
@@ -366,7 +359,8 @@ class Runner:
         dataset_state = self.method.layer_allocator.new_dataset_state(dataset.name, len(samples), finished)
         todo = [s for s in samples if s.id not in done]
         ATTENTION_RECORD.reset()  # paths and fallbacks of this dataset's samples (metrics.json "attention")
-        progress = _progress(todo, f"{dataset.name}", cfg.run.progress, initial=len(done), total=len(samples))
+        shown = cfg.run.progress and show_progress
+        progress = _progress(todo, f"{dataset.name}", shown, initial=len(done), total=len(samples))
 
         def encode(sample: Sample) -> Any:
             return encode_sample(
@@ -380,7 +374,7 @@ class Runner:
             )
 
         def write(sample: Sample, encoded: Any, output: Any) -> None:
-            row = _prediction_row(sample, dataset, output, encoded)
+            row = prediction_row(sample, dataset, output, encoded)
             row.update(row_stamp(self.cfg_hash, self.inputs[dataset.name]))
             warn_if_above_full(output.record, self.cfg)
             warn_if_not_as_asked(row["cache"], self.cfg)
@@ -391,13 +385,18 @@ class Runner:
 
         if self.resolved_decode_batch is None:  # resolved once per run, from the first dataset that generates
             self.resolved_decode_batch = decode_batch_for(self._job(), loaded, dataset, todo, encode)
-        generate = generate_groups if dataset.context_groups is not None else generate_dataset  # run/groups.py
-        generate(self._job(dataset_state), loaded, dataset, todo, encode, write, stops, progress)
-        path = decode_path_settings(self._job(), dataset, decoded=bool(todo))
-        self.decode_paths[dataset.name] = path
-        return _Generated([done[s.id] for s in samples], provenance, use_template, timing_log.summary(), path)
+        return PendingGeneration(
+            self._job(dataset_state), todo, encode, write, stops, progress, done, provenance, use_template, timing_log
+        )
 
-    def _score_and_write(self, dataset: TaskDataset, samples: list[Sample], generated: _Generated) -> DatasetResult:
+    def generated(self, dataset: TaskDataset, samples: list[Sample], pending: PendingGeneration) -> Generated:
+        """The dataset's generation once ``pending``'s samples are written: every sample's row, for scoring."""
+        path = decode_path_settings(self._job(), dataset, decoded=bool(pending.todo))
+        self.decode_paths[dataset.name] = path
+        rows = [pending.done[s.id] for s in samples]
+        return Generated(rows, pending.provenance, pending.use_template, pending.timing_log.summary(), path)
+
+    def _score_and_write(self, dataset: TaskDataset, samples: list[Sample], generated: Generated) -> DatasetResult:
         """Score the dataset's rows and write its ``metrics.json`` (and the dataset's report) atomically."""
         cfg, rows = self.cfg, generated.rows
         attention = ATTENTION_RECORD.summary()

@@ -11,8 +11,11 @@ every job's config exactly as ``run.py`` would, and classifies each job:
   collides with a different config already in its folder, or duplicates another job's folder: reported with the
   reason and left out.
 
-The manifest holds one job per line (overrides joined with shell quoting), so ``slurm/array.sbatch`` runs line
-``$SLURM_ARRAY_TASK_ID`` through :func:`exec_line`.  Regenerating the manifest after a partial sweep and
+The manifest holds one array task per line: a job's overrides joined with shell quoting, or -- for jobs that share
+each sample's prefill forward (issue #56, :func:`manifest_tasks`: same model, task and prefill settings, other
+methods and budgets) -- several jobs separated by ``::``, run together in one process
+(:func:`kvbench.run.shared_sweep.run_group`); ``slurm/array.sbatch`` runs line ``$SLURM_ARRAY_TASK_ID`` through
+:func:`exec_line`.  Regenerating the manifest after a partial sweep and
 resubmitting it is idempotent: finished jobs drop out, interrupted ones resume.
 """
 
@@ -56,6 +59,8 @@ class Job:
     reason: str | None = None
     folder: Path | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    #: The composed config (valid jobs), as ``run.py`` gets it.
+    cfg: Any = field(default=None, repr=False)
 
     @property
     def line(self) -> str:
@@ -209,18 +214,22 @@ def plan(
     name: str | None = None,
     conf_dir: Path = CONF_DIR,
     check_environment: bool = False,
+    name_experiment: bool = True,
 ) -> list[Job]:
     """Every job of the sweep, classified (see the module docstring).  ``check_environment``: also check each
-    job's environment (model, data, results folder), as a local ``-m`` sweep about to run them does."""
+    job's environment (model, data, results folder), as a local ``-m`` sweep about to run them does;
+    ``name_experiment``: without an experiment, set ``run.experiment`` to ``name`` (a manifest's jobs), else leave
+    it as ``run.py -m`` does."""
     from kvbench.storage.paths import variant_folder
     from kvbench.validation import validate, validate_run
 
-    def check(cfg: Any) -> None:
-        validate_run(cfg) if check_environment else validate(cfg)
+    def check(cfg: Any) -> Any:
+        return validate_run(cfg).method if check_environment else validate(cfg)[0]
 
     params = experiment_params(experiment, conf_dir) if experiment else {}
     prefix = [f"+experiment={experiment}"] if experiment else []
-    if not experiment and not any(o.split("=", 1)[0].lstrip("+") == "run.experiment" for o in overrides):
+    named = any(o.split("=", 1)[0].lstrip("+") == "run.experiment" for o in overrides)
+    if not experiment and not named and name_experiment:
         prefix.append(f"run.experiment={name or 'adhoc'}")
     jobs = [Job(prefix + combo) for combo in expand_grid(params, overrides, conf_dir)]
     composer = Composer(conf_dir)
@@ -229,7 +238,8 @@ def plan(
         for index, job in enumerate(jobs):
             try:
                 cfg = composer.compose(job.overrides)
-                check(cfg)
+                job.details["method"] = check(cfg)
+                job.cfg = cfg
             except Exception as err:  # composition/validation errors are reported per job, never fatal
                 job.state, job.reason = "invalid", _short_reason(err)
                 continue
@@ -266,7 +276,8 @@ def multirun_jobs(command_line: Sequence[str], conf_dir: Path = CONF_DIR) -> lis
             overrides.append(item)
     # A cluster launcher runs the jobs elsewhere: their environment (model, data) is checked there, as slurm_sweep.py.
     remote = any(item.split("=", 1)[0].lstrip("+") == "hydra/launcher" for item in command_line)
-    return plan(experiment, overrides, name="multirun", conf_dir=conf_dir, check_environment=not remote)
+    return plan(experiment, overrides, name="multirun", conf_dir=conf_dir, check_environment=not remote,
+                name_experiment=False)  # fmt: skip
 
 
 def pending(jobs: Sequence[Job]) -> list[Job]:
@@ -274,9 +285,54 @@ def pending(jobs: Sequence[Job]) -> list[Job]:
     return [job for job in jobs if job.state in ("new", "partial")]
 
 
-def manifest_text(jobs: Sequence[Job]) -> str:
-    """Manifest contents: one shell-quoted override line per pending job."""
-    return "".join(job.line + "\n" for job in pending(jobs))
+#: Between the jobs of one manifest line (a shared-prefill group: one array task runs them together).
+JOB_SEPARATOR = "::"
+
+
+def manifest_tasks(jobs: Sequence[Job], share: bool = True, size: int | None = None) -> list[list[Job]]:
+    """The pending jobs as array tasks: the jobs that share a prefill (:mod:`kvbench.run.prefill_groups`) in one
+    task, at most ``size`` per task (``None``: ``run.prefill_group_size`` of the first job, null = no limit); each
+    job alone when ``share`` is false or its config says so (``run.share_prefill=false``)."""
+    from kvbench.run.prefill_groups import group_jobs, group_size, prefill_key, unshared_reason
+
+    todo = pending(jobs)
+    if not share or not todo:
+        return [[job] for job in todo]
+    keys: list[str | None] = []
+    for job in todo:
+        method = job.details.get("method")
+        shareable = job.cfg is not None and method is not None and unshared_reason(job.cfg, method) is None
+        keys.append(prefill_key(job.cfg, method) if shareable else None)
+    limit = size if size is not None else group_size(todo[0].cfg) if todo[0].cfg is not None else None
+    return [[todo[index] for index in group] for group in group_jobs(keys, limit)]
+
+
+def manifest_text(jobs: Sequence[Job], tasks: Sequence[Sequence[Job]] | None = None) -> str:
+    """Manifest contents: one line per array task (``tasks``, default one per pending job): its jobs' shell-quoted
+    overrides, separated by :data:`JOB_SEPARATOR`."""
+    tasks = tasks if tasks is not None else [[job] for job in pending(jobs)]
+    return "".join(f" {JOB_SEPARATOR} ".join(job.line for job in task) + "\n" for task in tasks)
+
+
+def task_listing(tasks: Sequence[Sequence[Job]]) -> str:
+    """The dry-run listing of a manifest's tasks: per task its jobs, and whether they share a prefill."""
+    lines = []
+    for index, task in enumerate(tasks):
+        shared = f"{len(task)} jobs, one shared prefill per sample" if len(task) > 1 else "1 job"
+        lines.append(f"task {index} ({shared}):")
+        lines.extend(f"    {job.state:8} {job.line}" for job in task)
+    return "\n".join(lines)
+
+
+def split_jobs(tokens: Sequence[str]) -> list[list[str]]:
+    """A manifest line's tokens as its jobs' override lists (split on :data:`JOB_SEPARATOR`)."""
+    jobs: list[list[str]] = [[]]
+    for token in tokens:
+        if token == JOB_SEPARATOR:
+            jobs.append([])
+        else:
+            jobs[-1].append(token)
+    return [job for job in jobs if job]
 
 
 def default_manifest_path(name: str, text: str) -> Path:
@@ -339,8 +395,37 @@ def job_is_complete(overrides: list[str], conf_dir: Path = CONF_DIR) -> bool:
     return job.state == "complete"
 
 
+def run_group_line(jobs: list[list[str]], check: bool = True) -> None:
+    """Run a manifest line of several jobs (a shared-prefill group) in this process: each composed as ``run.py``
+    would, the finished ones left out, the rest through :func:`kvbench.run.shared_sweep.run_group` (SIGTERM is the
+    runners', as in ``run.py``); the caller reports errors (``scripts/slurm_sweep.py``: exit 2 on a user error)."""
+    print(f"kvbench task: {len(jobs)} jobs sharing each sample's prefill", flush=True)
+    for overrides in jobs:
+        print("  python run.py " + shlex.join(overrides), flush=True)
+    todo = [overrides for overrides in jobs if not (check and job_is_complete(overrides))]
+    if not todo:
+        print("already complete; nothing to do", flush=True)
+        sys.exit(0)
+    os.chdir(REPO)
+    from kvbench.run.shared_sweep import run_group
+    from kvbench.validation import validate_run
+
+    composer = Composer()
+    try:
+        cfgs = [composer.compose(overrides) for overrides in todo]
+    finally:
+        composer.close()
+    run_group([validate_run(cfg) for cfg in cfgs])
+
+
 def exec_line(overrides: list[str], check: bool = True) -> None:
-    """Replace this process with ``python run.py <overrides>`` (so SLURM's signals reach the runner directly)."""
+    """Replace this process with ``python run.py <overrides>`` (so SLURM's signals reach the runner directly); a line
+    of several jobs (:data:`JOB_SEPARATOR`) runs them together here (:func:`run_group_line`)."""
+    jobs = split_jobs(overrides)
+    if len(jobs) > 1:
+        run_group_line(jobs, check)
+        return
+    overrides = jobs[0] if jobs else []
     print("kvbench job: python run.py " + shlex.join(overrides), flush=True)
     if check and job_is_complete(overrides):
         print("already complete; nothing to do", flush=True)

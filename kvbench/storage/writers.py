@@ -250,6 +250,11 @@ NON_SEMANTIC_KEYS = (
     "run.output_root",
     "run.experiment",
     "run.sample_cache",
+    # Sharing a sweep's prefills changes no token (issue #56, tests/run/test_shared_sweep.py).
+    "run.share_prefill",
+    "run.prefill_group_size",
+    "run.shared_tasks",
+    "run.shared_task",
     "run.changed_inputs",
     # Placement does not change the tokens (tests/models/test_device_map.py); a run may resume on another map.
     "model.device_map",
