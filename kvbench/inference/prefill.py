@@ -331,8 +331,9 @@ def open_session(
     dataset_state: Any = None,
     kv_quant: Any = None,
 ) -> tuple[KVBenchCache, EvictionSession, int]:
-    """A prompt's cache (``cache``, default :func:`build_cache` with ``kv_quant``), its eviction session (its prefill chunk and question
-    tokens recorded) and the tokens per forward of its compressed prompt (:func:`resolve_prefill_chunk`)."""
+    """A prompt's cache (``cache``, default :func:`build_cache` with ``kv_quant``), its eviction session (its prefill
+    chunk and question tokens recorded) and the tokens per forward of its compressed prompt
+    (:func:`resolve_prefill_chunk`)."""
     compressed, _ = split_question(list(context_ids), list(question_ids), question_mode)
     if not compressed:
         raise ValueError("empty prompt")
