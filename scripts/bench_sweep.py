@@ -34,16 +34,14 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from kvbench.bench.random_models import ARCHITECTURES, build_random_model, load_method  # noqa: E402
-from kvbench.budget import parse_budget  # noqa: E402
-from kvbench.config import MethodConfig  # noqa: E402
-from kvbench.inference.generate import decode_prefilled  # noqa: E402
-from kvbench.inference.prefill import prefill  # noqa: E402
-from kvbench.inference.shared_prefill import PrefillJob, shared_prefill  # noqa: E402
-from kvbench.methods.base import build_method  # noqa: E402
+from kvbench import resources
+from kvbench.bench.random_models import ARCHITECTURES, build_random_model, load_method
+from kvbench.budget import parse_budget
+from kvbench.config import MethodConfig
+from kvbench.inference.generate import decode_prefilled
+from kvbench.inference.prefill import prefill
+from kvbench.inference.shared_prefill import PrefillJob, shared_prefill
+from kvbench.methods.base import build_method
 
 #: Four one-shot methods (prefill compression only) with the same cache layout (KV heads): one group.
 METHODS = ("snapkv_kvpress", "pyramidkv_kvpress", "knorm", "expected_attention_kvpress")
@@ -62,7 +60,7 @@ class TokenIds:
 
 def method_named(name: str, arch: str):
     """A preset of conf/method, else a one-class family at its defaults."""
-    presets = {path.stem for path in (REPO / "conf" / "method").glob("*.yaml")}
+    presets = {path.stem for path in (resources.conf_dir() / "method").glob("*.yaml")}
     if name in presets:
         return load_method(name, arch)
     return build_method(OmegaConf.merge(OmegaConf.structured(MethodConfig), {"name": name, "family": name}))
@@ -90,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         help="time only this many of the jobs alone (spread over the list; the alone row then covers those jobs, "
         "and no ratio row is written): for a machine too slow for every job's own prefill",
     )
-    parser.add_argument("--out", type=Path, default=REPO / "results" / "bench" / "sweep.csv")
+    parser.add_argument("--out", type=Path, default=Path("results") / "bench" / "sweep.csv")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     model = build_random_model(args.arch, torch.device("cpu"), getattr(torch, args.dtype))

@@ -16,8 +16,8 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path.cwd()  # the checkout (run from its root: PYTHONPATH=. python scripts/kvpress_support_table.py)
+sys.path.insert(0, str(ROOT))  # the tests' parity claims (tests/parity/kvpress_claims.py) are read from the checkout
 
 
 def main(argv: list[str] | None = None) -> int:

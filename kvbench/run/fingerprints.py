@@ -24,6 +24,7 @@ time (:func:`kvbench.tasks.provenance.file_sha256`), and each is read in full on
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import inspect
 import json
 import sys
@@ -45,7 +46,7 @@ from kvbench.storage.provenance import git_commit
 from kvbench.tasks.provenance import file_sha256
 
 #: The kvbench package folder whose ``.py`` files :func:`kvbench_source_digest` covers.
-KVBENCH_DIR = Path(__file__).resolve().parents[1]
+KVBENCH_DIR = Path(str(importlib.util.find_spec("kvbench").origin)).resolve().parent  # type: ignore[union-attr]
 
 
 def _files_digest(files: Iterable[Path], root: Path) -> str:
