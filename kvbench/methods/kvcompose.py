@@ -105,10 +105,16 @@ class KVCompose(ScorerMethod, family="kvcompose", reference="NVIDIA/kvpress kvpr
         return torch.stack(grouped)[:, start:end]
 
     def select(
-        self, scores: list[torch.Tensor], kept: int, per_layer: int | None, prefix: int = 0
+        self,
+        scores: list[torch.Tensor],
+        kept: int,
+        per_layer: int | None,
+        prefix: int = 0,
+        layer_kept: int | None = None,
     ) -> list[list[torch.Tensor]]:
         """Per layer, per head, the kept token indices (sorted); ``kept`` the tokens kept over every layer and head,
-        ``per_layer`` those of one layer over its heads (a ``<n>/layer`` budget), or ``None``."""
+        ``per_layer`` those of one layer over its heads (a ``<n>/layer`` budget), or ``None``; ``layer_kept`` (KVzip's
+        per-layer count under ``<c>cr``) is not used: KVCompose selects over every layer."""
         stacked = torch.stack(scores).float()  # [L, H, S]
         layers, heads, length = stacked.shape
         if self.add_mean_across_heads:
