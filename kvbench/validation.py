@@ -38,7 +38,6 @@ from kvbench.config import (
     QUESTION_MODES,
     WANDB_MODES,
     KVBenchConfig,
-    check_method_choices,
 )
 from kvbench.errors import KVBenchError
 from kvbench.models.source import resolve_model_source
@@ -64,7 +63,6 @@ def check_config(cfg: DictConfig) -> None:
         _check_folder_name(key, OmegaConf.select(cfg, key))
     _check_budget(str(cfg.budget.spec))
     label_budget(cfg)
-    check_method_values(cfg.method)
     _check_task_values(cfg.task)
     _check_choice("model.dtype", cfg.model.dtype, DTYPE_NAMES)
     _check_min("model.max_input_length", cfg.model.max_input_length, 2)
@@ -151,14 +149,6 @@ def _check_budget(spec: str) -> None:
         raise KVBenchError(
             f"{err}. Pick a preset (budget=128L, budget=full, ...) or set budget.spec to one of the accepted forms."
         ) from err
-
-
-def check_method_values(method: Any) -> None:
-    """The session knobs (``method.window``, the choice knobs, ``sink_tokens``); the family's own knobs
-    (``method.params``) are checked by the family's params dataclass when the method builds (stage 3)."""
-    _check_min("method.window", method.window, 1, "the observation window's length in tokens; the presets use 8 or 32")
-    check_method_choices(method, error=KVBenchError)
-    _check_min("method.sink_tokens", method.sink_tokens, 0)
 
 
 def _check_task_values(task: Any) -> None:

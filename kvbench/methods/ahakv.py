@@ -206,7 +206,7 @@ class AhaDecode(ScoredDecodePolicy):
         return old + attention
 
 
-@dataclass
+@dataclass(frozen=True)
 class AhaKV(ScoreDtypeKnob, FamilyMethod, family="ahakv"):
     """AhaKV's switches (see module docstring)."""
 
@@ -225,11 +225,11 @@ class AhaKV(ScoreDtypeKnob, FamilyMethod, family="ahakv"):
 
     def build(self, method_cfg: Any) -> EvictionMethod:
         """AhaKV with each component switchable."""
-        knobs = common_knobs(method_cfg)
+        knobs = common_knobs(method_cfg, self)
         score_dtype = str(self.score_dtype)
         scorer = AhaScorer(self.ra, self.sgs, self.vpe, self, knobs["window"], knobs["gqa_agg"], score_dtype)
         policy = None
-        if method_cfg.decode_eviction:
+        if self.decode_eviction:
             policy = AhaDecode(knobs["window"], self.sgs, self, knobs["gqa_agg"], score_dtype)
         return EvictionMethod(
             scorer=scorer,

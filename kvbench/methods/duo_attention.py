@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -188,9 +188,12 @@ class StreamingHeadsDecode(SinkWindowDecode):
         super().start_layer(state, layer_idx, layer, caps, scores)
 
 
-@dataclass
+@dataclass(frozen=True)
 class DuoAttention(FamilyMethod, family="duo_attention"):
     """DuoAttention's knobs (module docstring)."""
+
+    #: The pattern decides every kept token: no observation window, no GQA reduction.
+    unused_knobs: ClassVar[frozenset[str]] = frozenset({"window", "gqa_agg"})
 
     #: Pattern folder in the released format (``full_attention_heads.tsv`` + ``config.json``).
     pattern: str = "models/head_patterns/tiny-niah/duo_attention"
@@ -207,9 +210,9 @@ class DuoAttention(FamilyMethod, family="duo_attention"):
 
     def build(self, method_cfg: Any) -> EvictionMethod:
         """Retrieval heads from the pattern, streaming heads sinks + recent (module docstring)."""
-        if str(method_cfg.gqa_granularity) != "kv_head":
+        if str(self.gqa_granularity) != "kv_head":
             raise ValueError(
-                f"method.gqa_granularity={method_cfg.gqa_granularity!r}: DuoAttention's pattern is per KV head; "
+                f"method.params.gqa_granularity={self.gqa_granularity!r}: DuoAttention's pattern is per KV head; "
                 "valid: kv_head"
             )
         pattern = load_duo_pattern(self.pattern)
@@ -227,14 +230,14 @@ class DuoAttention(FamilyMethod, family="duo_attention"):
             "retrieval_heads": int(retrieval.sum()),
             "heads": int(retrieval.size),
         }
-        policy = StreamingHeadsDecode(sink, self.recent_size) if method_cfg.decode_eviction else None
+        policy = StreamingHeadsDecode(sink, self.recent_size) if self.decode_eviction else None
         return EvictionMethod(
             scorer=scorer,
             head_allocator=KeepScoredTokens(),
             decode_policy=policy,
             settings=settings,
             ignored_knobs=IGNORED_KNOBS,
-            **{**common_knobs(method_cfg), "keep_window": False},
+            **{**common_knobs(method_cfg, self), "keep_window": False},
         )
 
 

@@ -268,7 +268,7 @@ class HeavyHitterDecode(ScoredDecodePolicy):
         return old + attention if self.accumulate else old
 
 
-@dataclass
+@dataclass(frozen=True)
 class H2O(VoteKnobs, FamilyMethod, family="h2o"):
     """H2O's switches (module docstring); the window is the recent part."""
 
@@ -282,10 +282,10 @@ class H2O(VoteKnobs, FamilyMethod, family="h2o"):
 
     def build(self, method_cfg: Any) -> EvictionMethod:
         """H2O: all-rows accumulated attention + recent window; decode-time eviction when ``decode_eviction``."""
-        knobs = common_knobs(method_cfg)
-        options = score_options(method_cfg, self)
+        knobs = common_knobs(method_cfg, self)
+        options = score_options(self)
         policy = None
-        if method_cfg.decode_eviction:
+        if self.decode_eviction:
             policy = HeavyHitterDecode(
                 knobs["window"], self.decode_accumulate, knobs["gqa_agg"], options.score_dtype, self.evict_on_append
             )

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -110,9 +110,12 @@ class HeadKVScorer(TokenScorer):
         return keep_only(votes, keep)
 
 
-@dataclass
+@dataclass(frozen=True)
 class HeadKV(PoolingKnobs, ScoreDtypeKnob, FamilyMethod, family="headkv"):
     """HeadKV's knobs (module docstring)."""
+
+    #: Its scores and budgets are per query head (gqa_granularity=query_head).
+    unused_knobs: ClassVar[frozenset[str]] = frozenset({"gqa_agg"})
 
     #: Head-score file in the released format (one JSON line ``{"<layer>-<head>": [scores]}``).
     head_scores: str = "models/head_patterns/tiny-niah/headkv_retrieval_reasoning_heads.json"
@@ -123,16 +126,16 @@ class HeadKV(PoolingKnobs, ScoreDtypeKnob, FamilyMethod, family="headkv"):
 
     def build(self, method_cfg: Any) -> EvictionMethod:
         """SnapKV-style votes with per-head budgets from the head scores (module docstring)."""
-        if str(method_cfg.gqa_granularity) != "query_head":
+        if str(self.gqa_granularity) != "query_head":
             raise ValueError(
-                f"method.gqa_granularity={method_cfg.gqa_granularity!r}: HeadKV's scores and budgets are per query "
+                f"method.params.gqa_granularity={self.gqa_granularity!r}: HeadKV's scores and budgets are per query "
                 "head (the reference repeats the KV heads); valid: query_head"
             )
         scores, digest = load_head_scores(self.head_scores)
         options = ScoreOptions(
             kernel_size=self.kernel_size,
             pooling=self.pooling,
-            gqa_agg=str(method_cfg.gqa_agg),
+            gqa_agg=str(self.gqa_agg),
             gqa_reduce="before_pool",
             pool_padding=self.pool_padding,
             score_dtype=self.score_dtype,
@@ -150,5 +153,5 @@ class HeadKV(PoolingKnobs, ScoreDtypeKnob, FamilyMethod, family="headkv"):
                 "temp": self.temp,
             },
             ignored_knobs=frozenset({"gqa_agg"}),
-            **{**common_knobs(method_cfg), "keep_window": False},
+            **{**common_knobs(method_cfg, self), "keep_window": False},
         )

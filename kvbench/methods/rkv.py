@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -63,6 +63,9 @@ IGNORED_KNOBS = frozenset({"gqa_agg"})
 class RKV(FamilyMethod, family="rkv"):
     """R-KV's knobs (``method.params``); the observation window is ``method.window``."""
 
+    #: R-KV's scores are per KV head (its code's layout).
+    unused_knobs: ClassVar[frozenset[str]] = frozenset(IGNORED_KNOBS)
+
     #: Weight of the attention importance (``mix_lambda``; run_math.py's default 0.07, the README quotes 0.1).
     mix_lambda: float = bounded(0.07, 0.0, 1.0)
     #: Max-pooling kernel over the importance (R1KV's ``kernel_size``).
@@ -76,7 +79,7 @@ class RKV(FamilyMethod, family="rkv"):
 
     def build(self, method_cfg: Any) -> EvictionMethod:
         """R-KV: its score at the prefill (the window kept) and its decode-time policy."""
-        knobs = common_knobs(method_cfg)
+        knobs = common_knobs(method_cfg, self)
         return EvictionMethod(
             scorer=RKVScorer(self),
             decode_policy=RKVPolicy(self, knobs["window"]),
