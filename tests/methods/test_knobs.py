@@ -30,7 +30,7 @@ def test_an_undeclared_knob_is_an_error_at_composition_listing_the_methods_own(m
     [  # a session knob the family never reads is not among its knobs; one it reads only in some settings is refused
         ("full", "method.window=8", "method.params.window is not a parameter of this method .family 'full'."),
         ("nacl", "method.params.window=8", "method.params.window is not a parameter of this method .family 'nacl'."),
-        ("snapkv", "method.decode_eviction=true", "method.params.decode_eviction=True is not used by the snapkv family"),
+        ("snapkv", "method.decode_eviction=true", "params.decode_eviction=True is not used by the snapkv family"),
         ("knorm", "method.params.decode_eviction=true", "decode_eviction=True is not used by the knorm family"),
         ("tova", "method.params.gqa_agg=max", "method.params.gqa_agg='max' is not used by the tova family as set"),
     ],

@@ -74,7 +74,7 @@ def test_wrappers_that_do_not_compose_and_families_with_allocators_are_refused()
         build_method(node)
     with pytest.raises(KVBenchError, match=r"method=cake: method.params.allocation=.ada. is not valid; valid: p2a"):
         validate(kvbench.compose_config(method="cake", budget="64L", overrides=["method.params.allocation=ada"]))
-    with pytest.raises(KVBenchError, match=r"method.params.layers is not a parameter.*its parameters are: .*kernel_size"):
+    with pytest.raises(KVBenchError, match=r"params.layers is not a parameter.*its parameters are: .*kernel_size"):
         kvbench.compose_config(method="pyramidkv", budget="64L", overrides=["method.params.layers=pyramid"])
     with pytest.raises(KVBenchError, match="a sweep over presets"):
         kvbench.compose_config(method="snapkv,snapkv_kvpress", budget="64L", overrides=["method.params.layers=pyramid"])
