@@ -23,8 +23,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from kvbench.config import register_configs
-from kvbench.methods.base import method_families
-from kvbench.methods.base import METHOD_FAMILIES
+from kvbench.methods.base import METHOD_FAMILIES, method_families
 from kvbench.overrides import prepare_overrides
 from kvbench.run.runner import Runner
 
