@@ -58,8 +58,8 @@ def compose_config(
     ``method``/``budget``/``task``: a preset name (``conf/<group>/<name>.yaml``) or a config object; ``budget`` may
     also be any budget spec (``96L``, ``0.3x``, ``512`` = ``512L``), named as on the command line
     (:func:`kvbench.config.budget_choice`: ``0.5x`` is the preset ``ratio0.5``).  ``overrides``: Hydra override
-    strings as on the command line (``"method.window=16"``, ``"task.length=4096"``).  Raises :class:`KVBenchError`
-    naming an unknown preset or key and the valid choices.
+    strings as on the command line (``"method.params.window=16"``, ``"task.length=4096"``).  Raises
+    :class:`KVBenchError` naming an unknown preset or key and the valid choices.
     """
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException

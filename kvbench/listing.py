@@ -323,7 +323,7 @@ def list_budgets() -> str:
             f"Budgets: budget=<preset> (conf/budget/<preset>.yaml), or budget=<spec>: {ACCEPTED_FORMS}; a bare "
             "integer n means nL. A spec meaning a preset's budget is that preset (budget=0.5x is ratio0.5: same "
             "folder, same hash).",
-            "Budgets count tokens per stored head and include the observation window (method.window_in_budget).",
+            "Budgets count tokens per stored head and include the observation window (method.params.window_in_budget).",
             *_table(rows),
         ]
     )

@@ -64,7 +64,8 @@ _CLASS_FAMILY = re.compile(r'^class \w+\([^)]*\bfamily="(\w+)"', re.MULTILINE)
 def class_method_names() -> list[str]:
     """Every ``method=<family>`` a class alone defines (``kvbench/methods/*.py``, read as text: nothing imported)
     or another package adds (entry-point group ``kvbench.methods``), for error messages and listings."""
-    methods_dir = Path(__file__).resolve().parent / "methods"
+    spec = importlib.util.find_spec("kvbench.methods")  # the package's folder, wherever this module lives
+    methods_dir = Path(next(iter(spec.submodule_search_locations or ()))) if spec else Path()
     found = {name for path in methods_dir.glob("*.py") for name in _CLASS_FAMILY.findall(path.read_text("utf-8"))}
     return sorted(found | set(method_entry_points()))
 

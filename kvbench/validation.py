@@ -36,6 +36,7 @@ from kvbench.checks import check_choice, check_decode_batch, check_min
 from kvbench.config import (
     DTYPE_NAMES,
     QUESTION_MODES,
+    SESSION_KNOBS,
     WANDB_MODES,
     KVBenchConfig,
 )
@@ -120,6 +121,9 @@ def _check_keys(node: Any, schema: type, prefix: str) -> None:
 def unknown_key_message(full_key: str, key: str, valid: Sequence[str], prefix: str, added: bool = True) -> str:
     """One paragraph for a key that is not in the schema; ``added``: it got in with Hydra's ``+``."""
     close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+    if not close and prefix == "method.":  # a session knob, misspelt as it was spelt before issue #57
+        knob = difflib.get_close_matches(key, SESSION_KNOBS, n=1, cutoff=0.6)
+        close = [f"params.{knob[0]}"] if knob else []
     group = prefix.rstrip(".") or "the root config"
     how = " (a key added with '+' is not checked by Hydra)" if added else ""
     suggestion = ""

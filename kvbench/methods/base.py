@@ -56,7 +56,7 @@ class TokenScorer(ReadOnlyAfterBuild, ABC):
     @abstractmethod
     def score(self, observation: WindowObservation) -> torch.Tensor:
         """Return ``[H, S]`` scores, one row per stored head (query heads where the method stores per query head,
-        KV heads otherwise), higher = keep; ``[H_q, S]`` is accepted and reduced per GQA group by ``method.gqa_agg``.
+        KV heads otherwise), higher = keep; ``[H_q, S]`` is accepted and reduced per GQA group by ``params.gqa_agg``.
         The session checks the shape (a clear error naming the scorer otherwise).
 
         Scores of the window tokens are ignored when the method keeps the window.

@@ -25,12 +25,12 @@ NVIDIA/kvpress 0.5.5's ``DuoAttentionPress``:
   ``(1 - s) S + s (sinks + recent)`` per head, above the budget: the run records it (``achieved_per_head``).  A
   streaming head holding at most ``sinks + recent`` tokens keeps them all.
 * Phases: prefill only by default, as kvpress (which masks the streaming heads' middle tokens after the prefill
-  and keeps every generated token).  ``method.decode_eviction: true`` is the original's streaming cache while
+  and keeps every generated token).  ``method.params.decode_eviction: true`` is the original's streaming cache while
   decoding (and after a question appended in question-agnostic mode): every streaming head keeps rolling its sinks +
   recent tokens (the oldest non-sink goes), retrieval heads keep growing.  Not reproduced: the original's streaming
   heads also attend with their sink + recent mask *during* the prefill (blocksparse / chunked), so later layers see
   other hidden states; kvbench evicts once after a full prefill.
-* The pattern is per KV head: ``method.gqa_granularity`` must be ``kv_head``.  The pattern must have the model's
+* The pattern is per KV head: ``method.params.gqa_granularity`` must be ``kv_head``.  The pattern must have the model's
   shape (compressible layers x KV heads); a mismatch is an error naming both.
 
 Parity: ``tests/methods/test_duo_attention.py`` (recordings ``tests/fixtures/reference/heads/DuoAttention.json``).
@@ -161,7 +161,7 @@ UNCAPPED = 2**62
 
 
 class StreamingHeadsDecode(SinkWindowDecode):
-    """The original's streaming cache while decoding (``method.decode_eviction``): a streaming head keeps its sinks
+    """The original's streaming cache while decoding (``params.decode_eviction``): a streaming head keeps its sinks
     + recent tokens, a retrieval head everything.  The heads are told apart by the prefill scores of their kept
     tokens (:data:`RETRIEVAL_SCORE`)."""
 

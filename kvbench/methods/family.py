@@ -107,7 +107,9 @@ def check_declared_params(method_cfg: Any) -> None:
     unknown = [key for key in params if key not in declared]
     if not unknown:
         return
-    own = [key for key in params if key in declared] + [key for key in declared if key not in params]
+    given = [key for key in params if key in declared]  # the preset's own knobs first, then its session knobs
+    given = [key for key in given if key not in KNOB_DEFAULTS] + [key for key in given if key in KNOB_DEFAULTS]
+    own = given + [key for key in declared if key not in params]
     close = difflib.get_close_matches(str(unknown[0]), declared, n=1, cutoff=0.6)
     hint = f" Did you mean method.params.{close[0]}?" if close else ""
     keys = ", ".join(f"method.params.{key}" for key in unknown)

@@ -10,7 +10,7 @@ Reproduces FMInference/H2O ``h2o_hf/utils_real_drop/modify_llama.py`` (``H2OKVCa
   ``[0, S - W)`` plus the last ``W`` tokens; nothing is evicted when ``S < C``.  GQA as SnapKV (query-head
   granularity by default; with ``kv_head`` the group is reduced).
   ``params.scores: window`` is kvbench's cheaper variant that sums only the observation window's rows.
-* Decoding (``method.decode_eviction``): every new query's attention is added to the running scores
+* Decoding (``method.params.decode_eviction``): every new query's attention is added to the running scores
   (``params.decode_accumulate``; off = the prefill scores stay fixed and new tokens score 0); when a head exceeds
   its cap, the lowest-scoring token outside the most recent ``window`` tokens is evicted.
 * A multi-token forward after the prefill (question-agnostic mode's question), as ``H2OKVCache_LayerWise`` does

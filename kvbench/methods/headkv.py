@@ -17,7 +17,7 @@ Reproduces FYYFU/HeadKV ``headkv/snapkv_utils.py`` (``ReasonSnapKVCluster``, run
   when ``base > S - window``.
 * Scores: SnapKV-style window votes (:class:`~kvbench.methods.snapkv.WindowVoteScorer`, mean over the window rows of
   the float32 softmax cast to the model dtype, max pooling 7, candidates ``[0, S - W)``), per query head: the
-  reference repeats the KV heads before compressing (``method.gqa_granularity: query_head``).  Candidates are ranked
+  reference repeats the KV heads before compressing (``params.gqa_granularity: query_head``).  Candidates are ranked
   by ``torch.sort(descending=True)`` as the reference (not stable: max pooling makes plateaus of exactly tied votes,
   and the reference keeps the tied tokens that sort's comparisons order first; the same call reproduces that order
   on CPU, CUDA may order ties otherwise).

@@ -32,7 +32,7 @@ with 20 % of the prompt as proxy rows) are other values of the same ratios.
 Paddle <= 2.6): KV repeated per query head, each evicted with its own scores.  With ``kv_head`` (FlashAttention on
 Paddle 3, the README's set-up) the code loops over the KV heads and takes the proxy scores of the *query head with
 the same index* (``params.kv_head_scores: head_index``); ``group`` reduces each KV group's query heads with
-``method.gqa_agg`` (kvbench's variant).  Identical for models without GQA (the paper's LLaMA-2).
+``method.params.gqa_agg`` (kvbench's variant).  Identical for models without GQA (the paper's LLaMA-2).
 
 **Randomness.**  The code draws from NumPy's unseeded global generator.  kvbench gives every layer of every sample
 its own ``torch.Generator`` seeded from ``params.seed``, the layer index and a hash of the sample's prompt tokens
@@ -257,7 +257,7 @@ class NACL(FamilyMethod, family="nacl"):
     #: ``softmax`` of the remaining candidates' proxy scores (the code) | ``uniform`` (the paper's ablation).
     random_distribution: str = choice("softmax", RANDOM_DISTRIBUTIONS)
     #: With ``gqa_granularity: kv_head``: ``head_index`` (KV head h takes query head h's scores, the code's
-    #: FlashAttention path) | ``group`` (the group's query heads reduced with ``method.gqa_agg``).
+    #: FlashAttention path) | ``group`` (the group's query heads reduced with ``method.params.gqa_agg``).
     kv_head_scores: str = choice("head_index", KV_HEAD_SCORES)
     #: Seed of the random eviction (combined with the layer and the sample's prompt hash).
     seed: int = 0

@@ -10,7 +10,7 @@ holds at least ``B`` tokens and the compression is due:
   ``divide_method=step_length``): the cache grows by up to ``buffer`` generated tokens between two compressions.  A
   question appended in one forward (question-agnostic mode, which the reference does not have) is one such forward.
 
-A compression keeps the last ``W = method.window`` (8) tokens of the cache and the top ``B - W`` of the others by
+A compression keeps the last ``W = method.params.window`` (8) tokens of the cache and the top ``B - W`` of the others by
 
 ``Z = mix_lambda * maxpool_7(mean_w softmax(q_w k / sqrt(D))) - (1 - mix_lambda) * redundancy``
 
@@ -61,7 +61,7 @@ IGNORED_KNOBS = frozenset({"gqa_agg"})
 
 @dataclasses.dataclass(frozen=True)
 class RKV(FamilyMethod, family="rkv"):
-    """R-KV's knobs (``method.params``); the observation window is ``method.window``."""
+    """R-KV's knobs (``method.params``); the observation window is ``method.params.window``."""
 
     #: R-KV's scores are per KV head (its code's layout).
     unused_knobs: ClassVar[frozenset[str]] = frozenset(IGNORED_KNOBS)
@@ -151,7 +151,7 @@ class RKVScorer(TokenScorer):
             return scores
         budget = observation.layer_budget
         if budget is not None and budget <= window < length:
-            raise ValueError(f"R-KV needs a budget above method.window={window}, got {budget} tokens per head")
+            raise ValueError(f"R-KV needs a budget above method.params.window={window}, got {budget} tokens per head")
         final = rkv_scores(observation.queries, keys, window, self.params)
         if budget is None or not window < budget <= length:
             scores[:, : length - window] = final.float()
@@ -242,7 +242,7 @@ class RKVPolicy(DecodePolicy):
         if (layer.seen_tokens - new) % self.params.buffer != 0 or lengths[0] < cap:
             return
         if cap <= self.window:
-            raise ValueError(f"R-KV needs a budget above method.window={self.window}, got {cap} tokens per head")
+            raise ValueError(f"R-KV needs a budget above method.params.window={self.window}, got {cap} tokens per head")
         keys, _ = layer.dense_kv()  # [H, L, D], slots in position order
         in_order = keys.gather(1, order[..., None].expand(-1, -1, keys.shape[-1]))
         scores = rkv_scores(state.queries[layer_idx], in_order, self.window, self.params)

@@ -17,7 +17,7 @@ repository, sail-sg/SimLayerKV, is not available here):
   ``S`` tokens: the run's mean cache is above the budget, and ``achieved_per_layer`` records it.
 * ``lazy_threshold``: the preset uses 0.9, kvpress's recommendation for Llama-3 (its dataclass default 1.0 compresses
   nothing); Llama-2 0.65, Mistral 0.8, Qwen 0.85.
-* Prefill only, as kvpress.  ``method.window`` must be at least ``n_last`` (the last queries are the observation
+* Prefill only, as kvpress.  ``method.params.window`` must be at least ``n_last`` (the last queries are the observation
   window's).
 
 Parity: ``tests/methods/test_simlayerkv.py`` (recordings ``tests/fixtures/reference/heads/SimLayerKV.json``).

@@ -150,3 +150,20 @@ def test_an_undeclared_knob_on_the_command_line_exits_2_naming_the_methods_own(t
     )
     assert_clean_failure(code, stderr, [expected])
     assert stderr.startswith(expected) and not (tmp_path / "runs").exists()
+
+
+def test_a_session_knob_spelt_as_before_issue_57_works_with_a_note_and_the_same_hash(caplog) -> None:
+    """``method.window=16`` (the spelling before every knob was ``method.params.<knob>``) composes to the same config
+    as ``method.params.window=16``, with a one-line note, and hashes as a run of before did (its config then had
+    ``method.window: 16``): the same folder resumes."""
+    from kvbench.methods.base import build_method
+    from kvbench.storage.writers import canonical_config, config_hash
+
+    old = compose_config("snapkv", "64L", overrides=["method.window=16", "method.gqa_agg=max"])
+    assert "note: method.window is spelt method.params.window now" in caplog.text
+    new = compose_config("snapkv", "64L", overrides=["method.params.window=16", "method.params.gqa_agg=max"])
+    assert old.method.params.window == new.method.params.window == 16 and config_hash(old) == config_hash(new)
+    layout_of_before = canonical_config({"method": {"family": "snapkv", "params": {"window": 16}}})["method"]
+    assert layout_of_before["window"] == 16 and "window" not in layout_of_before["params"]
+    mapping = build_method({"name": "s", "family": "snapkv", "window": 8, "params": {"kernel_size": 5}})
+    assert (mapping.window, mapping.scorer.kernel_size) == (8, 5)
