@@ -227,7 +227,8 @@ def family_knobs(classes: dict[str, Any]) -> list[str]:
                 whole = present == list(bundle.__dataclass_fields__)
                 has.append(title if whole else f"{title} {', '.join(present)}")
         own = [name for name in method_class.__dataclass_fields__ if name not in taken and name in declared]
-        lines.append(f"  {family}: {'; '.join(has) or 'no shared knobs'}" + ("" if own else "; no knob of its own"))
+        shared_text = "; ".join(has) or "no shared knobs"
+        lines.append(f"  knobs of {family}: {shared_text}" + ("" if own else "; no knob of its own"))
         lines += _knob_lines(method_class, own, knob_meanings(method_class))
     return lines
 

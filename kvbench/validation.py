@@ -64,6 +64,7 @@ def check_config(cfg: DictConfig) -> None:
         _check_folder_name(key, OmegaConf.select(cfg, key))
     _check_budget(str(cfg.budget.spec))
     label_budget(cfg)
+    check_session_knobs(cfg.method)
     _check_task_values(cfg.task)
     _check_choice("model.dtype", cfg.model.dtype, DTYPE_NAMES)
     _check_min("model.max_input_length", cfg.model.max_input_length, 2)
@@ -153,6 +154,20 @@ def _check_budget(spec: str) -> None:
         raise KVBenchError(
             f"{err}. Pick a preset (budget=128L, budget=full, ...) or set budget.spec to one of the accepted forms."
         ) from err
+
+
+def check_session_knobs(method: Any) -> None:
+    """The session knobs ``method.params`` sets (``window``, ``gqa_agg``, ...: type, range, choices), checked by their
+    declaration (:class:`kvbench.methods.knobs.SessionKnobs`) before torch loads; whether the family reads them, and
+    its own knobs, are checked when it builds (stage 3)."""
+    from kvbench.methods.knobs import SessionKnobs
+    from kvbench.methods.params import parse_params
+
+    given = {key: value for key, value in (method.params or {}).items() if key in SESSION_KNOBS}
+    try:
+        parse_params(SessionKnobs, given, str(method.family))
+    except ValueError as err:
+        raise KVBenchError(f"method={method.name}: {err}") from None
 
 
 def _check_task_values(task: Any) -> None:

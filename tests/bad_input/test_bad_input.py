@@ -104,7 +104,7 @@ CONFIG_CASES = [
     (["method.params.window=0"], ["method.params.window=0", "[1, inf)"]),
     (["method.params.kernel_size=6"], ["method.params.kernel_size=6", "odd"]),
     (["method.params.pooling=median"], ["method.params.pooling='median'", "max, avg"]),
-    (["method.params.gqa_agg=median"], ["method.params.gqa_agg='median'", "mean, max, sum"]),
+    (["++method.params.gqa_agg=median"], ["method.params.gqa_agg='median'", "mean, max, sum"]),
     (["method.params.gqa_reduce=never"], ["method.params.gqa_reduce='never'", "before_pool, after_pool"]),
     (["method.params.pool_padding=none"], ["method.params.pool_padding='none'", "include, exclude"]),
     # issue #41: a scorer knob is the family's field; one the method does not declare lists the method's own
@@ -139,7 +139,7 @@ CONFIG_CASES = [
     (["method=pyramidkv", "method.bta=3"], ["method.bta is not a kvbench", "method=pyramidkv", "beta, schedule"]),
     (["method=pyramidkv", "method.params.bta=3"], ["method.params.bta", "are: kernel_size, pooling", "beta?"]),
     (
-        ["method=snapkv", "method.params.decode_eviction=true"],
+        ["method=snapkv", "++method.params.decode_eviction=true"],
         ["decode_eviction=True is not used by the snapkv family"],
     ),
     (["budget=-5L"], ["unknown budget '-5L'", "128L", "budget=<spec>", "<n>/layer"]),
@@ -149,7 +149,7 @@ CONFIG_CASES = [
     (["model.max_input_length=1"], ["model.max_input_length=1", ">= 2"]),
     (["task.depths=[150]"], ["task.depths contains 150", "[0, 100]"]),
     (["task.length=0"], ["task.length=0", ">= 1"]),
-    (["method.params.sink_tokens=-1"], ["method.params.sink_tokens=-1", "[0, inf)"]),
+    (["++method.params.sink_tokens=-1"], ["method.params.sink_tokens=-1", "[0, inf)"]),
     (["method.params.score_dtype=half"], ["method.params.score_dtype='half'", "model, float32"]),
     (["method.params.gqa_granularity=layer"], ["method.params.gqa_granularity='layer'", "kv_head, query_head"]),
     (["run.tag=' x'"], ["run.tag=' x'", "folder name"]),
@@ -348,7 +348,7 @@ def test_run_failing_before_its_first_prediction_leaves_no_folder(root: Path, mo
     assert tree_hash(root) == before
     assert not (root / "tiny" / "tiny_niah" / "streamingllm").exists()
     monkeypatch.setattr(kvbench.run.generation, "generate", real_generate)
-    Runner(tiny_cfg(root, "method=streamingllm", "method.window=8")).run()
+    Runner(tiny_cfg(root, "method=streamingllm", "method.params.window=8")).run()
     assert (root / "tiny" / "tiny_niah" / "streamingllm" / "64L" / "niah_single_1k" / "metrics.json").exists()
 
 
