@@ -197,8 +197,8 @@ class ScoredDecodePolicy(DecodePolicy):
         self, state: DecodeState, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float
     ) -> None:
         """With :attr:`evicts_on_append`, FMInference H2O's handling of a multi-token forward: the appended rows'
-        attention sums (:func:`~kvbench.methods.token_scores.appended_attention`) go into the running scores, then every
-        head is evicted to its cap at once; without, the appended tokens wait (score 0) for the next step."""
+        attention sums (:func:`~kvbench.methods.token_scores.appended_attention`) go into the running scores, then
+        every head is evicted to its cap at once; without, the appended tokens wait (score 0) for the next step."""
         if not self.evicts_on_append:
             return
         dtype = self.rounding_dtype(query)
