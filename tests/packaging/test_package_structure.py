@@ -58,7 +58,13 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("tasks", ("kvbench.tasks",)),
     (
         "the application layer: catalogue, overrides, validation (reads tasks, methods, models; loads nothing)",
-        ("kvbench.app", "kvbench.listing", "kvbench.overrides", "kvbench.validation", "kvbench.hydra_errors"),
+        (
+            "kvbench.app",
+            "kvbench.listing",
+            "kvbench.overrides",
+            "kvbench.validation",
+            "kvbench.hydra_errors",
+        ),
     ),
     ("inference: eviction session, prefill, generation, press hooks", ("kvbench.inference",)),
     ("one run and its results", ("kvbench.run",)),
