@@ -117,7 +117,7 @@ def apply_wrappers(method: EvictionMethod, knobs: Any) -> EvictionMethod:
     elif allocation == "ada_kvpress":
         changes["head_allocator"] = KvpressAdaAllocator()
     if knobs.layers == "pyramid":
-        changes["layer_allocator"] = PyramidLayerAllocator(20, method.params.window)
+        changes["layer_allocator"] = PyramidLayerAllocator(20, method.window)
     if knobs.decode_interval:
         changes["decode_policy"] = IntervalDecodingPolicy(
             method.scorer, knobs.decode_interval, method.gqa_agg, method.window, knobs.decode_target, knobs.decode_ratio
