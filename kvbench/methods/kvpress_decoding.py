@@ -5,7 +5,7 @@ after the prefill (each decoding step, and a question appended in one forward, c
 whole cache is scored by the method's scorer and each head cut back to its decode cap (the budget: kvpress's
 ``target_size``), keeping the top of the scores (``torch.topk``).  Between two compressions the cache grows by up to
 ``decode_interval - 1`` tokens, as kvpress's.  The scorer sees the stored keys and values and the last
-``method.window`` queries seen since the previous compression (kvpress buffers the hidden states of those steps).
+``method.params.window`` queries seen since the previous compression (kvpress buffers the hidden states of those steps).
 
 The target is the head's decode cap (the budget), or ``method.params.decode_target`` when set: kvpress's
 ``target_size`` apart from the prefill's budget.  kvpress's ``DecodingPress`` alone leaves the prefill whole: spell it
