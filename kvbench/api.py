@@ -13,6 +13,7 @@ against that schema), and a budget as any budget string (``96L``, ``256/layer``,
 
 from __future__ import annotations
 
+import logging
 import re
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -26,15 +27,20 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from kvbench.checks import check_choice, check_min
 from kvbench.config import (
     QUESTION_MODES,
+    SESSION_KNOBS,
     BudgetConfig,
     MethodConfig,
     ModelConfig,
     TaskConfig,
+    move_session_knobs,
     register_configs,
+    session_knob_note,
 )
 from kvbench.errors import KVBenchError, environment_errors
 from kvbench.overrides import prepare_overrides
 from kvbench.resources import conf_dir
+
+LOG = logging.getLogger(__name__)
 
 #: Hydra's config name of kvbench's root config.
 ROOT_CONFIG = "config"
@@ -52,8 +58,8 @@ def compose_config(
     ``method``/``budget``/``task``: a preset name (``conf/<group>/<name>.yaml``) or a config object; ``budget`` may
     also be any budget spec (``96L``, ``0.3x``, ``512`` = ``512L``), named as on the command line
     (:func:`kvbench.config.budget_choice`: ``0.5x`` is the preset ``ratio0.5``).  ``overrides``: Hydra override
-    strings as on the command line (``"method.window=16"``, ``"task.length=4096"``).  Raises :class:`KVBenchError`
-    naming an unknown preset or key and the valid choices.
+    strings as on the command line (``"method.params.window=16"``, ``"task.length=4096"``).  Raises
+    :class:`KVBenchError` naming an unknown preset or key and the valid choices.
     """
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
@@ -88,12 +94,19 @@ def compose_config(
 
 
 def _group_config(group: str, value: Mapping[str, Any] | DictConfig, schema: type) -> DictConfig:
-    """A config object given for ``group``, merged into its schema (a misspelt key or a wrong type is refused)."""
+    """A config object given for ``group``, merged into its schema (a misspelt key or a wrong type is refused; a
+    method's session knob spelt as before issue #57, ``window`` beside ``params``, moves into ``params`` with a
+    note)."""
     if not isinstance(value, (Mapping, DictConfig)):
         raise KVBenchError(
             f"{group}={value!r}; valid: a preset name (conf/{group}/<name>.yaml) or a mapping of {schema.__name__} "
             "fields"
         )
+    if group == "method":
+        mapping = OmegaConf.to_container(value) if isinstance(value, DictConfig) else dict(value)
+        for note in move_session_knobs(mapping):  # type: ignore[arg-type]
+            LOG.warning(note)
+        value = mapping  # type: ignore[assignment]
     return OmegaConf.merge(OmegaConf.structured(schema), value)
 
 
@@ -335,6 +348,9 @@ def _apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
         raise KVBenchError(f"overrides {list(overrides)}: {str(err).splitlines()[0]}") from err
     for override in parsed:
         key = override.key_or_group
+        if key.startswith("method.") and key.count(".") == 1 and key[len("method.") :] in SESSION_KNOBS:
+            LOG.warning(session_knob_note(key[len("method.") :]))
+            key = f"method.params.{key[len('method.') :]}"  # the spelling before issue #57
         if "." not in key:
             raise KVBenchError(
                 f"override {override.input_line!r}: choose presets with evaluate()'s method=, budget=, task= and "

@@ -22,7 +22,7 @@ Accepted ``budget.spec`` strings:
   take nothing else; ``t`` is on the scale of the method's scorer (KNorm: minus a key norm).
 
 All budgets count tokens per stored head and, by default, include the observation window
-(``method.window_in_budget``).  When a layer's budget is at least the context length nothing is evicted there.
+(``method.params.window_in_budget``).  When a layer's budget is at least the context length nothing is evicted there.
 """
 
 from __future__ import annotations

@@ -35,14 +35,27 @@ GQA_REDUCE_ORDERS = ("before_pool", "after_pool")
 WANDB_MODES = ("online", "offline", "disabled")
 
 
-def check_method_choices(method: Any, error: type[Exception] = ValueError) -> None:
-    """The session knobs that take one of a few values (``gqa_granularity``, ``gqa_agg``), checked by
-    :mod:`kvbench.validation` before torch loads (``error=KVBenchError``) and by
-    :func:`kvbench.methods.base.build_method` for code that builds a method directly.  The scorers' own knobs
-    (pooling, kernel size, GQA-reduction order, score dtype) are the families' fields, checked where they are
-    declared (:func:`kvbench.methods.params.parse_params`)."""
-    check_choice("method.gqa_granularity", method.gqa_granularity, GQA_GRANULARITIES, error=error)
-    check_choice("method.gqa_agg", method.gqa_agg, GQA_AGGREGATIONS, error=error)
+#: The session knobs (:class:`kvbench.methods.knobs.SessionKnobs`: window, budget accounting, GQA storage, sinks, the
+#: decode switch), each set as ``method.params.<knob>`` like a family's own knobs since issue #57; ``method.<knob>``
+#: is their spelling of before, still accepted with a note (:func:`move_session_knobs`).
+SESSION_KNOBS = ("window", "window_in_budget", "gqa_granularity", "gqa_agg", "sink_tokens", "decode_eviction")
+
+
+def session_knob_note(knob: str) -> str:
+    """The one-line note for ``method.<knob>`` spelt as before issue #57."""
+    return f"note: method.{knob} is spelt method.params.{knob} now (the old spelling still works)"
+
+
+def move_session_knobs(method: dict[str, Any]) -> list[str]:
+    """Move the session knobs a method mapping spells as before issue #57 (``window: 16`` beside ``params``) into its
+    ``params`` (``params.window: 16``), in place; returns the notes (:func:`session_knob_note`) of the keys moved."""
+    old = [key for key in SESSION_KNOBS if key in method]
+    if old:
+        params = dict(method.get("params") or {})
+        for key in old:
+            params.setdefault(key, method.pop(key))
+        method["params"] = params
+    return [session_knob_note(key) for key in old]
 
 
 @dataclass
@@ -77,30 +90,18 @@ class ModelConfig:
 
 @dataclass
 class MethodConfig:
-    """An eviction method: the registry name of its family, the session's knobs every family's recipe is built with
-    (window, budget accounting, GQA storage, sinks, decode switch) and the family's own knobs under ``params`` (its
-    dataclass fields: e.g. the attention-vote scorers' ``kernel_size``, ``pooling``, ``pool_padding``,
-    ``gqa_reduce``, ``score_dtype``; see kvbench/methods/).  A knob the family does not declare is an error listing
-    the family's knobs."""
+    """An eviction method: the registry name of its family and every knob under ``params``: the fields of the family's
+    class, the session knobs included (``window``, ``window_in_budget``, ``gqa_granularity``, ``gqa_agg``,
+    ``sink_tokens``, ``decode_eviction``: :data:`SESSION_KNOBS`) beside its own (e.g. the attention-vote scorers'
+    ``kernel_size``, ``pooling``, ``pool_padding``, ``gqa_reduce``, ``score_dtype``; see kvbench/methods/).  A knob
+    the family does not declare is an error listing the family's knobs; ``kvbench list methods`` lists each one with
+    its default and meaning."""
 
     #: Preset name, used in results paths.
     name: str = MISSING
     #: Registry key of the method family, e.g. "full", "streamingllm", "snapkv".
     family: str = MISSING
-    #: Observation window: the last ``window`` prompt queries score the keys (SnapKV-style methods).
-    window: int = 32
-    #: Whether the observation window's tokens count toward the budget (papers: true).
-    window_in_budget: bool = True
-    #: GQA storage granularity: "kv_head" (one cache per KV head) or "query_head" (repeat KV per query head,
-    #: as the original SnapKV/PyramidKV code did; inflates memory by the group size).
-    gqa_granularity: str = "kv_head"
-    #: How query-head scores are combined per KV head when gqa_granularity=kv_head: mean | max | sum.
-    gqa_agg: str = "mean"
-    #: Attention-sink tokens always kept (StreamingLLM).
-    sink_tokens: int = 0
-    #: Whether eviction also happens during decoding (H2O/TOVA/StreamingLLM), keeping the cache at its budget.
-    decode_eviction: bool = False
-    #: The family's own knobs, its dataclass fields (validated by the family, which lists the valid keys).
+    #: Every knob of the method, its class's fields (validated by the class, which lists the valid keys).
     params: Dict[str, Any] = field(default_factory=dict)
     #: Paper a preset reproduces, for the README and tables.
     paper: Optional[str] = None

@@ -10,6 +10,7 @@ import difflib
 from collections.abc import Sequence
 from typing import Any
 
+from kvbench.config import SESSION_KNOBS
 from kvbench.validation import unknown_key_message
 
 OVERRIDE_GRAMMAR_URL = "https://hydra.cc/docs/advanced/override_grammar/basic/"
@@ -57,7 +58,8 @@ def hydra_error_message(err: BaseException, overrides: Sequence[str] = ()) -> st
         return unknown_key_message(full_key, key, valid, prefix, added=False) + _own_parameters(cause, key, prefix)
     if unknown_key and str(cause.full_key).startswith("method.params.") and cause.parent_node is not None:
         # A parameter the preset does not have: its own parameters, not the schema's keys.
-        valid = [str(key) for key in cause.parent_node]
+        listed = [str(key) for key in cause.parent_node]  # the family's own knobs first, then the session knobs
+        valid = [key for key in listed if key not in SESSION_KNOBS] + [key for key in listed if key in SESSION_KNOBS]
         close = difflib.get_close_matches(str(cause.key), valid, n=1, cutoff=0.6)
         hint = f" Did you mean method.params.{close[0]}?" if close else ""
         return (

@@ -4,8 +4,8 @@ defaults.
 Read from the shipped Hydra config tree (:func:`kvbench.resources.conf_dir`: each preset composed with its schema,
 so a value the preset leaves out shows the schema default) and from the registries (method families, task kinds):
 
-* methods -- family, the knobs that differ from the shared defaults (printed once above the table), the family's
-  ``params``, the paper;
+* methods -- family, the knobs a preset sets (``params``), the paper, the code; then every family's knobs, each
+  once with its default and meaning (the session, wrapper and attention-vote knobs in blocks of their own);
 * tasks -- kind, the datasets the preset runs (``task.datasets=[...]`` selects a subset), settings and options;
 * models -- source (builtin / local / hub), architecture family, ``max_input_length``, dtype, path;
 * budgets -- the spec and what it means (:mod:`kvbench.budget`);
@@ -43,7 +43,6 @@ BUDGET_SEMANTICS = {
     "threshold": "evict every token scored below {r} (threshold methods only: the kept count is measured, not set)",
 }
 #: Method fields shown in the header (their schema defaults) and, per preset, where they differ.
-_METHOD_SKIP = ("name", "family", "params", "paper", "reference")
 _TASK_SKIP = ("name", "kind", "options", "datasets")
 
 
@@ -161,69 +160,104 @@ def _reference_note(reference: dict) -> str:
 
 
 def list_methods() -> str:
-    """Method presets: family, knobs that differ from the shared defaults, params, paper."""
-    from kvbench.config import MethodConfig
-    from kvbench.methods.base import load_plugin_methods, method_families
+    """Method presets (family, the knobs a preset sets, paper, code), then every family's knobs, each listed once
+    with its default and meaning (the knobs several families share, in a block of their own)."""
+    from kvbench.methods.base import METHOD_FAMILIES, load_plugin_methods, method_families
     from kvbench.methods.plugins import PLUGIN_PACKAGES
-    from kvbench.methods.recipe import SCORER_METHODS
-    from kvbench.overrides import default_preset
+    from kvbench.methods.recipe import ScorerMethod
 
-    method_families()  # imports every method module: the one-class methods register themselves
+    method_families()  # imports every method module: the classes register themselves
     broken = load_plugin_methods()  # and every installed package's; one that fails to import is listed as broken
-
-    defaults = _raw(OmegaConf.structured(MethodConfig))
-    shared = [key for key in defaults if key not in _METHOD_SKIP]
-    settings_header = "settings (knobs that differ from the defaults above; params: the family's)"
-    rows = [["preset", "family", "stores", settings_header]]
+    classes = METHOD_FAMILIES.as_dict()
+    rows = [["preset", "family", "stores", "settings (the knobs the preset sets: method.params.<knob>)"]]
     for name, node in presets("method").items():
         data = _raw(node)
-        changed = [key for key in shared if data[key] != defaults[key]]
-        settings = _pairs(data, changed)
-        if data["params"]:
-            settings += ("; " if settings else "") + "params: " + _pairs(data["params"], list(data["params"]))
+        params = data["params"] or {}
+        settings = "params: " + _pairs(params, list(params)) if params else ""
         if data["paper"]:
             settings += f" [paper: {data['paper']}]"
         settings += _reference_note(data.get("reference") or {})
-        stores = "query heads" if data["gqa_granularity"] == "query_head" else "KV heads"
-        if name in SCORER_METHODS:
+        stores = "query heads" if params.get("gqa_granularity") == "query_head" else "KV heads"
+        if name in classes and issubclass(classes[name], ScorerMethod):
             settings += " [YAML preset: wins over the class's default]"
-        rows.append([name, str(data["family"]), stores, settings or "(the defaults)"])
-    for family, method_class in sorted(SCORER_METHODS.items()):
-        if family not in rows_named(rows):
-            params = default_preset(method_class)["params"]
-            settings = "params: " + _pairs(params, list(params)) if params else ""
-            reference = f" [code: {method_class.reference}]" if method_class.reference else ""
+        rows.append([name, str(data["family"]), stores, settings.strip() or "(the defaults)"])
+    for family, method_class in sorted(classes.items()):
+        if family not in rows_named(rows) and (conf_path("method", family) is None):
+            reference = f" [code: {method_class.reference}]" if getattr(method_class, "reference", "") else ""
             if family in PLUGIN_PACKAGES:
                 reference += " [package: {package} {version}]".format(**PLUGIN_PACKAGES[family])
-            rows.append([family, family, "KV heads", f"{settings} [class default, no YAML]{reference}".strip()])
+            rows.append([family, family, "KV heads", f"[class default, no YAML]{reference}".strip()])
     for family, why in sorted(broken.items()):
         rows.append([family, family, "-", f"BROKEN: {why}"])
     return "\n".join(
         [
-            "Methods: method=<preset> (conf/method/<preset>.yaml, or a one-class method's default preset); any knob is "
-            "overridable, e.g. method.window=16.",
-            "Shared knobs and their defaults: " + _pairs(defaults, shared),
+            "Methods: method=<preset> (conf/method/<preset>.yaml, or a one-class method's default preset); every knob "
+            "is method.params.<knob>, e.g. method.params.window=16 (the knobs of each family below).",
             "Memory: a budget keeping r of the context holds r x the full cache when a preset stores KV heads, and "
             "r x H_q/H_kv x the full cache when it stores query heads (the reference code's layout: at GQA 3:1, "
-            "r=0.5 holds 1.5x the full cache); method.gqa_granularity=kv_head switches to KV heads.  kvpress's "
-            "compression ratio c (budget=<c>cr) keeps max(1, int(S (1 - c))) of S tokens per layer and KV head: "
-            "about 1 - c of the full cache.",
+            "r=0.5 holds 1.5x the full cache); method.params.gqa_granularity=kv_head switches to KV heads.  "
+            "kvpress's compression ratio c (budget=<c>cr) keeps max(1, int(S (1 - c))) of S tokens per layer and KV "
+            "head: about 1 - c of the full cache.",
             *_table(rows),
+            *family_knobs(classes),
             f"Registered method families: {', '.join(method_families())}",
-            _sharing_note(SCORER_METHODS),
+            _sharing_note(classes),
         ]
     )
 
 
-def _sharing_note(scorer_methods: dict[str, Any]) -> str:
-    """Which methods share a sweep's prefill forward (issue #56): each method class's ``unshared_prefill``."""
-    alone = {family: cls.unshared_prefill for family, cls in scorer_methods.items() if cls.unshared_prefill}
+def _sharing_note(method_classes: dict[str, Any]) -> str:
+    """Which methods share a sweep's prefill forward: each method class's ``unshared_prefill`` (a one-class method's
+    scorer declares it)."""
+    alone = {
+        family: reason for family, cls in method_classes.items() if (reason := getattr(cls, "unshared_prefill", None))
+    }
     listed = "; ".join(f"{family} ({reason})" for family, reason in sorted(alone.items())) or "none"
     return (
         "Sweeps share each sample's prefill forward between jobs that differ only in method and budget "
         "(run.share_prefill; presets storing query heads share among themselves); methods that prefill alone "
         f"(unshared_prefill): {listed}"
     )
+
+
+def conf_path(group: str, name: str) -> Any:
+    """``conf/<group>/<name>.yaml`` when it exists, else ``None``."""
+    path = resources.conf_dir() / group / f"{name}.yaml"
+    return path if path.is_file() else None
+
+
+def family_knobs(classes: dict[str, Any]) -> list[str]:
+    """Every family's knobs (``method.params.<knob>``), each once with its default and meaning: the blocks several
+    families share (session, wrapper, attention-vote knobs) first, then each family's own and the blocks it has."""
+    from kvbench.methods.knobs import SessionKnobs, knob_meanings, shared_fields
+    from kvbench.methods.token_scores import VoteKnobs
+    from kvbench.methods.wrappers import Wrappers
+
+    bundles = {"session knobs": SessionKnobs, "wrapper knobs": Wrappers, "attention-vote knobs": VoteKnobs}
+    lines = ["Knobs (method.params.<knob> = default: meaning):"]
+    for title, bundle in bundles.items():
+        lines.append(f"  {title}:")
+        lines += _knob_lines(bundle, list(bundle.__dataclass_fields__), knob_meanings(bundle))
+    for family, method_class in sorted(classes.items()):
+        declared = set(method_class.field_knobs())
+        has, taken = [], set()
+        for title, bundle in bundles.items():
+            shared = [name for name in shared_fields(method_class, bundle) if name not in taken]
+            taken.update(shared)
+            present = [name for name in shared if name in declared]
+            if present:
+                whole = present == list(bundle.__dataclass_fields__)
+                has.append(title if whole else f"{title} {', '.join(present)}")
+        own = [name for name in method_class.__dataclass_fields__ if name not in taken and name in declared]
+        shared_text = "; ".join(has) or "no shared knobs"
+        lines.append(f"  knobs of {family}: {shared_text}" + ("" if own else "; no knob of its own"))
+        lines += _knob_lines(method_class, own, knob_meanings(method_class))
+    return lines
+
+
+def _knob_lines(method_class: Any, names: list[str], meanings: dict[str, str]) -> list[str]:
+    fields = method_class.__dataclass_fields__
+    return [f"    {name} = {value_text(fields[name].default)}: {meanings.get(name) or '-'}" for name in names]
 
 
 # ---------------------------------------------------------------------------------------------------- tasks
@@ -312,7 +346,7 @@ def list_budgets() -> str:
             f"Budgets: budget=<preset> (conf/budget/<preset>.yaml), or budget=<spec>: {ACCEPTED_FORMS}; a bare "
             "integer n means nL. A spec meaning a preset's budget is that preset (budget=0.5x is ratio0.5: same "
             "folder, same hash).",
-            "Budgets count tokens per stored head and include the observation window (method.window_in_budget).",
+            "Budgets count tokens per stored head and include the observation window (method.params.window_in_budget).",
             *_table(rows),
         ]
     )

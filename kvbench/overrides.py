@@ -6,6 +6,8 @@
 * ``method=<family>`` of a method defined by a class alone (:mod:`kvbench.methods.recipe`) gets the class's default
   preset (:func:`register_method_choice`), unless ``conf/method/<family>.yaml`` exists (that YAML wins);
 * a bare number given to any config group becomes a string (Hydra refuses an integer as a group choice);
+* ``method.<knob>=<value>`` of a session knob (``method.window=16``, their spelling before issue #57) becomes
+  ``method.params.<knob>=<value>`` with a one-line note;
 * ``method.params.<knob>=<value>`` sets the knob whether or not the preset lists it (it becomes
   ``++method.params.<knob>=<value>``): every knob the method's class declares can be set on every preset of its
   family, and a knob it does not declare is an error listing the method's own knobs
@@ -20,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import logging
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,15 +30,19 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 
 from kvbench.config import (
+    SESSION_KNOBS,
     WRAPPER_LABEL_PARTS,
     budget_choice,
     method_label_interpolation,
     register_budget_choice,
     register_configs,
+    session_knob_note,
 )
 from kvbench.errors import KVBenchError
 from kvbench.methods.plugins import load_plugin, method_entry_points
 from kvbench.resources import conf_dir
+
+LOG = logging.getLogger(__name__)
 
 
 def class_method_module(name: str) -> str | None:
@@ -57,7 +64,8 @@ _CLASS_FAMILY = re.compile(r'^class \w+\([^)]*\bfamily="(\w+)"', re.MULTILINE)
 def class_method_names() -> list[str]:
     """Every ``method=<family>`` a class alone defines (``kvbench/methods/*.py``, read as text: nothing imported)
     or another package adds (entry-point group ``kvbench.methods``), for error messages and listings."""
-    methods_dir = Path(__file__).resolve().parent / "methods"
+    spec = importlib.util.find_spec("kvbench.methods")  # the package's folder, wherever this module lives
+    methods_dir = Path(next(iter(spec.submodule_search_locations or ()))) if spec else Path()
     found = {name for path in methods_dir.glob("*.py") for name in _CLASS_FAMILY.findall(path.read_text("utf-8"))}
     return sorted(found | set(method_entry_points()))
 
@@ -76,16 +84,28 @@ def register_method_choice(name: str) -> bool:
             load_plugin(name)
         except ValueError as err:
             raise KVBenchError(str(err)) from None
-    else:  # no such method: Hydra reports the unknown preset (torch never imported)
+    elif not defined_in_process(name):  # no such method: Hydra reports the unknown preset (torch never imported)
         return False
-    from kvbench.methods.recipe import SCORER_METHODS
+    from kvbench.methods.base import METHOD_FAMILIES
 
-    method_class = SCORER_METHODS.get(name)
+    method_class = METHOD_FAMILIES.registered(name)
     if method_class is None:
         return False
     register_configs()  # the label resolver
     ConfigStore.instance().store(group="method", name=name, node=default_preset(method_class))
     return True
+
+
+def defined_in_process(name: str) -> bool:
+    """Whether a method class of family ``name`` was defined in this process (a user's script or notebook), its
+    module already imported: such a class composes by name like kvbench's own (nothing imported here)."""
+    import sys
+
+    if "kvbench.methods.base" not in sys.modules:
+        return False
+    from kvbench.methods.base import METHOD_FAMILIES
+
+    return METHOD_FAMILIES.registered(name) is not None
 
 
 def default_preset(method_class: type) -> dict:
@@ -94,7 +114,9 @@ def default_preset(method_class: type) -> dict:
     from kvbench.methods.plugins import PLUGIN_PACKAGES
 
     family = method_class.family
-    params = {field.name: field.default for field in dataclasses.fields(method_class)}
+    knobs = method_class.field_knobs()
+    defaults = {field.name: field.default for field in dataclasses.fields(method_class)}
+    params = {name: defaults[name] for name in knobs}
     # The name (results folder) names the wrappers that are on: knorm, knorm+ada, knorm+ada+pyramid, knorm+chunkkv,
     # knorm+decode4, knorm+decode4+target8, knorm+decode4+ratio0.5 (a default preset's name is unchanged: every
     # wrapper off).
@@ -105,6 +127,12 @@ def default_preset(method_class: type) -> dict:
     if reference:
         node["reference"] = reference
     return node
+
+
+def session_knob_of(key: str) -> str | None:
+    """The session knob ``key`` spells as before issue #57 (``method.window`` -> ``window``), else ``None``."""
+    parts = key.split(".")
+    return parts[1] if len(parts) == 2 and parts[0] == "method" and parts[1] in SESSION_KNOBS else None
 
 
 def is_method_knob(key: str) -> bool:
@@ -139,6 +167,11 @@ def prepare_overrides(overrides: Sequence[str]) -> list[str]:
         if override is None:
             prepared.append(line)
             continue
+        legacy = session_knob_of(override.key_or_group)
+        if legacy is not None and override.type in (OverrideType.CHANGE, OverrideType.ADD, OverrideType.FORCE_ADD):
+            LOG.warning(session_knob_note(legacy))
+            line = f"method.params.{legacy}={line.split('=', 1)[1]}"
+            override = parser.parse_override(line)
         if is_method_knob(override.key_or_group) and override.type == OverrideType.CHANGE:
             prepared.append(f"++{line}")  # a knob the preset does not list (the family checks it is declared)
             wrapper_knobs.append(override.key_or_group.split(".")[2])

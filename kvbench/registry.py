@@ -70,6 +70,10 @@ class Registry(Generic[T]):
 
         return decorator
 
+    def registered(self, name: str) -> T | None:
+        """The entry registered under ``name`` so far, or ``None`` (no discovery: for code that registers)."""
+        return self._entries.get(name)
+
     def unregister(self, name: str) -> T:
         """Remove and return the entry registered under ``name`` (a plug-in unloading, a test cleaning up);
         ``ValueError`` naming the valid names when there is none."""

@@ -37,10 +37,10 @@ from kvbench.config import (
     CHANGED_INPUTS,
     DTYPE_NAMES,
     QUESTION_MODES,
+    SESSION_KNOBS,
     WANDB_MODES,
     KVBenchConfig,
     check_kv_quant,
-    check_method_choices,
     kv_quant_refusal,
 )
 from kvbench.errors import KVBenchError
@@ -67,7 +67,7 @@ def check_config(cfg: DictConfig) -> None:
         _check_folder_name(key, OmegaConf.select(cfg, key))
     _check_budget(str(cfg.budget.spec))
     label_budget(cfg)
-    check_method_values(cfg.method)
+    check_session_knobs(cfg.method)
     _check_task_values(cfg.task)
     _check_choice("model.dtype", cfg.model.dtype, DTYPE_NAMES)
     _check_min("model.max_input_length", cfg.model.max_input_length, 2)
@@ -128,6 +128,9 @@ def _check_keys(node: Any, schema: type, prefix: str) -> None:
 def unknown_key_message(full_key: str, key: str, valid: Sequence[str], prefix: str, added: bool = True) -> str:
     """One paragraph for a key that is not in the schema; ``added``: it got in with Hydra's ``+``."""
     close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+    if not close and prefix == "method.":  # a session knob, misspelt as it was spelt before issue #57
+        knob = difflib.get_close_matches(key, SESSION_KNOBS, n=1, cutoff=0.6)
+        close = [f"params.{knob[0]}"] if knob else []
     group = prefix.rstrip(".") or "the root config"
     how = " (a key added with '+' is not checked by Hydra)" if added else ""
     suggestion = ""
@@ -159,12 +162,18 @@ def _check_budget(spec: str) -> None:
         ) from err
 
 
-def check_method_values(method: Any) -> None:
-    """The session knobs (``method.window``, the choice knobs, ``sink_tokens``); the family's own knobs
-    (``method.params``) are checked by the family's params dataclass when the method builds (stage 3)."""
-    _check_min("method.window", method.window, 1, "the observation window's length in tokens; the presets use 8 or 32")
-    check_method_choices(method, error=KVBenchError)
-    _check_min("method.sink_tokens", method.sink_tokens, 0)
+def check_session_knobs(method: Any) -> None:
+    """The session knobs ``method.params`` sets (``window``, ``gqa_agg``, ...: type, range, choices), checked by their
+    declaration (:class:`kvbench.methods.knobs.SessionKnobs`) before torch loads; whether the family reads them, and
+    its own knobs, are checked when it builds (stage 3)."""
+    from kvbench.methods.knobs import SessionKnobs
+    from kvbench.methods.params import parse_params
+
+    given = {key: value for key, value in (method.params or {}).items() if key in SESSION_KNOBS}
+    try:
+        parse_params(SessionKnobs, given, str(method.family))
+    except ValueError as err:
+        raise KVBenchError(f"method={method.name}: {err}") from None
 
 
 def _check_task_values(task: Any) -> None:

@@ -196,7 +196,7 @@ def test_compose_config_inside_another_hydra_app_restores_it() -> None:
 
     with initialize_config_dir(config_dir=str(conf_dir() / "method"), version_base="1.3"):
         cfg = kvbench.compose_config(method="h2o", budget="96L", overrides=["method.window=16"])
-        assert (cfg.method.name, cfg.method.window, cfg.budget.spec) == ("h2o", 16, "96L")
+        assert (cfg.method.name, cfg.method.params.window, cfg.budget.spec) == ("h2o", 16, "96L")
         assert compose("tova").name == "tova"  # the surrounding app still composes from its own tree
     assert not GlobalHydra.instance().is_initialized()
 

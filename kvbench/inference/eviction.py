@@ -133,8 +133,8 @@ class EvictionSession(SessionPasses):
         return self.compresses and bool(getattr(self.method.scorer, "replays_context", False))
 
     def observation_window(self) -> int:
-        """Window queries the scorer sees: ``method.window``, or the question's tokens for a scorer whose window is
-        the question (Finch's ``question_window``; ``method.window`` when the compressed prompt has no question)."""
+        """Window queries the scorer sees: ``params.window``, or the question's tokens for a scorer whose window is
+        the question (Finch's ``question_window``; ``params.window`` when the compressed prompt has no question)."""
         if getattr(self.method.scorer, "question_window", False) and self.question_tokens > 0:
             return self.question_tokens
         return self.method.window
@@ -303,7 +303,7 @@ class EvictionSession(SessionPasses):
             raise ValueError(
                 f"scorer {type(self.method.scorer).__name__} returned scores of shape {tuple(raw.shape)} at layer "
                 f"{layer_idx}; a scorer returns [H_stored, S] = ({num_heads}, {context}), one row per stored head "
-                f"(or [H_q, S] = ({queries.shape[0]}, {context}), reduced per GQA group by method.gqa_agg)"
+                f"(or [H_q, S] = ({queries.shape[0]}, {context}), reduced per GQA group by method.params.gqa_agg)"
             )
         scores = aggregate_groups(raw.float(), num_heads, self.method.gqa_agg)
         self._scores[layer_idx], self._score_dtype = list(scores.unbind(0)), raw.dtype  # threshold: compared in it

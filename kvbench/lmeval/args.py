@@ -11,6 +11,7 @@ bad value costs a second, not a task download and a model load.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,6 +19,8 @@ from kvbench.checks import check_choice, check_decode_batch, check_min
 from kvbench.config import DTYPE_NAMES, QUESTION_MODES
 from kvbench.errors import KVBenchError
 from kvbench.lmeval.presets import budget_config, method_config, model_config, preset_names
+
+LOG = logging.getLogger(__name__)
 
 #: ``--model_args`` keys of ``--model kvbench`` besides ``method.<knob>`` / ``method.params.<key>``.
 MODEL_ARG_KEYS = (
@@ -67,7 +70,7 @@ def check_model_args(args: Mapping[str, Any]) -> None:
     from omegaconf import OmegaConf
 
     from kvbench.models.source import resolve_model_source
-    from kvbench.validation import check_method, check_method_values
+    from kvbench.validation import check_method
 
     unknown = [key for key in args if key not in MODEL_ARG_KEYS and not str(key).startswith("method.")]
     if unknown:
@@ -78,8 +81,7 @@ def check_model_args(args: Mapping[str, Any]) -> None:
     method_cfg = method_config(str(args.get("method", "full")))
     for key, value in args.items():
         if str(key).startswith("method."):
-            _set_method_key(method_cfg, str(key).removeprefix("method."), value)
-    check_method_values(method_cfg)
+            set_method_key(method_cfg, str(key).removeprefix("method."), value)
     budget_config(str(args.get("budget", "full")))
     check_choice("question_mode", args.get("question_mode", "agnostic"), QUESTION_MODES, error=KVBenchError)
     if args.get("dtype") is not None:
@@ -98,12 +100,22 @@ def check_model_args(args: Mapping[str, Any]) -> None:
     check_method(OmegaConf.create({"method": method_cfg}))
 
 
-def _set_method_key(method_cfg: Any, key: str, value: Any) -> None:
-    from omegaconf import OmegaConf
+def set_method_key(method_cfg: Any, key: str, value: Any) -> None:
+    """Set ``method.<key>`` of ``method_cfg`` (a session knob spelt as before issue #57, ``window``, is
+    ``params.window``: set there, with a one-line note)."""
+    from omegaconf import OmegaConf, open_dict
     from omegaconf.errors import OmegaConfBaseException
 
-    from kvbench.config import MethodConfig
+    from kvbench.config import SESSION_KNOBS, MethodConfig, session_knob_note
     from kvbench.validation import unknown_key_message
+
+    if key in SESSION_KNOBS:
+        LOG.warning(session_knob_note(key))
+        key = f"params.{key}"
+    if key.startswith("params."):
+        with open_dict(method_cfg):
+            OmegaConf.update(method_cfg, key, value, merge=True)
+        return
 
     top = key.split(".", 1)[0]
     fields = list(OmegaConf.structured(MethodConfig))

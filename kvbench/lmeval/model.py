@@ -41,7 +41,6 @@ from lm_eval.models.utils import (
     postprocess_generated_text,
     resolve_max_length,
 )
-from omegaconf import OmegaConf
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from kvbench.budget import Budget, parse_budget
@@ -50,7 +49,7 @@ from kvbench.config import QUESTION_MODES
 from kvbench.errors import KVBenchError
 from kvbench.inference.batched_decode import DecodeRequest, ReorderBuffer, generate_batched, resolve_decode_batch
 from kvbench.inference.generate import GenerationOutput, generate
-from kvbench.lmeval.args import check_model_args
+from kvbench.lmeval.args import check_model_args, set_method_key
 from kvbench.lmeval.loglikelihood import cache_fingerprint, compress_context, score_continuation
 from kvbench.lmeval.presets import budget_config, method_config, model_config
 from kvbench.methods.base import EvictionMethod, build_method
@@ -130,7 +129,7 @@ class KVBenchLM(TemplateLM):
         model_cfg = model_config(str(pretrained), dtype=dtype, device=device, revision=revision)
         method_cfg = method_config(str(method))
         for key, value in method_overrides.items():
-            OmegaConf.update(method_cfg, key.removeprefix("method."), value, merge=True)
+            set_method_key(method_cfg, key.removeprefix("method."), value)
         try:
             built = build_method(method_cfg)
         except ValueError as err:

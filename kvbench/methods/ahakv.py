@@ -20,8 +20,8 @@ Three switchable components (Table 2's ablation):
   (kernel ``params.vpe_kernel``, 7 -- the paper gives none; stride 1, same length).
 
 Prefill keeps the ``B_r`` most recent tokens plus the top ``B - B_r`` by score (per head; GQA: scores are
-averaged per KV group with ``method.gqa_agg`` before VPE, which is per KV head).  Decoding (Algorithm 1): each new
-query's SG-softmax attention (reduced per KV group with ``method.gqa_agg``) is added to the running scores
+averaged per KV group with ``params.gqa_agg`` before VPE, which is per KV head).  Decoding (Algorithm 1): each new
+query's SG-softmax attention (reduced per KV group with ``method.params.gqa_agg``) is added to the running scores
 (initialised with the prefill's enhanced scores, new tokens start at 0, increments are not value-weighted); above
 the budget the lowest-scoring token outside the recent ``B_r`` is evicted.  A multi-token forward after the prefill
 (question-agnostic mode's question) is handled as H2O's code, which AhaKV modifies, handles one: every appended row's
@@ -206,7 +206,7 @@ class AhaDecode(ScoredDecodePolicy):
         return old + attention
 
 
-@dataclass
+@dataclass(frozen=True)
 class AhaKV(ScoreDtypeKnob, FamilyMethod, family="ahakv"):
     """AhaKV's switches (see module docstring)."""
 
@@ -225,11 +225,11 @@ class AhaKV(ScoreDtypeKnob, FamilyMethod, family="ahakv"):
 
     def build(self, method_cfg: Any) -> EvictionMethod:
         """AhaKV with each component switchable."""
-        knobs = common_knobs(method_cfg)
+        knobs = common_knobs(method_cfg, self)
         score_dtype = str(self.score_dtype)
         scorer = AhaScorer(self.ra, self.sgs, self.vpe, self, knobs["window"], knobs["gqa_agg"], score_dtype)
         policy = None
-        if method_cfg.decode_eviction:
+        if self.decode_eviction:
             policy = AhaDecode(knobs["window"], self.sgs, self, knobs["gqa_agg"], score_dtype)
         return EvictionMethod(
             scorer=scorer,

@@ -7,8 +7,9 @@
 * :class:`HeadBudgetAllocator` -- how a layer's budget is split over its stored heads (uniform, Ada-KV top-B...).
 * :class:`DecodePolicy` -- what happens to the cache while generating (nothing, StreamingLLM window, H2O, TOVA).
 
-:class:`EvictionMethod` bundles them with the method knobs from ``conf/method/<name>.yaml``; a family registers
-a builder with :func:`register_method` (one file per family under ``kvbench/methods/``).  None of the pieces needs
+:class:`EvictionMethod` bundles them with the session knobs that govern how they are combined; a method's class
+(:class:`kvbench.methods.family.FamilyMethod`, one file per family under ``kvbench/methods/``) builds it from its
+knobs and registers itself in :data:`METHOD_FAMILIES`.  None of the pieces needs
 a model: tests drive them with hand-built tensors.  A built method is a frozen recipe: what a sample accumulates
 (allocator state, decode caps, running scores) is created by the pieces (``new_state``) and owned by the sample's
 session, what spans a dataset by ``LayerBudgetAllocator.new_dataset_state`` (:mod:`kvbench.methods.state`).
@@ -19,8 +20,9 @@ Shapes use ``H_q`` query heads, ``H`` stored heads (KV heads, or query heads wit
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -29,8 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from kvbench.budget import Budget
-from kvbench.checks import check_min
-from kvbench.config import MethodConfig, check_method_choices
+from kvbench.config import MethodConfig, move_session_knobs
 from kvbench.methods.channels import KeyChannelPruner
 from kvbench.methods.knobs import check_unused_knobs
 from kvbench.methods.observation import PromptRows, WindowObservation
@@ -40,6 +41,8 @@ from kvbench.registry import Registry, submodule_importer
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
     from kvbench.cache.kv_cache import HeadwiseLayer
+
+LOG = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------------------------- pieces
@@ -65,7 +68,7 @@ class TokenScorer(ReadOnlyAfterBuild, ABC):
     @abstractmethod
     def score(self, observation: WindowObservation) -> torch.Tensor:
         """Return ``[H, S]`` scores, one row per stored head (query heads where the method stores per query head,
-        KV heads otherwise), higher = keep; ``[H_q, S]`` is accepted and reduced per GQA group by ``method.gqa_agg``.
+        KV heads otherwise), higher = keep; ``[H_q, S]`` is accepted and reduced per GQA group by ``params.gqa_agg``.
         The session checks the shape (a clear error naming the scorer otherwise).
 
         Scores of the window tokens are ignored when the method keeps the window.
@@ -262,8 +265,8 @@ class EvictionMethod:
     #: layers).
     compress_sliding: bool = False
     settings: dict[str, Any] = field(default_factory=dict)
-    #: Session knobs (``MethodConfig`` fields, :data:`kvbench.methods.knobs.RECORDED_KNOBS`) this method never reads:
-    #: left out of the recorded settings, and an error when set (:func:`check_unused_knobs`).
+    #: Session knobs (:class:`kvbench.methods.knobs.SessionKnobs`) this recipe does not read: left out of the recorded
+    #: settings, and an error when set (:func:`check_unused_knobs`).
     ignored_knobs: frozenset[str] = frozenset()
     #: After a layer's prefill eviction, the key channels each head keeps (ThinK; ``None``: every channel).
     key_channel_pruner: KeyChannelPruner | None = None
@@ -293,9 +296,6 @@ class EvictionMethod:
         return self.scorer is not None or self.decode_policy is not None
 
 
-MethodBuilder = Callable[[Any], EvictionMethod]
-
-
 def _discover_methods() -> None:
     """Import kvbench's method modules (the installed packages' methods are imported one at a time, when asked for:
     :func:`_load_plugin_method`); an entry point named like one of them is reported once, never loaded."""
@@ -313,10 +313,10 @@ def _load_plugin_method(family: str) -> None:
     load_plugin(family)
 
 
-#: Method builders by ``method.family``.
-METHOD_FAMILIES: Registry[MethodBuilder] = Registry(
-    "method family", discover=_discover_methods, load_missing=_load_plugin_method
-)
+#: The one registry of methods: every method class by family name (``method.family``), filled by the class itself
+#: when it is defined (:class:`kvbench.methods.family.FamilyMethod`: ``class X(..., family="x")``); an installed
+#: package's method is imported when it is asked for (:func:`_load_plugin_method`).
+METHOD_FAMILIES: Registry[Any] = Registry("method family", discover=_discover_methods, load_missing=_load_plugin_method)
 
 
 def load_plugin_methods() -> dict[str, str]:
@@ -327,11 +327,6 @@ def load_plugin_methods() -> dict[str, str]:
     return load_plugins(METHOD_FAMILIES.names())
 
 
-def register_method(family: str) -> Callable[[MethodBuilder], MethodBuilder]:
-    """Register a builder ``builder(method_cfg) -> EvictionMethod`` for ``method.family == family``."""
-    return METHOD_FAMILIES.register(family)
-
-
 def method_families() -> list[str]:
     """All registered family names."""
     return METHOD_FAMILIES.names()
@@ -339,30 +334,35 @@ def method_families() -> list[str]:
 
 def build_method(method_cfg: Any) -> EvictionMethod:
     """Build the method described by ``method_cfg``: a :class:`kvbench.config.MethodConfig`, an OmegaConf node of
-    one (the composed ``cfg.method``) or a mapping of its fields.  A knob the family does not declare is an error
-    listing its knobs (``method.params``: :func:`kvbench.methods.params.parse_params`; a session knob it does not
-    read: :func:`check_unused_knobs`); so is ``decode_eviction`` for a method that has no decode-time policy (it
-    would change nothing, yet be recorded as if it did)."""
+    one (the composed ``cfg.method``) or a mapping of its fields.  The family's class is made from ``method.params``
+    (validated: an unknown knob, a wrong type or value is an error listing its knobs,
+    :meth:`~kvbench.methods.family.FamilyMethod.from_params`), then builds its recipe
+    (:meth:`~kvbench.methods.family.FamilyMethod.build`).  A session knob set where the built method does not read it
+    is an error (:func:`check_unused_knobs`); so is ``decode_eviction`` for a method that has no decode-time policy
+    (it would change nothing, yet be recorded as if it did)."""
     method_cfg = as_method_config(method_cfg)
-    builder = METHOD_FAMILIES.get(method_cfg.family)
-    check_method_choices(method_cfg)
-    check_min("method.window", method_cfg.window, 1)
-    method = builder(method_cfg)
-    check_unused_knobs(method_cfg, method)
-    if method_cfg.decode_eviction and method.decode_policy is None:
+    knobs = METHOD_FAMILIES.get(method_cfg.family).from_params(method_cfg.params)
+    method = knobs.build(method_cfg)
+    check_unused_knobs(knobs, method)
+    if knobs.decode_eviction and method.decode_policy is None:
         raise ValueError(
-            f"method.decode_eviction=True is not used by the {method_cfg.family} family: it has no decode-time "
-            "policy, so nothing would be evicted while decoding. Remove the override (method.decode_eviction=false), "
-            "or pick a family that evicts while decoding (h2o, tova, streamingllm, cake, ahakv)"
+            f"method.params.decode_eviction=True is not used by the {method_cfg.family} family: it has no decode-time "
+            "policy, so nothing would be evicted while decoding. Remove the override (method.params.decode_eviction="
+            "false), or pick a family that evicts while decoding (h2o, tova, streamingllm, cake, ahakv)"
         )
     return method
 
 
 def as_method_config(method_cfg: Any) -> DictConfig:
     """``method_cfg`` as an OmegaConf node of :class:`kvbench.config.MethodConfig` (a node is returned as it is; a
-    dataclass instance or a mapping is merged into the schema, so a misspelt key or a wrong type is refused)."""
+    dataclass instance or a mapping is merged into the schema, so a misspelt key or a wrong type is refused; a session
+    knob spelt as before issue #57, ``window`` beside ``params``, moves into ``params`` with a one-line note)."""
     if isinstance(method_cfg, DictConfig):
         return method_cfg
+    if isinstance(method_cfg, Mapping):
+        method_cfg = dict(method_cfg)
+        for note in move_session_knobs(method_cfg):
+            LOG.warning(note)
     try:
         return OmegaConf.merge(OmegaConf.structured(MethodConfig), OmegaConf.structured(method_cfg))
     except OmegaConfBaseException as err:
@@ -370,28 +370,30 @@ def as_method_config(method_cfg: Any) -> DictConfig:
         raise ValueError(f"method config {method_cfg!r}: {str(err).splitlines()[0]}; the keys are: {valid}") from None
 
 
-def common_knobs(method_cfg: Any) -> dict[str, Any]:
-    """The MethodConfig knobs shared by every family, as EvictionMethod keyword arguments."""
+def common_knobs(method_cfg: Any, knobs: Any) -> dict[str, Any]:
+    """The :class:`EvictionMethod` keyword arguments every family's recipe shares: its name and family (from the
+    composed ``method_cfg``) and the session knobs of ``knobs``, the method's class
+    (:class:`~kvbench.methods.knobs.SessionKnobs`)."""
     return {
         "name": method_cfg.name,
         "family": method_cfg.family,
-        "window": int(method_cfg.window),
-        "window_in_budget": bool(method_cfg.window_in_budget),
-        "sink_tokens": int(method_cfg.sink_tokens),
-        "gqa_granularity": str(method_cfg.gqa_granularity),
-        "gqa_agg": str(method_cfg.gqa_agg),
+        "window": int(knobs.window),
+        "window_in_budget": bool(knobs.window_in_budget),
+        "sink_tokens": int(knobs.sink_tokens),
+        "gqa_granularity": str(knobs.gqa_granularity),
+        "gqa_agg": str(knobs.gqa_agg),
     }
 
 
-def score_options(method_cfg: Any, knobs: Any = None, reference_gqa_reduce: str = "before_pool") -> ScoreOptions:
-    """The scoring options of a family: ``method.gqa_agg`` (a session knob) and the scorer knobs the family declares
-    in its params dataclass ``knobs`` (:class:`~kvbench.methods.token_scores.VoteKnobs` or a part of it); a knob it
-    does not declare is at :class:`VoteKnobs`'s default, ``gqa_reduce: null`` the family's reference order."""
+def score_options(knobs: Any, reference_gqa_reduce: str = "before_pool") -> ScoreOptions:
+    """The scoring options of a method's class ``knobs``: its ``gqa_agg`` (a session knob) and the scorer knobs it
+    declares (:class:`~kvbench.methods.token_scores.VoteKnobs` or a part of it); a knob it does not declare is at
+    :class:`VoteKnobs`'s default, ``gqa_reduce: null`` the family's reference order."""
     declared = {name: getattr(knobs, name, getattr(_VOTE_DEFAULTS, name)) for name in _VOTE_KNOBS}
     return ScoreOptions(
         kernel_size=int(declared["kernel_size"]),
         pooling=str(declared["pooling"]),
-        gqa_agg=str(method_cfg.gqa_agg),
+        gqa_agg=str(knobs.gqa_agg),
         gqa_reduce=str(declared["gqa_reduce"] or reference_gqa_reduce),
         pool_padding=str(declared["pool_padding"]),
         score_dtype=str(declared["score_dtype"]),

@@ -397,7 +397,7 @@ class CakeDecode(ScoredDecodePolicy):
 
 
 # ---------------------------------------------------------------------------------------------------- builder
-@dataclass
+@dataclass(frozen=True)
 class CAKE(VoteKnobs, FamilyMethod, family="cake"):
     """CAKE's hyper-parameters and switches (see module docstring)."""
 
@@ -422,8 +422,8 @@ class CAKE(VoteKnobs, FamilyMethod, family="cake"):
     def build(self, method_cfg: Any) -> EvictionMethod:
         """CAKE and the allocation / indicator combinations of its Tables 2, 3 and 14."""
         indicator, allocation, preference, adjust = self.indicator, self.allocation, self.preference, self.adjust
-        knobs = common_knobs(method_cfg)
-        options = score_options(method_cfg, self, reference_gqa_reduce="after_pool")
+        knobs = common_knobs(method_cfg, self)
+        options = score_options(self, reference_gqa_reduce="after_pool")
         window, kernel, pooling = knobs["window"], int(self.kernel_size), str(self.pooling)
         scorer: TokenScorer
         policy: DecodePolicy | None = None
@@ -454,7 +454,7 @@ class CAKE(VoteKnobs, FamilyMethod, family="cake"):
         return EvictionMethod(
             scorer=scorer,
             layer_allocator=allocator,
-            decode_policy=policy if method_cfg.decode_eviction else None,
+            decode_policy=policy if self.decode_eviction else None,
             settings={
                 "indicator": indicator,
                 "allocation": allocation,

@@ -3,7 +3,7 @@
 Reproduces NVIDIA/kvpress's ``CriticalKVPress`` and ``CriticalAdaKVPress`` (kvpress 0.5.5, contributed from
 FFY0/AdaKV-in-NVIDIA-kvpress): ``method=knorm method.params.rescale=critical`` (CriticalKV) and, with
 ``method.params.allocation=ada_kvpress``, CriticalAdaKV.  The wrapped scores ``s`` ``[H, S]`` (GQA groups reduced by
-``method.gqa_agg``) are rescaled by what each token's value contributes to the attention output:
+``method.params.gqa_agg``) are rescaled by what each token's value contributes to the attention output:
 
 * ``vnorm[h, t] = mean over the query heads q of KV head h of ||v[h, t] W_o[q]||_1``, ``W_o[q]`` the ``[D, hidden]``
   block of the output projection that reads query head ``q``, in the model's dtype

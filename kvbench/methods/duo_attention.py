@@ -25,12 +25,12 @@ NVIDIA/kvpress 0.5.5's ``DuoAttentionPress``:
   ``(1 - s) S + s (sinks + recent)`` per head, above the budget: the run records it (``achieved_per_head``).  A
   streaming head holding at most ``sinks + recent`` tokens keeps them all.
 * Phases: prefill only by default, as kvpress (which masks the streaming heads' middle tokens after the prefill
-  and keeps every generated token).  ``method.decode_eviction: true`` is the original's streaming cache while
+  and keeps every generated token).  ``method.params.decode_eviction: true`` is the original's streaming cache while
   decoding (and after a question appended in question-agnostic mode): every streaming head keeps rolling its sinks +
   recent tokens (the oldest non-sink goes), retrieval heads keep growing.  Not reproduced: the original's streaming
   heads also attend with their sink + recent mask *during* the prefill (blocksparse / chunked), so later layers see
   other hidden states; kvbench evicts once after a full prefill.
-* The pattern is per KV head: ``method.gqa_granularity`` must be ``kv_head``.  The pattern must have the model's
+* The pattern is per KV head: ``method.params.gqa_granularity`` must be ``kv_head``.  The pattern must have the model's
   shape (compressible layers x KV heads); a mismatch is an error naming both.
 
 Parity: ``tests/methods/test_duo_attention.py`` (recordings ``tests/fixtures/reference/heads/DuoAttention.json``).
@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -161,7 +161,7 @@ UNCAPPED = 2**62
 
 
 class StreamingHeadsDecode(SinkWindowDecode):
-    """The original's streaming cache while decoding (``method.decode_eviction``): a streaming head keeps its sinks
+    """The original's streaming cache while decoding (``params.decode_eviction``): a streaming head keeps its sinks
     + recent tokens, a retrieval head everything.  The heads are told apart by the prefill scores of their kept
     tokens (:data:`RETRIEVAL_SCORE`)."""
 
@@ -188,9 +188,12 @@ class StreamingHeadsDecode(SinkWindowDecode):
         super().start_layer(state, layer_idx, layer, caps, scores)
 
 
-@dataclass
+@dataclass(frozen=True)
 class DuoAttention(FamilyMethod, family="duo_attention"):
     """DuoAttention's knobs (module docstring)."""
+
+    #: The pattern decides every kept token: no observation window, no GQA reduction.
+    unused_knobs: ClassVar[frozenset[str]] = frozenset({"window", "gqa_agg"})
 
     #: Pattern folder in the released format (``full_attention_heads.tsv`` + ``config.json``).
     pattern: str = "models/head_patterns/tiny-niah/duo_attention"
@@ -207,9 +210,9 @@ class DuoAttention(FamilyMethod, family="duo_attention"):
 
     def build(self, method_cfg: Any) -> EvictionMethod:
         """Retrieval heads from the pattern, streaming heads sinks + recent (module docstring)."""
-        if str(method_cfg.gqa_granularity) != "kv_head":
+        if str(self.gqa_granularity) != "kv_head":
             raise ValueError(
-                f"method.gqa_granularity={method_cfg.gqa_granularity!r}: DuoAttention's pattern is per KV head; "
+                f"method.params.gqa_granularity={self.gqa_granularity!r}: DuoAttention's pattern is per KV head; "
                 "valid: kv_head"
             )
         pattern = load_duo_pattern(self.pattern)
@@ -227,14 +230,14 @@ class DuoAttention(FamilyMethod, family="duo_attention"):
             "retrieval_heads": int(retrieval.sum()),
             "heads": int(retrieval.size),
         }
-        policy = StreamingHeadsDecode(sink, self.recent_size) if method_cfg.decode_eviction else None
+        policy = StreamingHeadsDecode(sink, self.recent_size) if self.decode_eviction else None
         return EvictionMethod(
             scorer=scorer,
             head_allocator=KeepScoredTokens(),
             decode_policy=policy,
             settings=settings,
             ignored_knobs=IGNORED_KNOBS,
-            **{**common_knobs(method_cfg), "keep_window": False},
+            **{**common_knobs(method_cfg, self), "keep_window": False},
         )
 
 

@@ -7,7 +7,7 @@ Reproduces NVIDIA/kvpress ``kvpress/presses/finch_press.py`` (``FinchPress``, kv
 
 1. the window is the question: kvpress finds it after a delimiter token (``context + <|finch_sep|> + question``, the
    delimiter removed from the embeddings); kvbench knows the question's tokens (question-aware mode), so the window
-   is the question (``question_window``; in question-agnostic mode, or without a question, ``method.window``);
+   is the question (``question_window``; in question-agnostic mode, or without a question, ``method.params.window``);
 2. the window's queries attend to every key (causal in the window): the logits in the model dtype, the softmax in
    float32 cast back to the model dtype, the window's own keys left out;
 3. ``normalize_scores``: window row ``i`` is multiplied by ``S - w + i`` (kvpress's "number of non-zero weights"),
@@ -49,7 +49,7 @@ class Finch(ScorerMethod, family="finch", reference="NVIDIA/kvpress kvpress/pres
     normalize_scores: bool = True
     #: Re-rotate the kept keys to positions ``0 .. n-1`` (kvpress's ``rerotate_keys``); off: they keep their positions.
     rerotate_keys: bool = True
-    #: The window is the question (kvpress's delimiter); off: the last ``method.window`` prompt tokens.
+    #: The window is the question (kvpress's delimiter); off: the last ``method.params.window`` prompt tokens.
     question_window: bool = True
 
     def __post_init__(self) -> None:

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from kvbench.methods.base import EvictionMethod, common_knobs
 from kvbench.methods.family import FamilyMethod
 from kvbench.methods.knobs import RECORDED_KNOBS
 
 
-@dataclass
+@dataclass(frozen=True)
 class Full(FamilyMethod, family="full"):
     """``full`` has no hyper-parameters."""
 
+    #: The full cache reads no session knob.
+    unused_knobs: ClassVar[frozenset[str]] = frozenset(RECORDED_KNOBS)
+
     def build(self, method_cfg: Any) -> EvictionMethod:
         """The full cache: nothing is scored or evicted."""
-        return EvictionMethod(scorer=None, ignored_knobs=frozenset(RECORDED_KNOBS), **common_knobs(method_cfg))
+        return EvictionMethod(scorer=None, ignored_knobs=frozenset(RECORDED_KNOBS), **common_knobs(method_cfg, self))

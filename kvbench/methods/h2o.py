@@ -10,7 +10,7 @@ Reproduces FMInference/H2O ``h2o_hf/utils_real_drop/modify_llama.py`` (``H2OKVCa
   ``[0, S - W)`` plus the last ``W`` tokens; nothing is evicted when ``S < C``.  GQA as SnapKV (query-head
   granularity by default; with ``kv_head`` the group is reduced).
   ``params.scores: window`` is kvbench's cheaper variant that sums only the observation window's rows.
-* Decoding (``method.decode_eviction``): every new query's attention is added to the running scores
+* Decoding (``method.params.decode_eviction``): every new query's attention is added to the running scores
   (``params.decode_accumulate``; off = the prefill scores stay fixed and new tokens score 0); when a head exceeds
   its cap, the lowest-scoring token outside the most recent ``window`` tokens is evicted.
 * A multi-token forward after the prefill (question-agnostic mode's question), as ``H2OKVCache_LayerWise`` does
@@ -197,8 +197,8 @@ class ScoredDecodePolicy(DecodePolicy):
         self, state: DecodeState, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float
     ) -> None:
         """With :attr:`evicts_on_append`, FMInference H2O's handling of a multi-token forward: the appended rows'
-        attention sums (:func:`~kvbench.methods.token_scores.appended_attention`) go into the running scores, then every
-        head is evicted to its cap at once; without, the appended tokens wait (score 0) for the next step."""
+        attention sums (:func:`~kvbench.methods.token_scores.appended_attention`) go into the running scores, then
+        every head is evicted to its cap at once; without, the appended tokens wait (score 0) for the next step."""
         if not self.evicts_on_append:
             return
         dtype = self.rounding_dtype(query)
@@ -268,7 +268,7 @@ class HeavyHitterDecode(ScoredDecodePolicy):
         return old + attention if self.accumulate else old
 
 
-@dataclass
+@dataclass(frozen=True)
 class H2O(VoteKnobs, FamilyMethod, family="h2o"):
     """H2O's switches (module docstring); the window is the recent part."""
 
@@ -282,10 +282,10 @@ class H2O(VoteKnobs, FamilyMethod, family="h2o"):
 
     def build(self, method_cfg: Any) -> EvictionMethod:
         """H2O: all-rows accumulated attention + recent window; decode-time eviction when ``decode_eviction``."""
-        knobs = common_knobs(method_cfg)
-        options = score_options(method_cfg, self)
+        knobs = common_knobs(method_cfg, self)
+        options = score_options(self)
         policy = None
-        if method_cfg.decode_eviction:
+        if self.decode_eviction:
             policy = HeavyHitterDecode(
                 knobs["window"], self.decode_accumulate, knobs["gqa_agg"], options.score_dtype, self.evict_on_append
             )

@@ -17,7 +17,7 @@ Reproduces FYYFU/HeadKV ``headkv/snapkv_utils.py`` (``ReasonSnapKVCluster``, run
   when ``base > S - window``.
 * Scores: SnapKV-style window votes (:class:`~kvbench.methods.snapkv.WindowVoteScorer`, mean over the window rows of
   the float32 softmax cast to the model dtype, max pooling 7, candidates ``[0, S - W)``), per query head: the
-  reference repeats the KV heads before compressing (``method.gqa_granularity: query_head``).  Candidates are ranked
+  reference repeats the KV heads before compressing (``params.gqa_granularity: query_head``).  Candidates are ranked
   by ``torch.sort(descending=True)`` as the reference (not stable: max pooling makes plateaus of exactly tied votes,
   and the reference keeps the tied tokens that sort's comparisons order first; the same call reproduces that order
   on CPU, CUDA may order ties otherwise).
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -110,9 +110,12 @@ class HeadKVScorer(TokenScorer):
         return keep_only(votes, keep)
 
 
-@dataclass
+@dataclass(frozen=True)
 class HeadKV(PoolingKnobs, ScoreDtypeKnob, FamilyMethod, family="headkv"):
     """HeadKV's knobs (module docstring)."""
+
+    #: Its scores and budgets are per query head (gqa_granularity=query_head).
+    unused_knobs: ClassVar[frozenset[str]] = frozenset({"gqa_agg"})
 
     #: Head-score file in the released format (one JSON line ``{"<layer>-<head>": [scores]}``).
     head_scores: str = "models/head_patterns/tiny-niah/headkv_retrieval_reasoning_heads.json"
@@ -123,16 +126,16 @@ class HeadKV(PoolingKnobs, ScoreDtypeKnob, FamilyMethod, family="headkv"):
 
     def build(self, method_cfg: Any) -> EvictionMethod:
         """SnapKV-style votes with per-head budgets from the head scores (module docstring)."""
-        if str(method_cfg.gqa_granularity) != "query_head":
+        if str(self.gqa_granularity) != "query_head":
             raise ValueError(
-                f"method.gqa_granularity={method_cfg.gqa_granularity!r}: HeadKV's scores and budgets are per query "
+                f"method.params.gqa_granularity={self.gqa_granularity!r}: HeadKV's scores and budgets are per query "
                 "head (the reference repeats the KV heads); valid: query_head"
             )
         scores, digest = load_head_scores(self.head_scores)
         options = ScoreOptions(
             kernel_size=self.kernel_size,
             pooling=self.pooling,
-            gqa_agg=str(method_cfg.gqa_agg),
+            gqa_agg=str(self.gqa_agg),
             gqa_reduce="before_pool",
             pool_padding=self.pool_padding,
             score_dtype=self.score_dtype,
@@ -150,5 +153,5 @@ class HeadKV(PoolingKnobs, ScoreDtypeKnob, FamilyMethod, family="headkv"):
                 "temp": self.temp,
             },
             ignored_knobs=frozenset({"gqa_agg"}),
-            **{**common_knobs(method_cfg), "keep_window": False},
+            **{**common_knobs(method_cfg, self), "keep_window": False},
         )

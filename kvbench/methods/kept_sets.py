@@ -4,7 +4,7 @@ Their scorer returns the kept set directly: ``[H, S]`` scores where every token 
 (:data:`DROPPED`) and every token it keeps is finite.  :class:`KeepScoredTokens`, the head allocator, then gives
 each head exactly as many tokens as it has finite scores, so the session keeps exactly the scorer's set on every head
 -- ragged per-head lengths (a retrieval head whole, a streaming head its sinks and recent tokens; a head budget from
-a score file) are stored as they are by kvbench's cache.  Sinks protected by ``method.sink_tokens`` (``+inf`` in
+a score file) are stored as they are by kvbench's cache.  Sinks protected by ``method.params.sink_tokens`` (``+inf`` in
 the session's padded scores) count as kept as well.
 """
 

@@ -32,7 +32,7 @@ with 20 % of the prompt as proxy rows) are other values of the same ratios.
 Paddle <= 2.6): KV repeated per query head, each evicted with its own scores.  With ``kv_head`` (FlashAttention on
 Paddle 3, the README's set-up) the code loops over the KV heads and takes the proxy scores of the *query head with
 the same index* (``params.kv_head_scores: head_index``); ``group`` reduces each KV group's query heads with
-``method.gqa_agg`` (kvbench's variant).  Identical for models without GQA (the paper's LLaMA-2).
+``method.params.gqa_agg`` (kvbench's variant).  Identical for models without GQA (the paper's LLaMA-2).
 
 **Randomness.**  The code draws from NumPy's unseeded global generator.  kvbench gives every layer of every sample
 its own ``torch.Generator`` seeded from ``params.seed``, the layer index and a hash of the sample's prompt tokens
@@ -47,7 +47,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -233,9 +233,14 @@ def select_tokens(scores: torch.Tensor, split: BudgetSplit, distribution: str, g
 
 
 # ---------------------------------------------------------------------------------------------------- pieces
-@dataclass
+@dataclass(frozen=True)
 class NACL(FamilyMethod, family="nacl"):
-    """NACL's hyper-parameters (defaults: the code's ``src/args.py``) and kvbench's switches (module docstring)."""
+    """NACL's hyper-parameters (defaults: the code's ``src/args.py``) and kvbench's switches (module docstring).
+
+    NACL has no observation window (``window``, ``window_in_budget`` are not its knobs); its ``sink_tokens`` is its
+    own (part of its protected share, 256), not the session's protection."""
+
+    unused_knobs: ClassVar[frozenset[str]] = frozenset({"window", "window_in_budget"})
 
     #: Proxy queries as a fraction of the prompt: the last ``int(ratio x S)`` (at least one).
     proxy_tokens_ratio: float = bounded(0.01, 0.0, 1.0, low_open=True)
@@ -252,7 +257,7 @@ class NACL(FamilyMethod, family="nacl"):
     #: ``softmax`` of the remaining candidates' proxy scores (the code) | ``uniform`` (the paper's ablation).
     random_distribution: str = choice("softmax", RANDOM_DISTRIBUTIONS)
     #: With ``gqa_granularity: kv_head``: ``head_index`` (KV head h takes query head h's scores, the code's
-    #: FlashAttention path) | ``group`` (the group's query heads reduced with ``method.gqa_agg``).
+    #: FlashAttention path) | ``group`` (the group's query heads reduced with ``method.params.gqa_agg``).
     kv_head_scores: str = choice("head_index", KV_HEAD_SCORES)
     #: Seed of the random eviction (combined with the layer and the sample's prompt hash).
     seed: int = 0
@@ -279,19 +284,12 @@ class NACL(FamilyMethod, family="nacl"):
 
     def build(self, method_cfg: Any) -> EvictionMethod:
         """NACL: proxy-token + random eviction once per layer at the end of the prefill (module docstring)."""
-        if method_cfg.decode_eviction:
-            raise ValueError("method.decode_eviction=true: NACL's code evicts once, at the prefill; set it to false")
-        if method_cfg.sink_tokens:
+        if self.decode_eviction:
             raise ValueError(
-                f"method.sink_tokens={method_cfg.sink_tokens}: NACL's sinks are part of its protected share, "
-                "set method.params.sink_tokens instead (and keep method.sink_tokens=0)"
+                "method.params.decode_eviction=true: NACL's code evicts once, at the prefill; set it to false"
             )
-        if not method_cfg.window_in_budget:
-            raise ValueError(
-                "method.window_in_budget=false: NACL has no observation window (its budget is split whole)"
-            )
-        knobs = common_knobs(method_cfg)
-        groups_reduced = method_cfg.gqa_granularity == "kv_head" and self.kv_head_scores == "group"
+        knobs = {**common_knobs(method_cfg, self), "sink_tokens": 0}  # its sinks are its own tier, not the session's
+        groups_reduced = self.gqa_granularity == "kv_head" and self.kv_head_scores == "group"
         return EvictionMethod(
             scorer=NACLScorer(self, knobs["gqa_agg"]),
             layer_allocator=TriggeredUniformAllocator(self.min_eviction_seqlen),

@@ -1,4 +1,4 @@
-"""A method that is one class: its dataclass fields are its knobs, and the class registers itself (issue #41).
+"""A method that is one class: a frozen dataclass of its knobs plus its score, registered by defining it (#41, #57).
 
 A scorer method subclasses :class:`ScorerMethod` with a family name and writes one ``score``::
 
@@ -7,15 +7,17 @@ A scorer method subclasses :class:`ScorerMethod` with a family name and writes o
         def score(self, observation: WindowObservation) -> torch.Tensor:
             return -observation.keys.norm(dim=-1)  # [H, S]: keep the smallest key norms
 
-That is the whole method.  Defining the class registers a builder for ``method.family == "knorm"``
-(:func:`kvbench.methods.family.build_family_method`, the one generic builder of every method class, the paper families'
-too: :class:`kvbench.methods.family.FamilyMethod`).  Saved as ``kvbench/methods/knorm.py`` (the module is named after
-the family), ``method=knorm`` composes with no YAML: :func:`kvbench.overrides.prepare_overrides` finds the module
-without importing it and registers a default preset (``name: knorm, family: knorm``, the schema's defaults) in
-Hydra's ConfigStore; a ``conf/method/knorm.yaml``, where one exists, is the preset that wins (``kvbench
-list methods`` says which).
+That is the whole method.  Defining the class registers it for ``method.family == "knorm"`` in the one
+registry of methods (:data:`kvbench.methods.base.METHOD_FAMILIES`, the paper families' too:
+:class:`kvbench.methods.family.FamilyMethod`); :func:`scorer_recipe` composes it with the wrappers.  Saved as
+``kvbench/methods/knorm.py`` (the module is named after the family), ``method=knorm`` composes with no YAML:
+:func:`kvbench.overrides.prepare_overrides` finds the module without importing it and registers a default preset
+(``name: knorm, family: knorm``, the class's knobs at their defaults) in Hydra's ConfigStore (so does a class defined
+in your own script or notebook, before you compose); a ``conf/method/knorm.yaml``, where one exists, is the preset
+that wins (``kvbench list methods`` says which).
 
-* Knobs: the dataclass fields, set as ``method.params.<field>`` and validated by
+* Knobs: the dataclass fields, the session knobs among them (``window``, ``gqa_agg``, ``sink_tokens`` ...:
+  :class:`kvbench.methods.knobs.SessionKnobs`), all set as ``method.params.<field>`` and validated by
   :func:`kvbench.methods.params.parse_params` (type, :func:`~kvbench.methods.params.choice`,
   :func:`~kvbench.methods.params.bounded`); an unknown one is an error listing the class's fields.
 * Wrappers over any scorer, declared once in :mod:`kvbench.methods.wrappers` (SnapKV's presets have them too):
@@ -26,13 +28,14 @@ list methods`` says which).
   runs KNorm under Ada-KV's allocation, and its default preset's name (the results folder) names the wrappers that
   are on (``knorm+ada``, ``knorm+chunkkv``, ``knorm+ada_kvpress+critical``).
 * Protection: :attr:`ScorerMethod.keep_window` is a declared field (off: every token competes on its score, as
-  kvpress's presses); ``method.window`` sizes the protected window when on, ``method.sink_tokens`` protects the
-  first tokens.
+  kvpress's presses); ``window`` sizes the protected window when on, ``sink_tokens`` protects the first tokens.
 * Score shape: ``[H, S]``, one row per stored head (KV heads, or query heads with ``gqa_granularity=query_head``);
-  ``[H_q, S]`` is accepted and reduced per GQA group by ``method.gqa_agg``.
+  ``[H_q, S]`` is accepted and reduced per GQA group by ``gqa_agg``.
 * The object is frozen: a recipe, shared by every sample; what a sample accumulates belongs to its session.
-* A knob the class does not declare is an error listing its fields (``method.params.kernel_size`` on KNorm), as is
-  ``method.decode_eviction`` (no decode-time policy: ``decode_interval`` is the wrapper's).
+* A knob the class does not declare is an error listing its fields (``method.params.kernel_size`` on KNorm);
+  ``decode_eviction=true`` is refused (no decode-time policy: ``decode_interval`` is the wrapper's).
+* Reuse: a subclass extends a method's score (``class VATP(SnapKV)`` multiplies SnapKV's by the values' L1 norm:
+  docs/methods/add-a-method.md).
 """
 
 from __future__ import annotations
@@ -40,27 +43,25 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
+from kvbench.config import SESSION_KNOBS
 from kvbench.methods.base import EvictionMethod, TokenScorer, common_knobs
 from kvbench.methods.family import FamilyMethod
 from kvbench.methods.wrappers import HEAD_ALLOCATIONS, LAYER_SCHEDULES, RESCALES, Wrappers, apply_wrappers
 
-__all__ = ["HEAD_ALLOCATIONS", "LAYER_SCHEDULES", "RESCALES", "SCORER_METHODS", "ScorerMethod"]
-
-#: The one-class methods by family (registered by their class; their builders are in ``METHOD_FAMILIES`` too).
-SCORER_METHODS: dict[str, type[ScorerMethod]] = {}
+__all__ = ["HEAD_ALLOCATIONS", "LAYER_SCHEDULES", "RESCALES", "ScorerMethod", "scorer_recipe"]
 
 
 @dataclasses.dataclass(frozen=True)
-class _Protection:
-    #: Protect the last ``method.window`` prompt tokens (they rank before every other token); off by default.
-    keep_window: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class ScorerMethod(TokenScorer, FamilyMethod, Wrappers, _Protection):
+class ScorerMethod(TokenScorer, Wrappers, FamilyMethod):
     """Base of the one-class methods (module docstring): subclass with ``family=<name>`` and write ``score``.
 
-    Its knobs: ``keep_window`` (protection), then the wrapper knobs of :class:`kvbench.methods.wrappers.Wrappers`."""
+    Its knobs: the session knobs (:class:`kvbench.methods.knobs.SessionKnobs`), the wrapper knobs of
+    :class:`kvbench.methods.wrappers.Wrappers`, then ``keep_window``.  The recipe is built by :func:`scorer_recipe`
+    (the class is the scorer; the builder composes it with the wrappers and the session knobs)."""
+
+    #: Protect the last ``window`` prompt tokens (they rank before every other token); off by default (kvpress's
+    #: presses let every token compete on its score).
+    keep_window: bool = False
 
     #: The code the method reproduces (``repo path@version``), given as ``class X(..., reference="...")``; shown by
     #: ``kvbench list methods`` and recorded in the method's settings.
@@ -70,14 +71,24 @@ class ScorerMethod(TokenScorer, FamilyMethod, Wrappers, _Protection):
         super().__init_subclass__(family=family, **kwargs)
         if family is not None:
             cls.reference = reference
-            SCORER_METHODS[family] = cls
+
+    def recipe_settings(self) -> dict[str, Any]:
+        """What the run records as the method's resolved settings (``metrics.json``): its knobs but the session ones
+        (recorded beside them), and its reference."""
+        knobs = {key: value for key, value in dataclasses.asdict(self).items() if key not in SESSION_KNOBS}
+        return {**knobs, **({"reference": self.reference} if self.reference else {})}
 
     def build(self, method_cfg: Any) -> EvictionMethod:
-        """The scorer under the wrappers its fields turn on (:func:`~kvbench.methods.wrappers.apply_wrappers`), with
-        the session knobs."""
-        method = EvictionMethod(
-            scorer=self,
-            settings={**dataclasses.asdict(self), **({"reference": self.reference} if self.reference else {})},
-            **{**common_knobs(method_cfg), "keep_window": self.keep_window},
-        )
-        return apply_wrappers(method, self)
+        """:func:`scorer_recipe`."""
+        return scorer_recipe(self, method_cfg)
+
+
+def scorer_recipe(method: ScorerMethod, method_cfg: Any) -> EvictionMethod:
+    """The recipe of a one-class method: ``method`` is the scorer, under the wrappers its fields turn on
+    (:func:`~kvbench.methods.wrappers.apply_wrappers`), with its session knobs and ``keep_window``."""
+    recipe = EvictionMethod(
+        scorer=method,
+        settings=method.recipe_settings(),
+        **{**common_knobs(method_cfg, method), "keep_window": method.keep_window},
+    )
+    return apply_wrappers(recipe, method)

@@ -10,7 +10,7 @@ holds at least ``B`` tokens and the compression is due:
   ``divide_method=step_length``): the cache grows by up to ``buffer`` generated tokens between two compressions.  A
   question appended in one forward (question-agnostic mode, which the reference does not have) is one such forward.
 
-A compression keeps the last ``W = method.window`` (8) tokens of the cache and the top ``B - W`` of the others by
+A compression keeps the last ``W = method.params.window`` (8) tokens of the cache and the top ``B - W`` of the others by
 
 ``Z = mix_lambda * maxpool_7(mean_w softmax(q_w k / sqrt(D))) - (1 - mix_lambda) * redundancy``
 
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -61,7 +61,10 @@ IGNORED_KNOBS = frozenset({"gqa_agg"})
 
 @dataclasses.dataclass(frozen=True)
 class RKV(FamilyMethod, family="rkv"):
-    """R-KV's knobs (``method.params``); the observation window is ``method.window``."""
+    """R-KV's knobs (``method.params``); the observation window is ``method.params.window``."""
+
+    #: R-KV's scores are per KV head (its code's layout).
+    unused_knobs: ClassVar[frozenset[str]] = frozenset(IGNORED_KNOBS)
 
     #: Weight of the attention importance (``mix_lambda``; run_math.py's default 0.07, the README quotes 0.1).
     mix_lambda: float = bounded(0.07, 0.0, 1.0)
@@ -76,7 +79,7 @@ class RKV(FamilyMethod, family="rkv"):
 
     def build(self, method_cfg: Any) -> EvictionMethod:
         """R-KV: its score at the prefill (the window kept) and its decode-time policy."""
-        knobs = common_knobs(method_cfg)
+        knobs = common_knobs(method_cfg, self)
         return EvictionMethod(
             scorer=RKVScorer(self),
             decode_policy=RKVPolicy(self, knobs["window"]),
@@ -148,7 +151,7 @@ class RKVScorer(TokenScorer):
             return scores
         budget = observation.layer_budget
         if budget is not None and budget <= window < length:
-            raise ValueError(f"R-KV needs a budget above method.window={window}, got {budget} tokens per head")
+            raise ValueError(f"R-KV needs a budget above method.params.window={window}, got {budget} tokens per head")
         final = rkv_scores(observation.queries, keys, window, self.params)
         if budget is None or not window < budget <= length:
             scores[:, : length - window] = final.float()
@@ -239,7 +242,7 @@ class RKVPolicy(DecodePolicy):
         if (layer.seen_tokens - new) % self.params.buffer != 0 or lengths[0] < cap:
             return
         if cap <= self.window:
-            raise ValueError(f"R-KV needs a budget above method.window={self.window}, got {cap} tokens per head")
+            raise ValueError(f"R-KV needs a budget above method.params.window={self.window}, got {cap} tokens per head")
         keys, _ = layer.dense_kv()  # [H, L, D], slots in position order
         in_order = keys.gather(1, order[..., None].expand(-1, -1, keys.shape[-1]))
         scores = rkv_scores(state.queries[layer_idx], in_order, self.window, self.params)

@@ -17,7 +17,7 @@ repository, sail-sg/SimLayerKV, is not available here):
   ``S`` tokens: the run's mean cache is above the budget, and ``achieved_per_layer`` records it.
 * ``lazy_threshold``: the preset uses 0.9, kvpress's recommendation for Llama-3 (its dataclass default 1.0 compresses
   nothing); Llama-2 0.65, Mistral 0.8, Qwen 0.85.
-* Prefill only, as kvpress.  ``method.window`` must be at least ``n_last`` (the last queries are the observation
+* Prefill only, as kvpress.  ``method.params.window`` must be at least ``n_last`` (the last queries are the observation
   window's).
 
 Parity: ``tests/methods/test_simlayerkv.py`` (recordings ``tests/fixtures/reference/heads/SimLayerKV.json``).
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -88,9 +88,12 @@ class SimLayerKVScorer(TokenScorer):
         return keep_only(ones, keep[None, :].expand(heads, length))
 
 
-@dataclass
+@dataclass(frozen=True)
 class SimLayerKV(FamilyMethod, family="simlayerkv"):
     """SimLayerKV's knobs (module docstring)."""
+
+    #: No GQA reduction: the lazy test and the kept sets are per layer.
+    unused_knobs: ClassVar[frozenset[str]] = frozenset({"gqa_agg"})
 
     #: A layer is lazy when its last queries' weight on initial + recent tokens exceeds this.
     lazy_threshold: float = bounded(0.9, 0.0, 1.0)
@@ -108,9 +111,9 @@ class SimLayerKV(FamilyMethod, family="simlayerkv"):
                 f"method.self.n_recent={self.n_recent} must exceed method.self.n_last={self.n_last} "
                 "(a lazy layer keeps n_recent - n_last recent tokens)"
             )
-        if int(method_cfg.window) < self.n_last:
+        if int(self.window) < self.n_last:
             raise ValueError(
-                f"method.window={method_cfg.window} is below method.self.n_last={self.n_last}: the lazy test reads "
+                f"method.params.window={self.window} is below method.self.n_last={self.n_last}: the lazy test reads "
                 "the last n_last queries of the observation window; valid: window >= n_last"
             )
         scorer = SimLayerKVScorer(self.lazy_threshold, self.n_last, self.n_initial, self.n_recent)
@@ -124,5 +127,5 @@ class SimLayerKV(FamilyMethod, family="simlayerkv"):
                 "n_recent": self.n_recent,
             },
             ignored_knobs=frozenset({"gqa_agg"}),
-            **{**common_knobs(method_cfg), "keep_window": False},
+            **{**common_knobs(method_cfg, self), "keep_window": False},
         )

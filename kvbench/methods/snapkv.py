@@ -1,4 +1,6 @@
-"""SnapKV (Li et al., 2024) and PyramidKV (Cai et al., 2024): observation-window voting with pooling.
+"""SnapKV (Li et al., 2024) and PyramidKV (Cai et al., 2024): observation-window voting with pooling.  The family's
+story in one file: its score (:class:`WindowVoteScorer`, shared with Ada-KV and CAKE), its class (:class:`SnapKV`:
+the presets ``snapkv``, ``snapkv_kvpress``) and PyramidKV's (:class:`PyramidKV`).
 
 Reproduces FasterDecoding/SnapKV ``snapkv/monkeypatch/snapkv_utils.py`` (``SnapKVCluster.update_kv``) and
 Zefan-Cai/KVCache-Factory ``pyramidkv/pyramidkv_utils.py`` (``SnapKVCluster``, ``PyramidKVCluster``):
@@ -9,9 +11,14 @@ Zefan-Cai/KVCache-Factory ``pyramidkv/pyramidkv_utils.py`` (``SnapKVCluster``, `
   KV repeated before compression); with ``kv_head`` the group is reduced (``gqa_agg``, mean) **before** pooling,
   as KVCache-Factory's ``kv_cache_granularity=kv_head`` mode.
 * Each head keeps its top ``C - W`` candidates plus the window; nothing is evicted when ``S < C``.
-* PyramidKV's layer schedule (:func:`pyramid_schedule`) is integer arithmetic, in the variant of KVCache-Factory
-  (default) or of AdaKV's ``pyram_mode``; ``params.schedule: sum_preserving`` is kvbench's variant whose total is
-  exactly ``L x C``; ``kvpress`` is NVIDIA/kvpress's ``PyramidKVPress`` (:mod:`kvbench.methods.kvpress_pyramid`).
+* SnapKV is a one-class method (:class:`kvbench.methods.recipe.ScorerMethod`): the wrappers over any scorer apply to
+  it (``allocation=ada_kvpress`` is kvpress's ``AdaKVPress(SnapKVPress())``, ``selection=chunkkv`` its
+  ``ChunkKVPress(SnapKVPress())``), and a subclass extends its score (``class VATP(SnapKV)``,
+  docs/methods/add-a-method.md).
+* PyramidKV's layer schedule (:func:`~kvbench.methods.layer_schedules.pyramid_schedule`, a piece shared with the
+  ``layers: pyramid`` wrapper and Ada-Pyramid) is integer arithmetic, in the variant of KVCache-Factory (default) or
+  of AdaKV's ``pyram_mode``; ``params.schedule: sum_preserving`` is kvbench's variant whose total is exactly
+  ``L x C``; ``kvpress`` is NVIDIA/kvpress's ``PyramidKVPress`` (:mod:`kvbench.methods.kvpress_pyramid`).
 """
 
 from __future__ import annotations
@@ -21,22 +28,23 @@ from typing import Any
 
 import torch
 
-from kvbench.checks import check_choice, check_min
 from kvbench.methods.base import (
     EvictionMethod,
     LayerBudgetAllocator,
-    StaticLayerAllocator,
     TokenScorer,
     WindowObservation,
     common_knobs,
     score_options,
 )
 from kvbench.methods.family import FamilyMethod
-from kvbench.methods.kvpress_pyramid import KvpressPyramidAllocator, kvpress_pyramid_budgets
+from kvbench.methods.kvpress_pyramid import KvpressPyramidAllocator
+from kvbench.methods.layer_schedules import PYRAMID_SCHEDULES, PyramidLayerAllocator, pyramid_schedule
 from kvbench.methods.params import bounded, choice
+from kvbench.methods.recipe import ScorerMethod
 from kvbench.methods.token_scores import ScoreOptions, VoteKnobs, window_votes, with_window_columns
+from kvbench.methods.wrappers import wrappers_on
 
-PYRAMID_SCHEDULES = ("kvcache_factory", "adakv", "sum_preserving", "kvpress")
+__all__ = ["PYRAMID_SCHEDULES", "PyramidKV", "PyramidLayerAllocator", "SnapKV", "WindowVoteScorer", "pyramid_schedule"]
 
 
 class WindowVoteScorer(TokenScorer):
@@ -66,74 +74,36 @@ class WindowVoteScorer(TokenScorer):
         return with_window_columns(per_head, observation.context_length)
 
 
-def pyramid_schedule(
-    average: int, window: int, beta: int, num_layers: int, context_length: int, variant: str
-) -> list[int]:
-    """PyramidKV's per-layer budgets (window included), or ``context_length`` for a layer that evicts nothing.
+@dataclass(frozen=True)
+class SnapKV(VoteKnobs, ScorerMethod, family="snapkv"):
+    """SnapKV: the window vote (:class:`WindowVoteScorer`) with uniform budgets, under the wrappers that are on.
 
-    ``average`` is the mean budget per layer ``C``; ``base = C - W``; ``min = base // beta``; ``max = 2 base - min``;
-    if ``max >= S - W``: ``max = S - W``, ``min = 2 base - max``; ``steps = (max - min) // (L - 1)``; layer ``l``
-    selects ``max - l * steps`` candidates and keeps the window on top.
+    Its knobs: the session knobs, the vote's pooling, precision and GQA-reduction order, the wrappers over any scorer
+    (:mod:`kvbench.methods.wrappers`), ``keep_window`` (on: the window is kept on top of each head's top-k) and
+    ``row_reduce``."""
 
-    * ``kvcache_factory``: nothing is evicted when ``S < C``; every layer keeps ``C`` when ``S < 2 base``.
-    * ``adakv`` (AdaKV ``pyram_mode``): no uniform branch; a layer evicts nothing when it would select more than
-      the ``S - W`` candidates.
-    * ``sum_preserving`` (kvbench): the same endpoints with a fractional step, rounded, and the remainder spread so
-      the total is exactly ``L x C``; uniform when ``S < 2 base`` as KVCache-Factory.
+    #: Keep the observation window on top of each head's top ``C - W`` candidates (SnapKV's code; its scores are 0).
+    keep_window: bool = True
+    #: How the window rows' attention is reduced: ``sum`` (SnapKV's code) or ``mean`` (kvpress's ``SnapKVPress``).
+    #: The same ranking for a top-k (a wrapper that ranks within a layer too); CriticalKV's rescaling is not
+    #: scale-free, so kvpress's ``CriticalKVPress(SnapKVPress())`` is ``rescale=critical row_reduce=mean``.
+    row_reduce: str = choice("sum", ("sum", "mean"))
 
-    One layer, or a budget not above the window, is uniform (the references assume ``L > 1`` and ``C > W``).
-    """
-    check_choice("method.params.schedule", variant, PYRAMID_SCHEDULES)
-    if variant == "kvpress":
-        return kvpress_pyramid_budgets(average, window, beta, num_layers, context_length)
-    base = average - window
-    if variant != "adakv" and context_length < average:
-        return [context_length] * num_layers
-    if num_layers == 1 or base <= 0:
-        return [min(average, context_length)] * num_layers
-    if variant != "adakv" and context_length < 2 * base:
-        return [average] * num_layers
-    smallest = base // beta
-    largest = 2 * base - smallest
-    if largest >= context_length - window:
-        largest = context_length - window
-        smallest = 2 * base - largest
-    if variant == "sum_preserving":
-        return _sum_preserving(largest, smallest, window, average, num_layers)
-    steps = (largest - smallest) // (num_layers - 1)
-    selected = [largest - layer * steps for layer in range(num_layers)]
-    return [context_length if count > context_length - window else count + window for count in selected]
+    def score(self, observation: WindowObservation) -> torch.Tensor:
+        """``[H, S]`` SnapKV's pooled window votes per stored head; the window columns are 0 (kept by
+        ``keep_window``)."""
+        return WindowVoteScorer(score_options(self), self.row_reduce).score(observation)
+
+    def recipe_settings(self) -> dict[str, Any]:
+        """The resolved GQA-reduction order, ``row_reduce`` when not SnapKV's, and the wrappers that are on."""
+        return {
+            "gqa_reduce": score_options(self).gqa_reduce,
+            **({"row_reduce": self.row_reduce} if self.row_reduce != "sum" else {}),
+            **wrappers_on(self),
+        }
 
 
-def _sum_preserving(largest: int, smallest: int, window: int, average: int, num_layers: int) -> list[int]:
-    step = (largest - smallest) / (num_layers - 1)
-    budgets = [round(largest - layer * step) + window for layer in range(num_layers)]
-    remainder = average * num_layers - sum(budgets)
-    order = range(num_layers) if remainder > 0 else range(num_layers - 1, -1, -1)
-    for layer in list(order)[: abs(remainder)]:
-        budgets[layer] += 1 if remainder > 0 else -1
-    return budgets
-
-
-class PyramidLayerAllocator(StaticLayerAllocator):
-    """PyramidKV's linear per-layer schedule (:func:`pyramid_schedule`), largest at layer 0.
-
-    The mean per-layer budget ``C`` is ``total // num_layers`` (window included).
-    """
-
-    def __init__(self, beta: int, window: int, schedule: str = "kvcache_factory") -> None:
-        check_min("method.params.beta", beta, 1)
-        check_choice("method.params.schedule", schedule, PYRAMID_SCHEDULES)
-        self.beta = beta
-        self.window = window
-        self.schedule = schedule
-
-    def plan(self, total: int, num_layers: int, context_length: int) -> list[int]:
-        window = min(self.window, context_length)
-        return pyramid_schedule(total // num_layers, window, self.beta, num_layers, context_length, self.schedule)
-
-
-@dataclass
+@dataclass(frozen=True)
 class PyramidKV(VoteKnobs, FamilyMethod, family="pyramidkv"):
     """PyramidKV's knobs: SnapKV's, the slope and the schedule variant (:func:`pyramid_schedule`)."""
 
@@ -142,15 +112,15 @@ class PyramidKV(VoteKnobs, FamilyMethod, family="pyramidkv"):
 
     def build(self, method_cfg: Any) -> EvictionMethod:
         """PyramidKV: SnapKV's indicator with the pyramid layer schedule."""
-        options = score_options(method_cfg, self)
+        options = score_options(self)
         allocator: LayerBudgetAllocator = (  # kvpress: kvbench.methods.kvpress_pyramid
-            KvpressPyramidAllocator(self.beta, int(method_cfg.window))
+            KvpressPyramidAllocator(self.beta, int(self.window))
             if self.schedule == "kvpress"
-            else PyramidLayerAllocator(self.beta, int(method_cfg.window), self.schedule)
+            else PyramidLayerAllocator(self.beta, int(self.window), self.schedule)
         )
         return EvictionMethod(
             scorer=WindowVoteScorer(options),
             layer_allocator=allocator,
             settings={"gqa_reduce": options.gqa_reduce, "beta": self.beta, "schedule": self.schedule},
-            **common_knobs(method_cfg),
+            **common_knobs(method_cfg, self),
         )

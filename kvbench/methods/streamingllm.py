@@ -1,7 +1,7 @@
 """StreamingLLM (Xiao et al., 2023): attention sinks plus a recent window, in prefill and in decoding.
 
 Every head keeps the first ``sink_tokens`` positions (4 in the paper) and the most recent ``budget - sinks``.
-With ``method.decode_eviction`` the cache is cut back to that after every later forward, as mit-han-lab/streaming-llm's
+With ``params.decode_eviction`` the cache is cut back to that after every later forward, as mit-han-lab/streaming-llm's
 ``StartRecentKVCache.__call__`` does after each model call: a decoding step, and a multi-token forward after the
 prefill (question-agnostic mode's question) at once.  ``params.evict_on_append: false`` is kvbench's earlier
 behaviour: the appended tokens stay until the first decoding step, which cuts back to the cap at once.
@@ -16,7 +16,7 @@ prompt token: the window of 1).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -106,9 +106,12 @@ class SinkWindowDecode(DecodePolicy):
         evict_to_caps(layer, caps, sinks_and_recent)
 
 
-@dataclass
+@dataclass(frozen=True)
 class StreamingLLM(FamilyMethod, family="streamingllm"):
-    """StreamingLLM's hyper-parameters are ``method.sink_tokens`` and the budget; one switch (module docstring)."""
+    """StreamingLLM's hyper-parameters are ``params.sink_tokens`` and the budget; one switch (module docstring)."""
+
+    #: No scores to reduce over a GQA group.
+    unused_knobs: ClassVar[frozenset[str]] = frozenset({"gqa_agg"})
 
     #: Cut back to sinks + recent right after a multi-token append (the reference); false = kvbench's earlier
     #: behaviour (the first decoding step cuts back to the cap).
@@ -119,9 +122,9 @@ class StreamingLLM(FamilyMethod, family="streamingllm"):
     scores: str = choice("recency", SCORES)
 
     def build(self, method_cfg: Any) -> EvictionMethod:
-        """Sinks + recent window; evicts in decoding too when ``method.decode_eviction``."""
-        knobs = common_knobs(method_cfg)
-        policy = SinkWindowDecode(knobs["sink_tokens"], self.evict_on_append) if method_cfg.decode_eviction else None
+        """Sinks + recent window; evicts in decoding too when ``method.params.decode_eviction``."""
+        knobs = common_knobs(method_cfg, self)
+        policy = SinkWindowDecode(knobs["sink_tokens"], self.evict_on_append) if self.decode_eviction else None
         kvpress = self.scores == "kvpress"
         settings: dict[str, Any] = {"evict_on_append": self.evict_on_append}
         if kvpress:  # recorded only when set: the settings of a run with the default stay as they were

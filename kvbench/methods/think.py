@@ -39,12 +39,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from omegaconf import open_dict
 
-from kvbench.methods.base import METHOD_FAMILIES, EvictionMethod
+from kvbench.config import SESSION_KNOBS
+from kvbench.methods.base import METHOD_FAMILIES, EvictionMethod, build_method
 from kvbench.methods.channels import KeyChannelPruner
 from kvbench.methods.family import FamilyMethod, family_class
 from kvbench.methods.params import bounded, parse_params
@@ -94,9 +95,12 @@ class ThinKChannels(KeyChannelPruner):
         return think_kept_channels(queries, keys, self.ratio)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class ThinK(FamilyMethod, family="think"):
-    """ThinK's own knobs (``method.params``); every other key of ``method.params`` goes to the token method."""
+    """ThinK's own knobs (``method.params``); every other key of ``method.params`` goes to the token method, the
+    session knobs included (they are the token method's)."""
+
+    unused_knobs: ClassVar[frozenset[str]] = frozenset(SESSION_KNOBS)
 
     #: The token method the channels are pruned on top of (a method family: snapkv, knorm, tova, ...).
     tokens: str = "snapkv"
@@ -139,12 +143,12 @@ class ThinK(FamilyMethod, family="think"):
         with open_dict(token_cfg):
             token_cfg.family = tokens
             token_cfg.params = {key: value for key, value in (method_cfg.params or {}).items() if key not in own}
-        inner = METHOD_FAMILIES.get(tokens)(token_cfg)
+        inner = build_method(token_cfg)
         return dataclasses.replace(
             inner,
             family=self.family,
             key_channel_pruner=ThinKChannels(
                 self.key_channel_compression_ratio, self.channel_window, self.prune_appended
             ),
-            settings={**inner.settings, **dataclasses.asdict(self), "think_reference": REFERENCE},
+            settings={**inner.settings, **{key: getattr(self, key) for key in own}, "think_reference": REFERENCE},
         )

@@ -103,7 +103,7 @@ def rounding_to(dtype: torch.dtype) -> Rounding:
     return lambda scores: scores.to(dtype).float()
 
 
-@dataclass
+@dataclass(frozen=True)
 class ScoreDtypeKnob:
     """The knob of every scorer that rounds its scores as the reference code does (``method.params.score_dtype``)."""
 
@@ -112,7 +112,7 @@ class ScoreDtypeKnob:
     score_dtype: str = choice("model", SCORE_DTYPES)
 
 
-@dataclass
+@dataclass(frozen=True)
 class PoolingKnobs:
     """The knobs of the scorers that pool their scores along the sequence (``method.params.<knob>``)."""
 
@@ -126,7 +126,7 @@ class PoolingKnobs:
     pool_padding: str = choice("include", POOL_PADDINGS)
 
 
-@dataclass
+@dataclass(frozen=True)
 class VoteKnobs(PoolingKnobs, ScoreDtypeKnob):
     """The knobs of the attention-vote scorers (SnapKV, PyramidKV, Ada-KV, CAKE, H2O): pooling, precision and where
     the query heads of a stored head are combined."""

@@ -96,7 +96,7 @@ class CurrentAttentionDecode(ScoredDecodePolicy):
         DecodePolicy.append(self, state, layer_idx, layer, query, scaling)
 
 
-@dataclass
+@dataclass(frozen=True)
 class TOVA(ScoreDtypeKnob, FamilyMethod, family="tova"):
     """TOVA's switches (see module docstring)."""
 
@@ -107,9 +107,9 @@ class TOVA(ScoreDtypeKnob, FamilyMethod, family="tova"):
 
     def build(self, method_cfg: Any) -> EvictionMethod:
         """TOVA: last-token attention in prefill, current-attention eviction after every later forward."""
-        knobs = common_knobs(method_cfg)
+        knobs = common_knobs(method_cfg, self)
         policy = None
-        if method_cfg.decode_eviction:
+        if self.decode_eviction:
             policy = CurrentAttentionDecode(self.head_average, self.protect_recent, self.score_dtype)
         return EvictionMethod(
             scorer=LastQueryScorer(self.head_average, self.score_dtype),

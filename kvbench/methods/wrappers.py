@@ -2,18 +2,19 @@
 ``DecodingPress(base_press)``, ``ChunkKVPress(press)``, ``CriticalKVPress(press)`` as knobs of a method.
 
 A method whose recipe is "one token scorer, uniform budgets" declares the wrapper knobs by inheriting their fields
-(:class:`Wrappers` for the frozen one-class methods, :class:`kvbench.methods.recipe.ScorerMethod`;
-:class:`WrapperKnobs`, the same fields, for the paper families that are plain dataclasses, such as
-:class:`kvbench.methods.snapkv_family.SnapKV`) and passes the method it builds through :func:`apply_wrappers`::
+(:class:`Wrappers`: every one-class method, :class:`kvbench.methods.recipe.ScorerMethod`, SnapKV among them) and
+passes the method it builds through :func:`apply_wrappers`::
 
     method = EvictionMethod(scorer=..., layer_allocator=UniformLayerAllocator(), ...)
     return apply_wrappers(method, self)
 
 With every wrapper off (their defaults) the method is returned unchanged.  The knobs (``method.params.<knob>``):
 
-* ``allocation``: ``uniform``, ``ada`` (Ada-KV's head-wise allocation, its reference code's reading) or
+* ``allocation``: ``uniform``, ``ada`` (Ada-KV's head-wise allocation, its reference code's reading,
+  :mod:`kvbench.methods.head_allocation`) or
   ``ada_kvpress`` (kvpress's ``AdaKVPress``, :mod:`kvbench.methods.kvpress_ada`);
-* ``layers``: ``uniform`` or ``pyramid`` (PyramidKV's layer schedule, beta 20, the window ``method.window``);
+* ``layers``: ``uniform`` or ``pyramid`` (PyramidKV's layer schedule, beta 20, the method's ``window``:
+  :mod:`kvbench.methods.layer_schedules`);
 * ``selection`` / ``selection_length``: ``topk``, or kvpress's ``chunkkv``, ``chunk``, ``block``
   (:mod:`kvbench.methods.selection`);
 * ``rescale``: ``none`` or ``critical`` (CriticalKV; CriticalAdaKV with ``ada_kvpress``,
@@ -31,14 +32,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from kvbench.methods.adakv import PAPER_ALPHA, AdaHeadAllocator
 from kvbench.methods.base import EvictionMethod
 from kvbench.methods.critical import wrap_critical
+from kvbench.methods.head_allocation import PAPER_ALPHA, AdaHeadAllocator
 from kvbench.methods.kvpress_ada import KvpressAdaAllocator
 from kvbench.methods.kvpress_decoding import IntervalDecodingPolicy
+from kvbench.methods.layer_schedules import PyramidLayerAllocator
 from kvbench.methods.params import bounded, choice
 from kvbench.methods.selection import SELECTIONS, wrap_selection
-from kvbench.methods.snapkv import PyramidLayerAllocator
 
 #: The head-allocation wrappers (``method.params.allocation``) and the layer schedules (``method.params.layers``).
 HEAD_ALLOCATIONS = ("uniform", "ada", "ada_kvpress")
@@ -49,14 +50,14 @@ RESCALES = ("none", "critical")
 
 @dataclasses.dataclass(frozen=True)
 class Wrappers:
-    """The wrapper knobs (module docstring), for frozen method classes; :class:`WrapperKnobs` has the same fields."""
+    """The wrapper knobs (module docstring), fields of a method class."""
 
     #: Wrapper: how a layer's budget is split over its heads: ``uniform`` or ``ada`` (Ada-KV's head-wise allocation,
     #: its reference code's settings: safeguard alpha 0.2, floor reading) or ``ada_kvpress`` (kvpress's
     #: ``AdaKVPress(press)``: safeguard then one top-k over the layer, :mod:`kvbench.methods.kvpress_ada`).
     allocation: str = choice("uniform", HEAD_ALLOCATIONS)
     #: Wrapper: how the total budget is split over layers: ``uniform`` or ``pyramid`` (PyramidKV's schedule, beta 20,
-    #: KVCache-Factory's variant, the window ``method.window``).
+    #: KVCache-Factory's variant, the method's ``window``).
     layers: str = choice("uniform", LAYER_SCHEDULES)
     #: Wrapper: which tokens a head keeps given the scores: ``topk`` (each head its top-k), or kvpress's ``chunkkv``
     #: (ChunkKVPress: whole chunks, the same on every head), ``chunk`` (ChunkPress: each chunk its own top-k) or
@@ -78,30 +79,22 @@ class Wrappers:
     decode_ratio: float = bounded(0.0, 0.0, 1.0)
 
 
-#: :class:`Wrappers`'s fields on a plain (not frozen) dataclass, for the family classes that are plain dataclasses
-#: (a dataclass cannot mix frozen and plain bases); the same fields, defaults and checks.
-WrapperKnobs = dataclasses.make_dataclass(
-    "WrapperKnobs",
-    [(f.name, f.type, dataclasses.field(default=f.default, metadata=f.metadata)) for f in dataclasses.fields(Wrappers)],
-    namespace={"__module__": __name__, "__doc__": "The wrapper knobs of :class:`Wrappers`, on a plain dataclass."},
-)
-
 #: The wrapper knobs (every field of :class:`Wrappers`) and their values when off.
 WRAPPER_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(Wrappers)}
 
 
 def wrappers_on(knobs: Any) -> dict[str, Any]:
-    """The wrapper knobs of ``knobs`` (a :class:`Wrappers` or :class:`WrapperKnobs`) that are not at their default."""
+    """The wrapper knobs of ``knobs`` (a :class:`Wrappers`) that are not at their default."""
     return {name: getattr(knobs, name) for name, off in WRAPPER_DEFAULTS.items() if getattr(knobs, name) != off}
 
 
 def declares_wrappers(family: str) -> bool:
     """Whether the family's class declares the wrapper knobs (a one-class method, SnapKV); not CAKE, whose own
-    ``allocation`` knob is its allocator's, nor a family registered without a class."""
+    ``allocation`` knob is its allocator's."""
     from kvbench.methods.family import family_class
 
     method_class = family_class(family)
-    return method_class is not None and issubclass(method_class, (Wrappers, WrapperKnobs))
+    return method_class is not None and issubclass(method_class, Wrappers)
 
 
 def check_kvpress_composition(method: EvictionMethod, knobs: Any) -> None:

@@ -252,7 +252,7 @@ class XKVLayerAllocator(LayerBudgetAllocator):
         return {"xkv_calibration_shares": state.calibrated} if self.sampling and state.calibrated else None
 
 
-@dataclass
+@dataclass(frozen=True)
 class XKV(PoolingKnobs, FamilyMethod, family="xkv"):
     """XKV's switches (see module docstring)."""
 
@@ -266,8 +266,8 @@ class XKV(PoolingKnobs, FamilyMethod, family="xkv"):
 
     def build(self, method_cfg: Any) -> EvictionMethod:
         """XKV: greedy retention-maximising layer budgets over SnapKV-style window scores (avg pooling)."""
-        knobs = common_knobs(method_cfg)
-        options = score_options(method_cfg, self)
+        knobs = common_knobs(method_cfg, self)
+        options = score_options(self)
         allocator = XKVLayerAllocator(
             knobs["window"], options, self.target_retention, self.sampling, self.sample_ratio,
             self.task_samples,

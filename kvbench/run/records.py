@@ -20,7 +20,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from kvbench.methods.base import EvictionMethod
-from kvbench.methods.knobs import RECORDED_KNOBS
+from kvbench.methods.knobs import recorded_knobs, session_fields
 from kvbench.run.summary import DatasetScores
 from kvbench.storage.reader import SCHEMA_VERSION
 from kvbench.storage.termination import TERMINATION
@@ -120,15 +120,27 @@ def learned_weights_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 _WARNED: set[tuple[str, str]] = set()
 
 
+def method_knobs(cfg: DictConfig) -> Any:
+    """The method's class made from ``cfg.method.params`` (every knob at its value: the session knobs too)."""
+    from kvbench.methods.family import family_class
+
+    method_class = family_class(str(cfg.method.family))
+    return None if method_class is None else method_class.from_params(cfg.method.params)
+
+
+def recorded_params(cfg: DictConfig) -> dict[str, Any]:
+    """``method.params`` as ``metrics.json`` records it: the session knobs aside (recorded beside it, as before issue
+    #57 moved them into ``params``)."""
+    params = OmegaConf.to_container(cfg.method.params, resolve=True)
+    knobs = method_knobs(cfg)
+    session = set(session_fields(type(knobs)) if knobs is not None else ())
+    return {key: value for key, value in (params or {}).items() if key not in session}  # type: ignore[union-attr]
+
+
 def keeps_window(cfg: DictConfig) -> bool:
     """Whether the method protects an observation window: the paper families do; a one-class method only with
     ``method.params.keep_window`` (its class default otherwise: off, e.g. KVzip, which has no window at all)."""
-    from kvbench.methods.recipe import SCORER_METHODS
-
-    method_class = SCORER_METHODS.get(str(cfg.method.family))
-    if method_class is None:
-        return True
-    return bool(OmegaConf.select(cfg, "method.params.keep_window", default=method_class.keep_window))
+    return bool(getattr(method_knobs(cfg), "keep_window", True))
 
 
 def warn_if_not_as_asked(cache: Mapping[str, Any], cfg: DictConfig) -> None:
@@ -148,15 +160,17 @@ def warn_if_not_as_asked(cache: Mapping[str, Any], cfg: DictConfig) -> None:
             cache.get("context_tokens"),
             cfg.budget.name,
         )
-    window = int(OmegaConf.select(cfg, "method.window", default=0) or 0) if keeps_window(cfg) else 0
-    in_budget = bool(OmegaConf.select(cfg, "method.window_in_budget", default=True))
+    knobs = method_knobs(cfg)
+    window = int(getattr(knobs, "window", 0)) if keeps_window(cfg) else 0
+    in_budget = bool(getattr(knobs, "window_in_budget", True))
     smallest = min(requested) if requested else None
     if evicting and in_budget and smallest is not None and window > smallest and (run, "window") not in _WARNED:
         _WARNED.add((run, "window"))
         LOG.warning(
-            "method.window=%d is wider than the per-layer budget (%d tokens at its smallest): a layer cannot keep its "
+            "method.params.window=%d is wider than the per-layer budget (%d tokens at its smallest): a layer cannot "
+            "keep its "
             "whole observation window, so this is not %s at window %d; achieved_per_layer in predictions.jsonl "
-            "records what each layer kept. Set method.window <= %d, or a larger budget.",
+            "records what each layer kept. Set method.params.window <= %d, or a larger budget.",
             window,
             smallest,
             cfg.method.name,
@@ -209,8 +223,8 @@ def settings_record(
     return {
         "method_family": cfg.method.family,
         "budget_spec": cfg.budget.spec,
-        **{knob: cfg.method[knob] for knob in RECORDED_KNOBS if knob not in method.ignored_knobs},
-        "params": OmegaConf.to_container(cfg.method.params, resolve=True),
+        **recorded_knobs(method_knobs(cfg), method),
+        "params": recorded_params(cfg),
         "resolved": dict(method.settings),
         "reference": OmegaConf.to_container(cfg.method.reference, resolve=True),
         **(model_settings or {}),

@@ -127,7 +127,7 @@ def warn_if_above_full(record: Any, cfg: DictConfig) -> None:
         _WARNED_ABOVE_FULL.add(key)
         LOG.warning(
             "%s stores %d heads per layer (gqa_granularity=query_head, %d KV heads): its cache (%d bytes) exceeds "
-            "the full cache's (%d bytes) at budget %s; method.gqa_granularity=kv_head stores one per KV head",
+            "the full cache's (%d bytes) at budget %s; method.params.gqa_granularity=kv_head stores one per KV head",
             cfg.method.name,
             record.stored_heads,
             record.kv_heads,

@@ -279,6 +279,19 @@ def ignored_keys(cfg: DictConfig) -> tuple[str, ...]:
     return keys
 
 
+#: The session knobs (``method.<knob>`` until issue #57 moved them to ``method.params.<knob>``) with their defaults:
+#: the values a run recorded then for a knob its config does not set.
+SESSION_KNOBS_OFF: dict[str, Any] = {
+    "window": 32,
+    "window_in_budget": True,
+    "gqa_granularity": "kv_head",
+    "gqa_agg": "mean",
+    "sink_tokens": 0,
+    "decode_eviction": False,
+}
+#: Families with a knob of their own named as a session knob (NACL's ``sink_tokens``, its protected tier, was
+#: ``method.params.sink_tokens`` beside the session's ``method.sink_tokens``): it stays in ``params``.
+FAMILY_OWN_KNOBS: dict[str, tuple[str, ...]] = {"nacl": ("sink_tokens",)}
 #: The scorer knobs that were ``MethodConfig`` fields (``method.<knob>``) until issue #41 moved them to the families
 #: that read them (``method.params.<knob>``), with the schema's defaults of then.
 LEGACY_METHOD_KNOBS: dict[str, Any] = {
@@ -352,7 +365,9 @@ def scale_free_row_reduce(method: dict[str, Any]) -> bool:
 
 def canonical_config(container: dict[str, Any]) -> dict[str, Any]:
     """The resolved config ``container`` in the layout it had before issue #41 (hashes and comparisons are computed
-    from it, so every existing run keeps its hash: docs/results.md): the scorer knobs of :data:`LEGACY_METHOD_KNOBS`
+    from it, so every existing run keeps its hash: docs/results.md): the session knobs (:data:`SESSION_KNOBS_OFF`,
+    ``method.params.<knob>`` since issue #57) back at ``method.<knob>`` (their default where the config does not set
+    them), then the scorer knobs of :data:`LEGACY_METHOD_KNOBS`
     back at ``method.<knob>``, taken from ``method.params`` for the families that declare them
     (:data:`LEGACY_KNOB_FAMILIES`), else at the value a run of the family recorded then (the schema's default, or
     :data:`LEGACY_PRESET_VALUES`), and without the fields of :data:`PARAMS_ADDED_OFF` that are off (and, for
@@ -366,7 +381,17 @@ def canonical_config(container: dict[str, Any]) -> dict[str, Any]:
     if isinstance(kv_quant, dict) and kv_quant.get("scheme", "none") == "none":  # unquantized storage: as before
         container = {key: value for key, value in container.items() if key != "kv_quant"}
     method = container.get("method")
-    if not isinstance(method, dict) or "params" not in method or all(knob in method for knob in _VOTE_KNOBS):
+    if not isinstance(method, dict) or "params" not in method:
+        return container
+    if "window" not in method:  # issue #57's layout: every knob under params
+        params = dict(method["params"] or {})
+        own = FAMILY_OWN_KNOBS.get(method.get("family"), ())
+        session = {
+            knob: default if knob in own else params.pop(knob, default) for knob, default in SESSION_KNOBS_OFF.items()
+        }
+        method = {**method, **session, "params": params}
+        container = {**container, "method": method}
+    if all(knob in method for knob in _VOTE_KNOBS):
         return container
     family = method.get("family")
     gained = {**WRAPPER_KNOBS_OFF, **KNOBS_GAINED_WITH_WRAPPERS} if family in FAMILIES_GAINED_WRAPPERS else {}

@@ -148,7 +148,8 @@ DatasetNames = Callable[[Any], list[str]]
 
 @dataclass(frozen=True)
 class PackageNeed:
-    """An optional Python package a run needs, checked before any work (:func:`kvbench.validation.check_environment`).
+    """An optional Python package a run needs, checked before any work
+    (:func:`kvbench.validation.check_environment`).
 
     Attributes
     ----------

@@ -86,11 +86,14 @@ CONFIG_CASES = [
     (["task=nope"], ["unknown task 'nope'", "tiny_niah", "longbench"]),
     (["budget=12x"], ["unknown budget '12x'", "128L", "2048L", "full"]),
     (["+experiment=cake_t0"], ["unknown experiment 'cake_t0'", "cake_t1"]),
-    (["method.windw=3"], ["method.windw is not a kvbench setting", "Did you mean method.window?"]),
-    (["+method.windw=8"], ["method.windw is not a kvbench setting", "Did you mean method.window?", "without '+'"]),
+    (["method.windw=3"], ["method.windw is not a kvbench setting", "Did you mean method.params.window?"]),
+    (
+        ["+method.windw=8"],
+        ["method.windw is not a kvbench setting", "Did you mean method.params.window?", "without '+'"],
+    ),
     (["+task.lenghts=[1024]"], ["task.lenghts is not a kvbench setting", "task.lengths"]),
     (["+foo=1"], ["foo is not a kvbench setting", "model, method, budget, task"]),
-    (["method.window=abc"], ["method.window='abc'", "Integer"]),
+    (["method.params.window=abc"], ["method.params.window='abc'", "an integer"]),
     (["task.lengths=[1"], ["cannot parse the override 'task.lengths=[1'", "key=value"]),
     # budgets: bad form, zero, negative, more than the context
     (["budget.spec=12x"], ["'12x'", "accepted forms", "<n>L"]),
@@ -98,10 +101,10 @@ CONFIG_CASES = [
     (["budget.spec=-5L"], ["'-5L'", "accepted forms"]),
     (["budget.spec=1.5x"], ["'1.5x'", "(0, 1]"]),
     # method knobs and family parameters
-    (["method.window=0"], ["method.window=0", ">= 1"]),
+    (["method.params.window=0"], ["method.params.window=0", "[1, inf)"]),
     (["method.params.kernel_size=6"], ["method.params.kernel_size=6", "odd"]),
     (["method.params.pooling=median"], ["method.params.pooling='median'", "max, avg"]),
-    (["method.gqa_agg=median"], ["method.gqa_agg='median'", "mean, max, sum"]),
+    (["++method.params.gqa_agg=median"], ["method.params.gqa_agg='median'", "mean, max, sum"]),
     (["method.params.gqa_reduce=never"], ["method.params.gqa_reduce='never'", "before_pool, after_pool"]),
     (["method.params.pool_padding=none"], ["method.params.pool_padding='none'", "include, exclude"]),
     # issue #41: a scorer knob is the family's field; one the method does not declare lists the method's own
@@ -135,7 +138,10 @@ CONFIG_CASES = [
     (["task=ruler", "task.datasets=[niah_singel_1]"], ["niah_singel_1", "valid datasets", "niah_single_1"]),
     (["method=pyramidkv", "method.bta=3"], ["method.bta is not a kvbench", "method=pyramidkv", "beta, schedule"]),
     (["method=pyramidkv", "method.params.bta=3"], ["method.params.bta", "are: kernel_size, pooling", "beta?"]),
-    (["method=snapkv", "method.decode_eviction=true"], ["decode_eviction=True is not used by the snapkv family"]),
+    (
+        ["method=snapkv", "++method.params.decode_eviction=true"],
+        ["decode_eviction=True is not used by the snapkv family"],
+    ),
     (["budget=-5L"], ["unknown budget '-5L'", "128L", "budget=<spec>", "<n>/layer"]),
     (["budget=0L"], ["unknown budget '0L'", "'0L' must be positive", "budget=<spec>"]),
     (["budget=1.5x"], ["unknown budget '1.5x'", "(0, 1]", "budget=<spec>"]),
@@ -144,9 +150,9 @@ CONFIG_CASES = [
     (["model.max_input_length=1"], ["model.max_input_length=1", ">= 2"]),
     (["task.depths=[150]"], ["task.depths contains 150", "[0, 100]"]),
     (["task.length=0"], ["task.length=0", ">= 1"]),
-    (["method.sink_tokens=-1"], ["method.sink_tokens=-1", ">= 0"]),
+    (["++method.params.sink_tokens=-1"], ["method.params.sink_tokens=-1", "[0, inf)"]),
     (["method.params.score_dtype=half"], ["method.params.score_dtype='half'", "model, float32"]),
-    (["method.gqa_granularity=layer"], ["method.gqa_granularity='layer'", "kv_head, query_head"]),
+    (["method.params.gqa_granularity=layer"], ["method.params.gqa_granularity='layer'", "kv_head, query_head"]),
     (["run.tag=' x'"], ["run.tag=' x'", "folder name"]),
 ]
 
@@ -265,8 +271,8 @@ def test_missing_optional_package_then_the_suggested_command_runs(root: Path, ca
 
 def test_debug_shows_the_traceback(capsys, monkeypatch, root: Path) -> None:
     monkeypatch.setenv("KVBENCH_DEBUG", "1")
-    code, stderr = run_in_process(["method.window=0", f"run.output_root={root}"], capsys)
-    assert code == 2 and "Traceback" in stderr and "error: method.window=0" in stderr
+    code, stderr = run_in_process(["method.params.window=0", f"run.output_root={root}"], capsys)
+    assert code == 2 and "Traceback" in stderr and "error: method=snapkv: method.params.window=0" in stderr
 
 
 # ---------------------------------------------------------------------------------------------------- run.py
@@ -296,7 +302,7 @@ def message(stderr: str) -> str:
         (["method=nonexistent"], ["unknown method 'nonexistent'", "snapkv"]),
         (["method.windw=3"], ["method.windw is not a kvbench setting"]),
         (["+method.windw=8"], ["method.windw is not a kvbench setting"]),
-        (["method.window=abc"], ["method.window='abc'"]),
+        (["method.params.window=abc"], ["method.params.window='abc'"]),
         (["task.lengths=[1"], ["cannot parse the override 'task.lengths=[1'"]),
         (["budget.spec=0L"], ["'0L' must be positive"]),
         (["method.kernel_size=6"], ["method.kernel_size is not a kvbench setting", "method.params.kernel_size"]),
@@ -354,7 +360,7 @@ def test_run_failing_before_its_first_prediction_leaves_no_folder(root: Path, mo
     assert tree_hash(root) == before
     assert not (root / "tiny" / "tiny_niah" / "streamingllm").exists()
     monkeypatch.setattr(kvbench.run.generation, "generate", real_generate)
-    Runner(tiny_cfg(root, "method=streamingllm", "method.window=8")).run()
+    Runner(tiny_cfg(root, "method=streamingllm", "method.params.window=8")).run()
     assert (root / "tiny" / "tiny_niah" / "streamingllm" / "64L" / "niah_single_1k" / "metrics.json").exists()
 
 
@@ -612,11 +618,14 @@ def tiny_model() -> tuple[object, object]:
 
 
 API_CASES = [
-    ({"overrides": ["method.windw=3"]}, ["method.windw is not a kvbench setting", "Did you mean method.window?"]),
+    (
+        {"overrides": ["method.windw=3"]},
+        ["method.windw is not a kvbench setting", "Did you mean method.params.window?"],
+    ),
     ({"overrides": ["methd.window=3"]}, ["methd is not a kvbench setting", "Did you mean method?"]),
     ({"overrides": ["run.tagg=x"]}, ["run.tagg", "Did you mean run.tag?"]),
-    ({"overrides": ["method.window=abc"]}, ["method.window=abc", "Integer", "the keys of method are"]),
-    ({"overrides": ["method.window=0"]}, ["method.window=0", ">= 1"]),
+    ({"overrides": ["method.params.window=abc"]}, ["method.params.window='abc'", "an integer"]),
+    ({"overrides": ["method.params.window=0"]}, ["method.params.window=0", "[1, inf)"]),
     ({"overrides": ["method.params.nope=1"]}, ["method.params.nope is not a parameter", "are: kernel_size"]),
     ({"overrides": ["run.prefill_chunk=-3"]}, ["run.prefill_chunk=-3", ">= 0"]),
     ({"overrides": ["run.decode_batch=-2"]}, ["run.decode_batch=-2", "integer >= 1", "auto"]),
@@ -709,8 +718,8 @@ BRIDGE_CASES = [
     ("prefill_chunk=-3", ["prefill_chunk=-3", ">= 0"]),
     ("decode_batch=0", ["decode_batch=0", "integer >= 1", "auto"]),
     ("foo=1", ["unknown --model_args key(s) ['foo']", "pretrained, method, budget"]),
-    ("method=snapkv,method.windw=3", ["method.windw is not a kvbench setting", "Did you mean method.window?"]),
-    ("method=snapkv,method.window=0", ["method.window=0", ">= 1"]),
+    ("method=snapkv,method.windw=3", ["method.windw is not a kvbench setting", "Did you mean method.params.window?"]),
+    ("method=snapkv,method.params.window=0", ["method.params.window=0", "[1, inf)"]),
     ("method=cake,method.params.allocation=fair", ["allocation='fair'", "p2a"]),
     ("method=snapkv,method.params.nope=1", ["method.params.nope is not a parameter", "are: kernel_size"]),
 ]

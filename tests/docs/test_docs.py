@@ -5,8 +5,9 @@ anchor or missing page fails), examples that run as shown, and commands that nam
   ``print(...)  # <text>`` line's comment must appear in what the block printed.  (The Python API page's
   ``<!-- api-example -->`` block is run by ``tests/test_api.py``.)
 * Every command shown in a ``bash`` block of the README or the docs: ``make`` targets exist in the Makefile,
-  ``scripts/*.py`` exist, and every ``python run.py`` / ``kvbench`` command names existing presets; the single runs
-  (no ``-m``) are composed and checked as ``run.py`` would before any work (:func:`kvbench.validation.check_config`).
+  ``scripts/*.py`` exist, and every ``python run.py`` / ``kvbench`` command names existing presets; the single
+  runs (no ``-m``) are composed and checked as ``run.py`` would before any work
+  (:func:`kvbench.validation.check_config`).
 * Every ``tests/``, ``scripts/``, ``conf/`` and ``slurm/`` path the pages name in inline code exists.
 * The user pages (:data:`USER_PAGES`: the front page and getting started) mark every ``bash`` block: ``<!-- runnable
   -->`` blocks are executed here, as shown, in one scratch working directory per page (blocks in page order, so a

@@ -25,8 +25,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from kvbench.config import register_configs
-from kvbench.methods.base import method_families
-from kvbench.methods.recipe import SCORER_METHODS
+from kvbench.methods.base import METHOD_FAMILIES, method_families
 from kvbench.overrides import prepare_overrides
 from kvbench.run.runner import Runner
 from kvbench.views.run_views import read_run_extras
@@ -34,7 +33,7 @@ from kvbench.views.run_views import read_run_extras
 CONF = Path(__file__).resolve().parents[2] / "conf"
 YAML_METHODS = sorted(p.stem for p in (CONF / "method").glob("*.yaml"))
 method_families()  # imports every method module: the one-class methods register themselves
-METHODS = sorted({*YAML_METHODS, *SCORER_METHODS})
+METHODS = sorted({*YAML_METHODS, *METHOD_FAMILIES.names()})
 BUDGETS = sorted(p.stem for p in (CONF / "budget").glob("*.yaml"))
 PAPER_FAMILIES = {"ada_snapkv", "ada_pyramidkv", "cake", "ahakv", "xkv"}
 #: Ratio presets added for AhaKV's Figure 4 that take no path the other ratios do not (ratio0.04, a budget below the

@@ -51,7 +51,7 @@ def test_a_data_set_re_prepared_in_place_is_never_served_cached(tmp_path: Path, 
 
 
 def test_an_edited_method_source_is_never_served_cached(damaged_root: Path, capsys, monkeypatch) -> None:
-    """As if the method's own module (SnapKV's: kvbench/methods/snapkv_family.py) had been edited: the bytes its
+    """As if the method's own module (SnapKV's: kvbench/methods/snapkv.py) had been edited: the bytes its
     digest reads differ."""
     predictions = damaged_root / RUN / DATASET / "predictions.jsonl"
     before = predictions.read_bytes()
@@ -163,6 +163,6 @@ def test_a_shared_piece_is_fingerprinted_by_its_class_alone() -> None:
 
     record = fingerprints.method_source("snapkv", build_method({"name": "snapkv", "family": "snapkv"}))
     files = [name for name in record if name.endswith(".py")]
-    assert files == ["kvbench/methods/snapkv_family.py"]
-    assert "WindowVoteScorer (class)" in record and "UniformHeadAllocator (class)" in record
+    assert files == ["kvbench/methods/snapkv.py"]  # SnapKV's class is its scorer
+    assert "UniformLayerAllocator (class)" in record and "UniformHeadAllocator (class)" in record
     assert method_files({"pooling": "max", "gqa_agg": "mean", "dot": "."}) == {}  # bare words and "." name no file

@@ -96,4 +96,4 @@ def test_window_wider_than_the_budget_is_warned_once(tmp_path: Path, caplog) -> 
     with caplog.at_level(logging.WARNING):
         for _ in range(3):
             warn_if_not_as_asked(cache, cfg)
-    assert caplog.text.count("method.window=100 is wider than the per-layer budget (64 tokens") == 1
+    assert caplog.text.count("method.params.window=100 is wider than the per-layer budget (64 tokens") == 1

@@ -174,7 +174,7 @@ def test_list_contents(listed: dict[str, tuple[int, str]]) -> None:
     methods = listed["methods"][1]
     cake = next(line for line in methods.splitlines() if line.split()[:2] == ["cake", "cake"])
     assert "kernel_size=5" in cake and "gamma=200.0" in cake and "allocation=p2a" in cake
-    assert "window=32" in next(line for line in methods.splitlines() if line.startswith("Shared knobs"))
+    assert "\n    window = 32: Observation window" in methods  # each knob once, with its default and meaning
     # Which heads each preset stores, and what a budget then means in memory (the query-head storage trap, #32).
     rows = {line.split()[0]: line for line in methods.splitlines() if line.startswith("  ")}
     assert "query heads" in rows["snapkv"] and "KV heads" in rows["streamingllm"]

@@ -76,8 +76,7 @@ def test_ahakv_lambda_i_readings() -> None:
     raw = queries @ expanded.transpose(1, 2) * 8**-0.5 * factor
     raw = raw.masked_fill(torch.triu(torch.ones(50, 50, dtype=torch.bool), 1)[None], float("-inf"))
     torch.testing.assert_close(total, torch.softmax(raw, -1).sum(dim=1), rtol=1e-5, atol=1e-6)
-    scorer.params.lambda_i = "row"
-    row = scorer.row_attention(queries, keys, 8**-0.5, 20)
+    row = method_from_yaml("ahakv_no_ra", params={"lambda_i": "row"}).scorer.row_attention(queries, keys, 8**-0.5, 20)
     assert not torch.allclose(row, total)  # early rows (i <= k) get a near-uniform softmax under "row"
 
 
@@ -173,4 +172,4 @@ def test_xkv_window_out_of_budget_counts_once() -> None:
 # ------------------------------------------------------------------------------------------ paper presets
 def test_xkv_table_runs_every_baseline_as_pyramidkv_s_runner() -> None:
     preset = yaml.safe_load((CONF / "experiment" / "xkv_t3.yaml").read_text())
-    assert preset["method"] == {"window": 8, "decode_eviction": False}
+    assert preset["method"] == {"params": {"window": 8, "decode_eviction": False}}
