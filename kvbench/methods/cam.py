@@ -152,7 +152,7 @@ class CamDecodingPolicy(DecodePolicy):
         state.attention[layer_idx] = attention[:, kept]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Cam(OverPress, family="cam"):
     """CAMPress's knobs (kvpress's names); the wrapped scorer (``press``) ranks the cache at each compression."""
 

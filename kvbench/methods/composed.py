@@ -137,7 +137,7 @@ class SurvivorsAllocator(HeadBudgetAllocator):
         return [min(budget_per_head, int(count)) for count in (scores > float("-inf")).sum(dim=1).tolist()]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Composed(FamilyMethod, family="composed"):
     """ComposedPress's knobs: the stage presets and the ratios of all but the last (module docstring)."""
 
@@ -154,7 +154,7 @@ class Composed(FamilyMethod, family="composed"):
                 f"method.params.stages={names} and ratios={ratios}: one ratio in [0, 1) per stage but the last "
                 "(the last stage keeps the budget), e.g. stages=[snapkv_kvpress,knorm] ratios=[0.5]"
             )
-        stages = [stage_method(name, str(method_cfg.gqa_granularity)) for name in names]
+        stages = [stage_method(name, str(self.gqa_granularity)) for name in names]
         for index, (name, stage) in enumerate(zip(names, stages, strict=True)):
             self._check_stage(name, stage, first=index == 0, last=index == len(stages) - 1)
         return EvictionMethod(
@@ -165,7 +165,7 @@ class Composed(FamilyMethod, family="composed"):
             head_allocator=SurvivorsAllocator(),
             window=max(stage.window for stage in stages),
             keep_window=False,
-            gqa_granularity=str(method_cfg.gqa_granularity),
+            gqa_granularity=str(self.gqa_granularity),
             ignored_knobs=STAGE_KNOBS,
             key_channel_pruner=stages[-1].key_channel_pruner,
             settings={

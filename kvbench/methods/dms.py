@@ -114,7 +114,7 @@ class ThresholdDecodePolicy(DecodePolicy):
         layer.keep(keep)
 
 
-@dataclass
+@dataclass(frozen=True)
 class DMS(OverPress, family="dms"):
     """DMS's knobs (kvpress's ``DMSPress``); the threshold is the budget (``budget=<t>thr``)."""
 

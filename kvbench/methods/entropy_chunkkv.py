@@ -96,7 +96,7 @@ class EntropyGatedScorer(TokenScorer):
         return torch.where(keep[None], scores.float(), float("-inf"))
 
 
-@dataclass
+@dataclass(frozen=True)
 class EntropyGatedChunkKV(OverPress, family="entropy_chunkkv"):
     """EntropyGatedChunkKVPress's knobs (kvpress's names); the wrapped scorer (``press``) scores the tokens."""
 

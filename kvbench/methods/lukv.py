@@ -127,7 +127,7 @@ class LukvScorer(TokenScorer):
         return torch.where(keep, scores.float(), float("-inf"))
 
 
-@dataclass
+@dataclass(frozen=True)
 class LUKV(OverPress, family="lukv"):
     """LUKVPress's knobs; the budget picks the curve's row, the wrapped scorer (``press``) ranks the tokens."""
 

@@ -104,7 +104,7 @@ class CosineValueMerger(ValueMerger):
         return [head_values[slots.argsort()] for head_values, slots in zip(merged, kept, strict=True)]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Merging(OverPress, family="merging"):
     """MergingPress's knobs; the wrapped scorer (``press``) and the budget pick the kept tokens."""
 

@@ -32,7 +32,7 @@ from kvbench.methods.params import parse_params
 from kvbench.methods.threshold import ThresholdScorer
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class OverPress(FamilyMethod):
     """Base of a wrapper family over a scorer family (module docstring); subclasses add their knobs as fields."""
 

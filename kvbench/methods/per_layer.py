@@ -67,7 +67,7 @@ class PerLayerRatioAllocator(StaticLayerAllocator):
         return [min(budget, context_length) for budget in budgets]
 
 
-@dataclass
+@dataclass(frozen=True)
 class PerLayerCompression(OverPress, family="per_layer"):
     """PerLayerCompressionPress's knob: the ratio of each layer; the wrapped scorer (``press``) ranks the tokens."""
 
