@@ -9,7 +9,7 @@ presets with their parameters and defaults.  See README.md.
 
 Every user error -- Hydra's (unknown preset, misspelt key, wrongly typed value) or kvbench's (bad value, missing
 data, model or package) -- exits with status 2 and one paragraph on stderr, without a traceback unless
-``KVBENCH_DEBUG=1``.  The checks that need no torch run before torch is imported (kvbench/validation.py).
+``KVBENCH_DEBUG=1``.  The checks that need no torch run before torch is imported (kvbench/app/validation.py).
 """
 
 from kvbench.cli import main

@@ -24,6 +24,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from kvbench.app.overrides import prepare_overrides
 from kvbench.checks import check_choice, check_min
 from kvbench.config import (
     QUESTION_MODES,
@@ -37,7 +38,6 @@ from kvbench.config import (
     session_knob_note,
 )
 from kvbench.errors import KVBenchError, environment_errors
-from kvbench.overrides import prepare_overrides
 from kvbench.resources import conf_dir
 
 LOG = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ def compose_config(
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from kvbench.hydra_errors import hydra_error_message
+    from kvbench.app.hydra_errors import hydra_error_message
 
     register_configs()
     choices = [
@@ -87,7 +87,7 @@ def compose_config(
     except (HydraException, OmegaConfBaseException) as err:
         raise KVBenchError(hydra_error_message(err, all_overrides)) from err
     if any(line.startswith("++method.params.") for line in all_overrides):  # a knob the preset may not list
-        from kvbench.validation import check_method_knobs
+        from kvbench.app.validation import check_method_knobs
 
         check_method_knobs(cfg)
     return cfg
@@ -142,16 +142,16 @@ def press(
     (:class:`kvbench.inference.press.PressRecord`) holding, per prompt, the requested and achieved per-layer / per-head
     cache lengths.  On exit the model is as before (hooks removed, attention implementation restored).
 
-    ``method``: a preset name, a method config mapping, or a built :class:`~kvbench.methods.base.EvictionMethod`;
+    ``method``: a preset name, a method config mapping, or a built :class:`~kvbench.eviction.base.EvictionMethod`;
     ``budget``: a preset name or budget string (``128L``, ``256/layer``, ``0.2x``, ``full``) or a parsed
     :class:`~kvbench.budget.Budget`.  ``question_mode="agnostic"`` compresses only the context and needs
     ``context_length`` (the prompt's first N tokens are the context) or ``question_length`` (its last N tokens are
     the question).  Batch size 1, greedy or sampled, any ``max_new_tokens``.
     """
+    from kvbench.app.validation import validate
     from kvbench.budget import Budget
+    from kvbench.eviction.base import EvictionMethod
     from kvbench.inference.press import Press
-    from kvbench.methods.base import EvictionMethod
-    from kvbench.validation import validate
 
     method_is_built, budget_is_parsed = isinstance(method, EvictionMethod), isinstance(budget, Budget)
     method_name = type(method).__name__
@@ -370,7 +370,7 @@ def _apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
 def _override_error(cfg: DictConfig, line: str, key: str, err: Exception) -> str:
     """The message for an override that cannot be applied: an unknown key (with the CLI's "did you mean"), else
     OmegaConf's reason (a wrongly typed value) with the keys of its group."""
-    from kvbench.validation import unknown_key_message
+    from kvbench.app.validation import unknown_key_message
 
     parent, _, leaf = key.rpartition(".")
     while parent and not isinstance(OmegaConf.select(cfg, parent), DictConfig):  # an unknown group: its parent

@@ -2,7 +2,7 @@
 
 Each check names the key, the value and what is valid, e.g. ``method.params.gqa_agg='median' is not valid; valid: mean,
 max, sum (e.g. params.gqa_agg=mean).``  ``error`` picks the exception class: :class:`ValueError` where library code is
-called directly, :class:`kvbench.errors.KVBenchError` in :mod:`kvbench.validation` (printed without a traceback).
+called directly, :class:`kvbench.errors.KVBenchError` in :mod:`kvbench.app.validation` (printed without a traceback).
 The choice tuples themselves live beside the settings they constrain (:mod:`kvbench.config` for the common knobs,
 each method family's module for its parameters).
 """

@@ -1,9 +1,9 @@
 """The ``kvbench`` console script and ``python run.py``: one Hydra app, one exit code (2) per user error.
 
-* :func:`main` -- the entry point of both: ``kvbench list methods|tasks|models|budgets`` (:mod:`kvbench.listing`),
+* :func:`main` -- the entry point of both: ``kvbench list methods|tasks|models|budgets`` (:mod:`kvbench.app.listing`),
   else the Hydra app over the shipped config tree (:func:`kvbench.resources.conf_dir`, an absolute path, so the
   installed package finds it from any working directory; results go under the working directory's ``results/``).
-* :func:`run_job` -- one configuration: the checks that need no torch first (:mod:`kvbench.validation`), the
+* :func:`run_job` -- one configuration: the checks that need no torch first (:mod:`kvbench.app.validation`), the
   method family and its parameters (torch, not transformers), then the runner (or, for ``python run.py`` alone,
   the embedded demo).
 * :func:`check_sweep` -- a ``-m`` sweep is composed and validated whole before its first job (every job's values,
@@ -14,7 +14,7 @@
 * :func:`reporting_errors` -- a :class:`~kvbench.errors.KVBenchError` becomes ``error: <message>`` on stderr and
   exit status 2, without a traceback unless ``KVBENCH_DEBUG=1``; SIGTERM/SIGINT exit 143/130 (the run resumes
   from where it stopped); anything else is a bug and keeps its traceback (exit 1).
-* :func:`~kvbench.hydra_errors.hydra_error_message` -- Hydra's own errors (unknown preset, misspelt key, wrongly
+* :func:`~kvbench.app.hydra_errors.hydra_error_message` -- Hydra's own errors (unknown preset, misspelt key, wrongly
   typed value, override syntax) rewritten in the same form.  :func:`main` sets ``HYDRA_FULL_ERROR=1`` so Hydra
   raises them instead of printing its own report, and :func:`reporting_hydra_errors` reports them, also with exit
   status 2.
@@ -36,9 +36,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from kvbench.app.hydra_errors import hydra_error_message, one_paragraph
+from kvbench.app.validation import validate_run
 from kvbench.errors import INTERRUPTED_EXIT, USER_ERROR_EXIT, Interrupted, KVBenchError, environment_error_message
-from kvbench.hydra_errors import hydra_error_message, one_paragraph
-from kvbench.validation import validate_run
 
 #: Environment variable that adds the traceback to user-error reports.
 DEBUG_ENV = "KVBENCH_DEBUG"
@@ -95,7 +95,7 @@ def main() -> None:
     # Hydra raises its own errors instead of printing them (exit 1); reporting_hydra_errors reports them (exit 2).
     os.environ["HYDRA_FULL_ERROR"] = "1"
     if sys.argv[1:2] == ["list"]:
-        from kvbench.listing import main as list_main
+        from kvbench.app.listing import main as list_main
 
         sys.exit(list_main(sys.argv[2:]))
     if sys.argv[1:2] in (["report"], ["wandb-report"]):  # the dashboards (kvbench/dashboards.py)
@@ -103,7 +103,7 @@ def main() -> None:
 
         with reporting_errors():
             sys.exit(dashboards_main(sys.argv[1:]))
-    from kvbench.overrides import prepare_overrides
+    from kvbench.app.overrides import prepare_overrides
 
     # Any budget spec (budget=80L, budget=0.3x, budget=512) and a number given to any group, as Hydra composes them.
     continue_on_error = CONTINUE_FLAG in sys.argv[1:]

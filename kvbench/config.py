@@ -2,7 +2,7 @@
 
 One dataclass per config group, registered in Hydra's ConfigStore under ``schema/<group>``; every option file in
 ``conf/<group>/`` extends its schema in its defaults list, so a misspelt key or a wrongly typed value is rejected
-by Hydra before any work starts.  Keys added with ``+`` bypass that check; :mod:`kvbench.validation` rejects them,
+by Hydra before any work starts.  Keys added with ``+`` bypass that check; :mod:`kvbench.app.validation` rejects them,
 and validates the values that need more than a type check (a budget string, a knob's range) with messages that list
 the valid choices.  This module imports neither torch nor transformers, so those checks run before either loads.
 """
@@ -20,7 +20,7 @@ from kvbench.budget import Budget, BudgetError, budget_label, parse_budget
 from kvbench.checks import check_choice
 from kvbench.resources import conf_dir
 
-#: Valid values of the schema's string knobs: the one definition, checked before torch loads (kvbench/validation.py)
+#: Valid values of the schema's string knobs: the one definition, checked before torch loads (kvbench/app/validation.py)
 #: and imported by the modules that use them (methods/base.py, methods/token_scores.py, inference/generate.py).
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
 QUESTION_MODES = ("aware", "agnostic")
@@ -35,7 +35,7 @@ GQA_REDUCE_ORDERS = ("before_pool", "after_pool")
 WANDB_MODES = ("online", "offline", "disabled")
 
 
-#: The session knobs (:class:`kvbench.methods.knobs.SessionKnobs`: window, budget accounting, GQA storage, sinks, the
+#: The session knobs (:class:`kvbench.eviction.knobs.SessionKnobs`: window, budget accounting, GQA storage, sinks, the
 #: decode switch), each set as ``method.params.<knob>`` like a family's own knobs since issue #57; ``method.<knob>``
 #: is their spelling of before, still accepted with a note (:func:`move_session_knobs`).
 SESSION_KNOBS = ("window", "window_in_budget", "gqa_granularity", "gqa_agg", "sink_tokens", "decode_eviction")
@@ -344,7 +344,7 @@ def method_label(family: str, *wrappers: str) -> str:
     return "+".join([family, *(str(wrapper) for wrapper in wrappers if str(wrapper) not in WRAPPERS_OFF)])
 
 
-#: The wrapper knobs a method label names (``method.params.<knob>``: :mod:`kvbench.methods.wrappers`), in the label's
+#: The wrapper knobs a method label names (``method.params.<knob>``: :mod:`kvbench.eviction.wrappers`), in the label's
 #: order, each with the prefix of its part (``decode4``, ``target8``, ``ratio0.5``).
 WRAPPER_LABEL_PARTS: dict[str, str] = {
     "allocation": "",
@@ -412,7 +412,7 @@ def budget_choice(value: str) -> str | None:
     (``conf/budget/<value>.yaml``); for a budget spec (``80L``, ``0.3x``, ``128/layer``, a bare integer ``512`` =
     ``512L``), the preset that means the same budget (``0.5x`` -> ``ratio0.5``, so both share one folder and one
     hash), else a name in the presets' style (``80L``, ``ratio0.3``, ``128perlayer``) whose node
-    :func:`kvbench.overrides.prepare_overrides` registers; ``None`` when ``value`` is neither."""
+    :func:`kvbench.app.overrides.prepare_overrides` registers; ``None`` when ``value`` is neither."""
     text = str(value).strip()
     if text in budget_presets():
         return text

@@ -46,9 +46,9 @@ from kvbench.bench.random_models import ARCHITECTURES, build_random_model
 from kvbench.budget import parse_budget
 from kvbench.cache.kv_cache import KVBenchCache
 from kvbench.config import MethodConfig
+from kvbench.eviction.base import EvictionMethod, build_method
 from kvbench.inference.eviction import EvictionSession
 from kvbench.inference.prefill import forward_logits
-from kvbench.methods.base import EvictionMethod, build_method
 
 SMOLLM2 = "smollm2-135m"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 
 from kvbench.budget import parse_budget
+from kvbench.eviction.base import build_method
 from kvbench.lmeval.loglikelihood import compress_context, score_continuation
 from kvbench.lmeval.presets import method_config
-from kvbench.methods.base import build_method
 from kvbench.models.loading import build_builtin
 
 

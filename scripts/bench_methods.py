@@ -23,8 +23,8 @@ from omegaconf import OmegaConf
 from kvbench import resources
 from kvbench.budget import parse_budget
 from kvbench.config import MethodConfig, ModelConfig
+from kvbench.eviction.base import build_method
 from kvbench.inference.generate import generate
-from kvbench.methods.base import build_method
 from kvbench.models.loading import load_model
 
 DEFAULT_METHODS = ["full", "streamingllm", "h2o", "tova", "snapkv", "pyramidkv"]

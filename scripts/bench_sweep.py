@@ -38,10 +38,10 @@ from kvbench import resources
 from kvbench.bench.random_models import ARCHITECTURES, build_random_model, load_method
 from kvbench.budget import parse_budget
 from kvbench.config import MethodConfig
+from kvbench.eviction.base import build_method
 from kvbench.inference.generate import decode_prefilled
 from kvbench.inference.prefill import prefill
 from kvbench.inference.shared_prefill import PrefillJob, shared_prefill
-from kvbench.methods.base import build_method
 
 #: Four one-shot methods (prefill compression only) with the same cache layout (KV heads): one group.
 METHODS = ("snapkv_kvpress", "pyramidkv_kvpress", "knorm", "expected_attention_kvpress")

@@ -72,7 +72,7 @@ def spell(override: str) -> str:
 
 def configs() -> list[tuple[str, str, tuple[str, ...]]]:
     """(method, budget, overrides) for every preset (YAML or class-only) x named budget, then every variant."""
-    from kvbench.overrides import class_method_names
+    from kvbench.app.overrides import class_method_names
     from kvbench.resources import conf_dir
 
     methods = sorted({path.stem for path in (conf_dir() / "method").glob("*.yaml")} | set(class_method_names()))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvbench.overrides import class_method_names
+from kvbench.app.overrides import class_method_names
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 

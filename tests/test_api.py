@@ -18,9 +18,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import kvbench
 from kvbench.budget import parse_budget
 from kvbench.errors import KVBenchError
+from kvbench.eviction.base import build_method
 from kvbench.inference.generate import generate
 from kvbench.inference.press import kvbench_attention
-from kvbench.methods.base import build_method
 from kvbench.models.tiny import FILLER_WORDS
 from kvbench.resources import models_dir
 

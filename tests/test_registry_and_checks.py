@@ -9,8 +9,8 @@ import pytest
 
 from kvbench.checks import check_choice, check_known_keys, check_min, check_range
 from kvbench.errors import KVBenchError
-from kvbench.methods.base import METHOD_FAMILIES, method_families
-from kvbench.methods.params import bounded, choice, parse_params
+from kvbench.eviction.base import METHOD_FAMILIES, method_families
+from kvbench.eviction.params import bounded, choice, parse_params
 from kvbench.registry import Registry
 from kvbench.tasks.base import DATA_PREPARERS, TASK_KINDS, task_kinds
 
@@ -140,7 +140,7 @@ def plugin_config(tmp_path, *overrides: str):
 
 def test_validation_asks_the_task_kind_for_its_dataset_names(plugin_kind, tmp_path) -> None:
     """No kind is special-cased: a plug-in kind's own names are the valid choices, for its own settings."""
-    from kvbench.validation import check_config
+    from kvbench.app.validation import check_config
 
     check_config(plugin_config(tmp_path, "task.datasets=[beta]"))
     with pytest.raises(KVBenchError, match=r"task.datasets=\['gamma'\] are not datasets .*valid datasets: alpha, beta"):
@@ -150,7 +150,7 @@ def test_validation_asks_the_task_kind_for_its_dataset_names(plugin_kind, tmp_pa
 
 
 def test_validation_asks_the_task_kind_for_packages_and_data_folders(plugin_kind, tmp_path) -> None:
-    from kvbench.validation import check_environment
+    from kvbench.app.validation import check_environment
 
     check_environment(plugin_config(tmp_path, "task.data_dir=bundled"), check_model=False)
     needs = r"task.options.scorer=fancy needs .*'kvbench_no_such_module'.*pip install x"

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import pytest
 
-import kvbench.methods.base
+import kvbench.eviction.base
 from kvbench.api import compose_config
+from kvbench.app.validation import validate_run
 from kvbench.errors import KVBenchError
 from kvbench.run.runner import Runner
-from kvbench.validation import validate_run
 
 
 def test_the_runner_uses_the_validated_method_and_budget(tmp_path, monkeypatch) -> None:
     cfg = compose_config("snapkv", "64L", overrides=[f"run.output_root={tmp_path}"])
     builds = []
-    real_build = kvbench.methods.base.build_method
-    monkeypatch.setattr(kvbench.methods.base, "build_method", lambda method: builds.append(1) or real_build(method))
+    real_build = kvbench.eviction.base.build_method
+    monkeypatch.setattr(kvbench.eviction.base, "build_method", lambda method: builds.append(1) or real_build(method))
     validated = validate_run(cfg)
     runner = Runner(cfg, validated=validated)
     assert runner.method is validated.method and runner.budget is validated.budget

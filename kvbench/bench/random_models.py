@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from kvbench.methods.base import EvictionMethod, build_method
+from kvbench.eviction.base import EvictionMethod, build_method
 from kvbench.resources import conf_dir
 
 _LLAMA31_8B = {

@@ -14,8 +14,8 @@ from kvbench.bench.timing import synchronize
 from kvbench.budget import Budget
 from kvbench.cache.kv_cache import KVBenchCache
 from kvbench.cache.paged import PagedLayer
+from kvbench.eviction.base import EvictionMethod
 from kvbench.inference.prefill import forward_logits, prefill
-from kvbench.methods.base import EvictionMethod
 
 
 @dataclass

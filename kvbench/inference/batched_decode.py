@@ -35,11 +35,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from kvbench.budget import Budget
 from kvbench.cache.batched import BatchedCache
 from kvbench.checks import DECODE_BATCH_AUTO, check_decode_batch
+from kvbench.eviction.base import EvictionMethod
 from kvbench.inference.decode_pool import DECODE_PATHS, POOLED, PooledBatch, decode_path
 from kvbench.inference.eviction import EvictionSession
 from kvbench.inference.generate import GenerationOutput, GreedyStream, sync_devices
 from kvbench.inference.prefill import prefill
-from kvbench.methods.base import EvictionMethod
 from kvbench.models.loading import input_device, model_devices
 from kvbench.sampling import Sampling
 

@@ -55,7 +55,7 @@ class CacheRecord:
     #: ``0 .. n-1``, and the tokens after the prompt continue from ``next_position``).
     key_positions: str = "original"
     next_position: int | None = None
-    #: Where the scorer's pre-RoPE keys / queries came from (:mod:`kvbench.methods.prerope`): ``hidden_states``
+    #: Where the scorer's pre-RoPE keys / queries came from (:mod:`kvbench.eviction.prerope`): ``hidden_states``
     #: (recomputed from the layers' input, as kvpress), ``unrotated`` (the stored states un-rotated: no hidden states
     #: for that layer), ``mixed``; ``None`` for a scorer that reads none.
     prerope_states: str | None = None

@@ -6,7 +6,7 @@ and step for all samples.
 ``b * H .. (b + 1) * H - 1`` of every pool, each with its own block-table row and length.  A step runs the model once
 on the ``[B, 1]`` batch with :class:`PooledCache` as ``past_key_values``: each layer appends every row's new token in
 one write, attends in one call (:func:`kvbench.attention.pooled.pooled_attention`), and steps the method's decode
-policy once over all rows with the samples' :class:`~kvbench.methods.state.DecodeState` stacked into row tensors
+policy once over all rows with the samples' :class:`~kvbench.eviction.state.DecodeState` stacked into row tensors
 (caps ``[R]``, running scores ``[R, C]``).  A sample leaving (:meth:`PooledBatch.leave`) gets its rows written back
 into its own cache (as batch 1 would hold them) and its rows of the stacked state back into its session; its pages
 return to the pool for the next sample (continuous batching).
@@ -41,8 +41,8 @@ from kvbench.cache.paged import DEFAULT_PAGE_SIZE, PagedLayer
 from kvbench.cache.pool import PooledLayer
 from kvbench.cache.quantized import QuantizedStorage
 from kvbench.cache.quantized_pool import QuantizedPooledLayer
+from kvbench.eviction.state import split_decode_state, stack_decode_states
 from kvbench.inference.eviction import EvictionSession
-from kvbench.methods.state import split_decode_state, stack_decode_states
 
 #: The decode paths (:func:`decode_path`): the shared page pool, or each sample's own cache row by row.
 POOLED, PER_SAMPLE = "pooled", "per_sample"

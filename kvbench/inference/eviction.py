@@ -1,4 +1,4 @@
-"""The eviction session: applies an :class:`~kvbench.methods.base.EvictionMethod` to a :class:`KVBenchCache`.
+"""The eviction session: applies an :class:`~kvbench.eviction.base.EvictionMethod` to a :class:`KVBenchCache`.
 
 One session per sample.  The generation loop tells it the phase (compressing prefill, plain append, decode) and
 passes it to the model's forward as ``kvbench_session``; kvbench's attention function calls
@@ -29,12 +29,12 @@ from kvbench.budget import Budget
 from kvbench.cache.base import on_device
 from kvbench.cache.kv_cache import HeadwiseLayer, KVBenchCache
 from kvbench.checks import check_choice
+from kvbench.eviction.base import AllocatorState, DecodeState, EvictionMethod, PromptRows, WindowObservation
+from kvbench.eviction.token_scores import aggregate_groups
 from kvbench.inference.cache_record import CacheRecord
 from kvbench.inference.prompt_rows import PrefillRows, prompt_fingerprint, rank_tokens
 from kvbench.inference.session_passes import SessionPasses
-from kvbench.methods.base import AllocatorState, DecodeState, EvictionMethod, PromptRows, WindowObservation
 from kvbench.methods.threshold import new_decode_state, threshold_counts
-from kvbench.methods.token_scores import aggregate_groups
 
 Phase = Literal["idle", "compress", "replay", "append", "decode"]
 
@@ -57,7 +57,7 @@ class EvictionSession(SessionPasses):
         The model's rotary embedding tables (:attr:`WindowObservation.rotary`), or ``None``.
     dataset_state:
         What the method's layer allocator keeps across the samples of a dataset
-        (:meth:`~kvbench.methods.base.LayerBudgetAllocator.new_dataset_state`: XKV's sampled mode), created once
+        (:meth:`~kvbench.eviction.base.LayerBudgetAllocator.new_dataset_state`: XKV's sampled mode), created once
         per dataset by the runner; ``None``: the sample stands alone.
 
     The method is a frozen recipe shared by every sample; what this sample accumulates is the session's:

@@ -15,6 +15,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from kvbench.budget import Budget
+from kvbench.eviction.base import EvictionMethod
 from kvbench.inference.eviction import CacheRecord
 from kvbench.inference.prefill import (  # noqa: F401  (re-exported: the runner's names for the prefill's parts)
     CPU_CHUNK_PAIRS,
@@ -25,7 +26,6 @@ from kvbench.inference.prefill import (  # noqa: F401  (re-exported: the runner'
     prefill,
     resolve_prefill_chunk,
 )
-from kvbench.methods.base import EvictionMethod
 from kvbench.models.loading import input_device, model_devices
 from kvbench.sampling import Sampling
 
@@ -89,7 +89,7 @@ def generate(
     (as in ``generate()``); the text is decoded with ``skip_special_tokens=True``.
     ``prefill_chunk``: tokens per forward of the compressed prefill (:func:`resolve_prefill_chunk`).
     ``dataset_state``: what the method's layer allocator keeps across a dataset's samples (XKV's sampled mode;
-    :meth:`~kvbench.methods.base.LayerBudgetAllocator.new_dataset_state`), ``None`` for a sample alone.
+    :meth:`~kvbench.eviction.base.LayerBudgetAllocator.new_dataset_state`), ``None`` for a sample alone.
     ``kv_quant``: quantized KV storage (the ``kv_quant`` config node; :func:`kvbench.inference.prefill.build_cache`).
     """
     state = prefill(

@@ -1,5 +1,5 @@
 """The layers' input hidden states during a compressing prefill, for the scorers that read pre-RoPE keys or queries
-(:attr:`kvbench.methods.base.PromptRows.prerope_keys`: Expected Attention, leverage scores, Compactor).
+(:attr:`kvbench.eviction.base.PromptRows.prerope_keys`: Expected Attention, leverage scores, Compactor).
 
 kvpress recomputes those states from the attention module's input (``k_proj`` / ``q_proj`` of its hidden states,
 then the per-head ``k_norm`` / ``q_norm`` of Qwen3 and Gemma-3; ``qkv_proj`` slices for Phi-3).  kvbench does the
@@ -11,7 +11,7 @@ layer) and then frees them.  The hooks are removed when the prefill ends (:meth:
 nothing is kept while decoding, and nothing is registered for a scorer that reads no pre-RoPE states.
 
 A layer whose attention module has another layout (a norm over all heads at once, no projections) gets no hook:
-its scorer un-rotates the stored states instead (:mod:`kvbench.methods.prerope`), and the cache record says so.
+its scorer un-rotates the stored states instead (:mod:`kvbench.eviction.prerope`), and the cache record says so.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class ProjectedStates:
     """Pre-RoPE keys and queries of one layer recomputed from its input ``hidden_states`` ``[S, hidden]`` through
     its attention ``module`` (kvpress's ``get_prerope_key_states`` / ``get_prerope_query_states``), in the model
     dtype; keys repeated ``expand`` times per KV head (query-head storage).  A
-    :class:`kvbench.methods.prerope.PreRopeStates`."""
+    :class:`kvbench.eviction.prerope.PreRopeStates`."""
 
     module: torch.nn.Module
     hidden_states: torch.Tensor
@@ -133,7 +133,7 @@ def capture_hidden_states(model: PreTrainedModel, session: EvictionSession) -> N
 
 def capture_decode_queries(model: PreTrainedModel, session: EvictionSession) -> None:
     """When the session's decode policy reads the pre-RoPE queries of the forwards after the prefill (kvpress's
-    decoding presses buffer those hidden states: :attr:`~kvbench.methods.base.DecodePolicy.reads_prerope_queries`),
+    decoding presses buffer those hidden states: :attr:`~kvbench.eviction.base.DecodePolicy.reads_prerope_queries`),
     register forward pre-hooks that hand it ``q_proj`` of each compressible layer's hidden states (kvpress's
     ``get_prerope_query_states``, in the model dtype) while the sample decodes; removed by
     :meth:`EvictionSession.finish` (``session.decode_hooks``)."""

@@ -39,10 +39,10 @@ from kvbench.cache.sliding import layer_windows
 from kvbench.checks import check_choice
 from kvbench.config import QUESTION_MODES, KVQuantConfig, check_kv_quant, kv_quant_refusal
 from kvbench.errors import KVBenchError
+from kvbench.eviction.base import EvictionMethod
 from kvbench.inference.eviction import EvictionSession
 from kvbench.inference.hidden_states import capture_decode_queries, capture_hidden_states
 from kvbench.inference.replay import replay_context
-from kvbench.methods.base import EvictionMethod
 from kvbench.models.loading import input_device
 
 #: ``prefill_chunk=None`` (automatic): on CPU, prompts longer than this are fed in chunks of at most this many
@@ -71,7 +71,7 @@ def resolve_prefill_chunk(prefill_chunk: int | None, device: torch.device, promp
 def build_cache(model: PreTrainedModel, method: EvictionMethod, kv_quant: Any = None) -> KVBenchCache:
     """An empty cache with the method's GQA granularity; the model's sliding-window layers (as transformers reads
     its config, :func:`kvbench.cache.sliding.layer_windows`) are held in sliding layers, or kept evictable when the
-    method says ``compress_sliding`` (:class:`~kvbench.methods.base.EvictionMethod`, off by default).  ``kv_quant``
+    method says ``compress_sliding`` (:class:`~kvbench.eviction.base.EvictionMethod`, off by default).  ``kv_quant``
     (a ``kv_quant`` config node or :class:`~kvbench.config.KVQuantConfig`; ``None`` or scheme ``none``: unquantized)
     makes the evictable layers store quantized KV (:mod:`kvbench.cache.quantized`).  A scorer that back-propagates
     through the cache (``needs_gradient``: KVgrad) gets the torch storage on every device."""
@@ -218,7 +218,7 @@ def rotary_tables(
     model: PreTrainedModel,
 ) -> Callable[[torch.Tensor, torch.dtype], tuple[torch.Tensor, torch.Tensor]] | None:
     """The model's rotary embedding module as ``(positions [N], dtype) -> (cos, sin) [N, D]`` (what
-    :attr:`kvbench.methods.base.WindowObservation.rotary` holds), or ``None`` when the decoder has no single
+    :attr:`kvbench.eviction.base.WindowObservation.rotary` holds), or ``None`` when the decoder has no single
     ``rotary_emb`` (no RoPE).
 
     A rotary module with one table per layer type (Gemma-3: ``forward(x, position_ids, layer_type)``) gives the

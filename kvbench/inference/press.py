@@ -44,9 +44,9 @@ from kvbench.budget import Budget
 from kvbench.cache.kv_cache import KVBenchCache
 from kvbench.config import QUESTION_MODES
 from kvbench.errors import KVBenchError
+from kvbench.eviction.base import EvictionMethod
 from kvbench.inference.eviction import CacheRecord, EvictionSession
 from kvbench.inference.prefill import prefill
-from kvbench.methods.base import EvictionMethod
 
 
 @contextmanager
@@ -141,7 +141,7 @@ class Press:
         A decoder-only transformers model whose attention layers take ``attn_implementation`` (Llama, Mistral,
         Qwen2, Gemma, ...), on one device or spread by a device map.
     method, budget:
-        A built method (:func:`kvbench.methods.base.build_method`) and a parsed budget
+        A built method (:func:`kvbench.eviction.base.build_method`) and a parsed budget
         (:func:`kvbench.budget.parse_budget`); :func:`kvbench.press` builds them from names.
     question_mode:
         ``aware`` (default) or ``agnostic``.

@@ -14,8 +14,8 @@ import torch
 
 from kvbench import kernels
 from kvbench.cache.kv_cache import HeadwiseLayer
+from kvbench.eviction.base import PromptRows
 from kvbench.inference.hidden_states import ProjectedStates
-from kvbench.methods.base import PromptRows
 
 
 def prompt_fingerprint(token_ids: Sequence[int]) -> int:

@@ -37,10 +37,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from kvbench.budget import Budget
 from kvbench.cache.kv_cache import KVBenchCache
 from kvbench.checks import check_choice
+from kvbench.eviction.base import EvictionMethod
 from kvbench.inference.eviction import EvictionSession
 from kvbench.inference.generate import GenerationOutput, GreedyStream, decode_stream, sync_devices
 from kvbench.inference.prefill import forward_logits, prefill
-from kvbench.methods.base import EvictionMethod
 from kvbench.models.loading import input_device, model_devices
 
 #: How the queries of a context group share its compressed context.

@@ -38,6 +38,7 @@ from transformers import PreTrainedModel
 
 from kvbench.budget import Budget
 from kvbench.cache.kv_cache import KVBenchCache
+from kvbench.eviction.base import EvictionMethod
 from kvbench.inference.eviction import EvictionSession
 from kvbench.inference.hidden_states import capture_hidden_states
 from kvbench.inference.prefill import (
@@ -50,7 +51,6 @@ from kvbench.inference.prefill import (
     split_question,
 )
 from kvbench.inference.replay import replay_context
-from kvbench.methods.base import EvictionMethod
 from kvbench.models.loading import input_device
 
 

@@ -69,8 +69,8 @@ def check_model_args(args: Mapping[str, Any]) -> None:
     """Check every ``--model_args`` value of ``--model kvbench`` (see the module docstring)."""
     from omegaconf import OmegaConf
 
+    from kvbench.app.validation import check_method
     from kvbench.models.source import resolve_model_source
-    from kvbench.validation import check_method
 
     unknown = [key for key in args if key not in MODEL_ARG_KEYS and not str(key).startswith("method.")]
     if unknown:
@@ -106,8 +106,8 @@ def set_method_key(method_cfg: Any, key: str, value: Any) -> None:
     from omegaconf import OmegaConf, open_dict
     from omegaconf.errors import OmegaConfBaseException
 
+    from kvbench.app.validation import unknown_key_message
     from kvbench.config import SESSION_KNOBS, MethodConfig, session_knob_note
-    from kvbench.validation import unknown_key_message
 
     if key in SESSION_KNOBS:
         LOG.warning(session_knob_note(key))

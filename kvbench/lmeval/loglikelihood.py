@@ -39,10 +39,10 @@ from kvbench.budget import Budget
 from kvbench.cache.kv_cache import KVBenchCache
 from kvbench.checks import check_choice
 from kvbench.config import QUESTION_MODES
+from kvbench.eviction.base import EvictionMethod
 from kvbench.inference.eviction import CacheRecord
 from kvbench.inference.prefill import build_cache, forward_logits, prefill
 from kvbench.inference.shared_context import cache_fingerprint
-from kvbench.methods.base import EvictionMethod
 from kvbench.models.loading import input_device
 
 

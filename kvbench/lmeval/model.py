@@ -47,12 +47,12 @@ from kvbench.budget import Budget, parse_budget
 from kvbench.checks import check_choice, check_decode_batch
 from kvbench.config import QUESTION_MODES
 from kvbench.errors import KVBenchError
+from kvbench.eviction.base import EvictionMethod, build_method
 from kvbench.inference.batched_decode import DecodeRequest, ReorderBuffer, generate_batched, resolve_decode_batch
 from kvbench.inference.generate import GenerationOutput, generate
 from kvbench.lmeval.args import check_model_args, set_method_key
 from kvbench.lmeval.loglikelihood import cache_fingerprint, compress_context, score_continuation
 from kvbench.lmeval.presets import budget_config, method_config, model_config
-from kvbench.methods.base import EvictionMethod, build_method
 from kvbench.models.loading import input_device, load_model, stop_token_ids
 
 LOG = logging.getLogger(__name__)

@@ -58,7 +58,7 @@ def method_config(method: str, **overrides: Any) -> DictConfig:
     if cfg is None:
         cfg = class_method_preset(method)
     if cfg is None:
-        from kvbench.overrides import class_method_names
+        from kvbench.app.overrides import class_method_names
 
         names = sorted({*preset_names("method"), *class_method_names()})
         close = difflib.get_close_matches(method, names, n=1, cutoff=0.6)
@@ -76,7 +76,7 @@ def class_method_preset(method: str) -> DictConfig | None:
     no YAML), as ``run.py method=<method>`` composes it, merged into the schema; ``None`` when there is none."""
     from hydra.core.config_store import ConfigStore
 
-    from kvbench.overrides import register_method_choice
+    from kvbench.app.overrides import register_method_choice
 
     if not method.isidentifier() or not register_method_choice(method):
         return None

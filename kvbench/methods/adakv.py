@@ -8,7 +8,7 @@ with ``gqa_func=mean``, ``normalize`` off, ``skip`` 0):
   rows, candidates ``[0, S - W)`` only, GQA group mean (``kv_head``; the early paper replicates KV per query head,
   ``gqa_granularity=query_head``), then max pooling (kernel 7) -- :class:`~kvbench.methods.snapkv.WindowVoteScorer`
   with ``row_reduce="mean"``.
-* Head capacities in a layer: :class:`~kvbench.methods.head_allocation.AdaHeadAllocator` (the allocation math,
+* Head capacities in a layer: :class:`~kvbench.eviction.head_allocation.AdaHeadAllocator` (the allocation math,
   a piece shared with the ``allocation: ada`` wrapper over any scorer): ``params.alpha_reading`` picks the
   safeguard's reading (``floor``, the code's, or ``adaptive``, the papers' formula), ``params.normalize`` and
   ``params.rounding`` (``largest_remainder``: kvbench's sum-preserving variant) its switches; with
@@ -26,9 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from kvbench.methods.base import EvictionMethod, common_knobs, score_options
-from kvbench.methods.family import FamilyMethod
-from kvbench.methods.head_allocation import (  # the allocation math (re-exported: importable from here as before)
+from kvbench.eviction.base import EvictionMethod, common_knobs, score_options
+from kvbench.eviction.family import FamilyMethod
+from kvbench.eviction.head_allocation import (  # the allocation math (re-exported: importable from here as before)
     ALPHA_READINGS,
     PAPER_ALPHA,
     PAPER_VERSIONS,
@@ -38,10 +38,10 @@ from kvbench.methods.head_allocation import (  # the allocation math (re-exporte
     adaptive_counts,
     largest_remainder,
 )
-from kvbench.methods.layer_schedules import PYRAMID_SCHEDULES, PyramidLayerAllocator
-from kvbench.methods.params import bounded, choice
+from kvbench.eviction.layer_schedules import PYRAMID_SCHEDULES, PyramidLayerAllocator
+from kvbench.eviction.params import bounded, choice
+from kvbench.eviction.token_scores import VoteKnobs
 from kvbench.methods.snapkv import WindowVoteScorer
-from kvbench.methods.token_scores import VoteKnobs
 
 __all__ = [
     "PAPER_ALPHA",

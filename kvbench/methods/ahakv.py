@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from kvbench import kernels
-from kvbench.methods.base import (
+from kvbench.eviction.base import (
     DecodeState,
     EvictionMethod,
     PromptRows,
@@ -51,11 +51,11 @@ from kvbench.methods.base import (
     WindowObservation,
     common_knobs,
 )
-from kvbench.methods.decoding import samples_and_heads
-from kvbench.methods.family import FamilyMethod
+from kvbench.eviction.decoding import samples_and_heads
+from kvbench.eviction.family import FamilyMethod
+from kvbench.eviction.params import bounded, choice
+from kvbench.eviction.token_scores import ScoreDtypeKnob, aggregate_groups, probability_dtype, round_to
 from kvbench.methods.h2o import ScoredDecodePolicy
-from kvbench.methods.params import bounded, choice
-from kvbench.methods.token_scores import ScoreDtypeKnob, aggregate_groups, probability_dtype, round_to
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
     from kvbench.cache.kv_cache import HeadwiseLayer

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from kvbench.methods.base import (
+from kvbench.eviction.base import (
     AllocatorState,
     DecodePolicy,
     DecodeState,
@@ -59,14 +59,11 @@ from kvbench.methods.base import (
     common_knobs,
     score_options,
 )
-from kvbench.methods.cake_preference import code_preference, layer_preference
-from kvbench.methods.decoding import evict_lowest, evict_to_caps, key_products, one_token_evictions
-from kvbench.methods.family import FamilyMethod
-from kvbench.methods.h2o import AllRowsScorer, HeavyHitterDecode, ScoredDecodePolicy
-from kvbench.methods.params import bounded, choice
-from kvbench.methods.seeding import sample_generator
-from kvbench.methods.snapkv import PyramidLayerAllocator, WindowVoteScorer
-from kvbench.methods.token_scores import (
+from kvbench.eviction.decoding import evict_lowest, evict_to_caps, key_products, one_token_evictions
+from kvbench.eviction.family import FamilyMethod
+from kvbench.eviction.params import bounded, choice
+from kvbench.eviction.seeding import sample_generator
+from kvbench.eviction.token_scores import (
     ScoreOptions,
     VoteKnobs,
     pool_scores,
@@ -74,6 +71,9 @@ from kvbench.methods.token_scores import (
     round_to,
     with_window_columns,
 )
+from kvbench.methods.cake_preference import code_preference, layer_preference
+from kvbench.methods.h2o import AllRowsScorer, HeavyHitterDecode, ScoredDecodePolicy
+from kvbench.methods.snapkv import PyramidLayerAllocator, WindowVoteScorer
 from kvbench.methods.tova import CurrentAttentionDecode, LastQueryScorer
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
@@ -246,7 +246,7 @@ class RandomLayerAllocator(LayerBudgetAllocator):
 
     CAKE's released code has no random allocation (the paper prints mean +- std over random allocations and does not
     say how they were drawn).  kvbench draws a sample's weights ``U[0, 1) + 1e-6`` at its first compressed layer from
-    a generator seeded with ``(seed, sample_key)`` (the prompt's fingerprint; :mod:`kvbench.methods.seeding`), so
+    a generator seeded with ``(seed, sample_key)`` (the prompt's fingerprint; :mod:`kvbench.eviction.seeding`), so
     resumed, batched and lm-eval runs draw what the uninterrupted run draws; seeds give the paper's spread.
     """
 

@@ -21,9 +21,9 @@ import math
 
 import torch
 
+from kvbench.eviction.observation import WindowObservation
+from kvbench.eviction.token_scores import Rounding, no_rounding
 from kvbench.kernels import WindowStats
-from kvbench.methods.observation import WindowObservation
-from kvbench.methods.token_scores import Rounding, no_rounding
 
 
 def layer_preference(

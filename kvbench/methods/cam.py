@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kvbench.methods.base import DecodePolicy, DecodeState, EvictionMethod, TokenScorer, WindowObservation
+from kvbench.eviction.base import DecodePolicy, DecodeState, EvictionMethod, TokenScorer, WindowObservation
+from kvbench.eviction.params import bounded
+from kvbench.eviction.token_scores import aggregate_groups
 from kvbench.methods.over_press import OverPress
-from kvbench.methods.params import bounded
-from kvbench.methods.token_scores import aggregate_groups
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
     from kvbench.cache.kv_cache import HeadwiseLayer

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from kvbench.methods.base import PromptRows, WindowObservation
+from kvbench.eviction.base import PromptRows, WindowObservation
+from kvbench.eviction.params import bounded
+from kvbench.eviction.prerope import prerope_states
+from kvbench.eviction.recipe import ScorerMethod
 from kvbench.methods.expected_attention import average_rotation
-from kvbench.methods.params import bounded
-from kvbench.methods.prerope import prerope_states
-from kvbench.methods.recipe import ScorerMethod
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ z-scored over that span -- and the protected tokens get the span's maximum.
 whole number); without a known layer budget (an allocator that sets it after scoring) it is 0.35, kvpress's
 fallback.  kvpress's ``compression_ratio`` c is ``budget=<c>cr`` (or ``<max(1, int(S (1 - c)))>/layer``).  Reads
 every prompt query and the pre-RoPE keys of the span (``k_proj`` of its hidden states, as kvpress:
-:mod:`kvbench.methods.prerope`).  Parity: ``tests/methods/test_compactor.py``.
+:mod:`kvbench.eviction.prerope`).  Parity: ``tests/methods/test_compactor.py``.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from kvbench.methods.base import PromptRows, WindowObservation
+from kvbench.eviction.base import PromptRows, WindowObservation
+from kvbench.eviction.params import bounded
+from kvbench.eviction.prerope import prerope_states
+from kvbench.eviction.recipe import ScorerMethod
 from kvbench.methods.leverage import leverage_scores
 from kvbench.methods.noncausal import pooled_attention_scores, zscore_all_heads
-from kvbench.methods.params import bounded
-from kvbench.methods.prerope import prerope_states
-from kvbench.methods.recipe import ScorerMethod
 
 #: kvpress's blending when neither ``blending`` nor a compression ratio is known.
 FALLBACK_BLENDING = 0.35

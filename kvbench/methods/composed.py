@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from kvbench.methods.base import (
+from kvbench.eviction.base import (
     EvictionMethod,
     HeadBudgetAllocator,
     PromptRows,
@@ -43,9 +43,9 @@ from kvbench.methods.base import (
     WindowObservation,
     build_method,
 )
-from kvbench.methods.family import FamilyMethod, family_class
+from kvbench.eviction.family import FamilyMethod, family_class
+from kvbench.eviction.token_scores import aggregate_groups
 from kvbench.methods.threshold import ThresholdScorer
-from kvbench.methods.token_scores import aggregate_groups
 
 REFERENCE = "NVIDIA/kvpress kvpress/presses/composed_press.py@0.5.5 (ComposedPress)"
 #: The session knobs each stage holds (its preset's), not the composed preset.

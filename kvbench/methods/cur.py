@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from kvbench.methods.base import WindowObservation
-from kvbench.methods.params import bounded, choice
-from kvbench.methods.recipe import ScorerMethod
+from kvbench.eviction.base import WindowObservation
+from kvbench.eviction.params import bounded, choice
+from kvbench.eviction.recipe import ScorerMethod
 
 LEVERAGE_TYPES = ("kv_product", "kv_avg", "key", "value")
 #: Columns of the Gaussian sketch of ``use_random_leverage`` (kvpress's constant).

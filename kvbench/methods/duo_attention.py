@@ -45,11 +45,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import torch
 
-from kvbench.methods.base import EvictionMethod, TokenScorer, WindowObservation, common_knobs
-from kvbench.methods.family import FamilyMethod
-from kvbench.methods.kept_sets import HeadFileMismatch, KeepScoredTokens, files_digest, keep_only, resolve_data_path
-from kvbench.methods.params import bounded, choice
-from kvbench.methods.state import DecodeState
+from kvbench.eviction.base import EvictionMethod, TokenScorer, WindowObservation, common_knobs
+from kvbench.eviction.family import FamilyMethod
+from kvbench.eviction.kept_sets import HeadFileMismatch, KeepScoredTokens, files_digest, keep_only, resolve_data_path
+from kvbench.eviction.params import bounded, choice
+from kvbench.eviction.state import DecodeState
 from kvbench.methods.streamingllm import SinkWindowDecode
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers

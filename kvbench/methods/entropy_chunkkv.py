@@ -24,12 +24,12 @@ from typing import Any
 
 import torch
 
-from kvbench.methods.base import EvictionMethod, PromptRows, TokenScorer, WindowObservation
+from kvbench.eviction.base import EvictionMethod, PromptRows, TokenScorer, WindowObservation
+from kvbench.eviction.params import bounded
+from kvbench.eviction.selection import SelectedCountAllocator, pad_protected
+from kvbench.eviction.token_scores import aggregate_groups
 from kvbench.methods.over_press import OverPress
-from kvbench.methods.params import bounded
-from kvbench.methods.selection import SelectedCountAllocator, pad_protected
 from kvbench.methods.threshold import in_reference_dtype
-from kvbench.methods.token_scores import aggregate_groups
 
 REFERENCE = "NVIDIA/kvpress kvpress/presses/entropy_gated_chunkkv_press.py@0.5.5 (EntropyGatedChunkKVPress)"
 #: kvpress's epsilon.

@@ -20,7 +20,7 @@ model's queries on local text (kvpress's procedure: samples of ``sample_chars`` 
 sample, unbiased covariance).
 
 Pre-RoPE queries as kvpress's: ``q_proj`` of the layer's input hidden states (the session keeps them during the
-compressing prefill, :mod:`kvbench.methods.prerope`), bit for bit in float32 and bfloat16.  Without hidden states
+compressing prefill, :mod:`kvbench.eviction.prerope`), bit for bit in float32 and bfloat16.  Without hidden states
 (hand-built tensors) the stored post-RoPE prompt queries are un-rotated instead (float32 scores agree to ~1e-6;
 bfloat16 rounds differently), and the cache record says ``prerope_states: unrotated``.  Holds ``O(S x hidden)`` per
 layer across the chunks of a chunked prefill; needs a model with one rotary embedding
@@ -36,10 +36,10 @@ from functools import cache
 import torch
 from torch.nn import functional as F
 
-from kvbench.methods.base import PromptRows, WindowObservation
-from kvbench.methods.params import bounded
-from kvbench.methods.prerope import prerope_states, rotate_half, unrotate
-from kvbench.methods.recipe import ScorerMethod
+from kvbench.eviction.base import PromptRows, WindowObservation
+from kvbench.eviction.params import bounded
+from kvbench.eviction.prerope import prerope_states, rotate_half, unrotate
+from kvbench.eviction.recipe import ScorerMethod
 
 __all__ = ["ExpectedAttention", "average_rotation", "load_stats", "rotate_half", "unrotate"]
 

@@ -25,10 +25,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from kvbench.methods.base import PromptRows, WindowObservation
+from kvbench.eviction.base import PromptRows, WindowObservation
+from kvbench.eviction.params import bounded
+from kvbench.eviction.recipe import ScorerMethod
 from kvbench.methods.kvzip import top_scores
-from kvbench.methods.params import bounded
-from kvbench.methods.recipe import ScorerMethod
 from kvbench.methods.surrogates import FastKVzipGates, gate_file_name, resolve_gates
 
 #: From this many prompt tokens on, the protected window is ``window_size`` (kvpress's chunked-prefill threshold).

@@ -36,9 +36,9 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from kvbench.methods.base import WindowObservation
+from kvbench.eviction.base import WindowObservation
+from kvbench.eviction.recipe import ScorerMethod
 from kvbench.methods.expected_attention import rotate_half
-from kvbench.methods.recipe import ScorerMethod
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from kvbench.methods.base import EvictionMethod, common_knobs
-from kvbench.methods.family import FamilyMethod
-from kvbench.methods.knobs import RECORDED_KNOBS
+from kvbench.eviction.base import EvictionMethod, common_knobs
+from kvbench.eviction.family import FamilyMethod
+from kvbench.eviction.knobs import RECORDED_KNOBS
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kvbench.checks import check_choice
-from kvbench.methods.base import (
+from kvbench.eviction.base import (
     DecodePolicy,
     DecodeState,
     EvictionMethod,
@@ -42,16 +42,16 @@ from kvbench.methods.base import (
     common_knobs,
     score_options,
 )
-from kvbench.methods.decoding import (
+from kvbench.eviction.decoding import (
     evict_lowest,
     evict_to_caps,
     one_token_evictions,
     padded_decode_attention,
     seen_by_head,
 )
-from kvbench.methods.family import FamilyMethod
-from kvbench.methods.params import choice
-from kvbench.methods.token_scores import (
+from kvbench.eviction.family import FamilyMethod
+from kvbench.eviction.params import choice
+from kvbench.eviction.token_scores import (
     ScoreOptions,
     VoteKnobs,
     aggregate_groups,
@@ -69,7 +69,7 @@ SCORE_ROWS = ("all_rows", "window")
 class AllRowsScorer(TokenScorer):
     """H2O's prefill indicator: column sums of the causal attention over all prompt rows (or the window's rows).
 
-    Returns ``[H, S]``: candidates reduced/pooled as :class:`~kvbench.methods.token_scores.ScoreOptions` say (H2O: no
+    Returns ``[H, S]``: candidates reduced/pooled as :class:`~kvbench.eviction.token_scores.ScoreOptions` say (H2O: no
     pooling), the window columns their plain (group-reduced) sums -- the running scores decoding continues from.
     """
 
@@ -104,7 +104,7 @@ class ScoredDecodePolicy(DecodePolicy):
 
     The scores of a layer are one ``[H, C]`` float32 tensor (``C`` >= the longest head; slot ``s`` of head ``h`` at
     ``[h, s]``), so a step is a handful of vectorised operations over heads: score, then evict the lowest slot of
-    each over-cap head in place (:func:`~kvbench.methods.base.evict_lowest`) and move the scores the same way.
+    each over-cap head in place (:func:`~kvbench.eviction.base.evict_lowest`) and move the scores the same way.
 
     ``score_dtype`` (``model`` / ``float32``, :data:`kvbench.config.SCORE_DTYPES`): ``model`` rounds the step's
     logits, probabilities and every running score to the dtype of the queries (the model's), as the reference
@@ -197,7 +197,7 @@ class ScoredDecodePolicy(DecodePolicy):
         self, state: DecodeState, layer_idx: int, layer: HeadwiseLayer, query: torch.Tensor, scaling: float
     ) -> None:
         """With :attr:`evicts_on_append`, FMInference H2O's handling of a multi-token forward: the appended rows'
-        attention sums (:func:`~kvbench.methods.token_scores.appended_attention`) go into the running scores, then
+        attention sums (:func:`~kvbench.eviction.token_scores.appended_attention`) go into the running scores, then
         every head is evicted to its cap at once; without, the appended tokens wait (score 0) for the next step."""
         if not self.evicts_on_append:
             return

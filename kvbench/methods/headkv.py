@@ -33,12 +33,12 @@ from typing import Any, ClassVar
 
 import torch
 
-from kvbench.methods.base import EvictionMethod, TokenScorer, WindowObservation, common_knobs
-from kvbench.methods.family import FamilyMethod
-from kvbench.methods.kept_sets import HeadFileMismatch, KeepScoredTokens, files_digest, keep_only, resolve_data_path
-from kvbench.methods.params import bounded
+from kvbench.eviction.base import EvictionMethod, TokenScorer, WindowObservation, common_knobs
+from kvbench.eviction.family import FamilyMethod
+from kvbench.eviction.kept_sets import HeadFileMismatch, KeepScoredTokens, files_digest, keep_only, resolve_data_path
+from kvbench.eviction.params import bounded
+from kvbench.eviction.token_scores import PoolingKnobs, ScoreDtypeKnob, ScoreOptions
 from kvbench.methods.snapkv import WindowVoteScorer
-from kvbench.methods.token_scores import PoolingKnobs, ScoreDtypeKnob, ScoreOptions
 
 ESTIMATE_HINT = (
     "give method.params.head_scores=<FYYFU/HeadKV's Important_Head/head_score/<model>_retrieval_reasoning_heads.json, "

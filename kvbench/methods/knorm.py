@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kvbench.methods.base import WindowObservation
-from kvbench.methods.recipe import ScorerMethod
+from kvbench.eviction.base import WindowObservation
+from kvbench.eviction.recipe import ScorerMethod
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from kvbench.methods.base import WindowObservation
-from kvbench.methods.params import bounded, choice
-from kvbench.methods.recipe import ScorerMethod
+from kvbench.eviction.base import WindowObservation
+from kvbench.eviction.params import bounded, choice
+from kvbench.eviction.recipe import ScorerMethod
 
 AGGREGATIONS = ("max", "mean")
 

@@ -32,8 +32,8 @@ from typing import ClassVar
 
 import torch
 
+from kvbench.eviction.params import bounded
 from kvbench.methods.kvzip import KVzip
-from kvbench.methods.params import bounded
 
 
 @dataclass(frozen=True)

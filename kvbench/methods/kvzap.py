@@ -26,9 +26,9 @@ from typing import Any
 
 import torch
 
-from kvbench.methods.base import PromptRows, WindowObservation
-from kvbench.methods.params import choice
-from kvbench.methods.recipe import ScorerMethod
+from kvbench.eviction.base import PromptRows, WindowObservation
+from kvbench.eviction.params import choice
+from kvbench.eviction.recipe import ScorerMethod
 from kvbench.methods.surrogates import MODEL_TYPES, KVzapWeights, resolve_kvzap
 
 

@@ -37,9 +37,9 @@ from typing import Any, ClassVar
 import torch
 from torch.nn import functional as F
 
-from kvbench.methods.base import WindowObservation
-from kvbench.methods.params import bounded
-from kvbench.methods.recipe import ScorerMethod
+from kvbench.eviction.base import WindowObservation
+from kvbench.eviction.params import bounded
+from kvbench.eviction.recipe import ScorerMethod
 
 FIRST_PROMPT = "\n\nRepeat the previous context exactly."
 NEXT_PROMPT = "\n\nRepeat the part of the previous context exactly, starting with"

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kvbench.methods.base import WindowObservation
-from kvbench.methods.params import bounded
-from kvbench.methods.recipe import ScorerMethod
+from kvbench.eviction.base import WindowObservation
+from kvbench.eviction.params import bounded
+from kvbench.eviction.recipe import ScorerMethod
 
 
 @dataclass(frozen=True)

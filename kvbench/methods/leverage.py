@@ -11,7 +11,7 @@ Reproduces NVIDIA/kvpress ``kvpress/presses/leverage_press.py`` (``LeverageScore
    leverage of row ``s`` is ``x_s G^{-1} x_s^T`` (clamped at 0);
 3. z-scored with the mean and standard deviation of all heads together.
 
-Pre-RoPE keys as kvpress's: ``k_proj`` of the layer's input hidden states (:mod:`kvbench.methods.prerope`; the
+Pre-RoPE keys as kvpress's: ``k_proj`` of the layer's input hidden states (:mod:`kvbench.eviction.prerope`; the
 stored keys un-rotated when there are none, e.g. hand-built tensors: the cache record says which).  No token is
 protected; kvpress's ``compression_ratio`` c is the budget ``<max(1, int(S (1 - c)))>/layer``.
 Parity: ``tests/methods/test_leverage.py``.
@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 import torch
 
-from kvbench.methods.base import PromptRows, WindowObservation
+from kvbench.eviction.base import PromptRows, WindowObservation
+from kvbench.eviction.params import bounded
+from kvbench.eviction.prerope import prerope_states
+from kvbench.eviction.recipe import ScorerMethod
 from kvbench.methods.noncausal import zscore_all_heads
-from kvbench.methods.params import bounded
-from kvbench.methods.prerope import prerope_states
-from kvbench.methods.recipe import ScorerMethod
 
 
 def cholesky_with_jitter(gram: torch.Tensor, jitter: float = 1e-2, tries: int = 5) -> torch.Tensor:

@@ -28,12 +28,12 @@ from typing import Any
 import torch
 
 from kvbench.budget import Budget
-from kvbench.methods.base import EvictionMethod, LayerBudgetAllocator, PromptRows, TokenScorer, WindowObservation
+from kvbench.eviction.base import EvictionMethod, LayerBudgetAllocator, PromptRows, TokenScorer, WindowObservation
+from kvbench.eviction.selection import SelectedCountAllocator
+from kvbench.eviction.state import AllocatorState
+from kvbench.eviction.token_scores import aggregate_groups
 from kvbench.methods.over_press import OverPress
-from kvbench.methods.selection import SelectedCountAllocator
-from kvbench.methods.state import AllocatorState
 from kvbench.methods.threshold import in_reference_dtype
-from kvbench.methods.token_scores import aggregate_groups
 
 REFERENCE = "NVIDIA/kvpress kvpress/presses/lukv_press.py@0.5.5 (LUKVPress; LU-KV: baidu-baige/LU-KV)"
 

@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kvbench.methods.base import EvictionMethod, ValueMerger
+from kvbench.eviction.base import EvictionMethod, ValueMerger
+from kvbench.eviction.params import bounded
 from kvbench.methods.over_press import OverPress
-from kvbench.methods.params import bounded
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
     from kvbench.cache.kv_cache import HeadwiseLayer

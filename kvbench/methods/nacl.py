@@ -36,7 +36,7 @@ the same index* (``params.kv_head_scores: head_index``); ``group`` reduces each 
 
 **Randomness.**  The code draws from NumPy's unseeded global generator.  kvbench gives every layer of every sample
 its own ``torch.Generator`` seeded from ``params.seed``, the layer index and a hash of the sample's prompt tokens
-(:attr:`~kvbench.methods.base.WindowObservation.sample_key`), and draws on the CPU: two runs select the same
+(:attr:`~kvbench.eviction.base.WindowObservation.sample_key`), and draws on the CPU: two runs select the same
 tokens, whatever order the samples run in.  Averaging over seeds (as the NACL and AhaKV papers do):
 ``method.params.seed=<k> run.tag=seed<k>``.
 """
@@ -51,7 +51,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from kvbench.methods.base import (
+from kvbench.eviction.base import (
     AllocatorState,
     EvictionMethod,
     PromptRows,
@@ -60,10 +60,10 @@ from kvbench.methods.base import (
     WindowObservation,
     common_knobs,
 )
-from kvbench.methods.family import FamilyMethod
-from kvbench.methods.params import bounded, choice
-from kvbench.methods.seeding import layer_generator
-from kvbench.methods.token_scores import aggregate_groups
+from kvbench.eviction.family import FamilyMethod
+from kvbench.eviction.params import bounded, choice
+from kvbench.eviction.seeding import layer_generator
+from kvbench.eviction.token_scores import aggregate_groups
 
 PROXY_ATTENTIONS = ("full", "causal")
 RANDOM_DISTRIBUTIONS = ("softmax", "uniform")

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from kvbench.methods.base import PromptRows, WindowObservation
-from kvbench.methods.params import bounded
-from kvbench.methods.recipe import ScorerMethod
+from kvbench.eviction.base import PromptRows, WindowObservation
+from kvbench.eviction.params import bounded
+from kvbench.eviction.recipe import ScorerMethod
 
 
 def chunked_bidirectional_attention(

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kvbench.methods.base import PromptRows, WindowObservation
-from kvbench.methods.recipe import ScorerMethod
+from kvbench.eviction.base import PromptRows, WindowObservation
+from kvbench.eviction.recipe import ScorerMethod
 
 
 def rounding_dtype(model_dtype: torch.dtype) -> torch.dtype | None:

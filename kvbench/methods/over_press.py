@@ -21,14 +21,14 @@ from typing import Any
 
 from omegaconf import ListConfig, open_dict
 
-from kvbench.methods.base import (
+from kvbench.eviction.base import (
     METHOD_FAMILIES,
     EvictionMethod,
     UniformHeadAllocator,
     UniformLayerAllocator,
 )
-from kvbench.methods.family import FamilyMethod, family_class
-from kvbench.methods.params import parse_params
+from kvbench.eviction.family import FamilyMethod, family_class
+from kvbench.eviction.params import parse_params
 from kvbench.methods.threshold import ThresholdScorer
 
 

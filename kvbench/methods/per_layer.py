@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvbench.budget import Budget
-from kvbench.methods.base import EvictionMethod, StaticLayerAllocator
+from kvbench.eviction.base import EvictionMethod, StaticLayerAllocator
+from kvbench.eviction.state import AllocatorState
 from kvbench.methods.over_press import OverPress
-from kvbench.methods.state import AllocatorState
 
 REFERENCE = "NVIDIA/kvpress kvpress/presses/per_layer_compression_press.py@0.5.5 (PerLayerCompressionPress)"
 

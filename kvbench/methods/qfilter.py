@@ -25,8 +25,8 @@ from functools import cache
 
 import torch
 
-from kvbench.methods.base import PromptRows, WindowObservation
-from kvbench.methods.recipe import ScorerMethod
+from kvbench.eviction.base import PromptRows, WindowObservation
+from kvbench.eviction.recipe import ScorerMethod
 
 #: Name of the filter tensor in a filter file (the key kvpress's ``QFilters`` module stores them under).
 FILTERS_KEY = "q_filters"

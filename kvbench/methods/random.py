@@ -9,7 +9,7 @@ protected.
 * ``seed: <int>``: a generator of its own seeded with ``seed`` for each layer's draw, as kvpress (every layer and
   every sample of the same shape draws the same numbers).
 * ``per_sample: true`` (kvbench's switch, off by default): draws from a generator of its own per (seed, sample,
-  layer) (:func:`kvbench.methods.seeding.layer_generator`), so a sample's draws depend on nothing else and the
+  layer) (:func:`kvbench.eviction.seeding.layer_generator`), so a sample's draws depend on nothing else and the
   global generator is left alone.
 
 Parity with kvpress's recorded selections: ``tests/methods/test_random.py``.
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kvbench.methods.base import WindowObservation
-from kvbench.methods.recipe import ScorerMethod
-from kvbench.methods.seeding import layer_generator
+from kvbench.eviction.base import WindowObservation
+from kvbench.eviction.recipe import ScorerMethod
+from kvbench.eviction.seeding import layer_generator
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from kvbench.methods.base import (
+from kvbench.eviction.base import (
     DecodePolicy,
     DecodeState,
     EvictionMethod,
@@ -47,8 +47,8 @@ from kvbench.methods.base import (
     WindowObservation,
     common_knobs,
 )
-from kvbench.methods.family import FamilyMethod
-from kvbench.methods.params import bounded, choice
+from kvbench.eviction.family import FamilyMethod
+from kvbench.eviction.params import bounded, choice
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
     from kvbench.cache.kv_cache import HeadwiseLayer

@@ -31,10 +31,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from kvbench.methods.base import EvictionMethod, TokenScorer, WindowObservation, common_knobs
-from kvbench.methods.family import FamilyMethod
-from kvbench.methods.kept_sets import KeepScoredTokens, keep_only
-from kvbench.methods.params import bounded
+from kvbench.eviction.base import EvictionMethod, TokenScorer, WindowObservation, common_knobs
+from kvbench.eviction.family import FamilyMethod
+from kvbench.eviction.kept_sets import KeepScoredTokens, keep_only
+from kvbench.eviction.params import bounded
 
 
 def lazy_score(queries: torch.Tensor, keys: torch.Tensor, n_initial: int, n_recent: int) -> float:

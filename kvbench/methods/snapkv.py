@@ -11,14 +11,14 @@ Zefan-Cai/KVCache-Factory ``pyramidkv/pyramidkv_utils.py`` (``SnapKVCluster``, `
   KV repeated before compression); with ``kv_head`` the group is reduced (``gqa_agg``, mean) **before** pooling,
   as KVCache-Factory's ``kv_cache_granularity=kv_head`` mode.
 * Each head keeps its top ``C - W`` candidates plus the window; nothing is evicted when ``S < C``.
-* SnapKV is a one-class method (:class:`kvbench.methods.recipe.ScorerMethod`): the wrappers over any scorer apply to
+* SnapKV is a one-class method (:class:`kvbench.eviction.recipe.ScorerMethod`): the wrappers over any scorer apply to
   it (``allocation=ada_kvpress`` is kvpress's ``AdaKVPress(SnapKVPress())``, ``selection=chunkkv`` its
   ``ChunkKVPress(SnapKVPress())``), and a subclass extends its score (``class VATP(SnapKV)``,
   docs/methods/add-a-method.md).
-* PyramidKV's layer schedule (:func:`~kvbench.methods.layer_schedules.pyramid_schedule`, a piece shared with the
+* PyramidKV's layer schedule (:func:`~kvbench.eviction.layer_schedules.pyramid_schedule`, a piece shared with the
   ``layers: pyramid`` wrapper and Ada-Pyramid) is integer arithmetic, in the variant of KVCache-Factory (default) or
   of AdaKV's ``pyram_mode``; ``params.schedule: sum_preserving`` is kvbench's variant whose total is exactly
-  ``L x C``; ``kvpress`` is NVIDIA/kvpress's ``PyramidKVPress`` (:mod:`kvbench.methods.kvpress_pyramid`).
+  ``L x C``; ``kvpress`` is NVIDIA/kvpress's ``PyramidKVPress`` (:mod:`kvbench.eviction.kvpress_pyramid`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from kvbench.methods.base import (
+from kvbench.eviction.base import (
     EvictionMethod,
     LayerBudgetAllocator,
     TokenScorer,
@@ -36,13 +36,13 @@ from kvbench.methods.base import (
     common_knobs,
     score_options,
 )
-from kvbench.methods.family import FamilyMethod
-from kvbench.methods.kvpress_pyramid import KvpressPyramidAllocator
-from kvbench.methods.layer_schedules import PYRAMID_SCHEDULES, PyramidLayerAllocator, pyramid_schedule
-from kvbench.methods.params import bounded, choice
-from kvbench.methods.recipe import ScorerMethod
-from kvbench.methods.token_scores import ScoreOptions, VoteKnobs, window_votes, with_window_columns
-from kvbench.methods.wrappers import wrappers_on
+from kvbench.eviction.family import FamilyMethod
+from kvbench.eviction.kvpress_pyramid import KvpressPyramidAllocator
+from kvbench.eviction.layer_schedules import PYRAMID_SCHEDULES, PyramidLayerAllocator, pyramid_schedule
+from kvbench.eviction.params import bounded, choice
+from kvbench.eviction.recipe import ScorerMethod
+from kvbench.eviction.token_scores import ScoreOptions, VoteKnobs, window_votes, with_window_columns
+from kvbench.eviction.wrappers import wrappers_on
 
 __all__ = ["PYRAMID_SCHEDULES", "PyramidKV", "PyramidLayerAllocator", "SnapKV", "WindowVoteScorer", "pyramid_schedule"]
 
@@ -79,7 +79,7 @@ class SnapKV(VoteKnobs, ScorerMethod, family="snapkv"):
     """SnapKV: the window vote (:class:`WindowVoteScorer`) with uniform budgets, under the wrappers that are on.
 
     Its knobs: the session knobs, the vote's pooling, precision and GQA-reduction order, the wrappers over any scorer
-    (:mod:`kvbench.methods.wrappers`), ``keep_window`` (on: the window is kept on top of each head's top-k) and
+    (:mod:`kvbench.eviction.wrappers`), ``keep_window`` (on: the window is kept on top of each head's top-k) and
     ``row_reduce``."""
 
     #: Keep the observation window on top of each head's top ``C - W`` candidates (SnapKV's code; its scores are 0).
@@ -113,7 +113,7 @@ class PyramidKV(VoteKnobs, FamilyMethod, family="pyramidkv"):
     def build(self, method_cfg: Any) -> EvictionMethod:
         """PyramidKV: SnapKV's indicator with the pyramid layer schedule."""
         options = score_options(self)
-        allocator: LayerBudgetAllocator = (  # kvpress: kvbench.methods.kvpress_pyramid
+        allocator: LayerBudgetAllocator = (  # kvpress: kvbench.eviction.kvpress_pyramid
             KvpressPyramidAllocator(self.beta, int(self.window))
             if self.schedule == "kvpress"
             else PyramidLayerAllocator(self.beta, int(self.window), self.schedule)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from kvbench.methods.base import (
+from kvbench.eviction.base import (
     DecodePolicy,
     DecodeState,
     EvictionMethod,
@@ -28,9 +28,9 @@ from kvbench.methods.base import (
     WindowObservation,
     common_knobs,
 )
-from kvbench.methods.decoding import evict_lowest, evict_to_caps, one_token_evictions
-from kvbench.methods.family import FamilyMethod
-from kvbench.methods.params import choice
+from kvbench.eviction.decoding import evict_lowest, evict_to_caps, one_token_evictions
+from kvbench.eviction.family import FamilyMethod
+from kvbench.eviction.params import choice
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
     from kvbench.cache.kv_cache import HeadwiseLayer

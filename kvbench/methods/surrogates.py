@@ -36,7 +36,7 @@ from torch.nn import functional as F
 
 from kvbench import resources
 from kvbench.errors import KVBenchError
-from kvbench.methods.kept_sets import files_digest
+from kvbench.eviction.kept_sets import files_digest
 
 #: Files of a KVzap checkpoint folder (``KVzapModel.save_pretrained``).
 KVZAP_FILES = ("config.json", "model.safetensors")

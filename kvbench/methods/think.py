@@ -45,10 +45,10 @@ import torch
 from omegaconf import open_dict
 
 from kvbench.config import SESSION_KNOBS
-from kvbench.methods.base import METHOD_FAMILIES, EvictionMethod, build_method
-from kvbench.methods.channels import KeyChannelPruner
-from kvbench.methods.family import FamilyMethod, family_class
-from kvbench.methods.params import bounded, parse_params
+from kvbench.eviction.base import METHOD_FAMILIES, EvictionMethod, build_method
+from kvbench.eviction.channels import KeyChannelPruner
+from kvbench.eviction.family import FamilyMethod, family_class
+from kvbench.eviction.params import bounded, parse_params
 
 REFERENCE = "NVIDIA/kvpress kvpress/presses/think_press.py@0.5.5 (ThinKPress; ThinK: SalesforceAIResearch/ThinK)"
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from kvbench.budget import Budget
-from kvbench.methods.base import DecodeState, PromptRows, TokenScorer, WindowObservation
+from kvbench.eviction.base import DecodeState, PromptRows, TokenScorer, WindowObservation
 
 #: A threshold in the threshold form, for the error messages.
 THRESHOLD_EXAMPLE = "budget=-3.0thr (KNorm scores are minus key norms) or budget=0.01thr (attention scores)"
@@ -79,7 +79,7 @@ def threshold_counts(padded: torch.Tensor, threshold: float, score_dtype: torch.
 
 
 def is_threshold_method(method: Any) -> bool:
-    """Whether ``method`` (an :class:`~kvbench.methods.base.EvictionMethod`) evicts by a score threshold."""
+    """Whether ``method`` (an :class:`~kvbench.eviction.base.EvictionMethod`) evicts by a score threshold."""
     return isinstance(method.scorer, ThresholdScorer)
 
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kvbench.methods.base import (
+from kvbench.eviction.base import (
     DecodePolicy,
     DecodeState,
     EvictionMethod,
@@ -29,10 +29,10 @@ from kvbench.methods.base import (
     WindowObservation,
     common_knobs,
 )
-from kvbench.methods.decoding import padded_decode_attention, samples_and_heads
-from kvbench.methods.family import FamilyMethod
+from kvbench.eviction.decoding import padded_decode_attention, samples_and_heads
+from kvbench.eviction.family import FamilyMethod
+from kvbench.eviction.token_scores import ScoreDtypeKnob, no_rounding, round_to, rounding_to
 from kvbench.methods.h2o import ScoredDecodePolicy
-from kvbench.methods.token_scores import ScoreDtypeKnob, no_rounding, round_to, rounding_to
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
     from kvbench.cache.kv_cache import HeadwiseLayer

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from kvbench.methods.base import (
+from kvbench.eviction.base import (
     AllocatorState,
     EvictionMethod,
     LayerBudgetAllocator,
@@ -39,9 +39,9 @@ from kvbench.methods.base import (
     common_knobs,
     score_options,
 )
-from kvbench.methods.family import FamilyMethod
-from kvbench.methods.params import bounded, choice
-from kvbench.methods.token_scores import PoolingKnobs, ScoreOptions, aggregate_groups
+from kvbench.eviction.family import FamilyMethod
+from kvbench.eviction.params import bounded, choice
+from kvbench.eviction.token_scores import PoolingKnobs, ScoreOptions, aggregate_groups
 
 HEAD_MODES = ("layer_shared", "per_head")
 

@@ -37,9 +37,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from kvbench import resources
-from kvbench.methods.base import EvictionMethod
-from kvbench.methods.family import family_class
-from kvbench.methods.plugins import PLUGIN_PACKAGES
+from kvbench.eviction.base import EvictionMethod
+from kvbench.eviction.family import family_class
+from kvbench.eviction.plugins import PLUGIN_PACKAGES
 from kvbench.storage import integrity
 from kvbench.storage.integrity import digest
 from kvbench.storage.provenance import git_commit

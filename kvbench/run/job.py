@@ -20,7 +20,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from kvbench.budget import Budget
-from kvbench.methods.base import EvictionMethod
+from kvbench.eviction.base import EvictionMethod
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class DatasetJob:
         ``run.decode_batch`` resolved for the device (1: one sample at a time).
     dataset_state:
         What the method keeps across this dataset's samples
-        (:meth:`~kvbench.methods.base.LayerBudgetAllocator.new_dataset_state`: XKV's sampled-mode calibration;
+        (:meth:`~kvbench.eviction.base.LayerBudgetAllocator.new_dataset_state`: XKV's sampled-mode calibration;
         ``None`` for the others): created by the runner once per dataset and passed to every sample's session,
         which reads and extends it.
     """

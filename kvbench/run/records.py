@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from kvbench.methods.base import EvictionMethod
-from kvbench.methods.knobs import recorded_knobs, session_fields
+from kvbench.eviction.base import EvictionMethod
+from kvbench.eviction.knobs import recorded_knobs, session_fields
 from kvbench.run.summary import DatasetScores
 from kvbench.storage.reader import SCHEMA_VERSION
 from kvbench.storage.termination import TERMINATION
@@ -122,7 +122,7 @@ _WARNED: set[tuple[str, str]] = set()
 
 def method_knobs(cfg: DictConfig) -> Any:
     """The method's class made from ``cfg.method.params`` (every knob at its value: the session knobs too)."""
-    from kvbench.methods.family import family_class
+    from kvbench.eviction.family import family_class
 
     method_class = family_class(str(cfg.method.family))
     return None if method_class is None else method_class.from_params(cfg.method.params)

@@ -14,8 +14,8 @@ import torch
 import transformers
 from omegaconf import DictConfig, OmegaConf
 
+from kvbench.eviction.plugins import PLUGIN_PACKAGES
 from kvbench.kernels.paths import capability_summary
-from kvbench.methods.plugins import PLUGIN_PACKAGES
 from kvbench.run.fingerprints import Inputs, kvbench_source_digest
 from kvbench.run.resume import previous_run_meta, with_folder_extent
 from kvbench.storage.provenance import device_name, git_commit, now, slurm_job_id

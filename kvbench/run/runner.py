@@ -4,7 +4,7 @@ Order of work (nothing is written under ``results/`` until every input has been 
 run that fails before its first prediction leaves no trace):
 
 1. validate the config, the environment (model, data folder, packages, results root, and that no other process
-   holds the run folder), method, budget and task kind (:mod:`kvbench.validation`);
+   holds the run folder), method, budget and task kind (:mod:`kvbench.app.validation`);
 2. load the tokenizer, build the task's datasets and load and check every sample of every selected dataset;
 3. claim the run folder (:mod:`kvbench.storage.folder`): create it and lock it (two processes never work in one run
    folder at once; the second fails clearly, or waits up to ``$KVBENCH_LOCK_WAIT`` seconds), check that an
@@ -56,6 +56,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
+from kvbench.app.validation import ValidatedRun, check_samples, validate_run
 from kvbench.errors import Interrupted, KVBenchError
 from kvbench.inference.generate import last_token_ids
 from kvbench.inference.prefill import check_kv_quant_model
@@ -112,7 +113,6 @@ from kvbench.storage.writers import (
 )
 from kvbench.tasks.base import Sample, TaskDataset, build_task
 from kvbench.tasks.provenance import stand_in_warnings
-from kvbench.validation import ValidatedRun, check_samples, validate_run
 
 LOG = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class Runner:
     ) -> None:
         """``loaded``: a model and tokenizer the caller loaded (:func:`kvbench.evaluate`), used instead of loading
         ``cfg.model``'s weights (whose ``path`` is then provenance only, not checked).  ``validated``: ``cfg``
-        already validated (:func:`kvbench.validation.validate_run`, as ``run.py`` does), whose method and budget
+        already validated (:func:`kvbench.app.validation.validate_run`, as ``run.py`` does), whose method and budget
         the runner uses instead of validating and building again."""
         if validated is not None and validated.cfg is not cfg:
             raise ValueError("validated holds another config than cfg: pass validate_run(cfg) of this cfg")

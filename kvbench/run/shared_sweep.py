@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
+from kvbench.app.validation import ValidatedRun, validate_run
 from kvbench.errors import KVBenchError
 from kvbench.inference.generate import decode_prefilled
 from kvbench.inference.shared_prefill import JobRandom, PrefillJob, shared_prefill
@@ -54,7 +55,6 @@ from kvbench.storage.paths import run_folder
 from kvbench.storage.termination import graceful_termination
 from kvbench.storage.writers import config_hash
 from kvbench.tasks.base import Sample, TaskDataset
-from kvbench.validation import ValidatedRun, validate_run
 
 LOG = logging.getLogger(__name__)
 

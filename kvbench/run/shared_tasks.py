@@ -53,9 +53,9 @@ def _kept(item: str) -> bool:
 def run_manifest_task(manifest: str, index: int) -> None:
     """Run line ``index`` of ``manifest`` (a launcher job of :func:`grouped_command_line`), inside the Hydra job."""
     jobs = sweep.split_jobs(sweep.manifest_line(Path(manifest), index))
+    from kvbench.app.validation import validate_run
     from kvbench.run.runner import Runner
     from kvbench.run.shared_sweep import run_group
-    from kvbench.validation import validate_run
 
     runs = [validate_run(_compose(overrides)) for overrides in jobs]
     if len(runs) == 1:
@@ -69,6 +69,6 @@ def _compose(overrides: list[str]) -> Any:
     """A job's config as ``run.py`` composes it, through the Hydra app's own config loader."""
     from hydra import compose
 
-    from kvbench.overrides import prepare_overrides
+    from kvbench.app.overrides import prepare_overrides
 
     return compose(config_name="config", overrides=prepare_overrides(overrides))

@@ -146,7 +146,7 @@ class Composer:
         """The job's config (without the ``hydra`` node, like the ``cfg`` that ``run.py`` receives)."""
         from hydra import compose
 
-        from kvbench.overrides import prepare_overrides
+        from kvbench.app.overrides import prepare_overrides
 
         return compose(config_name="config", overrides=prepare_overrides(overrides))
 
@@ -220,8 +220,8 @@ def plan(
     job's environment (model, data, results folder), as a local ``-m`` sweep about to run them does;
     ``name_experiment``: without an experiment, set ``run.experiment`` to ``name`` (a manifest's jobs), else leave
     it as ``run.py -m`` does."""
+    from kvbench.app.validation import validate, validate_run
     from kvbench.storage.paths import variant_folder
-    from kvbench.validation import validate, validate_run
 
     def check(cfg: Any) -> Any:
         return validate_run(cfg).method if check_environment else validate(cfg)[0]
@@ -407,8 +407,8 @@ def run_group_line(jobs: list[list[str]], check: bool = True) -> None:
         print("already complete; nothing to do", flush=True)
         sys.exit(0)
     os.chdir(REPO)
+    from kvbench.app.validation import validate_run
     from kvbench.run.shared_sweep import run_group
-    from kvbench.validation import validate_run
 
     composer = Composer()
     try:

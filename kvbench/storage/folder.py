@@ -103,7 +103,7 @@ def lock_wait_seconds(wait_s: float | None = None) -> float:
     """``wait_s``, else ``$KVBENCH_LOCK_WAIT`` (default 0): how long to wait for a busy run folder.
 
     Raises :class:`KVBenchError` for a value that is not a finite number of seconds >= 0 (checked before any work
-    by :func:`kvbench.validation.check_environment`)."""
+    by :func:`kvbench.app.validation.check_environment`)."""
     if wait_s is not None:
         return wait_s
     raw = os.environ.get(LOCK_WAIT_ENV, "0") or "0"

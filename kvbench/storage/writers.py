@@ -316,7 +316,7 @@ LEGACY_PRESET_VALUES: dict[str, dict[str, Any]] = {"tova": {"kernel_size": 1}}
 #: Fields every one-class method gained after its hashes were recorded, with the value that turns them off: a config
 #: with the field off hashes as one from before the field existed (kvpress's ``decode_ratio``, issue #43).
 PARAMS_ADDED_OFF: dict[str, Any] = {"decode_ratio": 0.0}
-#: The wrapper knobs over any scorer (:mod:`kvbench.methods.wrappers`) with the values that turn them off, and the
+#: The wrapper knobs over any scorer (:mod:`kvbench.eviction.wrappers`) with the values that turn them off, and the
 #: paper families that gained them after their hashes were recorded (issue #41 item 3): such a family's config with
 #: every one of these off hashes as one from before (``method.params.allocation=uniform`` on ``snapkv_kvpress``).
 WRAPPER_KNOBS_OFF: dict[str, Any] = {

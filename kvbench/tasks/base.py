@@ -149,7 +149,7 @@ DatasetNames = Callable[[Any], list[str]]
 @dataclass(frozen=True)
 class PackageNeed:
     """An optional Python package a run needs, checked before any work
-    (:func:`kvbench.validation.check_environment`).
+    (:func:`kvbench.app.validation.check_environment`).
 
     Attributes
     ----------

@@ -164,7 +164,7 @@ def no_weights(*args, **kwargs):
 def test_a_threshold_budget_for_a_sized_method_fails_clean(root: Path, capsys, monkeypatch) -> None:
     """``budget=-3.0thr`` (registered as ``thr-3.0`` by the command line's override preparation) on KNorm."""
     import kvbench.run.runner
-    from kvbench.overrides import prepare_overrides
+    from kvbench.app.overrides import prepare_overrides
 
     monkeypatch.setattr(kvbench.run.runner, "load_model", no_weights)
     overrides = prepare_overrides(["method=knorm", "budget=-3.0thr", f"run.output_root={root}"])
@@ -232,9 +232,9 @@ def test_bad_data_fails_before_the_model_loads_and_writes_nothing(
 
 
 def test_empty_context_is_refused() -> None:
+    from kvbench.app.validation import check_samples
     from kvbench.errors import KVBenchError
     from kvbench.tasks.base import Sample
-    from kvbench.validation import check_samples
 
     good = Sample(id="a", context="some text", question="q?", answers=["x"])
     check_samples("ds", [good], "here")
@@ -254,9 +254,9 @@ def test_local_model_folder_must_hold_a_model(root: Path, tmp_path: Path, capsys
 
 def test_missing_optional_package_then_the_suggested_command_runs(root: Path, capsys, monkeypatch) -> None:
     """The issue's headline: LongBench without `datasets` fails cleanly, and the fix it names then runs."""
-    import kvbench.validation
+    import kvbench.app.validation
 
-    monkeypatch.setattr(kvbench.validation, "package_available", lambda name: name != "datasets")
+    monkeypatch.setattr(kvbench.app.validation, "package_available", lambda name: name != "datasets")
     # hotpotqa: 32 new tokens at most, the fewest in LongBench (the run stays short).
     command = ["method=cake", "budget=128L", "task=longbench", "task.datasets=[hotpotqa]", f"run.output_root={root}"]
     before = tree_hash(root)
@@ -464,7 +464,7 @@ def test_method_families_build_without_importing_transformers() -> None:
     (the runner's import), so it comes in about a second and a half, not five (docs/results.md, bad input)."""
     code = (
         "import sys\n"
-        "from kvbench.methods.base import method_families\n"
+        "from kvbench.eviction.base import method_families\n"
         "assert 'snapkv' in method_families() and 'cake' in method_families()\n"
         "print(sorted(m for m in sys.modules if m == 'transformers' or m.startswith('transformers.')))\n"
     )
@@ -686,7 +686,7 @@ def test_press_explains_that_beams_are_why_a_prompt_became_a_batch(tiny_model) -
     ],
 )
 def test_kvbench_list_bad_target(capsys, argv: list[str], expected: list[str]) -> None:
-    from kvbench.listing import main as list_main
+    from kvbench.app.listing import main as list_main
 
     capsys.readouterr()
     code = list_main(argv)
@@ -695,7 +695,7 @@ def test_kvbench_list_bad_target(capsys, argv: list[str], expected: list[str]) -
 
 def test_kvbench_list_methods_resolves_interpolations() -> None:
     """What an interpolated parameter is in a default run, and what it follows -- never ``${oc.select:...}``."""
-    from kvbench.listing import value_text
+    from kvbench.app.listing import value_text
 
     params = OmegaConf.load(CONF / "method" / "cake.yaml").params
     shown = value_text(OmegaConf.to_container(params, resolve=False)["model"])

@@ -22,8 +22,8 @@ from kvbench.api import compose_config
 from kvbench.budget import parse_budget
 from kvbench.cache.kv_cache import BACKEND_ENV
 from kvbench.config import KVQuantConfig
+from kvbench.eviction.base import build_method
 from kvbench.inference.generate import generate
-from kvbench.methods.base import build_method
 from kvbench.resources import models_dir
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "reference" / "kv_quant"

@@ -21,9 +21,9 @@ import torch
 from kvbench.api import compose_config
 from kvbench.budget import parse_budget
 from kvbench.config import KVQuantConfig
+from kvbench.eviction.base import build_method
 from kvbench.inference.generate import generate
 from kvbench.inference.prefill import prefill
-from kvbench.methods.base import build_method
 from kvbench.resources import models_dir
 from tests.reference_recordings import is_valid_topk
 

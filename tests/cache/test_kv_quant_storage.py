@@ -17,11 +17,11 @@ from kvbench.budget import parse_budget
 from kvbench.cache.kv_cache import BACKEND_ENV, HeadwiseLayer
 from kvbench.cache.quantized import QuantizedHeadwiseLayer, QuantizedPagedLayer
 from kvbench.config import KVQuantConfig
+from kvbench.eviction.base import build_method
 from kvbench.inference.batched_decode import DecodeRequest, generate_batched
 from kvbench.inference.decode_pool import DECODE_PATHS, POOLED
 from kvbench.inference.generate import generate
 from kvbench.inference.prefill import prefill
-from kvbench.methods.base import build_method
 from kvbench.resources import models_dir
 from kvbench.tasks.tiny_niah import build_instance
 from tests.kernel_devices import kernel_device

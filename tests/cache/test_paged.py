@@ -17,9 +17,9 @@ from kvbench.cache.base import StorageStats
 from kvbench.cache.kv_cache import BACKEND_ENV, HeadwiseLayer, KVBenchCache
 from kvbench.cache.paged import PagedLayer
 from kvbench.config import MethodConfig
+from kvbench.eviction.base import build_method
 from kvbench.inference.generate import generate
 from kvbench.kernels.paths import plan_attention, varlen_capability
-from kvbench.methods.base import build_method
 from kvbench.models.loading import build_builtin
 from tests.kernel_devices import kernel_device
 

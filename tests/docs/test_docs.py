@@ -7,7 +7,7 @@ anchor or missing page fails), examples that run as shown, and commands that nam
 * Every command shown in a ``bash`` block of the README or the docs: ``make`` targets exist in the Makefile,
   ``scripts/*.py`` exist, and every ``python run.py`` / ``kvbench`` command names existing presets; the single
   runs (no ``-m``) are composed and checked as ``run.py`` would before any work
-  (:func:`kvbench.validation.check_config`).
+  (:func:`kvbench.app.validation.check_config`).
 * Every ``tests/``, ``scripts/``, ``conf/`` and ``slurm/`` path the pages name in inline code exists.
 * The user pages (:data:`USER_PAGES`: the front page and getting started) mark every ``bash`` block: ``<!-- runnable
   -->`` blocks are executed here, as shown, in one scratch working directory per page (blocks in page order, so a
@@ -135,8 +135,8 @@ def test_site_builds_strict(tmp_path: Path) -> None:
 
 def kvbench_families() -> list[str]:
     """The method families kvbench defines: the method registry, less the installed packages' plug-ins."""
-    from kvbench.methods.base import method_families
-    from kvbench.methods.plugins import PLUGIN_PACKAGES
+    from kvbench.eviction.base import method_families
+    from kvbench.eviction.plugins import PLUGIN_PACKAGES
 
     return [family for family in method_families() if family not in PLUGIN_PACKAGES]
 
@@ -226,8 +226,8 @@ def test_shown_run_commands_name_existing_presets() -> None:
 def test_shown_single_runs_compose_and_validate() -> None:
     """A single run shown in the docs composes and passes run.py's config checks (no model, no data)."""
     import kvbench
+    from kvbench.app.validation import check_config
     from kvbench.errors import KVBenchError
-    from kvbench.validation import check_config
 
     composed = 0
     for page, overrides in run_commands():

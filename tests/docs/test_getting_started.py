@@ -68,7 +68,7 @@ def compose_shown(argv: list[str], cwd: Path) -> str:
             assert jobs and not bad, "\n".join(bad)
             return f"{len(jobs)} jobs planned"
         import kvbench
-        from kvbench.validation import check_config
+        from kvbench.app.validation import check_config
 
         chosen: dict[str, str | None] = {"method": "snapkv", "budget": "64L", "task": "tiny_niah", "model": None}
         rest = [o for o in overrides if o.partition("=")[0] not in chosen]

@@ -24,9 +24,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from kvbench.app.overrides import prepare_overrides
 from kvbench.config import register_configs
-from kvbench.methods.base import METHOD_FAMILIES, method_families
-from kvbench.overrides import prepare_overrides
+from kvbench.eviction.base import METHOD_FAMILIES, method_families
 from kvbench.run.runner import Runner
 from kvbench.views.run_views import read_run_extras
 

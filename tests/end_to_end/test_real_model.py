@@ -21,10 +21,10 @@ import kvbench
 from kvbench.api import compose_config
 from kvbench.budget import parse_budget
 from kvbench.errors import KVBenchError
+from kvbench.eviction.base import build_method
 from kvbench.inference.generate import generate
 from kvbench.inference.prefill import prefill
 from kvbench.inference.press import kvbench_attention
-from kvbench.methods.base import build_method
 from kvbench.models.gguf_cache import PROVENANCE_FILE, ensure_converted, locate_package_file
 from kvbench.models.loading import load_model, stop_token_ids
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+from kvbench.app.overrides import prepare_overrides
 from kvbench.cli import reporting_hydra_errors, run_job
 from kvbench.config import register_configs
-from kvbench.overrides import prepare_overrides
 
 REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf"

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from kvbench.checks import check_range
-from kvbench.methods.family import family_class
-from kvbench.methods.params import parse_params
+from kvbench.eviction.family import family_class
+from kvbench.eviction.params import parse_params
 from tests.faults.conftest import assert_one_line_error, run_job_status
 
 

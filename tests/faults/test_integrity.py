@@ -159,7 +159,7 @@ def test_an_unknown_changed_inputs_choice_is_refused(tmp_path: Path, capsys) -> 
 def test_a_shared_piece_is_fingerprinted_by_its_class_alone() -> None:
     """Editing shared machinery around a method (a move, another class in the same module) refuses no resume; the
     method's own module and each piece's class source are what count."""
-    from kvbench.methods.base import build_method
+    from kvbench.eviction.base import build_method
 
     record = fingerprints.method_source("snapkv", build_method({"name": "snapkv", "family": "snapkv"}))
     files = [name for name in record if name.endswith(".py")]

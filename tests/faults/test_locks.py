@@ -61,7 +61,7 @@ def test_identical_run_is_refused_before_the_model_loads(tmp_path: Path, capsys,
         code, err = run_job_status(root, capsys)
         assert_one_line_error(code, err, str(folder), IN_USE)
         # Past the cheap probe (as if the holder started just after it): the claim still refuses, still unloaded.
-        monkeypatch.setattr("kvbench.validation.check_not_locked", lambda folder: None)
+        monkeypatch.setattr("kvbench.app.validation.check_not_locked", lambda folder: None)
         code, err = run_job_status(root, capsys)
         assert_one_line_error(code, err, str(folder), IN_USE)
     finally:

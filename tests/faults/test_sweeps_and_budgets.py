@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from kvbench.app.validation import check_config
 from kvbench.cli import check_sweep
 from kvbench.errors import KVBenchError
 from kvbench.run.records import warn_if_not_as_asked
 from kvbench.storage.paths import run_folder
-from kvbench.validation import check_config
 from tests.faults.conftest import BASE, REPO, compose_job, run_job_status
 
 

@@ -117,7 +117,7 @@ def test_a_number_as_a_preset_is_one_line_on_the_cli_and_one_error_in_the_api(
 ) -> None:
     code, stderr = run_job_status(tmp_path / "runs", capsys, override)
     group, value = override.split("=")
-    # A number is read as a name (kvbench.overrides.prepare_overrides): an unknown preset, with the valid ones.
+    # A number is read as a name (kvbench.app.overrides.prepare_overrides): an unknown preset, with the valid ones.
     assert_one_line_error(code, stderr, f"unknown {group} '{value}'", "valid:")
     from kvbench.api import compose_config
 

@@ -9,8 +9,8 @@ from omegaconf import OmegaConf
 
 from kvbench.budget import parse_budget
 from kvbench.config import MethodConfig
+from kvbench.eviction.base import build_method
 from kvbench.inference.generate import generate, last_token_ids
-from kvbench.methods.base import build_method
 from kvbench.models.loading import build_builtin
 from kvbench.tasks.base import build_task
 from tests.task_config import task_config

@@ -16,9 +16,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from kvbench.budget import parse_budget
+from kvbench.eviction.base import PromptRows, TokenScorer, WindowObservation
 from kvbench.inference.generate import CPU_PREFILL_CHUNK, generate, resolve_prefill_chunk
 from kvbench.inference.prefill import prefill
-from kvbench.methods.base import PromptRows, TokenScorer, WindowObservation
 from kvbench.models.loading import build_builtin
 from kvbench.models.tiny import DEFAULT_MODEL_DIR, build_tokenizer
 from kvbench.tasks.tiny_niah import build_instance
@@ -153,8 +153,8 @@ def test_prefill_chunk_resolution() -> None:
 def test_prefill_rows_keep_only_the_queries_a_scorer_asks_for() -> None:
     """``PromptRows.query_rows`` (NACL's proxy rows): across chunks the session holds the last ``R`` queries only,
     equal to the tail of the whole prompt's queries."""
+    from kvbench.eviction.base import PromptRows
     from kvbench.inference.eviction import PrefillRows
-    from kvbench.methods.base import PromptRows
 
     queries = torch.randn(4, 50, 8)
     needs = PromptRows(queries=True, query_rows=lambda length: length // 10)

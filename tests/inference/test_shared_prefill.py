@@ -14,9 +14,9 @@ import kvbench.attention  # noqa: F401  (registers the "kvbench" attention)
 from kvbench.bench.random_models import load_method
 from kvbench.budget import parse_budget
 from kvbench.config import MethodConfig
+from kvbench.eviction.base import METHOD_FAMILIES, build_method
 from kvbench.inference.generate import decode_prefilled, generate
 from kvbench.inference.shared_prefill import PrefillJob, cache_layout, check_shareable, shared_prefill
-from kvbench.methods.base import METHOD_FAMILIES, build_method
 from kvbench.methods.threshold import is_threshold_method
 from kvbench.models.loading import load_model
 
@@ -99,8 +99,8 @@ def test_jobs_of_other_cache_layouts_or_unshared_methods_are_refused() -> None:
 def test_a_method_that_cannot_share_says_so_in_one_attribute() -> None:
     """``TokenScorer.unshared_prefill``: the method runs its own prefill in a sweep (its reason recorded), a shared
     prefill refuses it, and ``kvbench list methods`` names it."""
-    from kvbench.listing import _sharing_note
-    from kvbench.methods.base import EvictionMethod, TokenScorer
+    from kvbench.app.listing import _sharing_note
+    from kvbench.eviction.base import EvictionMethod, TokenScorer
     from kvbench.run.prefill_groups import unshared_reason
 
     class Peeking(TokenScorer):

@@ -86,8 +86,8 @@ def test_window_stats_variance_is_two_pass(impl) -> None:
 
 
 def test_window_stats_matches_the_methods_window_attention() -> None:
-    """The fused statistics agree with the dense reference ``kvbench.methods.token_scores.window_attention``."""
-    from kvbench.methods.token_scores import window_attention
+    """The fused statistics agree with the dense reference ``kvbench.eviction.token_scores.window_attention``."""
+    from kvbench.eviction.token_scores import window_attention
 
     gen = _gen(7)
     queries, keys = torch.randn(4, 16, 16, generator=gen), torch.randn(2, 80, 16, generator=gen)

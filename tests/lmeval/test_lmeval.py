@@ -19,11 +19,11 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from kvbench.budget import parse_budget  # noqa: E402
 from kvbench.config import register_configs  # noqa: E402
 from kvbench.errors import KVBenchError  # noqa: E402
+from kvbench.eviction.base import build_method  # noqa: E402
 from kvbench.lmeval.loglikelihood import compress_context, score_continuation  # noqa: E402
 from kvbench.lmeval.model import KVBenchLM  # noqa: E402
 from kvbench.lmeval.presets import method_config  # noqa: E402
 from kvbench.lmeval.tasks import load_tasks, task_manager  # noqa: E402
-from kvbench.methods.base import build_method  # noqa: E402
 from kvbench.models.loading import build_builtin  # noqa: E402
 from kvbench.run.runner import Runner  # noqa: E402
 

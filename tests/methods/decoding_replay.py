@@ -19,10 +19,10 @@ import torch
 
 from kvbench.budget import parse_budget
 from kvbench.cache.kv_cache import KVBenchCache
+from kvbench.eviction.base import EvictionMethod
 from kvbench.inference.eviction import EvictionSession
 from kvbench.inference.hidden_states import capture_decode_queries
 from kvbench.inference.prefill import forward_logits, rotary_tables
-from kvbench.methods.base import EvictionMethod
 from tests.methods.wrapper_replay import KeptTally
 from tests.reference_recordings import RecordedCase, is_valid_topk, kvpress_n_kept, load_recording, stored_input
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from kvbench.methods.base import EvictionMethod, WindowObservation
+from kvbench.eviction.base import EvictionMethod, WindowObservation
 from tests.methods.kvpress_replay import keep_one_layer, model_queries
 from tests.reference_recordings import DTYPES, stored_input
 

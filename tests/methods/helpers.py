@@ -12,9 +12,9 @@ from omegaconf import OmegaConf
 from kvbench.budget import parse_budget
 from kvbench.cache.kv_cache import KVBenchCache
 from kvbench.config import MethodConfig
+from kvbench.eviction.base import DecodePolicy, DecodeState, build_method
 from kvbench.inference.eviction import EvictionSession
 from kvbench.inference.generate import generate
-from kvbench.methods.base import DecodePolicy, DecodeState, build_method
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -61,7 +61,7 @@ class StepHook(DecodePolicy):
 
 def with_step_hook(method, after):
     """``method`` with ``after(layer_idx, layer, state)`` called after each decoding step of its policy (``state``:
-    the sample's :class:`~kvbench.methods.base.DecodeState`)."""
+    the sample's :class:`~kvbench.eviction.base.DecodeState`)."""
     return dataclasses.replace(method, decode_policy=StepHook(method.decode_policy, after))
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from kvbench.methods.base import EvictionMethod
+from kvbench.eviction.base import EvictionMethod
 from tests.methods.helpers import prefill_one_layer
 
 RECORDINGS = Path(__file__).resolve().parents[1] / "fixtures" / "reference" / "kvpress"

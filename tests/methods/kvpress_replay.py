@@ -18,8 +18,8 @@ import torch
 
 from kvbench.budget import parse_budget
 from kvbench.cache.kv_cache import KVBenchCache
+from kvbench.eviction.base import EvictionMethod, WindowObservation
 from kvbench.inference.eviction import EvictionSession
-from kvbench.methods.base import EvictionMethod, WindowObservation
 from tests.methods.helpers import LayerIndex
 from tests.reference_recordings import (
     RecordedCase,

@@ -85,9 +85,9 @@ def assert_batched_equals_batch_one(family: str, question_mode: str, count: int,
     """``run.decode_batch``: generation in a batch of ``batch`` gives every sample its batch-1 tokens, text, stop
     reason and cache record (the tiny random GQA Llama, seeded prompts, ``16L``)."""
     from kvbench.budget import parse_budget
+    from kvbench.eviction.base import build_method
     from kvbench.inference.batched_decode import generate_batched
     from kvbench.inference.generate import generate
-    from kvbench.methods.base import build_method
     from tests.inference.test_batch_decode import _model, _requests
 
     model, byte_tokenizer = _model("tiny-random-llama")

@@ -13,10 +13,10 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from kvbench.config import register_configs
+from kvbench.eviction.base import WindowObservation, build_method
+from kvbench.eviction.token_scores import ScoreOptions, pool_scores, window_attention
 from kvbench.methods.adakv import AdaHeadAllocator, adaptive_counts
-from kvbench.methods.base import WindowObservation, build_method
 from kvbench.methods.snapkv import WindowVoteScorer
-from kvbench.methods.token_scores import ScoreOptions, pool_scores, window_attention
 from tests.methods.helpers import method_from_yaml, prefill_one_layer
 
 CONF = Path(__file__).resolve().parents[2] / "conf"

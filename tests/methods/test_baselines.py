@@ -1,4 +1,4 @@
-"""Every baseline family (kvbench/methods/base.py's composition) on hand-built tensors (known answers) and on a
+"""Every baseline family (kvbench/eviction/base.py's composition) on hand-built tensors (known answers) and on a
 tiny model (budgets kept exactly); a family's own semantics are in its own file (test_streamingllm.py, ...)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from kvbench.methods.base import method_families
+from kvbench.eviction.base import method_families
 from tests.methods.helpers import CONF, dominant_case, method_from_yaml, prefill_one_layer, run_method
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.methods.base import WindowObservation, build_method
+from kvbench.eviction.base import WindowObservation, build_method
 from tests.methods.kvpress_replay import keep_one_layer
 from tests.methods.wrapper_replay import replay_kept
 

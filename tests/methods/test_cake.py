@@ -13,12 +13,12 @@ import torch
 
 from kvbench.budget import parse_budget
 from kvbench.cache.kv_cache import KVBenchCache
+from kvbench.eviction.base import StaticLayerAllocator, WindowObservation
+from kvbench.eviction.token_scores import ScoreOptions, window_attention
 from kvbench.inference.eviction import EvictionSession
 from kvbench.inference.prefill import prefill
 from kvbench.kernels.reference import stats_of_probs
-from kvbench.methods.base import StaticLayerAllocator, WindowObservation
 from kvbench.methods.cake import CakeScorer, layer_preference, resolve_tau, split_pool_monotone
-from kvbench.methods.token_scores import ScoreOptions, window_attention
 from tests.methods.helpers import LayerIndex, method_from_yaml, run_method
 
 

@@ -9,9 +9,9 @@ import torch
 
 from kvbench.budget import parse_budget
 from kvbench.cache.kv_cache import KVBenchCache
+from kvbench.eviction.base import build_method
 from kvbench.inference.eviction import EvictionSession
 from kvbench.inference.prefill import forward_logits
-from kvbench.methods.base import build_method
 from kvbench.methods.cam import cam_merge
 from tests.methods.test_kvpress_decoding import QUESTION, tiny_llama
 from tests.reference_recordings import RecordedCase, inputs_meta, load_recording, recorded_kept_values, stored_input

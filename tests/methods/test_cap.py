@@ -4,7 +4,7 @@ session keeps kvpress's tokens (or another valid top-k of kvpress's scores where
 
 from __future__ import annotations
 
-from kvbench.methods.base import build_method
+from kvbench.eviction.base import build_method
 from tests.methods.kvpress_replay import hidden_states_observation, replay
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvbench.methods.base import WindowObservation, build_method
-from kvbench.methods.selection import wrap_selection
+from kvbench.eviction.base import WindowObservation, build_method
+from kvbench.eviction.selection import wrap_selection
 from tests.methods.helpers import method_from_yaml
 from tests.methods.kvpress_replay import keep_one_layer
 from tests.methods.wrapper_replay import replay_kept, window_observation
@@ -83,10 +83,10 @@ def test_wrappers_name_the_results_folder_and_compose() -> None:
     """``method=knorm method.params.selection=chunkkv`` runs in ``knorm+chunkkv``; CriticalAdaKV in
     ``knorm+ada_kvpress+critical``; each its own config hash."""
     import kvbench
-    from kvbench.methods.critical import CriticalScorer
-    from kvbench.methods.selection import SelectionScorer
+    from kvbench.app.validation import validate
+    from kvbench.eviction.critical import CriticalScorer
+    from kvbench.eviction.selection import SelectionScorer
     from kvbench.storage.writers import config_hash
-    from kvbench.validation import validate
 
     chunkkv = kvbench.compose_config(method="knorm", budget="64L", overrides=["method.params.selection=chunkkv"])
     critical = ["method.params.rescale=critical", "method.params.allocation=ada_kvpress"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.methods.base import WindowObservation, build_method
+from kvbench.eviction.base import WindowObservation, build_method
 from tests.methods.kvpress_replay import hidden_states_observation, replay, rotary_observation
 
 

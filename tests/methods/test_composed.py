@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvbench.methods.base import WindowObservation, build_method
+from kvbench.eviction.base import WindowObservation, build_method
 from tests.methods.kvpress_replay import keep_one_layer, model_queries
 from tests.reference_recordings import boundary_tie, case_inputs, is_valid_topk, kvpress_n_kept, load_recording
 

@@ -10,8 +10,8 @@ import dataclasses
 import pytest
 import torch
 
-from kvbench.methods.base import EvictionMethod, WindowObservation, build_method
-from kvbench.methods.critical import projected_value_norms, wrap_critical
+from kvbench.eviction.base import EvictionMethod, WindowObservation, build_method
+from kvbench.eviction.critical import projected_value_norms, wrap_critical
 from tests.methods.helpers import method_from_yaml
 from tests.methods.kvpress_replay import keep_one_layer
 from tests.methods.wrapper_replay import replay_kept, window_observation

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvbench.methods.base import build_method
+from kvbench.eviction.base import build_method
 from tests.methods.kvpress_replay import keys_values_observation, replay
 from tests.reference_recordings import load_recording
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvbench.methods.base import WindowObservation, build_method
+from kvbench.eviction.base import WindowObservation, build_method
 from kvbench.methods.entropy_chunkkv import entropy_gated_chunks
 from tests.methods.kvpress_replay import keep_one_layer, model_queries
 from tests.reference_recordings import case_inputs, kvpress_n_kept, load_recording

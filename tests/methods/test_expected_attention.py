@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.methods.base import build_method
+from kvbench.eviction.base import build_method
 from kvbench.methods.expected_attention import average_rotation, rotate_half, unrotate
 from tests.methods.kvpress_replay import hidden_states_observation, replay, rotary_observation
 from tests.reference_recordings import load_recording

@@ -14,7 +14,7 @@ import torch
 
 from kvbench.budget import parse_budget
 from kvbench.errors import KVBenchError
-from kvbench.methods.base import build_method
+from kvbench.eviction.base import build_method
 from tests.methods.reference_models import Tally, exact_total, valid_topk
 from tests.methods.test_kvzap import LEARNED, REPO, tiny_niah
 

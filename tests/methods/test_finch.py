@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from kvbench.budget import parse_budget
+from kvbench.eviction.base import build_method
 from kvbench.inference.generate import generate
 from kvbench.inference.prefill import prefill
-from kvbench.methods.base import build_method
 from kvbench.methods.finch import rerotate_keys
 from tests.methods.reference_models import (
     Tally,

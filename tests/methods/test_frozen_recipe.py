@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 import torch
 
+from kvbench.eviction.base import AllocatorState, DecodeState, EvictionMethod, ReadOnlyAfterBuild, build_method
 from kvbench.inference.eviction import EvictionSession
-from kvbench.methods.base import AllocatorState, DecodeState, EvictionMethod, ReadOnlyAfterBuild, build_method
 from tests.methods.helpers import method_from_yaml, run_method
 
 #: Presets covering every stateful piece: allocators (CAKE's cascade, XKV's sampled calibration, NACL's trigger),

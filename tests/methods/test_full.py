@@ -10,8 +10,8 @@ import torch
 
 from kvbench.budget import parse_budget
 from kvbench.cache.kv_cache import BACKEND_ENV
+from kvbench.eviction.base import EvictionMethod
 from kvbench.inference.generate import generate
-from kvbench.methods.base import EvictionMethod
 from kvbench.models.loading import BUILTIN_MODELS, build_builtin
 from tests.attention.test_cache_attention import BACKENDS
 

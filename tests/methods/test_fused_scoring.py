@@ -19,8 +19,8 @@ import torch
 from kvbench import kernels
 from kvbench.budget import parse_budget
 from kvbench.cache.kv_cache import KVBenchCache
+from kvbench.eviction.base import WindowObservation
 from kvbench.inference.eviction import EvictionSession
-from kvbench.methods.base import WindowObservation
 from kvbench.methods.cake import CakeLayerAllocator
 from kvbench.methods.xkv import importance
 from tests.kernel_devices import kernel_device

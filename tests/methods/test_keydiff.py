@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvbench.methods.base import build_method
+from kvbench.eviction.base import build_method
 from tests.methods.kvpress_replay import replay
 
 

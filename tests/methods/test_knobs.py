@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from kvbench.api import compose_config
+from kvbench.app.validation import check_method
 from kvbench.errors import KVBenchError
-from kvbench.validation import check_method
 
 
 @pytest.mark.parametrize(
@@ -54,7 +54,7 @@ def test_build_method_takes_a_method_config_or_a_mapping(preset: str) -> None:
     from omegaconf import OmegaConf
 
     from kvbench.config import MethodConfig
-    from kvbench.methods.base import build_method
+    from kvbench.eviction.base import build_method
 
     node = compose_config(preset, "64L").method
     mapping = OmegaConf.to_container(node)
@@ -77,7 +77,7 @@ def _hydra_value(value) -> str:
 
 
 #: Presets that leave some of their family's knobs out (paper families' YAMLs, a one-class method's YAML); the rewrite
-#: (kvbench.overrides.prepare_overrides) is one rule for every preset, so a sample covers it.
+#: (kvbench.app.overrides.prepare_overrides) is one rule for every preset, so a sample covers it.
 UNLISTED_KNOB_PRESETS = ["streamingllm", "cake_alloc_random", "headkv", "expected_attention_kvpress"]
 
 
@@ -87,7 +87,7 @@ def test_every_declared_knob_can_be_set_on_a_preset_that_does_not_list_it(preset
     struct mode refused the unlisted ones): at its default, the method builds the same recipe."""
     import dataclasses
 
-    from kvbench.methods.family import family_class
+    from kvbench.eviction.family import family_class
 
     plain = compose_config(preset, "64L")
     params = plain.method.params
@@ -138,7 +138,7 @@ def test_an_undeclared_knob_on_the_command_line_exits_2_naming_the_methods_own(t
     """``python run.py method=streamingllm method.params.evict_on_appnd=false`` (its overrides prepared and run as
     run.py does, in process): exit 2, one paragraph naming the method's knobs (those its preset does not list too)
     and the closest one, nothing written."""
-    from kvbench.overrides import prepare_overrides
+    from kvbench.app.overrides import prepare_overrides
     from tests.bad_input.test_bad_input import assert_clean_failure, run_in_process
 
     args = ["method=streamingllm", "method.params.evict_on_appnd=false", f"run.output_root={tmp_path / 'runs'}"]
@@ -156,7 +156,7 @@ def test_a_session_knob_spelt_as_before_issue_57_works_with_a_note_and_the_same_
     """``method.window=16`` (the spelling before every knob was ``method.params.<knob>``) composes to the same config
     as ``method.params.window=16``, with a one-line note, and hashes as a run of before did (its config then had
     ``method.window: 16``): the same folder resumes."""
-    from kvbench.methods.base import build_method
+    from kvbench.eviction.base import build_method
     from kvbench.storage.writers import canonical_config, config_hash
 
     old = compose_config("snapkv", "64L", overrides=["method.window=16", "method.gqa_agg=max"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.methods.base import WindowObservation, build_method
+from kvbench.eviction.base import WindowObservation, build_method
 from tests.methods.kvpress_cases import check_selection, tensor_cases
 
 
@@ -25,10 +25,10 @@ def test_wrappers_compose_over_knorm_and_name_its_results_folder() -> None:
     """``method=knorm method.params.allocation=ada``: Ada-KV's head allocation over KNorm's scores, in a results
     folder of its own (``knorm+ada``); the layer schedule composes the same way."""
     import kvbench
+    from kvbench.app.validation import validate
     from kvbench.methods.adakv import AdaHeadAllocator
     from kvbench.methods.snapkv import PyramidLayerAllocator
     from kvbench.storage.writers import config_hash
-    from kvbench.validation import validate
     from tests.methods.helpers import prefill_one_layer
 
     plain = kvbench.compose_config(method="knorm", budget="64L")

@@ -15,10 +15,10 @@ import torch
 
 from kvbench.budget import parse_budget
 from kvbench.cache.kv_cache import KVBenchCache
+from kvbench.eviction.base import build_method
 from kvbench.inference.eviction import EvictionSession
 from kvbench.inference.prefill import forward_logits
 from kvbench.inference.replay import replay_context
-from kvbench.methods.base import build_method
 from tests.methods.test_kvpress_decoding import tiny_llama
 from tests.reference_recordings import is_valid_topk, kvpress_n_kept, load_recording, stored_input
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.methods.base import build_method
+from kvbench.eviction.base import build_method
 from kvbench.methods.kvzip import chat_template_parts
 from tests.methods.reference_models import Tally, exact_total, recording, tiny_llama, tokenizer, valid_topk
 

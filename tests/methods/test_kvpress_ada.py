@@ -12,8 +12,8 @@ import dataclasses
 import pytest
 import torch
 
-from kvbench.methods.base import build_method
-from kvbench.methods.kvpress_ada import KVPRESS_ALPHA_SAFEGUARD, KvpressAdaAllocator
+from kvbench.eviction.base import build_method
+from kvbench.eviction.kvpress_ada import KVPRESS_ALPHA_SAFEGUARD, KvpressAdaAllocator
 from tests.methods.helpers import method_from_yaml
 from tests.methods.kvpress_replay import rotary_observation
 from tests.methods.wrapper_replay import replay_kept, window_observation

@@ -11,10 +11,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import kvbench.attention.function as attention
 from kvbench.budget import parse_budget
 from kvbench.cache.kv_cache import KVBenchCache
+from kvbench.eviction.base import build_method
+from kvbench.eviction.kvpress_decoding import IntervalDecodingPolicy
 from kvbench.inference.eviction import EvictionSession
 from kvbench.inference.prefill import forward_logits
-from kvbench.methods.base import build_method
-from kvbench.methods.kvpress_decoding import IntervalDecodingPolicy
 from tests.methods.helpers import method_from_yaml
 from tests.reference_recordings import (
     DTYPES,
@@ -160,7 +160,7 @@ def test_snapkv_kvpress_decode_interval_4_keeps_the_newest_tokens_where_kvpress_
     ``max + 1`` window, the last 64 rows of its cache order: the tokens generated since the last compression and the
     tail of its top-k order -- or another top-k of kvpress's tied scores."""
     import kvbench
-    from kvbench.validation import validate
+    from kvbench.app.validation import validate
     from tests.methods.decoding_replay import replay_case
     from tests.methods.wrapper_replay import KeptTally
     from tests.parity.kvpress_claims import claims_of

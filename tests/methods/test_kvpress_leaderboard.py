@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+from kvbench.app.overrides import prepare_overrides
 from kvbench.budget import BudgetError, parse_budget
 from kvbench.config import budget_choice, register_configs
-from kvbench.methods.kvpress_pyramid import kvpress_pyramid_budgets
-from kvbench.overrides import prepare_overrides
+from kvbench.eviction.kvpress_pyramid import kvpress_pyramid_budgets
 from kvbench.reporting.aggregate import load_runs
 from kvbench.reporting.paper_refs import TABLES, load_reference
 from kvbench.reporting.render import render_markdown

@@ -20,10 +20,10 @@ import torch
 import kvbench
 import kvbench.attention  # registers the "kvbench" attention
 from kvbench.budget import parse_budget
+from kvbench.eviction.base import build_method
+from kvbench.eviction.kvpress_pyramid import kvpress_pyramid_budgets
 from kvbench.inference.batched_decode import generate_batched
 from kvbench.inference.generate import generate
-from kvbench.methods.base import build_method
-from kvbench.methods.kvpress_pyramid import kvpress_pyramid_budgets
 from kvbench.models.loading import build_builtin
 from tests.inference.test_batch_decode import _requests
 from tests.methods.helpers import method_from_yaml

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from kvbench.methods.base import WindowObservation
+from kvbench.eviction.base import WindowObservation
 from tests.methods.helpers import method_from_yaml
 from tests.methods.kvpress_replay import keep_one_layer, model_queries
 from tests.reference_recordings import boundary_tie, case_inputs, is_valid_topk, kvpress_n_kept, load_recording

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from kvbench.budget import parse_budget
-from kvbench.methods.base import WindowObservation, build_method
-from kvbench.methods.kvpress_pyramid import KvpressPyramidAllocator, kvpress_pyramid_budgets
+from kvbench.eviction.base import WindowObservation, build_method
+from kvbench.eviction.kvpress_pyramid import KvpressPyramidAllocator, kvpress_pyramid_budgets
 from tests.methods.helpers import method_from_yaml
 from tests.methods.kvpress_replay import keep_one_layer, model_queries
 from tests.reference_recordings import boundary_tie, case_inputs, is_valid_topk, kvpress_n_kept, load_recording

@@ -18,8 +18,8 @@ import torch
 import kvbench
 from kvbench.budget import parse_budget
 from kvbench.errors import KVBenchError
+from kvbench.eviction.base import build_method
 from kvbench.inference.prefill import prefill
-from kvbench.methods.base import build_method
 from kvbench.methods.surrogates import load_kvzap, resolve_kvzap, save_kvzap
 from tests.reference_recordings import is_valid_topk, kvpress_n_kept
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from kvbench.budget import parse_budget
+from kvbench.eviction.base import build_method
 from kvbench.inference.prefill import prefill
-from kvbench.methods.base import build_method
 from kvbench.methods.kvzip import FIRST_PROMPT, NEXT_PROMPT, chat_template_parts
 from tests.methods.reference_models import (
     Tally,

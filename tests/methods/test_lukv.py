@@ -13,8 +13,8 @@ import torch
 
 from kvbench.budget import parse_budget
 from kvbench.cache.kv_cache import KVBenchCache
+from kvbench.eviction.base import TokenScorer, WindowObservation, build_method
 from kvbench.inference.eviction import EvictionSession
-from kvbench.methods.base import TokenScorer, WindowObservation, build_method
 from kvbench.methods.lukv import LukvScorer, curve_row, lukv_head_counts
 from tests.methods.helpers import LayerIndex
 from tests.methods.kvpress_replay import hidden_states_observation, model_queries

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.methods.base import build_method
+from kvbench.eviction.base import build_method
 from kvbench.methods.noncausal import chunked_bidirectional_attention
 from tests.methods.kvpress_replay import prompt_queries_observation, replay
 

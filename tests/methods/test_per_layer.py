@@ -9,7 +9,7 @@ import json
 import pytest
 
 from kvbench.budget import parse_budget
-from kvbench.methods.base import build_method
+from kvbench.eviction.base import build_method
 from kvbench.methods.per_layer import PerLayerRatioAllocator
 from tests.methods.kvpress_replay import keep_one_layer
 from tests.methods.test_composed import observation_of, same_or_tied

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-import kvbench.methods.base as base
-import kvbench.methods.plugins as plugins
+import kvbench.eviction.base as base
+import kvbench.eviction.plugins as plugins
+from kvbench.app.listing import list_methods
 from kvbench.cli import main
-from kvbench.listing import list_methods
-from kvbench.methods.base import METHOD_FAMILIES, build_method
-from kvbench.methods.family import family_class
-from kvbench.methods.recipe import ScorerMethod
+from kvbench.eviction.base import METHOD_FAMILIES, build_method
+from kvbench.eviction.family import family_class
+from kvbench.eviction.recipe import ScorerMethod
 from tests.faults.conftest import assert_one_line_error
 
 #: Module sources: one that fails to import, one that must never be imported (named like a built-in).

@@ -13,9 +13,9 @@ import torch
 
 import kvbench
 from kvbench.budget import parse_budget
+from kvbench.eviction.base import EvictionMethod, PromptRows, TokenScorer, WindowObservation, build_method
+from kvbench.eviction.prerope import GatheredStates, UnrotatedStates
 from kvbench.inference.prefill import prefill
-from kvbench.methods.base import EvictionMethod, PromptRows, TokenScorer, WindowObservation, build_method
-from kvbench.methods.prerope import GatheredStates, UnrotatedStates
 from tests.methods.reference_models import tiny_llama
 from tests.reference_recordings import (
     RecordedCase,
@@ -172,7 +172,7 @@ class Compare(TokenScorer):
 def test_projected_states_are_the_models_pre_rope_states(arch: str, granularity: str) -> None:
     """In float32 the projection (per-head ``q_norm`` / ``k_norm`` of Qwen3 and Gemma-3, biases and half-width
     rotary tables of gpt-oss) equals the stored states un-rotated: slices, query-head storage and a wrapper's
-    candidate tokens (:class:`~kvbench.methods.prerope.GatheredStates`) included."""
+    candidate tokens (:class:`~kvbench.eviction.prerope.GatheredStates`) included."""
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
     from tests.models.test_sliding_models import COMMON, CONFIGS

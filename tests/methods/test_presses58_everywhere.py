@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from kvbench.budget import parse_budget
+from kvbench.eviction.base import build_method
 from kvbench.inference.batched_decode import generate_batched
 from kvbench.inference.generate import generate
-from kvbench.methods.base import build_method
 from tests.inference.test_batch_decode import _requests
 from tests.methods.test_kvpress_methods_everywhere import tiny_gqa  # noqa: F401  (the module's model fixture)
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from kvbench.methods.base import WindowObservation, build_method
+from kvbench.eviction.base import WindowObservation, build_method
 from kvbench.methods.qfilter import FILTERS_KEY, filters_from_queries
 from tests.methods.kvpress_replay import keep_one_layer, replay
 from tests.reference_recordings import stored_input

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvbench.methods.base import WindowObservation, build_method
+from kvbench.eviction.base import WindowObservation, build_method
 from tests.methods.kvpress_cases import check_selection, tensor_cases
 
 

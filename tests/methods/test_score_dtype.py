@@ -25,9 +25,9 @@ import torch.nn.functional as F
 from kvbench import kernels
 from kvbench.budget import parse_budget
 from kvbench.cache.kv_cache import KVBenchCache
+from kvbench.eviction.base import WindowObservation
 from kvbench.inference.eviction import EvictionSession
 from kvbench.methods.ahakv import sg_multiplier, value_prior
-from kvbench.methods.base import WindowObservation
 from tests.methods.helpers import LayerIndex, method_from_yaml
 
 IMPLS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not kernels.triton_available(), reason="no triton"))]

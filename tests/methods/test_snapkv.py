@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.methods.base import WindowObservation
+from kvbench.eviction.base import WindowObservation
+from kvbench.eviction.token_scores import ScoreOptions, window_attention
 from kvbench.methods.snapkv import WindowVoteScorer
-from kvbench.methods.token_scores import ScoreOptions, window_attention
 from tests.methods.helpers import dominant_case, method_from_yaml, run_method
 
 

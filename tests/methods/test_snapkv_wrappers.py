@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 import kvbench
+from kvbench.app.validation import validate
 from kvbench.cli import main
 from kvbench.errors import KVBenchError
-from kvbench.methods.base import UniformHeadAllocator, build_method
+from kvbench.eviction.base import UniformHeadAllocator, build_method
+from kvbench.eviction.wrappers import WRAPPER_DEFAULTS
 from kvbench.methods.snapkv import SnapKV
-from kvbench.methods.wrappers import WRAPPER_DEFAULTS
 from kvbench.storage.writers import KNOBS_GAINED_WITH_WRAPPERS, WRAPPER_KNOBS_OFF, config_hash, scale_free_row_reduce
-from kvbench.validation import validate
 from tests.methods.helpers import method_from_yaml
 
 

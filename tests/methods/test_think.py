@@ -25,8 +25,8 @@ from kvbench.attention.function import kvbench_attention_forward
 from kvbench.budget import parse_budget
 from kvbench.cache.kv_cache import KVBenchCache
 from kvbench.config import MethodConfig
+from kvbench.eviction.base import build_method
 from kvbench.inference.eviction import EvictionSession
-from kvbench.methods.base import build_method
 from kvbench.methods.think import think_kept_channels
 from tests.methods.helpers import CONF, LayerIndex, method_from_yaml
 from tests.methods.kvpress_replay import model_queries

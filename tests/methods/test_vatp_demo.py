@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvbench.methods.base import METHOD_FAMILIES, WindowObservation, build_method
+from kvbench.eviction.base import METHOD_FAMILIES, WindowObservation, build_method
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "methods" / "add-a-method.md"
 

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from kvbench.methods.base import WindowObservation
-from kvbench.methods.token_scores import ScoreOptions, window_attention
+from kvbench.eviction.base import WindowObservation
+from kvbench.eviction.token_scores import ScoreOptions, window_attention
 from kvbench.methods.xkv import (
     XKVCalibration,
     XKVLayerAllocator,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvbench.methods.base import EvictionMethod, WindowObservation
+from kvbench.eviction.base import EvictionMethod, WindowObservation
 from tests.methods.kvpress_replay import ObservationOf, keep_one_layer, keys_values_observation, model_queries
 from tests.reference_recordings import RecordedCase, case_inputs, kvpress_n_kept, load_recording
 

@@ -18,8 +18,8 @@ import torch
 from kvbench.api import compose_config
 from kvbench.budget import parse_budget
 from kvbench.errors import KVBenchError
+from kvbench.eviction.base import build_method
 from kvbench.inference.generate import generate
-from kvbench.methods.base import build_method
 from kvbench.models.loading import check_device_map, input_device, load_model
 from kvbench.models.tiny import FILLER_WORDS
 

@@ -23,7 +23,7 @@ from transformers import PreTrainedModel
 
 import kvbench
 from kvbench.budget import parse_budget
-from kvbench.methods.base import build_method
+from kvbench.eviction.base import build_method
 from kvbench.models import zoo
 
 REPO = Path(__file__).resolve().parents[2]

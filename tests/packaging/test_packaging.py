@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from kvbench import listing, resources
+from kvbench import resources
+from kvbench.app import listing
 
 try:
     import tomllib
@@ -148,7 +149,7 @@ def test_wheel_contents(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def listed() -> dict[str, tuple[int, str]]:
-    """``{target: (exit status, stdout)}`` of ``kvbench list <target>`` (:func:`kvbench.listing.main`) for every
+    """``{target: (exit status, stdout)}`` of ``kvbench list <target>`` (:func:`kvbench.app.listing.main`) for every
     target, each listed once per module: the listings compose every preset (2-5 s each), and both tests below read
     them."""
     out = {}

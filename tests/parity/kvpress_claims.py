@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from kvbench.methods.base import EvictionMethod, WindowObservation, build_method
-from kvbench.methods.kvpress_ada import KVPRESS_ALPHA_SAFEGUARD
+from kvbench.eviction.base import EvictionMethod, WindowObservation, build_method
+from kvbench.eviction.kvpress_ada import KVPRESS_ALPHA_SAFEGUARD
 from tests.methods.helpers import CONF, method_from_yaml
 from tests.methods.kvpress_replay import (
     hidden_states_observation,

@@ -18,8 +18,8 @@ import torch
 import yaml
 
 from kvbench.cache.kv_cache import KVBenchCache
+from kvbench.eviction.decoding import padded_decode_attention
 from kvbench.methods.ahakv import AhaScorer, sg_multiplier
-from kvbench.methods.decoding import padded_decode_attention
 from tests.methods.helpers import method_from_yaml, run_method, with_step_hook
 
 CONF = Path(__file__).resolve().parents[2] / "conf"

@@ -25,13 +25,13 @@ import torch.nn.functional as F
 
 from kvbench.budget import parse_budget
 from kvbench.cache.kv_cache import KVBenchCache
+from kvbench.eviction.base import WindowObservation
+from kvbench.eviction.token_scores import ScoreOptions, pool_scores
 from kvbench.inference.eviction import EvictionSession
 from kvbench.kernels.reference import stats_of_probs
 from kvbench.methods.adakv import ada_capacities
-from kvbench.methods.base import WindowObservation
 from kvbench.methods.cake import CakeScorer, adjust_budgets, preference_shares
 from kvbench.methods.snapkv import WindowVoteScorer, pyramid_schedule
-from kvbench.methods.token_scores import ScoreOptions, pool_scores
 from tests.methods.helpers import LayerIndex, method_from_yaml
 
 

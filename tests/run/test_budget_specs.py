@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 import kvbench
+from kvbench.app.overrides import prepare_overrides
 from kvbench.config import budget_choice
 from kvbench.errors import KVBenchError
-from kvbench.overrides import prepare_overrides
 from kvbench.storage.writers import config_hash
 
 

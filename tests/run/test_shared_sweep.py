@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from kvbench.app.validation import validate_run
 from kvbench.run import shared_sweep
 from kvbench.run.prefill_groups import group_jobs, prefill_key, unshared_reason
 from kvbench.run.runner import Runner
 from kvbench.run.shared_sweep import SweepSharing
 from kvbench.run.sweep import multirun_jobs
 from kvbench.storage.writers import METRICS_FILE, PREDICTIONS_FILE, RUN_META_FILE, config_hash
-from kvbench.validation import validate_run
 
 #: The issue's sweep on the embedded default, one of its datasets (CI time).
 SWEEP = ["-m", "method=snapkv,h2o,tova,cake", "budget=64L,128L", "task.num_samples=3",

@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import load_file
 
 from kvbench.budget import parse_budget
+from kvbench.eviction.base import build_method
 from kvbench.inference.generate import generate
 from kvbench.inference.queries import prerope, record_queries
-from kvbench.methods.base import build_method
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "compute_expected_attention_stats.py"
 

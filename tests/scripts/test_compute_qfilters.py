@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import load_file
 
 from kvbench.budget import parse_budget
+from kvbench.eviction.base import build_method
 from kvbench.inference.generate import generate
-from kvbench.methods.base import build_method
 from kvbench.methods.qfilter import FILTERS_KEY
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "compute_qfilters.py"

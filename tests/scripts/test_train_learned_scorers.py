@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 
 from kvbench.budget import parse_budget
+from kvbench.eviction.base import build_method
 from kvbench.inference.prefill import prefill
-from kvbench.methods.base import build_method
 from tests.methods.test_kvzap import tiny_niah
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"

@@ -10,8 +10,8 @@ import difflib
 from collections.abc import Sequence
 from typing import Any
 
+from kvbench.app.validation import unknown_key_message
 from kvbench.config import SESSION_KNOBS
-from kvbench.validation import unknown_key_message
 
 OVERRIDE_GRAMMAR_URL = "https://hydra.cc/docs/advanced/override_grammar/basic/"
 
@@ -39,7 +39,7 @@ def hydra_error_message(err: BaseException, overrides: Sequence[str] = ()) -> st
             group, name = "budget", err.missing_cfg_file.removeprefix("budget/")
         options = list(err.options)
         if group == "method":  # the methods a class alone defines have no YAML: Hydra does not list them
-            from kvbench.overrides import class_method_names
+            from kvbench.app.overrides import class_method_names
 
             options = sorted({*options, *class_method_names()})
         close = difflib.get_close_matches(name, options, n=1, cutoff=0.6)

@@ -3,7 +3,7 @@
 :func:`layer_generator` gives one CPU generator per (method, seed, sample, layer), :func:`sample_generator` one
 per (method, seed, sample): a resumed run, a subset, a batched run or a reordered dataset draws exactly what an
 uninterrupted run draws, and a built method holds no generator (it is a frozen recipe).  ``sample_key`` is
-:attr:`kvbench.methods.base.WindowObservation.sample_key` (a hash of the compressed prompt's token ids).
+:attr:`kvbench.eviction.base.WindowObservation.sample_key` (a hash of the compressed prompt's token ids).
 """
 
 from __future__ import annotations

@@ -162,9 +162,9 @@ def _reference_note(reference: dict) -> str:
 def list_methods() -> str:
     """Method presets (family, the knobs a preset sets, paper, code), then every family's knobs, each listed once
     with its default and meaning (the knobs several families share, in a block of their own)."""
-    from kvbench.methods.base import METHOD_FAMILIES, load_plugin_methods, method_families
-    from kvbench.methods.plugins import PLUGIN_PACKAGES
-    from kvbench.methods.recipe import ScorerMethod
+    from kvbench.eviction.base import METHOD_FAMILIES, load_plugin_methods, method_families
+    from kvbench.eviction.plugins import PLUGIN_PACKAGES
+    from kvbench.eviction.recipe import ScorerMethod
 
     method_families()  # imports every method module: the classes register themselves
     broken = load_plugin_methods()  # and every installed package's; one that fails to import is listed as broken
@@ -229,9 +229,9 @@ def conf_path(group: str, name: str) -> Any:
 def family_knobs(classes: dict[str, Any]) -> list[str]:
     """Every family's knobs (``method.params.<knob>``), each once with its default and meaning: the blocks several
     families share (session, wrapper, attention-vote knobs) first, then each family's own and the blocks it has."""
-    from kvbench.methods.knobs import SessionKnobs, knob_meanings, shared_fields
-    from kvbench.methods.token_scores import VoteKnobs
-    from kvbench.methods.wrappers import Wrappers
+    from kvbench.eviction.knobs import SessionKnobs, knob_meanings, shared_fields
+    from kvbench.eviction.token_scores import VoteKnobs
+    from kvbench.eviction.wrappers import Wrappers
 
     bundles = {"session knobs": SessionKnobs, "wrapper knobs": Wrappers, "attention-vote knobs": VoteKnobs}
     lines = ["Knobs (method.params.<knob> = default: meaning):"]

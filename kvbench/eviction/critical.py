@@ -13,10 +13,10 @@ FFY0/AdaKV-in-NVIDIA-kvpress): ``method=knorm method.params.rescale=critical`` (
   head then keeps them first.  kvpress sizes stage 1 from the ratio, ``max(1, int((1 - r) S 0.5))``: so does
   ``budget=<c>cr``; under another budget ``int(k 0.5)`` (kvpress's count but for the ``max(1, .)``, which differs
   where ``k`` is 1).
-* CriticalAdaKV: the head budgets are kvpress's Ada-KV shares (:mod:`kvbench.methods.kvpress_ada`, safeguard
+* CriticalAdaKV: the head budgets are kvpress's Ada-KV shares (:mod:`kvbench.eviction.kvpress_ada`, safeguard
   ``int(k 0.2)`` here, as this press has it, without the ``max(1, .)``); stage 1 takes each head's top ``int(budget_h
   0.5)``, stage 2 rescales, and each head keeps its top ``budget_h`` of the result.  The wrapper returns the stage-2
-  scores on the kept tokens and ``-inf`` elsewhere (:class:`~kvbench.methods.selection.SelectedCountAllocator`
+  scores on the kept tokens and ``-inf`` elsewhere (:class:`~kvbench.eviction.selection.SelectedCountAllocator`
   counts them).
 
 Protected tokens (the window when the method keeps it, the sinks) score ``max + 1`` before the rescaling, as kvpress's
@@ -32,10 +32,10 @@ from dataclasses import dataclass
 
 import torch
 
-from kvbench.methods.base import EvictionMethod, PromptRows, TokenScorer, WindowObservation
-from kvbench.methods.kvpress_ada import KVPRESS_ALPHA_SAFEGUARD
-from kvbench.methods.selection import SelectedCountAllocator, pad_protected
-from kvbench.methods.token_scores import aggregate_groups
+from kvbench.eviction.base import EvictionMethod, PromptRows, TokenScorer, WindowObservation
+from kvbench.eviction.kvpress_ada import KVPRESS_ALPHA_SAFEGUARD
+from kvbench.eviction.selection import SelectedCountAllocator, pad_protected
+from kvbench.eviction.token_scores import aggregate_groups
 
 #: kvpress's defaults: stage 2's epsilon and stage 1's share of the budget.
 CRITICAL_EPSILON = 1e-4

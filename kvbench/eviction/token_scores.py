@@ -6,7 +6,7 @@ observation window -- in four steps:
 1. the window queries' softmax attention over all keys (causal inside the window, float32 softmax);
 2. a reduction over the window rows (sum: SnapKV/PyramidKV; mean: Ada-KV; mean + gamma * var: CAKE) -- steps 1
    and 2 are fused (:func:`kvbench.kernels.window_stats`, via
-   :meth:`~kvbench.methods.base.WindowObservation.window_stats`):
+   :meth:`~kvbench.eviction.base.WindowObservation.window_stats`):
    the ``[H_q, W, S]`` matrix is never built on a method's path;
 3. the slice ``[:, :S - W]`` (the window's own columns never enter the pooling);
 4. GQA reduction of the query heads sharing a stored head and 1-D pooling along the sequence, in the family's
@@ -36,9 +36,9 @@ import torch.nn.functional as F
 from kvbench import kernels
 from kvbench.checks import check_choice
 from kvbench.config import GQA_AGGREGATIONS, GQA_REDUCE_ORDERS, POOL_PADDINGS, POOLING_TYPES, SCORE_DTYPES
+from kvbench.eviction.params import bounded, choice
 from kvbench.kernels import WindowStats
 from kvbench.kernels.reference import window_probs_reference
-from kvbench.methods.params import bounded, choice
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
     from kvbench.cache.kv_cache import HeadwiseLayer
@@ -51,7 +51,7 @@ def window_attention(queries: torch.Tensor, keys: torch.Tensor, scaling: float) 
     position ``S - W + i``) over keys ``[H, S, D]``.
 
     For tests and comparisons only -- no method calls it: scorers read the fused
-    :meth:`~kvbench.methods.base.WindowObservation.window_stats`.
+    :meth:`~kvbench.eviction.base.WindowObservation.window_stats`.
     """
     return window_probs_reference(queries, keys, scaling)
 
@@ -254,7 +254,7 @@ def appended_attention(
     query:
         ``[H_q, q, D]`` the appended tokens' queries.
     dtype:
-        Rounding as :func:`~kvbench.methods.decoding.padded_decode_attention` (logits, probabilities, the row sum
+        Rounding as :func:`~kvbench.eviction.decoding.padded_decode_attention` (logits, probabilities, the row sum
         and the group reduction).
     row_scale:
         ``[q]`` factor on each row's scaled logits (AhaKV), or ``None``.

@@ -21,7 +21,7 @@ does it (``decoding_press.py``):
   session's) and scores the cache gathered in it.
 * **the queries**: kvpress buffers the hidden states of the forwards since the last compression (up to 256
   forwards, ``hidden_states_buffer_size``) and scores with them.  A window scorer (SnapKV,
-  :attr:`~kvbench.methods.base.TokenScorer.window_scorer`) gets the last ``method.window`` buffered queries, rotated
+  :attr:`~kvbench.eviction.base.TokenScorer.window_scorer`) gets the last ``method.window`` buffered queries, rotated
   -- as kvpress's ``SnapKVPress`` does with the current forward's rotary tables -- at the current forward's last
   positions (one position for all of them after a single-token step), the causal mask of a ``window``-row window
   (kvpress's ``triu(k_len - window + 1)``), their mean, its pooling, and the cache's last ``window`` rows scored
@@ -50,10 +50,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from kvbench.eviction.base import DecodePolicy, DecodeState, TokenScorer, WindowObservation
+from kvbench.eviction.prerope import rotate_half, unrotate
+from kvbench.eviction.token_scores import aggregate_groups, round_to
 from kvbench.kernels.reference import attention_logits, stats_of_probs
-from kvbench.methods.base import DecodePolicy, DecodeState, TokenScorer, WindowObservation
-from kvbench.methods.prerope import rotate_half, unrotate
-from kvbench.methods.token_scores import aggregate_groups, round_to
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
     from kvbench.cache.kv_cache import HeadwiseLayer
@@ -79,7 +79,7 @@ class IntervalDecodeState(DecodeState):
 @dataclass
 class BufferedQueries:
     """The buffered queries as the pre-RoPE states of a decoding compression (a
-    :class:`~kvbench.methods.prerope.PreRopeStates`): ``queries`` ``[H_q, n, D]`` in the model dtype; ``rows`` is
+    :class:`~kvbench.eviction.prerope.PreRopeStates`): ``queries`` ``[H_q, n, D]`` in the model dtype; ``rows`` is
     kvpress's ``q_len`` (the number of buffered rows)."""
 
     pre_rope: torch.Tensor

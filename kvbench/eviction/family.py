@@ -1,6 +1,6 @@
 """A method is one class: a frozen dataclass whose fields are its knobs, registered by defining it (issues #41, #57).
 
-Every family, a paper's (SnapKV, CAKE, H2O ...) or a one-class scorer (:class:`kvbench.methods.recipe.ScorerMethod`),
+Every family, a paper's (SnapKV, CAKE, H2O ...) or a one-class scorer (:class:`kvbench.eviction.recipe.ScorerMethod`),
 is a frozen dataclass subclassing :class:`FamilyMethod` with its family name::
 
     @dataclass(frozen=True)
@@ -10,13 +10,13 @@ is a frozen dataclass subclassing :class:`FamilyMethod` with its family name::
         def build(self, method_cfg: Any) -> EvictionMethod:
             return EvictionMethod(scorer=WindowVoteScorer(score_options(self)), ..., **common_knobs(method_cfg, self))
 
-Its knobs are its fields: the session knobs every method has (:class:`kvbench.methods.knobs.SessionKnobs`: window,
+Its knobs are its fields: the session knobs every method has (:class:`kvbench.eviction.knobs.SessionKnobs`: window,
 budget accounting, GQA storage, sinks, the decode switch; less the ones in :attr:`FamilyMethod.unused_knobs`) and its
 own, all set as ``method.params.<knob>``.  Defining the class registers it in the one registry of methods,
-:data:`kvbench.methods.base.METHOD_FAMILIES`; :func:`kvbench.methods.base.build_method` makes the class from
-``method.params`` (:meth:`FamilyMethod.from_params`, i.e. :func:`kvbench.methods.params.parse_params`: an unknown
+:data:`kvbench.eviction.base.METHOD_FAMILIES`; :func:`kvbench.eviction.base.build_method` makes the class from
+``method.params`` (:meth:`FamilyMethod.from_params`, i.e. :func:`kvbench.eviction.params.parse_params`: an unknown
 knob is an error listing the class's knobs) and calls :meth:`FamilyMethod.build`, which composes the recipe's pieces
-(:class:`kvbench.methods.base.EvictionMethod`).  A method over another family (ThinK over its token method) overrides
+(:class:`kvbench.eviction.base.EvictionMethod`).  A method over another family (ThinK over its token method) overrides
 :meth:`~FamilyMethod.from_params` and :meth:`~FamilyMethod.declared_knobs` to pass the other keys on.
 """
 
@@ -29,10 +29,10 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
 from kvbench.checks import check_known_keys
-from kvbench.methods.base import METHOD_FAMILIES, EvictionMethod
-from kvbench.methods.knobs import KNOB_DEFAULTS, SessionKnobs, session_fields
-from kvbench.methods.params import parse_params
-from kvbench.methods.plugins import method_entry_points
+from kvbench.eviction.base import METHOD_FAMILIES, EvictionMethod
+from kvbench.eviction.knobs import KNOB_DEFAULTS, SessionKnobs, session_fields
+from kvbench.eviction.params import parse_params
+from kvbench.eviction.plugins import method_entry_points
 
 FamilyT = TypeVar("FamilyT", bound="FamilyMethod")
 _NO_DEFAULT = object()
@@ -58,7 +58,7 @@ class FamilyMethod(SessionKnobs, ABC):
 
     @classmethod
     def from_params(cls: type[FamilyT], params: Mapping[str, Any] | None) -> FamilyT:
-        """The knobs from ``method.params``, validated (:func:`~kvbench.methods.params.parse_params`)."""
+        """The knobs from ``method.params``, validated (:func:`~kvbench.eviction.params.parse_params`)."""
         given = cls.given_params(params)
         check_known_keys(given, cls.field_knobs(), "method.params", f"family {cls.family!r}")
         return parse_params(cls, given, cls.family)

@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from kvbench.methods.state import ReadOnlyAfterBuild
+from kvbench.eviction.state import ReadOnlyAfterBuild
 
 
 class KeyChannelPruner(ReadOnlyAfterBuild, ABC):

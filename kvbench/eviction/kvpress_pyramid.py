@@ -22,8 +22,8 @@ from typing import Any
 
 from kvbench.budget import Budget
 from kvbench.checks import check_min
-from kvbench.methods.base import StaticLayerAllocator
-from kvbench.methods.state import AllocatorState
+from kvbench.eviction.base import StaticLayerAllocator
+from kvbench.eviction.state import AllocatorState
 
 
 def kvpress_pyramid_budgets(average: float, window: int, beta: int, num_layers: int, context_length: int) -> list[int]:

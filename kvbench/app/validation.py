@@ -164,10 +164,10 @@ def _check_budget(spec: str) -> None:
 
 def check_session_knobs(method: Any) -> None:
     """The session knobs ``method.params`` sets (``window``, ``gqa_agg``, ...: type, range, choices), checked by their
-    declaration (:class:`kvbench.methods.knobs.SessionKnobs`) before torch loads; whether the family reads them, and
+    declaration (:class:`kvbench.eviction.knobs.SessionKnobs`) before torch loads; whether the family reads them, and
     its own knobs, are checked when it builds (stage 3)."""
-    from kvbench.methods.knobs import SessionKnobs
-    from kvbench.methods.params import parse_params
+    from kvbench.eviction.knobs import SessionKnobs
+    from kvbench.eviction.params import parse_params
 
     given = {key: value for key, value in (method.params or {}).items() if key in SESSION_KNOBS}
     try:
@@ -297,7 +297,7 @@ def check_method(cfg: DictConfig) -> Any:
     """Build the method family with its parameters (``method.family``, ``method.params.*``: the families'
     ``parse_params``) and return the ``EvictionMethod``.  Imports torch and the method modules, not transformers
     (the families import the cache for type hints only), so these errors come in about 1.5 s."""
-    from kvbench.methods.base import build_method
+    from kvbench.eviction.base import build_method
 
     check_method_knobs(cfg)
     try:
@@ -308,9 +308,9 @@ def check_method(cfg: DictConfig) -> Any:
 
 def check_method_knobs(cfg: DictConfig) -> None:
     """``method.params``'s keys against the knobs the method's class declares (a command-line
-    ``method.params.<knob>=`` sets a knob the preset does not list: :func:`kvbench.overrides.prepare_overrides`), an
+    ``method.params.<knob>=`` sets a knob the preset does not list: :func:`kvbench.app.overrides.prepare_overrides`), an
     error naming the method's own knobs; imports torch and the method modules."""
-    from kvbench.methods.family import check_declared_params
+    from kvbench.eviction.family import check_declared_params
 
     try:
         check_declared_params(cfg.method)
@@ -330,7 +330,7 @@ def validate(cfg: DictConfig) -> tuple[Any, Any]:
 @dataclasses.dataclass(frozen=True)
 class ValidatedRun:
     """A config that passed every stage, with what validation built from it: the
-    :class:`~kvbench.methods.base.EvictionMethod` (fresh: no sample has run through it) and the
+    :class:`~kvbench.eviction.base.EvictionMethod` (fresh: no sample has run through it) and the
     :class:`~kvbench.budget.Budget`.  The runner takes these instead of validating and building again."""
 
     cfg: DictConfig

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 if TYPE_CHECKING:
-    from kvbench.methods.base import WindowObservation
+    from kvbench.eviction.base import WindowObservation
 
 #: Where pre-RoPE states come from: the layer's input hidden states (kvpress's way), or un-rotated stored states.
 SOURCES = ("hidden_states", "unrotated")
@@ -86,7 +86,7 @@ class UnrotatedStates:
 @dataclass
 class GatheredStates:
     """``states`` restricted to ``positions`` ``[H, n]`` per stored head (a wrapper's candidate tokens,
-    :mod:`kvbench.methods.selection`): keys gathered per head, queries unchanged (every prompt query)."""
+    :mod:`kvbench.eviction.selection`): keys gathered per head, queries unchanged (every prompt query)."""
 
     states: PreRopeStates
     positions: torch.Tensor
@@ -108,5 +108,5 @@ class GatheredStates:
 
 def prerope_states(observation: WindowObservation) -> PreRopeStates:
     """The observation's pre-RoPE states: from the layer's hidden states when the session gave them
-    (:attr:`~kvbench.methods.base.WindowObservation.prerope`), else un-rotated (:class:`UnrotatedStates`)."""
+    (:attr:`~kvbench.eviction.base.WindowObservation.prerope`), else un-rotated (:class:`UnrotatedStates`)."""
     return observation.prerope if observation.prerope is not None else UnrotatedStates(observation)

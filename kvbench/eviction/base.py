@@ -8,11 +8,11 @@
 * :class:`DecodePolicy` -- what happens to the cache while generating (nothing, StreamingLLM window, H2O, TOVA).
 
 :class:`EvictionMethod` bundles them with the session knobs that govern how they are combined; a method's class
-(:class:`kvbench.methods.family.FamilyMethod`, one file per family under ``kvbench/methods/``) builds it from its
+(:class:`kvbench.eviction.family.FamilyMethod`, one file per family under ``kvbench/methods/``) builds it from its
 knobs and registers itself in :data:`METHOD_FAMILIES`.  None of the pieces needs
 a model: tests drive them with hand-built tensors.  A built method is a frozen recipe: what a sample accumulates
 (allocator state, decode caps, running scores) is created by the pieces (``new_state``) and owned by the sample's
-session, what spans a dataset by ``LayerBudgetAllocator.new_dataset_state`` (:mod:`kvbench.methods.state`).
+session, what spans a dataset by ``LayerBudgetAllocator.new_dataset_state`` (:mod:`kvbench.eviction.state`).
 
 Shapes use ``H_q`` query heads, ``H`` stored heads (KV heads, or query heads with ``gqa_granularity=query_head``),
 ``W`` window queries, ``S`` context tokens, ``D`` head dim.
@@ -32,11 +32,11 @@ from omegaconf.errors import OmegaConfBaseException
 
 from kvbench.budget import Budget
 from kvbench.config import MethodConfig, move_session_knobs
-from kvbench.methods.channels import KeyChannelPruner
-from kvbench.methods.knobs import check_unused_knobs
-from kvbench.methods.observation import PromptRows, WindowObservation
-from kvbench.methods.state import AllocatorState, DecodeState, ReadOnlyAfterBuild
-from kvbench.methods.token_scores import ScoreOptions, VoteKnobs
+from kvbench.eviction.channels import KeyChannelPruner
+from kvbench.eviction.knobs import check_unused_knobs
+from kvbench.eviction.observation import PromptRows, WindowObservation
+from kvbench.eviction.state import AllocatorState, DecodeState, ReadOnlyAfterBuild
+from kvbench.eviction.token_scores import ScoreOptions, VoteKnobs
 from kvbench.registry import Registry, submodule_importer
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
@@ -98,7 +98,7 @@ class LayerBudgetAllocator(ReadOnlyAfterBuild, ABC):
         """Begin a sample under ``budget`` (what the eviction session calls): :meth:`new_state` with the budget's
         total over ``num_layers`` plus ``extra_per_layer`` tokens per layer (the window, when it is outside the
         budget).  An allocator that reads the budget itself overrides it (kvpress's PyramidKV reads ``S (1 - c)``
-        before rounding: :class:`~kvbench.methods.kvpress_pyramid.KvpressPyramidAllocator`)."""
+        before rounding: :class:`~kvbench.eviction.kvpress_pyramid.KvpressPyramidAllocator`)."""
         total = budget.total(context_length, num_layers) + num_layers * extra_per_layer
         return self.new_state(total, num_layers, context_length, dataset)
 
@@ -265,7 +265,7 @@ class EvictionMethod:
     #: layers).
     compress_sliding: bool = False
     settings: dict[str, Any] = field(default_factory=dict)
-    #: Session knobs (:class:`kvbench.methods.knobs.SessionKnobs`) this recipe does not read: left out of the recorded
+    #: Session knobs (:class:`kvbench.eviction.knobs.SessionKnobs`) this recipe does not read: left out of the recorded
     #: settings, and an error when set (:func:`check_unused_knobs`).
     ignored_knobs: frozenset[str] = frozenset()
     #: After a layer's prefill eviction, the key channels each head keeps (ThinK; ``None``: every channel).
@@ -300,21 +300,21 @@ def _discover_methods() -> None:
     """Import kvbench's method modules (the installed packages' methods are imported one at a time, when asked for:
     :func:`_load_plugin_method`); an entry point named like one of them is reported once, never loaded."""
     submodule_importer("kvbench.methods")()
-    from kvbench.methods.plugins import report_clashes
+    from kvbench.eviction.plugins import report_clashes
 
     report_clashes(METHOD_FAMILIES.names())  # the built-ins discovered so far: this discovery is running
 
 
 def _load_plugin_method(family: str) -> None:
     """Import the installed package declaring method ``family`` (entry-point group ``kvbench.methods``), if any:
-    :func:`kvbench.methods.plugins.load_plugin` (a broken one raises its ``PluginError``, for that method only)."""
-    from kvbench.methods.plugins import load_plugin
+    :func:`kvbench.eviction.plugins.load_plugin` (a broken one raises its ``PluginError``, for that method only)."""
+    from kvbench.eviction.plugins import load_plugin
 
     load_plugin(family)
 
 
 #: The one registry of methods: every method class by family name (``method.family``), filled by the class itself
-#: when it is defined (:class:`kvbench.methods.family.FamilyMethod`: ``class X(..., family="x")``); an installed
+#: when it is defined (:class:`kvbench.eviction.family.FamilyMethod`: ``class X(..., family="x")``); an installed
 #: package's method is imported when it is asked for (:func:`_load_plugin_method`).
 METHOD_FAMILIES: Registry[Any] = Registry("method family", discover=_discover_methods, load_missing=_load_plugin_method)
 
@@ -322,7 +322,7 @@ METHOD_FAMILIES: Registry[Any] = Registry("method family", discover=_discover_me
 def load_plugin_methods() -> dict[str, str]:
     """Import every installed package's methods but those named like one of kvbench's own (``kvbench list
     methods``); the broken ones: family -> why."""
-    from kvbench.methods.plugins import load_plugins
+    from kvbench.eviction.plugins import load_plugins
 
     return load_plugins(METHOD_FAMILIES.names())
 
@@ -336,8 +336,8 @@ def build_method(method_cfg: Any) -> EvictionMethod:
     """Build the method described by ``method_cfg``: a :class:`kvbench.config.MethodConfig`, an OmegaConf node of
     one (the composed ``cfg.method``) or a mapping of its fields.  The family's class is made from ``method.params``
     (validated: an unknown knob, a wrong type or value is an error listing its knobs,
-    :meth:`~kvbench.methods.family.FamilyMethod.from_params`), then builds its recipe
-    (:meth:`~kvbench.methods.family.FamilyMethod.build`).  A session knob set where the built method does not read it
+    :meth:`~kvbench.eviction.family.FamilyMethod.from_params`), then builds its recipe
+    (:meth:`~kvbench.eviction.family.FamilyMethod.build`).  A session knob set where the built method does not read it
     is an error (:func:`check_unused_knobs`); so is ``decode_eviction`` for a method that has no decode-time policy
     (it would change nothing, yet be recorded as if it did)."""
     method_cfg = as_method_config(method_cfg)
@@ -373,7 +373,7 @@ def as_method_config(method_cfg: Any) -> DictConfig:
 def common_knobs(method_cfg: Any, knobs: Any) -> dict[str, Any]:
     """The :class:`EvictionMethod` keyword arguments every family's recipe shares: its name and family (from the
     composed ``method_cfg``) and the session knobs of ``knobs``, the method's class
-    (:class:`~kvbench.methods.knobs.SessionKnobs`)."""
+    (:class:`~kvbench.eviction.knobs.SessionKnobs`)."""
     return {
         "name": method_cfg.name,
         "family": method_cfg.family,
@@ -387,7 +387,7 @@ def common_knobs(method_cfg: Any, knobs: Any) -> dict[str, Any]:
 
 def score_options(knobs: Any, reference_gqa_reduce: str = "before_pool") -> ScoreOptions:
     """The scoring options of a method's class ``knobs``: its ``gqa_agg`` (a session knob) and the scorer knobs it
-    declares (:class:`~kvbench.methods.token_scores.VoteKnobs` or a part of it); a knob it does not declare is at
+    declares (:class:`~kvbench.eviction.token_scores.VoteKnobs` or a part of it); a knob it does not declare is at
     :class:`VoteKnobs`'s default, ``gqa_reduce: null`` the family's reference order."""
     declared = {name: getattr(knobs, name, getattr(_VOTE_DEFAULTS, name)) for name in _VOTE_KNOBS}
     return ScoreOptions(

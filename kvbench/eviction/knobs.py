@@ -2,12 +2,12 @@
 accounting, GQA storage, sinks, the decode switch), declared once as :class:`SessionKnobs` (issue #57).
 
 Every knob of a method is a field of its class, set as ``method.params.<knob>`` (one way, issue #57): a family's class
-(:class:`kvbench.methods.family.FamilyMethod`) inherits these fields, so ``method.params.window=16`` sets SnapKV's
+(:class:`kvbench.eviction.family.FamilyMethod`) inherits these fields, so ``method.params.window=16`` sets SnapKV's
 window as ``method.params.kernel_size=5`` sets its pooling.  A family that never reads one lists it in
-:attr:`~kvbench.methods.family.FamilyMethod.unused_knobs`: it is then not among the method's knobs (``kvbench list
+:attr:`~kvbench.eviction.family.FamilyMethod.unused_knobs`: it is then not among the method's knobs (``kvbench list
 methods`` does not show it, setting it is an error listing the method's knobs).  A knob that a family reads only in
 some settings (TOVA's ``gqa_agg`` unless ``head_average``) is refused when set in the others
-(:func:`check_unused_knobs`, through :attr:`kvbench.methods.base.EvictionMethod.ignored_knobs`).
+(:func:`check_unused_knobs`, through :attr:`kvbench.eviction.base.EvictionMethod.ignored_knobs`).
 
 The spelling of before, ``method.<knob>`` (:data:`kvbench.config.SESSION_KNOBS`), still works with a one-line note
 (:func:`kvbench.config.move_session_knobs`); a run's config hash is computed in that layout
@@ -22,10 +22,10 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from kvbench.config import GQA_AGGREGATIONS, GQA_GRANULARITIES, SESSION_KNOBS
-from kvbench.methods.params import bounded, choice
+from kvbench.eviction.params import bounded, choice
 
 if TYPE_CHECKING:
-    from kvbench.methods.base import EvictionMethod
+    from kvbench.eviction.base import EvictionMethod
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,18 @@
 """PyramidKV's layer schedule (Cai et al., 2024), a piece over any scorer: the ``pyramidkv`` and ``ada_pyramidkv``
-families and the ``layers: pyramid`` wrapper (:mod:`kvbench.methods.wrappers`) split the total budget over layers
+families and the ``layers: pyramid`` wrapper (:mod:`kvbench.eviction.wrappers`) split the total budget over layers
 with :class:`PyramidLayerAllocator`.
 
 Reproduces Zefan-Cai/KVCache-Factory ``pyramidkv/pyramidkv_utils.py`` (``PyramidKVCluster``): integer arithmetic
 (:func:`pyramid_schedule`), in the variant of KVCache-Factory (default) or of AdaKV's ``pyram_mode``;
 ``sum_preserving`` is kvbench's variant whose total is exactly ``L x C``; ``kvpress`` is NVIDIA/kvpress's
-``PyramidKVPress`` (:mod:`kvbench.methods.kvpress_pyramid`).
+``PyramidKVPress`` (:mod:`kvbench.eviction.kvpress_pyramid`).
 """
 
 from __future__ import annotations
 
 from kvbench.checks import check_choice, check_min
-from kvbench.methods.base import StaticLayerAllocator
-from kvbench.methods.kvpress_pyramid import kvpress_pyramid_budgets
+from kvbench.eviction.base import StaticLayerAllocator
+from kvbench.eviction.kvpress_pyramid import kvpress_pyramid_budgets
 
 PYRAMID_SCHEDULES = ("kvcache_factory", "adakv", "sum_preserving", "kvpress")
 

@@ -8,23 +8,23 @@ A scorer method subclasses :class:`ScorerMethod` with a family name and writes o
             return -observation.keys.norm(dim=-1)  # [H, S]: keep the smallest key norms
 
 That is the whole method.  Defining the class registers it for ``method.family == "knorm"`` in the one
-registry of methods (:data:`kvbench.methods.base.METHOD_FAMILIES`, the paper families' too:
-:class:`kvbench.methods.family.FamilyMethod`); :func:`scorer_recipe` composes it with the wrappers.  Saved as
+registry of methods (:data:`kvbench.eviction.base.METHOD_FAMILIES`, the paper families' too:
+:class:`kvbench.eviction.family.FamilyMethod`); :func:`scorer_recipe` composes it with the wrappers.  Saved as
 ``kvbench/methods/knorm.py`` (the module is named after the family), ``method=knorm`` composes with no YAML:
-:func:`kvbench.overrides.prepare_overrides` finds the module without importing it and registers a default preset
+:func:`kvbench.app.overrides.prepare_overrides` finds the module without importing it and registers a default preset
 (``name: knorm, family: knorm``, the class's knobs at their defaults) in Hydra's ConfigStore (so does a class defined
 in your own script or notebook, before you compose); a ``conf/method/knorm.yaml``, where one exists, is the preset
 that wins (``kvbench list methods`` says which).
 
 * Knobs: the dataclass fields, the session knobs among them (``window``, ``gqa_agg``, ``sink_tokens`` ...:
-  :class:`kvbench.methods.knobs.SessionKnobs`), all set as ``method.params.<field>`` and validated by
-  :func:`kvbench.methods.params.parse_params` (type, :func:`~kvbench.methods.params.choice`,
-  :func:`~kvbench.methods.params.bounded`); an unknown one is an error listing the class's fields.
-* Wrappers over any scorer, declared once in :mod:`kvbench.methods.wrappers` (SnapKV's presets have them too):
+  :class:`kvbench.eviction.knobs.SessionKnobs`), all set as ``method.params.<field>`` and validated by
+  :func:`kvbench.eviction.params.parse_params` (type, :func:`~kvbench.eviction.params.choice`,
+  :func:`~kvbench.eviction.params.bounded`); an unknown one is an error listing the class's fields.
+* Wrappers over any scorer, declared once in :mod:`kvbench.eviction.wrappers` (SnapKV's presets have them too):
   ``allocation: ada`` (Ada-KV's head-wise allocation; ``ada_kvpress``
   kvpress's reading of it), ``layers: pyramid`` (PyramidKV's layer schedule), ``selection: chunkkv | chunk | block``
-  (kvpress's ChunkKV, Chunk and Block presses, :mod:`kvbench.methods.selection`, sized by ``selection_length``) and
-  ``rescale: critical`` (CriticalKV, :mod:`kvbench.methods.critical`); ``method=knorm method.params.allocation=ada``
+  (kvpress's ChunkKV, Chunk and Block presses, :mod:`kvbench.eviction.selection`, sized by ``selection_length``) and
+  ``rescale: critical`` (CriticalKV, :mod:`kvbench.eviction.critical`); ``method=knorm method.params.allocation=ada``
   runs KNorm under Ada-KV's allocation, and its default preset's name (the results folder) names the wrappers that
   are on (``knorm+ada``, ``knorm+chunkkv``, ``knorm+ada_kvpress+critical``).
 * Protection: :attr:`ScorerMethod.keep_window` is a declared field (off: every token competes on its score, as
@@ -44,9 +44,9 @@ import dataclasses
 from typing import Any, ClassVar
 
 from kvbench.config import SESSION_KNOBS
-from kvbench.methods.base import EvictionMethod, TokenScorer, common_knobs
-from kvbench.methods.family import FamilyMethod
-from kvbench.methods.wrappers import HEAD_ALLOCATIONS, LAYER_SCHEDULES, RESCALES, Wrappers, apply_wrappers
+from kvbench.eviction.base import EvictionMethod, TokenScorer, common_knobs
+from kvbench.eviction.family import FamilyMethod
+from kvbench.eviction.wrappers import HEAD_ALLOCATIONS, LAYER_SCHEDULES, RESCALES, Wrappers, apply_wrappers
 
 __all__ = ["HEAD_ALLOCATIONS", "LAYER_SCHEDULES", "RESCALES", "ScorerMethod", "scorer_recipe"]
 
@@ -55,8 +55,8 @@ __all__ = ["HEAD_ALLOCATIONS", "LAYER_SCHEDULES", "RESCALES", "ScorerMethod", "s
 class ScorerMethod(TokenScorer, Wrappers, FamilyMethod):
     """Base of the one-class methods (module docstring): subclass with ``family=<name>`` and write ``score``.
 
-    Its knobs: the session knobs (:class:`kvbench.methods.knobs.SessionKnobs`), the wrapper knobs of
-    :class:`kvbench.methods.wrappers.Wrappers`, then ``keep_window``.  The recipe is built by :func:`scorer_recipe`
+    Its knobs: the session knobs (:class:`kvbench.eviction.knobs.SessionKnobs`), the wrapper knobs of
+    :class:`kvbench.eviction.wrappers.Wrappers`, then ``keep_window``.  The recipe is built by :func:`scorer_recipe`
     (the class is the scorer; the builder composes it with the wrappers and the session knobs)."""
 
     #: Protect the last ``window`` prompt tokens (they rank before every other token); off by default (kvpress's
@@ -85,7 +85,7 @@ class ScorerMethod(TokenScorer, Wrappers, FamilyMethod):
 
 def scorer_recipe(method: ScorerMethod, method_cfg: Any) -> EvictionMethod:
     """The recipe of a one-class method: ``method`` is the scorer, under the wrappers its fields turn on
-    (:func:`~kvbench.methods.wrappers.apply_wrappers`), with its session knobs and ``keep_window``."""
+    (:func:`~kvbench.eviction.wrappers.apply_wrappers`), with its session knobs and ``keep_window``."""
     recipe = EvictionMethod(
         scorer=method,
         settings=method.recipe_settings(),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from kvbench.methods.base import HeadBudgetAllocator
+from kvbench.eviction.base import HeadBudgetAllocator
 
 #: kvpress's ``AdaKVPress.alpha_safeguard`` default.
 KVPRESS_ALPHA_SAFEGUARD = 0.2

@@ -1,7 +1,7 @@
 """What a method's pieces are and what a sample accumulates, kept apart (issue #41 item 4).
 
 * :class:`ReadOnlyAfterBuild` -- a piece of a built method (scorer, allocators, decode policy) is read-only: the
-  method (:class:`~kvbench.methods.base.EvictionMethod`) is a frozen recipe, shared by every sample of a run, batched
+  method (:class:`~kvbench.eviction.base.EvictionMethod`) is a frozen recipe, shared by every sample of a run, batched
   or not, and never copied.
 * :class:`AllocatorState` -- one sample's layer-allocation state (``LayerBudgetAllocator.new_state``).
 * :class:`DecodeState` -- one sample's decode-time state (``DecodePolicy.new_state``): per layer, the caps ``[H]``
@@ -10,7 +10,7 @@
 Both states are owned by the sample's :class:`~kvbench.inference.eviction.EvictionSession`.  What spans a dataset
 (XKV's sampled mode: :class:`~kvbench.methods.xkv.XKVCalibration`) is created once per dataset by the runner
 (``LayerBudgetAllocator.new_dataset_state``) and passed to every session (``AllocatorState.dataset``).  Random
-draws are seeded per sample (:mod:`kvbench.methods.seeding`): a built piece that holds a generator is refused.
+draws are seeded per sample (:mod:`kvbench.eviction.seeding`): a built piece that holds a generator is refused.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 
 #: What a frozen recipe may not hold: random generators, whose draws would continue from sample to sample and
 #: dataset to dataset (a resumed or batched run would then draw otherwise).  Seed per sample instead
-#: (:mod:`kvbench.methods.seeding`) or keep the state in a sample's or dataset's state object.
+#: (:mod:`kvbench.eviction.seeding`) or keep the state in a sample's or dataset's state object.
 RUN_STATE_TYPES: tuple[type, ...] = (random.Random, np.random.Generator, np.random.RandomState, torch.Generator)
 
 
@@ -46,7 +46,7 @@ class ReadOnlyAfterBuild:
                 raise TypeError(
                     f"{type(self).__name__}.{name} is a {type(value).__name__}: a built method is a frozen recipe and "
                     "holds no random generator (its draws would run on from sample to sample); seed per sample "
-                    "(kvbench.methods.seeding) or keep it in the sample's or dataset's state (new_state, "
+                    "(kvbench.eviction.seeding) or keep it in the sample's or dataset's state (new_state, "
                     "new_dataset_state)"
                 )
         object.__setattr__(self, "_frozen", True)
@@ -122,7 +122,7 @@ class DecodeState:
     #: Per layer, the caps tensor last read and its host list (caps are set, never changed in place: a decoding step
     #: reads them without a ``tolist``).
     _host_caps: dict[int, tuple[torch.Tensor, list[int]]] = field(default_factory=dict, repr=False, compare=False)
-    #: The model's rotary tables (:attr:`~kvbench.methods.observation.WindowObservation.rotary`), set by the session
+    #: The model's rotary tables (:attr:`~kvbench.eviction.observation.WindowObservation.rotary`), set by the session
     #: (``None``: unknown, or no RoPE); a policy that re-rotates buffered queries reads them.
     rotary: Callable[[torch.Tensor, torch.dtype], tuple[torch.Tensor, torch.Tensor]] | None = field(
         default=None, repr=False, compare=False

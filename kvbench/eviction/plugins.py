@@ -1,6 +1,6 @@
 """Methods from other packages: the entry-point group ``kvbench.methods`` (issue #41).
 
-A package adds a method by defining a one-class method (:class:`kvbench.methods.recipe.ScorerMethod`) and declaring
+A package adds a method by defining a one-class method (:class:`kvbench.eviction.recipe.ScorerMethod`) and declaring
 it in its packaging metadata, the entry point's name being the family::
 
     [project.entry-points."kvbench.methods"]
@@ -63,7 +63,7 @@ def load_plugin(family: str) -> dict[str, str] | None:
     package = package_of(point)
     where = f"entry point {family} = {point.value!r} (group {ENTRY_POINT_GROUP}) of package {package['package']}"
     try:
-        loaded: Any = point.load()  # defining the class registers it (kvbench.methods.recipe)
+        loaded: Any = point.load()  # defining the class registers it (kvbench.eviction.recipe)
     except Exception as err:  # any failure of another package's code: that method is unusable, nothing else
         raise PluginError(
             f"method {family!r} cannot be loaded: {where} fails to import ({type(err).__name__}: {err}). Fix or "
@@ -73,7 +73,7 @@ def load_plugin(family: str) -> dict[str, str] | None:
     if not isinstance(loaded, type) or getattr(loaded, "family", None) != family:
         raise PluginError(
             f"{where} defines no one-class method of family {family!r}: the class must subclass "
-            f"kvbench.methods.recipe.ScorerMethod with family={family!r}"
+            f"kvbench.eviction.recipe.ScorerMethod with family={family!r}"
         )
     PLUGIN_PACKAGES[family] = package
     return package

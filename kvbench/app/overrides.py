@@ -3,7 +3,7 @@
 
 * any budget spec (``budget=80L``, ``budget=0.3x``, ``budget=512``) becomes its
   :func:`kvbench.config.budget_choice`, registered in Hydra's ConfigStore when no ``conf/budget`` YAML exists;
-* ``method=<family>`` of a method defined by a class alone (:mod:`kvbench.methods.recipe`) gets the class's default
+* ``method=<family>`` of a method defined by a class alone (:mod:`kvbench.eviction.recipe`) gets the class's default
   preset (:func:`register_method_choice`), unless ``conf/method/<family>.yaml`` exists (that YAML wins);
 * a bare number given to any config group becomes a string (Hydra refuses an integer as a group choice);
 * ``method.<knob>=<value>`` of a session knob (``method.window=16``, their spelling before issue #57) becomes
@@ -11,7 +11,7 @@
 * ``method.params.<knob>=<value>`` sets the knob whether or not the preset lists it (it becomes
   ``++method.params.<knob>=<value>``): every knob the method's class declares can be set on every preset of its
   family, and a knob it does not declare is an error listing the method's own knobs
-  (:func:`kvbench.methods.family.check_declared_params`, before any model loads).
+  (:func:`kvbench.eviction.family.check_declared_params`, before any model loads).
 
 Nothing here imports torch unless a class-only method is asked for (its module is imported to read its fields), be
 it kvbench's (``kvbench/methods/<family>.py``) or another package's (entry-point group ``kvbench.methods``).
@@ -39,7 +39,7 @@ from kvbench.config import (
     session_knob_note,
 )
 from kvbench.errors import KVBenchError
-from kvbench.methods.plugins import load_plugin, method_entry_points
+from kvbench.eviction.plugins import load_plugin, method_entry_points
 from kvbench.resources import conf_dir
 
 LOG = logging.getLogger(__name__)
@@ -79,14 +79,14 @@ def register_method_choice(name: str) -> bool:
     module = class_method_module(name)
     if module is not None:
         importlib.import_module(module)
-    elif name in method_entry_points():  # a method of another package (kvbench.methods.plugins)
+    elif name in method_entry_points():  # a method of another package (kvbench.eviction.plugins)
         try:
             load_plugin(name)
         except ValueError as err:
             raise KVBenchError(str(err)) from None
     elif not defined_in_process(name):  # no such method: Hydra reports the unknown preset (torch never imported)
         return False
-    from kvbench.methods.base import METHOD_FAMILIES
+    from kvbench.eviction.base import METHOD_FAMILIES
 
     method_class = METHOD_FAMILIES.registered(name)
     if method_class is None:
@@ -101,9 +101,9 @@ def defined_in_process(name: str) -> bool:
     module already imported: such a class composes by name like kvbench's own (nothing imported here)."""
     import sys
 
-    if "kvbench.methods.base" not in sys.modules:
+    if "kvbench.eviction.base" not in sys.modules:
         return False
-    from kvbench.methods.base import METHOD_FAMILIES
+    from kvbench.eviction.base import METHOD_FAMILIES
 
     return METHOD_FAMILIES.registered(name) is not None
 
@@ -111,7 +111,7 @@ def defined_in_process(name: str) -> bool:
 def default_preset(method_class: type) -> dict:
     """The preset of a class-only method: its family, its fields at their defaults, its reference (with the
     providing package and version for another package's method, so that they enter the config hash)."""
-    from kvbench.methods.plugins import PLUGIN_PACKAGES
+    from kvbench.eviction.plugins import PLUGIN_PACKAGES
 
     family = method_class.family
     knobs = method_class.field_knobs()
@@ -238,7 +238,7 @@ def wrapper_label_override(method_choices: Sequence[str] | None, knobs: Sequence
         return []
     from omegaconf import OmegaConf
 
-    from kvbench.methods.wrappers import declares_wrappers
+    from kvbench.eviction.wrappers import declares_wrappers
 
     choices = list(method_choices) if method_choices is not None else [default_method()]
     preset_files = [conf_dir() / "method" / f"{choice}.yaml" for choice in choices]

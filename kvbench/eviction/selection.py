@@ -42,15 +42,15 @@ from dataclasses import dataclass
 
 import torch
 
-from kvbench.methods.base import (
+from kvbench.eviction.base import (
     EvictionMethod,
     HeadBudgetAllocator,
     PromptRows,
     TokenScorer,
     WindowObservation,
 )
-from kvbench.methods.prerope import GatheredStates, prerope_states, rotate_half
-from kvbench.methods.token_scores import aggregate_groups
+from kvbench.eviction.prerope import GatheredStates, prerope_states, rotate_half
+from kvbench.eviction.token_scores import aggregate_groups
 
 #: ``method.params.selection``: the per-head top-k (no wrapper) and the kvpress selection wrappers.
 SELECTIONS = ("topk", "chunkkv", "chunk", "block")
@@ -213,7 +213,7 @@ def block_queries(observation: WindowObservation, candidates: torch.Tensor, wind
     cache order: the kept tokens, then the block): the layer's hidden states split in ``H_kv`` slices along the hidden
     dimension, slice ``h`` of row ``i`` taken from token ``candidates[h, i]`` (so a row mixes several tokens where the
     heads' candidates differ), the last ``W`` such rows through ``q_proj``, rotated at the prompt's last ``W``
-    positions, in the model dtype.  Needs the hidden states (a model path: :mod:`kvbench.methods.prerope`)."""
+    positions, in the model dtype.  Needs the hidden states (a model path: :mod:`kvbench.eviction.prerope`)."""
     prerope, count = observation.prerope, candidates.shape[1]
     project = getattr(prerope, "project_queries", None)
     hidden = getattr(prerope, "hidden_states", None)

@@ -17,7 +17,7 @@ import torch
 
 from kvbench import resources
 from kvbench.errors import KVBenchError
-from kvbench.methods.base import HeadBudgetAllocator
+from kvbench.eviction.base import HeadBudgetAllocator
 
 #: The score of a token a head drops.
 DROPPED = float("-inf")
@@ -35,7 +35,7 @@ def keep_only(scores: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 
 class KeepScoredTokens(HeadBudgetAllocator):
     """Each head keeps its tokens whose score is not ``-inf`` (the scorer's own kept set); the budget is the
-    scorer's business (it reads :attr:`~kvbench.methods.base.WindowObservation.layer_budget`)."""
+    scorer's business (it reads :attr:`~kvbench.eviction.base.WindowObservation.layer_budget`)."""
 
     def allocate(self, scores: torch.Tensor, budget_per_head: int) -> list[int]:
         """Per head, the number of entries of ``[H, S]`` scores above ``-inf`` (protected ``+inf`` included)."""

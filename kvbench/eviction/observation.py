@@ -1,4 +1,4 @@
-"""What a scorer sees of one layer at compression time (moved out of :mod:`kvbench.methods.base`, which re-exports
+"""What a scorer sees of one layer at compression time (moved out of :mod:`kvbench.eviction.base`, which re-exports
 both names).
 
 * :class:`WindowObservation` -- the observation window's queries, the layer's keys and values, and what the session
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kvbench import kernels
-from kvbench.methods.prerope import PreRopeStates
+from kvbench.eviction.prerope import PreRopeStates
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
     pass
@@ -74,7 +74,7 @@ class WindowObservation:
     prerope:
         The layer's pre-RoPE keys and queries recomputed from its input hidden states (kvpress's way), when the
         scorer asked for them (:attr:`PromptRows.prerope_keys`) and the session could keep those; ``None``
-        otherwise (then :func:`kvbench.methods.prerope.prerope_states` un-rotates the stored states).
+        otherwise (then :func:`kvbench.eviction.prerope.prerope_states` un-rotates the stored states).
     """
 
     layer_idx: int
@@ -184,7 +184,7 @@ class PromptRows:
         ``S -> R``: how many of the last prompt queries to keep (``None`` = all ``S``).
     prerope_keys, prerope_queries:
         The pre-RoPE keys / queries of every prompt row (:attr:`WindowObservation.prerope`,
-        :mod:`kvbench.methods.prerope`).  On a model path the session keeps the layer's input hidden states (``O(S
+        :mod:`kvbench.eviction.prerope`).  On a model path the session keeps the layer's input hidden states (``O(S
         x hidden)`` per layer across the chunks of a chunked prefill; nothing extra in one forward) and they are
         recomputed from them; without hidden states they are un-rotated from the stored keys and, for queries, from
         every prompt query, which the session then keeps as if ``queries`` were asked.

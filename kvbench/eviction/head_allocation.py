@@ -1,6 +1,6 @@
 """Ada-KV's head-wise adaptive budget allocation (Feng et al., arXiv 2407.11550), a piece over any scorer: the
 ``ada_snapkv`` / ``ada_pyramidkv`` families (:mod:`kvbench.methods.adakv`) and the ``allocation: ada`` wrapper
-(:mod:`kvbench.methods.wrappers`) split a layer's budget over its heads with :class:`AdaHeadAllocator`.
+(:mod:`kvbench.eviction.wrappers`) split a layer's budget over its heads with :class:`AdaHeadAllocator`.
 
 Reproduces FFY0/AdaKV ``adaptive_snapkv/monkeypatch/snapkv_utils.py`` (``AdaptiveSnapKVCluster``):
 
@@ -27,7 +27,7 @@ import math
 import torch
 
 from kvbench.checks import check_choice, check_range
-from kvbench.methods.base import HeadBudgetAllocator
+from kvbench.eviction.base import HeadBudgetAllocator
 
 ALPHA_READINGS = ("floor", "adaptive")
 ROUNDINGS = ("reference", "largest_remainder")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kvbench.methods.token_scores import aggregate_groups, round_to
+from kvbench.eviction.token_scores import aggregate_groups, round_to
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
     from kvbench.cache.kv_cache import HeadwiseLayer

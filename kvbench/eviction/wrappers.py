@@ -2,7 +2,7 @@
 ``DecodingPress(base_press)``, ``ChunkKVPress(press)``, ``CriticalKVPress(press)`` as knobs of a method.
 
 A method whose recipe is "one token scorer, uniform budgets" declares the wrapper knobs by inheriting their fields
-(:class:`Wrappers`: every one-class method, :class:`kvbench.methods.recipe.ScorerMethod`, SnapKV among them) and
+(:class:`Wrappers`: every one-class method, :class:`kvbench.eviction.recipe.ScorerMethod`, SnapKV among them) and
 passes the method it builds through :func:`apply_wrappers`::
 
     method = EvictionMethod(scorer=..., layer_allocator=UniformLayerAllocator(), ...)
@@ -11,19 +11,19 @@ passes the method it builds through :func:`apply_wrappers`::
 With every wrapper off (their defaults) the method is returned unchanged.  The knobs (``method.params.<knob>``):
 
 * ``allocation``: ``uniform``, ``ada`` (Ada-KV's head-wise allocation, its reference code's reading,
-  :mod:`kvbench.methods.head_allocation`) or
-  ``ada_kvpress`` (kvpress's ``AdaKVPress``, :mod:`kvbench.methods.kvpress_ada`);
+  :mod:`kvbench.eviction.head_allocation`) or
+  ``ada_kvpress`` (kvpress's ``AdaKVPress``, :mod:`kvbench.eviction.kvpress_ada`);
 * ``layers``: ``uniform`` or ``pyramid`` (PyramidKV's layer schedule, beta 20, the method's ``window``:
-  :mod:`kvbench.methods.layer_schedules`);
+  :mod:`kvbench.eviction.layer_schedules`);
 * ``selection`` / ``selection_length``: ``topk``, or kvpress's ``chunkkv``, ``chunk``, ``block``
-  (:mod:`kvbench.methods.selection`);
+  (:mod:`kvbench.eviction.selection`);
 * ``rescale``: ``none`` or ``critical`` (CriticalKV; CriticalAdaKV with ``ada_kvpress``,
-  :mod:`kvbench.methods.critical`);
+  :mod:`kvbench.eviction.critical`);
 * ``decode_interval`` / ``decode_target`` / ``decode_ratio``: kvpress's ``DecodingPress`` family
-  (:mod:`kvbench.methods.kvpress_decoding`).
+  (:mod:`kvbench.eviction.kvpress_decoding`).
 
 Families with an allocator of their own (Ada-KV, CAKE, PyramidKV, HeadKV, XKV) do not declare these knobs: setting
-one is refused with the family's own knobs listed (:func:`kvbench.methods.family.check_declared_params`).  The results
+one is refused with the family's own knobs listed (:func:`kvbench.eviction.family.check_declared_params`).  The results
 folder names the wrappers that are on (``knorm+ada``, ``snapkv_kvpress+ada_kvpress``: :data:`WRAPPER_LABEL_KNOBS`).
 """
 
@@ -32,14 +32,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from kvbench.methods.base import EvictionMethod
-from kvbench.methods.critical import wrap_critical
-from kvbench.methods.head_allocation import PAPER_ALPHA, AdaHeadAllocator
-from kvbench.methods.kvpress_ada import KvpressAdaAllocator
-from kvbench.methods.kvpress_decoding import IntervalDecodingPolicy
-from kvbench.methods.layer_schedules import PyramidLayerAllocator
-from kvbench.methods.params import bounded, choice
-from kvbench.methods.selection import SELECTIONS, wrap_selection
+from kvbench.eviction.base import EvictionMethod
+from kvbench.eviction.critical import wrap_critical
+from kvbench.eviction.head_allocation import PAPER_ALPHA, AdaHeadAllocator
+from kvbench.eviction.kvpress_ada import KvpressAdaAllocator
+from kvbench.eviction.kvpress_decoding import IntervalDecodingPolicy
+from kvbench.eviction.layer_schedules import PyramidLayerAllocator
+from kvbench.eviction.params import bounded, choice
+from kvbench.eviction.selection import SELECTIONS, wrap_selection
 
 #: The head-allocation wrappers (``method.params.allocation``) and the layer schedules (``method.params.layers``).
 HEAD_ALLOCATIONS = ("uniform", "ada", "ada_kvpress")
@@ -54,23 +54,23 @@ class Wrappers:
 
     #: Wrapper: how a layer's budget is split over its heads: ``uniform`` or ``ada`` (Ada-KV's head-wise allocation,
     #: its reference code's settings: safeguard alpha 0.2, floor reading) or ``ada_kvpress`` (kvpress's
-    #: ``AdaKVPress(press)``: safeguard then one top-k over the layer, :mod:`kvbench.methods.kvpress_ada`).
+    #: ``AdaKVPress(press)``: safeguard then one top-k over the layer, :mod:`kvbench.eviction.kvpress_ada`).
     allocation: str = choice("uniform", HEAD_ALLOCATIONS)
     #: Wrapper: how the total budget is split over layers: ``uniform`` or ``pyramid`` (PyramidKV's schedule, beta 20,
     #: KVCache-Factory's variant, the method's ``window``).
     layers: str = choice("uniform", LAYER_SCHEDULES)
     #: Wrapper: which tokens a head keeps given the scores: ``topk`` (each head its top-k), or kvpress's ``chunkkv``
     #: (ChunkKVPress: whole chunks, the same on every head), ``chunk`` (ChunkPress: each chunk its own top-k) or
-    #: ``block`` (BlockPress: block-wise scoring); :mod:`kvbench.methods.selection`.
+    #: ``block`` (BlockPress: block-wise scoring); :mod:`kvbench.eviction.selection`.
     selection: str = choice("topk", SELECTIONS)
     #: The chunk or block length of ``selection`` (0: kvpress's default, chunkkv 20, chunk 1024, block 128).
     selection_length: int = bounded(0, 0)
     #: Wrapper: ``critical`` is CriticalKV (kvpress's ``CriticalKVPress``: the scores rescaled by the values'
     #: projected L1 norms, two stages); with ``allocation: ada_kvpress``, CriticalAdaKV
-    #: (:mod:`kvbench.methods.critical`).
+    #: (:mod:`kvbench.eviction.critical`).
     rescale: str = choice("none", RESCALES)
     #: Wrapper: kvpress's ``DecodingPress``: every ``decode_interval`` forwards after the prefill, each head is cut back
-    #: to its budget by the scores of the whole cache (0: off; :mod:`kvbench.methods.kvpress_decoding`).
+    #: to its budget by the scores of the whole cache (0: off; :mod:`kvbench.eviction.kvpress_decoding`).
     decode_interval: int = bounded(0, 0)
     #: The size ``decode_interval`` cuts each head back to (kvpress's ``target_size``; 0: the head's budget).
     decode_target: int = bounded(0, 0)
@@ -91,7 +91,7 @@ def wrappers_on(knobs: Any) -> dict[str, Any]:
 def declares_wrappers(family: str) -> bool:
     """Whether the family's class declares the wrapper knobs (a one-class method, SnapKV); not CAKE, whose own
     ``allocation`` knob is its allocator's."""
-    from kvbench.methods.family import family_class
+    from kvbench.eviction.family import family_class
 
     method_class = family_class(family)
     return method_class is not None and issubclass(method_class, Wrappers)
