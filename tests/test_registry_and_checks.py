@@ -175,21 +175,3 @@ def test_task_kinds_describe_themselves_without_torch_or_transformers() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.splitlines() == ["['narrativeqa', 'qasper'] None", "[]"]
-
-
-def test_the_machinerys_old_paths_import_the_moved_modules_with_a_deprecation_warning() -> None:
-    """Issue #57 moved the machinery out of kvbench/methods/: ``kvbench.methods.recipe`` (a plug-in written against
-    it) is the module ``kvbench.eviction.recipe`` itself, with a DeprecationWarning; the method registry still finds
-    the methods only, and the package's API names load from their modules."""
-    import importlib
-    import sys
-
-    import kvbench.eviction
-    import kvbench.eviction.recipe
-
-    sys.modules.pop("kvbench.methods.recipe", None)
-    with pytest.warns(DeprecationWarning, match="kvbench.methods.recipe moved to kvbench.eviction.recipe"):
-        old = importlib.import_module("kvbench.methods.recipe")
-    assert old is kvbench.eviction.recipe and old.__spec__.name == "kvbench.eviction.recipe"
-    assert kvbench.eviction.ScorerMethod is kvbench.eviction.recipe.ScorerMethod
-    assert "snapkv" in method_families() and "recipe" not in method_families()
