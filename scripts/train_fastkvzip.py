@@ -8,7 +8,7 @@ follows that recipe on local text, small enough for a CPU:
 1. targets: KVzip's score of every text token per KV head -- the largest attention probability it receives from the
    repeated text's queries over the KV head's query group, in KVzip's reconstruction layout
    (``scripts/train_kvzap.py``'s ``collect`` with ``plus=False``); inputs: the layer's attention input;
-2. one gate per layer of kvpress's ``FastKVzipGate`` form (:class:`kvbench.methods.surrogates.FastKVzipGates`: output
+2. one gate per layer of kvpress's ``FastKVzipGate`` form (:class:`kvbench.eviction.surrogates.FastKVzipGates`: output
    dimension 16, 16 sink keys, one logit bias per group member), trained with that loss and schedule (``--steps``).
    The authors' training module adds the bias twice; kvpress's inference module (the reference) once: trained here as
    kvpress infers.
@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from kvbench.methods.surrogates import FastKVzipGates, gate_file_name
+from kvbench.eviction.surrogates import FastKVzipGates, gate_file_name
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_kvzap import collect, load, texts_for

@@ -18,7 +18,7 @@ CPU, for models NVIDIA publishes nothing for (kvbench's embedded ``tiny`` model,
    learning rate, gradient norm clipped at 1, 5% of the tokens held out (kvpress's settings, fewer epochs).
 
 Output: ``<out>/linear`` and ``<out>/mlp``, each a folder in the published format (``config.json`` +
-``model.safetensors``, :func:`kvbench.methods.surrogates.save_kvzap`) whose config records how it was trained
+``model.safetensors``, :func:`kvbench.eviction.surrogates.save_kvzap`) whose config records how it was trained
 (``kvbench_training``: not NVIDIA's weights).  The checkpoints kvbench ships (``models/kvzap/``) were made by::
 
     python scripts/train_kvzap.py --model tiny --out models/kvzap/tiny-niah --texts 48 --hidden-dim 32
@@ -45,8 +45,8 @@ import torch
 from torch.nn import functional as F
 
 from kvbench import resources
+from kvbench.eviction.surrogates import save_kvzap
 from kvbench.methods.kvzip import FIRST_PROMPT
-from kvbench.methods.surrogates import save_kvzap
 
 REPEAT_PROMPT = FIRST_PROMPT  # "\n\nRepeat the previous context exactly."
 

@@ -363,7 +363,7 @@ def _build_run(cfg: DictConfig) -> tuple[Any, Any]:
             f"task.kind={cfg.task.kind!r} is not a registered task kind; valid: {', '.join(kinds)} (pick a task "
             "preset: task=longbench, task=ruler, ...)."
         )
-    from kvbench.methods.threshold import check_budget_form
+    from kvbench.eviction.threshold import check_budget_form
 
     budget = parse_budget(str(cfg.budget.spec))
     try:  # a threshold method takes a threshold budget (<t>thr), every other method a size

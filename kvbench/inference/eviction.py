@@ -30,11 +30,11 @@ from kvbench.cache.base import on_device
 from kvbench.cache.kv_cache import HeadwiseLayer, KVBenchCache
 from kvbench.checks import check_choice
 from kvbench.eviction.base import AllocatorState, DecodeState, EvictionMethod, PromptRows, WindowObservation
+from kvbench.eviction.threshold import new_decode_state, threshold_counts
 from kvbench.eviction.token_scores import aggregate_groups
 from kvbench.inference.cache_record import CacheRecord
 from kvbench.inference.prompt_rows import PrefillRows, prompt_fingerprint, rank_tokens
 from kvbench.inference.session_passes import SessionPasses
-from kvbench.methods.threshold import new_decode_state, threshold_counts
 
 Phase = Literal["idle", "compress", "replay", "append", "decode"]
 

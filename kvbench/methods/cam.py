@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kvbench.eviction.base import DecodePolicy, DecodeState, EvictionMethod, TokenScorer, WindowObservation
+from kvbench.eviction.over_press import OverPress
 from kvbench.eviction.params import bounded
 from kvbench.eviction.token_scores import aggregate_groups
-from kvbench.methods.over_press import OverPress
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
     from kvbench.cache.kv_cache import HeadwiseLayer

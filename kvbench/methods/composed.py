@@ -44,8 +44,8 @@ from kvbench.eviction.base import (
     build_method,
 )
 from kvbench.eviction.family import FamilyMethod, family_class
+from kvbench.eviction.threshold import ThresholdScorer
 from kvbench.eviction.token_scores import aggregate_groups
-from kvbench.methods.threshold import ThresholdScorer
 
 REFERENCE = "NVIDIA/kvpress kvpress/presses/composed_press.py@0.5.5 (ComposedPress)"
 #: The session knobs each stage holds (its preset's), not the composed preset.

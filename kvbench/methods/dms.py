@@ -6,7 +6,7 @@ Reproduces ``kvpress/presses/dms_press.py`` (kvpress's dense-prefill DMS, withou
 * prefill: the wrapped scorer scores every prompt token; the last ``sliding_window_size`` tokens are kept, and of the
   others every token scored below the threshold is evicted (``scores < threshold`` in the scores' dtype), per head:
   the kept count varies by head, layer and sample.  The threshold is the budget, ``budget=<t>thr``
-  (:mod:`kvbench.methods.threshold`); ``64L`` means nothing to DMS and is refused naming that form.
+  (:mod:`kvbench.eviction.threshold`); ``64L`` means nothing to DMS and is refused naming that form.
 * ``decoding: true``: the tokens stored later (a question appended in question-agnostic mode, generated tokens) are
   scored as they arrive, by the wrapped scorer on their own keys (kvpress scores ``keys[:, :, -q_len:]``), and each
   token leaving the sliding window is evicted if its score is below the threshold
@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kvbench.eviction.base import DecodePolicy, DecodeState, EvictionMethod, TokenScorer, WindowObservation
+from kvbench.eviction.over_press import OverPress
 from kvbench.eviction.params import bounded
+from kvbench.eviction.threshold import ThresholdScorer
 from kvbench.eviction.token_scores import aggregate_groups
-from kvbench.methods.over_press import OverPress
-from kvbench.methods.threshold import ThresholdScorer
 
 if TYPE_CHECKING:  # type hints only: importing the cache would import transformers
     from kvbench.cache.kv_cache import HeadwiseLayer

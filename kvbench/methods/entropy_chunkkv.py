@@ -25,11 +25,11 @@ from typing import Any
 import torch
 
 from kvbench.eviction.base import EvictionMethod, PromptRows, TokenScorer, WindowObservation
+from kvbench.eviction.over_press import OverPress
 from kvbench.eviction.params import bounded
 from kvbench.eviction.selection import SelectedCountAllocator, pad_protected
+from kvbench.eviction.threshold import in_reference_dtype
 from kvbench.eviction.token_scores import aggregate_groups
-from kvbench.methods.over_press import OverPress
-from kvbench.methods.threshold import in_reference_dtype
 
 REFERENCE = "NVIDIA/kvpress kvpress/presses/entropy_gated_chunkkv_press.py@0.5.5 (EntropyGatedChunkKVPress)"
 #: kvpress's epsilon.

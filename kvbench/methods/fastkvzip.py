@@ -3,7 +3,7 @@ hidden states, and KVzip's selection evicts the lowest over all layers and heads
 
 Reproduces NVIDIA/kvpress ``kvpress/presses/fastkvzip_press.py`` (``FastKVzipPress``, kvpress 0.5.5):
 
-1. during the prefill, each layer's gate (:class:`kvbench.methods.surrogates.FastKVzipGates`) scores every prompt
+1. during the prefill, each layer's gate (:class:`kvbench.eviction.surrogates.FastKVzipGates`) scores every prompt
    token per KV head from the layer's attention input (after ``input_layernorm``; float32 scores in ``(0, 1)``);
 2. the first ``n_sink`` tokens and the last ``max(1, int(S window_ratio))`` (``window_size`` from 32,000 tokens on)
    are set to 1;
@@ -28,8 +28,8 @@ import torch
 from kvbench.eviction.base import PromptRows, WindowObservation
 from kvbench.eviction.params import bounded
 from kvbench.eviction.recipe import ScorerMethod
+from kvbench.eviction.surrogates import FastKVzipGates, gate_file_name, resolve_gates
 from kvbench.methods.kvzip import top_scores
-from kvbench.methods.surrogates import FastKVzipGates, gate_file_name, resolve_gates
 
 #: From this many prompt tokens on, the protected window is ``window_size`` (kvpress's chunked-prefill threshold).
 LONG_CONTEXT = 32000

@@ -3,7 +3,7 @@ states, with no attention statistics and no replay.
 
 Reproduces NVIDIA/kvpress ``kvpress/presses/kvzap_press.py`` (``KVzapPress``, a ``ScorerPress``, kvpress 0.5.5): at
 each layer the score of token ``t`` for KV head ``h`` is the layer's surrogate model (``linear`` or ``mlp``,
-:mod:`kvbench.methods.surrogates`) applied to the layer's attention input -- the hidden states after
+:mod:`kvbench.eviction.surrogates`) applied to the layer's attention input -- the hidden states after
 ``input_layernorm`` -- in the model dtype; no token is protected; each head keeps the top of its scores.  kvpress's
 ``compression_ratio`` c is the budget ``<max(1, int(S (1 - c)))>/layer``.  The hidden states are those the session
 keeps for pre-RoPE scorers (:mod:`kvbench.inference.hidden_states`); the model layer index (not the rank among
@@ -29,7 +29,7 @@ import torch
 from kvbench.eviction.base import PromptRows, WindowObservation
 from kvbench.eviction.params import choice
 from kvbench.eviction.recipe import ScorerMethod
-from kvbench.methods.surrogates import MODEL_TYPES, KVzapWeights, resolve_kvzap
+from kvbench.eviction.surrogates import MODEL_TYPES, KVzapWeights, resolve_kvzap
 
 
 @dataclass(frozen=True)

@@ -29,11 +29,11 @@ import torch
 
 from kvbench.budget import Budget
 from kvbench.eviction.base import EvictionMethod, LayerBudgetAllocator, PromptRows, TokenScorer, WindowObservation
+from kvbench.eviction.over_press import OverPress
 from kvbench.eviction.selection import SelectedCountAllocator
 from kvbench.eviction.state import AllocatorState
+from kvbench.eviction.threshold import in_reference_dtype
 from kvbench.eviction.token_scores import aggregate_groups
-from kvbench.methods.over_press import OverPress
-from kvbench.methods.threshold import in_reference_dtype
 
 REFERENCE = "NVIDIA/kvpress kvpress/presses/lukv_press.py@0.5.5 (LUKVPress; LU-KV: baidu-baige/LU-KV)"
 

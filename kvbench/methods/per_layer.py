@@ -24,8 +24,8 @@ from typing import Any
 
 from kvbench.budget import Budget
 from kvbench.eviction.base import EvictionMethod, StaticLayerAllocator
+from kvbench.eviction.over_press import OverPress
 from kvbench.eviction.state import AllocatorState
-from kvbench.methods.over_press import OverPress
 
 REFERENCE = "NVIDIA/kvpress kvpress/presses/per_layer_compression_press.py@0.5.5 (PerLayerCompressionPress)"
 

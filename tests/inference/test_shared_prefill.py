@@ -15,9 +15,9 @@ from kvbench.bench.random_models import load_method
 from kvbench.budget import parse_budget
 from kvbench.config import MethodConfig
 from kvbench.eviction.base import METHOD_FAMILIES, build_method
+from kvbench.eviction.threshold import is_threshold_method
 from kvbench.inference.generate import decode_prefilled, generate
 from kvbench.inference.shared_prefill import PrefillJob, cache_layout, check_shareable, shared_prefill
-from kvbench.methods.threshold import is_threshold_method
 from kvbench.models.loading import load_model
 
 REPO = Path(__file__).resolve().parents[2]

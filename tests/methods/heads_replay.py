@@ -75,7 +75,7 @@ HEAD_FILE_PARAMS = {"duo_attention": "pattern", "headkv": "head_scores", "kvzap"
 
 def seeded_kvzap(folder: Path, model_config: Any) -> Path:
     """A seeded linear KVzap checkpoint (published format) of ``model_config``'s shape, written under ``folder``."""
-    from kvbench.methods.surrogates import save_kvzap
+    from kvbench.eviction.surrogates import save_kvzap
 
     text = getattr(model_config, "text_config", None) or model_config
     hidden, heads, layers = text.hidden_size, text.num_key_value_heads, text.num_hidden_layers

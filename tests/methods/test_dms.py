@@ -10,8 +10,8 @@ import torch
 from kvbench.budget import BudgetError, parse_budget
 from kvbench.cache.kv_cache import KVBenchCache
 from kvbench.eviction.base import WindowObservation, build_method
+from kvbench.eviction.threshold import threshold_counts
 from kvbench.inference.eviction import EvictionSession
-from kvbench.methods.threshold import threshold_counts
 from tests.methods.helpers import LayerIndex
 from tests.methods.kvpress_replay import model_queries
 from tests.reference_recordings import case_inputs, load_recording

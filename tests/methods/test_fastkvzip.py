@@ -120,7 +120,7 @@ def test_batched_decoding_and_the_lm_eval_bridge() -> None:
 
 
 def test_gate_files_are_checked_and_a_missing_one_names_how_to_get_it(tmp_path: Path) -> None:
-    from kvbench.methods.surrogates import load_gates, resolve_gates
+    from kvbench.eviction.surrogates import load_gates, resolve_gates
 
     states = torch.load(REPO / "models/fastkvzip/tiny-niah/q2_dim16_sink16.pt", weights_only=True)["module"]
     broken = [dict(states[0], b=torch.zeros(2, 1, 3))]

@@ -19,8 +19,8 @@ import kvbench
 from kvbench.budget import parse_budget
 from kvbench.errors import KVBenchError
 from kvbench.eviction.base import build_method
+from kvbench.eviction.surrogates import load_kvzap, resolve_kvzap, save_kvzap
 from kvbench.inference.prefill import prefill
-from kvbench.methods.surrogates import load_kvzap, resolve_kvzap, save_kvzap
 from tests.reference_recordings import is_valid_topk, kvpress_n_kept
 
 LEARNED = Path(__file__).resolve().parents[1] / "fixtures" / "reference" / "learned"

@@ -33,7 +33,7 @@ from kvbench.budget import parse_budget
 from kvbench.cache.kv_cache import KVBenchCache
 from kvbench.cache.sliding import SlidingWindowLayer, UnsupportedLayers, layer_windows, sliding_causal_mask
 from kvbench.eviction.base import build_method, method_families
-from kvbench.methods.threshold import is_threshold_method
+from kvbench.eviction.threshold import is_threshold_method
 from tests.methods.heads_replay import fitted_to_model
 
 WINDOW = 16

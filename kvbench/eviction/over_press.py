@@ -29,7 +29,7 @@ from kvbench.eviction.base import (
 )
 from kvbench.eviction.family import FamilyMethod, family_class
 from kvbench.eviction.params import parse_params
-from kvbench.methods.threshold import ThresholdScorer
+from kvbench.eviction.threshold import ThresholdScorer
 
 
 @dataclasses.dataclass(frozen=True)
