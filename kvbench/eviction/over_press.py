@@ -26,8 +26,10 @@ from kvbench.eviction.base import (
     EvictionMethod,
     UniformHeadAllocator,
     UniformLayerAllocator,
+    build_method,
 )
 from kvbench.eviction.family import FamilyMethod, family_class
+from kvbench.eviction.knobs import session_fields
 from kvbench.eviction.params import parse_params
 from kvbench.eviction.threshold import ThresholdScorer
 
@@ -50,7 +52,14 @@ class OverPress(FamilyMethod):
     def declared_knobs(cls, params: Mapping[str, Any] | None = None) -> list[str]:
         """The wrapper's knobs and those of the wrapped family (``params["press"]``)."""
         inner_class = family_class(cls.from_params(params).inner_family())
-        return [*cls.field_knobs(), *(inner_class.declared_knobs(params) if inner_class is not None else [])]
+        return [*cls.wrapper_knobs(), *(inner_class.declared_knobs(params) if inner_class is not None else [])]
+
+    @classmethod
+    def wrapper_knobs(cls) -> list[str]:
+        """The wrapper's own knobs: its fields less the session knobs (``method.params.window`` ...), which are the
+        wrapped method's (the wrapper's recipe is the wrapped one's, :meth:`build_inner`)."""
+        session = set(session_fields(cls))
+        return [name for name in cls.field_knobs() if name not in session]
 
     def inner_family(self) -> str:
         """``press``, checked: a registered family other than this wrapper (``ValueError`` naming the valid ones)."""
@@ -62,12 +71,12 @@ class OverPress(FamilyMethod):
     def build_inner(self, method_cfg: Any) -> EvictionMethod:
         """The wrapped family's method from ``method_cfg`` without this wrapper's knobs; ``ValueError`` unless it
         is a plain scorer recipe (module docstring)."""
-        family, own = self.inner_family(), self.field_knobs()
+        family, own = self.inner_family(), self.wrapper_knobs()
         inner_cfg = copy.deepcopy(method_cfg)
         with open_dict(inner_cfg):
             inner_cfg.family = family
             inner_cfg.params = {key: value for key, value in (method_cfg.params or {}).items() if key not in own}
-        inner = METHOD_FAMILIES.get(family)(inner_cfg)
+        inner = build_method(inner_cfg)
         plain = (
             inner.scorer is not None
             and type(inner.layer_allocator) is UniformLayerAllocator
@@ -89,6 +98,6 @@ class OverPress(FamilyMethod):
 
     def settings_of(self, inner: EvictionMethod, reference: str) -> dict[str, Any]:
         """The recorded settings: the wrapped method's, then this wrapper's knobs and its reference."""
-        own = {key: getattr(self, key) for key in self.field_knobs()}
+        own = {key: getattr(self, key) for key in self.wrapper_knobs()}
         own = {key: list(value) if isinstance(value, (tuple, ListConfig)) else value for key, value in own.items()}
         return {**inner.settings, **own, f"{self.family}_reference": reference}

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 from kvbench.eviction.base import (
     EvictionMethod,
@@ -70,7 +70,8 @@ def stage_method(name: str, gqa_granularity: str) -> EvictionMethod:
         raise ValueError(
             f"method.params.stages: {name!r} is neither a method preset ({', '.join(presets)}) nor a family"
         )
-    node.gqa_granularity = gqa_granularity
+    with open_dict(node):
+        node.params = {**(node.params or {}), "gqa_granularity": gqa_granularity}
     return build_method(node)
 
 

@@ -24,7 +24,7 @@ Zefan-Cai/KVCache-Factory ``pyramidkv/pyramidkv_utils.py`` (``SnapKVCluster``, `
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -82,6 +82,9 @@ class SnapKV(VoteKnobs, ScorerMethod, family="snapkv"):
     (:mod:`kvbench.eviction.wrappers`), ``keep_window`` (on: the window is kept on top of each head's top-k) and
     ``row_reduce``."""
 
+    #: Scores from the observation window's attention (kvpress's decoding presses pad its columns with the maximum).
+    window_scorer: ClassVar[bool] = True
+
     #: Keep the observation window on top of each head's top ``C - W`` candidates (SnapKV's code; its scores are 0).
     keep_window: bool = True
     #: How the window rows' attention is reduced: ``sum`` (SnapKV's code) or ``mean`` (kvpress's ``SnapKVPress``).
@@ -89,10 +92,16 @@ class SnapKV(VoteKnobs, ScorerMethod, family="snapkv"):
     #: scale-free, so kvpress's ``CriticalKVPress(SnapKVPress())`` is ``rescale=critical row_reduce=mean``.
     row_reduce: str = choice("sum", ("sum", "mean"))
 
+    @property
+    def options(self) -> ScoreOptions:
+        """The vote's resolved options (pooling, precision, GQA-reduction order), as :class:`WindowVoteScorer` holds
+        them: what a wrapper reads of the scorer's precision (DMS's threshold in the scores' reference dtype)."""
+        return score_options(self)
+
     def score(self, observation: WindowObservation) -> torch.Tensor:
         """``[H, S]`` SnapKV's pooled window votes per stored head; the window columns are 0 (kept by
         ``keep_window``)."""
-        return WindowVoteScorer(score_options(self), self.row_reduce).score(observation)
+        return WindowVoteScorer(self.options, self.row_reduce).score(observation)
 
     def recipe_settings(self) -> dict[str, Any]:
         """The resolved GQA-reduction order, ``row_reduce`` when not SnapKV's, and the wrappers that are on."""

@@ -168,7 +168,7 @@ def test_bad_rkv_knobs_name_the_valid_choices() -> None:
     session = EvictionSession(method_from_yaml("rkv"), parse_budget("8/layer"), cache)
     session.begin_prefill(30)
     cache.update(keys, keys, 0)
-    with pytest.raises(ValueError, match=r"budget above method\.window=8, got 8"):
+    with pytest.raises(ValueError, match=r"budget above method\.params\.window=8, got 8"):
         session.after_attention(LayerIndex(0), queries, 0.25)
 
 
