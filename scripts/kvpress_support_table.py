@@ -7,7 +7,7 @@ every claimed recording of tests/fixtures/reference/{kvpress,learned,kvzip}/ (is
 The claims and the replays are the parity tests' own (tests/parity/kvpress_claims.py); the page's format and its
 reader are tests/parity/kvpress_support_page.py; a press replayed otherwise (merged values, thresholds, learned
 weights, KVzip-style replays) is replayed by its own parity test's replay function (``Claim.replay``).  A recording
-added later is listed at once among the unclaimed ones; a Claim line makes it counted rows.  Several minutes on one
+added later is listed at once among the unclaimed ones; a Claim line makes it counted rows.  About a minute on one
 CPU thread (the decoding claims run the recorded tiny Llama step by step; KVzap and KVgrad the real SmolLM2-135M).
 """
 

@@ -103,7 +103,7 @@ class Claim:
                 return f"[{','.join(map(str, v))}]"
             if v is REMOVED:
                 return v
-            return str(v).lower() if isinstance(v, bool) else str(v)
+            return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
 
         knobs = [(k, value(v)) for k, v in self.knobs] + [(k, "<recorded>") for k in self.case_knobs]
         spelled = " ".join(
@@ -245,7 +245,8 @@ def reseed(_case: RecordedCase) -> None:
 
 #: Before each case, per recording (the global generator's draws).
 BEFORE_CASE: dict[str, Callable[[RecordedCase], None]] = {
-    name: reseed for name in ("CompactorPress_fractional", "CompactorPress", "LeverageScorePress")
+    name: reseed
+    for name in ("CompactorPress_fractional", "CompactorPress", "LeverageScorePress", "RandomPress_seed_None")
 }
 
 
@@ -271,6 +272,7 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("NonCausalAttnPress", "noncausal", (("chunk_size", 32),), observation="hidden_states"),
     Claim("ObservedAttentionPress", "observed_attention", observation="prompt_queries"),
     Claim("RandomPress", "random", (("seed", 0),)),
+    Claim("RandomPress_seed_None", "random", (("seed", None),)),
     # kvpress's wrappers over KNorm / KeyDiff / Expected Attention.
     Claim("ChunkKVPress_KnormPress", "knorm", (("selection", "chunkkv"), ("selection_length", 8)), "chunkkv",
           tie="chunks"),
@@ -387,6 +389,8 @@ REPLAYED_CLAIMS: tuple[Claim, ...] = (
           ("epsilon", 0.02)), replay="lukv", case_knobs=("curve",), forms=("cr",), tie="none",
           note="the recording's seeded stand-in curve (not LU-KV's download) as a file"),
     Claim("CapPress", "cap", replay="cap", forms=("per_layer",), note="scores equal bit for bit"),
+    Claim("QFilterPress_seeded_filters", "qfilter", replay="qfilter", case_knobs=("filters",), forms=("per_layer",),
+          note="the recording's seeded stand-in filters (not the Hub's) as a file; scores equal bit for bit"),
     Claim("KVComposePress", "kvcompose", (("structured", True),), replay="kvcompose", forms=("cr",),
           note="the recorded tiny Llama prefilled and its context replayed; bfloat16: layer 1's inputs round apart "
                "(kvpress's eager attention, kvbench's SDPA-based one)"),
@@ -416,7 +420,7 @@ REPLAYS = {
     for name, module in {
         "composed": "composed", "per_layer": "per_layer", "dms": "dms", "dms_decoding": "dms", "merging": "merging",
         "cam": "cam", "entropy_chunkkv": "entropy_chunkkv", "lukv": "lukv", "cap": "cap", "kvcompose": "kvcompose",
-        "kvzap": "kvzap", "fastkvzip": "fastkvzip", "kvgrad": "kvgrad", "kvzip": "kvzip",
+        "kvzap": "kvzap", "fastkvzip": "fastkvzip", "kvgrad": "kvgrad", "kvzip": "kvzip", "qfilter": "qfilter",
     }.items()
 }  # fmt: skip
 CLAIMS = (*CLAIMS, *REPLAYED_CLAIMS)
@@ -468,6 +472,21 @@ def page_recordings() -> list[str]:
 NOT_BUILT = ("RestoreKVPress",)
 #: Why a recording has no claim (the page prints it beside the name).
 UNCLAIMED_BECAUSE = {
+    **dict.fromkeys(
+        (
+            "CompressionRatioDecodingPress_KnormPress",
+            "DecodingPress_KnormPress",
+            "DecodingPress_KnormPress_buffer0",
+            "PrefillDecodingPress_KnormPress",
+        ),
+        "the first decoding recordings hold the final cache only (no per-step record to count compressions by): "
+        "`tests/methods/test_kvpress_decoding.py` compares it; the step-by-step `_interval` recordings are claimed",
+    ),
+    **dict.fromkeys(
+        ("PyramidKVPress", "PyramidKVPress_window16"),
+        "reproduced at `budget=<n>L` (kvpress's layer budgets from their mean), a budget form this table does not "
+        "have: `tests/methods/test_kvpress_pyramid.py` checks the layer budgets and tokens, 0 differ",
+    ),
     "kvzip/KVzipPress_select": "KVzipPress's selection alone on seeded scores (no model, no kvbench spelling runs it): "
     "`tests/methods/test_kvzip.py` checks `select`, 0 differ",
 }
