@@ -1,13 +1,14 @@
 """Write docs/methods/kvpress-support.md: kvbench's support claims against NVIDIA/kvpress 0.5.5, computed by replaying
-every claimed recording of tests/fixtures/reference/kvpress/ (issue #54 item 6).
+every claimed recording of tests/fixtures/reference/{kvpress,learned,kvzip}/ (issue #54 item 6, issue #58).
 
     PYTHONPATH=$PWD python scripts/kvpress_support_table.py           # replay every claim, rewrite the page
     PYTHONPATH=$PWD python scripts/kvpress_support_table.py --check   # exit 1 if the page is not what it would write
 
 The claims and the replays are the parity tests' own (tests/parity/kvpress_claims.py); the page's format and its
-reader are tests/parity/kvpress_support_page.py.  A recording added later (same fixture format) is listed at once
-among the unclaimed ones; a Claim line makes it counted rows.  Several minutes on one CPU thread (the decoding claims
-run the recorded tiny Llama step by step).
+reader are tests/parity/kvpress_support_page.py; a press replayed otherwise (merged values, thresholds, learned
+weights, KVzip-style replays) is replayed by its own parity test's replay function (``Claim.replay``).  A recording
+added later is listed at once among the unclaimed ones; a Claim line makes it counted rows.  About a minute on one
+CPU thread (the decoding claims run the recorded tiny Llama step by step; KVzap and KVgrad the real SmolLM2-135M).
 """
 
 from __future__ import annotations

@@ -19,10 +19,13 @@ from kvbench.inference.generate import generate
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
-def method_from_yaml(name: str, **overrides):
-    """Build a method exactly as its conf/method/<name>.yaml describes it."""
+def method_from_yaml(name: str, removed: tuple[str, ...] = (), **overrides):
+    """Build a method exactly as its conf/method/<name>.yaml describes it, less the ``removed`` params (Hydra's
+    ``~method.params.<k>``), with ``overrides``."""
     raw = OmegaConf.load(CONF / "method" / f"{name}.yaml")
     raw.pop("defaults", None)
+    for key in removed:
+        raw.params.pop(key)
     node = OmegaConf.merge(OmegaConf.structured(MethodConfig), raw)
     session = {field.name for field in dataclasses.fields(MethodConfig)}
     for key, value in overrides.items():  # a session knob, or one of the family's own (method.params)

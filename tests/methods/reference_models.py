@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -13,6 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 import kvbench.attention.function as attention
 from kvbench.budget import Budget
+from tests.methods.wrapper_replay import KeptTally
 from tests.reference_recordings import DTYPES, tiny_llama_weights
 
 REFERENCE = Path(__file__).resolve().parents[1] / "fixtures" / "reference"
@@ -79,6 +82,50 @@ def valid_topk(scores: torch.Tensor, kept: torch.Tensor) -> bool:
     if bool(kept.all()) or not bool(kept.any()):
         return True
     return bool(scores[kept].min() >= scores[~kept].max())
+
+
+def positions_mask(kept: list, shape: torch.Size) -> torch.Tensor:
+    """``[L, H, S]`` bool: the kept positions, per layer and head (lists, or a cache's ``headwise_layers``)."""
+    mask = torch.zeros(shape, dtype=torch.bool)
+    for layer, per_head in enumerate(kept):
+        for head, positions in enumerate(getattr(per_head, "positions", per_head)):
+            mask[layer, head, torch.as_tensor(positions).long()] = True
+    return mask
+
+
+def tally_global_selection(tally: KeptTally, kept: list, case: dict, layerwise: bool) -> None:
+    """Add one case of a global selection (KVzip and its kin: one top-k over every layer and head, or per layer when
+    ``layerwise``) to ``tally``: per (layer, head) kvpress's recorded positions (``case["kept"]``), another choice where
+    kvbench's whole selection keeps kvpress's total and is a valid top-k of kvpress's scores ``case["scores"]``
+    ``[L, H, S]`` (over all layers, or each layer), or different.  ``kept``: kvbench's cache layers."""
+    scores = torch.tensor(case["scores"])
+    ours, theirs = positions_mask(kept, scores.shape), positions_mask(case["kept"], scores.shape)
+    scope = list(zip(scores.unbind(0), ours.unbind(0), strict=True)) if layerwise else [(scores, ours)]
+    valid = int(ours.sum()) == int(theirs.sum()) and all(valid_topk(s, m) for s, m in scope)
+    tally.cases += 1
+    for layer in range(scores.shape[0]):
+        for head in range(scores.shape[1]):
+            same = torch.equal(ours[layer, head], theirs[layer, head])
+            tally.same += same
+            tally.tied_valid += not same and valid
+            tally.differ += not same and not valid
+
+
+@contextmanager
+def selected_scores(scorer_class: type) -> Iterator[list[torch.Tensor]]:
+    """The ``[L, H, S]`` float32 scores each call of ``scorer_class.select`` receives (a replay's scores)."""
+    seen: list[torch.Tensor] = []
+    select = scorer_class.select
+
+    def recording_select(self, scores, *args, **kwargs):
+        seen.append(torch.stack(scores).float().clone())
+        return select(self, scores, *args, **kwargs)
+
+    scorer_class.select = recording_select
+    try:
+        yield seen
+    finally:
+        scorer_class.select = select
 
 
 def assert_batched_equals_batch_one(family: str, question_mode: str, count: int, batch: int) -> None:

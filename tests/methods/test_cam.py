@@ -9,11 +9,12 @@ import torch
 
 from kvbench.budget import parse_budget
 from kvbench.cache.kv_cache import KVBenchCache
-from kvbench.eviction.base import build_method
 from kvbench.inference.eviction import EvictionSession
 from kvbench.inference.prefill import forward_logits
 from kvbench.methods.cam import cam_merge
 from tests.methods.test_kvpress_decoding import QUESTION, tiny_llama
+from tests.methods.wrapper_replay import KeptTally
+from tests.parity.kvpress_claims import Claim, claim_of
 from tests.reference_recordings import RecordedCase, inputs_meta, load_recording, recorded_kept_values, stored_input
 
 
@@ -38,23 +39,34 @@ def run_seeded(case: RecordedCase, method) -> KVBenchCache:
     return cache
 
 
-def test_cam_keeps_kvpress_tokens_and_merged_values() -> None:
-    recording = load_recording("CAMPress_KnormPress")
-    values_of = recorded_kept_values("CAMPress_KnormPress")
-    heads = 0
-    for index, case in enumerate(recording.cases):
+def replay_cam(claim: Claim, form: str, dtype: str) -> KeptTally:
+    """Every case of the claim's recording (``CAMPress_KnormPress``) in ``dtype``, the prompt kept whole
+    (``budget=<S>/layer``, ``form``: only ``per_layer``): per layer and head of the final cache ``same`` = kvpress's
+    positions and merged values bit for bit, else different."""
+    assert form == "per_layer", form
+    values_of = recorded_kept_values(claim.recording)
+    tally = KeptTally()
+    for index, case in enumerate(load_recording(claim.recording).cases):
+        if case.dtype != dtype:
+            continue
+        tally.cases += 1
         settings = case.settings
         params = {key: settings[key] for key in ("compression_interval", "target_size", "merge_budget")}
-        method = build_method({"name": "cam", "family": "cam", "params": params})
+        method = claim.build(**params)
         cache = run_seeded(case, method)
         for layer, stored in enumerate(cache.headwise_layers):
             for head, reference in enumerate(case.kept[layer]):
                 order = torch.tensor(reference).argsort()
-                assert stored.positions[head].tolist() == sorted(reference), (case.inputs, layer, head)
-                ours = stored.head_kv(head)[1].float()
-                assert torch.equal(ours, values_of[index][layer][head][order]), (case.inputs, case.dtype, layer, head)
-                heads += 1
-    assert heads == len(recording.cases) * 4
+                same = stored.positions[head].tolist() == sorted(reference)
+                same = same and torch.equal(stored.head_kv(head)[1].float(), values_of[index][layer][head][order])
+                tally.same, tally.differ = tally.same + same, tally.differ + (not same)
+    return tally
+
+
+def test_cam_keeps_kvpress_tokens_and_merged_values() -> None:
+    tallies = [replay_cam(claim_of("CAMPress_KnormPress"), "per_layer", dtype) for dtype in ("float32", "bfloat16")]
+    assert all(t.differ == 0 for t in tallies), tallies
+    assert sum(t.same for t in tallies) == len(load_recording("CAMPress_KnormPress").cases) * 4
 
 
 def test_cam_merge_spreads_a_drawn_candidate_over_its_window() -> None:

@@ -13,7 +13,8 @@ from kvbench.eviction.base import WindowObservation, build_method
 from kvbench.eviction.threshold import threshold_counts
 from kvbench.inference.eviction import EvictionSession
 from tests.methods.helpers import LayerIndex
-from tests.methods.kvpress_replay import model_queries
+from tests.methods.wrapper_replay import KeptTally, cases_in, recent_queries_observation, tally_exact
+from tests.parity.kvpress_claims import Claim, claim_of
 from tests.reference_recordings import case_inputs, load_recording
 
 SNAPKV_KVPRESS = {"kernel_size": 5, "pooling": "avg", "pool_padding": "include", "gqa_reduce": "after_pool"}
@@ -35,42 +36,47 @@ def kept_one_layer(method, observation: WindowObservation, threshold: float) -> 
     return [sorted(p.tolist()) for p in cache.headwise_layers[0].positions]
 
 
-@pytest.mark.parametrize(
-    ("press", "family", "window"), [("DMSPress_KnormPress", "knorm", 1), ("DMSPress_SnapKVPress", "snapkv", 16)]
-)
-def test_dms_prefill_keeps_kvpress_tokens(press: str, family: str, window: int) -> None:
-    """Per case, layer and head: kvpress's kept positions exactly (its scores below the threshold, outside the
-    sliding window, evicted); the kept fraction is kvpress's measured compression ratio."""
-    recording = load_recording(press)
-    selections = 0
-    for case in recording.cases:
-        settings = case.settings
-        params = SNAPKV_KVPRESS if family == "snapkv" else {}
-        method = dms(family, window, sliding_window_size=settings["sliding_window_size"], **params)
-        threshold = settings["threshold"]
+def replay_dms(claim: Claim, form: str, dtype: str) -> KeptTally:
+    """Every prefill case of the claim's recording in ``dtype`` at ``budget=<t>thr`` (``form``: only ``thr``, t the
+    case's threshold): per layer and head kvpress's kept positions exactly (its scores below the threshold, outside the
+    sliding window, evicted), or different; the kept fraction is kvpress's measured compression ratio (asserted)."""
+    assert form == "thr", form
+    window = dict(claim.knobs)["window"]  # the observation window of the wrapped press's queries
+    tally = KeptTally()
+    for case in cases_in(claim.recording, dtype, tally):
+        method = claim.build(sliding_window_size=case.settings["sliding_window_size"])
         kept_total = 0
         for layer, inputs in enumerate(case_inputs(case)):
-            keys, values = inputs["keys"][0], inputs["values"][0]
-            queries = model_queries(case, layer, inputs)[:, -window:]
-            observation = WindowObservation(layer, 2, queries, keys, values, keys.shape[-1] ** -0.5)
-            kept = kept_one_layer(method, observation, threshold)
-            assert kept == [sorted(head) for head in case.kept[layer]], (case.inputs, case.dtype, threshold, layer)
+            observation = recent_queries_observation(case, layer, inputs, window)
+            kept = kept_one_layer(method, observation, case.settings["threshold"])
+            tally_exact(tally, kept, case.kept[layer])
             kept_total += sum(map(len, kept))
-            selections += len(kept)
         masked = 1 - kept_total / (len(case.kept) * len(case.kept[0]) * case.length)
-        assert masked == pytest.approx(case.compression_ratio, abs=1e-9)
-    assert selections == len(recording.cases) * 4
+        assert masked == pytest.approx(case.compression_ratio, abs=1e-9), (case.inputs, case.dtype)
+    return tally
 
 
-def test_dms_decoding_keeps_kvpress_tokens() -> None:
-    """``DMSPress(KnormPress, sliding_window_size=8, decoding=True)``: the prompt under the press, then the question
-    in one forward and single steps, each token leaving the window evicted below the threshold."""
+@pytest.mark.parametrize("press", ["DMSPress_KnormPress", "DMSPress_SnapKVPress"])
+def test_dms_prefill_keeps_kvpress_tokens(press: str) -> None:
+    tallies = [replay_dms(claim_of(press), "thr", dtype) for dtype in ("float32", "bfloat16")]
+    assert all(t.differ == 0 for t in tallies), tallies
+    assert sum(t.selections for t in tallies) == len(load_recording(press).cases) * 4
+
+
+def replay_dms_decoding(claim: Claim, form: str, dtype: str) -> KeptTally:
+    """``DMSPress(KnormPress, sliding_window_size=8, decoding=True)`` (the claim's recording), every case in ``dtype``
+    at ``budget=<t>thr``: the prompt under the press, then the question in one forward and single steps, each token
+    leaving the window evicted below the threshold; per layer and head of the final cache, kvpress's positions or
+    different."""
     from kvbench.inference.prefill import forward_logits
     from tests.methods.test_kvpress_decoding import QUESTION, tiny_llama
     from tests.reference_recordings import stored_input
 
-    for case in load_recording("DMSPress_KnormPress_decoding").cases:
-        method = dms("knorm", 1, sliding_window_size=8, decoding=True)
+    assert form == "thr", form
+    tally = KeptTally()
+    for case in cases_in(claim.recording, dtype, tally):
+        settings = case.settings
+        method = claim.build(sliding_window_size=settings["sliding_window_size"], decoding=settings["decoding"])
         model = tiny_llama(case.dtype)
         ids = stored_input(f"{case.inputs}/input_ids")[0].tolist()
         decoded = stored_input(f"decode_ids/S{case.length}").flatten().tolist()
@@ -85,8 +91,15 @@ def test_dms_decoding_keeps_kvpress_tokens() -> None:
             session.begin_decode()
             for step, token in enumerate(decoded[QUESTION:]):
                 forward_logits(model, [token], len(ids) + QUESTION + step, cache, session, device)
-        kept = [[sorted(p.tolist()) for p in layer.positions] for layer in cache.headwise_layers]
-        assert kept == [[sorted(head) for head in layer] for layer in case.kept], (case.inputs, case.dtype)
+        for stored, recorded in zip(cache.headwise_layers, case.kept, strict=True):
+            tally_exact(tally, stored.positions, recorded)
+    return tally
+
+
+def test_dms_decoding_keeps_kvpress_tokens() -> None:
+    claim = claim_of("DMSPress_KnormPress_decoding")
+    tallies = [replay_dms_decoding(claim, "thr", dtype) for dtype in ("float32", "bfloat16")]
+    assert all(t.differ == 0 and t.same == t.cases * 4 > 0 for t in tallies), tallies
 
 
 def test_threshold_budget_parses_and_is_refused_where_it_means_nothing() -> None:

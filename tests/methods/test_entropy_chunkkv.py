@@ -7,37 +7,42 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvbench.eviction.base import WindowObservation, build_method
 from kvbench.methods.entropy_chunkkv import entropy_gated_chunks
-from tests.methods.kvpress_replay import keep_one_layer, model_queries
+from tests.methods.kvpress_replay import keep_one_layer
+from tests.methods.wrapper_replay import KeptTally, cases_in, recent_queries_observation, tally_exact
+from tests.parity.kvpress_claims import Claim, claim_of
 from tests.reference_recordings import case_inputs, kvpress_n_kept, load_recording
 
 SNAPKV_KVPRESS = {"kernel_size": 5, "pooling": "avg", "pool_padding": "include", "gqa_reduce": "after_pool"}
 SNAPKV_KVPRESS |= {"score_dtype": "model"}
 
 
-@pytest.mark.parametrize(
-    ("press", "family", "window", "params"),
-    [
-        ("EntropyGatedChunkKVPress_KnormPress", "knorm", 1, {"chunk_length": 8}),
-        ("EntropyGatedChunkKVPress_SnapKVPress", "snapkv", 16, SNAPKV_KVPRESS),
-    ],
-)
-def test_entropy_gated_chunkkv_keeps_kvpress_tokens(press: str, family: str, window: int, params: dict) -> None:
-    recording = load_recording(press)
-    config = {"name": "e", "family": "entropy_chunkkv", "window": window, "params": {"press": family, **params}}
-    method = build_method(config)
-    heads = 0
-    for case in recording.cases:
+RECORDINGS = ["EntropyGatedChunkKVPress_KnormPress", "EntropyGatedChunkKVPress_SnapKVPress"]
+
+
+def replay_entropy_chunkkv(claim: Claim, form: str, dtype: str) -> KeptTally:
+    """Every case of the claim's recording in ``dtype`` under kvpress's budget spelled as ``form`` (``per_layer``:
+    ``<max(1, int(S (1 - r)))>/layer``, ``cr``: ``<r>cr``): per layer and head kvpress's tokens exactly, or
+    different."""
+    window = dict(claim.knobs)["window"]  # the observation window of the wrapped press's queries
+    tally = KeptTally()
+    for case in cases_in(claim.recording, dtype, tally):
+        chunks = {key: case.settings[key] for key in ("chunk_length", "low_entropy_chunk_length")}
+        method = claim.build(**chunks)
         n_kept = kvpress_n_kept(case.length, case.compression_ratio)
+        budget = f"{case.compression_ratio}cr" if form == "cr" else None
         for layer, inputs in enumerate(case_inputs(case)):
-            keys, values = inputs["keys"][0], inputs["values"][0]
-            queries = model_queries(case, layer, inputs)[:, -window:] if case.kind == "model" else keys[:, -1:]
-            observation = WindowObservation(layer, 2, queries, keys, values, keys.shape[-1] ** -0.5)
-            for head, positions in enumerate(keep_one_layer(method, observation, n_kept)):
-                assert positions == sorted(case.kept[layer][head]), (case.inputs, case.dtype, case.compression_ratio)
-                heads += 1
-    assert heads == sum(len(case.kept) * 2 for case in recording.cases)
+            kept = keep_one_layer(method, recent_queries_observation(case, layer, inputs, window), n_kept, budget)
+            tally_exact(tally, kept, case.kept[layer])
+    return tally
+
+
+@pytest.mark.parametrize("press", RECORDINGS)
+@pytest.mark.parametrize("form", ["per_layer", "cr"])
+def test_entropy_gated_chunkkv_keeps_kvpress_tokens(press: str, form: str) -> None:
+    tallies = [replay_entropy_chunkkv(claim_of(press), form, dtype) for dtype in ("float32", "bfloat16")]
+    assert all(t.differ == 0 for t in tallies), tallies
+    assert sum(t.same for t in tallies) == sum(len(case.kept) * 2 for case in load_recording(press).cases)
 
 
 def test_a_spiky_important_chunk_keeps_its_top_tokens_and_the_budget_moves_on() -> None:

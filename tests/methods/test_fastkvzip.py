@@ -7,6 +7,7 @@ kvpress's positions or another valid top-k of kvpress's scores where they tie (t
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,10 @@ import torch
 from kvbench.budget import parse_budget
 from kvbench.errors import KVBenchError
 from kvbench.eviction.base import build_method
-from tests.methods.reference_models import Tally, exact_total, valid_topk
+from tests.methods.reference_models import selected_scores, tally_global_selection
 from tests.methods.test_kvzap import LEARNED, REPO, tiny_niah
+from tests.methods.wrapper_replay import KeptTally
+from tests.parity.kvpress_claims import Claim, claim_of
 
 
 def fastkvzip(**params):
@@ -35,57 +38,45 @@ def gate_file(case: dict, folder: Path) -> str:
     return str(target)
 
 
-def test_fastkvzip_scores_and_keeps_kvpress_tokens_with_the_same_gates(monkeypatch, tmp_path: Path) -> None:
+def replay_fastkvzip(claim: Claim, form: str, dtype: str) -> KeptTally:
+    """Every case of the claim's recording (``learned/FastKVzipPress_tiny-niah``) in ``dtype`` at ``budget=<c>cr``
+    (``form``: only ``cr``), the recorded gates (bfloat16: cast as the recorder fed kvpress): kvpress's total kept and
+    its scores bit for bit (asserted); per layer and head kvpress's positions, another valid top-k of its scores, or
+    different."""
     from kvbench.inference.prefill import prefill
     from kvbench.methods.fastkvzip import FastKVzip
 
-    seen: list[torch.Tensor] = []
-    select = FastKVzip.select
-
-    def recording_select(self, scores, *args, **kwargs):
-        seen.append(torch.stack(scores).float().clone())
-        return select(self, scores, *args, **kwargs)
-
-    monkeypatch.setattr(FastKVzip, "select", recording_select)
-    data = json.loads((LEARNED / "FastKVzipPress_tiny-niah.json").read_text())
+    assert form == "cr", form
+    data = json.loads((LEARNED / f"{claim.recording.removeprefix('learned/')}.json").read_text())
     assert data["versions"]["kvpress"] == "0.5.5"
-    tally, worst = Tally(), 0.0
-    for case in data["cases"]:
-        model, _ = tiny_niah(case["dtype"])
-        settings = case["settings"]
-        params = {key: settings[key] for key in ("n_sink", "layerwise", "window_size", "window_ratio")}
-        method = fastkvzip(checkpoint=gate_file(case, tmp_path), **params)
-        kept_total = sum(len(head) for layer in case["kept"] for head in layer)
-        heads = len(case["kept"][0])
-        assert kept_total % heads == 0
-        with torch.inference_mode():
-            state = prefill(model, case["input_ids"], method=method, budget=exact_total(kept_total // heads))
-        scores = torch.tensor(case["scores"])  # [L, H, S]
-        worst = max(worst, float((seen[-1] - scores).abs().max()))
-        ours = torch.zeros(scores.shape, dtype=torch.bool)
-        for layer, cache_layer in enumerate(state.cache.headwise_layers):
-            for head, positions in enumerate(cache_layer.positions):
-                ours[layer, head, positions.long()] = True
-        theirs = torch.zeros_like(ours)
-        for layer, per_head in enumerate(case["kept"]):
-            for head, positions in enumerate(per_head):
-                theirs[layer, head, positions] = True
-        tally.cases += 1
-        scope = list(zip(scores.unbind(0), ours.unbind(0), strict=True)) if params["layerwise"] else [(scores, ours)]
-        for layer in range(scores.shape[0]):
-            for head in range(scores.shape[1]):
-                if torch.equal(ours[layer, head], theirs[layer, head]):
-                    tally.same += 1
-                elif int(ours.sum()) == int(theirs.sum()) and all(valid_topk(s, m) for s, m in scope):
-                    tally.tied += 1
-                else:
-                    tally.differ += 1
-        record = state.session.record
-        assert record.extra_forwards == 0 and record.evicted and record.learned_weights["source"] == "file"
-    print("fastkvzip parity:", tally.summary(), "max |score error|", worst)
-    assert tally.cases == 16 and {c["dtype"] for c in data["cases"]} == {"float32", "bfloat16"}
-    assert tally.differ == 0 and worst == 0.0, (tally.summary(), worst)
-    assert tally.same >= 80, tally.summary()  # 16 cases x 3 layers x 2 heads = 96 selections
+    tally = KeptTally()
+    with tempfile.TemporaryDirectory() as folder:
+        for case in data["cases"]:
+            if case["dtype"] != dtype:
+                continue
+            model, _ = tiny_niah(case["dtype"])
+            settings = case["settings"]
+            params = {key: settings[key] for key in ("n_sink", "layerwise", "window_size", "window_ratio")}
+            method = claim.build(checkpoint=gate_file(case, Path(folder)), **params)
+            with torch.inference_mode(), selected_scores(FastKVzip) as seen:
+                budget = parse_budget(f"{case['compression_ratio']}cr")
+                state = prefill(model, case["input_ids"], method=method, budget=budget)
+            kept_total = sum(len(head) for layer in case["kept"] for head in layer)
+            assert sum(len(p) for layer in state.cache.headwise_layers for p in layer.positions) == kept_total
+            assert torch.equal(seen[-1], torch.tensor(case["scores"])), case["input_ids"][:8]
+            tally_global_selection(tally, state.cache.headwise_layers, case, params["layerwise"])
+            record = state.session.record
+            assert record.extra_forwards == 0 and record.evicted and record.learned_weights["source"] == "file"
+    return tally
+
+
+def test_fastkvzip_scores_and_keeps_kvpress_tokens_with_the_same_gates() -> None:
+    claim = claim_of("learned/FastKVzipPress_tiny-niah")
+    tallies = [replay_fastkvzip(claim, "cr", dtype) for dtype in ("float32", "bfloat16")]
+    print("fastkvzip parity:", tallies)
+    assert sum(t.cases for t in tallies) == 16 and all(t.cases for t in tallies)
+    assert all(t.differ == 0 for t in tallies), tallies
+    assert sum(t.same for t in tallies) >= 80, tallies  # 16 cases x 3 layers x 2 heads = 96 selections
 
 
 def test_batched_decoding_and_the_lm_eval_bridge() -> None:

