@@ -153,7 +153,7 @@ def _method_cfg(name: str):
     raw.pop("defaults", None)
     node = OmegaConf.merge(OmegaConf.structured(MethodConfig), raw)
     if name in ("h2o", "tova", "streamingllm"):
-        node.decode_eviction = True
+        node.params.decode_eviction = True
     return node
 
 
