@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 import yaml
 
-from kvbench.config import MethodConfig
+from kvbench.config import SESSION_KNOBS
 from kvbench.reporting.paper_refs import TABLES, load_reference
 from tests.conf_names import BUDGETS, METHODS, MODELS, TASKS, UNIMPLEMENTED_METHODS
 
@@ -16,12 +15,11 @@ CONF = Path(__file__).resolve().parents[2] / "conf" / "experiment"
 PRESETS = sorted(CONF.glob("*.yaml"))
 
 #: Keys a preset may set outside hydra.sweeper.params (fields of the structured schema in kvbench/config.py).
-#: An experiment may set the method knobs every family shares (they apply to every method of its grid), never a
-#: preset's identity or its family-specific params.
-COMMON_METHOD_KNOBS = {f.name for f in dataclasses.fields(MethodConfig)} - {"name", "family", "params", "paper",
-                                                                            "reference"}  # fmt: skip
+#: An experiment may set the method knobs every family shares (the session knobs, ``method.params.<knob>``: they
+#: apply to every method of its grid), never a preset's identity or its family-specific params.
+COMMON_METHOD_KNOBS = set(SESSION_KNOBS)
 ALLOWED_TOP = {"run": {"experiment", "tag"}, "task": {"question_mode", "length", "options", "datasets"},
-               "method": COMMON_METHOD_KNOBS, "hydra": {"sweeper"}}  # fmt: skip
+               "method": {"params"}, "hydra": {"sweeper"}}  # fmt: skip
 
 
 def _load(path: Path) -> dict:
@@ -47,6 +45,8 @@ def test_preset_parses_and_uses_known_names(path):
     for key, allowed in ALLOWED_TOP.items():
         if key in cfg and key != "hydra":
             assert set(cfg[key]) <= allowed, (key, set(cfg[key]) - allowed)
+    shared = set((cfg.get("method") or {}).get("params") or {})
+    assert shared <= COMMON_METHOD_KNOBS, shared - COMMON_METHOD_KNOBS
     grid = _grid(cfg)
     assert set(grid["model"]) <= MODELS, set(grid["model"]) - MODELS
     assert set(grid["method"]) <= METHODS | UNIMPLEMENTED_METHODS, set(grid["method"]) - METHODS - UNIMPLEMENTED_METHODS
