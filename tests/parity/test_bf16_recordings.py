@@ -11,6 +11,10 @@ authors' code, FFY0/AdaKV and antgroup/cakekv, run outside kvbench; ``tests/fixt
 
 The inputs are regenerated from their seeds here (checked against the recorded sha256), so the fixtures hold only
 the outputs.
+
+Bit for bit means with the recorder's one torch thread (``tests/conftest.py`` runs these tests with one): a CPU
+reduction's bits depend on the thread count, for the code as for kvbench (the code with two threads gives other
+preferences, and kvbench with two threads gives those).
 """
 
 from __future__ import annotations
