@@ -292,7 +292,7 @@ class HeadwiseLayer(LogicalLengthLayer):
             sum(t.numel() * t.element_size() for t in (self.key_buffer, self.value_buffer)) + self._appended_allocated()
         )
 
-    def keep(self, indices: Sequence[torch.Tensor] | torch.Tensor) -> None:
+    def keep(self, indices: Sequence[torch.Tensor] | torch.Tensor, ordered: bool = False) -> None:
         """Keep only the given stored slots of each head and free the rest (new exact-size buffers).
 
         Parameters
@@ -301,8 +301,11 @@ class HeadwiseLayer(LogicalLengthLayer):
             Per head, a 1-D integer tensor of slot indices into that head's current storage (``0 <= i < S_h``),
             unique; they are sorted here so tokens stay in slot order.  A ``[H, k]`` tensor is accepted
             when every head keeps the same number.
+        ordered:
+            Store the kept tokens in the order given instead (kvpress's cache order, for a decode policy that
+            :attr:`~kvbench.eviction.base.DecodePolicy.keeps_selection_order`).
         """
-        sorted_idx = sorted_keep_indices(indices, self.host_lengths, self.device)
+        sorted_idx = sorted_keep_indices(indices, self.host_lengths, self.device, ordered)
         new_lengths = [int(idx.numel()) for idx in sorted_idx]
         index = torch.nn.utils.rnn.pad_sequence(sorted_idx, batch_first=True) if sorted_idx else None
         if index is None or index.shape[1] == 0:

@@ -389,13 +389,14 @@ class PagedLayer(LogicalLengthLayer):
         pools = (self.k_pool.numel() + self.v_pool.numel()) * self.v_pool.element_size()  # one dtype
         return pools + self._appended_allocated()
 
-    def keep(self, indices: Sequence[torch.Tensor] | torch.Tensor) -> None:
-        """Keep only the given stored slots of each head (per head 1-D indices, or ``[H, k]``) and compact.
+    def keep(self, indices: Sequence[torch.Tensor] | torch.Tensor, ordered: bool = False) -> None:
+        """Keep only the given stored slots of each head (per head 1-D indices, or ``[H, k]``) and compact: in slot
+        order, or in the order given when ``ordered`` (:meth:`HeadwiseLayer.keep`).
 
         Repacks into an exact-size pool when the pool would otherwise exceed ``REPACK_SLACK`` times the used
         pages; otherwise compacts each head inside its own pages and frees its emptied trailing pages.
         """
-        sorted_idx = sorted_keep_indices(indices, self.host_lengths, self.device)
+        sorted_idx = sorted_keep_indices(indices, self.host_lengths, self.device, ordered)
         new_lengths = [int(idx.numel()) for idx in sorted_idx]
         new_pages = sum(math.ceil(length / self.page_size) for length in new_lengths)
         src = torch.cat([self._slots(head, idx) for head, idx in enumerate(sorted_idx)])

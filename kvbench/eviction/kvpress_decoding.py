@@ -127,6 +127,7 @@ class IntervalDecodingPolicy(DecodePolicy):
     Per-sample state (:class:`IntervalDecodeState`, the session's; reset per layer by :meth:`start_layer`)."""
 
     evicts_on_append = True
+    keeps_selection_order = True
 
     def __init__(
         self,
@@ -176,7 +177,10 @@ class IntervalDecodingPolicy(DecodePolicy):
         assert isinstance(state, IntervalDecodeState)
         super().start_layer(state, layer_idx, layer, head_budgets, scores)
         state.steps[layer_idx], state.buffer[layer_idx] = 0, []
-        state.order[layer_idx] = self._prefill_order(state.prefill_scores.pop(layer_idx, None), layer)
+        order = self._prefill_order(state.prefill_scores.pop(layer_idx, None), layer)
+        state.order[layer_idx] = order
+        if not all(torch.equal(p, o.to(p.device)) for p, o in zip(layer.positions, order, strict=True)):
+            layer.keep([slots_in_order(p, o) for p, o in zip(layer.positions, order, strict=True)], ordered=True)
 
     def _prefill_order(self, scores: torch.Tensor | None, layer: HeadwiseLayer) -> list[torch.Tensor]:
         """Each head's positions in kvpress's order after the prefill: position order when nothing was evicted,
@@ -258,7 +262,7 @@ class IntervalDecodingPolicy(DecodePolicy):
             groups.setdefault(length, []).append(head)
         if len(groups) > 1:  # ragged heads: each on its own tokens
             groups = {head: [head] for head in range(layer.num_heads)}
-        keep = [torch.arange(length, device=slots[0].device) for length in lengths]
+        keep = list(slots)  # a head left as it is keeps every token, in kvpress's order
         new_order = list(order)
         for heads in groups.values():
             index = torch.stack([slots[h] for h in heads]).to(keys.device)  # [h, L]
@@ -273,8 +277,8 @@ class IntervalDecodingPolicy(DecodePolicy):
                     continue
                 top = scores[row].topk(counts[head]).indices
                 new_order[head] = order[head][top.to(order[head].device)]
-                keep[head] = torch.sort(slots[head][top.to(slots[head].device)]).values
-        layer.keep(keep)
+                keep[head] = slots[head][top.to(slots[head].device)]
+        layer.keep(keep, ordered=True)
         state.order[layer_idx] = new_order
 
     def _scores(
