@@ -299,11 +299,8 @@ class HeadwiseLayer(LogicalLengthLayer):
         ----------
         indices:
             Per head, a 1-D integer tensor of slot indices into that head's current storage (``0 <= i < S_h``),
-            unique; they are sorted here so tokens stay in slot order.  A ``[H, k]`` tensor is accepted
-            when every head keeps the same number.
-        ordered:
-            Store the kept tokens in the order given instead (kvpress's cache order, for a decode policy that
-            :attr:`~kvbench.eviction.base.DecodePolicy.keeps_selection_order`).
+            unique; sorted here so tokens stay in slot order, unless ``ordered`` (then stored in the order given: a
+            decode policy's ``keeps_selection_order``).  A ``[H, k]`` tensor when every head keeps the same number.
         """
         sorted_idx = sorted_keep_indices(indices, self.host_lengths, self.device, ordered)
         new_lengths = [int(idx.numel()) for idx in sorted_idx]

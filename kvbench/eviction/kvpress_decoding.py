@@ -16,9 +16,11 @@ does it (``decoding_press.py``):
   ``decode_target`` (or the budget itself: one size for both).
 * **the cache order**: kvpress's compression leaves the kept tokens in ``torch.topk``'s order (descending score, its
   own order among ties) and appends new tokens after them; a scorer that pools neighbours (SnapKV) or protects the
-  first rows (Expected Attention's sinks) sees them in that order.  The policy keeps each head's positions in
-  kvpress's order (after a compressed prefill: the top-k order of kvpress's prefill scores, recomputed from the
-  session's) and scores the cache gathered in it.
+  first rows (Expected Attention's sinks) sees them in that order, and the model's attention sums over them in it
+  (bfloat16 rounds by it).  The policy stores each head's tokens in kvpress's order
+  (:attr:`~kvbench.eviction.base.DecodePolicy.keeps_selection_order`: a compression keeps its rows with
+  ``layer.keep(..., ordered=True)`` in ``torch.topk``'s order; after a compressed prefill the layer is reordered once
+  by the top-k order of kvpress's prefill scores, recomputed from the session's) and scores the cache in it.
 * **the queries**: kvpress buffers the hidden states of the forwards since the last compression (up to 256
   forwards, ``hidden_states_buffer_size``) and scores with them.  A window scorer (SnapKV,
   :attr:`~kvbench.eviction.base.TokenScorer.window_scorer`) gets the last ``method.window`` buffered queries, rotated
@@ -36,11 +38,9 @@ does it (``decoding_press.py``):
   post-RoPE queries are un-rotated (float32 to ~1e-7, bfloat16 rounded differently).
 
 Heads of unequal lengths (an Ada-KV prefill; kvpress's caches never are) are scored head by head on their own
-tokens: no padding enters a softmax.  Not reproduced: kvbench stores each head's tokens in position order, kvpress in
-its top-k order, so the model's attention over the cache sums in another order -- the same in float32 up to
-rounding, in bfloat16 one rounding step apart after the first layer, which moves a few near-tied selections of
-SnapKV's decoding presses.  Parity: ``tests/methods/test_kvpress_decoding.py``, ``tests/parity/test_kvpress_claims.py``
-(every compression step of kvpress's recorded decoding presses), counts in ``docs/methods/kvpress-support.md``.
+tokens: no padding enters a softmax.  Parity: ``tests/methods/test_kvpress_decoding.py``,
+``tests/parity/test_kvpress_claims.py`` (every compression step of kvpress's recorded decoding presses, float32 and
+bfloat16), counts in ``docs/methods/kvpress-support.md``.
 """
 
 from __future__ import annotations
