@@ -63,7 +63,8 @@ class AppendedKeyChannels:
         self.used_rows += new_tokens
 
     def keep(self, sorted_indices: Sequence[torch.Tensor]) -> None:
-        """The layer kept slots ``sorted_indices[h]`` (ascending) of each head, in that order."""
+        """The layer kept slots ``sorted_indices[h]`` (ascending, or a decode policy's order) of each head, in that
+        order."""
         width = max((int(idx.numel()) for idx in sorted_indices), default=0)
         kept = torch.full((len(sorted_indices), width), -1, dtype=torch.long, device=self.slot_rows.device)
         for head, idx in enumerate(sorted_indices):

@@ -111,8 +111,9 @@ class EvictableLayer(Protocol):
     def dense_kv(self) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     # -- keep / evict
-    def keep(self, indices: Sequence[torch.Tensor] | torch.Tensor) -> None:
-        """Keep only the given stored slots of each head (per head 1-D indices) and free the rest."""
+    def keep(self, indices: Sequence[torch.Tensor] | torch.Tensor, ordered: bool = False) -> None:
+        """Keep only the given stored slots of each head (per head 1-D indices) and free the rest: in slot order, or
+        in the order given when ``ordered`` (a decode policy that stores kvpress's cache order)."""
         ...
 
     def evict_slots(self, slots: torch.Tensor, heads: Sequence[int] | None = None) -> torch.Tensor:
@@ -211,7 +212,7 @@ def select_query_channels(query: torch.Tensor, channels: torch.Tensor) -> torch.
 
 
 def sorted_keep_indices(
-    indices: Sequence[torch.Tensor] | torch.Tensor, lengths: list[int], device: torch.device
+    indices: Sequence[torch.Tensor] | torch.Tensor, lengths: list[int], device: torch.device, ordered: bool = False
 ) -> list[torch.Tensor]:
     """Validate and sort the per-head slot indices given to ``keep`` (shared by every storage backend).
 
@@ -221,10 +222,13 @@ def sorted_keep_indices(
         Per head a 1-D integer tensor of unique slot indices (``0 <= i < S_h``), or an ``[H, k]`` tensor.
     lengths:
         Stored tokens per head ``S_h``.
+    ordered:
+        Keep each head's indices in the order given (validated, not sorted): the kept tokens are stored in that
+        order (:attr:`kvbench.eviction.base.DecodePolicy.keeps_selection_order`).
 
     Returns
     -------
-    Per head, sorted ``[k_h]`` int64 indices on ``device``.
+    Per head, sorted (or, when ``ordered``, as given) ``[k_h]`` int64 indices on ``device``.
     """
     if isinstance(indices, torch.Tensor):
         if indices.dim() != 2:
@@ -235,13 +239,14 @@ def sorted_keep_indices(
     if len(per_head) != len(lengths):
         raise ValueError(f"got indices for {len(per_head)} heads, layer stores {len(lengths)}")
     sorted_idx = []
-    for head, idx in enumerate(per_head):
-        idx = torch.sort(idx.to(device=device, dtype=torch.long)).values
+    for head, given in enumerate(per_head):
+        given = given.to(device=device, dtype=torch.long)
+        idx = torch.sort(given).values
         if idx.numel() and (idx[0] < 0 or idx[-1] >= lengths[head]):
             raise IndexError(f"head {head}: slot index out of range [0, {lengths[head]})")
         if idx.numel() > 1 and bool((idx[1:] == idx[:-1]).any()):
             raise ValueError(f"head {head}: duplicate slot indices")
-        sorted_idx.append(idx)
+        sorted_idx.append(given if ordered else idx)
     return sorted_idx
 
 

@@ -292,17 +292,17 @@ class HeadwiseLayer(LogicalLengthLayer):
             sum(t.numel() * t.element_size() for t in (self.key_buffer, self.value_buffer)) + self._appended_allocated()
         )
 
-    def keep(self, indices: Sequence[torch.Tensor] | torch.Tensor) -> None:
+    def keep(self, indices: Sequence[torch.Tensor] | torch.Tensor, ordered: bool = False) -> None:
         """Keep only the given stored slots of each head and free the rest (new exact-size buffers).
 
         Parameters
         ----------
         indices:
             Per head, a 1-D integer tensor of slot indices into that head's current storage (``0 <= i < S_h``),
-            unique; they are sorted here so tokens stay in slot order.  A ``[H, k]`` tensor is accepted
-            when every head keeps the same number.
+            unique; sorted here so tokens stay in slot order, unless ``ordered`` (then stored in the order given: a
+            decode policy's ``keeps_selection_order``).  A ``[H, k]`` tensor when every head keeps the same number.
         """
-        sorted_idx = sorted_keep_indices(indices, self.host_lengths, self.device)
+        sorted_idx = sorted_keep_indices(indices, self.host_lengths, self.device, ordered)
         new_lengths = [int(idx.numel()) for idx in sorted_idx]
         index = torch.nn.utils.rnn.pad_sequence(sorted_idx, batch_first=True) if sorted_idx else None
         if index is None or index.shape[1] == 0:

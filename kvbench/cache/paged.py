@@ -17,10 +17,10 @@ head (AdaKV copies the whole cache at every decode step, prior-art 9.2); with pa
 Only when the free list is empty does the pool grow (by at least 1/8 of its size, so the copy is amortised O(1)
 per token), and :meth:`PagedLayer.reserve` pre-allocates decode headroom so the decode loop never grows the pool.
 
-Compaction after eviction (:meth:`PagedLayer.keep`): kept tokens stay in position order.  When the freed memory is
-large the layer repacks into a new pool sized exactly to the kept pages (``sum_h ceil(k_h / page_size)`` pages, so
-held bytes <= kept bytes + ``H * (page_size - 1)`` token slots); smaller evictions compact each head in place inside
-its own pages and return emptied pages to the free list.  A decoding step's one-token eviction
+Compaction after eviction (:meth:`PagedLayer.keep`): kept tokens stay in slot order (or the order given).  When the
+freed memory is large the layer repacks into a new pool sized exactly to the kept pages (``sum_h ceil(k_h /
+page_size)`` pages, so held bytes <= kept bytes + ``H * (page_size - 1)`` token slots); smaller evictions compact each
+head in place inside its own pages and return emptied pages to the free list.  A decoding step's one-token eviction
 (:meth:`PagedLayer.evict_slots`) moves each head's last token into its evicted slot: ``H`` rows, no rebuild.
 
 Attention over this layout (:func:`kvbench.attention.paged.paged_attention`) runs the path
@@ -389,13 +389,14 @@ class PagedLayer(LogicalLengthLayer):
         pools = (self.k_pool.numel() + self.v_pool.numel()) * self.v_pool.element_size()  # one dtype
         return pools + self._appended_allocated()
 
-    def keep(self, indices: Sequence[torch.Tensor] | torch.Tensor) -> None:
-        """Keep only the given stored slots of each head (per head 1-D indices, or ``[H, k]``) and compact.
+    def keep(self, indices: Sequence[torch.Tensor] | torch.Tensor, ordered: bool = False) -> None:
+        """Keep only the given stored slots of each head (per head 1-D indices, or ``[H, k]``) and compact: in slot
+        order, or in the order given when ``ordered`` (:meth:`HeadwiseLayer.keep`).
 
         Repacks into an exact-size pool when the pool would otherwise exceed ``REPACK_SLACK`` times the used
         pages; otherwise compacts each head inside its own pages and frees its emptied trailing pages.
         """
-        sorted_idx = sorted_keep_indices(indices, self.host_lengths, self.device)
+        sorted_idx = sorted_keep_indices(indices, self.host_lengths, self.device, ordered)
         new_lengths = [int(idx.numel()) for idx in sorted_idx]
         new_pages = sum(math.ceil(length / self.page_size) for length in new_lengths)
         src = torch.cat([self._slots(head, idx) for head, idx in enumerate(sorted_idx)])

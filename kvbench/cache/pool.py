@@ -227,12 +227,12 @@ class PooledLayer(PagedLayer):
         assert self.k_pool is not None
         return (self.head_dim + self.value_dim) * self.k_pool.element_size()
 
-    def keep(self, indices: Sequence[torch.Tensor] | torch.Tensor) -> None:
+    def keep(self, indices: Sequence[torch.Tensor] | torch.Tensor, ordered: bool = False) -> None:
         """:meth:`PagedLayer.keep` over every row; a sample whose heads lost tokens is one whose own torch layer
         batch 1 would have reallocated to its new longest head (its simulated capacity follows)."""
         before = torch.tensor(self.host_lengths)
         self._keys_changed()
-        super().keep(indices)
+        super().keep(indices, ordered)
         after = torch.tensor(self.host_lengths)
         heads = self.heads_per_sample
         shrunk = (after != before).view(-1, heads).any(dim=1)

@@ -111,10 +111,10 @@ class QuantizedStorage:
             self._advance_kivi()
 
     # ------------------------------------------------------------------ eviction
-    def keep(self, indices: Sequence[torch.Tensor] | torch.Tensor) -> None:
+    def keep(self, indices: Sequence[torch.Tensor] | torch.Tensor, ordered: bool = False) -> None:
         """The backend's ``keep``; the transformers schemes then re-quantize the kept states (kvpress)."""
         self.attention_done()
-        super().keep(indices)  # type: ignore[misc]
+        super().keep(indices, ordered)  # type: ignore[misc]
         if self.kv_quant.scheme != "kivi":
             self._requantize_all()
 

@@ -129,10 +129,10 @@ class QuantizedPooledLayer(PooledLayer):
                 rows.attention_done()
                 rows.save()
 
-    def keep(self, indices: Sequence[torch.Tensor] | torch.Tensor) -> None:
+    def keep(self, indices: Sequence[torch.Tensor] | torch.Tensor, ordered: bool = False) -> None:
         """:meth:`PooledLayer.keep`; the transformers schemes then re-quantize each sample's kept rows (kvpress)."""
         self.attention_done()
-        super().keep(indices)
+        super().keep(indices, ordered)
         for sample, state in enumerate(self.states):
             if state["kv_quant"].scheme != "kivi":
                 rows = SampleRows(self, sample)

@@ -184,6 +184,11 @@ class DecodePolicy(ReadOnlyAfterBuild, ABC):
     prompt_window: int = 0
     #: Whether the policy reads each later forward's pre-RoPE queries (:meth:`take_prerope_queries`).
     reads_prerope_queries: bool = False
+    #: Whether the policy stores the tokens it keeps in the order its selection returns them (``layer.keep(...,
+    #: ordered=True)``) instead of slot order: kvpress's decoding presses, whose cache holds a compression's kept
+    #: tokens in ``torch.topk`` order, so the model's attention sums over them in kvpress's order.  Positions are
+    #: stored per token, so nothing else reads the order.
+    keeps_selection_order: bool = False
 
     def new_state(self) -> DecodeState:
         """A sample's empty decode state (filled layer by layer by :meth:`start_layer`)."""

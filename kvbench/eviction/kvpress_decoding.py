@@ -16,9 +16,11 @@ does it (``decoding_press.py``):
   ``decode_target`` (or the budget itself: one size for both).
 * **the cache order**: kvpress's compression leaves the kept tokens in ``torch.topk``'s order (descending score, its
   own order among ties) and appends new tokens after them; a scorer that pools neighbours (SnapKV) or protects the
-  first rows (Expected Attention's sinks) sees them in that order.  The policy keeps each head's positions in
-  kvpress's order (after a compressed prefill: the top-k order of kvpress's prefill scores, recomputed from the
-  session's) and scores the cache gathered in it.
+  first rows (Expected Attention's sinks) sees them in that order, and the model's attention sums over them in it
+  (bfloat16 rounds by it).  The policy stores each head's tokens in kvpress's order
+  (:attr:`~kvbench.eviction.base.DecodePolicy.keeps_selection_order`: a compression keeps its rows with
+  ``layer.keep(..., ordered=True)`` in ``torch.topk``'s order; after a compressed prefill the layer is reordered once
+  by the top-k order of kvpress's prefill scores, recomputed from the session's) and scores the cache in it.
 * **the queries**: kvpress buffers the hidden states of the forwards since the last compression (up to 256
   forwards, ``hidden_states_buffer_size``) and scores with them.  A window scorer (SnapKV,
   :attr:`~kvbench.eviction.base.TokenScorer.window_scorer`) gets the last ``method.window`` buffered queries, rotated
@@ -36,11 +38,9 @@ does it (``decoding_press.py``):
   post-RoPE queries are un-rotated (float32 to ~1e-7, bfloat16 rounded differently).
 
 Heads of unequal lengths (an Ada-KV prefill; kvpress's caches never are) are scored head by head on their own
-tokens: no padding enters a softmax.  Not reproduced: kvbench stores each head's tokens in position order, kvpress in
-its top-k order, so the model's attention over the cache sums in another order -- the same in float32 up to
-rounding, in bfloat16 one rounding step apart after the first layer, which moves a few near-tied selections of
-SnapKV's decoding presses.  Parity: ``tests/methods/test_kvpress_decoding.py``, ``tests/parity/test_kvpress_claims.py``
-(every compression step of kvpress's recorded decoding presses), counts in ``docs/methods/kvpress-support.md``.
+tokens: no padding enters a softmax.  Parity: ``tests/methods/test_kvpress_decoding.py``,
+``tests/parity/test_kvpress_claims.py`` (every compression step of kvpress's recorded decoding presses, float32 and
+bfloat16), counts in ``docs/methods/kvpress-support.md``.
 """
 
 from __future__ import annotations
@@ -127,6 +127,7 @@ class IntervalDecodingPolicy(DecodePolicy):
     Per-sample state (:class:`IntervalDecodeState`, the session's; reset per layer by :meth:`start_layer`)."""
 
     evicts_on_append = True
+    keeps_selection_order = True
 
     def __init__(
         self,
@@ -176,7 +177,10 @@ class IntervalDecodingPolicy(DecodePolicy):
         assert isinstance(state, IntervalDecodeState)
         super().start_layer(state, layer_idx, layer, head_budgets, scores)
         state.steps[layer_idx], state.buffer[layer_idx] = 0, []
-        state.order[layer_idx] = self._prefill_order(state.prefill_scores.pop(layer_idx, None), layer)
+        order = self._prefill_order(state.prefill_scores.pop(layer_idx, None), layer)
+        state.order[layer_idx] = order
+        if not all(torch.equal(p, o.to(p.device)) for p, o in zip(layer.positions, order, strict=True)):
+            layer.keep([slots_in_order(p, o) for p, o in zip(layer.positions, order, strict=True)], ordered=True)
 
     def _prefill_order(self, scores: torch.Tensor | None, layer: HeadwiseLayer) -> list[torch.Tensor]:
         """Each head's positions in kvpress's order after the prefill: position order when nothing was evicted,
@@ -258,7 +262,7 @@ class IntervalDecodingPolicy(DecodePolicy):
             groups.setdefault(length, []).append(head)
         if len(groups) > 1:  # ragged heads: each on its own tokens
             groups = {head: [head] for head in range(layer.num_heads)}
-        keep = [torch.arange(length, device=slots[0].device) for length in lengths]
+        keep = list(slots)  # a head left as it is keeps every token, in kvpress's order
         new_order = list(order)
         for heads in groups.values():
             index = torch.stack([slots[h] for h in heads]).to(keys.device)  # [h, L]
@@ -273,8 +277,8 @@ class IntervalDecodingPolicy(DecodePolicy):
                     continue
                 top = scores[row].topk(counts[head]).indices
                 new_order[head] = order[head][top.to(order[head].device)]
-                keep[head] = torch.sort(slots[head][top.to(slots[head].device)]).values
-        layer.keep(keep)
+                keep[head] = slots[head][top.to(slots[head].device)]
+        layer.keep(keep, ordered=True)
         state.order[layer_idx] = new_order
 
     def _scores(

@@ -61,13 +61,16 @@ def test_paged_layer_holds_the_same_tokens_as_the_torch_layer(impl: str, page_si
         torch_layer.update(k, v)
         paged.update(k.to(device), v.to(device))
 
-    def evict(counts: list[int]) -> None:
+    def evict(counts: list[int], ordered: bool = False) -> None:
         keep = [
             torch.randperm(length, generator=gen)[:count]
             for length, count in zip(paged.head_lengths(), counts, strict=True)
         ]
-        torch_layer.keep(keep)
-        paged.keep([index.to(device) for index in keep])
+        before = [positions.clone() for positions in torch_layer.positions]
+        torch_layer.keep(keep, ordered)
+        paged.keep([index.to(device) for index in keep], ordered)
+        if ordered:  # stored in the order given (a decode policy's keeps_selection_order)
+            assert all(torch.equal(p, b[k]) for p, b, k in zip(torch_layer.positions, before, keep, strict=True))
 
     feed(41)
     same()
@@ -78,6 +81,8 @@ def test_paged_layer_holds_the_same_tokens_as_the_torch_layer(impl: str, page_si
         evict([length - 1 for length in paged.head_lengths()])  # one token per head: in place
         same()
     feed(7)  # question chunk
+    same()
+    evict([9, 8, 7], ordered=True)
     same()
     evict([3, 3, 3])  # equal lengths again
     assert not paged.is_ragged
@@ -154,10 +159,12 @@ def _method_cfg(name: str):
     node = OmegaConf.merge(OmegaConf.structured(MethodConfig), raw)
     if name in ("h2o", "tova", "streamingllm"):
         node.params.decode_eviction = True
+    if name == "snapkv_kvpress":  # kvpress's decoding press: its cache stored in top-k order
+        node.params.decode_interval = 4
     return node
 
 
-@pytest.mark.parametrize("method_name", ["snapkv", "pyramidkv", "h2o", "tova", "streamingllm"])
+@pytest.mark.parametrize("method_name", ["snapkv", "pyramidkv", "h2o", "tova", "streamingllm", "snapkv_kvpress"])
 def test_paged_backend_generates_the_same_logits_as_torch_backend(
     method_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

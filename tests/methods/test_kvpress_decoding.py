@@ -210,3 +210,29 @@ def test_heads_of_unequal_length_are_scored_on_their_own_tokens() -> None:
     ragged = kept([0, 1], [12, 7])
     assert [len(head) for head in ragged] == [5, 5]
     assert ragged == kept([0], [12]) + kept([1], [7])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_snapkv_decoding_presses_store_kvpress_cache_order(dtype: str) -> None:
+    """SnapKV's decoding presses (``keeps_selection_order``) store each compression's kept tokens in kvpress's cache
+    order (``torch.topk``'s, new tokens after them): the model's attention sums over the cache as kvpress's does, so
+    the bfloat16 layer inputs -- and every selection, in both dtypes -- are kvpress's (0 differ).  Where no tie parted
+    the caches, every layer and head ends holding kvpress's positions in kvpress's order."""
+    from tests.methods.decoding_replay import replay_case
+    from tests.methods.wrapper_replay import KeptTally
+    from tests.parity.kvpress_claims import claims_of
+
+    ordered, same = 0, 0
+    for recording in ("DecodingPress_SnapKVPress_interval5", "PrefillDecodingPress_SnapKVPress"):
+        claim = claims_of(recording)[0]
+        for case in load_recording(recording).cases:
+            if case.dtype != dtype:
+                continue
+            tally = KeptTally()
+            cache = replay_case(claim, case, "cr", tally)
+            assert tally.differ == 0, (recording, case.inputs, tally)
+            same += tally.same
+            if tally.tied_valid == 0:
+                assert [[p.tolist() for p in layer.positions] for layer in cache.headwise_layers] == case.kept
+                ordered += 1
+    assert ordered >= 4 and same > 0

@@ -46,10 +46,10 @@ case's threshold: the kept count is an outcome).  A knob shown `<recorded>` take
 `~method.params.<k>` removes a preset's knob.  A press whose budget or comparison differs from these says so under
 **Notes** (merging presses: `same` also means the merged values equal kvpress's bit for bit).  Rows are in the dtypes
 each recording has.  Decoding presses: every compression step of the recorded tiny Llama's decoding (a case stops
-being compared after a tie: the two caches then hold different tokens).  The rows that differ are bfloat16 ones:
-SnapKV's decoding presses (after the first layer, kvbench attends over its cache in position order and kvpress over
-its own in top-k order, the attention sums round one bfloat16 step apart, and a few near-tied selections of the later
-layers move) and KVCompose's whole-model replay (see its note); float32: none.  Recordings:
+being compared after a tie: the two caches then hold different tokens); kvbench's cache stores each compression's
+kept tokens in kvpress's order (top-k order, new tokens after them), so the model attends over them as kvpress's
+does, in bfloat16 too.  The rows that differ are bfloat16 ones of KVCompose's whole-model replay (see its note);
+float32: none.  Recordings:
 `tests/fixtures/reference/kvpress/README.md`, `tests/fixtures/reference/learned/README.md`,
 `tests/fixtures/reference/kvzip/README.md`.
 """
