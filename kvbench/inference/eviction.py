@@ -36,7 +36,7 @@ from kvbench.inference.cache_record import CacheRecord
 from kvbench.inference.prompt_rows import PrefillRows, prompt_fingerprint, rank_tokens
 from kvbench.inference.session_passes import SessionPasses
 
-Phase = Literal["idle", "compress", "replay", "append", "decode"]
+Phase = Literal["idle", "compress", "replay", "restore", "append", "decode"]
 
 
 class EvictionSession(SessionPasses):
@@ -109,6 +109,8 @@ class EvictionSession(SessionPasses):
         self._replay_span = (0, 0)
         self._replay_prefix: int | None = None
         self.replayed = False
+        #: Tokens a restore pass appended after the prompt and the eviction keeps (RestoreKV's ``n``).
+        self.restored_tokens = 0
         #: Where the tokens after the compressed prompt are fed: ``None`` = after its last position; a number when
         #: the kept keys were re-rotated to contiguous positions (Finch).
         self.next_position: int | None = None

@@ -1,5 +1,5 @@
 """Forwards a method runs on top of the prompt to score it, before anything is evicted: KVzip's context
-reconstruction (:mod:`kvbench.methods.kvzip`).
+reconstruction (:mod:`kvbench.methods.kvzip`), and RestoreKV's restore pass after it (:mod:`kvbench.inference.restore`).
 
 After the compressed prompt is prefilled (every layer whole), the scorer's ``replay_passes`` give token sequences
 (the repeat prompt followed by a chunk of the context) and the span of the prompt each one scores.  Each pass goes
@@ -20,6 +20,7 @@ import torch
 
 from kvbench.inference.eviction import EvictionSession
 from kvbench.inference.gradient_replay import replay_with_gradients
+from kvbench.inference.restore import restore_pass
 
 
 def replay_context(
@@ -51,6 +52,9 @@ def replay_context(
             session.begin_replay(start, end)
             forward(model, replay_ids, context, session.cache, session, device)
             session.end_replay()
+    restores = getattr(scorer, "restores_context", False)
+    if restores:  # RestoreKV: the restore tokens' pass over the whole cache, before the eviction
+        restore_pass(model, session, context, device)
     session.compress_replayed()
     session.replayed = True
-    session.record.extra_forwards = len(passes)
+    session.record.extra_forwards = len(passes) + int(restores)

@@ -142,22 +142,36 @@ class SessionPasses:
         context, num_layers = self.context_length, len(self.compressible)
         scores = [self._replay_scores[layer_idx] for layer_idx in self.compressible]
         heads = scores[0].shape[0]
-        per_layer = int(self.budget.value) * heads if self.budget.fixed_per_layer else None
-        # <c>cr: kvpress's KVzipPress evicts int(L H S c) tokens over the layers (int(H S c) per layer, layerwise).
-        total = self.budget.kvpress_global_kept(num_layers * heads * context)
-        if total is None:
-            total = self.budget.total(context, num_layers) * heads
-        layer_kept = self.budget.kvpress_global_kept(heads * context)
+        total, per_layer, layer_kept = self._replay_budget(num_layers, heads)
         prefix = self._replay_prefix or 0  # the prompt tokens before the first replayed one (chat template prefix)
         kept = self.method.scorer.select(scores, total, per_layer, prefix, layer_kept)  # type: ignore[union-attr]
-        for layer_idx, layer_scores, heads in zip(self.compressible, scores, kept, strict=True):
+        restored = self.restored_tokens  # RestoreKV's restore tokens, after the prompt: always kept
+        for layer_idx, layer_scores, chosen in zip(self.compressible, scores, kept, strict=True):
             layer = self.cache.headwise_layers[layer_idx]
+            heads = chosen
+            if restored:
+                tail = torch.arange(context, context + restored, device=chosen[0].device, dtype=chosen[0].dtype)
+                heads = [torch.cat([idx, tail]) for idx in chosen]
             counts = [int(idx.numel()) for idx in heads]
             self._requested[layer_idx] = (round(sum(counts) / len(counts)), counts)
             self._decode_caps[layer_idx] = counts
-            self._scores[layer_idx] = [s.float()[idx] for s, idx in zip(layer_scores, heads, strict=True)]
-            if any(count < context for count in counts):
+            self._scores[layer_idx] = [s.float()[idx] for s, idx in zip(layer_scores, chosen, strict=True)]
+            if any(count < context + restored for count in counts):
                 with on_device(layer.positions[0].device):
                     layer.keep(heads)
                 self.record.evicted = True
         self._replay_scores.clear()
+
+    def _replay_budget(self, num_layers: int, heads: int) -> tuple[int, int | None, int | None]:
+        """``(total, per_layer, layer_kept)`` prompt tokens the scorer's ``select`` keeps: ``<c>cr``: kvpress's
+        KVzipPress evicts ``int(L H S c)`` tokens over the layers (``int(H S c)`` per layer, layerwise); with ``n``
+        restore tokens (RestoreKV) ``c`` is raised to ``min(1, c + n / S)`` as kvpress does, and any other budget sets
+        ``n`` slots per layer and head aside."""
+        context, restored, budget = self.context_length, self.restored_tokens, self.budget
+        per_layer = max(0, int(budget.value) - restored) * heads if budget.fixed_per_layer else None
+        if budget.kind == "compression":
+            ratio = min(1.0, budget.value + restored / context) if restored else budget.value
+            evict = int(num_layers * heads * context * ratio)
+            return num_layers * heads * context - evict, per_layer, heads * context - int(heads * context * ratio)
+        total = max(0, budget.total(context, num_layers) * heads - restored * num_layers * heads)
+        return total, per_layer, None

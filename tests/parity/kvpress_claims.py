@@ -404,6 +404,10 @@ REPLAYED_CLAIMS: tuple[Claim, ...] = (
     Claim("learned/FastKVzipPress_tiny-niah", "fastkvzip", replay="fastkvzip",
           case_knobs=("checkpoint", "n_sink", "layerwise", "window_size", "window_ratio"), forms=("cr",),
           note=f"the embedded tiny model's prefill; {_LEARNED}; {_GLOBAL}"),
+    Claim("learned/RestoreKVPress_tiny-niah", "restorekv", replay="restorekv",
+          case_knobs=("checkpoint", "n_sink", "chunk_size", "layerwise"), forms=("cr",),
+          note=f"the embedded tiny model, context replayed, restore tokens from a LoRA pass (kvpress loads the adapter "
+               f"with PEFT); {_LEARNED}; {_GLOBAL}; restore tokens' keys and values checked too"),
     Claim("kvzip/KVgradPress", "kvgrad", replay="kvgrad", case_knobs=("n_sink", "chunk_size", "layerwise"),
           forms=("cr",), note=f"the recorded tiny Llama, context replayed with backward passes; {_GLOBAL}; {_SINKS}"),
     Claim("kvzip/KVgradPress_SmolLM2-135M-Instruct", "kvgrad", replay="kvgrad",
@@ -421,6 +425,7 @@ REPLAYS = {
         "composed": "composed", "per_layer": "per_layer", "dms": "dms", "dms_decoding": "dms", "merging": "merging",
         "cam": "cam", "entropy_chunkkv": "entropy_chunkkv", "lukv": "lukv", "cap": "cap", "kvcompose": "kvcompose",
         "kvzap": "kvzap", "fastkvzip": "fastkvzip", "kvgrad": "kvgrad", "kvzip": "kvzip", "qfilter": "qfilter",
+        "restorekv": "restorekv",
     }.items()
 }  # fmt: skip
 CLAIMS = (*CLAIMS, *REPLAYED_CLAIMS)
