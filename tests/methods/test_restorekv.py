@@ -3,7 +3,7 @@ weights for the embedded tiny model, loaded into kvpress by PEFT (``scripts/refe
 ``tests/fixtures/reference/learned/RestoreKVPress_tiny-niah.json``).  KVzip's scores bit for bit, kvpress's integer
 counts under ``<c>cr`` with the ratio raised by ``n / S`` (one case past 1: every prompt token goes), every layer and
 head keeping kvpress's positions or another valid top-k of its scores, and the restore tokens' keys and values (the
-LoRA-adapted pass) equal to kvpress's cache's."""
+LoRA-adapted pass) equal to kvpress's cache's bit for bit."""
 
 from __future__ import annotations
 
@@ -68,16 +68,12 @@ def replay_restorekv(claim: Claim, form: str, dtype: str) -> KeptTally:
             for head, positions in enumerate(layer.positions):  # the restore tokens last in every head
                 assert torch.equal(positions[-restored:], torch.arange(length, length + restored))
                 stored_keys, stored_values = layer.head_kv(head)  # [kept_h + n, D]
-                torch.testing.assert_close(stored_keys[-restored:], keys[index, head], rtol=0, atol=_ATOL[dtype])
-                torch.testing.assert_close(stored_values[-restored:], values[index, head], rtol=0, atol=_ATOL[dtype])
+                assert torch.equal(stored_keys[-restored:], keys[index, head]), (index, head)  # bit for bit
+                assert torch.equal(stored_values[-restored:], values[index, head]), (index, head)
         record = state.session.record
         assert record.evicted and record.learned_weights["source"] == "folder"
         assert record.next_position == length + restored and state.position == length + restored
     return tally
-
-
-#: The restore pass runs kvbench's attention (SDPA-based) where kvpress's runs torch's SDPA: float32 rounding apart.
-_ATOL = {"float32": 1e-5, "bfloat16": 0.0}
 
 
 def test_restorekv_keeps_kvpress_tokens_and_restore_kv_with_the_same_weights() -> None:
@@ -149,3 +145,35 @@ def test_bad_checkpoints_are_refused_before_the_model_loads(tmp_path: Path) -> N
         resolve_restore.__wrapped__("auto", "some-org/Unknown-7B")
     with pytest.raises(ValueError, match="allocation"):
         restorekv(allocation="ada")
+
+
+def test_batched_decoding_and_the_lm_eval_bridge() -> None:
+    """``run.decode_batch`` gives batch 1's tokens and records (the shipped weights, the question appended after the
+    restore tokens); ``kvbench.lmeval`` compresses a context under inference mode with them."""
+    from kvbench.inference.batched_decode import generate_batched
+    from kvbench.inference.generate import generate
+    from kvbench.lmeval.loglikelihood import compress_context
+    from tests.inference.test_batch_decode import _requests
+
+    model, tokenizer = tiny_niah("float32")
+    method, budget = restorekv(), parse_budget("0.5cr")
+    requests = _requests(model.config.vocab_size, 3, stops={7})
+    alone = [
+        generate(model, tokenizer, r.context_ids, r.question_ids, method=method, budget=budget,
+                 question_mode="agnostic", max_new_tokens=r.max_new_tokens, stop_token_ids=r.stop_token_ids)
+        for r in requests
+    ]  # fmt: skip
+    batched = dict(
+        generate_batched(
+            model, tokenizer, requests, method=method, budget=budget, question_mode="agnostic", decode_batch=3
+        )
+    )
+    for index, expected in enumerate(alone):
+        got = batched[index]
+        assert (got.token_ids, got.text, got.stop_reason) == (expected.token_ids, expected.text, expected.stop_reason)
+        assert got.record.to_json() == expected.record.to_json()
+        assert expected.record.evicted and expected.record.next_position == expected.record.context_tokens + 8
+    context = compress_context(model, list(range(4, 120)), method=method, budget=parse_budget("24L"),
+                               question_mode="agnostic", tokenizer=tokenizer)  # fmt: skip
+    assert context.record.evicted and context.record.extra_forwards == 2
+    assert context.position == 115 + 8  # the context's last token is held back, fed at S + n

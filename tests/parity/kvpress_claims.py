@@ -474,7 +474,7 @@ def page_recordings() -> list[str]:
 
 
 #: kvpress 0.5.5 presses kvbench has not built (no recording, no claim; the page names them).
-NOT_BUILT = ("RestoreKVPress",)
+NOT_BUILT: tuple[str, ...] = ()
 #: Why a recording has no claim (the page prints it beside the name).
 UNCLAIMED_BECAUSE = {
     **dict.fromkeys(

@@ -92,7 +92,8 @@ def static_part() -> str:
     )
     because = {name: f": {why}" for name, why in UNCLAIMED_BECAUSE.items()}
     lines += [""] + [f"- `{name}`{because.get(name, '')}" for name in unclaimed] + [""]
-    lines += [f"Not built, so not recorded: {', '.join(f'`{press}`' for press in NOT_BUILT)}.", ""]
+    if NOT_BUILT:
+        lines += [f"Not built, so not recorded: {', '.join(f'`{press}`' for press in NOT_BUILT)}.", ""]
     lines += ["<!-- recording digests (sha256, first 12 hex):"]
     lines += [f"{name} {digest(name)}" for name in page_recordings()]
     lines += ["-->", ""]
