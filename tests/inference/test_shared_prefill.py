@@ -84,6 +84,7 @@ def test_shared_prefill_equals_alone_with_the_question_appended_or_chunks(tiny, 
     pre-RoPE hidden states over chunks, KVzip's replay, Finch's re-rotation)."""
     model, tokenizer = tiny
     names = ["snapkv", "h2o", "tova", "cake", "expected_attention_kvpress", "compactor_kvpress", "kvzip", "finch"]
+    names.append("restorekv")  # the restore pass after KVzip's replay, the question fed from S + n
     _compare(model, tokenizer, [(name, "24L") for name in names], mode, chunk, seed=2)
 
 
