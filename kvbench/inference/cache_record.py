@@ -48,12 +48,14 @@ class CacheRecord:
     compressible_layers: list[int] = field(default_factory=list)
     #: The sliding-window layers (:mod:`kvbench.cache.sliding`): never evicted, each holds at most its window.
     sliding_layers: list[int] = field(default_factory=list)
-    #: Forwards a method ran on top of the prompt to score it (KVzip's context reconstruction); their seconds are
-    #: part of the sample's prefill seconds (the run's timing log, ``prefill_s_mean``).
+    #: Forwards a method ran on top of the prompt (KVzip's context reconstruction, RestoreKV's restore pass); their
+    #: seconds are part of the sample's prefill seconds (the run's timing log, ``prefill_s_mean``).
     extra_forwards: int = 0
     #: ``original`` (kept keys at their prompt positions) or ``rerotated`` (Finch: re-rotated to contiguous positions
     #: ``0 .. n-1``, and the tokens after the prompt continue from ``next_position``).
     key_positions: str = "original"
+    #: Where the tokens after the prompt are fed, when not right after it: Finch's ``n``, RestoreKV's ``S + n`` (its
+    #: restore tokens at ``S .. S+n-1``); ``None`` otherwise.
     next_position: int | None = None
     #: Where the scorer's pre-RoPE keys / queries came from (:mod:`kvbench.eviction.prerope`): ``hidden_states``
     #: (recomputed from the layers' input, as kvpress), ``unrotated`` (the stored states un-rotated: no hidden states

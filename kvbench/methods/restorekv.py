@@ -13,7 +13,8 @@ Reproduces NVIDIA/kvpress ``kvpress/presses/restorekv_press.py`` (``RestoreKVPre
 3. KVzip's eviction of the prompt's tokens with the budget lowered by the ``n`` restore slots per layer and head:
    kvpress's ``compression_ratio`` c becomes ``min(1, c + n / S)`` (``budget=<c>cr``: ``int(L H S min(1, c + n/S))``
    evicted, ``int(H S ...)`` per layer when layerwise), any other budget keeps ``T H - n L H`` prompt tokens (``T``
-   its total per head over the layers; ``<m>/layer``: ``(m - n) H`` per layer).
+   its total per head over the layers; ``<m>/layer``: ``(m - n) H`` per layer).  A budget of at most ``n`` tokens per
+   layer and head keeps no prompt token, and still the ``n`` restore tokens (kvpress at ``c + n/S >= 1`` too).
 
 The tokens after the prompt (the question in question-agnostic mode, the answer) are fed from position ``S + n``
 (the record's ``next_position``).  In question-aware mode the prompt ends with the question, so the first answer

@@ -28,9 +28,10 @@ Layout (one *run* = one model x task x method x budget)::
                                   "final_per_layer": [int],
                                   "decode_cap_per_layer": [int], "allocator_state": {...} | null,
                                   "extra_forwards": int (forwards the method ran to score the prompt: KVzip's
-                                  replays; their time is in the prefill seconds), "key_positions": "original" |
-                                  "rerotated" (Finch: kept keys re-rotated to 0..n-1), "next_position": int | null
-                                  (where the tokens after the prompt went, when re-rotated),
+                                  replays, RestoreKV's restore pass; their time is in the prefill seconds),
+                                  "key_positions": "original" | "rerotated" (Finch: kept keys re-rotated to
+                                  0..n-1), "next_position": int | null (where the tokens after the prompt went,
+                                  when re-rotated or after RestoreKV's restore tokens),
                                   "prerope_states": "hidden_states" | "unrotated" | "mixed" | null (where a
                                   scorer's pre-RoPE keys/queries came from; null: it reads none),
                                   "learned_weights": {"source", "path", "sha256", "training"?} | null (the

@@ -1,7 +1,6 @@
 """``scripts/train_kvzap.py``, ``train_fastkvzip.py`` and ``train_restorekv.py`` on the embedded model with a few
 texts: they write checkpoints in the published formats that ``method=kvzap`` / ``fastkvzip`` / ``restorekv`` read,
-marked as kvbench's own (the
-shipped checkpoints are committed: CI never trains them; this only checks the scripts)."""
+marked as kvbench's own (the shipped checkpoints are committed: CI never trains them; this only checks the scripts)."""
 
 from __future__ import annotations
 
