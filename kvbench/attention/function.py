@@ -19,7 +19,10 @@ evicted), per-head views loop over stored heads, each with its GQA group of quer
 key channels (ThinK) hands over full-width keys whose pruned context channels are zero and whose later tokens are
 whole (kvpress's ThinKPress), or with ``prune_appended`` keys of the kept channels only, attended with the matching
 query channels (:attr:`~kvbench.cache.base.EvictableLayer.query_channels`,
-:func:`~kvbench.cache.base.select_query_channels`); on every path, at the model's softmax scale.
+:func:`~kvbench.cache.base.select_query_channels`); on every path, at the model's softmax scale.  While the session's
+``eager_attention`` is true (KVCompose's prefill and replay: kvpress forces ``eager`` attention for them) every layer
+is computed as transformers' ``eager_attention_forward`` (:func:`kvbench.attention.extras.detailed_attention`), whose
+bfloat16 outputs round otherwise than SDPA's.
 
 Eviction hooks in here, not through monkeypatching: the generation loop passes a ``kvbench_session`` keyword
 argument through the model's forward; after computing a layer's attention this function hands the session the
@@ -223,8 +226,9 @@ def _attend_and_observe(
     """The attention output for the cache layer (its kernels when it has an attention plan, else the dense or
     per-head views it hands over), then the session's callback."""
     effective_scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
-    if details.needs_eager or details.window is not None:
-        output = _detailed(module, query, key, value, effective_scaling, details)
+    eager = bool(getattr(session, "eager_attention", False))  # KVCompose's prefill and replay (kvpress's eager)
+    if eager or details.needs_eager or details.window is not None:
+        output = _detailed(module, query, key, value, effective_scaling, details, eager)
     elif key.layer.attention_plan is not None:
         output = paged_attention(module, query, key, value, scaling, dropout)
     else:
@@ -256,11 +260,14 @@ def _detailed(
     value: LayerKV,
     scaling: float,
     details: AttentionDetails,
+    eager: bool = False,
 ) -> torch.Tensor:
     """Attention with a sliding window, soft-capping or sinks (inference: no dropout); returns ``[1, q, H_q, D]``.
 
-    A sliding layer without soft-capping or sinks keeps SDPA (a boolean window mask); the others are computed eagerly
-    (:func:`kvbench.attention.extras.detailed_attention`).  Paged storage is read back as dense or per-head tensors.
+    A sliding layer without soft-capping or sinks keeps SDPA (a boolean window mask); the others, and every layer
+    when ``eager`` (the session's :attr:`~kvbench.inference.eviction.EvictionSession.eager_attention`), are computed
+    eagerly (:func:`kvbench.attention.extras.detailed_attention`: transformers' ``eager_attention_forward`` bit for
+    bit).  Paged storage is read back as dense or per-head tensors.
     """
     keys, values = key.layer.attention_kv(key, value)
     if isinstance(keys, RaggedKV):
@@ -273,7 +280,7 @@ def _detailed(
         mask = sliding_causal_mask(query_length, key_length, details.window, query.device)
     elif query_length > 1:
         mask = bottom_right_causal_mask(query_length, key_length, query.device)
-    if details.needs_eager:
+    if eager or details.needs_eager:
         return detailed_attention(query, keys, values, scaling, mask, details)
     groups = query.shape[1] // keys.shape[1]
     output = torch.nn.functional.scaled_dot_product_attention(

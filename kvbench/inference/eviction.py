@@ -134,6 +134,15 @@ class EvictionSession(SessionPasses):
         reconstruction, :mod:`kvbench.inference.replay`) and compresses every layer at once after them."""
         return self.compresses and bool(getattr(self.method.scorer, "replays_context", False))
 
+    @property
+    def eager_attention(self) -> bool:
+        """Whether the forward in progress attends as transformers' ``eager_attention_forward`` (logits in the model
+        dtype, a float32 softmax cast back, then the values; kvbench's attention function reads it) instead of SDPA:
+        the scorer's ``eager_attention`` (KVCompose: kvpress's press forces eager attention for its forwards) while
+        the compressed prompt is prefilled and replayed, never once tokens are appended or decoded."""
+        eager = bool(getattr(self.method.scorer, "eager_attention", False))
+        return eager and self.compresses and self.phase in ("compress", "replay")
+
     def observation_window(self) -> int:
         """Window queries the scorer sees: ``params.window``, or the question's tokens for a scorer whose window is
         the question (Finch's ``question_window``; ``params.window`` when the compressed prompt has no question)."""

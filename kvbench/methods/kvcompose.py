@@ -13,9 +13,16 @@ every head's sorted scores and each head keeps its own count.  The budget is the
 ``max(1, int(S (1 - c)))`` per layer on average (kvpress: ``int(L S (1 - c))`` over the layers, the same where
 ``S (1 - c)`` is whole); ``<n>/layer`` skips the allocation over layers.
 
+kvpress's press forces transformers' ``eager`` attention for both of its forwards, the prefill and the replay; so do
+kvbench's (``eager_attention``: :attr:`kvbench.inference.eviction.EvictionSession.eager_attention`, the logits in the
+model dtype, a float32 softmax cast back, then the values), and only those (the question and decoding attend through
+kvbench's SDPA path): in bfloat16 SDPA's layer outputs round otherwise, so the next layer's keys, queries and scores
+would differ.  Hence kvcompose runs its own prefill in a sweep (``unshared_prefill``).
+
 kvbench removes the evicted tokens and the replayed ones; kvpress's unstructured variant masks the evicted tokens and
 leaves the replayed copy of the context in its cache.  ``method=kvcompose`` (a one-class method, structured);
-``method.params.structured=false``.  Parity: ``tests/methods/test_kvcompose.py`` (recordings ``KVComposePress*``).
+``method.params.structured=false``.  Parity: ``tests/methods/test_kvcompose.py`` (recordings ``KVComposePress*``):
+kvpress's scores bit for bit and its tokens on every head of every case, float32 and bfloat16.
 """
 
 from __future__ import annotations
@@ -66,6 +73,10 @@ class KVCompose(ScorerMethod, family="kvcompose", reference="NVIDIA/kvpress kvpr
     replays_context: ClassVar[bool] = True
     #: The replay scores are kept in float32 (kvpress's aggregators).
     replay_score_dtype: ClassVar[torch.dtype] = torch.float32
+    #: The prefill and the replay attend as transformers' eager attention (kvpress's press forces it for both).
+    eager_attention: ClassVar[bool] = True
+    #: Why a sweep's shared (SDPA) prefill cannot serve it.
+    unshared_prefill: ClassVar[str | None] = "its prefill attends eagerly, as kvpress's KVComposePress forces"
 
     def __post_init__(self) -> None:
         wrappers = {"allocation": "uniform", "layers": "uniform", "selection": "topk", "rescale": "none"}

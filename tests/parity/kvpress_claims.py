@@ -392,11 +392,10 @@ REPLAYED_CLAIMS: tuple[Claim, ...] = (
     Claim("QFilterPress_seeded_filters", "qfilter", replay="qfilter", case_knobs=("filters",), forms=("per_layer",),
           note="the recording's seeded stand-in filters (not the Hub's) as a file; scores equal bit for bit"),
     Claim("KVComposePress", "kvcompose", (("structured", True),), replay="kvcompose", forms=("cr",),
-          note="the recorded tiny Llama prefilled and its context replayed; bfloat16: layer 1's inputs round apart "
-               "(kvpress's eager attention, kvbench's SDPA-based one)"),
+          note="the recorded tiny Llama prefilled and its context replayed, both in eager attention as kvpress's "
+               "forwards (kvbench's session: eager_attention); scores equal bit for bit"),
     Claim("KVComposePress_unstructured", "kvcompose", (("structured", False),), replay="kvcompose", forms=("cr",),
-          note="as KVComposePress; one top-k over every layer and head, so bfloat16's layer-1 rounding also moves "
-               "layer 0's counts"),
+          note="as KVComposePress; one top-k over every layer and head"),
     Claim("learned/KVzapPress_tiny-niah", "kvzap", replay="kvzap", case_knobs=("model_type", "checkpoint"),
           note=f"the embedded tiny model's prefill; {_LEARNED}"),
     Claim("learned/KVzapPress_SmolLM2-135M-Instruct", "kvzap", replay="kvzap",

@@ -48,8 +48,8 @@ case's threshold: the kept count is an outcome).  A knob shown `<recorded>` take
 each recording has.  Decoding presses: every compression step of the recorded tiny Llama's decoding (a case stops
 being compared after a tie: the two caches then hold different tokens); kvbench's cache stores each compression's
 kept tokens in kvpress's order (top-k order, new tokens after them), so the model attends over them as kvpress's
-does, in bfloat16 too.  The rows that differ are bfloat16 ones of KVCompose's whole-model replay (see its note);
-float32: none.  Recordings:
+does, in bfloat16 too.  No row differs, float32 or bfloat16 (KVCompose's prefill and replay attend eagerly, as
+kvpress's press forces: see its note).  Recordings:
 `tests/fixtures/reference/kvpress/README.md`, `tests/fixtures/reference/learned/README.md`,
 `tests/fixtures/reference/kvzip/README.md`.
 """
