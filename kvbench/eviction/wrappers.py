@@ -88,6 +88,20 @@ def wrappers_on(knobs: Any) -> dict[str, Any]:
     return {name: getattr(knobs, name) for name, off in WRAPPER_DEFAULTS.items() if getattr(knobs, name) != off}
 
 
+#: The wrappers that split the budget or choose the kept tokens after the prefill (not the decode-time ones).
+PREFILL_WRAPPERS = ("allocation", "layers", "selection", "rescale")
+
+
+def refuse_prefill_wrappers(knobs: Any, family: str, why: str) -> None:
+    """Refuse (``ValueError``, the command line's exit 2) any of :data:`PREFILL_WRAPPERS` that is on for ``family``,
+    a method that splits its budget or selects its tokens itself (``why``), naming the valid value."""
+    for name in PREFILL_WRAPPERS:
+        if getattr(knobs, name) != WRAPPER_DEFAULTS[name]:
+            raise ValueError(
+                f"method.params.{name}={getattr(knobs, name)!r}: {family} {why}; valid: {name}={WRAPPER_DEFAULTS[name]}"
+            )
+
+
 def declares_wrappers(family: str) -> bool:
     """Whether the family's class declares the wrapper knobs (a one-class method, SnapKV); not CAKE, whose own
     ``allocation`` knob is its allocator's."""

@@ -29,6 +29,7 @@ from kvbench.eviction.base import PromptRows, WindowObservation
 from kvbench.eviction.params import bounded
 from kvbench.eviction.recipe import ScorerMethod
 from kvbench.eviction.surrogates import FastKVzipGates, gate_file_name, resolve_gates
+from kvbench.eviction.wrappers import refuse_prefill_wrappers
 from kvbench.methods.kvzip import top_scores
 
 #: From this many prompt tokens on, the protected window is ``window_size`` (kvpress's chunked-prefill threshold).
@@ -55,13 +56,7 @@ class FastKVzip(ScorerMethod, family="fastkvzip", reference="NVIDIA/kvpress kvpr
     replay_needs_tokenizer: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        wrappers = {"allocation": "uniform", "layers": "uniform", "selection": "topk", "rescale": "none"}
-        for name, default in wrappers.items():
-            if getattr(self, name) != default:
-                raise ValueError(
-                    f"method.params.{name}={getattr(self, name)!r}: fastkvzip splits the budget over layers and heads "
-                    f"itself; valid: {name}={default}"
-                )
+        refuse_prefill_wrappers(self, "fastkvzip", "splits the budget over layers and heads itself")
         if self.checkpoint != "auto":  # a named gate file is read (and checked) before any model is loaded
             resolve_gates(self.checkpoint, "", "")
         if self.decode_interval or self.keep_window:

@@ -35,6 +35,7 @@ import torch
 from kvbench.eviction.base import WindowObservation
 from kvbench.eviction.params import bounded, choice
 from kvbench.eviction.recipe import ScorerMethod
+from kvbench.eviction.wrappers import refuse_prefill_wrappers
 
 AGGREGATIONS = ("max", "mean")
 
@@ -79,10 +80,7 @@ class KVCompose(ScorerMethod, family="kvcompose", reference="NVIDIA/kvpress kvpr
     unshared_prefill: ClassVar[str | None] = "its prefill attends eagerly, as kvpress's KVComposePress forces"
 
     def __post_init__(self) -> None:
-        wrappers = {"allocation": "uniform", "layers": "uniform", "selection": "topk", "rescale": "none"}
-        for name, default in wrappers.items():
-            if getattr(self, name) != default:
-                raise ValueError(f"method.params.{name}={getattr(self, name)!r}: kvcompose allocates itself")
+        refuse_prefill_wrappers(self, "kvcompose", "allocates itself")
         if self.decode_interval or self.keep_window:
             raise ValueError("kvcompose evicts once after the prefill: decode_interval and keep_window must stay off")
 

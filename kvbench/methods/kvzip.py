@@ -40,6 +40,7 @@ from torch.nn import functional as F
 from kvbench.eviction.base import WindowObservation
 from kvbench.eviction.params import bounded
 from kvbench.eviction.recipe import ScorerMethod
+from kvbench.eviction.wrappers import refuse_prefill_wrappers
 
 FIRST_PROMPT = "\n\nRepeat the previous context exactly."
 NEXT_PROMPT = "\n\nRepeat the part of the previous context exactly, starting with"
@@ -86,13 +87,7 @@ class KVzip(ScorerMethod, family="kvzip", reference="NVIDIA/kvpress kvpress/pres
     replays_context: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        wrappers = {"allocation": "uniform", "layers": "uniform", "selection": "topk", "rescale": "none"}
-        for name, default in wrappers.items():
-            if getattr(self, name) != default:
-                raise ValueError(
-                    f"method.params.{name}={getattr(self, name)!r}: kvzip splits the budget over layers and heads "
-                    f"itself; valid: {name}={default}"
-                )
+        refuse_prefill_wrappers(self, "kvzip", "splits the budget over layers and heads itself")
         if self.decode_interval or self.keep_window:
             raise ValueError("kvzip evicts once after the prefill: decode_interval and keep_window must stay off")
 
