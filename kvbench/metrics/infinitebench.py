@@ -98,7 +98,10 @@ def score_code_debug(prediction: str, label: Any, model_name: str) -> float:
     return 0.0
 
 
-def score_math_find(prediction: str, label: Any, model_name: str) -> float:
+def score_math_find(prediction: str, label: Any, model_name: str, read_integer: Callable[[str], int] = int) -> float:
+    """InfiniteBench's ``get_score_one_math_find``: the first number of the prediction (``\\d+\\.\\d+|\\d+``)
+    equals the label, read with ``read_integer`` for an integer label (the official ``int``: "7.0" raises, which
+    the dataset's :class:`~kvbench.metrics.guard.ScoreGuard` records), ``float`` for a float label."""
     label = _first(label)
     if not isinstance(label, int | float):
         raise TypeError(f"Expected int or float, got {type(label)}")
@@ -106,7 +109,7 @@ def score_math_find(prediction: str, label: Any, model_name: str) -> float:
     if found is None:
         return 0.0
     number = found.group(0).strip()
-    return float(int(number) == label) if isinstance(label, int) else float(float(number) == label)
+    return float(read_integer(number) == label) if isinstance(label, int) else float(float(number) == label)
 
 
 def score_longdialogue_qa_eng(prediction: str, label: Any, model_name: str) -> float:

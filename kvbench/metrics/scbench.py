@@ -41,6 +41,7 @@ from kvbench.metrics.infinitebench import (
     score_longbook_qa_chn,
     score_longbook_sum_eng,
 )
+from kvbench.metrics.infinitebench import score_math_find as infinitebench_math_find
 
 #: RepoQA's function query per language (``FUNCTION_QUERY``: the first match is the extracted function).
 FUNCTION_QUERY = {
@@ -78,14 +79,7 @@ def string_match_all(prediction: str, label: Any, model_name: str = "") -> float
 def score_math_find(prediction: str, label: Any, model_name: str = "") -> float:
     """SCBench's ``get_score_one_math_find``: the first number of the prediction (``\\d+\\.\\d+|\\d+``) equals the
     label, read with ``int(float(number))`` for an integer label ("7.0" scores as 7), ``float`` for a float label."""
-    label = label[0] if isinstance(label, list) else label
-    if not isinstance(label, int | float):
-        raise TypeError(f"Expected int or float, got {type(label)}")
-    found = re.search(r"\d+\.\d+|\d+", prediction)
-    if found is None:
-        return 0.0
-    number = found.group(0).strip()
-    return float(int(float(number)) == label) if isinstance(label, int) else float(float(number) == label)
+    return infinitebench_math_find(prediction, label, model_name, read_integer=lambda number: int(float(number)))
 
 
 #: The keys of the rows ``run_scbench.py`` writes for ``scbench_repoqa_and_kv`` (``func_name`` on RepoQA turns only):
