@@ -66,28 +66,52 @@ def _requests(vocab: int, count: int, stops: set[int], seed: int = 1, **rules) -
     return requests
 
 
-def _compare(model, tokenizer, name: str, requests: list[DecodeRequest], batch: int, question_mode: str) -> None:
-    """Batch ``batch`` equals one-at-a-time generation: tokens, text, stop reason and the whole cache record."""
-    budget = parse_budget("16L")
-    method = load_method(name)  # one frozen recipe, shared by every sample of both modes
-    # What spans a dataset (XKV's sampled mode calibrates on its first samples): one state per mode, as per dataset.
-    alone_state, batched_state = (method.layer_allocator.new_dataset_state("compare", len(requests)) for _ in "ab")
+def assert_batched_equals_alone(
+    model,
+    tokenizer,
+    method,
+    budget,
+    requests: list[DecodeRequest],
+    question_mode: str,
+    batch: int,
+    label: str = "",
+    dataset_states: tuple = (None, None),
+    torch_seed: int | None = None,
+) -> list:
+    """Generation in a batch of ``batch`` gives every request its one-at-a-time tokens, text, stop reason and whole
+    cache record; returns the one-at-a-time results.  ``dataset_states``: what spans a dataset (XKV's sampled mode),
+    one per mode; ``torch_seed``: the global generator reseeded before each mode (a method that draws from it)."""
+    if torch_seed is not None:
+        torch.manual_seed(torch_seed)
     alone = [
         generate(model, tokenizer, r.context_ids, r.question_ids, method=method, budget=budget,
                  question_mode=question_mode, max_new_tokens=r.max_new_tokens, stop_token_ids=r.stop_token_ids,
-                 stop_strings=r.stop_strings, min_new_tokens=r.min_new_tokens, dataset_state=alone_state)
+                 stop_strings=r.stop_strings, min_new_tokens=r.min_new_tokens, dataset_state=dataset_states[0])
         for r in requests
     ]  # fmt: skip
+    if torch_seed is not None:
+        torch.manual_seed(torch_seed)
     batched = dict(
         generate_batched(model, tokenizer, requests, method=method, budget=budget,
-                         question_mode=question_mode, decode_batch=batch, dataset_state=batched_state)
+                         question_mode=question_mode, decode_batch=batch, dataset_state=dataset_states[1])
     )  # fmt: skip
     assert sorted(batched) == list(range(len(requests)))
     for index, expected in enumerate(alone):
         got = batched[index]
-        assert got.token_ids == expected.token_ids, f"{name} sample {index}"
-        assert (got.text, got.stop_reason) == (expected.text, expected.stop_reason)
-        assert got.record.to_json() == expected.record.to_json(), f"{name} sample {index}: cache record"
+        assert got.token_ids == expected.token_ids, f"{label} sample {index}"
+        assert (got.text, got.stop_reason) == (expected.text, expected.stop_reason), f"{label} sample {index}"
+        assert got.record.to_json() == expected.record.to_json(), f"{label} sample {index}: cache record"
+    return alone
+
+
+def _compare(model, tokenizer, name: str, requests: list[DecodeRequest], batch: int, question_mode: str) -> None:
+    """Batch ``batch`` equals one-at-a-time generation: tokens, text, stop reason and the whole cache record."""
+    method = load_method(name)  # one frozen recipe, shared by every sample of both modes
+    # What spans a dataset (XKV's sampled mode calibrates on its first samples): one state per mode, as per dataset.
+    states = tuple(method.layer_allocator.new_dataset_state("compare", len(requests)) for _ in "ab")
+    alone = assert_batched_equals_alone(
+        model, tokenizer, method, parse_budget("16L"), requests, question_mode, batch, name, states
+    )
     # The decode-time policies did evict while decoding (the caches end with fewer tokens than were fed to them).
     if name in ("h2o", "tova", "streamingllm", "cake", "ahakv"):
         assert any(

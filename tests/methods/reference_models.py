@@ -133,26 +133,12 @@ def assert_batched_equals_batch_one(family: str, question_mode: str, count: int,
     reason and cache record (the tiny random GQA Llama, seeded prompts, ``16L``)."""
     from kvbench.budget import parse_budget
     from kvbench.eviction.base import build_method
-    from kvbench.inference.batched_decode import generate_batched
-    from kvbench.inference.generate import generate
-    from tests.inference.test_batch_decode import _model, _requests
+    from tests.inference.test_batch_decode import _model, _requests, assert_batched_equals_alone
 
     model, byte_tokenizer = _model("tiny-random-llama")
     method = build_method({"name": family, "family": family})
     budget = parse_budget("16L")
     requests = _requests(model.config.vocab_size, count, stops={7}, seed=1 if question_mode == "aware" else 2)
-    alone = [
-        generate(model, byte_tokenizer, r.context_ids, r.question_ids, method=method, budget=budget,
-                 question_mode=question_mode, max_new_tokens=r.max_new_tokens, stop_token_ids=r.stop_token_ids)
-        for r in requests
-    ]  # fmt: skip
-    batched = dict(
-        generate_batched(model, byte_tokenizer, requests, method=method, budget=budget, question_mode=question_mode,
-                         decode_batch=batch)
-    )  # fmt: skip
-    assert sorted(batched) == list(range(count))
-    for index, expected in enumerate(alone):
-        got = batched[index]
-        assert (got.token_ids, got.text, got.stop_reason) == (expected.token_ids, expected.text, expected.stop_reason)
-        assert got.record.to_json() == expected.record.to_json(), f"{family} sample {index}: cache record"
+    alone = assert_batched_equals_alone(model, byte_tokenizer, method, budget, requests, question_mode, batch, family)
+    for expected in alone:
         assert expected.record.evicted

@@ -82,28 +82,13 @@ def test_fastkvzip_scores_and_keeps_kvpress_tokens_with_the_same_gates() -> None
 def test_batched_decoding_and_the_lm_eval_bridge() -> None:
     """``run.decode_batch`` gives batch 1's tokens and records (the shipped gates); ``kvbench.lmeval`` compresses a
     context under inference mode with them."""
-    from kvbench.inference.batched_decode import generate_batched
-    from kvbench.inference.generate import generate
     from kvbench.lmeval.loglikelihood import compress_context
-    from tests.inference.test_batch_decode import _requests
+    from tests.inference.test_batch_decode import _requests, assert_batched_equals_alone
 
     model, tokenizer = tiny_niah("float32")
     method, budget = fastkvzip(), parse_budget("0.5cr")
     requests = _requests(model.config.vocab_size, 3, stops={7})
-    alone = [
-        generate(model, tokenizer, r.context_ids, r.question_ids, method=method, budget=budget, question_mode="aware",
-                 max_new_tokens=r.max_new_tokens, stop_token_ids=r.stop_token_ids)
-        for r in requests
-    ]  # fmt: skip
-    batched = dict(
-        generate_batched(
-            model, tokenizer, requests, method=method, budget=budget, question_mode="aware", decode_batch=3
-        )
-    )
-    for index, expected in enumerate(alone):
-        got = batched[index]
-        assert (got.token_ids, got.text, got.stop_reason) == (expected.token_ids, expected.text, expected.stop_reason)
-        assert got.record.to_json() == expected.record.to_json()
+    for expected in assert_batched_equals_alone(model, tokenizer, method, budget, requests, "aware", 3):
         assert expected.record.evicted and expected.record.learned_weights["source"] == "shipped"
     context = compress_context(model, list(range(4, 120)), method=method, budget=parse_budget("16L"),
                                question_mode="agnostic", tokenizer=None)  # fmt: skip

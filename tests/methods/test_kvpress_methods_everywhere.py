@@ -22,10 +22,8 @@ import kvbench.attention  # registers the "kvbench" attention
 from kvbench.budget import parse_budget
 from kvbench.eviction.base import build_method
 from kvbench.eviction.kvpress_pyramid import kvpress_pyramid_budgets
-from kvbench.inference.batched_decode import generate_batched
-from kvbench.inference.generate import generate
 from kvbench.models.loading import build_builtin
-from tests.inference.test_batch_decode import _requests
+from tests.inference.test_batch_decode import _requests, assert_batched_equals_alone
 from tests.methods.helpers import method_from_yaml
 from tests.reference_recordings import kvpress_n_kept
 
@@ -74,24 +72,8 @@ def test_batched_decoding_equals_batch_one(tiny_gqa, name: str) -> None:
     model, tokenizer = tiny_gqa
     method, budget = method_of(BATCHED[name]), parse_budget("0.5cr")
     requests = _requests(model.config.vocab_size, 3, stops={7})
-    torch.manual_seed(0)
-    alone = [
-        generate(model, tokenizer, r.context_ids, r.question_ids, method=method, budget=budget,
-                 question_mode="aware", max_new_tokens=r.max_new_tokens, stop_token_ids=r.stop_token_ids)
-        for r in requests
-    ]  # fmt: skip
-    torch.manual_seed(0)
-    batched = dict(
-        generate_batched(
-            model, tokenizer, requests, method=method, budget=budget, question_mode="aware", decode_batch=3
-        )
-    )
-    for index, expected in enumerate(alone):
-        got = batched[index]
-        assert got.token_ids == expected.token_ids, (name, index)
-        assert (got.text, got.stop_reason) == (expected.text, expected.stop_reason)
-        assert got.record.to_json() == expected.record.to_json(), (name, index)
-        assert expected.record.evicted, name
+    alone = assert_batched_equals_alone(model, tokenizer, method, budget, requests, "aware", 3, name, torch_seed=0)
+    assert all(expected.record.evicted for expected in alone), name
     if "decode" in name:  # the interval policy cut the cache while decoding
         assert any(
             final < achieved + len(r.token_ids) - 1

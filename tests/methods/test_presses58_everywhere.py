@@ -10,9 +10,7 @@ import pytest
 
 from kvbench.budget import parse_budget
 from kvbench.eviction.base import build_method
-from kvbench.inference.batched_decode import generate_batched
-from kvbench.inference.generate import generate
-from tests.inference.test_batch_decode import _requests
+from tests.inference.test_batch_decode import _requests, assert_batched_equals_alone
 from tests.methods.test_kvpress_methods_everywhere import tiny_gqa  # noqa: F401  (the module's model fixture)
 
 
@@ -44,21 +42,8 @@ def test_batched_decoding_equals_batch_one(tiny_gqa, name: str) -> None:  # noqa
     spec, budget_spec = CASES[name]
     method, budget = build_method(spec), parse_budget(budget_spec)
     requests = _requests(model.config.vocab_size, 3, stops={7})
-    alone = [
-        generate(model, tokenizer, r.context_ids, r.question_ids, method=method, budget=budget,
-                 question_mode="agnostic", max_new_tokens=r.max_new_tokens, stop_token_ids=r.stop_token_ids)
-        for r in requests
-    ]  # fmt: skip
-    batched = dict(
-        generate_batched(
-            model, tokenizer, requests, method=method, budget=budget, question_mode="agnostic", decode_batch=3
-        )
-    )
-    for index, expected in enumerate(alone):
-        got = batched[index]
-        assert got.token_ids == expected.token_ids, (name, index)
-        assert got.record.to_json() == expected.record.to_json(), (name, index)
-        assert expected.record.evicted, name
+    alone = assert_batched_equals_alone(model, tokenizer, method, budget, requests, "agnostic", 3, name)
+    assert all(expected.record.evicted for expected in alone), name
     if name == "cam":  # compressed to 24 while decoding, values merged
         assert all(max(r.record.final_per_layer) <= 24 + 1 for r in alone), name
     if name == "dms+decoding":  # heads differ; tokens leaving the window were evicted while decoding too
