@@ -32,7 +32,7 @@ from kvpress import KVgradPress
 from transformers import DynamicCache, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_kvpress import MODEL_CONFIG
+from record_kvpress import MODEL_CONFIG, kept_after_masking
 from record_kvzip_finch import DTYPES, FIXTURES, float32_list, load_model, prompt_ids, write
 
 CASES = [  # (length, tokenizer, ratio, settings)
@@ -63,13 +63,7 @@ def record(out: Path) -> list[dict]:
             press.compress_post = capture
             with torch.no_grad(), press(model):
                 model.model(input_ids=torch.tensor([ids]), past_key_values=DynamicCache())
-            kept = []
-            for layer in model.model.layers:
-                _, heads, positions = layer.self_attn.masked_key_indices
-                mask = torch.ones(MODEL_CONFIG["num_key_value_heads"], length, dtype=torch.bool)
-                mask[heads, positions] = False
-                kept.append([torch.nonzero(row).flatten().tolist() for row in mask])
-                layer.self_attn.masked_key_indices = None
+            kept = kept_after_masking(model, MODEL_CONFIG["num_key_value_heads"], length)
             cases.append(
                 {
                     "dtype": dtype_name,
@@ -108,13 +102,7 @@ def record_smollm2(folder: Path) -> list[dict]:
             press.compress_post = capture
             with torch.no_grad(), press(model):
                 model.model(input_ids=torch.tensor([ids]), past_key_values=DynamicCache())
-            kept = []
-            for layer in model.model.layers:
-                _, head_idx, positions = layer.self_attn.masked_key_indices
-                mask = torch.ones(heads, length, dtype=torch.bool)
-                mask[head_idx, positions] = False
-                kept.append([torch.nonzero(row).flatten().tolist() for row in mask])
-                layer.self_attn.masked_key_indices = None
+            kept = kept_after_masking(model, heads, length)
             cases.append(
                 {
                     "dtype": dtype_name,

@@ -130,6 +130,20 @@ def match_rows(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
     return equal.float().argmax(-1)
 
 
+def kept_after_masking(model: Any, heads: int, length: int) -> list[list[list[int]]]:
+    """Per layer, per KV head, the prompt positions ``[0, length)`` a masking press (KVzip and the presses built on it)
+    left unmasked, read from each attention module's ``masked_key_indices`` (``(batch, heads, positions)``), which
+    is cleared for the next case."""
+    kept = []
+    for layer in model.model.layers:
+        _, head_idx, positions = layer.self_attn.masked_key_indices
+        mask = torch.ones(heads, length, dtype=torch.bool)
+        mask[head_idx, positions] = False
+        kept.append([torch.nonzero(row).flatten().tolist() for row in mask])
+        layer.self_attn.masked_key_indices = None
+    return kept
+
+
 class Tracker:
     """Follows every cache row's absolute position through the press's hook, per layer and KV head."""
 

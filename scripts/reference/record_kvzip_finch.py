@@ -39,7 +39,7 @@ from tokenizers import Tokenizer, models
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record_kvpress import MODEL_CONFIG  # the tiny Llama whose weights are inputs.safetensors
+from record_kvpress import MODEL_CONFIG, kept_after_masking  # the tiny Llama whose weights are inputs.safetensors
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "reference"
@@ -116,13 +116,7 @@ def record_kvzip(out: Path) -> list[dict]:
             cache = DynamicCache()
             with torch.no_grad(), press(model):
                 model.model(input_ids=torch.tensor([ids]), past_key_values=cache)
-            kept = []
-            for layer in model.model.layers:
-                _, heads, positions = layer.self_attn.masked_key_indices
-                mask = torch.ones(MODEL_CONFIG["num_key_value_heads"], length, dtype=torch.bool)
-                mask[heads, positions] = False
-                kept.append([torch.nonzero(row).flatten().tolist() for row in mask])
-                layer.self_attn.masked_key_indices = None
+            kept = kept_after_masking(model, MODEL_CONFIG["num_key_value_heads"], length)
             cases.append(
                 {
                     "dtype": dtype_name,

@@ -52,6 +52,7 @@ from record_kvpress import (  # noqa: E402
     FORMAT_VERSION,
     ScoreTables,
     float32_list,
+    kept_after_masking,
     run_model_prefill,
     settings_of,
     versions,
@@ -126,13 +127,7 @@ def record_fastkvzip(name: str, model_folder: Path, gate_file: Path, lengths, ra
                 press.compress_post = capture
                 with torch.no_grad(), press(model):
                     model.model(input_ids=ids, past_key_values=DynamicCache())
-                kept = []
-                for layer in model.model.layers:
-                    _, head_idx, positions = layer.self_attn.masked_key_indices
-                    mask = torch.ones(heads, length, dtype=torch.bool)
-                    mask[head_idx, positions] = False
-                    kept.append([torch.nonzero(row).flatten().tolist() for row in mask])
-                    layer.self_attn.masked_key_indices = None
+                kept = kept_after_masking(model, heads, length)
                 cases.append(
                     {
                         "dtype": dtype_name,

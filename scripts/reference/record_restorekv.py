@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
-from record_kvpress import settings_of, versions  # noqa: E402
+from record_kvpress import kept_after_masking, settings_of, versions  # noqa: E402
 
 from tests.reference_recordings import checksum  # noqa: E402  (torch + safetensors only)
 
@@ -99,13 +99,7 @@ def main() -> int:
             press.compress_post = capture
             with torch.no_grad(), press(model):
                 model.model(input_ids=ids, past_key_values=DynamicCache())
-            kept = []
-            for layer in model.model.layers:
-                _, head_idx, positions = layer.self_attn.masked_key_indices
-                mask = torch.ones(heads, length, dtype=torch.bool)
-                mask[head_idx, positions] = False
-                kept.append([torch.nonzero(row).flatten().tolist() for row in mask])
-                layer.self_attn.masked_key_indices = None
+            kept = kept_after_masking(model, heads, length)
             key = f"{dtype_name}/S{length}/c{ratio}/{'layerwise' if layerwise else 'global'}"
             tensors[f"{key}/keys"] = captured["keys"].contiguous()
             tensors[f"{key}/values"] = captured["values"].contiguous()
