@@ -86,10 +86,6 @@ def compose_config(
             cfg.budget = _group_config("budget", budget, BudgetConfig)
     except (HydraException, OmegaConfBaseException) as err:
         raise KVBenchError(hydra_error_message(err, all_overrides)) from err
-    if any(line.startswith("++method.params.") for line in all_overrides):  # a knob the preset may not list
-        from kvbench.app.validation import check_method_knobs
-
-        check_method_knobs(cfg)
     return cfg
 
 
@@ -247,6 +243,7 @@ def evaluate(
         check_min("limit", limit, 1, "samples per dataset, the first N; None for all", error=KVBenchError)
     if question_mode is not None:
         check_choice("question_mode", question_mode, QUESTION_MODES, error=KVBenchError)
+    from kvbench.app.validation import validate_run
     from kvbench.inference.press import kvbench_attention
     from kvbench.models.loading import LoadedModel, input_device
     from kvbench.run.runner import Runner
@@ -268,7 +265,7 @@ def evaluate(
         if overrides:
             cfg = _apply_overrides(cfg, overrides)
         loaded = LoadedModel(model=model, tokenizer=tokenizer, device=input_device(model))
-        runner = Runner(cfg, loaded=loaded)
+        runner = Runner(validate_run(cfg, check_model=False), loaded=loaded)
         with kvbench_attention(model), environment_errors():  # disk full, permission denied: one KVBenchError
             results = runner.run()
         return Evaluation(

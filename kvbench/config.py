@@ -194,7 +194,7 @@ class RunConfig:
     share_prefill: bool = True
     #: Most jobs per shared-prefill group (null: every shareable job of the sweep); bounds the caches held at once.
     prefill_group_size: Optional[int] = None
-    #: Set by a cluster-launcher sweep (kvbench/run/shared_tasks.py): the manifest of its shared-prefill tasks and
+    #: Set by a cluster-launcher sweep (kvbench/app/shared_tasks.py): the manifest of its shared-prefill tasks and
     #: the line this job runs; not set by hand.
     shared_tasks: Optional[str] = None
     shared_task: Optional[int] = None

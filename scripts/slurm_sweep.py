@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Sweep manifests for plain SLURM arrays (no submitit needed); the logic lives in kvbench/run/sweep.py.
+"""Sweep manifests for plain SLURM arrays (no submitit needed); the logic lives in kvbench/app/sweep.py.
 
 Write the manifest of an experiment's unfinished jobs (and print the sbatch command)::
 
@@ -28,8 +28,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from kvbench.app import sweep
 from kvbench.errors import KVBenchError
-from kvbench.run import sweep
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.exec_manifest is not None:
             manifest = args.exec_manifest.resolve()
             index = args.index if args.index is not None else sweep.task_index(args.offset)
-            from kvbench.cli import reporting_errors
+            from kvbench.app.cli import reporting_errors
 
             with reporting_errors():  # a line of several jobs runs here; a single job replaces this process
                 sweep.exec_line(sweep.manifest_line(manifest, index), check=not args.no_check)

@@ -423,8 +423,8 @@ def write_table(out: Path, rows: list[dict]) -> str:
 def dry_run(out: Path, phases: list[int]) -> int:
     """Compose and check every planned run's config as :func:`run_grid` would run it, loading no model; prints one
     line per run and returns the count (a config that does not compose raises, naming it)."""
+    from kvbench.app.sweep import Composer
     from kvbench.app.validation import validate
-    from kvbench.run.sweep import Composer
 
     planned = planned_runs(phases)
     composer = Composer()  # one Hydra context for every run (as a sweep's planner composes its jobs)

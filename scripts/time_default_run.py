@@ -6,7 +6,7 @@ clone does) and records its wall time, its CPU time (user + system, from ``getru
 average before and after, and the number of cores, to ``results/bench/default_run.csv``.  CPU seconds depend little
 on what else the machine runs; wall seconds on a shared machine do, so the load is part of every row.  The command
 runs as a user types it: no thread setting in its environment (the embedded default sets its own, one torch thread:
-:data:`kvbench.demo.DEMO_THREADS`); ``--print-table`` also prints the table the run printed::
+:data:`kvbench.app.demo.DEMO_THREADS`); ``--print-table`` also prints the table the run printed::
 
     python scripts/time_default_run.py --repeat 1 [--checkout PATH] [--label mine]
 

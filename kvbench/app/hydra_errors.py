@@ -1,5 +1,5 @@
 """Hydra's and OmegaConf's composition errors as one paragraph naming the bad key or value, the valid choices and
-the fix (:func:`hydra_error_message`), shared by the CLI (:mod:`kvbench.cli`) and the API
+the fix (:func:`hydra_error_message`), shared by the CLI (:mod:`kvbench.app.cli`) and the API
 (:func:`kvbench.api.compose_config`) from below both.
 """
 

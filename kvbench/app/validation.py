@@ -10,8 +10,10 @@
    no other process holds the run folder.
 3. :func:`validate` -- needs torch (lazily imported): the method family builds with its parameters (the families'
    ``parse_params``), the task kind is registered.  :func:`validate_run` runs the three stages once and returns a
-   :class:`ValidatedRun` (the config with the method and budget it built), which ``run.py`` passes to the runner.
-   The runner then checks the device, loads the tokenizer and reads every selected dataset, :func:`check_samples`,
+   :class:`~kvbench.run.validated.ValidatedRun` (the config with the method and budget it built), which every
+   caller of the runner passes to it (``run.py``, :func:`kvbench.evaluate`, a sweep's groups): the runner never
+   validates again.  It then checks the device, loads the tokenizer and reads every selected dataset
+   (:func:`kvbench.tasks.base.check_samples`),
    before the model's weights load and before anything is written under ``results/``.
 
 Every failure is a :class:`~kvbench.errors.KVBenchError` whose message names the key and value, the valid
@@ -46,6 +48,7 @@ from kvbench.config import (
 from kvbench.errors import KVBenchError
 from kvbench.models.source import resolve_model_source
 from kvbench.resources import conf_dir
+from kvbench.run.validated import ValidatedRun
 from kvbench.storage.folder import check_not_locked
 from kvbench.storage.paths import check_run_folder_path, output_root, run_folder
 
@@ -327,17 +330,6 @@ def validate(cfg: DictConfig) -> tuple[Any, Any]:
     return _build_run(cfg)
 
 
-@dataclasses.dataclass(frozen=True)
-class ValidatedRun:
-    """A config that passed every stage, with what validation built from it: the
-    :class:`~kvbench.eviction.base.EvictionMethod` (fresh: no sample has run through it) and the
-    :class:`~kvbench.budget.Budget`.  The runner takes these instead of validating and building again."""
-
-    cfg: DictConfig
-    method: Any
-    budget: Any
-
-
 def validate_run(cfg: DictConfig, check_model: bool = True) -> ValidatedRun:
     """Stages 1, 2 and 3 once, in that order (``python run.py``'s; ``check_model=False``: the caller loaded the
     model itself, :func:`kvbench.evaluate`); returns the validated config with the method and budget it built."""
@@ -371,25 +363,3 @@ def _build_run(cfg: DictConfig) -> tuple[Any, Any]:
     except ValueError as err:
         raise KVBenchError(str(err)) from None
     return method, budget
-
-
-def check_samples(dataset: str, samples: Sequence[Any], source: str) -> None:
-    """A dataset's samples are usable: at least one, unique ids, a non-empty context string."""
-    if not samples:
-        raise KVBenchError(
-            f"dataset {dataset!r} has no samples (source: {source}). Check the data file, or leave the dataset out "
-            "with task.datasets=[...]."
-        )
-    seen: set[str] = set()
-    for index, sample in enumerate(samples):
-        if sample.id in seen:
-            raise KVBenchError(
-                f"dataset {dataset!r} has two samples with id {sample.id!r} (source: {source}); ids must be unique "
-                "for results to resume. Fix the data file."
-            )
-        seen.add(sample.id)
-        if not isinstance(sample.context, str) or not sample.context.strip():
-            raise KVBenchError(
-                f"dataset {dataset!r}, sample {sample.id!r} (#{index}): the context string is empty (source: "
-                f"{source}); every prompt needs a context to compress. Fix or remove that line."
-            )

@@ -21,7 +21,7 @@ def main() -> None:
     lm-eval's CLI on ``sys.argv``.  A bad value -- found before lm-eval loads a task or the model, or by kvbench
     later (a damaged model folder included) -- and a full disk or refused permission are one paragraph on stderr and
     exit status 2, as with ``run.py``."""
-    from kvbench.cli import report_user_error
+    from kvbench.app.cli import report_user_error
     from kvbench.lmeval.args import precheck_argv
 
     try:

@@ -3,8 +3,10 @@
 Order of work (nothing is written under ``results/`` until every input has been validated and the data checked; a
 run that fails before its first prediction leaves no trace):
 
-1. validate the config, the environment (model, data folder, packages, results root, and that no other process
-   holds the run folder), method, budget and task kind (:mod:`kvbench.app.validation`);
+1. take a validated run (:class:`~kvbench.run.validated.ValidatedRun`): its caller validated the config, the
+   environment (model, data folder, packages, results root, and that no other process holds the run folder),
+   method, budget and task kind in one pass (:func:`kvbench.app.validation.validate_run`); the runner builds nothing
+   again;
 2. load the tokenizer, build the task's datasets and load and check every sample of every selected dataset;
 3. claim the run folder (:mod:`kvbench.storage.folder`): create it and lock it (two processes never work in one run
    folder at once; the second fails clearly, or waits up to ``$KVBENCH_LOCK_WAIT`` seconds), check that an
@@ -22,7 +24,7 @@ run that fails before its first prediction leaves no trace):
 
 A progress bar (``run.progress``) covers step 2's sample preparation (dataset by dataset: RULER/NeedleBench
 generation, LongBench loading) and step 4's inference (sample by sample).  :func:`kvbench.evaluate` runs this same
-runner on a model the caller loaded (``Runner(cfg, loaded=...)``).
+runner on a model the caller loaded (``Runner(validate_run(cfg, check_model=False), loaded=...)``).
 
 SIGTERM (SLURM preemption or time limit) raises :class:`Interrupted` at once while a sample is being generated,
 but never while a prediction row or ``metrics.json`` is being written: those writes finish first.  The run then
@@ -39,7 +41,7 @@ results writer (:mod:`kvbench.run.records`), SIGTERM handling
 (:mod:`kvbench.storage.termination`), provenance (:mod:`kvbench.storage.provenance`), the score table
 (:mod:`kvbench.run.table`), the sample cache and W&B; grouped datasets' generation (:mod:`kvbench.run.groups`).
 
-Size: over 500 lines (about 535): the order of work above stays in one class, so it reads top to bottom.
+Size: over 500 lines (about 540): the order of work above stays in one class, so it reads top to bottom.
 """
 
 from __future__ import annotations
@@ -56,7 +58,6 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from kvbench.app.validation import ValidatedRun, check_samples, validate_run
 from kvbench.errors import Interrupted, KVBenchError
 from kvbench.inference.generate import last_token_ids
 from kvbench.inference.prefill import check_kv_quant_model
@@ -96,6 +97,7 @@ from kvbench.run.run_meta import write_run_files
 from kvbench.run.scoring import score_rows
 from kvbench.run.summary import SUMMARY_FILE, DatasetScores, build_summary, interval_of, sample_scores
 from kvbench.run.table import format_table
+from kvbench.run.validated import ValidatedRun
 from kvbench.storage.folder import claim_run_folder
 from kvbench.storage.paths import output_root, run_folder
 from kvbench.storage.provenance import now
@@ -111,7 +113,7 @@ from kvbench.storage.writers import (
     atomic_write_json,
     config_hash,
 )
-from kvbench.tasks.base import Sample, TaskDataset, build_task
+from kvbench.tasks.base import Sample, TaskDataset, build_task, check_samples
 from kvbench.tasks.provenance import stand_in_warnings
 
 LOG = logging.getLogger(__name__)
@@ -140,18 +142,19 @@ def warn_if_above_full(record: Any, cfg: DictConfig) -> None:
 class Runner:
     """Runs one configuration end to end (see module docstring)."""
 
-    def __init__(
-        self, cfg: DictConfig, loaded: LoadedModel | None = None, validated: ValidatedRun | None = None
-    ) -> None:
-        """``loaded``: a model and tokenizer the caller loaded (:func:`kvbench.evaluate`), used instead of loading
-        ``cfg.model``'s weights (whose ``path`` is then provenance only, not checked).  ``validated``: ``cfg``
-        already validated (:func:`kvbench.app.validation.validate_run`, as ``run.py`` does), whose method and budget
-        the runner uses instead of validating and building again."""
-        if validated is not None and validated.cfg is not cfg:
-            raise ValueError("validated holds another config than cfg: pass validate_run(cfg) of this cfg")
+    def __init__(self, validated: ValidatedRun, loaded: LoadedModel | None = None) -> None:
+        """``validated``: the run's config as validated (:func:`kvbench.app.validation.validate_run`, as ``run.py``
+        does), with the method and budget validation built.  ``loaded``: a model and tokenizer the caller loaded
+        (:func:`kvbench.evaluate`, which validates with ``check_model=False``), used instead of loading
+        ``cfg.model``'s weights (whose ``path`` is then provenance only, not checked)."""
+        if not isinstance(validated, ValidatedRun):
+            raise TypeError(
+                f"Runner takes a validated run, not {type(validated).__name__}: "
+                "Runner(kvbench.app.validation.validate_run(cfg))"
+            )
+        cfg = validated.cfg
         self.cfg = cfg
         self.loaded = loaded
-        validated = validated or validate_run(cfg, check_model=loaded is None)
         self.method, self.budget = validated.method, validated.budget
         if loaded is None and check_device_map(cfg.model.get("device_map")) is None:
             resolve_device(str(cfg.model.device))

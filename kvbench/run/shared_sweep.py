@@ -24,7 +24,7 @@ has finished.
 
 A failure of the group (an error in the shared forward, or one job's) fails every job still running: each records
 status ``failed`` and keeps the rows written so far; the same command resumes them (the CLI runs the jobs of a failed
-group alone: :mod:`kvbench.cli`).
+group alone: :mod:`kvbench.app.cli`, planned by :mod:`kvbench.app.sweep_sharing`).
 """
 
 from __future__ import annotations
@@ -33,27 +33,22 @@ import logging
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
 
-from kvbench.app.validation import ValidatedRun, validate_run
-from kvbench.errors import KVBenchError
 from kvbench.inference.generate import decode_prefilled
 from kvbench.inference.shared_prefill import JobRandom, PrefillJob, shared_prefill
 from kvbench.kernels.paths import ATTENTION_RECORD
 from kvbench.models.loading import LoadedModel, load_model, load_tokenizer
 from kvbench.run.generation import stop_rules
 from kvbench.run.job import PendingGeneration
-from kvbench.run.prefill_groups import dataset_unshared_reason, group_jobs, group_size, prefill_key, unshared_reason
+from kvbench.run.prefill_groups import dataset_unshared_reason
 from kvbench.run.records import DatasetResult
 from kvbench.run.resume import check_existing_run
 from kvbench.run.runner import Runner, _progress, _wandb_logger
+from kvbench.run.validated import ValidatedRun
 from kvbench.storage.folder import claim_run_folder
-from kvbench.storage.paths import run_folder
 from kvbench.storage.termination import graceful_termination
-from kvbench.storage.writers import config_hash
 from kvbench.tasks.base import Sample, TaskDataset
 
 LOG = logging.getLogger(__name__)
@@ -89,7 +84,7 @@ def run_group(validated: Sequence[ValidatedRun]) -> list[list[DatasetResult]]:
     """
     if not validated:
         return []
-    members = [_Member(Runner(item.cfg, validated=item)) for item in validated]
+    members = [_Member(Runner(item)) for item in validated]
     lead = members[0].runner
     cfg = lead.cfg
     if cfg.run.threads:
@@ -194,87 +189,3 @@ def _generate_shared(
     finally:
         if hasattr(bar, "close"):
             bar.close()
-
-
-def group_labels(cfgs: Sequence[DictConfig]) -> str:
-    """``method/budget`` of each job of a group, for logs and listings."""
-    return ", ".join(f"{cfg.method.name}/{cfg.budget.name}" for cfg in cfgs)
-
-
-class SweepSharing:
-    """A local ``-m`` sweep's shared-prefill groups (:mod:`kvbench.cli`): built from the sweep's composed jobs before
-    the first one runs; the first job of a group that Hydra runs runs the whole group (:func:`run_group`), the
-    group's other jobs then have nothing left to do.  A job of a failed group, or one whose config is not the one
-    composed beforehand, runs alone (resuming what the group wrote)."""
-
-    def __init__(self) -> None:
-        #: Run folder -> the group of its job (groups of two jobs or more only).
-        self.groups: dict[Path, _Group] = {}
-        #: Run folder -> why its job runs its own prefill (``run_meta.json``'s ``prefill_sharing``).
-        self.alone: dict[Path, str] = {}
-
-    @classmethod
-    def plan(cls, cfgs: Sequence[DictConfig]) -> SweepSharing:
-        """Group the sweep's valid jobs' configs (:mod:`kvbench.run.prefill_groups`)."""
-        sharing = cls()
-        runs, keys = [], []
-        for cfg in cfgs:
-            try:
-                run = validate_run(cfg)
-            except KVBenchError:  # reported when the job runs
-                continue
-            reason = unshared_reason(cfg, run.method)
-            runs.append(run)
-            keys.append(None if reason else prefill_key(cfg, run.method))
-            if reason:
-                sharing.alone[run_folder(cfg)] = reason
-        size = group_size(cfgs[0]) if cfgs else None
-        for indices in group_jobs(keys, size):
-            folders = [run_folder(runs[index].cfg) for index in indices]
-            if len(indices) == 1:
-                sharing.alone.setdefault(folders[0], "no other job of the sweep has the same prefill settings")
-                continue
-            group = _Group([runs[index] for index in indices])
-            sharing.groups.update(dict.fromkeys(folders, group))
-        return sharing
-
-    def listing(self) -> list[str]:
-        """One line per group of two jobs or more: its jobs (``method/budget``)."""
-        seen: list[_Group] = []
-        for group in self.groups.values():
-            if all(group is not other for other in seen):
-                seen.append(group)
-        return [f"shared prefill x{len(g.runs)}: {group_labels([r.cfg for r in g.runs])}" for g in seen]
-
-    def run_job(self, cfg: DictConfig) -> bool:
-        """Run the job of ``cfg`` with its group when it has one: ``True`` when the group ran it (now, or earlier in
-        the sweep), ``False`` when the caller runs it alone (no group, a failed group, another config)."""
-        folder = run_folder(cfg)
-        group = self.groups.get(folder)
-        if group is None or group.state == "failed":
-            return False
-        if group.state == "done":
-            return True
-        runs = list(group.runs)
-        for index, run in enumerate(runs):
-            if run_folder(run.cfg) == folder:
-                if config_hash(run.cfg) != config_hash(cfg):
-                    return False  # composed otherwise than Hydra's: alone
-                runs[index] = validate_run(cfg)
-        group.state = "failed"
-        LOG.info("shared prefill for %d jobs: %s", len(runs), group_labels([run.cfg for run in runs]))
-        run_group(runs)
-        group.state = "done"
-        return True
-
-    def reason(self, cfg: DictConfig) -> str | None:
-        """Why the job of ``cfg`` runs alone in this sweep, if the plan says."""
-        return self.alone.get(run_folder(cfg))
-
-
-class _Group:
-    """The jobs of one group and whether it ran (``pending``, ``done``, ``failed``)."""
-
-    def __init__(self, runs: list[ValidatedRun]) -> None:
-        self.runs = runs
-        self.state = "pending"

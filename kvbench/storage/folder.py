@@ -368,7 +368,7 @@ def _first_missing(folder: Path) -> Path | None:
 
 
 #: Every run folder this process set out to claim (:func:`claim_run_folder`), in order: a command that claimed none
-#: was refused before its run started (:func:`kvbench.cli.run_job` then removes Hydra's logs of it).
+#: was refused before its run started (:func:`kvbench.app.cli.run_job` then removes Hydra's logs of it).
 CLAIMED_FOLDERS: list[Path] = []
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from kvbench.errors import KVBenchError
 from kvbench.registry import Registry, submodule_importer
 from kvbench.sample import Sample
 
@@ -278,3 +279,25 @@ def register_data_preparer(name: str) -> Callable[[DataPreparer], DataPreparer]:
 def data_preparers() -> dict[str, DataPreparer]:
     """All registered data preparers by benchmark name (imports the built-in task modules first)."""
     return DATA_PREPARERS.as_dict()
+
+
+def check_samples(dataset: str, samples: Sequence[Any], source: str) -> None:
+    """A dataset's samples are usable: at least one, unique ids, a non-empty context string."""
+    if not samples:
+        raise KVBenchError(
+            f"dataset {dataset!r} has no samples (source: {source}). Check the data file, or leave the dataset out "
+            "with task.datasets=[...]."
+        )
+    seen: set[str] = set()
+    for index, sample in enumerate(samples):
+        if sample.id in seen:
+            raise KVBenchError(
+                f"dataset {dataset!r} has two samples with id {sample.id!r} (source: {source}); ids must be unique "
+                "for results to resume. Fix the data file."
+            )
+        seen.add(sample.id)
+        if not isinstance(sample.context, str) or not sample.context.strip():
+            raise KVBenchError(
+                f"dataset {dataset!r}, sample {sample.id!r} (#{index}): the context string is empty (source: "
+                f"{source}); every prompt needs a context to compress. Fix or remove that line."
+            )

@@ -3,7 +3,7 @@
 Every case asserts the exit status (2), that the message names the bad value (and the valid choices or the fix),
 that there is no traceback, and that the results tree is byte-for-byte what it was (a hash of every path, mode and
 content under it, which already holds a finished run).  Most cases run in-process exactly as ``run.py`` runs a job
-(:func:`kvbench.cli.run_job`, Hydra's errors through :func:`kvbench.cli.reporting_hydra_errors`); a few run
+(:func:`kvbench.app.cli.run_job`, Hydra's errors through :func:`kvbench.app.cli.reporting_hydra_errors`); a few run
 ``run.py`` itself, to check the wiring and that the cheap checks fail before torch is imported.
 
 Cost: about 15 s on 2 cores (8 subprocesses that stop before torch, ~1 s each; the in-process cases need no model
@@ -24,7 +24,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from kvbench.cli import reporting_hydra_errors, run_job
+from kvbench.app.cli import reporting_hydra_errors, run_job
+from kvbench.app.validation import validate_run
 from kvbench.config import register_configs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -232,9 +233,8 @@ def test_bad_data_fails_before_the_model_loads_and_writes_nothing(
 
 
 def test_empty_context_is_refused() -> None:
-    from kvbench.app.validation import check_samples
     from kvbench.errors import KVBenchError
-    from kvbench.tasks.base import Sample
+    from kvbench.tasks.base import Sample, check_samples
 
     good = Sample(id="a", context="some text", question="q?", answers=["x"])
     check_samples("ds", [good], "here")
@@ -356,19 +356,19 @@ def test_run_failing_before_its_first_prediction_leaves_no_folder(root: Path, mo
     before = tree_hash(root)
     monkeypatch.setattr(kvbench.run.generation, "generate", broken_generate)
     with pytest.raises(RuntimeError, match="simulated"):
-        Runner(tiny_cfg(root, "method=streamingllm")).run()
+        Runner(validate_run(tiny_cfg(root, "method=streamingllm"))).run()
     assert tree_hash(root) == before
     assert not (root / "tiny" / "tiny_niah" / "streamingllm").exists()
     monkeypatch.setattr(kvbench.run.generation, "generate", real_generate)
-    Runner(tiny_cfg(root, "method=streamingllm", "method.params.window=8")).run()
+    Runner(validate_run(tiny_cfg(root, "method=streamingllm", "method.params.window=8"))).run()
     assert (root / "tiny" / "tiny_niah" / "streamingllm" / "64L" / "niah_single_1k" / "metrics.json").exists()
 
 
 def test_folder_of_a_killed_run_without_predictions_is_replaced_with_a_note(root: Path, capsys) -> None:
     """What a run killed before its first prediction leaves (config, meta, an empty log) does not block a run
     with another config; the sweep planner counts that job as new."""
+    from kvbench.app.sweep import Job, classify
     from kvbench.run.runner import Runner, config_hash
-    from kvbench.run.sweep import Job, classify
 
     folder = root / "tiny" / "tiny_niah" / "h2o" / "64L"
     (folder / "niah_single_1k").mkdir(parents=True)
@@ -380,7 +380,7 @@ def test_folder_of_a_killed_run_without_predictions_is_replaced_with_a_note(root
     classify(job, cfg)
     assert job.state == "new"
     capsys.readouterr()
-    Runner(cfg).run()
+    Runner(validate_run(cfg)).run()
     assert capsys.readouterr().err.count("stopped before writing any prediction; this run replaces it") == 1
     meta = json.loads((folder / "run_meta.json").read_text())
     assert meta["config_hash"] == config_hash(cfg) and meta["status"] == "complete"
@@ -537,15 +537,15 @@ def test_bad_lock_wait_is_reported_before_the_model(root: Path, capsys, monkeypa
 def test_num_samples_is_the_extent_of_a_run(tmp_path: Path, capsys) -> None:
     """More samples continue the same folder keeping the first predictions byte for byte; fewer report on the
     first N without deleting or rewriting anything; the config hash does not depend on the count."""
+    from kvbench.app.sweep import Job, classify
     from kvbench.run.runner import Runner
-    from kvbench.run.sweep import Job, classify
     from kvbench.storage.writers import config_hash
 
     root = tmp_path / "runs"
     shared = ["task.lengths=[1024]", "task.datasets=[niah_single_1k]", "run.print_table=true"]
     folder = root / "tiny" / "tiny_niah" / "snapkv" / "64L"
     dataset = folder / "niah_single_1k"
-    Runner(tiny_cfg(root, *shared, "task.num_samples=2")).run()
+    Runner(validate_run(tiny_cfg(root, *shared, "task.num_samples=2"))).run()
     first = (dataset / "predictions.jsonl").read_bytes()
     assert len(first.splitlines()) == 2
     capsys.readouterr()
@@ -561,7 +561,7 @@ def test_num_samples_is_the_extent_of_a_run(tmp_path: Path, capsys) -> None:
         *(f"niah_single_1k/{name}" for name in ("predictions.jsonl", "metrics.json")),
     ]
     before = {name: (folder / name).read_bytes() for name in kept}
-    (result,) = Runner(fewer).run()
+    (result,) = Runner(validate_run(fewer)).run()
     assert (result.n_samples, result.first_of) == (1, 2)
     assert "(first 1 of 2)" in capsys.readouterr().out
     assert {name: (folder / name).read_bytes() for name in kept} == before  # nothing deleted or rewritten
@@ -570,7 +570,7 @@ def test_num_samples_is_the_extent_of_a_run(tmp_path: Path, capsys) -> None:
     job = Job([])
     classify(job, more)
     assert job.state == "partial"
-    (result,) = Runner(more).run()
+    (result,) = Runner(validate_run(more)).run()
     grown = (dataset / "predictions.jsonl").read_bytes()
     assert grown.startswith(first) and len(grown.splitlines()) == 3
     metrics = json.loads((dataset / "metrics.json").read_text())
@@ -599,9 +599,9 @@ def test_tiny_niah_sample_i_does_not_depend_on_the_count() -> None:
     ],
 )
 def test_kvbench_and_run_py_keep_the_embedded_default_for_extent_overrides(overrides: list[str], demo: bool) -> None:
-    """``kvbench task.num_samples=2`` and ``python run.py task.num_samples=2`` (one function, kvbench.cli.main) run
+    """``kvbench task.num_samples=2`` and ``python run.py task.num_samples=2`` (one function, kvbench.app.cli.main) run
     the embedded default's comparison on 2 samples; choosing a preset or a tag runs that one configuration."""
-    from kvbench.cli import demo_overrides
+    from kvbench.app.cli import demo_overrides
 
     assert demo_overrides(overrides) is demo
 

@@ -8,7 +8,7 @@ each command sees the results of the ones before it, as a user's checkout does),
   :data:`REDUCED` (``python run.py`` -> ``python run.py task.num_samples=2``: the quicker look the page itself
   offers), so that the commands after it meet the folders it leaves, as a user's do.
 * ``<!-- compose-only: <why> -->``: too long to run here; each command is composed instead: a ``run.py`` sweep's
-  every job through the sweep planner (:func:`kvbench.run.sweep.plan`: composed, validated, and a folder of its
+  every job through the sweep planner (:func:`kvbench.app.sweep.plan`: composed, validated, and a folder of its
   own), a single run through ``run.py``'s config checks, ``scripts/smollm2_grid.py run`` with ``--dry-run`` (the
   default phases limited to :data:`GRID_PHASES_COMPOSED`), ``make <target>`` with ``make -n``.
 * ``<!-- not-runnable: <why> -->``: installs and the installed ``kvbench`` command (``tests/packaging`` runs those
@@ -59,7 +59,7 @@ def compose_shown(argv: list[str], cwd: Path) -> str:
     if argv[:2] == ["python", "run.py"]:
         overrides = argv[2:]
         if "-m" in overrides:
-            from kvbench.run import sweep
+            from kvbench.app import sweep
 
             jobs = sweep.plan(
                 None, [o for o in overrides if o != "-m"], name="getting-started", check_environment=False

@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+from kvbench.app.validation import validate_run
 from kvbench.config import register_configs
 from kvbench.models.loading import REAL_VOCAB_MODELS
 from kvbench.models.tokenizers import build_tokenizer
@@ -69,7 +70,7 @@ def compose_cfg(tmp_path: Path, model: str, *overrides: str):
 def run(tmp_path: Path, model: str, *overrides: str):
     """Run through the runner; returns the config, the run folder and ``{dataset: predictions rows}``."""
     cfg = compose_cfg(tmp_path, model, *overrides)
-    runner = Runner(cfg)
+    runner = Runner(validate_run(cfg))
     results = runner.run()
     rows = {}
     for result in results:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+from kvbench.app.validation import validate_run
 from kvbench.config import register_configs
 from kvbench.run.runner import Runner
 
@@ -32,7 +33,7 @@ def run(tmp_path: Path, *overrides: str) -> tuple[Path, list]:
                 *overrides,
             ],
         )
-        results = Runner(cfg).run()
+        results = Runner(validate_run(cfg)).run()
         folder = tmp_path / cfg.model.name / cfg.task.name / "snapkv" / "64L"
         return folder, results
 

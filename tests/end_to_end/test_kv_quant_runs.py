@@ -16,6 +16,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from kvbench.api import compose_config
+from kvbench.app.validation import validate_run
 from kvbench.reporting.dashboard_data import load_dashboard_runs
 from kvbench.reporting.pivot import headline, pivots
 from kvbench.run.runner import Runner
@@ -38,7 +39,7 @@ def runs(tmp_path_factory) -> Path:
     for method, budget, quant in (("snapkv", "0.5x", "kivi4"), ("full", "64L", "kivi2"), ("full", "full", "none")):
         cfg = compose_config(method=method, budget=budget, overrides=[*SHORT, f"kv_quant={quant}"])
         cfg.run.output_root = str(root)
-        Runner(cfg).run()
+        Runner(validate_run(cfg)).run()
     return root
 
 

@@ -25,6 +25,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from kvbench.app.overrides import prepare_overrides
+from kvbench.app.validation import validate_run
 from kvbench.config import register_configs
 from kvbench.eviction.base import METHOD_FAMILIES, method_families
 from kvbench.run.runner import Runner
@@ -93,7 +94,7 @@ def test_method_runs_with_every_budget(tmp_path: Path, method: str) -> None:
                     ]
                 ),
             )
-            results = Runner(cfg).run()
+            results = Runner(validate_run(cfg)).run()
             assert len(results) == 1
             name = cfg.method.name
             metrics_path = tmp_path / cfg.model.name / "tiny_niah" / name / budget / "niah_single_1k" / "metrics.json"

@@ -81,7 +81,7 @@ def test_default_run_sets_its_thread_count(
     demo: tuple[str, dict[str, dict[str, float]], dict[str, str]],
 ) -> None:
     """The command runs with OMP_NUM_THREADS=2 (or the caller's) in its environment, yet every run of the comparison
-    ran on one torch thread (kvbench.demo.DEMO_THREADS): its CPU time does not depend on the machine's cores."""
+    ran on one torch thread (kvbench.app.demo.DEMO_THREADS): its CPU time does not depend on the machine's cores."""
     _, _, devices = demo
     assert all(device.endswith(", 1 threads)") for device in devices.values()), devices
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+from kvbench.app.cli import reporting_hydra_errors, run_job
 from kvbench.app.overrides import prepare_overrides
-from kvbench.cli import reporting_hydra_errors, run_job
 from kvbench.config import register_configs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,7 +29,7 @@ BASE = ["task.lengths=[1024]", "task.num_samples=2", f"task.datasets=[{DATASET}]
 def compose_job(root: Path, *overrides: str):
     register_configs()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        # As run.py does (kvbench.cli.main): budget specs and numbers given to a group read as names.
+        # As run.py does (kvbench.app.cli.main): budget specs and numbers given to a group read as names.
         overrides = prepare_overrides([*BASE, f"run.output_root={root}", "run.print_table=false", *overrides])
         return compose("config", overrides=overrides)
 
@@ -67,10 +67,11 @@ def comparable_metrics(path: Path) -> dict:
 @pytest.fixture(scope="session")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A results root holding one finished run (made once per session; never damaged: copy it)."""
+    from kvbench.app.validation import validate_run
     from kvbench.run.runner import Runner
 
     root = tmp_path_factory.mktemp("finished") / "runs"
-    Runner(compose_job(root)).run()
+    Runner(validate_run(compose_job(root))).run()
     return root
 
 

@@ -59,7 +59,7 @@ def test_a_dataset_resumed_by_other_kvbench_code_is_flagged_mixed_code(damaged_r
 
 
 def test_kvbench_report_warns_lists_and_flags_in_one_line_each(damaged_root: Path, tmp_path: Path, capsys) -> None:
-    from kvbench.dashboards import main
+    from kvbench.app.dashboards import main
 
     predictions = damaged_root / RUN / DATASET / "predictions.jsonl"
     predictions.write_text(predictions.read_text().splitlines(keepends=True)[0])

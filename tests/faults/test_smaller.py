@@ -99,7 +99,7 @@ def test_a_read_only_sample_cache_names_the_fix_and_leaves_no_tmp(tmp_path: Path
 
 
 def test_a_budget_spec_with_a_bad_number_is_named_not_a_hydra_group(tmp_path: Path, capsys, monkeypatch) -> None:
-    from kvbench.cli import main
+    from kvbench.app.cli import main
     from tests.faults.conftest import assert_one_line_error
 
     for value in ("0/layer",):
@@ -114,7 +114,7 @@ def test_a_budget_spec_with_a_bad_number_is_named_not_a_hydra_group(tmp_path: Pa
 
 
 def test_a_multirun_flag_after_the_overrides_runs_the_sweep(tmp_path: Path, capsys, monkeypatch) -> None:
-    from kvbench.cli import main
+    from kvbench.app.cli import main
     from tests.faults.conftest import BASE
 
     monkeypatch.chdir(tmp_path)

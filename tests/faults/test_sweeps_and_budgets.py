@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from kvbench.app.cli import check_sweep
 from kvbench.app.validation import check_config
-from kvbench.cli import check_sweep
 from kvbench.errors import KVBenchError
 from kvbench.run.records import warn_if_not_as_asked
 from kvbench.storage.paths import run_folder

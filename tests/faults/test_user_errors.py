@@ -127,7 +127,7 @@ def test_a_number_as_a_preset_is_one_line_on_the_cli_and_one_error_in_the_api(
 
 @pytest.mark.parametrize("command", ["report", "wandb-report"])
 def test_report_out_in_the_way_is_one_line(finished_run: Path, tmp_path: Path, capsys, monkeypatch, command) -> None:
-    from kvbench.cli import main
+    from kvbench.app.cli import main
 
     in_the_way = tmp_path / "a_file"
     in_the_way.write_text("x")

@@ -23,6 +23,7 @@ import torch
 from transformers import LlamaConfig
 
 import kvbench.attention  # noqa: F401  (registers the "kvbench" attention)
+from kvbench.app.validation import validate_run
 from kvbench.bench.random_models import load_method
 from kvbench.budget import parse_budget
 from kvbench.cache.batched import BatchedCache
@@ -290,7 +291,7 @@ def test_runner_on_a_real_tokenizer_architecture_batched_equals_batch_one(tmp_pa
                 f"run.decode_batch={batch}", f"run.output_root={tmp_path / str(batch)}", "run.progress=false",
                 "run.print_table=false",
             ])  # fmt: skip
-        runner = Runner(cfg)
+        runner = Runner(validate_run(cfg))
         runner.run()
         files[batch] = {p.parent.name: _unstamped(p) for p in sorted(runner.folder.rglob("predictions.jsonl"))}
     assert sorted(files[1]) == ["qasper", "samsum"] and files[1] == files[3]
@@ -316,7 +317,7 @@ def test_runner_on_the_embedded_default_batched_equals_batch_one(tmp_path: Path,
                 "task.datasets=[niah_multikey_1k]", "task.num_samples=5", f"run.decode_batch={batch}",
                 f"run.output_root={tmp_path / str(batch)}", "run.progress=false", "run.print_table=false",
             ])  # fmt: skip
-        runner = Runner(cfg)
+        runner = Runner(validate_run(cfg))
         runner.run()
         files.append(_unstamped(runner.folder / "niah_multikey_1k" / "predictions.jsonl"))
         # The run says how it decoded: one at a time, or batched in the shared page pool (issue #46).

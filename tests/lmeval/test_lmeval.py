@@ -16,6 +16,7 @@ lm_eval = pytest.importorskip("lm_eval")
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 
+from kvbench.app.validation import validate_run  # noqa: E402
 from kvbench.budget import parse_budget  # noqa: E402
 from kvbench.config import register_configs  # noqa: E402
 from kvbench.errors import KVBenchError  # noqa: E402
@@ -212,7 +213,7 @@ def test_hydra_task_lmeval_end_to_end(tmp_path: Path, task_dir: Path) -> None:
     ]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
-    results = Runner(cfg).run()
+    results = Runner(validate_run(cfg)).run()
     folder = tmp_path / "tiny-random-llama" / "lmeval" / "snapkv" / "ratio0.2"
     assert [r.dataset for r in results] == ["kv_mc", "kv_gen"]
     metrics = json.loads((folder / "kv_mc" / "metrics.json").read_text())
@@ -225,4 +226,4 @@ def test_hydra_task_lmeval_end_to_end(tmp_path: Path, task_dir: Path) -> None:
     assert gen["metric"] == "exact_match" and gen["n_samples"] == len(GEN_DOCS)
     meta = json.loads((folder / "run_meta.json").read_text())
     assert meta["status"] == "complete" and meta["datasets"] == ["kv_mc", "kv_gen"]
-    assert all(r.skipped for r in Runner(cfg).run())
+    assert all(r.skipped for r in Runner(validate_run(cfg)).run())

@@ -273,6 +273,7 @@ def test_random_allocation_resumed_and_batched_draws_as_the_uninterrupted_run(tm
     resumed to 3 one at a time: the same predictions.jsonl (budgets, predictions), byte for byte."""
     from hydra import compose, initialize_config_dir
 
+    from kvbench.app.validation import validate_run
     from kvbench.config import register_configs
     from kvbench.run.runner import Runner
     from tests.methods.helpers import CONF
@@ -286,7 +287,7 @@ def test_random_allocation_resumed_and_batched_draws_as_the_uninterrupted_run(tm
                 "task.datasets=[niah_single_1k]", f"task.num_samples={samples}", f"run.decode_batch={batch}",
                 f"run.output_root={root}", "run.progress=false", "run.print_table=false",
             ])  # fmt: skip
-        runner = Runner(cfg)
+        runner = Runner(validate_run(cfg))
         runner.run()
         return runner.folder / "niah_single_1k" / "predictions.jsonl"
 

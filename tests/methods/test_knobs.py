@@ -20,9 +20,10 @@ from kvbench.errors import KVBenchError
         ("knorm", "method.params.score_dtype=float32", "its parameters are: allocation, layers, .*keep_window"),
     ],
 )
-def test_an_undeclared_knob_is_an_error_at_composition_listing_the_methods_own(method, override, own) -> None:
+def test_an_undeclared_knob_is_an_error_at_validation_listing_the_methods_own(method, override, own) -> None:
+    """Composing sets the knob (``++``, as ``run.py`` does); the one validation pass refuses it (issue #57)."""
     with pytest.raises(KVBenchError, match=rf"{override.split('=')[0]}.*{own}"):
-        compose_config(method, "64L", overrides=[override])
+        check_method(compose_config(method, "64L", overrides=[override]))
 
 
 @pytest.mark.parametrize(
@@ -109,7 +110,7 @@ def test_think_passes_a_knob_its_preset_does_not_list_to_its_token_method() -> N
     over_knorm = ["method.params.tokens=knorm", "method.params.allocation=ada"]
     refused = r"method.params.kernel_size, .* are not parameters .* are: .*tokens, .*allocation"
     with pytest.raises(KVBenchError, match=refused):
-        compose_config("think", "64L", overrides=over_knorm)
+        check_method(compose_config("think", "64L", overrides=over_knorm))
     vote_knobs = ["kernel_size", "pooling", "pool_padding", "gqa_reduce", "score_dtype"]
     method = check_method(
         compose_config("think", "64L", overrides=[*over_knorm, *(f"~method.params.{k}" for k in vote_knobs)])
@@ -123,12 +124,13 @@ def test_an_unlisted_knob_set_on_the_command_line_runs_and_is_recorded(tmp_path)
     metrics.json's settings record the switch."""
     import json
 
+    from kvbench.app.validation import validate_run
     from kvbench.run.runner import Runner
 
     overrides = ["method.params.evict_on_append=false", "task.lengths=[1024]", "task.datasets=[niah_single_1k]",
                  "task.num_samples=1", f"run.output_root={tmp_path}", "run.progress=false",
                  "run.print_table=false"]  # fmt: skip
-    runner = Runner(compose_config("streamingllm", "64L", model="tiny", overrides=overrides))
+    runner = Runner(validate_run(compose_config("streamingllm", "64L", model="tiny", overrides=overrides)))
     runner.run()
     settings = json.loads((runner.folder / "niah_single_1k" / "metrics.json").read_text())["settings"]
     assert settings["params"] == {"evict_on_append": False} and settings["resolved"]["evict_on_append"] is False

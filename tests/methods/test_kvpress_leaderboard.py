@@ -11,6 +11,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from kvbench.app.overrides import prepare_overrides
+from kvbench.app.validation import validate_run
 from kvbench.budget import BudgetError, parse_budget
 from kvbench.config import budget_choice, register_configs
 from kvbench.eviction.kvpress_pyramid import kvpress_pyramid_budgets
@@ -64,7 +65,7 @@ def test_leaderboard_dry_run_on_a_small_model(tmp_path: Path) -> None:
                 ]
             ),
         )
-    assert len(Runner(cfg).run()) == 1
+    assert len(Runner(validate_run(cfg)).run()) == 1
     folder = tmp_path / "random-llama3.1" / "ruler" / "pyramidkv_kvpress" / "cr0.5~kvpress_lb" / "niah_single_1"
     metrics = json.loads((folder / "metrics.json").read_text())
     prediction = json.loads((folder / "predictions.jsonl").read_text().splitlines()[0])

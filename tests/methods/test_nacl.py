@@ -21,6 +21,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from kvbench.app.validation import validate_run
 from kvbench.budget import parse_budget
 from kvbench.cache.kv_cache import KVBenchCache
 from kvbench.config import register_configs
@@ -305,7 +306,7 @@ def test_runner_end_to_end_is_reproducible(tmp_path: Path):
                 "task.num_samples=1", "task.datasets=[niah_single_1k]", f"run.output_root={tmp_path / attempt}",
                 "run.progress=false", "run.print_table=false",
             ])  # fmt: skip
-        Runner(cfg).run()
+        Runner(validate_run(cfg)).run()
         folder = tmp_path / attempt / "tiny" / "tiny_niah" / "nacl" / "64L" / "niah_single_1k"
         metrics = json.loads((folder / "metrics.json").read_text())
         assert metrics["cache"]["budget_exact"] and metrics["cache"]["samples_evicted"] == 1

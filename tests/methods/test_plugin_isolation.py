@@ -16,8 +16,8 @@ import pytest
 
 import kvbench.eviction.base as base
 import kvbench.eviction.plugins as plugins
+from kvbench.app.cli import main
 from kvbench.app.listing import list_methods
-from kvbench.cli import main
 from kvbench.eviction.base import METHOD_FAMILIES, build_method
 from kvbench.eviction.family import family_class
 from kvbench.eviction.recipe import ScorerMethod

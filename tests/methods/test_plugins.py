@@ -5,7 +5,7 @@ package and version recorded in ``run_meta.json`` and in the config (so in the c
 The run is ``python run.py -m method=keep_largest_norm budget=80L,0.3x,512``, so it is also issue #41 item 5's
 multirun of budget specs (three jobs into the folders 80L, ratio0.3 and 512L; tests/run/test_budget_specs.py checks
 the specs' composition, folders and hashes in process).  The listing and the run share one interpreter
-(:data:`DRIVER`: ``kvbench.cli.main`` with the argv of ``kvbench list methods``, then with the argv of ``python
+(:data:`DRIVER`: ``kvbench.app.cli.main`` with the argv of ``kvbench list methods``, then with the argv of ``python
 run.py ...``; the code paths of the two commands), so the test pays for one start of torch and transformers, not
 three.
 """
@@ -27,10 +27,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fixtures" / "plugin_method"
 #: The budget specs of the multirun and the folders their jobs write.
 SPEC_FOLDERS = {"80L": "80L", "0.3x": "ratio0.3", "512": "512L"}
 #: One interpreter, two commands: ``kvbench list methods`` (its exit status printed after a marker line), then
-#: ``python run.py <argv[1:]>``; both through :func:`kvbench.cli.main`, as the console script and run.py call it.
+#: ``python run.py <argv[1:]>``; both through :func:`kvbench.app.cli.main`, as the console script and run.py call it.
 DRIVER = """
 import sys
-from kvbench.cli import main
+from kvbench.app.cli import main
 run_argv = sys.argv[1:]
 sys.argv = ["kvbench", "list", "methods"]
 try:

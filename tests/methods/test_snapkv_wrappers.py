@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import kvbench
+from kvbench.app.cli import main
 from kvbench.app.validation import validate
-from kvbench.cli import main
 from kvbench.errors import KVBenchError
 from kvbench.eviction.base import UniformHeadAllocator, build_method
 from kvbench.eviction.wrappers import WRAPPER_DEFAULTS
@@ -70,13 +70,13 @@ def test_wrappers_that_do_not_compose_and_families_with_allocators_are_refused()
     with pytest.raises(KVBenchError, match=r"method=cake: method.params.allocation=.ada. is not valid; valid: p2a"):
         validate(kvbench.compose_config(method="cake", budget="64L", overrides=["method.params.allocation=ada"]))
     with pytest.raises(KVBenchError, match=r"params.layers is not a parameter.*its parameters are: .*kernel_size"):
-        kvbench.compose_config(method="pyramidkv", budget="64L", overrides=["method.params.layers=pyramid"])
+        validate(kvbench.compose_config(method="pyramidkv", budget="64L", overrides=["method.params.layers=pyramid"]))
     with pytest.raises(KVBenchError, match="a sweep over presets"):
         kvbench.compose_config(method="snapkv,snapkv_kvpress", budget="64L", overrides=["method.params.layers=pyramid"])
 
 
 def run_py(monkeypatch: pytest.MonkeyPatch, *args: str) -> int:
-    """``python run.py <args>`` in this process (:func:`kvbench.cli.main`, command-line preparation included); its
+    """``python run.py <args>`` in this process (:func:`kvbench.app.cli.main`, command-line preparation included); its
     exit status."""
     monkeypatch.setattr(sys, "argv", ["run.py", *args])
     monkeypatch.setenv("WANDB_MODE", "disabled")

@@ -59,7 +59,7 @@ def test_runs_through_run_py_under_kvpress_ada_allocation(vatp, tmp_path, monkey
     """``python run.py method=vatp_demo budget=64L method.params.allocation=ada_kvpress`` (one sample of one dataset
     of the embedded default): the folder names the wrapper, each layer keeps 64 tokens per KV head on average, split
     unevenly over the heads (Ada-KV), and the run records VATP's knobs."""
-    from kvbench.cli import main
+    from kvbench.app.cli import main
 
     root = tmp_path / "runs"
     args = ["method=vatp_demo", "budget=64L", "method.params.allocation=ada_kvpress", "task.num_samples=1"]

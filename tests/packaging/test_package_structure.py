@@ -56,34 +56,20 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("eviction methods: one file per method family, nothing else (issue #57)", ("kvbench.methods",)),
     ("models and prompts", ("kvbench.models", "kvbench.prompting")),
     ("tasks", ("kvbench.tasks",)),
-    (
-        "the application layer: catalogue, overrides, validation (reads tasks, methods, models; loads nothing)",
-        (
-            "kvbench.app",
-            "kvbench.app.listing",
-            "kvbench.app.overrides",
-            "kvbench.app.validation",
-            "kvbench.app.hydra_errors",
-        ),
-    ),
     ("inference: eviction session, prefill, generation, press hooks", ("kvbench.inference",)),
-    ("one run and its results", ("kvbench.run",)),
+    ("one run and its results: runs what validation hands it, validates nothing", ("kvbench.run",)),
     ("consumers of runs: reporting, the bench", ("kvbench.reporting", "kvbench.bench")),
     (
-        "entry points: public API, CLI, dashboards, demo, the lm-eval bridge",
+        "the application layer (issue #57): CLI, catalogue, overrides, validation in one pass, Hydra's errors, "
+        "sweeps, dashboards, the demo",
+        ("kvbench.app",),
+    ),
+    (
+        "entry points: public API, the lm-eval bridge",
         # kvbench.lmeval_task: the lm-eval task kind, a plug-in that the task registry finds by name
         # (kvbench.tasks.base.PLUGIN_TASK_MODULES; no module of the tasks layer imports it); it builds its datasets
         # with kvbench.lmeval.runner.
-        (
-            "kvbench",
-            "kvbench.__main__",
-            "kvbench.api",
-            "kvbench.cli",
-            "kvbench.dashboards",
-            "kvbench.demo",
-            "kvbench.lmeval",
-            "kvbench.lmeval_task",
-        ),
+        ("kvbench", "kvbench.__main__", "kvbench.api", "kvbench.lmeval", "kvbench.lmeval_task"),
     ),
 ]
 

@@ -91,7 +91,7 @@ def test_dependency_declarations() -> None:
     assert not any("flash" in r for group in extras.values() for r in group)  # no code imports flash-attn
     assert not any(_normalise(r).startswith("rouge") for r in core)  # only the ROUGE cross-check test uses it
     assert any(r.startswith("accelerate") for r in extras["dev"])
-    assert PYPROJECT["project"]["scripts"]["kvbench"] == "kvbench.cli:main"
+    assert PYPROJECT["project"]["scripts"]["kvbench"] == "kvbench.app.cli:main"
     assert PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"] == ["kvbench*"]
 
 
@@ -144,7 +144,7 @@ def test_wheel_contents(tmp_path: Path) -> None:
     source_conf = {str(p.relative_to(REPO)) for p in (REPO / "conf").rglob("*.yaml")}
     assert {n[len(shipped) :] for n in names if n.startswith(shipped + "conf/")} == source_conf
     assert not [n for n in names if n.startswith(shipped) and n.endswith((".py", ".pyc"))]
-    assert "kvbench = kvbench.cli:main" in entry_points
+    assert "kvbench = kvbench.app.cli:main" in entry_points
 
 
 @pytest.fixture(scope="module")

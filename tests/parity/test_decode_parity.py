@@ -17,6 +17,7 @@ import pytest
 import torch
 import yaml
 
+from kvbench.app.validation import validate_run
 from kvbench.cache.kv_cache import KVBenchCache
 from kvbench.eviction.decoding import padded_decode_attention
 from kvbench.methods.ahakv import AhaScorer, sg_multiplier
@@ -117,7 +118,7 @@ def test_recorded_settings_list_only_the_knobs_a_method_uses(tmp_path: Path, nam
                                            "task.lengths=[1024]", "task.num_samples=1",
                                            "task.datasets=[niah_single_1k]", f"run.output_root={tmp_path}",
                                            "run.progress=false", "run.print_table=false"])  # fmt: skip
-    Runner(cfg).run()
+    Runner(validate_run(cfg)).run()
     metrics = json.loads(next(tmp_path.rglob("metrics.json")).read_text())
     assert not absent & set(metrics["settings"]), metrics["settings"]
     assert "reference" in metrics["settings"]
@@ -141,19 +142,19 @@ def test_xkv_sampled_resume_replays_the_calibration(tmp_path: Path) -> None:
     """Kill after one of the two calibration samples, resume: predictions byte-identical to an uninterrupted run."""
     from kvbench.run.runner import Runner
 
-    Runner(_xkv_cfg(tmp_path / "a", [])).run()
+    Runner(validate_run(_xkv_cfg(tmp_path / "a", []))).run()
     full = next((tmp_path / "a").rglob("predictions.jsonl"))
     rows = full.read_text().splitlines()
     states = [json.loads(r)["cache"]["allocator_state"] for r in rows]
     assert [s is not None for s in states] == [True, True, False, False]  # 2 calibrate, 2 reuse their average
     # The interrupted run: only the first prediction was written when it died.
-    Runner(_xkv_cfg(tmp_path / "b", [])).run()
+    Runner(validate_run(_xkv_cfg(tmp_path / "b", []))).run()
     part = next((tmp_path / "b").rglob("predictions.jsonl"))
     part.write_text(rows[0] + "\n")
     for name in ("metrics.json", "timings.jsonl"):
         for path in (tmp_path / "b").rglob(name):
             path.unlink()
-    Runner(_xkv_cfg(tmp_path / "b", [])).run()
+    Runner(validate_run(_xkv_cfg(tmp_path / "b", []))).run()
     resumed = part.read_text().splitlines()
     strip = [json.dumps({k: v for k, v in json.loads(r).items() if k != "timing"}) for r in resumed]
     expected = [json.dumps({k: v for k, v in json.loads(r).items() if k != "timing"}) for r in rows]

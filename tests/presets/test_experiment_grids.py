@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from kvbench.app.sweep import CONF_DIR, Composer, Job, expand_grid, experiment_params
 from kvbench.app.validation import validate
-from kvbench.run.sweep import CONF_DIR, Composer, Job, expand_grid, experiment_params
 
 PRESETS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 

@@ -236,7 +236,7 @@ def test_missing_runs_are_listed(cake_runs):
     command = miss.set_index(["model", "budget", "method"])["command"][(LLAMA2, "128L", "pyramidkv")]
     expected = f"python run.py +experiment=cake_t1 model={LLAMA2} task=longbench method=pyramidkv budget=128L"
     assert command == expected + " task.question_mode=aware"
-    from kvbench.run.sweep import Composer
+    from kvbench.app.sweep import Composer
 
     composer = Composer()
     try:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+from kvbench.app.validation import validate_run
 from kvbench.config import register_configs
 from kvbench.errors import KVBenchError
 from kvbench.run.runner import Runner
@@ -33,7 +34,7 @@ def run(tmp_path: Path, *overrides: str, method: str = "snapkv"):
                 *overrides,
             ],
         )
-        runner = Runner(cfg)
+        runner = Runner(validate_run(cfg))
         return runner.folder, runner.run()
 
 

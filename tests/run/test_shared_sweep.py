@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from kvbench.app.sweep import multirun_jobs
+from kvbench.app.sweep_sharing import SweepSharing
 from kvbench.app.validation import validate_run
 from kvbench.run import shared_sweep
 from kvbench.run.prefill_groups import group_jobs, prefill_key, unshared_reason
 from kvbench.run.runner import Runner
-from kvbench.run.shared_sweep import SweepSharing
-from kvbench.run.sweep import multirun_jobs
 from kvbench.storage.writers import METRICS_FILE, PREDICTIONS_FILE, RUN_META_FILE, config_hash
 
 #: The issue's sweep on the embedded default, one of its datasets (CI time).
@@ -26,10 +26,11 @@ SWEEP = ["-m", "method=snapkv,h2o,tova,cake", "budget=64L,128L", "task.num_sampl
 TIMING_FIELDS = ("timing",)
 
 
-def _cfgs(root: Path, *extra: str) -> list:
+def _runs(root: Path, *extra: str) -> list:
+    """The sweep's jobs as the CLI's check of a local sweep validates them (once each, environment included)."""
     jobs = multirun_jobs([*SWEEP, f"run.output_root={root}", *extra])
-    assert all(job.state != "invalid" for job in jobs), [job.reason for job in jobs]
-    return [job.cfg for job in jobs]
+    assert all(job.state != "invalid" and job.validated.cfg is job.cfg for job in jobs), [j.reason for j in jobs]
+    return [job.validated for job in jobs]
 
 
 def _files(root: Path) -> dict[str, Path]:
@@ -41,25 +42,26 @@ def sweeps(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list]:
     """(shared root, alone root, the shared sweep's configs): the sweep run shared as the CLI plans it, and each of
     its jobs run alone (``run.share_prefill=false``)."""
     base = tmp_path_factory.mktemp("shared_sweep")
-    shared_cfgs = _cfgs(base / "shared")
-    sharing = SweepSharing.plan(shared_cfgs)
-    for cfg in shared_cfgs:
-        assert sharing.run_job(cfg)  # the first job of each group runs its group; the others are done
-    for cfg in _cfgs(base / "alone", "run.share_prefill=false"):
-        assert unshared_reason(cfg, validate_run(cfg).method) == "run.share_prefill=false"
-        Runner(cfg).run()
-    return base / "shared", base / "alone", shared_cfgs
+    shared_runs = _runs(base / "shared")
+    sharing = SweepSharing.plan(shared_runs)
+    for run in shared_runs:
+        assert sharing.run_job(run)  # the first job of each group runs its group; the others are done
+    for run in _runs(base / "alone", "run.share_prefill=false"):
+        assert unshared_reason(run.cfg, run.method) == "run.share_prefill=false"
+        Runner(run).run()
+    return base / "shared", base / "alone", [run.cfg for run in shared_runs]
 
 
 def test_the_sweep_is_planned_into_groups_by_cache_layout(sweeps) -> None:
     _, _, cfgs = sweeps
-    listing = SweepSharing.plan(cfgs).listing()
+    runs = [validate_run(cfg) for cfg in cfgs]
+    listing = SweepSharing.plan(runs).listing()
     # snapkv and h2o store KV heads, tova's and cake's presets query heads (their reference code): two groups.
     assert listing == [
         "shared prefill x4: snapkv/64L, snapkv/128L, h2o/64L, h2o/128L",
         "shared prefill x4: tova/64L, tova/128L, cake/64L, cake/128L",
     ]
-    assert len(SweepSharing.plan(cfgs[:1]).groups) == 0  # one job alone: no group
+    assert len(SweepSharing.plan(runs[:1]).groups) == 0  # one job alone: no group
 
 
 def test_each_job_of_the_shared_sweep_equals_the_job_run_alone(sweeps) -> None:
@@ -95,7 +97,7 @@ def test_a_killed_shared_sweep_resumes_only_the_missing_job_sample_pairs(sweeps,
     rows = {}
     # As a kill leaves them: job 0 lost its last row and its metrics, job 2 its whole dataset, jobs 1 and 3 finished.
     for index, cut in ((0, 2), (2, 0)):
-        folder = Runner(group[index]).folder / dataset
+        folder = Runner(validate_run(group[index])).folder / dataset
         lines = (folder / PREDICTIONS_FILE).read_text().splitlines(keepends=True)
         rows[index] = "".join(lines)
         (folder / PREDICTIONS_FILE).write_text("".join(lines[:cut]))
@@ -112,7 +114,7 @@ def test_a_killed_shared_sweep_resumes_only_the_missing_job_sample_pairs(sweeps,
     # Samples 0 and 1: only job 2 lacks them; sample 2: jobs 0 and 2 (one shared forward).
     assert [names for _, names in calls] == [["h2o"], ["h2o"], ["snapkv", "h2o"]]
     for index, expected in rows.items():
-        folder = Runner(group[index]).folder / dataset
+        folder = Runner(validate_run(group[index])).folder / dataset
         assert (folder / PREDICTIONS_FILE).read_text() == expected
         assert (folder / METRICS_FILE).exists()
 
@@ -138,7 +140,7 @@ def test_the_slurm_manifest_puts_a_group_in_one_array_task_and_runs_it_shared(sw
     """``scripts/slurm_sweep.py``'s manifest: one line per group of jobs sharing a prefill (``::`` between them, at
     most ``--group-size`` per line), listed by the dry run; the line runs the group in one process, each job's
     predictions equal to the job alone."""
-    from kvbench.run import sweep
+    from kvbench.app import sweep
 
     _, alone_root, _ = sweeps
     root = tmp_path / "runs"
@@ -167,19 +169,20 @@ def test_the_kvpress_leaderboard_on_a_small_grid_runs_shared_with_the_prediction
     """``+experiment=kvpress_leaderboard``'s 13 presses at one compression ratio, on the tiny model, two RULER tasks
     at 512 tokens, two samples each, 8-token answers (question-agnostic, kvpress's data generation and template
     options): one shared group, each job's predictions those of its run alone."""
-    from kvbench.run import sweep
+    from kvbench.app import sweep
 
     grid = ["model=tiny", "task.length=512", "task.datasets=[niah_single_1,niah_multikey_1]", "task.num_samples=2",
             "task.options.max_new_tokens=8", "budget=cr0.5", "run.progress=false", "run.print_table=false"]  # fmt: skip
     shared_jobs = sweep.plan("kvpress_leaderboard", [*grid, f"run.output_root={tmp_path / 'shared'}"])
     assert len(shared_jobs) == 13 and all(job.state == "new" for job in shared_jobs)
-    sharing = SweepSharing.plan([job.cfg for job in shared_jobs])
+    shared_runs = [validate_run(job.cfg) for job in shared_jobs]
+    sharing = SweepSharing.plan(shared_runs)
     assert len({id(group) for group in sharing.groups.values()}) == 1 and len(sharing.groups) == 13
-    for job in shared_jobs:
-        assert sharing.run_job(job.cfg)
+    for run in shared_runs:
+        assert sharing.run_job(run)
     alone_overrides = [*grid, f"run.output_root={tmp_path / 'alone'}", "run.share_prefill=false"]
     for job in sweep.plan("kvpress_leaderboard", alone_overrides):
-        Runner(job.cfg).run()
+        Runner(validate_run(job.cfg)).run()
     shared, alone = _files(tmp_path / "shared"), _files(tmp_path / "alone")
     predictions = [name for name in shared if name.endswith(PREDICTIONS_FILE)]
     assert len(predictions) == 26
@@ -190,8 +193,8 @@ def test_the_kvpress_leaderboard_on_a_small_grid_runs_shared_with_the_prediction
 def test_a_cluster_launcher_sweep_becomes_one_launcher_job_per_group(tmp_path, monkeypatch) -> None:
     """``-m ... hydra/launcher=slurm``: the sweep handed to the launcher is one over the lines of a manifest of its
     shared-prefill tasks (the Hydra settings and the overrides no job sweeps kept); each line holds a group."""
-    from kvbench.run import sweep
-    from kvbench.run.shared_tasks import grouped_command_line
+    from kvbench.app import sweep
+    from kvbench.app.shared_tasks import grouped_command_line
 
     monkeypatch.chdir(tmp_path)
     args = ["-m", "hydra/launcher=slurm", "method=snapkv,h2o,tova", "budget=64L,128L", "task.num_samples=1",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.run import sweep
+from kvbench.app import sweep
 from tests.run.conftest import RESUME_ARGS, RESUME_FOLDER
 
 REPO = Path(__file__).resolve().parents[2]

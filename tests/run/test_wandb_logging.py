@@ -185,10 +185,10 @@ def test_offline_mode_logs_group_name_table_and_summary(tmp_path: Path) -> None:
 
 def test_disabled_mode_writes_nothing_for_wandb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``WANDB_MODE=disabled`` in the environment run.py composes its config in (``wandb.mode`` reads it), the job run
-    in process as run.py runs it (:func:`kvbench.cli.run_job`; the offline test above goes through run.py itself):
+    in process as run.py runs it (:func:`kvbench.app.cli.run_job`; the offline test above goes through run.py itself):
     nothing W&B-related in the run folder or under the (temporary) home folder."""
     import kvbench
-    from kvbench.cli import run_job
+    from kvbench.app.cli import run_job
 
     for key in [key for key in os.environ if key.startswith("WANDB_")]:
         monkeypatch.delenv(key)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from kvbench.app.validation import validate_run
 from kvbench.run.records import DatasetResult
 from kvbench.run.runner import Runner
 from kvbench.run.table import budget_label
@@ -48,7 +49,7 @@ def run_demo(cfg: DictConfig, overrides: Sequence[str] = ()) -> dict[str, list[D
     for label, variant in runs:
         run_cfg = compose(config_name="config", overrides=[*overrides, *variant, *quiet])
         print(f"[{label}] method={run_cfg.method.name} question_mode={run_cfg.task.question_mode}", flush=True)
-        runner = Runner(run_cfg)
+        runner = Runner(validate_run(run_cfg))
         columns[label] = runner.run()
         folders[label] = runner.folder
     print(format_comparison(cfg, columns, folders))

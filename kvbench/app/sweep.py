@@ -61,6 +61,9 @@ class Job:
     details: dict[str, Any] = field(default_factory=dict)
     #: The composed config (valid jobs), as ``run.py`` gets it.
     cfg: Any = field(default=None, repr=False)
+    #: The job validated in full, environment included (:class:`~kvbench.run.validated.ValidatedRun`; a plan made
+    #: with ``check_environment``, which a local sweep's shared-prefill groups then run), else ``None``.
+    validated: Any = field(default=None, repr=False)
 
     @property
     def line(self) -> str:
@@ -223,8 +226,11 @@ def plan(
     from kvbench.app.validation import validate, validate_run
     from kvbench.storage.paths import variant_folder
 
-    def check(cfg: Any) -> Any:
-        return validate_run(cfg).method if check_environment else validate(cfg)[0]
+    def check(job: Job, cfg: Any) -> Any:
+        if not check_environment:
+            return validate(cfg)[0]
+        job.validated = validate_run(cfg)
+        return job.validated.method
 
     params = experiment_params(experiment, conf_dir) if experiment else {}
     prefix = [f"+experiment={experiment}"] if experiment else []
@@ -238,7 +244,7 @@ def plan(
         for index, job in enumerate(jobs):
             try:
                 cfg = composer.compose(job.overrides)
-                job.details["method"] = check(cfg)
+                job.details["method"] = check(job, cfg)
                 job.cfg = cfg
             except Exception as err:  # composition/validation errors are reported per job, never fatal
                 job.state, job.reason = "invalid", _short_reason(err)

@@ -3,8 +3,8 @@
 job.
 
 A launcher runs each Hydra job in a process of its own, so a group must become one Hydra job before the sweep is
-handed to the launcher: :func:`grouped_command_line` (called by :func:`kvbench.cli.check_sweep`, which composed and
-validated every job) writes the sweep's tasks as a manifest (:func:`kvbench.run.sweep.manifest_tasks`, the format of
+handed to the launcher: :func:`grouped_command_line` (called by :func:`kvbench.app.cli.check_sweep`, which composed and
+validated every job) writes the sweep's tasks as a manifest (:func:`kvbench.app.sweep.manifest_tasks`, the format of
 ``scripts/slurm_sweep.py``: one line per task, its jobs' overrides separated by ``::``, under
 ``logs/sweeps/multirun/``) and rewrites the command line into a sweep over its lines:
 ``run.shared_tasks=<manifest> run.shared_task=0,1,...`` with the command's Hydra settings and its overrides that no
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kvbench.run import sweep
+from kvbench.app import sweep
 
 
 def grouped_command_line(args: Sequence[str], jobs: Sequence[sweep.Job]) -> list[str] | None:
@@ -59,7 +59,7 @@ def run_manifest_task(manifest: str, index: int) -> None:
 
     runs = [validate_run(_compose(overrides)) for overrides in jobs]
     if len(runs) == 1:
-        Runner(runs[0].cfg, validated=runs[0]).run()
+        Runner(runs[0]).run()
     else:
         print(f"kvbench task {index}: {len(runs)} jobs sharing each sample's prefill", flush=True)
         run_group(runs)

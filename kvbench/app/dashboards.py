@@ -7,7 +7,7 @@
   ``--out`` (default ``results/wandb_report.json``) without a network (``--entity`` / ``--project`` optional).
 
 Both check their input before writing anything and raise :class:`~kvbench.errors.KVBenchError` on bad input, which
-:func:`kvbench.cli.main` reports as ``error: <message>`` with exit status 2 (argparse's usage errors also exit 2).
+:func:`kvbench.app.cli.main` reports as ``error: <message>`` with exit status 2 (argparse's usage errors also exit 2).
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ from omegaconf import DictConfig
 from kvbench.app.hydra_errors import hydra_error_message, one_paragraph
 from kvbench.app.validation import validate_run
 from kvbench.errors import INTERRUPTED_EXIT, USER_ERROR_EXIT, Interrupted, KVBenchError, environment_error_message
+from kvbench.run.validated import ValidatedRun
 
 #: Environment variable that adds the traceback to user-error reports.
 DEBUG_ENV = "KVBENCH_DEBUG"
@@ -98,8 +99,8 @@ def main() -> None:
         from kvbench.app.listing import main as list_main
 
         sys.exit(list_main(sys.argv[2:]))
-    if sys.argv[1:2] in (["report"], ["wandb-report"]):  # the dashboards (kvbench/dashboards.py)
-        from kvbench.dashboards import main as dashboards_main
+    if sys.argv[1:2] in (["report"], ["wandb-report"]):  # the dashboards (kvbench/app/dashboards.py)
+        from kvbench.app.dashboards import main as dashboards_main
 
         with reporting_errors():
             sys.exit(dashboards_main(sys.argv[1:]))
@@ -147,14 +148,14 @@ def check_sweep(args: Sequence[str], continue_on_error: bool) -> None:
         if continue_on_error:
             raise KVBenchError(f"{CONTINUE_FLAG} applies to sweeps only: add -m (e.g. kvbench -m {CONTINUE_FLAG} ...).")
         return
-    from kvbench.run.sweep import multirun_jobs
+    from kvbench.app.sweep import multirun_jobs
 
     jobs = multirun_jobs(args)
     bad = [(index, job) for index, job in enumerate(jobs) if job.state == "invalid"]
     if not any(item.split("=", 1)[0].lstrip("+") == "hydra/launcher" for item in args):  # jobs run in this process
-        plan_sharing([job.cfg for job in jobs if job.state != "invalid" and job.cfg is not None])
-    elif not bad:  # a cluster launcher: one launcher job per shared-prefill group (kvbench/run/shared_tasks.py)
-        from kvbench.run.shared_tasks import grouped_command_line
+        plan_sharing([job.validated for job in jobs if job.state != "invalid" and job.validated is not None])
+    elif not bad:  # a cluster launcher: one launcher job per shared-prefill group (kvbench/app/shared_tasks.py)
+        from kvbench.app.shared_tasks import grouped_command_line
 
         grouped = grouped_command_line(args, jobs)
         if grouped is not None:
@@ -176,17 +177,18 @@ def check_sweep(args: Sequence[str], continue_on_error: bool) -> None:
     sys.exit(USER_ERROR_EXIT)
 
 
-#: A local sweep's shared-prefill groups (issue #56; :class:`kvbench.run.shared_sweep.SweepSharing`), planned by
+#: A local sweep's shared-prefill groups (issue #56; :class:`kvbench.app.sweep_sharing.SweepSharing`), planned by
 #: :func:`check_sweep` before the first job runs; ``None`` outside a sweep.
 SHARING: Any = None
 
 
-def plan_sharing(cfgs: Sequence[DictConfig]) -> None:
-    """Group a local sweep's jobs that share a prefill (:data:`SHARING`) and list the groups."""
+def plan_sharing(runs: Sequence[ValidatedRun]) -> None:
+    """Group a local sweep's jobs that share a prefill (:data:`SHARING`; ``runs``: the jobs as the sweep's check
+    validated them) and list the groups."""
     global SHARING
-    from kvbench.run.shared_sweep import SweepSharing
+    from kvbench.app.sweep_sharing import SweepSharing
 
-    SHARING = SweepSharing.plan(cfgs)
+    SHARING = SweepSharing.plan(runs)
     for line in SHARING.listing():
         print(line, file=sys.stderr, flush=True)
 
@@ -262,19 +264,19 @@ def run_job(cfg: DictConfig, demo: bool = False, overrides: Sequence[str] = ()) 
     default's comparison, its variants composed with ``overrides`` too."""
     with reporting_errors(), forgetting_refused_job_logs():
         if cfg.run.get("shared_tasks"):  # a cluster launcher's job: a line of shared-prefill tasks (check_sweep)
-            from kvbench.run.shared_tasks import run_manifest_task
+            from kvbench.app.shared_tasks import run_manifest_task
 
             run_manifest_task(str(cfg.run.shared_tasks), int(cfg.run.shared_task))
             return
         validated = validate_run(cfg)  # the method family's parameters before the runner imports transformers
         if demo:
-            from kvbench.demo import run_demo
+            from kvbench.app.demo import run_demo
 
             run_demo(cfg, overrides)
-        elif SHARING is None or not SHARING.run_job(cfg):  # a sweep's group runs its jobs together
+        elif SHARING is None or not SHARING.run_job(validated):  # a sweep's group runs its jobs together
             from kvbench.run.runner import Runner
 
-            runner = Runner(cfg, validated=validated)
+            runner = Runner(validated)
             reason = SHARING.reason(cfg) if SHARING is not None else None
             runner.prefill_sharing = {"shared": False, "reason": reason or "run alone"}
             runner.run()
