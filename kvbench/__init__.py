@@ -9,6 +9,7 @@ tokenizer, :func:`press` a method onto your own ``model.generate`` calls, :func:
 
 from typing import TYPE_CHECKING, Any
 
+from kvbench.lazy_exports import alias_moved_modules
 from kvbench.version import __version__
 
 __all__ = ["Evaluation", "PressRecord", "__version__", "compose_config", "evaluate", "press"]
@@ -21,6 +22,16 @@ _LAZY = {
     "Evaluation": "kvbench.api",
     "PressRecord": "kvbench.inference.press",
 }
+
+#: The application layer's modules before issue #57 put them in :mod:`kvbench.app`: their old paths import the moved
+#: modules, with a DeprecationWarning (no file is left behind them).
+MOVED_TO_APP = {
+    **{f"kvbench.{name}": f"kvbench.app.{name}" for name in ("cli", "dashboards", "demo", "hydra_errors", "listing")},
+    **{f"kvbench.{name}": f"kvbench.app.{name}" for name in ("overrides", "validation")},
+    "kvbench.run.sweep": "kvbench.app.sweep",
+    "kvbench.run.shared_tasks": "kvbench.app.shared_tasks",
+}
+alias_moved_modules(MOVED_TO_APP, "issue #57")
 
 if TYPE_CHECKING:
     from kvbench.api import Evaluation, compose_config, evaluate, press

@@ -11,13 +11,7 @@ twice.  (i57-move: keep the old paths -- /work/notes/i57_move.py leaves this mod
 
 from __future__ import annotations
 
-import importlib
-import importlib.abc
-import importlib.util
-import sys
-import warnings
-from types import ModuleType
-from typing import Any
+from kvbench.lazy_exports import alias_moved_modules
 
 #: The modules of :mod:`kvbench.eviction` that lived here, importable by their old name.
 MOVED = frozenset(
@@ -28,26 +22,4 @@ MOVED = frozenset(
     }
 )  # fmt: skip
 
-
-class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """``kvbench.methods.<moved>`` -> the module ``kvbench.eviction.<moved>`` (the same object)."""
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        package, _, name = fullname.rpartition(".")
-        if package != __name__ or name not in MOVED:
-            return None
-        return importlib.util.spec_from_loader(fullname, self)
-
-    def create_module(self, spec: Any) -> ModuleType:
-        new = f"kvbench.eviction.{spec.name.rpartition('.')[2]}"
-        warnings.warn(f"{spec.name} moved to {new} (issue #57); import it from there", DeprecationWarning, 3)
-        module = importlib.import_module(new)
-        self._spec = module.__spec__
-        return module
-
-    def exec_module(self, module: ModuleType) -> None:
-        module.__spec__ = self._spec  # the import system set the alias's spec on the module: give it back its own
-
-
-if not any(isinstance(finder, _MovedModules) for finder in sys.meta_path):
-    sys.meta_path.append(_MovedModules())
+alias_moved_modules({f"{__name__}.{name}": f"kvbench.eviction.{name}" for name in sorted(MOVED)}, "issue #57")
