@@ -10,8 +10,12 @@ sample, and the same command resumes it from the first missing sample, without d
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import logging
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+
+from omegaconf import DictConfig
 
 from kvbench.inference.batched_decode import DecodeRequest, ReorderBuffer, generate_batched, resolve_decode_batch
 from kvbench.inference.decode_pool import DECODE_PATHS
@@ -177,3 +181,35 @@ def run_batched(
     finally:
         if hasattr(progress, "close"):
             progress.close()
+
+
+def progress_bar(items: Sequence[Any], desc: str, enabled: bool, initial: int, total: int, delay: float = 0.0) -> Any:
+    """A progress bar over ``items`` on stderr (``run.progress``), shown after ``delay`` seconds."""
+    if not enabled:
+        return items
+    from tqdm import tqdm
+
+    return tqdm(
+        items, desc=desc, initial=initial, total=total, leave=False, dynamic_ncols=True, file=sys.stderr, delay=delay
+    )
+
+
+LOG = logging.getLogger(__name__)
+_WARNED_ABOVE_FULL: set[str] = set()
+
+
+def warn_if_above_full(record: Any, cfg: DictConfig) -> None:
+    """One warning per run (method x budget x model) when the stored cache exceeds the full cache's size."""
+    key = f"{cfg.model.name}/{cfg.method.name}/{cfg.budget.name}"
+    if record.exceeds_full_cache and key not in _WARNED_ABOVE_FULL:
+        _WARNED_ABOVE_FULL.add(key)
+        LOG.warning(
+            "%s stores %d heads per layer (gqa_granularity=query_head, %d KV heads): its cache (%d bytes) exceeds "
+            "the full cache's (%d bytes) at budget %s; method.params.gqa_granularity=kv_head stores one per KV head",
+            cfg.method.name,
+            record.stored_heads,
+            record.kv_heads,
+            record.stored_bytes,
+            record.full_cache_bytes,
+            cfg.budget.name,
+        )

@@ -39,24 +39,20 @@ The parts with a job of their own live beside it: validation, the run folder's l
 resume checks (:mod:`kvbench.run.resume`), ``config.yaml`` and ``run_meta.json`` (:mod:`kvbench.run.run_meta`), the
 results writer (:mod:`kvbench.run.records`), SIGTERM handling
 (:mod:`kvbench.storage.termination`), provenance (:mod:`kvbench.storage.provenance`), the score table
-(:mod:`kvbench.run.table`), the sample cache and W&B; grouped datasets' generation (:mod:`kvbench.run.groups`).
-
-Size: over 500 lines (about 540): the order of work above stays in one class, so it reads top to bottom.
+(:mod:`kvbench.run.table`), the sample cache and W&B; grouped datasets' generation (:mod:`kvbench.run.groups`); the
+progress bar and the above-full-cache warning (:mod:`kvbench.run.generation`).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import sys
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 
 from kvbench.errors import Interrupted, KVBenchError
 from kvbench.inference.generate import last_token_ids
@@ -72,7 +68,13 @@ from kvbench.models.loading import (
 )
 from kvbench.prompting import encode_sample
 from kvbench.run.fingerprints import Inputs, dataset_inputs, row_stamp, rows_record
-from kvbench.run.generation import decode_batch_for, decode_path_settings, generate_dataset
+from kvbench.run.generation import (
+    decode_batch_for,
+    decode_path_settings,
+    generate_dataset,
+    progress_bar,
+    warn_if_above_full,
+)
 from kvbench.run.groups import extent, first_extent, generate_groups
 from kvbench.run.job import DatasetJob, Generated, PendingGeneration
 from kvbench.run.records import (
@@ -98,10 +100,11 @@ from kvbench.run.scoring import score_rows
 from kvbench.run.summary import SUMMARY_FILE, DatasetScores, build_summary, interval_of, sample_scores
 from kvbench.run.table import format_table
 from kvbench.run.validated import ValidatedRun
+from kvbench.run.wandb_logging import WandbLogger
 from kvbench.storage.folder import claim_run_folder
-from kvbench.storage.paths import output_root, run_folder
+from kvbench.storage.paths import run_folder
 from kvbench.storage.provenance import now
-from kvbench.storage.sample_cache import SampleCache
+from kvbench.storage.sample_cache import run_sample_cache
 from kvbench.storage.termination import TERMINATION, graceful_termination
 from kvbench.storage.writers import (
     METRICS_FILE,
@@ -117,26 +120,6 @@ from kvbench.tasks.base import Sample, TaskDataset, build_task, check_samples
 from kvbench.tasks.provenance import stand_in_warnings
 
 LOG = logging.getLogger(__name__)
-
-
-_WARNED_ABOVE_FULL: set[str] = set()
-
-
-def warn_if_above_full(record: Any, cfg: DictConfig) -> None:
-    """One warning per run (method x budget x model) when the stored cache exceeds the full cache's size."""
-    key = f"{cfg.model.name}/{cfg.method.name}/{cfg.budget.name}"
-    if record.exceeds_full_cache and key not in _WARNED_ABOVE_FULL:
-        _WARNED_ABOVE_FULL.add(key)
-        LOG.warning(
-            "%s stores %d heads per layer (gqa_granularity=query_head, %d KV heads): its cache (%d bytes) exceeds "
-            "the full cache's (%d bytes) at budget %s; method.params.gqa_granularity=kv_head stores one per KV head",
-            cfg.method.name,
-            record.stored_heads,
-            record.kv_heads,
-            record.stored_bytes,
-            record.full_cache_bytes,
-            cfg.budget.name,
-        )
 
 
 class Runner:
@@ -191,7 +174,7 @@ class Runner:
                 stale = self.check_inputs(data)
                 loaded = self.loaded or load_model(cfg.model, seed=int(cfg.seed), tokenizer=tokenizer)
                 check_kv_quant_model(cfg, loaded.model)  # before any file is written
-                logger = _wandb_logger(cfg)
+                logger = WandbLogger.create(cfg)
                 with self.recording(stale, logger) as results:
                     for dataset, samples in data:
                         results.append(self._run_dataset(loaded, dataset, samples))
@@ -257,11 +240,11 @@ class Runner:
         cfg = self.cfg
         data = []
         try:
-            cache = sample_cache(cfg)
+            cache = run_sample_cache(cfg)
             datasets = build_task(cfg.task, tokenizer, chat_template=bool(cfg.model.chat_template))
             # Shown once preparing takes a second (RULER/NeedleBench generation, LongBench loading): instant
             # preparation and its errors print nothing but the error.
-            bar = _progress(datasets, f"preparing {cfg.task.name}", cfg.run.progress, 0, len(datasets), delay=1.0)
+            bar = progress_bar(datasets, f"preparing {cfg.task.name}", cfg.run.progress, 0, len(datasets), delay=1.0)
             try:
                 for dataset in bar:
                     if hasattr(bar, "set_postfix_str"):
@@ -363,7 +346,7 @@ class Runner:
         todo = [s for s in samples if s.id not in done]
         ATTENTION_RECORD.reset()  # paths and fallbacks of this dataset's samples (metrics.json "attention")
         shown = cfg.run.progress and show_progress
-        progress = _progress(todo, f"{dataset.name}", shown, initial=len(done), total=len(samples))
+        progress = progress_bar(todo, f"{dataset.name}", shown, initial=len(done), total=len(samples))
 
         def encode(sample: Sample) -> Any:
             return encode_sample(
@@ -512,30 +495,3 @@ class Runner:
         if all(result.first_of is None for result in results):
             atomic_write_json(self.folder / SUMMARY_FILE, summary)
         return summary
-
-
-def sample_cache(cfg: DictConfig) -> SampleCache | None:
-    """The folder generated samples are stored in (``run.sample_cache``: ``auto`` = ``<run.output_root>/../samples``,
-    a path, or null to regenerate in every run)."""
-    setting = cfg.run.get("sample_cache", "auto")
-    if setting is None:
-        return None
-    root = output_root(cfg).parent / "samples" if setting == "auto" else Path(str(setting)).expanduser()
-    return SampleCache(root)
-
-
-def _progress(items: Sequence[Any], desc: str, enabled: bool, initial: int, total: int, delay: float = 0.0) -> Any:
-    """A progress bar over ``items`` on stderr (``run.progress``), shown after ``delay`` seconds."""
-    if not enabled:
-        return items
-    from tqdm import tqdm
-
-    return tqdm(
-        items, desc=desc, initial=initial, total=total, leave=False, dynamic_ncols=True, file=sys.stderr, delay=delay
-    )
-
-
-def _wandb_logger(cfg: DictConfig) -> Any:
-    from kvbench.run.wandb_logging import WandbLogger
-
-    return WandbLogger.create(cfg)

@@ -40,13 +40,14 @@ from kvbench.inference.generate import decode_prefilled
 from kvbench.inference.shared_prefill import JobRandom, PrefillJob, shared_prefill
 from kvbench.kernels.paths import ATTENTION_RECORD
 from kvbench.models.loading import LoadedModel, load_model, load_tokenizer
-from kvbench.run.generation import stop_rules
+from kvbench.run.generation import progress_bar, stop_rules
 from kvbench.run.job import PendingGeneration
 from kvbench.run.prefill_groups import dataset_unshared_reason
 from kvbench.run.records import DatasetResult
 from kvbench.run.resume import check_existing_run
-from kvbench.run.runner import Runner, _progress, _wandb_logger
+from kvbench.run.runner import Runner
 from kvbench.run.validated import ValidatedRun
+from kvbench.run.wandb_logging import WandbLogger
 from kvbench.storage.folder import claim_run_folder
 from kvbench.storage.termination import graceful_termination
 from kvbench.tasks.base import Sample, TaskDataset
@@ -111,7 +112,7 @@ def run_group(validated: Sequence[ValidatedRun]) -> list[list[DatasetResult]]:
             for dataset, samples in data:
                 _run_dataset(members, loaded, dataset, samples)
     for member in members:
-        member.runner.report(member.results, _wandb_logger(member.runner.cfg))
+        member.runner.report(member.results, WandbLogger.create(member.runner.cfg))
     return [member.results for member in members]
 
 
@@ -155,7 +156,7 @@ def _generate_shared(
     lead = pending[0]
     cfg = lead.job.cfg
     label = f"{dataset.name} (x{len(members)} jobs, shared prefill)"
-    bar = _progress(todo, label, cfg.run.progress, initial=len(samples) - len(todo), total=len(samples))
+    bar = progress_bar(todo, label, cfg.run.progress, initial=len(samples) - len(todo), total=len(samples))
     try:
         for sample in bar:
             needing = [index for index, job in enumerate(pending) if sample.id not in job.done]

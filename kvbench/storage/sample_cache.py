@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.sample import Sample
+from kvbench.storage.paths import output_root
 
 FORMAT_VERSION = 1
 LOG = logging.getLogger(__name__)
@@ -189,3 +190,13 @@ def cached_samples(
     samples = generate(count)
     cache.store(benchmark, dataset, resolved, samples, requested=count)
     return samples
+
+
+def run_sample_cache(cfg: Any) -> SampleCache | None:
+    """The folder generated samples are stored in (``run.sample_cache``: ``auto`` = ``<run.output_root>/../samples``,
+    a path, or null to regenerate in every run)."""
+    setting = cfg.run.get("sample_cache", "auto")
+    if setting is None:
+        return None
+    root = output_root(cfg).parent / "samples" if setting == "auto" else Path(str(setting)).expanduser()
+    return SampleCache(root)

@@ -34,7 +34,8 @@ from kvbench.config import register_configs
 from kvbench.models.loading import REAL_VOCAB_MODELS
 from kvbench.models.tokenizers import build_tokenizer
 from kvbench.prompting import encode_sample, render_sample
-from kvbench.run.runner import Runner, sample_cache
+from kvbench.run.runner import Runner
+from kvbench.storage.sample_cache import run_sample_cache
 from kvbench.tasks.base import build_task
 from kvbench.tasks.longbench import dataset_names
 from kvbench.tasks.ruler import TASKS
@@ -85,7 +86,7 @@ def final_prompts(cfg, tokenizer):
     datasets = build_task(cfg.task, tokenizer, chat_template=True)
     out = {}
     for dataset in datasets:
-        dataset.sample_cache = sample_cache(cfg)
+        dataset.sample_cache = run_sample_cache(cfg)
         encoded = []
         for sample in dataset.samples()[: cfg.task.num_samples]:
             prompt = encode_sample(

@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from kvbench.cache.kv_cache import KVBenchCache
-from kvbench.run import runner
+from kvbench.run import generation
 from tests.methods.helpers import method_from_yaml, run_method, with_step_hook
 
 #: aten ops that read a device value back to the host (or whose output size depends on data): a sync on CUDA.
@@ -168,7 +168,7 @@ def test_query_head_storage_above_the_full_cache_is_recorded_and_warned_once(tin
     cfg = OmegaConf.create({"model": {"name": "tiny"}, "method": {"name": "snapkv"}, "budget": {"name": "r075"}})
     with caplog.at_level(logging.WARNING, logger="kvbench"):
         for record in (query_heads, query_heads, kv_heads):
-            runner.warn_if_above_full(record, cfg)
+            generation.warn_if_above_full(record, cfg)
     warnings = [r.message for r in caplog.records if "exceeds the full cache" in r.message]
     assert len(warnings) == 1 and "gqa_granularity=kv_head" in warnings[0]
 
