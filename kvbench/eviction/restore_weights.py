@@ -37,7 +37,7 @@ from torch.nn import functional as F
 from kvbench import resources
 from kvbench.errors import KVBenchError
 from kvbench.eviction.kept_sets import files_digest
-from kvbench.eviction.surrogates import HUB_ID
+from kvbench.eviction.surrogates import HUB_ID, hub_cache_folder
 
 RESTORE_FILES = ("adapter_config.json", "adapter_model.safetensors", "restore_embeddings.safetensors")
 RESTOREKV_REPO = "higokri/RestoreKV-{model}"
@@ -126,18 +126,6 @@ def load_restore(folder: str, source: str = "folder") -> RestoreWeights:
     return RestoreWeights(embeddings, pairs, scaling, provenance)
 
 
-def _hub_folder(repo_id: str) -> Path | None:
-    """The local Hugging Face cache's snapshot of ``repo_id`` holding the three files, or ``None``."""
-    from huggingface_hub import try_to_load_from_cache
-
-    found = [try_to_load_from_cache(repo_id, name) for name in RESTORE_FILES]
-    if all(isinstance(item, str) for item in found):
-        folders = {Path(str(item)).parent for item in found}
-        if len(folders) == 1:
-            return folders.pop()
-    return None
-
-
 @cache
 def resolve_restore(checkpoint: str, name_or_path: str, plus: bool = False) -> RestoreWeights:
     """The weights ``method.params.checkpoint`` names (module docstring); ``plus``: KVzip+'s ``_plus`` adapter."""
@@ -146,7 +134,7 @@ def resolve_restore(checkpoint: str, name_or_path: str, plus: bool = False) -> R
         for candidate in (given, resources.shipped_root() / given):
             if candidate.is_dir():
                 return load_restore(str(candidate), "folder")
-        found = _hub_folder(checkpoint) if HUB_ID.fullmatch(checkpoint) else None
+        found = hub_cache_folder(checkpoint, RESTORE_FILES) if HUB_ID.fullmatch(checkpoint) else None
         if found is not None:
             return load_restore(str(found), "hub-cache")
         raise ValueError(
@@ -155,7 +143,7 @@ def resolve_restore(checkpoint: str, name_or_path: str, plus: bool = False) -> R
         )
     basename = str(name_or_path).rstrip("/").split("/")[-1]
     repo_id = RESTOREKV_REPO.format(model=basename) + ("_plus" if plus else "")
-    found = _hub_folder(repo_id) if basename else None
+    found = hub_cache_folder(repo_id, RESTORE_FILES) if basename else None
     if found is not None:
         return load_restore(str(found), "hub-cache")
     root = resources.shipped_root() / SHIPPED_RESTOREKV

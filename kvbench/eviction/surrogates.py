@@ -137,12 +137,12 @@ def load_kvzap(folder: str, source: str = "folder") -> KVzapWeights:
     return KVzapWeights(tuple(layers), input_dim, output_dim, hidden, provenance)
 
 
-def hub_cache_folder(repo_id: str) -> Path | None:
-    """The snapshot folder of ``repo_id`` in the local Hugging Face cache holding both checkpoint files, or
-    ``None`` (nothing is downloaded)."""
+def hub_cache_folder(repo_id: str, files: tuple[str, ...] = KVZAP_FILES) -> Path | None:
+    """The snapshot folder of ``repo_id`` in the local Hugging Face cache holding every file of ``files`` (KVzap's
+    two checkpoint files by default), or ``None`` (nothing is downloaded)."""
     from huggingface_hub import try_to_load_from_cache
 
-    found = [try_to_load_from_cache(repo_id, name) for name in KVZAP_FILES]
+    found = [try_to_load_from_cache(repo_id, name) for name in files]
     if all(isinstance(f, str) for f in found):
         folders = {Path(f).parent for f in found}  # type: ignore[arg-type]
         if len(folders) == 1:
