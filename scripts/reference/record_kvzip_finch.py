@@ -227,12 +227,7 @@ def record_kvzip_select() -> list[dict]:
             press = KVzipPress(compression_ratio=ratio, layerwise=layerwise)
             press.score_val = scores.to(dtype)
             press.compress_post(model)
-            kept = []
-            for layer in model.model.layers:
-                _, head_idx, positions = layer.self_attn.masked_key_indices
-                mask = torch.ones(heads, length, dtype=torch.bool)
-                mask[head_idx, positions] = False
-                kept.append([torch.nonzero(row).flatten().tolist() for row in mask])
+            kept = kept_after_masking(model, heads, length)
             cases.append(
                 {
                     "dtype": dtype_name,
