@@ -63,8 +63,10 @@ def replay_with_gradients(
     passes: Sequence[tuple[list[int], int, int]],
     context: int,
     device: torch.device,
+    forward: Any,
 ) -> None:
-    """Run ``passes`` with a backward each and write the session's replay scores (module docstring)."""
+    """Run ``passes`` with a backward each and write the session's replay scores (module docstring); ``forward`` is
+    the prefill's forward wrapper (:func:`kvbench.inference.prefill.forward_logits`), fed the passes' embeddings."""
     scorer = session.method.scorer
     layers = [session.cache.headwise_layers[idx] for idx in session.compressible]
     if not all(type(layer) is HeadwiseLayer for layer in layers):
@@ -97,16 +99,7 @@ def replay_with_gradients(
                 session.begin_replay(start, end)
                 ids = torch.tensor([list(replay_ids)], dtype=torch.long, device=device)
                 embeds = embed(ids).detach().requires_grad_(True)
-                positions = torch.arange(context, context + ids.shape[1], dtype=torch.long, device=device)[None]
-                model(
-                    inputs_embeds=embeds,
-                    position_ids=positions,
-                    past_key_values=session.cache,
-                    use_cache=True,
-                    logits_to_keep=1,
-                    kvbench_session=session,
-                    kvbench_cache=session.cache,
-                )
+                forward(model, embeds, context, session.cache, session, device)
                 captured["final"].float().square().sum().backward()
                 with torch.no_grad():
                     for layer_idx, layer in zip(session.compressible, layers, strict=True):

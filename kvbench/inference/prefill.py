@@ -132,16 +132,20 @@ def forward_logits(
     device: torch.device,
     keep: int = 1,
 ) -> torch.Tensor:
-    """Feed ``ids`` (``n`` token ids, or a ``[1, n]`` tensor) at positions ``start..start+n-1`` on top of
-    ``cache`` (``session`` ``None``: no eviction hook); returns the logits of the last ``keep`` positions
-    ``[keep, vocab]``.  kvbench's one model-forward wrapper."""
-    input_ids = ids if isinstance(ids, torch.Tensor) else torch.tensor([list(ids)], dtype=torch.long, device=device)
-    if input_ids.dim() == 1:
-        input_ids = input_ids[None]
-    length = int(input_ids.shape[1])
-    position_ids = torch.arange(start, start + length, dtype=torch.long, device=input_ids.device)[None]
+    """Feed ``ids`` (``n`` token ids, a ``[1, n]`` tensor, or ``[1, n, hidden]`` input embeddings: RestoreKV's
+    restore tokens, KVgrad's differentiable replay) at positions ``start..start+n-1`` on top of ``cache``
+    (``session`` ``None``: no eviction hook); returns the logits of the last ``keep`` positions ``[keep, vocab]``.
+    kvbench's one model-forward wrapper."""
+    if isinstance(ids, torch.Tensor) and ids.is_floating_point():
+        inputs = {"inputs_embeds": ids}
+    else:
+        input_ids = ids if isinstance(ids, torch.Tensor) else torch.tensor([list(ids)], dtype=torch.long, device=device)
+        inputs = {"input_ids": input_ids if input_ids.dim() > 1 else input_ids[None]}
+    fed = next(iter(inputs.values()))
+    length = int(fed.shape[1])
+    position_ids = torch.arange(start, start + length, dtype=torch.long, device=fed.device)[None]
     output = model(
-        input_ids=input_ids,
+        **inputs,
         position_ids=position_ids,
         past_key_values=cache,
         use_cache=True,

@@ -46,7 +46,7 @@ def replay_context(
     passes = scorer.replay_passes(list(prompt_ids), tokenizer)  # type: ignore[union-attr]
     context = len(prompt_ids)
     if getattr(scorer, "needs_gradient", False):  # KVgrad: a backward per pass, outside inference mode
-        replay_with_gradients(model, session, passes, context, device)
+        replay_with_gradients(model, session, passes, context, device, forward)
     else:
         for replay_ids, start, end in passes:
             session.begin_replay(start, end)
@@ -54,7 +54,7 @@ def replay_context(
             session.end_replay()
     restores = getattr(scorer, "restores_context", False)
     if restores:  # RestoreKV: the restore tokens' pass over the whole cache, before the eviction
-        restore_pass(model, session, context, device)
+        restore_pass(model, session, context, device, forward)
     session.compress_replayed()
     session.replayed = True
     session.record.extra_forwards = len(passes) + int(restores)

@@ -16,8 +16,9 @@ from kvbench.eviction.restore_weights import lora_applied
 from kvbench.inference.eviction import EvictionSession
 
 
-def restore_pass(model: Any, session: EvictionSession, context: int, device: torch.device) -> None:
-    """Append the restore tokens of ``session``'s scorer on top of the ``context`` prompt tokens (module docstring)."""
+def restore_pass(model: Any, session: EvictionSession, context: int, device: torch.device, forward: Any) -> None:
+    """Append the restore tokens of ``session``'s scorer on top of the ``context`` prompt tokens (module docstring);
+    ``forward`` is the prefill's forward wrapper (:func:`kvbench.inference.prefill.forward_logits`)."""
     weights = session.method.scorer.restore_weights(model.config.name_or_path)  # type: ignore[union-attr]
     embeddings = weights.embeddings.to(device=device, dtype=model.dtype)[None]  # [1, n, hidden]
     count = weights.num_tokens
@@ -26,19 +27,10 @@ def restore_pass(model: Any, session: EvictionSession, context: int, device: tor
             f"RestoreKV checkpoint {weights.provenance['path']}: restore embeddings of width {embeddings.shape[-1]}, "
             f"the model's hidden size is {model.config.hidden_size}"
         )
-    positions = torch.arange(context, context + count, dtype=torch.long, device=device)[None]
     session.phase = "restore"
     try:
         with lora_applied(model, weights):
-            model(
-                inputs_embeds=embeddings,
-                position_ids=positions,
-                past_key_values=session.cache,
-                use_cache=True,
-                logits_to_keep=1,
-                kvbench_session=session,
-                kvbench_cache=session.cache,
-            )
+            forward(model, embeddings, context, session.cache, session, device)
     finally:
         session.phase = "compress"
     session.restored_tokens = count
