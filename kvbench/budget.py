@@ -109,13 +109,14 @@ class Budget:
             return None
         return self.value
 
-    def kvpress_global_kept(self, tokens: int) -> int | None:
+    def kvpress_global_kept(self, tokens: int, ratio: float | None = None) -> int | None:
         """Of ``tokens`` scored together (KVzip's ``L H S`` over every layer and head, or ``H S`` per layer), how many
         kvpress keeps under ``<c>cr``: ``tokens - int(tokens c)`` (its ``KVzipPress`` evicts ``int(numel c)``, no
-        per-head floor); ``None`` for any other budget."""
+        per-head floor); ``None`` for any other budget.  ``ratio``: the ratio kvpress applies instead of ``c``
+        (RestoreKV raises it to ``min(1, c + n / S)``)."""
         if self.kind != "compression":
             return None
-        return tokens - int(tokens * self.value)
+        return tokens - int(tokens * (self.value if ratio is None else ratio))
 
     @property
     def follows_context(self) -> bool:

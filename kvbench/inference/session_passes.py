@@ -169,9 +169,8 @@ class SessionPasses:
         ``n`` slots per layer and head aside."""
         context, restored, budget = self.context_length, self.restored_tokens, self.budget
         per_layer = max(0, int(budget.value) - restored) * heads if budget.fixed_per_layer else None
-        if budget.kind == "compression":
-            ratio = min(1.0, budget.value + restored / context) if restored else budget.value
-            evict = int(num_layers * heads * context * ratio)
-            return num_layers * heads * context - evict, per_layer, heads * context - int(heads * context * ratio)
-        total = max(0, budget.total(context, num_layers) * heads - restored * num_layers * heads)
-        return total, per_layer, None
+        ratio = min(1.0, budget.value + restored / context) if restored and budget.kind == "compression" else None
+        total = budget.kvpress_global_kept(num_layers * heads * context, ratio)
+        if total is None:
+            total = max(0, budget.total(context, num_layers) * heads - restored * num_layers * heads)
+        return total, per_layer, budget.kvpress_global_kept(heads * context, ratio)
