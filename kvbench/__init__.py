@@ -26,11 +26,10 @@ _LAZY = {
 #: The application layer's modules before issue #57 put them in :mod:`kvbench.app`: their old paths import the moved
 #: modules, with a DeprecationWarning (no file is left behind them).
 MOVED_TO_APP = {
-    **{f"kvbench.{name}": f"kvbench.app.{name}" for name in ("cli", "dashboards", "demo", "hydra_errors", "listing")},
-    **{f"kvbench.{name}": f"kvbench.app.{name}" for name in ("overrides", "validation")},
-    "kvbench.run.sweep": "kvbench.app.sweep",
-    "kvbench.run.shared_tasks": "kvbench.app.shared_tasks",
-}
+    f"kvbench.{old}": f"kvbench.app.{old.rpartition('.')[2]}"
+    for old in ("cli", "dashboards", "demo", "hydra_errors", "listing", "overrides", "validation", "run.sweep",
+                "run.shared_tasks")
+}  # fmt: skip
 alias_moved_modules(MOVED_TO_APP, "issue #57")
 
 if TYPE_CHECKING:
